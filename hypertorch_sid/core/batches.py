@@ -1,0 +1,111 @@
+"""Minibatch streams: the random variables ζ_t (inner solve) and ζ̂_k (adjoint solve).
+
+Algorithm 1 needs an endless supply of independent minibatches. :class:`BatchStream` turns any
+iterable (a ``DataLoader``, a list, an endless generator) into one: a re-iterable source is
+re-iterated when exhausted (a shuffling ``DataLoader`` then yields a fresh permutation), a one-shot
+iterator is consumed once and its end is reported clearly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from .errors import ConfigurationError
+
+
+def batch_size(batch: Any) -> int:
+    """Number of samples in a batch: the leading dimension of its first tensor (1 if none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
+    if isinstance(batch, dict):
+        return batch_size(next(iter(batch.values()))) if batch else 1
+    if isinstance(batch, (tuple, list)) and batch:
+        return batch_size(batch[0])
+    return 1
+
+
+class BatchStream:
+    """An endless stream of minibatches drawn from ``source``.
+
+    Parameters
+    ----------
+    source:
+        Any iterable of minibatches. Re-iterable sources (lists, ``DataLoader``) restart when
+        exhausted; one-shot iterators (generators) must be endless or long enough.
+    name:
+        Used in error messages (``"train_batches"``, ...).
+    """
+
+    def __init__(self, source: Iterable[Any], name: str = "train_batches") -> None:
+        if isinstance(source, BatchStream):
+            source = source.source
+        if not isinstance(source, Iterable):
+            raise ConfigurationError(
+                f"{name} must be an iterable of minibatches (a DataLoader, a list of batches or a "
+                f"generator); got {type(source).__name__}."
+            )
+        self.source = source
+        self.name = name
+        self._reiterable = not isinstance(source, Iterator)
+        self._iterator: Iterator[Any] | None = None
+        self._shape: tuple[int, ...] | None = None
+        self.samples_drawn = 0
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self.source)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if not self._reiterable or self.samples_drawn == 0:
+                raise ConfigurationError(self._exhausted_message()) from None
+            self._iterator = iter(self.source)
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                raise ConfigurationError(self._exhausted_message()) from None
+        self._check_shape(batch)
+        self.samples_drawn += batch_size(batch)
+        return batch
+
+    def take(self, n: int) -> list[Any]:
+        """The next ``n`` minibatches as a list."""
+        return [next(self) for _ in range(n)]
+
+    def _exhausted_message(self) -> str:
+        if self.samples_drawn == 0:
+            return f"{self.name} is empty: it yielded no minibatch. Pass a non-empty data source."
+        return (
+            f"{self.name} is a one-shot iterator and ran out after {self.samples_drawn} samples. "
+            "Pass a re-iterable source (a DataLoader or a list) or an endless generator, or ask "
+            "for fewer inner/adjoint steps."
+        )
+
+    def _check_shape(self, batch: Any) -> None:
+        """Batches must keep the trailing shape of their first tensor (the feature dimensions)."""
+        first = batch
+        while isinstance(first, (tuple, list)) and first:
+            first = first[0]
+        if not isinstance(first, torch.Tensor) or first.dim() == 0:
+            return
+        shape = tuple(first.shape[1:])
+        if self._shape is None:
+            self._shape = shape
+        elif shape != self._shape:
+            raise ConfigurationError(
+                f"{self.name} yielded a batch whose first tensor has feature shape {shape}, but "
+                f"earlier batches had {self._shape}. Every minibatch must have the same shape "
+                "apart from the batch dimension."
+            )
+
+
+def repeat(batch: Any) -> Iterator[Any]:
+    """An endless stream repeating one batch: the deterministic map Φ (the paper's *Batch*)."""
+    while True:
+        yield batch

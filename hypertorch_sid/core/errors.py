@@ -1,0 +1,36 @@
+"""Errors raised by the SID core: every one names what went wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class SIDError(RuntimeError):
+    """Base class of the errors raised by hypertorch_sid."""
+
+
+class DivergenceError(SIDError):
+    """A fixed-point iteration (inner or adjoint solve) diverged or produced non-finite values.
+
+    Attributes
+    ----------
+    quantity:
+        Which quantity diverged: ``"inner"`` (w_t), ``"adjoint"`` (v_k), ``"outer gradient"``
+        (∇E), ``"hypergradient"`` or ``"hyperparameters"``.
+    step:
+        The iteration at which it was detected (``None`` when not inside a loop).
+    residual:
+        The last residual norm ‖T̂(x) − x‖ seen (``nan``/``inf`` for non-finite values).
+    """
+
+    def __init__(self, quantity: str, step: int | None, residual: float, hint: str = "") -> None:
+        self.quantity = quantity
+        self.step = step
+        self.residual = residual
+        where = f" at step {step}" if step is not None else ""
+        msg = f"the {quantity} diverged{where} (residual norm {residual:.3g})."
+        if hint:
+            msg += " " + hint
+        super().__init__(msg)
+
+
+class ConfigurationError(SIDError, ValueError):
+    """Bad arguments or inputs: the message says which and how to fix them."""

@@ -1,0 +1,245 @@
+"""Stochastic fixed-point maps Φ̂(w, λ, ζ) and their vector–Jacobian products (section 2).
+
+A map works on the *current values* of the inner parameters w and hyperparameters λ (tensors the
+user's closures read), evaluated on a minibatch ζ. It offers
+
+* :meth:`FixedPointMap.value` — Φ̂(w, λ, ζ), detached;
+* :meth:`FixedPointMap.vjp` — (∂₁Φ̂(w,λ,ζ)ᵀ v, ∂₂Φ̂(w,λ,ζ)ᵀ v), the products the adjoint solve
+  (eq. backalg) and the hypergradient assembly (eq. gradestim) need.
+
+Two maps:
+
+* :class:`GradientDescentMap` — Φ̂ = w − α∇₁ℓ̂(w, λ, ζ), the argmin setting (eq. mainprobopt);
+  ∂₁Φ̂ᵀv = v − α∇²₁₁ℓ̂ v and ∂₂Φ̂ᵀv = −α∇²₂₁ℓ̂ v.
+* :class:`ContractionMap` — any user map ``phi(batch) -> list of tensors`` (the general
+  fixed-point setting of eq. mainprob).
+
+How ∇²₁₁ℓ̂ v is computed is pluggable (``hvp=``): ``"reverse"`` (reverse-over-reverse, works with
+any closure) or ``"forward"`` (forward-over-reverse through ``torch.func.jvp``; needs the
+``module`` that owns the inner parameters, and is often faster, see ``benchmarks/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import ConfigurationError
+
+Tensors = list[Tensor]
+
+
+class FixedPointMap:
+    """Φ̂(w, λ, ζ): a stochastic contraction in w. Subclasses implement ``value`` and ``vjp``."""
+
+    inner_parameters: Tensors
+    hyperparameters: Tensors
+
+    def value(self, batch: Any) -> Tensors:  # pragma: no cover - interface
+        """Φ̂(w, λ, ζ) at the current w, λ, detached."""
+        raise NotImplementedError
+
+    def vjp(
+        self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
+    ) -> tuple[Tensors, Tensors | None]:  # pragma: no cover - interface
+        """(∂₁Φ̂ᵀ v, ∂₂Φ̂ᵀ v if ``wrt_hyper`` else None)."""
+        raise NotImplementedError
+
+    def gradient_step_size(self) -> float | None:
+        """α for a GD map (so that w − η(w − Φ̂) is SGD with step ηα), else None."""
+        return None
+
+
+def _grad(
+    outputs: Tensor | Sequence[Tensor],
+    inputs: Sequence[Tensor],
+    grad_outputs: Sequence[Tensor] | None = None,
+    create_graph: bool = False,
+) -> Tensors:
+    """autograd.grad with zeros for inputs the outputs do not depend on."""
+    grads = torch.autograd.grad(
+        outputs,
+        inputs,
+        grad_outputs=grad_outputs,
+        create_graph=create_graph,
+        allow_unused=True,
+    )
+    return [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+
+
+class GradientDescentMap(FixedPointMap):
+    """Φ̂(w, λ, ζ) = w − α ∇₁ℓ̂(w, λ, ζ) for an inner loss ℓ̂ (eq. mainprobopt).
+
+    Parameters
+    ----------
+    inner_loss:
+        ``inner_loss(batch) -> scalar`` computing ℓ̂(w, λ; ζ) from the current w and λ.
+    inner_parameters, hyperparameters:
+        The tensors w and λ that ``inner_loss`` reads.
+    alpha:
+        The step α; 2/(L+μ) gives the best contraction constant (Corollary 4.3).
+    hvp:
+        ``"reverse"`` or ``"forward"`` (forward-over-reverse, needs ``module``).
+    module:
+        The ``nn.Module`` whose parameters are ``inner_parameters`` (needed for ``hvp="forward"``).
+    """
+
+    def __init__(
+        self,
+        inner_loss: Callable[[Any], Tensor],
+        inner_parameters: Sequence[Tensor],
+        hyperparameters: Sequence[Tensor],
+        alpha: float,
+        hvp: str = "reverse",
+        module: torch.nn.Module | None = None,
+    ) -> None:
+        self.inner_loss = inner_loss
+        self.inner_parameters = list(inner_parameters)
+        self.hyperparameters = list(hyperparameters)
+        self.alpha = float(alpha)
+        if hvp not in ("reverse", "forward"):
+            raise ConfigurationError(f"hvp must be 'reverse' or 'forward', got {hvp!r}.")
+        if hvp == "forward":
+            if module is None:
+                raise ConfigurationError(
+                    "hvp='forward' needs module=<the nn.Module owning the inner parameters> "
+                    "(forward-over-reverse swaps its parameters through torch.func)."
+                )
+            self._functional = _FunctionalLoss(module, inner_loss, self.inner_parameters)
+        self.hvp = hvp
+
+    def gradient_step_size(self) -> float:
+        return self.alpha
+
+    def loss(self, batch: Any) -> Tensor:
+        loss = self.inner_loss(batch)
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise ConfigurationError(
+                "inner_loss(batch) must return a scalar tensor (the minibatch training objective)."
+            )
+        return loss.reshape(())
+
+    def gradient(self, batch: Any) -> Tensors:
+        """∇₁ℓ̂(w, λ, ζ)."""
+        return _grad(self.loss(batch), self.inner_parameters)
+
+    def value(self, batch: Any) -> Tensors:
+        g = self.gradient(batch)
+        with torch.no_grad():
+            return [w.detach() - self.alpha * gi for w, gi in zip(self.inner_parameters, g)]
+
+    def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
+        """∇²₁₁ℓ̂(w, λ, ζ) v (symmetric, so it is also the transposed product)."""
+        if self.hvp == "forward":
+            return self._functional.hvp(batch, v)
+        g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
+        return _grad(g, self.inner_parameters, grad_outputs=list(v))
+
+    def vjp(
+        self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
+    ) -> tuple[Tensors, Tensors | None]:
+        if not wrt_hyper:
+            hv = self.hessian_vector_product(batch, v)
+            return [vi - self.alpha * h for vi, h in zip(v, hv)], None
+        g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
+        prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=list(v))
+        n = len(self.inner_parameters)
+        d1 = [vi - self.alpha * h for vi, h in zip(v, prods[:n])]
+        d2 = [-self.alpha * h for h in prods[n:]]
+        return d1, d2
+
+
+class ContractionMap(FixedPointMap):
+    """A user-given stochastic contraction Φ̂(w, λ, ζ) (the general setting of eq. mainprob).
+
+    Parameters
+    ----------
+    phi:
+        ``phi(batch) -> list of tensors`` shaped like ``inner_parameters``: Φ̂ at the current w, λ,
+        differentiable in both. Its fixed point w(λ) is what the inner solve computes.
+    """
+
+    def __init__(
+        self,
+        phi: Callable[[Any], Sequence[Tensor]],
+        inner_parameters: Sequence[Tensor],
+        hyperparameters: Sequence[Tensor],
+    ) -> None:
+        self.phi = phi
+        self.inner_parameters = list(inner_parameters)
+        self.hyperparameters = list(hyperparameters)
+
+    def _evaluate(self, batch: Any) -> Tensors:
+        out = self.phi(batch)
+        out = [out] if isinstance(out, Tensor) else list(out)
+        shapes = [tuple(o.shape) for o in out]
+        expected = [tuple(w.shape) for w in self.inner_parameters]
+        if shapes != expected:
+            raise ConfigurationError(
+                f"the fixed-point map returned tensors of shapes {shapes}, but the inner "
+                f"parameters have shapes {expected}: phi(batch) must return one tensor per inner "
+                "parameter, shaped like it."
+            )
+        return out
+
+    def value(self, batch: Any) -> Tensors:
+        return [o.detach() for o in self._evaluate(batch)]
+
+    def vjp(
+        self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
+    ) -> tuple[Tensors, Tensors | None]:
+        out = self._evaluate(batch)
+        inputs = self.inner_parameters + (self.hyperparameters if wrt_hyper else [])
+        prods = _grad(out, inputs, grad_outputs=list(v))
+        n = len(self.inner_parameters)
+        return prods[:n], (prods[n:] if wrt_hyper else None)
+
+
+class _FunctionalLoss:
+    """ℓ̂ as a pure function of the module's inner parameters, for torch.func transforms.
+
+    The user's closure calls ``module(...)``; ``torch.func.functional_call`` on a wrapper that holds
+    the module swaps the parameters for the duration of the call.
+    """
+
+    def __init__(
+        self, module: torch.nn.Module, inner_loss: Callable[[Any], Tensor], params: Tensors
+    ) -> None:
+        names = {id(p): n for n, p in module.named_parameters()}
+        missing = [i for i, p in enumerate(params) if id(p) not in names]
+        if missing:
+            raise ConfigurationError(
+                "hvp='forward' needs every inner parameter to be a parameter of `module`; "
+                f"inner parameters at positions {missing} are not."
+            )
+        self.wrapper = _CallClosure(module, inner_loss)
+        self.names = ["module." + names[id(p)] for p in params]
+
+    def hvp(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
+        from torch.func import functional_call, grad, jvp
+
+        def loss(*flat: Tensor) -> Tensor:
+            return functional_call(self.wrapper, dict(zip(self.names, flat)), (batch,))
+
+        primals = tuple(p.detach() for p in self.wrapper.module_parameters(self.names))
+        tangents = tuple(vi.detach() for vi in v)
+        argnums = tuple(range(len(primals)))
+        _, hv = jvp(grad(loss, argnums=argnums), primals, tangents)
+        return list(hv)
+
+
+class _CallClosure(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, fn: Callable[[Any], Tensor]) -> None:
+        super().__init__()
+        self.module = module
+        self._fn = fn
+
+    def forward(self, batch: Any) -> Tensor:
+        return self._fn(batch).reshape(())
+
+    def module_parameters(self, names: Sequence[str]) -> Tensors:
+        params = dict(self.named_parameters())
+        return [params[n] for n in names]

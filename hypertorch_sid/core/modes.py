@@ -1,0 +1,44 @@
+"""Module modes for the adjoint solve: one consistent mode, running statistics untouched.
+
+Models with BatchNorm or dropout behave differently in ``train()`` and ``eval()`` mode, and
+BatchNorm updates its running statistics on every training-mode forward pass. The Jacobian
+products of the adjoint solve and of the ∂₂Φ̂ term run inside :func:`frozen_mode`:
+
+* ``mode="train"`` (default): the same map the inner SGD steps iterate — BatchNorm normalises by
+  batch statistics and dropout draws fresh masks (part of the randomness ζ̂);
+* ``mode="eval"``: a deterministic map — BatchNorm uses its running statistics, dropout is off.
+
+In both, every buffer (running mean/var, ``num_batches_tracked``) is restored afterwards, so the
+adjoint solve never changes the model's statistics, and the previous train/eval flags come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from .errors import ConfigurationError
+
+
+@contextmanager
+def frozen_mode(module: torch.nn.Module | None, mode: str) -> Iterator[None]:
+    """Run the body with ``module`` in ``mode`` ('train' or 'eval'), buffers restored after."""
+    if mode not in ("train", "eval"):
+        raise ConfigurationError(f"mode must be 'train' or 'eval', got {mode!r}.")
+    if module is None:
+        yield
+        return
+    flags = {m: m.training for m in module.modules()}
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    module.train(mode == "train")
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+        for m, flag in flags.items():
+            m.training = flag

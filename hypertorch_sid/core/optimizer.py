@@ -1,0 +1,494 @@
+"""``SIDHyperOptimizer``: Algorithm 1 (SID) with an outer torch optimizer, optimizer-style.
+
+For every outer step, with w warm-started from the previous step:
+
+1. inner solve  — w_t: t steps of w ← w + η_t (Φ̂(w, λ, ζ_t) − w)            (eq. inneralg)
+2. adjoint solve — v_k: k steps of v ← v + η_k (∂₁Φ̂(w_t, λ, ζ̂_k)ᵀv + ∇₁E − v)  (eq. backalg)
+   on fresh minibatches ζ̂ (drawn after the inner ones), warm-started from the last v;
+3. assemble     — ∇̂f(λ) = ∇₂E(w_t, λ) + mean_j ∂₂Φ̂(w_t, λ, ζ_j)ᵀ v_k      (eq. gradestim)
+4. outer step   — λ.grad ← ∇̂f(λ); ``outer_optimizer.step()``; λ ← P_Λ(λ).
+
+Nothing non-finite is ever written to λ: a diverging solve raises :class:`DivergenceError` (or,
+with ``backoff > 0``, is retried from its starting point with halved step sizes).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .batches import BatchStream, repeat
+from .cost import Cost
+from .errors import ConfigurationError, DivergenceError
+from .estimation import estimate_curvature
+from .maps import ContractionMap, FixedPointMap, GradientDescentMap
+from .modes import frozen_mode
+from .outer import outer_gradients
+from .presets import get_preset
+from .schedules import StepSchedule, make_schedule, theory_constants
+from .solvers import SolveResult, adjoint_solve, assemble_hypergradient, inner_solve, norm
+from .validation import (
+    as_tensor_list,
+    check_dependencies,
+    check_outer_optimizer,
+    check_parameters,
+    check_steps,
+)
+
+log = logging.getLogger("hypertorch_sid")
+
+Tensors = list[Tensor]
+
+
+class SIDHyperOptimizer:
+    """Stochastic implicit differentiation (Algorithm 1) driving a torch optimizer on λ.
+
+    Parameters
+    ----------
+    hyperparameters, inner_parameters:
+        λ and w: leaf tensors with ``requires_grad=True`` (lists, single tensors or
+        ``module.parameters()``). The losses read them as closures.
+    inner_loss:
+        ``inner_loss(batch) -> scalar``: ℓ̂(w, λ; ζ) on a training minibatch. Defines the GD map
+        Φ̂ = w − α∇₁ℓ̂. Not needed when ``fixed_point_map`` is given.
+    outer_loss:
+        ``outer_loss(batch) -> scalar``: E(w, λ) on validation data.
+    outer_optimizer:
+        Any ``torch.optim.Optimizer`` over the hyperparameters (may be None for
+        :meth:`hypergradient` only).
+    inner_steps, adjoint_steps:
+        t ≥ 0 and k ≥ 1 of Algorithm 1.
+    step_size, adjoint_step_size:
+        ``"constant"`` (Thm 4.1), ``"decreasing"`` (Thm 4.2), ``"two_phase"`` or a
+        :class:`StepSchedule`; the adjoint solve uses ``step_size`` unless told otherwise.
+    alpha, eta, beta, gamma, switch:
+        α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps.
+        Missing α, β, γ come from the theory (α = 2/(L+μ), β = 2/(1−q²), γ = β(1+σ₂)).
+    L, mu, q, sigma2:
+        Known constants. For the GD map, L and μ are estimated by power iteration when missing
+        (logged); a general map needs ``q`` (or ``beta``) for decreasing steps.
+    fixed_point_map:
+        A :class:`FixedPointMap` or a callable ``phi(batch) -> list of tensors`` (a general
+        contraction) to use instead of the GD map.
+    hvp:
+        ``"reverse"`` or ``"forward"`` Hessian–vector products for the GD map (forward needs
+        ``module``).
+    module:
+        The ``nn.Module`` owning w, if any: the adjoint solve then runs in ``mode`` with its
+        buffers restored (see :mod:`hypertorch_sid.core.modes`), and ``hvp="forward"`` works.
+    d2_batches:
+        J, the number of fresh minibatches averaged in the ∂₂Φ̂ term, or ``"full"`` to use
+        ``full_train_batch`` (the exact ∂₂Φ, removing Thm 3.4's variance floor).
+    full_train_batch:
+        One batch holding the whole training set: the deterministic map Φ for GD ("Batch")
+        solves and ``d2_batches="full"``.
+    inner_batches, adjoint_batches:
+        ``"stochastic"`` (minibatches from ``train_batches``) or ``"full"`` (``full_train_batch``).
+    warm_start_adjoint:
+        Start each adjoint solve from the previous v_k (True) or from 0.
+    projection:
+        ``projection(hyperparameters)`` called in ``no_grad`` after each outer step to keep λ in
+        Λ (e.g. ``lambda hs: hs[0].clamp_(min=0)``).
+    backoff:
+        How many times a diverging solve is retried with α (or η) halved; 0 raises at once.
+    divergence_factor:
+        A residual this many times larger than the first ones counts as divergence.
+    estimate_batches, estimate_iters:
+        Minibatches and power iterations used to estimate L, μ.
+    """
+
+    def __init__(
+        self,
+        hyperparameters: Iterable[Tensor] | Tensor,
+        inner_parameters: Iterable[Tensor] | Tensor,
+        inner_loss: Callable[[Any], Tensor] | None = None,
+        outer_loss: Callable[[Any], Tensor] | None = None,
+        outer_optimizer: torch.optim.Optimizer | None = None,
+        inner_steps: int = 100,
+        adjoint_steps: int = 100,
+        step_size: str | StepSchedule = "decreasing",
+        adjoint_step_size: str | StepSchedule | None = None,
+        *,
+        alpha: float | None = None,
+        eta: float | None = None,
+        beta: float | None = None,
+        gamma: float | None = None,
+        switch: int | None = None,
+        L: float | None = None,
+        mu: float | None = None,
+        q: float | None = None,
+        sigma2: float = 0.0,
+        fixed_point_map: FixedPointMap | Callable[[Any], Sequence[Tensor]] | None = None,
+        hvp: str = "reverse",
+        module: torch.nn.Module | None = None,
+        mode: str = "train",
+        d2_batches: int | str = 1,
+        full_train_batch: Any = None,
+        inner_batches: str = "stochastic",
+        adjoint_batches: str = "stochastic",
+        warm_start_adjoint: bool = True,
+        projection: Callable[[Tensors], None] | None = None,
+        backoff: int = 0,
+        divergence_factor: float = 1e4,
+        estimate_batches: int = 4,
+        estimate_iters: int = 20,
+    ) -> None:
+        self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
+        self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
+        check_parameters(self.inner_parameters, self.hyperparameters)
+        if outer_loss is None or not callable(outer_loss):
+            raise ConfigurationError("outer_loss must be a callable outer_loss(batch) -> scalar.")
+        self.outer_loss = outer_loss
+        self.inner_loss = inner_loss
+        if outer_optimizer is not None:
+            check_outer_optimizer(outer_optimizer, self.inner_parameters, self.hyperparameters)
+        self.outer_optimizer = outer_optimizer
+        self.inner_steps = check_steps("inner_steps (t)", inner_steps, 0)
+        self.adjoint_steps = check_steps("adjoint_steps (k)", adjoint_steps, 1)
+        self._step_kinds = (step_size, adjoint_step_size or step_size)
+        self._schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch, sigma2=sigma2)
+        self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
+        self.module, self.mode = module, mode
+        frozen_mode(None, mode).__enter__()  # validates ``mode``
+        self.phi = self._build_map(fixed_point_map, hvp)
+        self._check_batch_modes(d2_batches, full_train_batch, inner_batches, adjoint_batches)
+        self.d2_batches = d2_batches
+        self.full_train_batch = full_train_batch
+        self.inner_batches, self.adjoint_batches = inner_batches, adjoint_batches
+        self.warm_start_adjoint = warm_start_adjoint
+        self.projection = projection
+        self.backoff = check_steps("backoff", backoff, 0)
+        self.divergence_factor = divergence_factor
+        self.estimate_batches = check_steps("estimate_batches", estimate_batches, 1)
+        self.estimate_iters = check_steps("estimate_iters", estimate_iters, 1)
+        self.v: Tensors | None = None
+        self.hyper_step = 0
+        self.cost = Cost()
+        self.last: dict[str, float] = {}
+        self._checked = False
+        self._resolved = False
+        self._streams: dict[int, BatchStream] = {}
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str,
+        *,
+        total_epochs: float,
+        n_train: int,
+        batch_size: int,
+        **kwargs: Any,
+    ) -> SIDHyperOptimizer:
+        """One of the paper's variants (``"batch"``, ``"stoch_dec"``, ... see ``PRESETS``).
+
+        t and k follow the appendix's rule for ``total_epochs`` epochs of the hypergradient
+        budget; full-batch (GD) phases need ``full_train_batch`` in ``kwargs``.
+        """
+        p = get_preset(preset)
+        t, k = p.steps(total_epochs, n_train, batch_size)
+        kwargs.update(
+            inner_steps=t,
+            adjoint_steps=k,
+            step_size=p.inner.step_size,
+            adjoint_step_size=p.adjoint.step_size,
+            inner_batches="full" if p.inner.full_batch else "stochastic",
+            adjoint_batches="full" if p.adjoint.full_batch else "stochastic",
+        )
+        if p.inner.step_size == "constant" or p.adjoint.step_size == "constant":
+            kwargs.setdefault("eta", 1.0)
+        return cls(**kwargs)
+
+    def _build_map(self, fixed_point_map: Any, hvp: str) -> FixedPointMap:
+        if fixed_point_map is None:
+            if self.inner_loss is None or not callable(self.inner_loss):
+                raise ConfigurationError(
+                    "give inner_loss(batch) (for the gradient-descent map) or fixed_point_map."
+                )
+            # α may still be unknown: it is fixed (or estimated) at the first hypergradient.
+            return GradientDescentMap(
+                self.inner_loss,
+                self.inner_parameters,
+                self.hyperparameters,
+                alpha=self.alpha if self.alpha is not None else 1.0,
+                hvp=hvp,
+                module=self.module,
+            )
+        if isinstance(fixed_point_map, FixedPointMap):
+            return fixed_point_map
+        if callable(fixed_point_map):
+            return ContractionMap(fixed_point_map, self.inner_parameters, self.hyperparameters)
+        raise ConfigurationError("fixed_point_map must be a FixedPointMap or a callable.")
+
+    def _check_batch_modes(self, d2: Any, full: Any, inner: str, adjoint: str) -> None:
+        for name, value in (("inner_batches", inner), ("adjoint_batches", adjoint)):
+            if value not in ("stochastic", "full"):
+                raise ConfigurationError(f"{name} must be 'stochastic' or 'full', got {value!r}.")
+        if d2 != "full":
+            check_steps("d2_batches (J)", d2, 1)
+        needs_full = d2 == "full" or "full" in (inner, adjoint)
+        if needs_full and full is None:
+            raise ConfigurationError(
+                "full-batch solves (inner_batches/adjoint_batches='full', d2_batches='full' or a "
+                "Batch preset) need full_train_batch=<one batch holding the whole training set>."
+            )
+
+    # ------------------------------------------------------------------ Algorithm 1
+    def _stream(self, train_batches: Iterable[Any]) -> BatchStream:
+        if isinstance(train_batches, BatchStream):
+            return train_batches
+        stream = self._streams.get(id(train_batches))
+        if stream is None or stream.source is not train_batches:
+            stream = BatchStream(train_batches, "train_batches")
+            self._streams = {id(train_batches): stream}
+        return stream
+
+    def _source(self, kind: str, stream: BatchStream) -> BatchStream:
+        if kind == "full":
+            return BatchStream(repeat(self.full_train_batch), "full_train_batch")
+        return stream
+
+    def _needs_q(self) -> bool:
+        kinds = [k for k in self._step_kinds if isinstance(k, str)]
+        return self._schedule_args["beta"] is None and any(k != "constant" for k in kinds)
+
+    def _resolve_constants(self, stream: BatchStream) -> None:
+        """Fix α and q of the GD map from the user's values, or estimate L, μ (logged)."""
+        self._resolved = True
+        if not isinstance(self.phi, GradientDescentMap):
+            if self._needs_q() and self.q is None:
+                raise ConfigurationError(
+                    "decreasing step sizes for a general fixed-point map need its contraction "
+                    "constant: pass q=... (or beta=... and gamma=...)."
+                )
+            return
+        if self.alpha is not None and (self.q is not None or not self._needs_q()):
+            return
+        if self.L is None or self.mu is None:
+            batches = (
+                [self.full_train_batch]
+                if self.full_train_batch is not None
+                else stream.take(self.estimate_batches)
+            )
+            est = estimate_curvature(self.phi, batches, self.estimate_iters, mu=self.mu)
+            self.L = self.L if self.L is not None else est.L
+            self.mu = self.mu if self.mu is not None else est.mu
+        consts = theory_constants(self.L, self.mu, self._schedule_args["sigma2"], self.alpha)
+        self.alpha, self.q = consts.alpha, consts.q
+        self.phi.alpha = consts.alpha
+        log.info(
+            "hypertorch_sid: alpha = %.4g, q = %.4g (L = %.4g, mu = %.4g)",
+            self.alpha,
+            self.q,
+            self.L,
+            self.mu,
+        )
+
+    def _schedules(self) -> tuple[StepSchedule, StepSchedule]:
+        return tuple(  # type: ignore[return-value]
+            make_schedule(kind, q=self.q, **self._schedule_args) for kind in self._step_kinds
+        )
+
+    def hypergradient(self, train_batches: Iterable[Any], val_batch: Any) -> Tensors:
+        """∇̂f(λ) by Algorithm 1; updates w (warm start) and v, never λ.
+
+        Parameters
+        ----------
+        train_batches:
+            Training minibatches (a DataLoader, a list, an endless generator): the inner steps
+            draw ζ_1..ζ_t, then the adjoint steps draw fresh ζ̂_1..ζ̂_k, then J more for ∂₂Φ̂.
+        val_batch:
+            A validation batch for E, or a DataLoader over the whole validation set (averaged).
+
+        Returns
+        -------
+        A list of tensors shaped like the hyperparameters.
+        """
+        stream = self._stream(train_batches)
+        if not self._checked:
+            if isinstance(self.phi, GradientDescentMap):
+                first = self.full_train_batch if self.full_train_batch is not None else None
+                check_dependencies(
+                    self.phi.loss,
+                    first if first is not None else stream.take(1)[0],
+                    self.inner_parameters,
+                    self.hyperparameters,
+                )
+            self._checked = True
+        if not self._resolved:
+            self._resolve_constants(stream)
+        attempts = self.backoff + 1
+        for attempt in range(attempts):
+            try:
+                return self._algorithm1(stream, val_batch)
+            except DivergenceError as err:
+                if attempt == attempts - 1:
+                    raise
+                self._back_off(err)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _algorithm1(self, stream: BatchStream, val_batch: Any) -> Tensors:
+        inner_schedule, adjoint_schedule = self._schedules()
+        w0 = [w.detach().clone() for w in self.inner_parameters]
+        try:
+            inner = inner_solve(
+                self.phi,
+                self._source(self.inner_batches, stream),
+                self.inner_steps,
+                inner_schedule,
+                self.cost,
+                self.divergence_factor,
+            )
+            with frozen_mode(self.module, "eval"):
+                g_w, g_lam, value = outer_gradients(
+                    self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters
+                )
+            warm = self.warm_start_adjoint and self.v is not None
+            v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
+            with frozen_mode(self.module, self.mode):
+                v, adjoint = adjoint_solve(
+                    self.phi,
+                    g_w,
+                    v0,
+                    self._source(self.adjoint_batches, stream),
+                    self.adjoint_steps,
+                    adjoint_schedule,
+                    self.cost,
+                    self.divergence_factor,
+                )
+                d2_batches = (
+                    [self.full_train_batch]
+                    if self.d2_batches == "full"
+                    else stream.take(int(self.d2_batches))
+                )
+                hypergrad = assemble_hypergradient(self.phi, v, g_lam, d2_batches, self.cost)
+        except DivergenceError:
+            with torch.no_grad():
+                for w, w_start in zip(self.inner_parameters, w0):
+                    w.copy_(w_start)
+            raise
+        if not all(torch.isfinite(g).all() for g in hypergrad):
+            raise DivergenceError(
+                "hypergradient",
+                None,
+                norm(hypergrad),
+                "λ was left unchanged. Check the losses for NaN/Inf.",
+            )
+        self.v = v
+        self.cost.hypergradients += 1
+        self._record(inner, adjoint, hypergrad, value)
+        return hypergrad
+
+    def _back_off(self, err: DivergenceError) -> None:
+        if isinstance(self.phi, GradientDescentMap):
+            self.alpha = self.phi.alpha = self.phi.alpha / 2
+            what = f"alpha to {self.alpha:.3g}"
+        else:
+            eta = self._schedule_args.get("eta") or 1.0
+            self._schedule_args["eta"] = eta / 2
+            self._step_kinds = tuple(  # type: ignore[assignment]
+                s.scaled(0.5) if isinstance(s, StepSchedule) else s for s in self._step_kinds
+            )
+            what = f"eta to {eta / 2:.3g}"
+        self.v = None
+        log.warning("hypertorch_sid: %s; backing off: halving %s and retrying", err, what)
+
+    def _record(self, inner: SolveResult, adjoint: SolveResult, g: Tensors, value: float) -> None:
+        self.last = {
+            "outer_loss": value,
+            "hypergradient_norm": norm(g),
+            "inner_residual": inner.residual,
+            "adjoint_residual": adjoint.residual,
+            "inner_eta": inner.eta,
+            "adjoint_eta": adjoint.eta,
+            "alpha": float(self.alpha) if self.alpha is not None else math.nan,
+            "samples": float(self.cost.samples),
+        }
+
+    def step(self, train_batches: Iterable[Any], val_batch: Any) -> Tensors:
+        """Compute ∇̂f(λ), write it to ``λ.grad``, step the outer optimizer, project λ."""
+        if self.outer_optimizer is None:
+            raise ConfigurationError("step() needs outer_optimizer; use hypergradient() without.")
+        hypergrad = self.hypergradient(train_batches, val_batch)
+        self.apply(hypergrad)
+        return hypergrad
+
+    def apply(self, hypergrad: Sequence[Tensor]) -> None:
+        """λ.grad ← ∇̂f(λ), outer step, projection; λ is restored if the step is not finite."""
+        before = [h.detach().clone() for h in self.hyperparameters]
+        for h, g in zip(self.hyperparameters, hypergrad):
+            h.grad = g.detach().clone()
+        self.outer_optimizer.step()
+        self.outer_optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            if self.projection is not None:
+                self.projection(self.hyperparameters)
+            if not all(torch.isfinite(h).all() for h in self.hyperparameters):
+                for h, b in zip(self.hyperparameters, before):
+                    h.copy_(b)
+                raise DivergenceError(
+                    "hyperparameters",
+                    self.hyper_step,
+                    math.inf,
+                    "The outer step produced non-finite λ; λ was restored. Lower the outer "
+                    "learning rate.",
+                )
+        self.hyper_step += 1
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: λ, outer optimizer state, warm-start v, constants, cost."""
+        return {
+            "hyperparameters": [h.detach().clone() for h in self.hyperparameters],
+            "outer_optimizer": (
+                self.outer_optimizer.state_dict() if self.outer_optimizer is not None else None
+            ),
+            "v": [x.clone() for x in self.v] if self.v is not None else None,
+            "hyper_step": self.hyper_step,
+            "constants": {"alpha": self.alpha, "L": self.L, "mu": self.mu, "q": self.q},
+            "cost": self.cost.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (λ in place, on their current device)."""
+        required = {"hyperparameters", "outer_optimizer", "v", "hyper_step", "constants", "cost"}
+        missing = required - set(state)
+        if missing:
+            raise ConfigurationError(
+                f"not a SIDHyperOptimizer state: keys {sorted(missing)} are missing (truncated or "
+                "foreign checkpoint?)."
+            )
+        saved = state["hyperparameters"]
+        if [tuple(s.shape) for s in saved] != [tuple(h.shape) for h in self.hyperparameters]:
+            raise ConfigurationError(
+                "the saved hyperparameters have shapes "
+                f"{[tuple(s.shape) for s in saved]}, these have "
+                f"{[tuple(h.shape) for h in self.hyperparameters]}."
+            )
+        with torch.no_grad():
+            for h, s in zip(self.hyperparameters, saved):
+                h.copy_(s)
+        if state["outer_optimizer"] is not None and self.outer_optimizer is not None:
+            self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        like = self.inner_parameters
+        self.v = (
+            [x.to(device=w.device, dtype=w.dtype) for x, w in zip(state["v"], like)]
+            if state["v"] is not None
+            else None
+        )
+        self.hyper_step = int(state["hyper_step"])
+        constants = state["constants"]
+        self.alpha, self.L, self.mu, self.q = (
+            constants["alpha"],
+            constants["L"],
+            constants["mu"],
+            constants["q"],
+        )
+        if isinstance(self.phi, GradientDescentMap) and self.alpha is not None:
+            self.phi.alpha = self.alpha
+        self.cost.load(state["cost"])

@@ -1,0 +1,195 @@
+"""Step sizes η_t of the stochastic Krasnoselskii–Mann iteration (eq. inneralgo, section 4).
+
+    x_{t+1} = x_t + η_t (T̂(x_t, ζ_t) − x_t)
+
+* :class:`ConstantStep` — η_t = η with η ≤ 1/(1+σ₂) (Thm 4.1): linear rate to a noise floor
+  η σ₁ / (1 − q²).
+* :class:`DecreasingStep` — η_t = β/(γ + t) with β > 1/(1−q²), γ ≥ β(1+σ₂) (Thm 4.2): O(1/(γ+t)).
+* :class:`TwoPhaseStep` — constant η = 1/(1+σ₂) first, then β/(γ + t − t₀) (the recommendation
+  after Thm 4.2).
+
+:func:`theory_constants` computes α = 2/(L+μ), q = (L−μ)/(L+μ) (Corollary 4.3), β = 2/(1−q²) and
+γ = β(1+σ₂).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+
+
+class StepSchedule:
+    """A step-size schedule t ↦ η_t. Subclasses implement :meth:`__call__`."""
+
+    def __call__(self, t: int) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def scaled(self, factor: float) -> StepSchedule:
+        """The same schedule with every η_t multiplied by ``factor`` (used by step back-off)."""
+        return _Scaled(self, factor)
+
+
+@dataclass(frozen=True)
+class ConstantStep(StepSchedule):
+    """η_t = η (Thm 4.1). ``eta = 1`` with the GD map is plain (S)GD with step α."""
+
+    eta: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_positive("eta", self.eta)
+
+    def __call__(self, t: int) -> float:
+        return self.eta
+
+
+@dataclass(frozen=True)
+class DecreasingStep(StepSchedule):
+    """η_t = β/(γ + t) (Thm 4.2); converges almost surely and in mean square at rate O(1/(γ+t))."""
+
+    beta: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        _check_positive("beta", self.beta)
+        _check_positive("gamma", self.gamma)
+
+    def __call__(self, t: int) -> float:
+        return self.beta / (self.gamma + t)
+
+
+@dataclass(frozen=True)
+class TwoPhaseStep(StepSchedule):
+    """Constant η for t < t₀, then β/(γ + t − t₀) (section 4, after Thm 4.2)."""
+
+    eta: float
+    switch: int
+    beta: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        _check_positive("eta", self.eta)
+        _check_positive("beta", self.beta)
+        _check_positive("gamma", self.gamma)
+        if self.switch < 0:
+            raise ConfigurationError(f"switch must be ≥ 0, got {self.switch}.")
+
+    def __call__(self, t: int) -> float:
+        if t < self.switch:
+            return self.eta
+        return self.beta / (self.gamma + t - self.switch)
+
+
+@dataclass(frozen=True)
+class _Scaled(StepSchedule):
+    base: StepSchedule
+    factor: float
+
+    def __call__(self, t: int) -> float:
+        return self.factor * self.base(t)
+
+
+@dataclass(frozen=True)
+class TheoryConstants:
+    """Constants of the GD map Φ̂(w) = w − α∇ℓ̂(w) for an L-smooth, μ-strongly convex ℓ.
+
+    Attributes
+    ----------
+    L, mu: smoothness and strong-convexity constants of ℓ(·, λ).
+    alpha: 2/(L+μ), the step that minimises the contraction constant (Corollary 4.3).
+    q: (L−μ)/(L+μ), the contraction constant of Φ with that α.
+    sigma2: σ₂ of Assumption 4.1(iii) (0 when the noise does not grow with ‖T(x) − x‖).
+    eta_max: 1/(1+σ₂), the largest constant η of Thm 4.1.
+    beta: 2/(1−q²), the β minimising the constant of Thm 4.2.
+    gamma: β(1+σ₂).
+    """
+
+    L: float
+    mu: float
+    alpha: float
+    q: float
+    sigma2: float
+    eta_max: float
+    beta: float
+    gamma: float
+
+
+def theory_constants(
+    L: float, mu: float, sigma2: float = 0.0, alpha: float | None = None
+) -> TheoryConstants:
+    """α, q, β, γ from L, μ and σ₂ (Corollary 4.3 and the remark after Thm 4.2).
+
+    With a user-given ``alpha`` the contraction constant is q = max(|1 − αμ|, |1 − αL|).
+    """
+    _check_positive("L", L)
+    _check_positive("mu", mu)
+    if mu > L:
+        raise ConfigurationError(f"mu ({mu:.3g}) must not exceed L ({L:.3g}).")
+    if alpha is None:
+        alpha = 2.0 / (L + mu)
+    _check_positive("alpha", alpha)
+    q = max(abs(1.0 - alpha * mu), abs(1.0 - alpha * L))
+    if q >= 1.0:
+        raise ConfigurationError(
+            f"the gradient-descent map with alpha={alpha:.3g} is not a contraction for L={L:.3g}, "
+            f"mu={mu:.3g} (q={q:.3g} ≥ 1). Use alpha < 2/L = {2 / L:.3g}, e.g. 2/(L+mu)."
+        )
+    beta = 2.0 / (1.0 - q * q)
+    return TheoryConstants(
+        L=L,
+        mu=mu,
+        alpha=alpha,
+        q=q,
+        sigma2=sigma2,
+        eta_max=1.0 / (1.0 + sigma2),
+        beta=beta,
+        gamma=beta * (1.0 + sigma2),
+    )
+
+
+def make_schedule(
+    kind: str | StepSchedule,
+    *,
+    q: float | None = None,
+    sigma2: float = 0.0,
+    eta: float | None = None,
+    beta: float | None = None,
+    gamma: float | None = None,
+    switch: int | None = None,
+) -> StepSchedule:
+    """Build a schedule by name: ``"constant"``, ``"decreasing"`` or ``"two_phase"``.
+
+    Missing β, γ are taken from the theory (β = 2/(1−q²), γ = β(1+σ₂)); they need ``q``.
+    A :class:`StepSchedule` instance is returned unchanged.
+    """
+    if isinstance(kind, StepSchedule):
+        return kind
+    if kind == "constant":
+        return ConstantStep(eta if eta is not None else 1.0 / (1.0 + sigma2))
+    if kind not in ("decreasing", "two_phase"):
+        raise ConfigurationError(
+            f"unknown step_size {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
+            "StepSchedule instance."
+        )
+    if beta is None:
+        if q is None:
+            raise ConfigurationError(
+                f"step_size={kind!r} needs beta (or the contraction constant q to derive it)."
+            )
+        beta = 2.0 / (1.0 - q * q)
+    if gamma is None:
+        gamma = beta * (1.0 + sigma2)
+    if kind == "decreasing":
+        return DecreasingStep(beta, gamma)
+    return TwoPhaseStep(
+        eta if eta is not None else 1.0 / (1.0 + sigma2),
+        switch if switch is not None else 0,
+        beta,
+        gamma,
+    )
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ConfigurationError(f"{name} must be a finite positive number, got {value!r}.")
