@@ -51,14 +51,14 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
     devices = {x.device for x in list(inner) + list(hyper)}
     if len(devices) > 1:
         raise ConfigurationError(
-            f"inner parameters and hyperparameters are on different devices {sorted(map(str, devices))}; "
-            "move them to one device."
+            "inner parameters and hyperparameters are on different devices "
+            f"{sorted(map(str, devices))}; move them to one device."
         )
     dtypes = {x.dtype for x in list(inner) + list(hyper)}
     if len(dtypes) > 1:
         raise ConfigurationError(
-            f"inner parameters and hyperparameters have different dtypes {sorted(map(str, dtypes))}; "
-            "use one dtype (e.g. all float32 or all float64)."
+            "inner parameters and hyperparameters have different dtypes "
+            f"{sorted(map(str, dtypes))}; use one dtype (e.g. all float32 or all float64)."
         )
 
 
