@@ -243,3 +243,29 @@ class _CallClosure(torch.nn.Module):
     def module_parameters(self, names: Sequence[str]) -> Tensors:
         params = dict(self.named_parameters())
         return [params[n] for n in names]
+
+
+class AveragedMap(FixedPointMap):
+    """Φ̂ averaged across processes: ``mean`` (e.g. an all-reduce) applied to every product.
+
+    With each process drawing its own minibatch, the average of the per-process Φ̂ and of their
+    vector–Jacobian products is Φ̂ on the union of the minibatches (the global batch), so data
+    parallel SID computes the same hypergradient as one process on the global batches.
+    """
+
+    def __init__(self, phi: FixedPointMap, mean: Callable[[Tensor], Tensor]) -> None:
+        self.phi, self.mean = phi, mean
+        self.inner_parameters = phi.inner_parameters
+        self.hyperparameters = phi.hyperparameters
+
+    def value(self, batch: Any) -> Tensors:
+        return [self.mean(x) for x in self.phi.value(batch)]
+
+    def vjp(
+        self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
+    ) -> tuple[Tensors, Tensors | None]:
+        d1, d2 = self.phi.vjp(batch, v, wrt_hyper)
+        return [self.mean(x) for x in d1], (None if d2 is None else [self.mean(x) for x in d2])
+
+    def gradient_step_size(self) -> float | None:
+        return self.phi.gradient_step_size()

@@ -26,7 +26,7 @@ from .batches import BatchStream, repeat
 from .cost import Cost
 from .errors import ConfigurationError, DivergenceError
 from .estimation import estimate_curvature
-from .maps import ContractionMap, FixedPointMap, GradientDescentMap
+from .maps import AveragedMap, ContractionMap, FixedPointMap, GradientDescentMap
 from .modes import frozen_mode
 from .outer import outer_gradients
 from .presets import get_preset
@@ -100,6 +100,10 @@ class SIDHyperOptimizer:
         A residual this many times larger than the first ones counts as divergence.
     estimate_batches, estimate_iters:
         Minibatches and power iterations used to estimate L, μ.
+    mean_across_processes:
+        For data parallel runs, a function averaging a tensor over processes (an all-reduce
+        mean). Every Φ̂, Jacobian product and ∇E is averaged, so each process's minibatch is a
+        shard of one global batch and λ stays identical everywhere.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class SIDHyperOptimizer:
         divergence_factor: float = 1e4,
         estimate_batches: int = 4,
         estimate_iters: int = 20,
+        mean_across_processes: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
         self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
@@ -156,6 +161,10 @@ class SIDHyperOptimizer:
         self.module, self.mode = module, mode
         frozen_mode(None, mode).__enter__()  # validates ``mode``
         self.phi = self._build_map(fixed_point_map, hvp)
+        self.mean_across_processes = mean_across_processes
+        self._solver_map: FixedPointMap = (
+            AveragedMap(self.phi, mean_across_processes) if mean_across_processes else self.phi
+        )
         self._check_batch_modes(d2_batches, full_train_batch, inner_batches, adjoint_batches)
         self.d2_batches = d2_batches
         self.full_train_batch = full_train_batch
@@ -276,8 +285,12 @@ class SIDHyperOptimizer:
                 else stream.take(self.estimate_batches)
             )
             est = estimate_curvature(self.phi, batches, self.estimate_iters, mu=self.mu)
-            self.L = self.L if self.L is not None else est.L
-            self.mu = self.mu if self.mu is not None else est.mu
+            L, mu = est.L, est.mu
+            if self.mean_across_processes is not None:  # one α on every process
+                both = self.mean_across_processes(torch.tensor([L, mu], dtype=torch.float64))
+                L, mu = float(both[0]), float(both[1])
+            self.L = self.L if self.L is not None else L
+            self.mu = self.mu if self.mu is not None else mu
         consts = theory_constants(self.L, self.mu, self._schedule_args["sigma2"], self.alpha)
         self.alpha, self.q = consts.alpha, consts.q
         self.phi.alpha = consts.alpha
@@ -337,7 +350,7 @@ class SIDHyperOptimizer:
         w0 = [w.detach().clone() for w in self.inner_parameters]
         try:
             inner = inner_solve(
-                self.phi,
+                self._solver_map,
                 self._source(self.inner_batches, stream),
                 self.inner_steps,
                 inner_schedule,
@@ -348,11 +361,14 @@ class SIDHyperOptimizer:
                 g_w, g_lam, value = outer_gradients(
                     self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters
                 )
+            if self.mean_across_processes is not None:
+                g_w = [self.mean_across_processes(g) for g in g_w]
+                g_lam = [self.mean_across_processes(g) for g in g_lam]
             warm = self.warm_start_adjoint and self.v is not None
             v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
             with frozen_mode(self.module, self.mode):
                 v, adjoint = adjoint_solve(
-                    self.phi,
+                    self._solver_map,
                     g_w,
                     v0,
                     self._source(self.adjoint_batches, stream),
@@ -366,7 +382,9 @@ class SIDHyperOptimizer:
                     if self.d2_batches == "full"
                     else stream.take(int(self.d2_batches))
                 )
-                hypergrad = assemble_hypergradient(self.phi, v, g_lam, d2_batches, self.cost)
+                hypergrad = assemble_hypergradient(
+                    self._solver_map, v, g_lam, d2_batches, self.cost
+                )
         except DivergenceError:
             with torch.no_grad():
                 for w, w_start in zip(self.inner_parameters, w0):
