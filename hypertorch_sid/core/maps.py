@@ -203,6 +203,20 @@ class _FunctionalLoss:
 
     The user's closure calls ``module(...)``; ``torch.func.functional_call`` on a wrapper that holds
     the module swaps the parameters for the duration of the call.
+
+    Two things make this safe for any closure and any module:
+
+    * **Buffers.** A training-mode forward updates buffers in place (BatchNorm's running mean,
+      variance and ``num_batches_tracked``), and torch.func forbids in-place writes to tensors
+      captured from outside a transform. Every call therefore swaps in *clones* of the buffers
+      made inside the transformed function: the clones absorb the update and the module's own
+      buffers are never changed (train mode still normalises by batch statistics, eval mode reads
+      the running ones).
+    * **Direct reads.** Only reads that go through the module see the swapped tensors: a closure
+      that holds the parameter objects itself (``params = list(model.parameters())`` captured
+      once, then a penalty over ``params``) would have those terms silently left out of the
+      Hessian. The first product checks, with one forward/backward pass, that the loss does not
+      depend on the original tensors, and raises :class:`ConfigurationError` if it does.
     """
 
     def __init__(
@@ -217,17 +231,49 @@ class _FunctionalLoss:
             )
         self.wrapper = _CallClosure(module, inner_loss)
         self.names = ["module." + names[id(p)] for p in params]
+        self.params = list(params)
+        self._checked = False
+
+    def _call(self, batch: Any, flat: Sequence[Tensor]) -> Tensor:
+        """ℓ̂ with the inner parameters replaced by ``flat`` and the buffers by fresh clones."""
+        from torch.func import functional_call
+
+        swapped = {n: b.clone() for n, b in self.wrapper.named_buffers()}
+        swapped.update(zip(self.names, flat))
+        return functional_call(self.wrapper, swapped, (batch,))
+
+    def _check_direct_reads(self, batch: Any) -> None:
+        """Raise if ℓ̂ still depends on the original parameter tensors once they are swapped out."""
+        watched = [(i, p) for i, p in enumerate(self.params) if p.requires_grad]
+        with torch.enable_grad():
+            out = self._call(batch, [p.detach().clone() for p in self.params])
+            if not watched or not out.requires_grad:
+                return
+            grads = torch.autograd.grad(out, [p for _, p in watched], allow_unused=True)
+        leaked = [i for (i, _), g in zip(watched, grads) if g is not None]
+        if leaked:
+            raise ConfigurationError(
+                "hvp='forward': inner_loss reads the inner parameters at positions "
+                f"{leaked} directly, not through `module` (e.g. a penalty over a parameter list "
+                "captured once). Forward-over-reverse swaps the parameters inside the module only, "
+                "so those terms would be missing from the Hessian. Read them at call time "
+                "(`module.parameters()` / `module.named_parameters()` inside inner_loss) or use "
+                "hvp='reverse'."
+            )
 
     def hvp(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
-        from torch.func import functional_call, grad, jvp
+        from torch.func import grad, jvp
 
-        def loss(*flat: Tensor) -> Tensor:
-            return functional_call(self.wrapper, dict(zip(self.names, flat)), (batch,))
+        if not self._checked:
+            self._check_direct_reads(batch)
+            self._checked = True
 
-        primals = tuple(p.detach() for p in self.wrapper.module_parameters(self.names))
+        def grad_loss(*flat: Tensor) -> tuple[Tensor, ...]:
+            return grad(lambda f: self._call(batch, f))(flat)
+
+        primals = tuple(p.detach() for p in self.params)
         tangents = tuple(vi.detach() for vi in v)
-        argnums = tuple(range(len(primals)))
-        _, hv = jvp(grad(loss, argnums=argnums), primals, tangents)
+        _, hv = jvp(grad_loss, primals, tangents)
         return list(hv)
 
 
@@ -239,10 +285,6 @@ class _CallClosure(torch.nn.Module):
 
     def forward(self, batch: Any) -> Tensor:
         return self._fn(batch).reshape(())
-
-    def module_parameters(self, names: Sequence[str]) -> Tensors:
-        params = dict(self.named_parameters())
-        return [params[n] for n in names]
 
 
 class AveragedMap(FixedPointMap):

@@ -14,6 +14,7 @@ with ``backoff > 0``, is retried from its starting point with halved step sizes)
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -464,7 +465,9 @@ class SIDHyperOptimizer:
         return {
             "hyperparameters": [h.detach().clone() for h in self.hyperparameters],
             "outer_optimizer": (
-                self.outer_optimizer.state_dict() if self.outer_optimizer is not None else None
+                copy.deepcopy(self.outer_optimizer.state_dict())
+                if self.outer_optimizer is not None
+                else None
             ),
             "v": [x.clone() for x in self.v] if self.v is not None else None,
             "hyper_step": self.hyper_step,

@@ -1,0 +1,95 @@
+"""Test problems with known answers (oracles) shared by the test modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+
+@dataclass
+class Ridge:
+    """Ridge regression: ℓ = ½ mean (Xw − y)² + ½ Σ λᵢ wᵢ², E = ½ mean (X_val w − y_val)².
+
+    λ = exp(log_lam) with one value (``per_feature=False``) or one per feature.
+    """
+
+    X: Tensor
+    y: Tensor
+    X_val: Tensor
+    y_val: Tensor
+    w: Tensor
+    log_lam: Tensor
+
+    def lam(self) -> Tensor:
+        return self.log_lam.detach().exp().expand(self.X.shape[1])
+
+    def inner_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        X, y = batch
+        lam = self.log_lam.exp()
+        return 0.5 * ((X @ self.w - y) ** 2).mean() + 0.5 * (lam * self.w**2).sum()
+
+    def outer_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        X, y = batch
+        return 0.5 * ((X @ self.w - y) ** 2).mean()
+
+    def w_star(self) -> Tensor:
+        n = self.X.shape[0]
+        A = self.X.T @ self.X / n + torch.diag(self.lam())
+        return torch.linalg.solve(A, self.X.T @ self.y / n)
+
+    def exact_hypergradient(self) -> Tensor:
+        """∇f(log λ) = −diag(λ ⊙ w)(XᵀX/n + diag λ)⁻¹ ∇_w E, summed for a scalar λ."""
+        n, nv = self.X.shape[0], self.X_val.shape[0]
+        lam = self.lam()
+        w = self.w_star()
+        A = self.X.T @ self.X / n + torch.diag(lam)
+        grad_E = self.X_val.T @ (self.X_val @ w - self.y_val) / nv
+        g = -(lam * w) * torch.linalg.solve(A, grad_E)
+        return g.sum().reshape(self.log_lam.shape) if self.log_lam.numel() == 1 else g
+
+    def train(self) -> tuple[Tensor, Tensor]:
+        return (self.X, self.y)
+
+    def val(self) -> tuple[Tensor, Tensor]:
+        return (self.X_val, self.y_val)
+
+    def loader(self, batch_size: int, seed: int = 0) -> DataLoader:
+        gen = torch.Generator().manual_seed(seed)
+        return DataLoader(
+            TensorDataset(self.X, self.y), batch_size=batch_size, shuffle=True, generator=gen
+        )
+
+
+def make_ridge(
+    n: int = 200,
+    d: int = 5,
+    per_feature: bool = True,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    log_lam0: float = -1.0,
+    device: str = "cpu",
+) -> Ridge:
+    gen = torch.Generator().manual_seed(seed)
+    w_true = torch.randn(d, generator=gen, dtype=dtype)
+    X = torch.randn(n, d, generator=gen, dtype=dtype)
+    y = X @ w_true + 0.5 * torch.randn(n, generator=gen, dtype=dtype)
+    X_val = torch.randn(n, d, generator=gen, dtype=dtype)
+    y_val = X_val @ w_true + 0.5 * torch.randn(n, generator=gen, dtype=dtype)
+    shape = (d,) if per_feature else (1,)
+    log_lam = torch.full(shape, log_lam0, dtype=dtype, device=device)
+    log_lam += 0.3 * torch.randn(shape, generator=gen, dtype=dtype).to(device)
+    return Ridge(
+        X.to(device),
+        y.to(device),
+        X_val.to(device),
+        y_val.to(device),
+        torch.zeros(d, dtype=dtype, device=device, requires_grad=True),
+        log_lam.requires_grad_(True),
+    )
+
+
+def relative_error(estimate: Tensor, exact: Tensor) -> float:
+    return float((estimate - exact).norm() / exact.norm())

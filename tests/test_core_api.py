@@ -1,0 +1,254 @@
+"""SIDHyperOptimizer's contract: warm start, presets, estimation, cost, state, dtypes, devices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from problems import make_ridge, relative_error
+
+from hypertorch_sid import (
+    PRESETS,
+    BatchStream,
+    GradientDescentMap,
+    SIDHyperOptimizer,
+    estimate_curvature,
+    get_preset,
+)
+
+
+def ridge_sid(problem, steps=20, outer=None, **kwargs):
+    return SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        problem.inner_loss,
+        problem.outer_loss,
+        outer,
+        inner_steps=steps,
+        adjoint_steps=steps,
+        **kwargs,
+    )
+
+
+def test_warm_start_beats_cold_start_over_50_outer_steps():
+    """Same budget per outer step; warm-started w and v track w(λ), v(λ) as λ moves."""
+
+    def run(warm):
+        problem = make_ridge(n=200, d=10, seed=2, log_lam0=-2.0)
+        opt = torch.optim.SGD([problem.log_lam], lr=0.5)
+        hopt = ridge_sid(problem, steps=5, outer=opt, warm_start_adjoint=warm)
+        loader = problem.loader(100, seed=0)
+        errors = []
+        for _ in range(50):
+            if not warm:
+                problem.w.data.zero_()
+            g = hopt.hypergradient(loader, problem.val())
+            errors.append(relative_error(g[0], problem.exact_hypergradient()))
+            hopt.apply(g)
+        return sum(errors[10:]) / len(errors[10:])
+
+    warm, cold = run(True), run(False)
+    assert warm < 0.6 * cold, (warm, cold)
+
+
+def test_presets_follow_the_appendix_rule():
+    # 20news: 20 epochs, n_tr = 5657, batch 50 -> the paper's t = k = 1131 and Batch t = k = 10
+    assert get_preset("stoch_dec").steps(20, 5657, 50) == (1131, 1131)
+    assert get_preset("batch").steps(20, 5657, 50) == (10, 10)
+    assert get_preset("batch_75_25").steps(20, 5657, 50) == (15, 5)
+    assert get_preset("stoch_const_75_25").steps(20, 5657, 50) == (1697, 566)
+    assert get_preset("stoch_batch").steps(20, 5657, 50) == (1131, 10)
+    assert get_preset("batch_stoch").steps(20, 5657, 50) == (10, 1131)
+    assert len(PRESETS) == 8
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_preset("stoch")
+
+
+def test_from_preset_configures_schedules_and_batches():
+    problem = make_ridge()
+    hopt = SIDHyperOptimizer.from_preset(
+        "stoch_batch",
+        total_epochs=4,
+        n_train=200,
+        batch_size=10,
+        hyperparameters=[problem.log_lam],
+        inner_parameters=[problem.w],
+        inner_loss=problem.inner_loss,
+        outer_loss=problem.outer_loss,
+        full_train_batch=problem.train(),
+    )
+    assert (hopt.inner_steps, hopt.adjoint_steps) == (40, 2)
+    assert (hopt.inner_batches, hopt.adjoint_batches) == ("stochastic", "full")
+    hopt.hypergradient(problem.loader(10), problem.val())
+    inner, adjoint = hopt._schedules()
+    assert inner(10) < inner(0)  # SGD dec
+    assert adjoint(10) == adjoint(0) == 1.0  # GD
+    assert hopt.cost.inner_samples == 40 * 10
+    assert hopt.cost.adjoint_samples == 2 * 200
+
+
+def test_curvature_estimate_matches_eigenvalues():
+    problem = make_ridge(n=300, d=6, seed=4)
+    lam = problem.lam()
+    H = problem.X.T @ problem.X / 300 + torch.diag(lam)
+    eig = torch.linalg.eigvalsh(H)
+    phi = GradientDescentMap(problem.inner_loss, [problem.w], [problem.log_lam], alpha=1.0)
+    est = estimate_curvature(phi, [problem.train()], iters=200)
+    assert math.isclose(est.L, float(eig[-1]), rel_tol=1e-6)
+    assert math.isclose(est.mu, float(eig[0]), rel_tol=1e-4)
+    assert not est.mu_floored
+
+
+def test_estimated_step_is_two_over_l_plus_mu_and_logged(caplog):
+    problem = make_ridge(n=300, d=6, seed=4)
+    hopt = ridge_sid(problem, full_train_batch=problem.train(), estimate_iters=200)
+    with caplog.at_level("INFO", logger="hypertorch_sid"):
+        hopt.hypergradient(problem.loader(10), problem.val())
+    eig = torch.linalg.eigvalsh(problem.X.T @ problem.X / 300 + torch.diag(problem.lam()))
+    assert math.isclose(hopt.alpha, 2 / float(eig[0] + eig[-1]), rel_tol=1e-4)
+    assert any("estimated L" in r.message for r in caplog.records)
+
+
+def test_cost_accounting_counts_samples_and_products():
+    problem = make_ridge()
+    hopt = ridge_sid(problem, steps=7, alpha=0.5, L=3.0, mu=0.1, d2_batches=3)
+    hopt.hypergradient(problem.loader(10), problem.val())
+    c = hopt.cost
+    assert c.inner_samples == 70 and c.adjoint_samples == 70
+    assert c.samples == 70 + 70 + 30
+    assert c.gradient_evals == 7 and c.jacobian_vector_products == 7 + 3
+    assert c.hypergradients == 1
+    assert math.isclose(c.epochs(200), 170 / 200)
+
+
+def test_inner_and_adjoint_draw_different_batches():
+    problem = make_ridge()
+    seen = []
+
+    def inner_loss(batch):
+        seen.append(batch[2])
+        return problem.inner_loss(batch[:2])
+
+    batches = [(problem.X[i : i + 10], problem.y[i : i + 10], i) for i in range(0, 200, 10)]
+    hopt = SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        inner_loss,
+        problem.outer_loss,
+        None,
+        inner_steps=4,
+        adjoint_steps=4,
+        alpha=0.5,
+        L=3.0,
+        mu=0.1,
+    )
+    hopt.hypergradient(batches, problem.val())
+    # one dependency check, 4 inner steps, 4 adjoint steps, one ∂₂ batch: all different batches
+    assert seen[1:] == [10, 20, 30, 40, 50, 60, 70, 80, 90]
+
+
+def test_state_dict_round_trip_reproduces_trajectory():
+    def fresh():
+        problem = make_ridge(seed=7)
+        opt = torch.optim.Adam([problem.log_lam], lr=0.05)
+        return problem, ridge_sid(problem, outer=opt, steps=10)
+
+    batches = [make_ridge(seed=7).train()]
+    problem, hopt = fresh()
+    for _ in range(3):
+        hopt.step(batches, problem.val())
+    state = hopt.state_dict()
+    w_saved = problem.w.detach().clone()
+    for _ in range(3):
+        hopt.step(batches, problem.val())
+    reference = problem.log_lam.detach().clone()
+
+    problem2, hopt2 = fresh()
+    problem2.w.data.copy_(w_saved)
+    hopt2.load_state_dict(state)
+    assert hopt2.hyper_step == 3 and hopt2.v is not None
+    for _ in range(3):
+        hopt2.step(batches, problem2.val())
+    assert torch.equal(problem2.log_lam.detach(), reference)
+
+
+def test_state_dict_survives_torch_save_weights_only(tmp_path):
+    problem = make_ridge()
+    hopt = ridge_sid(problem, outer=torch.optim.Adam([problem.log_lam], lr=0.1))
+    hopt.step(problem.loader(10), problem.val())
+    torch.save(hopt.state_dict(), tmp_path / "s.pt")
+    state = torch.load(tmp_path / "s.pt", weights_only=True)
+    hopt.load_state_dict(state)
+
+
+def test_float32_problem_stays_float32_and_float64_stays_float64():
+    for dtype in (torch.float32, torch.float64):
+        problem = make_ridge(dtype=dtype)
+        g = ridge_sid(problem).hypergradient(problem.loader(10), problem.val())
+        assert g[0].dtype == dtype and problem.w.dtype == dtype
+
+
+def test_module_parameters_and_forward_hvp_agree_with_reverse():
+    torch.manual_seed(0)
+    X, y = torch.randn(64, 5), torch.randn(64, 1)
+    results = []
+    for hvp in ("reverse", "forward"):
+        torch.manual_seed(1)
+        net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        log_lam = torch.zeros(1, requires_grad=True)
+
+        def inner(b, net=net, log_lam=log_lam):
+            pen = sum((p**2).sum() for p in net.parameters())
+            return ((net(b[0]) - b[1]) ** 2).mean() + 0.5 * log_lam.exp() * pen
+
+        def outer(b, net=net):
+            return ((net(b[0]) - b[1]) ** 2).mean()
+
+        hopt = SIDHyperOptimizer(
+            [log_lam],
+            net.parameters(),
+            inner,
+            outer,
+            None,
+            inner_steps=5,
+            adjoint_steps=5,
+            alpha=0.1,
+            L=5.0,
+            mu=0.5,
+            hvp=hvp,
+            module=net,
+        )
+        results.append(hopt.hypergradient([(X, y)], (X, y))[0])
+    assert torch.allclose(results[0], results[1], rtol=1e-4, atol=1e-6)
+
+
+def test_batch_stream_reiterates_loaders_and_reports_exhausted_generators():
+    stream = BatchStream([1, 2], "x")
+    assert [next(stream) for _ in range(5)] == [1, 2, 1, 2, 1]
+    gen = BatchStream(iter([torch.zeros(3, 2)]), "train_batches")
+    next(gen)
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        next(gen)
+    with pytest.raises(ValueError, match="empty"):
+        next(BatchStream([], "train_batches"))
+
+
+@pytest.mark.cuda
+def test_cuda_tensors_stay_on_cuda():
+    problem = make_ridge(device="cuda")
+    g = ridge_sid(problem).hypergradient([problem.train()], problem.val())
+    assert g[0].is_cuda and problem.w.is_cuda
+    problem_cpu = make_ridge()
+    hopt = ridge_sid(
+        problem_cpu,
+        steps=400,
+        step_size="constant",
+        eta=1.0,
+        full_train_batch=problem_cpu.train(),
+        inner_batches="full",
+        adjoint_batches="full",
+        d2_batches="full",
+    )
+    g_cpu = hopt.hypergradient([problem_cpu.train()], problem_cpu.val())
+    assert relative_error(g_cpu[0], problem_cpu.exact_hypergradient()) < 1e-8
