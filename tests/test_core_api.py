@@ -252,3 +252,19 @@ def test_cuda_tensors_stay_on_cuda():
     )
     g_cpu = hopt.hypergradient([problem_cpu.train()], problem_cpu.val())
     assert relative_error(g_cpu[0], problem_cpu.exact_hypergradient()) < 1e-8
+
+
+def test_reestimate_every_tracks_curvature_as_lambda_grows():
+    problem = make_ridge(n=200, d=5, log_lam0=-3.0)
+    hopt = ridge_sid(
+        problem, outer=torch.optim.SGD([problem.log_lam], lr=1.0), reestimate_every=1,
+        full_train_batch=problem.train(), estimate_iters=100,
+    )
+    hopt.step([problem.train()], problem.val())
+    alpha0 = hopt.alpha
+    with torch.no_grad():
+        problem.log_lam.fill_(2.0)  # λ = e² ≈ 7.4: L grows, α must shrink
+    hopt.step([problem.train()], problem.val())
+    eig = torch.linalg.eigvalsh(problem.X.T @ problem.X / 200 + torch.diag(problem.lam()))
+    assert hopt.alpha < alpha0
+    assert math.isclose(hopt.alpha, 2 / float(eig[0] + eig[-1]), rel_tol=1e-2)

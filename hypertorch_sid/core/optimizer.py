@@ -101,6 +101,9 @@ class SIDHyperOptimizer:
         A residual this many times larger than the first ones counts as divergence.
     estimate_batches, estimate_iters:
         Minibatches and power iterations used to estimate L, μ.
+    reestimate_every:
+        Re-estimate L, μ (hence α, q, β, γ) every this many outer steps, for λ that change the
+        curvature (weight decay does: L and μ grow with λ). None: estimate once.
     mean_across_processes:
         For data parallel runs, a function averaging a tensor over processes (an all-reduce
         mean). Every Φ̂, Jacobian product and ∇E is averaged, so each process's minibatch is a
@@ -143,6 +146,7 @@ class SIDHyperOptimizer:
         estimate_batches: int = 4,
         estimate_iters: int = 20,
         mean_across_processes: Callable[[Tensor], Tensor] | None = None,
+        reestimate_every: int | None = None,
     ) -> None:
         self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
         self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
@@ -159,6 +163,10 @@ class SIDHyperOptimizer:
         self._step_kinds = (step_size, adjoint_step_size or step_size)
         self._schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch, sigma2=sigma2)
         self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
+        self._given = (alpha, L, mu, q)
+        if reestimate_every is not None:
+            check_steps("reestimate_every", reestimate_every, 1)
+        self.reestimate_every = reestimate_every
         self.module, self.mode = module, mode
         frozen_mode(None, mode).__enter__()  # validates ``mode``
         self.phi = self._build_map(fixed_point_map, hvp)
@@ -334,6 +342,10 @@ class SIDHyperOptimizer:
                     self.hyperparameters,
                 )
             self._checked = True
+        every = self.reestimate_every
+        if every is not None and self.hyper_step > 0 and self.hyper_step % every == 0:
+            self.alpha, self.L, self.mu, self.q = self._given
+            self._resolved = False
         if not self._resolved:
             self._resolve_constants(stream)
         attempts = self.backoff + 1

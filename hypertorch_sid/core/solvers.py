@@ -51,7 +51,8 @@ def norm(xs: Sequence[Tensor]) -> float:
     """Euclidean norm of a list of tensors (as one vector)."""
     if not xs:
         return 0.0
-    return float(torch.sqrt(sum((x.detach().double() ** 2).sum() for x in xs)))
+    per_tensor = [torch.linalg.vector_norm(x.detach(), dtype=torch.float64) for x in xs]
+    return float(torch.linalg.vector_norm(torch.stack(per_tensor)))
 
 
 class _DivergenceMonitor:
