@@ -264,7 +264,7 @@ def test_reestimate_every_tracks_curvature_as_lambda_grows():
     alpha0 = hopt.alpha
     with torch.no_grad():
         problem.log_lam.fill_(2.0)  # λ = e² ≈ 7.4: L grows, α must shrink
-    hopt.step([problem.train()], problem.val())
     eig = torch.linalg.eigvalsh(problem.X.T @ problem.X / 200 + torch.diag(problem.lam()))
+    hopt.step([problem.train()], problem.val())
     assert hopt.alpha < alpha0
     assert math.isclose(hopt.alpha, 2 / float(eig[0] + eig[-1]), rel_tol=1e-2)
