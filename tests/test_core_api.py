@@ -257,8 +257,11 @@ def test_cuda_tensors_stay_on_cuda():
 def test_reestimate_every_tracks_curvature_as_lambda_grows():
     problem = make_ridge(n=200, d=5, log_lam0=-3.0)
     hopt = ridge_sid(
-        problem, outer=torch.optim.SGD([problem.log_lam], lr=1.0), reestimate_every=1,
-        full_train_batch=problem.train(), estimate_iters=100,
+        problem,
+        outer=torch.optim.SGD([problem.log_lam], lr=1.0),
+        reestimate_every=1,
+        full_train_batch=problem.train(),
+        estimate_iters=100,
     )
     hopt.step([problem.train()], problem.val())
     alpha0 = hopt.alpha

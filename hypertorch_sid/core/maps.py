@@ -274,7 +274,7 @@ class _FunctionalLoss:
         primals = tuple(p.detach() for p in self.params)
         tangents = tuple(vi.detach() for vi in v)
         _, hv = jvp(grad_loss, primals, tangents)
-        return list(hv)
+        return [h.detach() for h in hv]  # like the reverse form: no graph to λ kept
 
 
 class _CallClosure(torch.nn.Module):

@@ -9,7 +9,8 @@ For every outer step, with w warm-started from the previous step:
 4. outer step   — λ.grad ← ∇̂f(λ); ``outer_optimizer.step()``; λ ← P_Λ(λ).
 
 Nothing non-finite is ever written to λ: a diverging solve raises :class:`DivergenceError` (or,
-with ``backoff > 0``, is retried from its starting point with halved step sizes).
+with ``backoff > 0``, is retried from its starting point with halved step sizes). A hypergradient
+that fails for any reason (divergence, a bad batch, an interrupt) leaves w where it started.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -31,7 +33,7 @@ from .maps import AveragedMap, ContractionMap, FixedPointMap, GradientDescentMap
 from .modes import frozen_mode
 from .outer import outer_gradients
 from .presets import get_preset
-from .schedules import StepSchedule, make_schedule, theory_constants
+from .schedules import StepSchedule, check_schedule_kind, make_schedule, theory_constants
 from .solvers import SolveResult, adjoint_solve, assemble_hypergradient, inner_solve, norm
 from .validation import (
     as_tensor_list,
@@ -95,6 +97,11 @@ class SIDHyperOptimizer:
     projection:
         ``projection(hyperparameters)`` called in ``no_grad`` after each outer step to keep λ in
         Λ (e.g. ``lambda hs: hs[0].clamp_(min=0)``).
+    feasible:
+        ``feasible(hyperparameters) -> bool``, the membership test of Λ (e.g.
+        ``lambda hs: bool((hs[0] >= 0).all())``). Checked on the initial λ and on loaded states
+        (:class:`ConfigurationError` if outside) and after every outer step and projection (λ is
+        restored and :class:`ConfigurationError` raised if the step left Λ).
     backoff:
         How many times a diverging solve is retried with α (or η) halved; 0 raises at once.
     divergence_factor:
@@ -141,6 +148,7 @@ class SIDHyperOptimizer:
         adjoint_batches: str = "stochastic",
         warm_start_adjoint: bool = True,
         projection: Callable[[Tensors], None] | None = None,
+        feasible: Callable[[Tensors], bool] | None = None,
         backoff: int = 0,
         divergence_factor: float = 1e4,
         estimate_batches: int = 4,
@@ -160,6 +168,9 @@ class SIDHyperOptimizer:
         self.outer_optimizer = outer_optimizer
         self.inner_steps = check_steps("inner_steps (t)", inner_steps, 0)
         self.adjoint_steps = check_steps("adjoint_steps (k)", adjoint_steps, 1)
+        check_schedule_kind("step_size", step_size)
+        if adjoint_step_size is not None:
+            check_schedule_kind("adjoint_step_size", adjoint_step_size)
         self._step_kinds = (step_size, adjoint_step_size or step_size)
         self._schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch, sigma2=sigma2)
         self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
@@ -180,8 +191,19 @@ class SIDHyperOptimizer:
         self.inner_batches, self.adjoint_batches = inner_batches, adjoint_batches
         self.warm_start_adjoint = warm_start_adjoint
         self.projection = projection
+        self.feasible = feasible
+        if feasible is not None and not self._is_feasible(self.hyperparameters):
+            raise ConfigurationError(
+                "the initial hyperparameters are outside the feasible set: "
+                "feasible(hyperparameters) returned False. Initialise λ inside it (e.g. a weight "
+                "decay ≥ 0), or learn an unconstrained parameterisation such as log λ."
+            )
         self.backoff = check_steps("backoff", backoff, 0)
-        self.divergence_factor = divergence_factor
+        if not (isinstance(divergence_factor, (int, float)) and divergence_factor > 1):
+            raise ConfigurationError(
+                f"divergence_factor must be a number > 1, got {divergence_factor!r}."
+            )
+        self.divergence_factor = float(divergence_factor)
         self.estimate_batches = check_steps("estimate_batches", estimate_batches, 1)
         self.estimate_iters = check_steps("estimate_iters", estimate_iters, 1)
         self.v: Tensors | None = None
@@ -293,7 +315,8 @@ class SIDHyperOptimizer:
                 if self.full_train_batch is not None
                 else stream.take(self.estimate_batches)
             )
-            est = estimate_curvature(self.phi, batches, self.estimate_iters, mu=self.mu)
+            with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
+                est = estimate_curvature(self.phi, batches, self.estimate_iters, mu=self.mu)
             L, mu = est.L, est.mu
             if self.mean_across_processes is not None:  # one α on every process
                 both = self.mean_across_processes(torch.tensor([L, mu], dtype=torch.float64))
@@ -335,12 +358,13 @@ class SIDHyperOptimizer:
         if not self._checked:
             if isinstance(self.phi, GradientDescentMap):
                 first = self.full_train_batch if self.full_train_batch is not None else None
-                check_dependencies(
-                    self.phi.loss,
-                    first if first is not None else stream.take(1)[0],
-                    self.inner_parameters,
-                    self.hyperparameters,
-                )
+                with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
+                    check_dependencies(
+                        self.phi.loss,
+                        first if first is not None else stream.take(1)[0],
+                        self.inner_parameters,
+                        self.hyperparameters,
+                    )
             self._checked = True
         every = self.reestimate_every
         if every is not None and self.hyper_step > 0 and self.hyper_step % every == 0:
@@ -398,18 +422,18 @@ class SIDHyperOptimizer:
                 hypergrad = assemble_hypergradient(
                     self._solver_map, v, g_lam, d2_batches, self.cost
                 )
-        except DivergenceError:
+            if not all(torch.isfinite(g).all() for g in hypergrad):
+                raise DivergenceError(
+                    "hypergradient",
+                    None,
+                    norm(hypergrad),
+                    "λ was left unchanged. Check the losses and the training data for NaN/Inf.",
+                )
+        except BaseException:  # w as it was: a failed hypergradient leaves no partial state
             with torch.no_grad():
                 for w, w_start in zip(self.inner_parameters, w0):
                     w.copy_(w_start)
             raise
-        if not all(torch.isfinite(g).all() for g in hypergrad):
-            raise DivergenceError(
-                "hypergradient",
-                None,
-                norm(hypergrad),
-                "λ was left unchanged. Check the losses for NaN/Inf.",
-            )
         self.v = v
         self.cost.hypergradients += 1
         self._record(inner, adjoint, hypergrad, value)
@@ -450,7 +474,21 @@ class SIDHyperOptimizer:
         return hypergrad
 
     def apply(self, hypergrad: Sequence[Tensor]) -> None:
-        """λ.grad ← ∇̂f(λ), outer step, projection; λ is restored if the step is not finite."""
+        """λ.grad ← ∇̂f(λ), outer step, projection; λ is restored if the step is not finite.
+
+        A non-finite ``hypergrad`` raises :class:`DivergenceError` before the outer optimizer
+        sees it (its state, e.g. Adam's moments, stays finite); a step that leaves the feasible
+        set (``feasible``) restores λ and raises :class:`ConfigurationError`.
+        """
+        if self.outer_optimizer is None:
+            raise ConfigurationError("apply() needs outer_optimizer (the optimizer over λ).")
+        if not all(torch.isfinite(g).all() for g in hypergrad):
+            raise DivergenceError(
+                "hypergradient",
+                self.hyper_step,
+                norm(hypergrad),
+                "λ and the outer optimizer were left unchanged. Check the losses for NaN/Inf.",
+            )
         before = [h.detach().clone() for h in self.hyperparameters]
         for h, g in zip(self.hyperparameters, hypergrad):
             h.grad = g.detach().clone()
@@ -469,7 +507,21 @@ class SIDHyperOptimizer:
                     "The outer step produced non-finite λ; λ was restored. Lower the outer "
                     "learning rate.",
                 )
+            if self.feasible is not None and not self._is_feasible(self.hyperparameters):
+                for h, b in zip(self.hyperparameters, before):
+                    h.copy_(b)
+                raise ConfigurationError(
+                    f"the outer step {self.hyper_step} left the feasible set (feasible("
+                    "hyperparameters) returned False); λ was restored. Pass a projection onto the "
+                    "set (e.g. projection=lambda hs: hs[0].clamp_(min=0)) or learn an "
+                    "unconstrained parameterisation such as log λ."
+                )
         self.hyper_step += 1
+
+    def _is_feasible(self, hyperparameters: Sequence[Tensor]) -> bool:
+        assert self.feasible is not None
+        with torch.no_grad():
+            return bool(self.feasible(list(hyperparameters)))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -488,7 +540,16 @@ class SIDHyperOptimizer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved (λ in place, on their current device)."""
+        """Restore what :meth:`state_dict` saved (λ in place, on their current device).
+
+        Every entry is validated before anything changes: a truncated, corrupted or foreign state
+        raises :class:`ConfigurationError` and leaves this optimizer (λ, v, the outer optimizer,
+        constants, cost) exactly as it was.
+        """
+        if not isinstance(state, dict):
+            raise ConfigurationError(
+                f"a SIDHyperOptimizer state is a dict, got {type(state).__name__}."
+            )
         required = {"hyperparameters", "outer_optimizer", "v", "hyper_step", "constants", "cost"}
         missing = required - set(state)
         if missing:
@@ -496,32 +557,106 @@ class SIDHyperOptimizer:
                 f"not a SIDHyperOptimizer state: keys {sorted(missing)} are missing (truncated or "
                 "foreign checkpoint?)."
             )
-        saved = state["hyperparameters"]
-        if [tuple(s.shape) for s in saved] != [tuple(h.shape) for h in self.hyperparameters]:
+        saved = _saved_tensors("hyperparameters", state["hyperparameters"], self.hyperparameters)
+        if self.feasible is not None and not self._is_feasible(saved):
             raise ConfigurationError(
-                "the saved hyperparameters have shapes "
-                f"{[tuple(s.shape) for s in saved]}, these have "
-                f"{[tuple(h.shape) for h in self.hyperparameters]}."
+                "the saved hyperparameters are outside the feasible set (feasible() returned "
+                "False): the checkpoint does not belong to this problem."
             )
-        with torch.no_grad():
-            for h, s in zip(self.hyperparameters, saved):
-                h.copy_(s)
-        if state["outer_optimizer"] is not None and self.outer_optimizer is not None:
-            self.outer_optimizer.load_state_dict(state["outer_optimizer"])
-        like = self.inner_parameters
-        self.v = (
-            [x.to(device=w.device, dtype=w.dtype) for x, w in zip(state["v"], like)]
+        v = (
+            _saved_tensors("v", state["v"], self.inner_parameters)
             if state["v"] is not None
             else None
         )
-        self.hyper_step = int(state["hyper_step"])
+        hyper_step = state["hyper_step"]
+        if isinstance(hyper_step, bool) or not isinstance(hyper_step, int) or hyper_step < 0:
+            raise ConfigurationError(
+                f"the saved hyper_step must be an integer ≥ 0, got {hyper_step!r}."
+            )
         constants = state["constants"]
-        self.alpha, self.L, self.mu, self.q = (
-            constants["alpha"],
-            constants["L"],
-            constants["mu"],
-            constants["q"],
+        names = ("alpha", "L", "mu", "q")
+        if (
+            not isinstance(constants, dict)
+            or not set(names) <= set(constants)
+            or not all(c is None or (_is_real(c) and math.isfinite(c)) for c in constants.values())
+        ):
+            raise ConfigurationError(
+                f"the saved constants must be a dict of {names} holding finite numbers or None, "
+                f"got {constants!r}."
+            )
+        cost = state["cost"]
+        fields = set(Cost().as_dict())
+        if (
+            not isinstance(cost, dict)
+            or not set(cost) <= fields
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in cost.values())
+        ):
+            raise ConfigurationError(
+                f"the saved cost must be a dict of integer counters among {sorted(fields)}, got "
+                f"{cost!r}."
+            )
+        if state["outer_optimizer"] is not None and self.outer_optimizer is not None:
+            self._load_outer_optimizer(state["outer_optimizer"])
+        with torch.no_grad():
+            for h, x in zip(self.hyperparameters, saved):
+                h.copy_(x)
+        like = self.inner_parameters
+        self.v = (
+            [x.to(device=w.device, dtype=w.dtype) for x, w in zip(v, like)]
+            if v is not None
+            else None
         )
+        self.hyper_step = hyper_step
+        self.alpha, self.L, self.mu, self.q = (constants[n] for n in names)
         if isinstance(self.phi, GradientDescentMap) and self.alpha is not None:
             self.phi.alpha = self.alpha
-        self.cost.load(state["cost"])
+        self.cost.load(cost)
+        # the saved run checked inner_loss's dependencies at its first hypergradient; checking
+        # again would draw one more batch (and dropout mask) than the uninterrupted run did
+        self._checked = self._checked or self.cost.hypergradients > 0
+
+    def _load_outer_optimizer(self, saved: Any) -> None:
+        """Load the outer optimizer's state, or raise with the optimizer as it was."""
+        assert self.outer_optimizer is not None
+        tensors = [
+            x
+            for per_param in (saved.get("state", {}) if isinstance(saved, dict) else {}).values()
+            if isinstance(per_param, dict)
+            for x in per_param.values()
+            if isinstance(x, Tensor)
+        ]
+        if not all(torch.isfinite(x).all() for x in tensors):
+            raise ConfigurationError(
+                "the saved outer_optimizer state holds non-finite values (NaN/Inf); refusing to "
+                "load it."
+            )
+        backup = copy.deepcopy(self.outer_optimizer.state_dict())
+        try:
+            self.outer_optimizer.load_state_dict(saved)
+        except Exception as err:
+            self.outer_optimizer.load_state_dict(backup)
+            raise ConfigurationError(
+                f"the saved outer_optimizer state does not fit outer_optimizer "
+                f"({type(self.outer_optimizer).__name__} over these hyperparameters): {err}"
+            ) from err
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _saved_tensors(name: str, saved: Any, like: Sequence[Tensor]) -> Tensors:
+    """``saved`` as a list of finite tensors shaped like ``like``, or ConfigurationError."""
+    if not isinstance(saved, (list, tuple)) or not all(isinstance(x, Tensor) for x in saved):
+        raise ConfigurationError(
+            f"the saved {name} must be a list of tensors, got {type(saved).__name__}."
+        )
+    shapes, expected = [tuple(x.shape) for x in saved], [tuple(x.shape) for x in like]
+    if shapes != expected:
+        raise ConfigurationError(
+            f"the saved {name} have shapes {shapes}, these have {expected}: the checkpoint is "
+            "truncated or belongs to another model."
+        )
+    if not all(torch.isfinite(x).all() for x in saved):
+        raise ConfigurationError(f"the saved {name} hold non-finite values (NaN/Inf).")
+    return list(saved)

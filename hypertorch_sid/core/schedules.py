@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 from .errors import ConfigurationError
 
+#: the schedules :func:`make_schedule` builds by name
+SCHEDULE_NAMES = ("constant", "decreasing", "two_phase")
+
 
 class StepSchedule:
     """A step-size schedule t ↦ η_t. Subclasses implement :meth:`__call__`."""
@@ -167,11 +170,7 @@ def make_schedule(
         return kind
     if kind == "constant":
         return ConstantStep(eta if eta is not None else 1.0 / (1.0 + sigma2))
-    if kind not in ("decreasing", "two_phase"):
-        raise ConfigurationError(
-            f"unknown step_size {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
-            "StepSchedule instance."
-        )
+    check_schedule_kind("step_size", kind)
     if beta is None:
         if q is None:
             raise ConfigurationError(
@@ -188,6 +187,15 @@ def make_schedule(
         beta,
         gamma,
     )
+
+
+def check_schedule_kind(name: str, kind: object) -> None:
+    """``kind`` must be one of :data:`SCHEDULE_NAMES` or a :class:`StepSchedule`."""
+    if not isinstance(kind, StepSchedule) and kind not in SCHEDULE_NAMES:
+        raise ConfigurationError(
+            f"unknown {name} {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
+            "StepSchedule instance."
+        )
 
 
 def _check_positive(name: str, value: float) -> None:

@@ -67,7 +67,8 @@ class _DivergenceMonitor:
         if step == 0:
             self.first = residual
         if not math.isfinite(residual):
-            raise DivergenceError(self.quantity, step, residual, self.hint)
+            hint = "Non-finite values: check the training data and the losses for NaN/Inf. "
+            raise DivergenceError(self.quantity, step, residual, hint + self.hint)
         if step < _REFERENCE_STEPS:
             self.reference = max(self.reference, residual)
         elif residual > self.factor * max(self.reference, 1e-30) and residual > 1e-8:

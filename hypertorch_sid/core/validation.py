@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -102,10 +103,10 @@ def check_inner_optimizers(
 
 
 def check_steps(name: str, value: int, minimum: int) -> int:
-    """A step count that is an int ≥ ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
-    return value
+    """A step count that is an integer ≥ ``minimum`` (a Python or NumPy int, not a bool)."""
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= minimum:
+        return int(value)
+    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
 
 
 def check_dependencies(
