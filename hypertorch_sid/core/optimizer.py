@@ -401,6 +401,7 @@ class SIDHyperOptimizer:
             if self.mean_across_processes is not None:
                 g_w = [self.mean_across_processes(g) for g in g_w]
                 g_lam = [self.mean_across_processes(g) for g in g_lam]
+                value = float(self.mean_across_processes(torch.tensor(value, dtype=g_w[0].dtype)))
             warm = self.warm_start_adjoint and self.v is not None
             v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
             with frozen_mode(self.module, self.mode):

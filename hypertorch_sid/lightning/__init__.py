@@ -1,0 +1,13 @@
+"""The Lightning layer: :class:`BilevelModule`, :class:`HyperOptimizationCallback`,
+:class:`LearnedWeightDecay`.
+
+Lightning's own training steps are the inner solver of Algorithm 1; the callback runs the adjoint
+solve and the outer step through the core :class:`~hypertorch_sid.core.SIDHyperOptimizer`.
+Importing this package imports ``pytorch_lightning``; the core does not.
+"""
+
+from .callback import HyperOptimizationCallback
+from .module import BilevelModule
+from .weight_decay import LearnedWeightDecay
+
+__all__ = ["BilevelModule", "HyperOptimizationCallback", "LearnedWeightDecay"]

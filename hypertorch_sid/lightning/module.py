@@ -1,0 +1,197 @@
+"""``BilevelModule``: a ``LightningModule`` with hyperparameters declared beside its parameters.
+
+The module states the bilevel problem of the paper (eq. mainprobopt)
+
+    min_λ f(λ) = E(w(λ), λ)   subject to   w(λ) = argmin_w E_ζ[ℓ̂(w, λ, ζ)],
+
+through two methods the user writes:
+
+* :meth:`BilevelModule.inner_loss` — ℓ̂(w, λ; ζ) on a training minibatch (may use λ);
+* :meth:`BilevelModule.outer_loss` — E(w, λ) on validation data.
+
+Lightning's ordinary training steps with the module's own optimizer minimise ``inner_loss``: they
+are the warm-started inner solver of Algorithm 1 (step 1). The
+:class:`~hypertorch_sid.lightning.HyperOptimizationCallback` does steps 2–4 (adjoint solve,
+hypergradient assembly eq. gradestim, outer step on λ).
+
+Example
+-------
+.. code-block:: python
+
+    class Ridge(BilevelModule):
+        def __init__(self, d):
+            super().__init__()
+            self.linear = torch.nn.Linear(d, 1, bias=False)
+            self.register_hyperparameter("log_lam", torch.zeros(d))  # λ = exp(log_lam)
+
+        def inner_loss(self, batch):
+            x, y = batch
+            fit = 0.5 * ((self.linear(x).squeeze(-1) - y) ** 2).mean()
+            return fit + 0.5 * (self.log_lam.exp() * self.linear.weight[0] ** 2).sum()
+
+        def outer_loss(self, batch):
+            x, y = batch
+            return 0.5 * ((self.linear(x).squeeze(-1) - y) ** 2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.inner_parameters(), lr=0.1)  # never self.parameters()
+
+Hyperparameters are ``nn.Parameter`` objects registered on the module, so they are in its
+``state_dict`` (checkpoints hold them) and move with ``.to()``; :meth:`inner_parameters` leaves
+them out, and fitting with an optimizer that holds one raises a
+:class:`~hypertorch_sid.core.errors.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+from ..core.errors import ConfigurationError
+from ..core.validation import check_inner_optimizers
+
+__all__ = ["BilevelModule"]
+
+
+class BilevelModule(pl.LightningModule):
+    """A ``LightningModule`` with hyperparameters λ kept apart from its parameters w.
+
+    Subclasses declare λ with :meth:`register_hyperparameter` (in ``__init__``, after
+    ``super().__init__()``), write :meth:`inner_loss` and :meth:`outer_loss`, and build their
+    optimizers over :meth:`inner_parameters`. The default :meth:`training_step` returns
+    ``inner_loss(batch)`` and the default :meth:`validation_step` logs ``outer_loss(batch)``.
+
+    During ``trainer.fit`` with a :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`,
+    λ has ``requires_grad=False`` except inside the callback's hyper steps: the training backward
+    then computes no ∂ℓ̂/∂λ, and under DDP λ is not part of the gradient all-reduce (λ changes
+    only through the callback, identically on every rank).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hyperparameter_names: list[str] = []
+
+    # ------------------------------------------------------------------ declaring λ
+    def register_hyperparameter(self, name: str, value: Tensor | float) -> nn.Parameter:
+        """Declare a hyperparameter λ called ``name`` with initial ``value``.
+
+        Parameters
+        ----------
+        name:
+            Attribute name (``self.<name>`` then reads it) and ``state_dict`` key.
+        value:
+            Initial value: a floating-point tensor (copied) or a Python number (a scalar tensor of
+            the default dtype). Positivity, if needed, is the user's parameterisation, e.g. store
+            ``log_lam`` and use ``log_lam.exp()`` in the losses.
+
+        Returns
+        -------
+        The registered ``nn.Parameter`` (also available as ``self.<name>``).
+        """
+        if "_hyperparameter_names" not in self.__dict__:
+            raise ConfigurationError(
+                "call super().__init__() before register_hyperparameter() in your BilevelModule."
+            )
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigurationError(f"hyperparameter name must be an identifier, got {name!r}.")
+        if name in self._hyperparameter_names:
+            raise ConfigurationError(f"hyperparameter {name!r} is already registered.")
+        if hasattr(self, name) and name not in self._parameters:
+            raise ConfigurationError(
+                f"cannot register hyperparameter {name!r}: the module already has an attribute "
+                "with that name."
+            )
+        if isinstance(value, Tensor):
+            tensor = value.detach().clone()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            tensor = torch.tensor(float(value), dtype=torch.get_default_dtype())
+        else:
+            raise ConfigurationError(
+                f"hyperparameter {name!r} must be a tensor or a number, got {type(value).__name__}."
+            )
+        if not tensor.is_floating_point():
+            raise ConfigurationError(
+                f"hyperparameter {name!r} has dtype {tensor.dtype}; use a floating-point tensor."
+            )
+        param = nn.Parameter(tensor, requires_grad=True)
+        self.register_parameter(name, param)
+        self._hyperparameter_names.append(name)
+        return param
+
+    def named_hyperparameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """``(name, λ)`` for every declared hyperparameter, in declaration order."""
+        for name in self._hyperparameter_names:
+            param = self._parameters.get(name)
+            if param is None:
+                raise ConfigurationError(
+                    f"hyperparameter {name!r} was registered but is no longer a parameter of "
+                    "the module (was the attribute reassigned to a plain tensor?)."
+                )
+            yield name, param
+
+    def hyperparameters(self) -> Iterator[nn.Parameter]:
+        """The hyperparameters λ (for the outer optimizer; never give them to the inner one)."""
+        for _, param in self.named_hyperparameters():
+            yield param
+
+    def named_inner_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """``(name, w)`` for every trainable parameter that is not a hyperparameter."""
+        hyper = {id(p) for p in self.hyperparameters()}
+        for name, param in self.named_parameters():
+            if id(param) not in hyper and param.requires_grad:
+                yield name, param
+
+    def inner_parameters(self) -> Iterator[nn.Parameter]:
+        """The inner parameters w: what ``configure_optimizers`` must optimise."""
+        for _, param in self.named_inner_parameters():
+            yield param
+
+    def hyperparameter_summary(self) -> dict[str, Tensor]:
+        """Tensors summarised (mean/min/max) in the ``hyper/*`` logs and the progress bar.
+
+        Defaults to the raw hyperparameters; override to report transformed values, e.g.
+        ``{"lam": self.log_lam.exp()}``.
+        """
+        return {name: param.detach() for name, param in self.named_hyperparameters()}
+
+    # ------------------------------------------------------------------ the bilevel problem
+    def inner_loss(self, batch: Any) -> Tensor:
+        """ℓ̂(w, λ; ζ): the training objective on a minibatch ζ (a scalar). Must be overridden."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement inner_loss(batch) -> scalar tensor (the "
+            "training objective, which may use the hyperparameters)."
+        )
+
+    def outer_loss(self, batch: Any) -> Tensor:
+        """E(w, λ): the validation objective on validation data (a scalar); must be overridden."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement outer_loss(batch) -> scalar tensor (the "
+            "validation objective)."
+        )
+
+    # ------------------------------------------------------------------ Lightning defaults
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """One inner step: returns ``inner_loss(batch)`` (logged as ``train/inner_loss``)."""
+        loss = self.inner_loss(batch)
+        self.log("train/inner_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """Logs ``outer_loss(batch)`` as ``val/outer_loss``."""
+        loss = self.outer_loss(batch)
+        self.log("val/outer_loss", loss, prog_bar=True)
+        return loss
+
+    def check_optimizers(self, optimizers: Iterable[torch.optim.Optimizer] | None = None) -> None:
+        """Raise if a training optimizer holds a hyperparameter (default: the trainer's)."""
+        if optimizers is None:
+            optimizers = self.trainer.optimizers if self._trainer is not None else []
+        check_inner_optimizers(list(optimizers), list(self.hyperparameters()))
+
+    def on_fit_start(self) -> None:
+        """Validates the training optimizers (see :meth:`check_optimizers`)."""
+        self.check_optimizers()

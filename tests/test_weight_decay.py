@@ -1,0 +1,460 @@
+"""LearnedWeightDecay: drop-in learned weight decay for an ordinary LightningModule.
+
+Oracles: the optimizers' own ``weight_decay`` (training dynamics for a fixed λ), the closed-form
+ridge hypergradient, hand-computed penalties, an uninterrupted run (for resume).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import ConfigurationError, LearnedWeightDecay
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
+    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+D = 5
+NEVER = 10**9  # every_n_steps that keeps λ fixed
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _data(n: int = 120, n_val: int = 60, seed: int = 1) -> tuple[Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, D, generator=g, dtype=torch.float64)
+    w_true = torch.randn(D, generator=g, dtype=torch.float64)
+    y = X @ w_true + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    Xv = torch.randn(n_val, D, generator=g, dtype=torch.float64)
+    yv = Xv @ w_true + 0.5 * torch.randn(n_val, generator=g, dtype=torch.float64)
+    return X, y, Xv, yv
+
+
+class Data(pl.LightningDataModule):
+    def __init__(self, batch_size: int = 20, same_val: bool = False):
+        super().__init__()
+        X, y, Xv, yv = _data()
+        self.X, self.y = X, y
+        self.Xv, self.yv = (X, y) if same_val else (Xv, yv)
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.X, self.y), batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=30)
+
+
+class MLP(pl.LightningModule):
+    """An ordinary module: a user's training_step and configure_optimizers, nothing bilevel."""
+
+    def __init__(
+        self, optimizer: Any = None, hidden: int = 8, groups: bool = False, schedule: bool = False
+    ):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(D, hidden, dtype=torch.float64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, 1, dtype=torch.float64),
+        )
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        self.optimizer = optimizer or functools.partial(torch.optim.SGD, lr=0.05)
+        self.groups, self.schedule = groups, schedule
+        self.muted_calls = 0
+        self.real_losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = 0.5 * ((self.net(x).squeeze(-1) - y) ** 2).mean()
+        if "log" in self.__dict__:  # the callback muted self.log for its own evaluations
+            self.muted_calls += 1
+        else:
+            self.real_losses.append(float(loss.detach()))
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> Any:
+        if self.groups:
+            weights = [p for p in self.parameters() if p.dim() > 1]
+            biases = [p for p in self.parameters() if p.dim() == 1]
+            opt = self.optimizer([{"params": weights}, {"params": biases}])
+        else:
+            opt = self.optimizer(self.parameters())
+        if not self.schedule:
+            return opt
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        deterministic=True,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(callbacks=callbacks or [], **defaults)
+
+
+def _fit(model: pl.LightningModule, callbacks: list[Any] | None = None, **kwargs: Any) -> None:
+    _trainer(callbacks, **{"max_epochs": 3, **kwargs}).fit(model, datamodule=Data())
+
+
+# ------------------------------------------------------------------------------ training dynamics
+OPTIMIZERS = {
+    "sgd_momentum": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+    "adam": functools.partial(torch.optim.Adam, lr=0.01),
+}
+
+
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@pytest.mark.parametrize(
+    "granularity", ["global", "per_group", "per_layer", "per_tensor", "per_element"]
+)
+def test_coupled_decay_trains_like_the_optimizers_weight_decay(opt, granularity):
+    c = 0.03
+    reference = MLP(functools.partial(OPTIMIZERS[opt], weight_decay=c), groups=True)
+    _fit(reference)
+    model = MLP(OPTIMIZERS[opt], groups=True)
+    _fit(model, [LearnedWeightDecay(c, granularity=granularity, every_n_steps=NEVER)])
+    for (name, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_coupled_decay_with_projection_is_bitwise_the_optimizers():
+    """λ stored as is (projection): the same floating-point operations as SGD's weight_decay."""
+    c = 0.03
+    reference = MLP(functools.partial(torch.optim.SGD, lr=0.05, weight_decay=c))
+    _fit(reference)
+    model = MLP()
+    _fit(model, [LearnedWeightDecay(c, parameterization="projection", every_n_steps=NEVER)])
+    for a, b in zip(reference.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)
+    # and without the decay the run differs (the comparison can fail)
+    plain = MLP()
+    _fit(plain)
+    assert not torch.equal(plain.net[0].weight, model.net[0].weight)
+
+
+@pytest.mark.parametrize("granularity", ["global", "per_element"])
+def test_decoupled_decay_trains_like_adamw(granularity):
+    """Also under a learning-rate schedule: the decay reads the group's current lr."""
+    c = 0.05
+    reference = MLP(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=c), schedule=True)
+    _fit(reference)
+    model = MLP(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.0), schedule=True)
+    cb = LearnedWeightDecay(c, granularity=granularity, decoupled=True, every_n_steps=NEVER)
+    _fit(model, [cb])
+    for a, b in zip(reference.state_dict().values(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_optimizer_weight_decay_must_be_removed():
+    model = MLP(functools.partial(torch.optim.AdamW, lr=0.01))  # AdamW's default decay is 0.01
+    with pytest.raises(ConfigurationError, match="weight_decay=0"):
+        _fit(model, [LearnedWeightDecay(1e-3, decoupled=True)])
+
+
+# ------------------------------------------------------------------------------ what is learned
+@pytest.mark.parametrize(
+    "granularity, apply_to, expected",
+    [
+        ("global", "all", [()] * 1),
+        ("per_group", "all", [()] * 2),
+        ("per_layer", "all", [()] * 2),
+        ("per_tensor", "all", [()] * 4),
+        ("per_tensor", "weights", [()] * 2),
+        ("per_element", "all", [(8, D), (1, 8), (8,), (1,)]),  # optimizer group order
+        ("per_element", "weights", [(8, D), (1, 8)]),
+    ],
+)
+def test_granularities(granularity, apply_to, expected):
+    model = MLP(groups=True)
+    cb = LearnedWeightDecay(0.01, granularity=granularity, apply_to=apply_to, every_n_steps=2)
+    _fit(model, [cb], max_steps=4)
+    values = cb.decay_values()
+    if granularity == "per_element":
+        assert [tuple(r.shape) for r in cb.rho] == expected
+    else:
+        assert len(cb.rho) == 1 and cb.rho[0].shape == (len(expected),)
+    assert len(values) == (4 if apply_to == "all" else 2)
+    assert all(torch.all(v > 0) for v in values.values())
+    if granularity == "per_layer":  # one λ shared by a layer's weight and bias
+        assert torch.equal(values["net.0.weight"], values["net.0.bias"])
+        assert not torch.equal(values["net.0.weight"], values["net.2.weight"])
+    if granularity == "per_group":  # the weights' group and the biases' group
+        assert torch.equal(values["net.0.weight"], values["net.2.weight"])
+
+
+def _closed_form(model: MLP, dm: Data, lam: Tensor) -> Tensor:
+    """Ridge: d E(w(λ)) / dλ_i = −w_i [(XᵀX/n + diag λ)⁻¹ ∇E(w)]_i at w = w(λ)."""
+    X, y, Xv, yv = dm.X, dm.y, dm.Xv, dm.yv
+    A = X.T @ X / len(X) + torch.diag(lam)
+    w = torch.linalg.solve(A, X.T @ y / len(X))
+    grad_E = Xv.T @ (Xv @ w - yv) / len(Xv)
+    return -w * torch.linalg.solve(A, grad_E)
+
+
+class Linear(MLP):
+    def __init__(self):
+        super().__init__(functools.partial(torch.optim.SGD, lr=0.5))
+        self.net = torch.nn.Linear(D, 1, bias=False, dtype=torch.float64)
+        torch.nn.init.zeros_(self.net.weight)
+
+
+@pytest.mark.parametrize(
+    "granularity, parameterization",
+    [("global", "log"), ("per_element", "log"), ("per_element", "projection")],
+)
+def test_hypergradient_matches_closed_form_ridge(granularity, parameterization):
+    """ℓ̂ = training_step's loss + ½ Σ λ w²: at convergence the hypergradient is the ridge one."""
+    c, steps = 0.1, 300
+    dm = Data(batch_size=120)
+    model = Linear()
+    cb = LearnedWeightDecay(
+        c,
+        granularity=granularity,
+        parameterization=parameterization,
+        every_n_steps=steps,
+        preset="batch",
+        adjoint_steps=400,
+        d2_batches="full",
+        val="full",
+        outer_lr=1e-12,
+    )
+    _trainer([cb], max_steps=steps).fit(model, datamodule=dm)
+    lam = torch.full((D,), c, dtype=torch.float64)
+    d_lam = _closed_form(model, dm, lam)  # ∂f/∂λ_i
+    if parameterization == "log":
+        d_lam = d_lam * lam  # ∂f/∂ρ_i with λ = exp(ρ)
+    expected = d_lam.sum().reshape(1) if granularity == "global" else d_lam.reshape(1, D)
+    torch.testing.assert_close(cb.last_hypergradient[0], expected, rtol=1e-7, atol=1e-12)
+
+
+def test_decoupled_penalty_uses_the_adam_preconditioner():
+    """Decoupled λ enters ℓ̂ as the effective L2 coefficient λ (√v̂ + ε) (the AdamW fixed point)."""
+    model = MLP(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.0, eps=1e-3))
+    cb = LearnedWeightDecay(0.05, decoupled=True, granularity="per_tensor", every_n_steps=3)
+    trainer = _trainer([cb], max_steps=3)
+    trainer.fit(model, datamodule=Data())
+    cb._before_hyper_step(trainer, model)
+    opt = trainer.optimizers[0]
+    lam = cb.decay_values()
+    expected = 0.0
+    for name, p in model.named_parameters():
+        state = opt.state[p]
+        v_hat = state["exp_avg_sq"] / (1 - 0.999 ** float(state["step"]))
+        expected += 0.5 * (lam[name] * (v_hat.sqrt() + 1e-3) * p.detach() ** 2).sum()
+    torch.testing.assert_close(cb.penalty().detach(), expected, rtol=1e-12, atol=0)
+    # coupled decay: the plain ½ Σ λ w²
+    cb.decoupled = False
+    cb._before_hyper_step(trainer, model)
+    plain = sum(0.5 * lam[n] * p.detach().pow(2).sum() for n, p in model.named_parameters())
+    torch.testing.assert_close(cb.penalty().detach(), plain, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize(
+    "parameterization, outer",
+    [
+        ("log", functools.partial(torch.optim.Adam, lr=1.0)),
+        ("projection", functools.partial(torch.optim.SGD, lr=1e4)),
+    ],
+)
+def test_lambda_stays_positive(parameterization, outer):
+    """E = −‖w‖² rewards λ → 0 (less shrinkage); the projected step overshoots below 0."""
+
+    def minus_norm(module, batch):
+        return -sum(p.pow(2).sum() for p in module.parameters())
+
+    cb = LearnedWeightDecay(
+        0.05,
+        granularity="per_tensor",
+        parameterization=parameterization,
+        every_n_steps=2,
+        adjoint_steps=5,
+        outer_optimizer=outer,
+        validation_loss=minus_norm,
+    )
+    _trainer([cb], max_steps=8).fit(MLP(), datamodule=Data())
+    values = torch.stack(list(cb.decay_values().values()))
+    assert len(cb.history) == 4
+    if parameterization == "projection":
+        assert values.min() == 0  # projected onto λ ≥ 0
+    else:
+        assert values.min() > 0 and values.max() < 0.05
+
+
+def test_training_step_logging_is_muted_inside_hyper_steps():
+    model = MLP()
+    trainer = _trainer([LearnedWeightDecay(0.01, every_n_steps=1, adjoint_steps=2)], max_steps=5)
+    trainer.fit(model, datamodule=Data())
+    assert model.muted_calls > 0 and len(model.real_losses) == 5
+    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(model.real_losses[-1])
+
+
+def test_manual_optimization_needs_training_loss():
+    class Manual(MLP):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+
+    with pytest.raises(ConfigurationError, match="training_loss"):
+        _fit(Manual(), [LearnedWeightDecay(0.01)])
+
+    def loss(module, batch):
+        x, y = batch
+        return 0.5 * ((module.net(x).squeeze(-1) - y) ** 2).mean()
+
+    model = Manual()
+    cb = LearnedWeightDecay(0.01, training_loss=loss, every_n_steps=2, adjoint_steps=2)
+    _fit(model, [cb], max_steps=4)
+    assert len(cb.history) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(weight_decay=0.0), "weight_decay"),
+        (dict(weight_decay=-1.0, parameterization="projection"), "weight_decay"),
+        (dict(weight_decay=float("inf")), "weight_decay"),
+        (dict(granularity="per_neuron"), "granularity"),
+        (dict(parameterization="softplus"), "parameterization"),
+        (dict(apply_to="biases"), "apply_to"),
+        (dict(training_loss="mse"), "training_loss"),
+        (dict(decoupled="yes"), "decoupled"),
+        (dict(every_n_steps=0), "every_n_steps"),
+    ],
+)
+def test_argument_errors(kwargs, match):
+    with pytest.raises(ConfigurationError, match=match):
+        LearnedWeightDecay(**kwargs)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_resume_reproduces_learned_decay(tmp_path, decoupled):
+    """(Decoupled: AdamW with an lr schedule — the restored optimizer's groups must be used.)"""
+
+    def make():
+        cb = LearnedWeightDecay(
+            0.02,
+            granularity="per_layer",
+            decoupled=decoupled,
+            every_n_steps=2,
+            adjoint_steps=4,
+            outer_lr=0.1,
+        )
+        if not decoupled:
+            return cb, MLP()
+        adamw = functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.0)
+        return cb, MLP(adamw, schedule=True)
+
+    cb, model = make()
+    _fit(model, [cb], max_epochs=4)
+    straight, w_straight = cb.decay_values(), model.state_dict()
+
+    cb, model = make()
+    trainer = _trainer([cb], max_epochs=2)
+    trainer.fit(model, datamodule=Data())
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    cb, model = make()
+    _trainer([cb], max_epochs=4).fit(model, datamodule=Data(), ckpt_path=tmp_path / "half.ckpt")
+    resumed = cb.decay_values()
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        torch.testing.assert_close(straight[key], resumed[key], rtol=1e-12, atol=0)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(w_straight[key], value, rtol=1e-12, atol=0)
+    assert not torch.allclose(straight["net.0.weight"], torch.tensor(0.02, dtype=torch.float64))
+
+
+def test_lightning_cli_configures_learned_weight_decay(monkeypatch):
+    from pytorch_lightning.cli import LightningCLI
+
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    args = {
+        "trainer": {
+            "max_steps": 2,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "callbacks": [
+                {
+                    "class_path": "hypertorch_sid.LearnedWeightDecay",
+                    "init_args": {
+                        "weight_decay": 0.01,
+                        "granularity": "per_tensor",
+                        "decoupled": False,
+                        "every_n_steps": 3,
+                        "adjoint_steps": 4,
+                        "val": "full",
+                    },
+                }
+            ],
+        },
+    }
+    cli = LightningCLI(MLP, Data, args=args, run=False, save_config_callback=None)
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, LearnedWeightDecay)]
+    assert (cb.weight_decay, cb.granularity, cb.every_n_steps, cb.adjoint_steps, cb.val) == (
+        0.01,
+        "per_tensor",
+        3,
+        4,
+        "full",
+    )
+
+
+# ------------------------------------------------------------------------------ the example
+def test_weight_decay_example_quick(tmp_path, capsys):
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import weight_decay_tuning
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "wd.png"
+    rows = weight_decay_tuning.main(["--quick", "--dataset", "digits", "--out", str(out)])
+    assert out.is_file() and out.stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "learned" in printed and "grid" in printed
+    learned = [r for r in rows if r["method"].startswith("learned")]
+    grid = [r for r in rows if r["method"].startswith("grid")]
+    assert learned and len(grid) >= 2
+    for r in rows:
+        assert math.isfinite(r["val_loss"]) and 0 <= r["test_acc"] <= 1
