@@ -10,6 +10,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+# Small tensors: one intra-op thread avoids OpenMP overhead and makes runs bitwise reproducible.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
