@@ -631,6 +631,7 @@ class SIDHyperOptimizer:
                 "the saved outer_optimizer state holds non-finite values (NaN/Inf); refusing to "
                 "load it."
             )
+        _check_outer_state_shapes(self.outer_optimizer, saved)
         backup = copy.deepcopy(self.outer_optimizer.state_dict())
         try:
             self.outer_optimizer.load_state_dict(saved)
@@ -640,6 +641,38 @@ class SIDHyperOptimizer:
                 f"the saved outer_optimizer state does not fit outer_optimizer "
                 f"({type(self.outer_optimizer).__name__} over these hyperparameters): {err}"
             ) from err
+
+
+def _check_outer_state_shapes(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """torch's own optimizers keep scalars or tensors shaped like the parameter per parameter.
+
+    ``Optimizer.load_state_dict`` does not check these shapes: a moment of another shape loads and
+    fails (or broadcasts) only at the next outer step. Optimizers from elsewhere, and torch's
+    ``LBFGS``/``Adafactor`` (other per-parameter shapes), are not checked here.
+    """
+    kind = type(optimizer)
+    if not kind.__module__.startswith("torch.optim.") or kind.__name__ in ("LBFGS", "Adafactor"):
+        return
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        return  # load_state_dict reports it
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return
+    ids = [i for g in groups for i in g.get("params", [])]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(ids) != len(params):
+        return  # load_state_dict reports it
+    shapes = dict(zip(ids, (p.shape for p in params)))
+    for i, per_param in saved["state"].items():
+        if i not in shapes or not isinstance(per_param, dict):
+            continue
+        for name, x in per_param.items():
+            if isinstance(x, Tensor) and x.dim() > 0 and x.shape != shapes[i]:
+                raise ConfigurationError(
+                    f"the saved outer_optimizer state {name!r} of hyperparameter {i} has shape "
+                    f"{tuple(x.shape)}, the hyperparameter {tuple(shapes[i])}: the checkpoint is "
+                    "corrupted or belongs to another model."
+                )
 
 
 def _is_real(x: Any) -> bool:

@@ -22,6 +22,8 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 from __future__ import annotations
 
 import math
+import os
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -93,14 +95,56 @@ class _ShardedSampler:
             "global_batch": self.global_batch,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: Any, what: str) -> None:
+        """Raise :class:`ConfigurationError` unless ``state`` is a sound :meth:`state_dict`."""
+        keys = {"generator", "perm", "pos", "epoch", "n", "global_batch"}
+        if not isinstance(state, dict) or not keys <= set(state):
+            missing = sorted(keys - set(state)) if isinstance(state, dict) else sorted(keys)
+            raise ConfigurationError(
+                f"the checkpoint's {what} state is incomplete (missing {missing}): the "
+                "checkpoint is truncated or was not written by this callback."
+            )
         if state["n"] != self.n or state["global_batch"] != self.global_batch:
             raise ConfigurationError(
-                "the checkpoint's hyper-step sampler drew global batches of "
+                f"the checkpoint's {what} drew global batches of "
                 f"{state['global_batch']} from {state['n']} samples; this run has "
                 f"{self.global_batch} from {self.n}. "
                 "Resume with the same data, batch size and number of processes."
             )
+        generator = state["generator"]
+        try:
+            if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
+                raise TypeError("not a uint8 tensor")
+            torch.Generator().set_state(generator)
+        except (TypeError, RuntimeError) as err:
+            raise ConfigurationError(
+                f"the checkpoint's {what} random-generator state is corrupted ({err})."
+            ) from None
+        perm = state["perm"]
+        if perm is not None and not (
+            isinstance(perm, Tensor)
+            and perm.shape == (self.n,)
+            and torch.equal(perm.sort().values, torch.arange(self.n, dtype=perm.dtype))
+        ):
+            raise ConfigurationError(
+                f"the checkpoint's {what} permutation is not a permutation of the {self.n} "
+                "samples: the checkpoint is corrupted."
+            )
+        for name, high in (("pos", self.n), ("epoch", None)):
+            value = state[name]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 0
+                or (high is not None and value > high)
+            ):
+                raise ConfigurationError(
+                    f"the checkpoint's {what} {name} must be an integer in [0, "
+                    f"{high if high is not None else '∞'}], got {value!r}."
+                )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state, "hyper-step sampler")
         self.generator.set_state(state["generator"])
         self.perm = None if state["perm"] is None else state["perm"].clone()
         self.pos, self.epoch = int(state["pos"]), int(state["epoch"])
@@ -186,6 +230,50 @@ def _val_loader(trainer: pl.Trainer) -> Any:
     if source is None or source.instance is None or not source.is_defined():
         return None
     return source.dataloader()
+
+
+def _checkpoint_problem(path: Any) -> str | None:
+    """What is wrong with a local zip-format checkpoint file, or None if nothing is found.
+
+    Every record is checked against its stored CRC-32: ``torch.load`` reads records without that
+    check, so a checkpoint with flipped or zeroed bytes inside a tensor loads silently (e.g. a
+    corrupted random-generator state). Records saved without a CRC
+    (``torch.serialization.set_crc32_options(False)`` stores 0) are skipped, as are remote paths
+    and files that are not zip archives (the legacy format).
+    """
+    if path is None or not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        return None
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if size == 0:
+        return f"the checkpoint {os.fspath(path)!r} is empty (0 bytes)."
+    if magic != b"PK\x03\x04":
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0:
+                    continue
+                with archive.open(info) as record:  # raises BadZipFile on a CRC mismatch
+                    while record.read(1 << 20):
+                        pass
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        return (
+            f"the checkpoint {os.fspath(path)!r} ({size} bytes) is truncated or corrupted: "
+            f"{err}. Resume from an earlier checkpoint."
+        )
+    return None
+
+
+def _verify_checkpoint_file(path: Any) -> None:
+    """Raise :class:`ConfigurationError` if :func:`_checkpoint_problem` finds something."""
+    problem = _checkpoint_problem(path)
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+
+_STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
 
 
 # ---------------------------------------------------------------------------------- the problem
@@ -310,6 +398,15 @@ class HyperOptimizationCallback(Callback):
     :attr:`history`. The progress bar shows ``lam`` (the mean of the λ summary), and
     ``trainer.callback_metrics`` holds ``hyper/outer_loss`` (for monitors such as
     ``ModelCheckpoint``).
+
+    Checkpoints: :meth:`state_dict` holds λ, the outer optimizer, v, the counters, the constants
+    and both samplers (plain tensors and numbers: ``torch.load(weights_only=True)`` reads it).
+    On resume the checkpoint file's CRC-32s are verified (``torch.load`` does not; this reads the
+    file once more) and the whole state is validated before any of it is loaded, so a truncated,
+    corrupted or foreign checkpoint raises :class:`~hypertorch_sid.core.errors.ConfigurationError`
+    instead of resuming from a partial state. Resuming from a mid-epoch checkpoint is exact only
+    if the training DataLoader resumes mid-epoch too (Lightning restarts an ordinary one from the
+    start of the epoch); the callback's own samplers always continue where they stopped.
     """
 
     def __init__(
@@ -436,11 +533,14 @@ class HyperOptimizationCallback(Callback):
         self._last_step = -1
         self._pending: dict[str, Any] | None = None
         self._frozen: list[tuple[Tensor, bool]] = []
+        self._fitting = False  # between setup("fit") and teardown / on_exception
+        self._before_build = False  # in a fit, before on_train_start built the core object
 
     # ================================================================== hooks (one per job)
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Freeze λ living in the module before the strategy wraps it (DDP skips it)."""
         if stage == "fit":
+            self._fitting = self._before_build = True
             self._freeze_module_hyperparameters(pl_module)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -466,13 +566,24 @@ class HyperOptimizationCallback(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its ``requires_grad`` back."""
         if stage == "fit":
+            self._fitting = self._before_build = False
             self._unfreeze()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        """A failed fit also gives λ its ``requires_grad`` back."""
+        """A failed fit also gives λ its ``requires_grad`` back.
+
+        If the fit failed before this callback was built while a checkpoint was being loaded
+        (``torch.load`` reports a truncated file as a bare ``EOFError``/``OSError``), a note
+        saying what is wrong with the file is added to the exception.
+        """
+        before_build, self._fitting, self._before_build = self._before_build, False, False
         self._unfreeze()
+        if before_build and not isinstance(exception, ConfigurationError):
+            problem = _checkpoint_problem(trainer.ckpt_path)
+            if problem is not None and hasattr(exception, "add_note"):
+                exception.add_note(f"{type(self).__name__}: {problem}")
 
     def state_dict(self) -> dict[str, Any]:
         """SID state (λ, outer optimizer, warm-start v, counters, constants, cost), samplers."""
@@ -486,16 +597,35 @@ class HyperOptimizationCallback(Callback):
             "history": [dict(h) for h in self.history],
         }
 
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Refuse a checkpoint file whose bytes fail their CRC-32 (``torch.load`` skips it)."""
+        _verify_checkpoint_file(trainer.ckpt_path)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (applied at ``on_train_start`` if not built yet)."""
+        """Restore :meth:`state_dict` (applied at ``on_train_start`` if not built yet).
+
+        Every entry is validated before anything changes (see :meth:`_restore`): an incomplete,
+        corrupted or foreign state raises :class:`ConfigurationError`.
+        """
         if not state_dict:
             return
-        if "sid" not in state_dict:
+        if not isinstance(state_dict, dict):
             raise ConfigurationError(
-                "not a HyperOptimizationCallback state: the 'sid' entry is missing."
+                "not a HyperOptimizationCallback state: expected a dict, got "
+                f"{type(state_dict).__name__}."
+            )
+        missing = [key for key in _STATE_KEYS if key not in state_dict]
+        if missing:
+            raise ConfigurationError(
+                f"not a complete HyperOptimizationCallback state: {missing} missing (truncated "
+                "or foreign checkpoint?). Resume from a checkpoint written by this callback."
             )
         self._pending = dict(state_dict)
-        if self.sid is not None:
+        if self.sid is not None and not self._fitting:
+            # outside a fit (e.g. to inspect a checkpoint) the state is applied now; a fit builds
+            # a new core object at on_train_start and applies it then
             self._restore()
 
     # ================================================================== the problem
@@ -540,6 +670,7 @@ class HyperOptimizationCallback(Callback):
 
     # ================================================================== building
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._before_build = False
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self._device = pl_module.device
         problem = self._problem(trainer, pl_module)
@@ -551,6 +682,12 @@ class HyperOptimizationCallback(Callback):
         self._sync_hyperparameters(trainer)
         if self._pending is not None:
             self._restore()
+        elif trainer.ckpt_path is not None:
+            rank_zero_warn(
+                f"{type(self).__name__}: the checkpoint {trainer.ckpt_path} holds no state of this "
+                "callback: λ continues from its current value with a fresh outer optimizer, "
+                "adjoint warm start and samplers."
+            )
         self._last_step = trainer.global_step
         rank_zero_info(self._describe())
 
@@ -693,15 +830,41 @@ class HyperOptimizationCallback(Callback):
                 h.copy_(trainer.strategy.broadcast(h.detach().clone(), src=0))
 
     def _restore(self) -> None:
+        """Load the pending state: everything is checked first, so a bad state changes nothing."""
         assert self.sid is not None and self._pending is not None
         state, self._pending = self._pending, None
-        self.sid.load_state_dict(state["sid"])
-        if state.get("train_sampler") is not None and self._train is not None:
-            self._train.sampler.load_state_dict(state["train_sampler"])
-        if state.get("val_sampler") is not None and self._val is not None:
-            self._val.sampler.load_state_dict(state["val_sampler"])
-        self._val_samples = int(state.get("val_samples", 0))
-        self.history = [dict(h) for h in state.get("history", [])]
+        samplers = [
+            ("train_sampler", self._train.sampler if self._train is not None else None),
+            ("val_sampler", self._val.sampler if self._val is not None else None),
+        ]
+        for key, sampler in samplers:
+            if (state[key] is None) != (sampler is None):
+                raise ConfigurationError(
+                    f"the checkpoint {'has no' if state[key] is None else 'has a'} "
+                    f"{key.replace('_', ' ')} state but this run "
+                    f"{'has no' if sampler is None else 'has'} "
+                    "such sampler: resume with the same val / val_batch_size settings."
+                )
+            if sampler is not None:
+                sampler.check_state(state[key], key.replace("_", " "))
+        val_samples, history = state["val_samples"], state["history"]
+        if isinstance(val_samples, bool) or not isinstance(val_samples, int) or val_samples < 0:
+            raise ConfigurationError(
+                f"the checkpoint's val_samples must be an integer ≥ 0, got {val_samples!r}."
+            )
+        if not isinstance(history, list) or not all(
+            isinstance(h, dict) and all(isinstance(x, (int, float)) for x in h.values())
+            for h in history
+        ):
+            raise ConfigurationError(
+                "the checkpoint's history must be a list of dicts of numbers: it is corrupted."
+            )
+        self.sid.load_state_dict(state["sid"])  # validates everything before changing anything
+        for key, sampler in samplers:
+            if sampler is not None:
+                sampler.load_state_dict(state[key])
+        self._val_samples = val_samples
+        self.history = [dict(h) for h in history]
 
     def _describe(self) -> str:
         assert self.sid is not None and self._train is not None

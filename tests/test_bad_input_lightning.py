@@ -1,0 +1,339 @@
+"""Bad input to the Lightning layer (issue 5), beyond what test_lightning.py already covers.
+
+Each case gets a clear :class:`ConfigurationError` (or :class:`DivergenceError`) before λ or w
+change, or a documented guarantee (BatchNorm statistics, module modes and the training's random
+stream untouched by hyper steps) checked directly around every hyper step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from hypertorch_sid import (
+    BilevelModule,
+    ConfigurationError,
+    DivergenceError,
+    HyperOptimizationCallback,
+    LearnedWeightDecay,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
+    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+]
+
+D = 4
+f64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _tensors(n: int = 48, n_val: int = 24, nan_in_val: bool = False) -> tuple[Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, D, generator=g, dtype=f64)
+    w = torch.randn(D, generator=g, dtype=f64)
+    y = X @ w + 0.3 * torch.randn(n, generator=g, dtype=f64)
+    Xv = torch.randn(n_val, D, generator=g, dtype=f64)
+    yv = Xv @ w + 0.3 * torch.randn(n_val, generator=g, dtype=f64)
+    if nan_in_val:
+        Xv[3, 1] = math.nan
+    return X, y, Xv, yv
+
+
+def _loaders(batch_size: int = 12, **kwargs: Any) -> tuple[DataLoader, DataLoader]:
+    X, y, Xv, yv = _tensors(**kwargs)
+    return (
+        DataLoader(TensorDataset(X, y), batch_size=batch_size),
+        DataLoader(TensorDataset(Xv, yv), batch_size=batch_size),
+    )
+
+
+class Ridge(BilevelModule):
+    """ℓ̂ = ½ mean (Xw − y)² + ½ Σ exp(log_lam) ⊙ w²; λ may get another dtype than w."""
+
+    def __init__(self, lam_dtype: torch.dtype = f64) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(D, 1, bias=False, dtype=f64)
+        torch.nn.init.constant_(self.lin.weight, 0.1)
+        self.register_hyperparameter("log_lam", torch.full((D,), -1.0, dtype=lam_dtype))
+
+    def _fit(self, batch: Any) -> Tensor:
+        x, y = batch
+        return 0.5 * ((self.lin(x).squeeze(-1) - y) ** 2).mean()
+
+    def inner_loss(self, batch: Any) -> Tensor:
+        return self._fit(batch) + 0.5 * (self.log_lam.exp() * self.lin.weight[0] ** 2).sum()
+
+    def outer_loss(self, batch: Any) -> Tensor:
+        return self._fit(batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.inner_parameters(), lr=0.1)
+
+
+class Plain(pl.LightningModule):
+    """An ordinary module (for LearnedWeightDecay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(D, 1, dtype=f64)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return 0.5 * ((self.lin(x).squeeze(-1) - y) ** 2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _trainer(callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
+    settings = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        deterministic=True,
+    )
+    return pl.Trainer(callbacks=callbacks, **{**settings, **kwargs})
+
+
+def _snapshot(model: pl.LightningModule) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model: pl.LightningModule, before: dict[str, Tensor]) -> bool:
+    return all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+# ====================================================================== t, k and friends < 1
+NEGATIVE = [
+    (dict(every_n_steps=-1), "every_n_steps"),
+    (dict(adjoint_steps=-3), "adjoint_steps"),
+    (dict(start_step=-1), "start_step"),
+    (dict(reestimate_every=-2), "reestimate_every"),
+    (dict(val_batch_size=-5), "val_batch_size"),
+    (dict(estimate_iters=0), "estimate_iters"),
+    (dict(backoff=-1), "backoff"),
+]
+
+
+@pytest.mark.parametrize("kwargs, match", NEGATIVE)
+@pytest.mark.parametrize("callback", [HyperOptimizationCallback, LearnedWeightDecay])
+def test_negative_step_counts_are_refused(callback, kwargs, match):
+    with pytest.raises(ConfigurationError, match=rf"{match} must be an integer ≥"):
+        callback(**kwargs)
+
+
+def test_learned_weight_decay_refuses_zero_adjoint_steps():
+    with pytest.raises(ConfigurationError, match="adjoint_steps must be an integer ≥ 1"):
+        LearnedWeightDecay(0.01, adjoint_steps=0)
+
+
+# ====================================================================== data
+def test_learned_weight_decay_without_validation_data():
+    train, _ = _loaders()
+    model = Plain()
+    before = _snapshot(model)
+    with pytest.raises(ConfigurationError, match="needs validation data"):
+        _trainer([LearnedWeightDecay(0.01, every_n_steps=1)]).fit(model, train)
+    assert _unchanged(model, before)  # refused at on_train_start, before any training step
+
+
+class Stream(IterableDataset):
+    def __init__(self, X: Tensor, y: Tensor) -> None:
+        self.X, self.y = X, y
+
+    def __iter__(self):
+        return iter(zip(self.X, self.y))
+
+
+def test_training_data_without_random_access_is_refused():
+    X, y, Xv, yv = _tensors()
+    train = DataLoader(Stream(X, y), batch_size=12)
+    val = DataLoader(TensorDataset(Xv, yv), batch_size=12)
+    model = Ridge()
+    before = _snapshot(model)
+    with pytest.raises(ConfigurationError, match="not a map-style dataset"):
+        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(model, train, val)
+    assert _unchanged(model, before)
+
+
+def test_validation_loader_without_automatic_batching_is_refused():
+    X, y, Xv, yv = _tensors()
+    train = DataLoader(TensorDataset(X, y), batch_size=12)
+    val = DataLoader(TensorDataset(Xv, yv), batch_size=None)
+    with pytest.raises(ConfigurationError, match="automatic batching disabled"):
+        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(Ridge(), train, val)
+
+
+def test_validation_batch_larger_than_the_validation_set_is_refused():
+    train, val = _loaders()
+    cb = HyperOptimizationCallback(every_n_steps=2, val_batch_size=25)  # 24 validation points
+    with pytest.raises(ConfigurationError, match="larger than the data set"):
+        _trainer([cb]).fit(Ridge(), train, val)
+
+
+@pytest.mark.parametrize("on_divergence", ["raise", "skip"])
+def test_nan_in_validation_data_never_reaches_lambda(on_divergence):
+    train, val = _loaders(nan_in_val=True)
+    cb = HyperOptimizationCallback(
+        every_n_steps=2, adjoint_steps=3, val="full", on_divergence=on_divergence
+    )
+    model = Ridge()
+    lam = model.log_lam.detach().clone()
+    if on_divergence == "raise":
+        with pytest.raises(DivergenceError, match="outer gradient"):
+            _trainer([cb]).fit(model, train, val)
+    else:
+        with pytest.warns(UserWarning, match="skipped, λ unchanged"):
+            _trainer([cb]).fit(model, train, val)
+        assert cb.history == []
+    assert torch.equal(model.log_lam.detach(), lam)
+    assert cb.sid.outer_optimizer.state_dict()["state"] == {}  # Adam's moments untouched
+
+
+# ====================================================================== λ and the optimizers
+def test_hyperparameter_of_another_dtype_than_the_model():
+    train, val = _loaders()
+    model = Ridge(lam_dtype=torch.float32)  # w is float64
+    before = _snapshot(model)
+    with pytest.raises(ConfigurationError, match=r"different dtypes.*use one dtype"):
+        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(model, train, val)
+    assert _unchanged(model, before)
+    assert model.log_lam.requires_grad  # given back after the failed fit
+
+
+def test_outer_optimizer_factory_that_also_takes_the_weights():
+    train, val = _loaders()
+    model = Ridge()
+
+    def greedy(params):  # a user mistake: the outer optimizer over λ *and* w
+        return torch.optim.SGD(list(params) + list(model.lin.parameters()), lr=0.1)
+
+    before = _snapshot(model)
+    with pytest.raises(ConfigurationError, match="outer_optimizer holds inner parameters"):
+        _trainer([HyperOptimizationCallback(every_n_steps=2, outer_optimizer=greedy)]).fit(
+            model, train, val
+        )
+    assert _unchanged(model, before)
+
+
+def test_lambda_in_a_second_parameter_group_of_the_training_optimizer():
+    class TwoGroups(Ridge):
+        def configure_optimizers(self):
+            return torch.optim.SGD(
+                [{"params": list(self.inner_parameters())}, {"params": [self.log_lam], "lr": 0.01}],
+                lr=0.1,
+            )
+
+    train, val = _loaders()
+    model = TwoGroups()
+    before = _snapshot(model)
+    with pytest.raises(ConfigurationError, match="also in the training optimizer"):
+        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(model, train, val)
+    assert _unchanged(model, before)
+
+
+# ====================================================================== BatchNorm and dropout
+class BNDropout(BilevelModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(D, 8, dtype=f64),
+            torch.nn.BatchNorm1d(8, dtype=f64),
+            torch.nn.Tanh(),
+            torch.nn.Dropout(0.3),
+            torch.nn.Linear(8, 1, dtype=f64),
+        )
+        self.register_hyperparameter("log_lam", torch.tensor(-2.0, dtype=f64))
+        #: set by the Spy during hyper steps: (loss, BatchNorm.training, Dropout.training)
+        self.probe: list[tuple[str, bool, bool]] | None = None
+
+    def _fit(self, batch: Any, which: str) -> Tensor:
+        if self.probe is not None:
+            self.probe.append((which, self.net[1].training, self.net[3].training))
+        x, y = batch
+        return 0.5 * ((self.net(x).squeeze(-1) - y) ** 2).mean()
+
+    def inner_loss(self, batch: Any) -> Tensor:
+        penalty = sum(p.pow(2).sum() for p in self.inner_parameters())
+        return self._fit(batch, "inner") + 0.5 * self.log_lam.exp() * penalty
+
+    def outer_loss(self, batch: Any) -> Tensor:
+        return self._fit(batch, "outer")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.inner_parameters(), lr=0.05)
+
+
+class Spy(HyperOptimizationCallback):
+    """Around every hyper step: buffers, module modes, the global RNG and λ, before and after;
+    inside it: the modes every ℓ̂ and E evaluation ran in (the module's probe)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.around: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
+        self.inside: list[tuple[str, bool, bool]] = []
+
+    @staticmethod
+    def _state(pl_module: pl.LightningModule) -> tuple[Any, ...]:
+        return (
+            {k: b.clone() for k, b in pl_module.named_buffers()},
+            [m.training for m in pl_module.modules()],
+            torch.get_rng_state(),
+            pl_module.log_lam.detach().clone(),
+        )
+
+    def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        before = self._state(pl_module)
+        pl_module.probe = self.inside
+        try:
+            super()._hyper_step(trainer, pl_module)
+        finally:
+            pl_module.probe = None
+        self.around.append((before, self._state(pl_module)))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_hyper_steps_keep_batchnorm_statistics_modes_and_training_rng(mode):
+    """With λ moving (outer lr 0.05): every hyper step leaves the BatchNorm running statistics
+    and batch counter, every module's train/eval flag and the global RNG (the training's dropout
+    stream) exactly as they were; its Jacobian products all run in ``mode``."""
+    train, val = _loaders()
+    cb = Spy(every_n_steps=2, adjoint_steps=4, d2_batches=2, outer_lr=0.05, mode=mode)
+    pl.seed_everything(3, verbose=False)
+    _trainer([cb], max_steps=8).fit(BNDropout(), train, val)
+    assert len(cb.around) == 4
+    for (buffers, modes, rng, lam), (buffers2, modes2, rng2, lam2) in cb.around:
+        assert buffers.keys() == buffers2.keys() and "net.1.num_batches_tracked" in buffers
+        for key in buffers:
+            assert torch.equal(buffers[key], buffers2[key]), key
+        assert modes == modes2 and all(modes)  # Lightning trains in train mode
+        assert torch.equal(rng, rng2)
+        assert not torch.equal(lam, lam2)  # the hyper step did move λ
+    # every ℓ̂ of the Jacobian products (adjoint, ∂₂Φ̂, curvature estimate) in ``mode``; E, the
+    # validation objective, in eval mode (as at test time)
+    inner = {(bn, drop) for which, bn, drop in cb.inside if which == "inner"}
+    outer = {(bn, drop) for which, bn, drop in cb.inside if which == "outer"}
+    assert inner == {(mode == "train", mode == "train")}
+    assert outer == {(False, False)}
+    assert sum(which == "inner" for which, _, _ in cb.inside) >= 4 * (4 + 2)  # k + J per step
