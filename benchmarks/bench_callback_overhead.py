@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps_per_epoch = args.n_train // args.batch_size + (args.n_train % args.batch_size > 0)
     result = {
         "benchmark": "callback_overhead",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
         "model": "MLP 784-256-256-10, per-layer weight decay, float32",
         "steps_per_epoch": steps_per_epoch,
         "hyper_steps_per_epoch": steps_per_epoch / args.every_n_steps,
