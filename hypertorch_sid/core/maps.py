@@ -21,6 +21,7 @@ any closure) or ``"forward"`` (forward-over-reverse through ``torch.func.jvp``; 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,21 +33,21 @@ from .errors import ConfigurationError
 Tensors = list[Tensor]
 
 
-class FixedPointMap:
+class FixedPointMap(ABC):
     """Φ̂(w, λ, ζ): a stochastic contraction in w. Subclasses implement ``value`` and ``vjp``."""
 
     inner_parameters: Tensors
     hyperparameters: Tensors
 
-    def value(self, batch: Any) -> Tensors:  # pragma: no cover - interface
+    @abstractmethod
+    def value(self, batch: Any) -> Tensors:
         """Φ̂(w, λ, ζ) at the current w, λ, detached."""
-        raise NotImplementedError
 
+    @abstractmethod
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
-    ) -> tuple[Tensors, Tensors | None]:  # pragma: no cover - interface
+    ) -> tuple[Tensors, Tensors | None]:
         """(∂₁Φ̂ᵀ v, ∂₂Φ̂ᵀ v if ``wrt_hyper`` else None)."""
-        raise NotImplementedError
 
     def gradient_step_size(self) -> float | None:
         """α for a GD map (so that w − η(w − Φ̂) is SGD with step ηα), else None."""

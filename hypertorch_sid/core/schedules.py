@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
@@ -23,11 +24,12 @@ from .errors import ConfigurationError
 SCHEDULE_NAMES = ("constant", "decreasing", "two_phase")
 
 
-class StepSchedule:
+class StepSchedule(ABC):
     """A step-size schedule t ↦ η_t. Subclasses implement :meth:`__call__`."""
 
-    def __call__(self, t: int) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def __call__(self, t: int) -> float:
+        """η_t."""
 
     def scaled(self, factor: float) -> StepSchedule:
         """The same schedule with every η_t multiplied by ``factor`` (used by step back-off)."""

@@ -161,14 +161,14 @@ class BilevelModule(pl.LightningModule):
     # ------------------------------------------------------------------ the bilevel problem
     def inner_loss(self, batch: Any) -> Tensor:
         """ℓ̂(w, λ; ζ): the training objective on a minibatch ζ (a scalar). Must be overridden."""
-        raise NotImplementedError(
+        raise ConfigurationError(
             f"{type(self).__name__} must implement inner_loss(batch) -> scalar tensor (the "
             "training objective, which may use the hyperparameters)."
         )
 
     def outer_loss(self, batch: Any) -> Tensor:
         """E(w, λ): the validation objective on validation data (a scalar); must be overridden."""
-        raise NotImplementedError(
+        raise ConfigurationError(
             f"{type(self).__name__} must implement outer_loss(batch) -> scalar tensor (the "
             "validation objective)."
         )
