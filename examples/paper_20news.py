@@ -158,9 +158,9 @@ def set_constants(opt: SIDHyperOptimizer, data_L: float, lam: torch.Tensor, size
     """α = 2/(L_λ+μ_λ), q_λ at the current λ: L_λ = data_L + max e^λ/size, μ_λ = min e^λ/size
     (size = 20d, the number of weights the regulariser averages over).
 
-    The paper's constants depend on λ; with the outer step size 1e3 some λ_j grow by several
-    units within a few iterations and an α fixed at λ₀ no longer contracts (the inner solve
-    diverges), so the presets refresh them before every outer step.
+    The paper's constants depend on λ (q_λ); with the outer step size 1e3 some λ_j can grow by
+    several units within a few iterations, and an α fixed at λ₀ then no longer contracts (we saw
+    the inner solve diverge), so the presets refresh them before every outer step.
     """
     s = lam.detach().exp() / size
     consts = theory_constants(data_L + float(s.max()), float(s.min()))
