@@ -336,6 +336,39 @@ def error_ladder(
     return {**row, "errors": errors, "epochs_used": used, "seconds": seconds}
 
 
+def per_feature_lambdas(runs: int, d: int, seed0: int) -> list[tuple[Tensor, int]]:
+    """The paper's per-feature λᵢ = exp(εᵢ), εᵢ ~ U[−2, 2], one draw per run (seeded)."""
+    draws = []
+    for s in range(runs):
+        gen = torch.Generator().manual_seed(seed0 + s)
+        eps = torch.rand(d, generator=gen, dtype=torch.float64) * 4 - 2
+        draws.append((eps.exp(), s))
+    return draws
+
+
+def run_settings(
+    settings: Sequence[tuple[str, Sequence[tuple[Any, int]]]],
+    one_run: Callable[[Any, int, dict], dict],
+    cfg: dict,
+    methods: Sequence[str],
+    describe: Callable[[dict], str],
+) -> list[dict]:
+    """Run ``one_run(λ, seed, cfg)`` for every setting and seed; print a line each; summarise."""
+    results = []
+    for name, runs in settings:
+        rows = []
+        for lam, seed in runs:
+            row = one_run(lam, seed, cfg)
+            rows.append(row)
+            print(
+                f"{name} seed {seed}: {describe(row)}, "
+                + ", ".join(f"{m} {row['errors'][m][-1]:.3g}" for m in methods),
+                flush=True,
+            )
+        results.append(summarize(name, rows, methods, cfg["epochs"]))
+    return results
+
+
 def summarize(name: str, rows: list[dict], methods: Sequence[str], epochs: Sequence[float]) -> dict:
     """Mean/std over runs of the squared errors, and SID default / Stoch dec per budget."""
     errs = {m: np.array([r["errors"][m] for r in rows]) for m in methods}

@@ -118,26 +118,19 @@ def main() -> None:
         (f"λ = {lam:g}", [(torch.tensor(lam, dtype=torch.float64), s) for s in range(cfg["runs"])])
         for lam in cfg["lambdas"]
     ]
-    per_feature = []
-    for s in range(cfg["per_feature_runs"]):
-        gen = torch.Generator().manual_seed(1000 + s)
-        eps = torch.rand(784, generator=gen, dtype=torch.float64) * 4 - 2
-        per_feature.append((eps.exp(), s))
+    per_feature = common.per_feature_lambdas(cfg["per_feature_runs"], 784, seed0=1000)
     settings.append(("λ_i = exp(ε_i), ε_i ~ U[−2, 2]", per_feature))
 
-    results = []
-    for name, runs in settings:
-        rows = []
-        for lam, seed in runs:
-            row = one_run(lam, seed, cfg)
-            rows.append(row)
-            print(
-                f"{name} seed {seed}: q = {row['q']:.6f}, ‖∇f‖² = {row['exact_norm2']:.3g}, "
-                f"reference sq. error {row['reference_sq_error']:.3g}, "
-                + ", ".join(f"{m} {row['errors'][m][-1]:.3g}" for m in METHODS),
-                flush=True,
-            )
-        results.append(common.summarize(name, rows, METHODS, cfg["epochs"]))
+    results = common.run_settings(
+        settings,
+        one_run,
+        cfg,
+        METHODS,
+        lambda row: (
+            f"q = {row['q']:.6f}, ‖∇f‖² = {row['exact_norm2']:.3g}, "
+            f"reference sq. error {row['reference_sq_error']:.3g}"
+        ),
+    )
 
     png = args.out.with_suffix(".png")
     plot(results, cfg, png)
