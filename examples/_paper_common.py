@@ -336,10 +336,11 @@ def error_ladder(
     return {**row, "errors": errors, "epochs_used": used, "seconds": seconds}
 
 
-def per_feature_lambdas(runs: int, d: int, seed0: int) -> list[tuple[Tensor, int]]:
-    """The paper's per-feature λᵢ = exp(εᵢ), εᵢ ~ U[−2, 2], one draw per run (seeded)."""
+def per_feature_lambdas(seeds: int | Sequence[int], d: int, seed0: int) -> list[tuple[Tensor, int]]:
+    """The paper's per-feature λᵢ = exp(εᵢ), εᵢ ~ U[−2, 2], one draw per run seed (``seeds``, or
+    ``range(seeds)`` for an int); the draw of run ``s`` is seeded with ``seed0 + s``."""
     draws = []
-    for s in range(runs):
+    for s in range(seeds) if isinstance(seeds, int) else seeds:
         gen = torch.Generator().manual_seed(seed0 + s)
         eps = torch.rand(d, generator=gen, dtype=torch.float64) * 4 - 2
         draws.append((eps.exp(), s))
@@ -367,6 +368,25 @@ def run_settings(
             )
         results.append(summarize(name, rows, methods, cfg["epochs"]))
     return results
+
+
+def merge_results(
+    old: Sequence[dict], new: Sequence[dict], methods: Sequence[str], epochs: Sequence[float]
+) -> list[dict]:
+    """Settings of an earlier run (``old``) and a new one, runs of the same setting pooled (a new
+    run replaces an old one with the same seed), re-summarised; settings in the order first seen."""
+    pooled: dict[str, dict[int, dict]] = {}
+    for result in [*old, *new]:
+        if list(result["epochs"]) != list(epochs):
+            raise SystemExit(
+                f"cannot merge {result['setting']!r}: budgets {result['epochs']} != {list(epochs)}"
+            )
+        runs = pooled.setdefault(result["setting"], {})
+        runs.update({row["seed"]: row for row in result["runs"]})
+    return [
+        summarize(name, [runs[s] for s in sorted(runs)], methods, epochs)
+        for name, runs in pooled.items()
+    ]
 
 
 def summarize(name: str, rows: list[dict], methods: Sequence[str], epochs: Sequence[float]) -> dict:
@@ -420,6 +440,29 @@ def plot_settings(
         ax.set_ylabel("‖∇̂f − ∇f‖²")
     axes[0].legend(fontsize=7)
     save_figure(fig, path)
+
+
+def markdown_tables(results: list[dict], methods: Sequence[str], labels: dict[str, str]) -> str:
+    """One Markdown table per setting: mean squared error per method and budget, and the ratio
+    SID default / Stoch dec (the README's tables)."""
+    out = []
+    for res in results:
+        runs = res["runs"]
+        head = (
+            f"**{res['setting']}** (q = {np.mean([r['q'] for r in runs]):.6f}, "
+            f"‖∇f‖² = {res['mean_exact_norm2']:.3g}, {len(runs)} runs)"
+        )
+        budgets = " | ".join(f"{e:g} ep" for e in res["epochs"])
+        rows = [head, "", f"| method | {budgets} |", "|---|" + "---:|" * len(res["epochs"])]
+        for m in methods:
+            cells = " | ".join(f"{x:.2e}" for x in res["mean_errors"][m])
+            name = f"**{labels[m]}**" if m == "sid_default" else labels[m]
+            rows.append(f"| {name} | {cells} |")
+        if "sid_default_over_stoch_dec" in res:
+            cells = " | ".join(f"{x:.3g}" for x in res["sid_default_over_stoch_dec"])
+            rows.append(f"| ours / Stoch dec | {cells} |")
+        out.append("\n".join(rows))
+    return "\n\n".join(out)
 
 
 # ------------------------------------------------------------------------------ plotting

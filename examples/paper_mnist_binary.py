@@ -105,6 +105,7 @@ def one_run(lam: torch.Tensor, seed: int, cfg: dict) -> dict:
 def plot(results: list[dict], cfg: dict, png: Path) -> None:
     reference = f"Batch t=k={cfg['reference_epochs'] // 2} (paper's truth)"
     common.plot_settings(results, METHODS, LABELS, png, "MNIST odd/even", reference)
+    print(common.markdown_tables(results, METHODS, LABELS))
 
 
 def main() -> None:

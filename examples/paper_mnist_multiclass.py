@@ -14,9 +14,10 @@ library's estimated L, μ; see ``_paper_common.error_ladder``) spend the same to
 Ground truth: Newton-CG on the inner problem (‖∇ℓ‖ ≤ 1e-11) and CG on the linear system (relative
 residual 1e-13), float64.
 
-Full mode is reduced to fit a 2-core machine: λ ∈ {1e-2, 1e-1} × 2 runs and 2 per-feature runs,
-budgets of 4, 8, 16, 32 epochs (the paper: 4 values × 5 runs and 10 runs). ``--quick`` runs one
-λ on a 1200/1200 subset in seconds.
+Full mode is reduced to fit a 2-core machine: λ ∈ {1e-3, 1e-2, 1e-1, 1} × 2 runs and 2
+per-feature runs, budgets of 4, 8, 16, 32 epochs (the paper: 4 values × 5 runs and 10 runs;
+``--lambdas``, ``--seeds``, ``--per-feature-seeds`` choose a part, ``--merge`` pools it with the
+runs already in ``--out``). ``--quick`` runs one λ on a 1200/1200 subset in seconds.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import torch.nn.functional as F
 
 from hypertorch_sid import datasets
 
-FULL = dict(n=None, lambdas=[1e-2, 1e-1], runs=2, per_feature_runs=2, epochs=[4, 8, 16, 32])
-QUICK = dict(n=1200, lambdas=[1e-1], runs=1, per_feature_runs=0, epochs=[4, 16])
+FULL = dict(n=None, lambdas=[1e-3, 1e-2, 1e-1, 1.0], seeds=[0, 1], per_feature_seeds=[0, 1])
+FULL["epochs"] = [4, 8, 16, 32]
+QUICK = dict(n=1200, lambdas=[1e-1], seeds=[0], per_feature_seeds=[], epochs=[4, 16])
 BATCH_SIZE = 300
 METHODS = [*common.PRESET_LABELS, "sid_default"]
 LABELS = {**common.PRESET_LABELS, "sid_default": "SID two-phase (estimated L, μ)"}
@@ -72,20 +74,24 @@ def one_run(lam: torch.Tensor, seed: int, cfg: dict) -> dict:
 
 def plot(results: list[dict], cfg: dict, png: Path) -> None:
     common.plot_settings(results, METHODS, LABELS, png, "MNIST 10 classes")
+    print(common.markdown_tables(results, METHODS, LABELS))
 
 
 def main() -> None:
-    args = common.parse_args(__doc__.splitlines()[0], "mnist_multiclass.json")
+    args = common.parse_args(__doc__.splitlines()[0], "mnist_multiclass.json", extra=_extra_args)
     common.require_data()
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    for key in ("lambdas", "seeds", "per_feature_seeds"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
     if args.plot_only:
         saved = json.loads(args.out.read_text())
         return plot(saved["results"], saved["config"], args.out.with_suffix(".png"))
     settings = [
-        (f"λ = {lam:g}", [(torch.tensor(lam, dtype=torch.float64), s) for s in range(cfg["runs"])])
+        (f"λ = {lam:g}", [(torch.tensor(lam, dtype=torch.float64), s) for s in cfg["seeds"]])
         for lam in cfg["lambdas"]
     ]
-    per_feature = common.per_feature_lambdas(cfg["per_feature_runs"], 784, seed0=2000)
+    per_feature = common.per_feature_lambdas(cfg["per_feature_seeds"], 784, seed0=2000)
     if per_feature:
         settings.append(("λ_j = exp(ε_j), ε_j ~ U[−2, 2]", per_feature))
 
@@ -100,6 +106,11 @@ def main() -> None:
         ),
     )
 
+    if args.merge and args.out.exists():
+        results = common.merge_results(
+            json.loads(args.out.read_text())["results"], results, METHODS, cfg["epochs"]
+        )
+        cfg["note"] = "pooled runs of several invocations (--merge); see each setting's runs"
     png = args.out.with_suffix(".png")
     plot(results, cfg, png)
     common.save_json(
@@ -118,6 +129,17 @@ def main() -> None:
             "results": results,
             "figure": png.name,
         },
+    )
+
+
+def _extra_args(parser) -> None:
+    parser.add_argument("--lambdas", type=float, nargs="*", help="values of one λ (mean units)")
+    parser.add_argument("--seeds", type=int, nargs="*", help="run seeds for each one-λ value")
+    parser.add_argument(
+        "--per-feature-seeds", type=int, nargs="*", help="run seeds of the per-feature λ setting"
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="pool these runs with those already in --out"
     )
 
 

@@ -271,3 +271,79 @@ def test_reestimate_every_tracks_curvature_as_lambda_grows():
     hopt.step([problem.train()], problem.val())
     assert hopt.alpha < alpha0
     assert math.isclose(hopt.alpha, 2 / float(eig[0] + eig[-1]), rel_tol=1e-2)
+
+
+def _ridge_eigs(problem):
+    n = problem.X.shape[0]
+    return torch.linalg.eigvalsh(problem.X.T @ problem.X / n + torch.diag(problem.lam()))
+
+
+def test_set_constants_from_L_mu_gives_theory_alpha_and_exact_hypergradient():
+    """L_λ, μ_λ set by hand after λ moved: α = 2/(L+μ), q = (L−μ)/(L+μ), and full-batch solves
+    with those constants reproduce the closed-form ridge hypergradient at the new λ."""
+    problem = make_ridge(n=200, d=5, log_lam0=-3.0)
+    hopt = ridge_sid(
+        problem,
+        steps=600,
+        step_size="constant",
+        eta=1.0,
+        full_train_batch=problem.train(),
+        inner_batches="full",
+        adjoint_batches="full",
+        d2_batches="full",
+    )
+    hopt.hypergradient([problem.train()], problem.val())
+    with torch.no_grad():
+        problem.log_lam.fill_(1.0)
+    eig = _ridge_eigs(problem)
+    L, mu = float(eig[-1]), float(eig[0])
+    hopt.set_constants(L=L, mu=mu)
+    assert math.isclose(hopt.alpha, 2 / (L + mu)) and hopt.phi.alpha == hopt.alpha
+    assert math.isclose(hopt.q, (L - mu) / (L + mu))
+    g = hopt.hypergradient([problem.train()], problem.val())
+    assert relative_error(g[0], problem.exact_hypergradient()) < 1e-8
+
+
+def test_set_constants_without_values_reestimates_at_current_lambda():
+    problem = make_ridge(n=200, d=5, log_lam0=-3.0)
+    hopt = ridge_sid(problem, full_train_batch=problem.train(), estimate_iters=200)
+    hopt.hypergradient([problem.train()], problem.val())
+    with torch.no_grad():
+        problem.log_lam.fill_(2.0)
+    hopt.set_constants()
+    hopt.hypergradient([problem.train()], problem.val())
+    eig = _ridge_eigs(problem)
+    assert math.isclose(hopt.L, float(eig[-1]), rel_tol=1e-3)
+    assert math.isclose(hopt.alpha, 2 / float(eig[0] + eig[-1]), rel_tol=1e-2)
+
+
+def test_set_constants_alpha_and_q_used_as_given():
+    problem = make_ridge(n=200, d=5)
+    hopt = ridge_sid(problem, L=10.0, mu=0.1)
+    hopt.set_constants(alpha=0.05, q=0.9)
+    hopt.hypergradient([problem.train()], problem.val())
+    assert (hopt.alpha, hopt.q, hopt.phi.alpha) == (0.05, 0.9, 0.05)
+    assert hopt.last["alpha"] == 0.05
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(L=1.0, mu=2.0), "must not exceed L"),
+        (dict(L=1.0, mu=0.1, alpha=5.0), "not a contraction"),
+        (dict(L=1.0, mu=0.1, q=0.5), "contradicts"),
+        (dict(alpha=-1.0), "alpha must be a finite positive"),
+        (dict(alpha=0.1, q=1.0), r"q must be a contraction constant in \[0, 1\)"),
+        (dict(L=float("nan")), "L must be a finite positive"),
+    ],
+)
+def test_set_constants_rejects_bad_values_and_keeps_old_ones(kwargs, match):
+    from hypertorch_sid import ConfigurationError
+
+    problem = make_ridge(n=200, d=5)
+    hopt = ridge_sid(problem, L=10.0, mu=0.1)
+    hopt.hypergradient([problem.train()], problem.val())
+    before = (hopt.alpha, hopt.L, hopt.mu, hopt.q, hopt.phi.alpha)
+    with pytest.raises(ConfigurationError, match=match):
+        hopt.set_constants(**kwargs)
+    assert (hopt.alpha, hopt.L, hopt.mu, hopt.q, hopt.phi.alpha) == before

@@ -153,7 +153,12 @@ def test_mnist_multiclass_quick(tmp_path: Path) -> None:
 def test_20news_quick(tmp_path: Path) -> None:
     _need("20news")
     result = _run("paper_20news", tmp_path)
-    assert {r["method"] for r in result["runs"]} == {"batch", "stoch_dec", "sid_default"}
+    assert {r["method"] for r in result["runs"]} == {
+        "batch",
+        "stoch_dec",
+        "sid_default",
+        "sid_prox",
+    }
     for run in result["runs"]:
         h = run["history"]
         assert all(math.isfinite(v) for k in h for v in h[k])
@@ -163,7 +168,7 @@ def test_20news_quick(tmp_path: Path) -> None:
         assert 0.05 < h["test_acc"][-1] <= 1.0
         # quick mode: 2 epochs per hypergradient (SID default may retry a diverged solve
         # with a halved step: its backoff, which costs extra epochs)
-        if run["method"] == "sid_default":
+        if run["method"] in ("sid_default", "sid_prox"):
             assert run["epochs_per_hypergradient"] >= 2.0
         else:
             assert run["epochs_per_hypergradient"] == pytest.approx(2.0, rel=0.05)

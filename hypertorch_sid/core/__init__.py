@@ -9,7 +9,7 @@ from .batches import BatchStream
 from .cost import Cost
 from .errors import ConfigurationError, DivergenceError, SIDError
 from .estimation import CurvatureEstimate, estimate_curvature
-from .maps import ContractionMap, FixedPointMap, GradientDescentMap
+from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
@@ -38,6 +38,7 @@ __all__ = [
     "FixedPointMap",
     "GradientDescentMap",
     "Preset",
+    "ProximalGradientMap",
     "SIDError",
     "SIDHyperOptimizer",
     "SolveResult",

@@ -7,10 +7,12 @@ user's closures read), evaluated on a minibatch ζ. It offers
 * :meth:`FixedPointMap.vjp` — (∂₁Φ̂(w,λ,ζ)ᵀ v, ∂₂Φ̂(w,λ,ζ)ᵀ v), the products the adjoint solve
   (eq. backalg) and the hypergradient assembly (eq. gradestim) need.
 
-Two maps:
+Three maps:
 
 * :class:`GradientDescentMap` — Φ̂ = w − α∇₁ℓ̂(w, λ, ζ), the argmin setting (eq. mainprobopt);
   ∂₁Φ̂ᵀv = v − α∇²₁₁ℓ̂ v and ∂₂Φ̂ᵀv = −α∇²₂₁ℓ̂ v.
+* :class:`ProximalGradientMap` — Φ̂ = (w − α∇₁ĝ)/(1 + αc(λ)) for ℓ̂ = ĝ + ½⟨c(λ), w²⟩: the same
+  argmin, with the (weight-decay) penalty applied exactly, so α is limited by ĝ alone.
 * :class:`ContractionMap` — any user map ``phi(batch) -> list of tensors`` (the general
   fixed-point setting of eq. mainprob).
 
@@ -151,6 +153,125 @@ class GradientDescentMap(FixedPointMap):
         d1 = [vi - self.alpha * h for vi, h in zip(v, prods[:n])]
         d2 = [-self.alpha * h for h in prods[n:]]
         return d1, d2
+
+
+class ProximalGradientMap(GradientDescentMap):
+    """Φ̂(w, λ, ζ) = prox_{αR_λ}(w − α∇₁ĝ(w, λ, ζ)) = (w − α∇₁ĝ) / (1 + α c(λ)) for an inner
+    loss with a weighted L2 penalty, ℓ̂ = ĝ(w, λ; ζ) + ½ Σᵢ ⟨cᵢ(λ), wᵢ ⊙ wᵢ⟩ (weight decay).
+
+    Same fixed points as the GD map of ℓ (w = Φ(w) ⟺ ∇₁g + c ⊙ w = 0), so the same w(λ) and
+    hypergradient (eq. 3), but the penalty is applied exactly (implicitly): α only has to contract
+    the data term. For ĝ convex and L_g-smooth, α ≤ 2/L_g and c ≥ c_min > 0 give
+    ‖∂₁Φ‖ ≤ max(|1 − αμ_g|, |1 − αL_g|) / (1 + α c_min) < 1 however large λ grows, while the GD map
+    needs α < 2/(L_g + max c) — a tiny α once a few coefficients are large (per-feature decay).
+
+    Products: with u = v / (1 + αc),  ∂₁Φ̂ᵀv = u − α∇²₁₁ĝ u  and
+    ∂₂Φ̂ᵀv = ∂_λ⟨(w − α∇₁ĝ) / (1 + αc(λ)), v⟩ (through c and through ĝ if it reads λ).
+
+    Parameters
+    ----------
+    data_loss:
+        ``data_loss(batch) -> scalar``: ĝ(w, λ; ζ), the minibatch objective *without* the penalty.
+    penalty:
+        ``penalty() -> list of tensors``: the coefficients cᵢ(λ) ≥ 0, one per inner parameter,
+        each broadcastable to it (a scalar, a per-row column, or the parameter's shape);
+        differentiable in λ.
+    inner_parameters, hyperparameters, alpha, hvp, module:
+        As for :class:`GradientDescentMap` (the Hessian products are those of ĝ).
+    """
+
+    def __init__(
+        self,
+        data_loss: Callable[[Any], Tensor],
+        penalty: Callable[[], Sequence[Tensor]],
+        inner_parameters: Sequence[Tensor],
+        hyperparameters: Sequence[Tensor],
+        alpha: float,
+        hvp: str = "reverse",
+        module: torch.nn.Module | None = None,
+    ) -> None:
+        if not callable(penalty):
+            raise ConfigurationError(
+                "penalty must be a callable penalty() -> list of coefficient tensors c_i(λ)."
+            )
+        super().__init__(data_loss, inner_parameters, hyperparameters, alpha, hvp, module)
+        self.penalty = penalty
+
+    def coefficients(self) -> Tensors:
+        """cᵢ(λ), checked: one per inner parameter, broadcastable to it, finite and ≥ 0."""
+        c = self.penalty()
+        c = [c] if isinstance(c, Tensor) else list(c)
+        if len(c) != len(self.inner_parameters) or not all(isinstance(x, Tensor) for x in c):
+            raise ConfigurationError(
+                f"penalty() returned {len(c)} item(s) for {len(self.inner_parameters)} inner "
+                "parameter(s): return one coefficient tensor c_i(λ) per inner parameter "
+                "(torch.zeros(()) for an unpenalised one)."
+            )
+        for i, (ci, w) in enumerate(zip(c, self.inner_parameters)):
+            if not _broadcasts_to(ci.shape, w.shape):
+                raise ConfigurationError(
+                    f"penalty coefficient {i} has shape {tuple(ci.shape)}, which does not "
+                    f"broadcast to its parameter's shape {tuple(w.shape)}."
+                )
+            if not bool(torch.isfinite(ci).all()) or bool((ci < 0).any()):
+                raise ConfigurationError(
+                    f"penalty coefficient {i} has negative or non-finite entries: c_i(λ) must be "
+                    "finite and ≥ 0 (parameterise it as exp(λ) or softplus(λ))."
+                )
+        return c
+
+    def loss(self, batch: Any) -> Tensor:
+        """The whole ℓ̂ = ĝ + ½ Σᵢ ⟨cᵢ, wᵢ²⟩."""
+        reg = sum((c * w * w).sum() for c, w in zip(self.coefficients(), self.inner_parameters))
+        return self.data_loss(batch) + 0.5 * reg
+
+    def data_loss(self, batch: Any) -> Tensor:
+        """ĝ(w, λ; ζ), checked to be a scalar."""
+        return super().loss(batch)
+
+    def gradient(self, batch: Any) -> Tensors:
+        """∇₁ĝ(w, λ, ζ) (the data term only)."""
+        return _grad(self.data_loss(batch), self.inner_parameters)
+
+    def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
+        """∇²₁₁ĝ v, the data term's curvature (what α must contract; see the class notes)."""
+        if self.hvp == "forward":
+            return self._functional.hvp(batch, v)
+        g = _grad(self.data_loss(batch), self.inner_parameters, create_graph=True)
+        return _grad(g, self.inner_parameters, grad_outputs=list(v))
+
+    def value(self, batch: Any) -> Tensors:
+        g = self.gradient(batch)
+        with torch.no_grad():
+            c = self.coefficients()
+            return [
+                (w.detach() - self.alpha * gi) / (1 + self.alpha * ci)
+                for w, gi, ci in zip(self.inner_parameters, g, c)
+            ]
+
+    def vjp(
+        self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
+    ) -> tuple[Tensors, Tensors | None]:
+        if not wrt_hyper:
+            with torch.no_grad():
+                u = [vi / (1 + self.alpha * ci) for vi, ci in zip(v, self.coefficients())]
+            hu = self.hessian_vector_product(batch, u)
+            return [ui - self.alpha * h for ui, h in zip(u, hu)], None
+        g = _grad(self.data_loss(batch), self.inner_parameters, create_graph=True)
+        out = [
+            (w - self.alpha * gi) / (1 + self.alpha * ci)
+            for w, gi, ci in zip(self.inner_parameters, g, self.coefficients())
+        ]
+        prods = _grad(out, self.inner_parameters + self.hyperparameters, grad_outputs=list(v))
+        n = len(self.inner_parameters)
+        return prods[:n], prods[n:]
+
+
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
 
 
 class ContractionMap(FixedPointMap):

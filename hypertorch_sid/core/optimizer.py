@@ -29,11 +29,23 @@ from .batches import BatchStream, repeat
 from .cost import Cost
 from .errors import ConfigurationError, DivergenceError
 from .estimation import estimate_curvature
-from .maps import AveragedMap, ContractionMap, FixedPointMap, GradientDescentMap
+from .maps import (
+    AveragedMap,
+    ContractionMap,
+    FixedPointMap,
+    GradientDescentMap,
+    ProximalGradientMap,
+)
 from .modes import frozen_mode
 from .outer import outer_gradients
 from .presets import get_preset
-from .schedules import StepSchedule, check_schedule_kind, make_schedule, theory_constants
+from .schedules import (
+    StepSchedule,
+    check_positive,
+    check_schedule_kind,
+    make_schedule,
+    theory_constants,
+)
 from .solvers import SolveResult, adjoint_solve, assemble_hypergradient, inner_solve, norm
 from .validation import (
     as_tensor_list,
@@ -78,6 +90,11 @@ class SIDHyperOptimizer:
     fixed_point_map:
         A :class:`FixedPointMap` or a callable ``phi(batch) -> list of tensors`` (a general
         contraction) to use instead of the GD map.
+    penalty:
+        ``penalty() -> list of tensors``: coefficients cᵢ(λ) ≥ 0 of a weighted L2 penalty
+        ½ Σᵢ ⟨cᵢ, wᵢ²⟩ that ``inner_loss`` then leaves out. The map becomes the proximal gradient
+        map Φ̂ = (w − α∇ĝ)/(1 + αc) (:class:`ProximalGradientMap`): same w(λ) and hypergradient,
+        but α (estimated from ĝ's curvature alone) no longer has to shrink as λ grows.
     hvp:
         ``"reverse"`` or ``"forward"`` Hessian–vector products for the GD map (forward needs
         ``module``).
@@ -139,6 +156,7 @@ class SIDHyperOptimizer:
         q: float | None = None,
         sigma2: float = 0.0,
         fixed_point_map: FixedPointMap | Callable[[Any], Sequence[Tensor]] | None = None,
+        penalty: Callable[[], Sequence[Tensor]] | None = None,
         hvp: str = "reverse",
         module: torch.nn.Module | None = None,
         mode: str = "train",
@@ -180,6 +198,7 @@ class SIDHyperOptimizer:
         self.reestimate_every = reestimate_every
         self.module, self.mode = module, mode
         frozen_mode(None, mode).__enter__()  # validates ``mode``
+        self.penalty = penalty
         self.phi = self._build_map(fixed_point_map, hvp)
         self.mean_across_processes = mean_across_processes
         self._solver_map: FixedPointMap = (
@@ -251,13 +270,29 @@ class SIDHyperOptimizer:
                     "give inner_loss(batch) (for the gradient-descent map) or fixed_point_map."
                 )
             # α may still be unknown: it is fixed (or estimated) at the first hypergradient.
+            alpha = self.alpha if self.alpha is not None else 1.0
+            if self.penalty is not None:
+                return ProximalGradientMap(
+                    self.inner_loss,
+                    self.penalty,
+                    self.inner_parameters,
+                    self.hyperparameters,
+                    alpha=alpha,
+                    hvp=hvp,
+                    module=self.module,
+                )
             return GradientDescentMap(
                 self.inner_loss,
                 self.inner_parameters,
                 self.hyperparameters,
-                alpha=self.alpha if self.alpha is not None else 1.0,
+                alpha=alpha,
                 hvp=hvp,
                 module=self.module,
+            )
+        if self.penalty is not None:
+            raise ConfigurationError(
+                "penalty builds the proximal gradient map; it cannot be combined with "
+                "fixed_point_map (put the penalty inside your map instead)."
             )
         if isinstance(fixed_point_map, FixedPointMap):
             return fixed_point_map
@@ -308,6 +343,7 @@ class SIDHyperOptimizer:
                 )
             return
         if self.alpha is not None and (self.q is not None or not self._needs_q()):
+            self.phi.alpha = self.alpha
             return
         if self.L is None or self.mu is None:
             batches = (
@@ -333,6 +369,53 @@ class SIDHyperOptimizer:
             self.L,
             self.mu,
         )
+
+    def set_constants(
+        self,
+        *,
+        L: float | None = None,
+        mu: float | None = None,
+        alpha: float | None = None,
+        q: float | None = None,
+    ) -> None:
+        """Replace the GD map's constants from the next hypergradient on.
+
+        Use it when λ changes the curvature of ℓ(·, λ), so that L_λ, μ_λ and the contraction
+        constant q_λ (Assumption B, eq. (5)) move with λ — e.g. ``L = L_data + max λ``,
+        ``mu = min λ`` for a weight decay λ:
+
+        - ``L`` and ``mu``: α = 2/(L+μ), q = (L−μ)/(L+μ) and β, γ of the decreasing steps follow
+          from the theory (Cor. 4.3); with ``alpha`` as well, q = max|1 − αμ|, |1 − αL|;
+        - ``alpha`` (and ``q`` for decreasing steps) alone: used as given;
+        - nothing: L and μ are re-estimated by power iteration at the current w.
+
+        Checked at once (:class:`ConfigurationError` for a non-contraction). It replaces the
+        constants until the next :meth:`set_constants` or ``reestimate_every`` refresh, which
+        goes back to the constructor's values.
+        """
+        if not isinstance(self.phi, GradientDescentMap):
+            raise ConfigurationError(
+                "set_constants sets α, L, μ of the gradient-descent map; this optimizer uses a "
+                "general fixed_point_map, whose contraction constant is fixed at construction."
+            )
+        if L is not None and mu is not None:
+            consts = theory_constants(L, mu, self._schedule_args["sigma2"], alpha)
+            if q is not None and abs(q - consts.q) > 1e-12:
+                raise ConfigurationError(
+                    f"q={q!r} contradicts L, mu and alpha (which give q={consts.q:.6g}); "
+                    "pass L and mu, or alpha and q, not both."
+                )
+            L, mu, alpha, q = consts.L, consts.mu, consts.alpha, consts.q
+        else:
+            for name, value in (("L", L), ("mu", mu), ("alpha", alpha)):
+                if value is not None:
+                    check_positive(name, value)
+            if q is not None and not (isinstance(q, (int, float)) and 0 <= q < 1):
+                raise ConfigurationError(f"q must be a contraction constant in [0, 1), got {q!r}.")
+        self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
+        if alpha is not None:
+            self.phi.alpha = alpha
+        self._resolved = False
 
     def _schedules(self) -> tuple[StepSchedule, StepSchedule]:
         return tuple(  # type: ignore[return-value]

@@ -43,7 +43,7 @@ class ConstantStep(StepSchedule):
     eta: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_positive("eta", self.eta)
+        check_positive("eta", self.eta)
 
     def __call__(self, t: int) -> float:
         return self.eta
@@ -57,8 +57,8 @@ class DecreasingStep(StepSchedule):
     gamma: float
 
     def __post_init__(self) -> None:
-        _check_positive("beta", self.beta)
-        _check_positive("gamma", self.gamma)
+        check_positive("beta", self.beta)
+        check_positive("gamma", self.gamma)
 
     def __call__(self, t: int) -> float:
         return self.beta / (self.gamma + t)
@@ -74,9 +74,9 @@ class TwoPhaseStep(StepSchedule):
     gamma: float
 
     def __post_init__(self) -> None:
-        _check_positive("eta", self.eta)
-        _check_positive("beta", self.beta)
-        _check_positive("gamma", self.gamma)
+        check_positive("eta", self.eta)
+        check_positive("beta", self.beta)
+        check_positive("gamma", self.gamma)
         if self.switch < 0:
             raise ConfigurationError(f"switch must be ≥ 0, got {self.switch}.")
 
@@ -127,13 +127,13 @@ def theory_constants(
 
     With a user-given ``alpha`` the contraction constant is q = max(|1 − αμ|, |1 − αL|).
     """
-    _check_positive("L", L)
-    _check_positive("mu", mu)
+    check_positive("L", L)
+    check_positive("mu", mu)
     if mu > L:
         raise ConfigurationError(f"mu ({mu:.3g}) must not exceed L ({L:.3g}).")
     if alpha is None:
         alpha = 2.0 / (L + mu)
-    _check_positive("alpha", alpha)
+    check_positive("alpha", alpha)
     q = max(abs(1.0 - alpha * mu), abs(1.0 - alpha * L))
     if q >= 1.0:
         raise ConfigurationError(
@@ -200,6 +200,6 @@ def check_schedule_kind(name: str, kind: object) -> None:
         )
 
 
-def _check_positive(name: str, value: float) -> None:
+def check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ConfigurationError(f"{name} must be a finite positive number, got {value!r}.")
