@@ -30,6 +30,7 @@ Minibatches are sparse COO tensors (``torch.sparse.mm``), the full training batc
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -267,6 +268,10 @@ def run_method(spec: str, seed: int, split: datasets.Split, cfg: dict) -> dict:
 
 def main() -> None:
     args = common.parse_args(__doc__.splitlines()[0], "news20.json", extra=_extra_args)
+    if args.plot_only:
+        saved = json.loads(args.out.read_text())
+        print_table(summarize_runs(saved["runs"], saved["config"]["methods"]), saved["config"])
+        return _plot(saved["runs"], saved["config"], args.out.with_suffix(".png"))
     common.require_data()
     cfg = dict(
         iters=args.iters,
@@ -284,18 +289,9 @@ def main() -> None:
         split = load_split(seed, args.remove_headers)
         for method in cfg["methods"]:
             rows.append(run_method(method, seed, split, cfg))
-    summary = {}
-    for method in cfg["methods"]:
-        runs = [r for r in rows if r["method"] == method]
-        final = {k: np.array([r["history"][k][-1] for r in runs]) for k in runs[0]["history"]}
-        summary[method] = {
-            k: {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max())}
-            for k, v in final.items()
-        }
-        summary[method]["runs"] = len(runs)
-        summary[method]["iterations"] = [len(r["history"]["val_loss"]) for r in runs]
-        summary[method]["diverged"] = sum(r["diverged_at"] is not None for r in runs)
-        summary[method]["t=k"] = f"{runs[0]['t']}/{runs[0]['k']}"
+    if args.merge and args.out.exists():
+        rows, cfg = merge_runs(json.loads(args.out.read_text()), rows, cfg)
+    summary = summarize_runs(rows, cfg["methods"])
     print_table(summary, cfg)
     _plot(rows, cfg, args.out.with_suffix(".png"))
     common.save_json(
@@ -311,7 +307,41 @@ def main() -> None:
     )
 
 
+def summarize_runs(rows: list[dict], methods: list[str]) -> dict:
+    """Per method: mean, min and max over runs of the last iteration's metrics and time."""
+    summary = {}
+    for method in methods:
+        runs = [r for r in rows if r["method"] == method]
+        final = {k: np.array([r["history"][k][-1] for r in runs]) for k in runs[0]["history"]}
+        summary[method] = {
+            k: {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max())}
+            for k, v in final.items()
+        }
+        summary[method]["runs"] = len(runs)
+        summary[method]["iterations"] = [len(r["history"]["val_loss"]) for r in runs]
+        summary[method]["diverged"] = sum(r["diverged_at"] is not None for r in runs)
+        summary[method]["t=k"] = f"{runs[0]['t']}/{runs[0]['k']}"
+    return summary
+
+
+def merge_runs(saved: dict, rows: list[dict], cfg: dict) -> tuple[list[dict], dict]:
+    """The runs saved in ``--out`` and the new ones (a new run replaces a saved one of the same
+    method and seed); refused if the two were made with different settings."""
+    old_cfg = saved["config"]
+    for key in ("iters", "epochs", "remove_headers"):
+        if old_cfg[key] != cfg[key]:
+            raise SystemExit(f"--merge: {key} is {cfg[key]!r} here but {old_cfg[key]!r} in --out")
+    new_keys = {(r["method"], r["seed"]) for r in rows}
+    kept = [r for r in saved["runs"] if (r["method"], r["seed"]) not in new_keys]
+    methods = list(dict.fromkeys([*old_cfg["methods"], *cfg["methods"]]))
+    runs = max(old_cfg["runs"], cfg["runs"])
+    return kept + rows, {**cfg, "methods": methods, "runs": runs}
+
+
 def _extra_args(parser) -> None:
+    parser.add_argument(
+        "--merge", action="store_true", help="pool these runs with those already in --out"
+    )
     parser.add_argument("--iters", type=int, default=100, help="outer iterations")
     parser.add_argument("--epochs", type=float, default=20.0, help="epochs per hypergradient")
     parser.add_argument("--runs", type=int, default=5, help="runs (splits and minibatch orders)")

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, LearnedWeightDecay
+from hypertorch_sid import ConfigurationError, LearnedWeightDecay, ProximalGradientMap
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -234,11 +234,18 @@ class Linear(MLP):
 
 
 @pytest.mark.parametrize(
-    "granularity, parameterization",
-    [("global", "log"), ("per_element", "log"), ("per_element", "projection")],
+    "granularity, parameterization, proximal",
+    [
+        ("global", "log", False),
+        ("per_element", "log", False),
+        ("per_element", "projection", False),
+        ("global", "log", True),
+        ("per_element", "log", True),
+    ],
 )
-def test_hypergradient_matches_closed_form_ridge(granularity, parameterization):
-    """ℓ̂ = training_step's loss + ½ Σ λ w²: at convergence the hypergradient is the ridge one."""
+def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, proximal):
+    """ℓ̂ = training_step's loss + ½ Σ λ w²: at convergence the hypergradient is the ridge one,
+    with the GD map of ℓ̂ or the proximal map of the loss and the penalty."""
     c, steps = 0.1, 300
     dm = Data(batch_size=120)
     model = Linear()
@@ -246,6 +253,7 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization):
         c,
         granularity=granularity,
         parameterization=parameterization,
+        proximal=proximal,
         every_n_steps=steps,
         preset="batch",
         adjoint_steps=400,
@@ -260,6 +268,7 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization):
         d_lam = d_lam * lam  # ∂f/∂ρ_i with λ = exp(ρ)
     expected = d_lam.sum().reshape(1) if granularity == "global" else d_lam.reshape(1, D)
     torch.testing.assert_close(cb.last_hypergradient[0], expected, rtol=1e-7, atol=1e-12)
+    assert isinstance(cb.sid.phi, ProximalGradientMap) is proximal
 
 
 def test_decoupled_penalty_uses_the_adam_preconditioner():
@@ -360,6 +369,7 @@ def test_manual_optimization_needs_training_loss():
         (dict(apply_to="biases"), "apply_to"),
         (dict(training_loss="mse"), "training_loss"),
         (dict(decoupled="yes"), "decoupled"),
+        (dict(proximal=1), "proximal must be a bool"),
         (dict(every_n_steps=0), "every_n_steps"),
     ],
 )

@@ -287,6 +287,8 @@ class _Problem:
     outer_loss: Callable[[Any], Tensor]
     summary: Callable[[], dict[str, Tensor]]
     projection: Callable[[Tensors], None] | None = None
+    #: coefficients c(λ) of a weighted L2 penalty left out of ``inner_loss``: proximal map
+    penalty: Callable[[], Tensors] | None = None
     freeze: Tensors = field(default_factory=list)  # λ living in the module (requires_grad toggled)
 
 
@@ -810,6 +812,7 @@ class HyperOptimizationCallback(Callback):
             full_train_batch=self._full_train_batch(trainer) if needs_full else None,
             warm_start_adjoint=self.warm_start_adjoint,
             projection=problem.projection,
+            penalty=problem.penalty,
             backoff=self.backoff,
             divergence_factor=self.divergence_factor,
             estimate_batches=self.estimate_batches,

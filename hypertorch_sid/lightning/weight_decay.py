@@ -134,6 +134,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         (its ``loss``), with logging muted.
     validation_loss:
         ``validation_loss(module, batch) -> scalar``: E. ``None``: ℓ on validation batches.
+    proximal:
+        Solve the adjoint system with the proximal gradient map Φ̂ = (w − α∇ĝ)/(1 + αPλ)
+        (:class:`~hypertorch_sid.ProximalGradientMap`) instead of the GD map of ĝ + ½Σ Pλw²:
+        the same hypergradient, with α limited by the data term's curvature only — for decays
+        that grow large (per-element λ). Training itself is unchanged.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`
         (``every_n_steps``, ``adjoint_steps``, ``outer_lr``, ``val``, ``preset``, ...).
@@ -150,6 +155,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         apply_to: Literal["all", "weights"] = "all",
         training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+        proximal: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -184,6 +190,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 raise ConfigurationError(
                     f"LearnedWeightDecay: {name} must be a callable (module, batch) -> scalar."
                 )
+        if not isinstance(proximal, bool):
+            raise ConfigurationError(
+                f"LearnedWeightDecay: proximal must be a bool, got {proximal!r}."
+            )
         if not isinstance(decoupled, bool):
             raise ConfigurationError(
                 f"LearnedWeightDecay: decoupled must be a bool, got {decoupled!r}."
@@ -191,6 +201,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.weight_decay = float(weight_decay)
         self.granularity = granularity
         self.decoupled = decoupled
+        self.proximal = proximal
         self.parameterization = parameterization
         self.apply_to = apply_to
         self.training_loss = training_loss
@@ -355,6 +366,16 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         assert total is not None
         return total
 
+    def coefficients(self) -> list[Tensor]:
+        """c(λ) = P λ of every inner parameter (0 for undecayed ones), so that the penalty is
+        ½ Σ ⟨c, w²⟩: the ``penalty`` of the proximal gradient map."""
+        scales = self._scales or [1.0] * len(self._entries)
+        by_param = {id(e.param): s * self._lambda_of(e) for e, s in zip(self._entries, scales)}
+        return [
+            by_param.get(id(p), torch.zeros((), dtype=p.dtype, device=p.device))
+            for p in self._inner
+        ]
+
     def _data_loss(self, pl_module: pl.LightningModule, batch: Any, which: str) -> Tensor:
         fn = self.validation_loss if which == "validation" else None
         fn = fn or self.training_loss
@@ -377,7 +398,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             self._collect(trainer, pl_module)
 
         def inner_loss(batch: Any) -> Tensor:
-            return self._data_loss(pl_module, batch, "training") + self.penalty()
+            data = self._data_loss(pl_module, batch, "training")
+            return data if self.proximal else data + self.penalty()
 
         def outer_loss(batch: Any) -> Tensor:
             return self._data_loss(pl_module, batch, "validation")
@@ -397,6 +419,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             outer_loss=outer_loss,
             summary=summary,
             projection=project if self.parameterization == "projection" else None,
+            penalty=self.coefficients if self.proximal else None,
         )
 
     def _check_optimizers(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
