@@ -361,7 +361,7 @@ def _extra_args(parser) -> None:
 def print_table(summary: dict, cfg: dict) -> None:
     print(f"\nafter {cfg['iters']} outer iterations ({cfg['epochs']:g} epochs/hypergradient)")
     print(
-        f"{'method':40s} {'t/k':>11s} {'val loss':>20s} {'test acc %':>20s} {'paper':>13s} "
+        f"{'method':50s} {'t/k':>11s} {'val loss':>20s} {'test acc %':>20s} {'paper':>13s} "
         f"{'s/run':>7s}"
     )
     for method, s in summary.items():
@@ -369,7 +369,7 @@ def print_table(summary: dict, cfg: dict) -> None:
         ref = f"{paper[0]:.2f} / {paper[1]:.1f}" if paper else ""
         vl, ta = s["val_loss"], s["test_acc"]
         print(
-            f"{label(method, cfg['epochs']):40s} {s['t=k']:>11s} "
+            f"{label(method, cfg['epochs']):50s} {s['t=k']:>11s} "
             f"{vl['mean']:6.3f} [{vl['min']:.3f}, {vl['max']:.3f}] "
             f"{100 * ta['mean']:6.1f} [{100 * ta['min']:.1f}, {100 * ta['max']:.1f}] "
             f"{ref:>13s} {s['seconds']['mean']:7.0f}"
