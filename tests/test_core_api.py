@@ -347,3 +347,19 @@ def test_set_constants_rejects_bad_values_and_keeps_old_ones(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         hopt.set_constants(**kwargs)
     assert (hopt.alpha, hopt.L, hopt.mu, hopt.q, hopt.phi.alpha) == before
+
+
+def test_norm_is_accurate_in_every_precision():
+    """The residual norm used for divergence checks: float64 exact, float32 to rounding, half
+    types without overflow (their squares exceed float16's range here)."""
+    from hypertorch_sid.core.solvers import norm
+
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(1000, 30, generator=gen, dtype=torch.float64) * 1e3, torch.ones(7)]
+    xs[1] = xs[1].double()
+    ref = math.sqrt(sum(float((x * x).sum()) for x in xs))
+    assert norm(xs) == pytest.approx(ref, rel=1e-12)
+    assert norm([x.float() for x in xs]) == pytest.approx(ref, rel=1e-5)
+    for half in (torch.float16, torch.bfloat16):
+        assert norm([x.to(half) for x in xs]) == pytest.approx(ref, rel=1e-2)
+    assert norm([]) == 0.0
