@@ -287,7 +287,6 @@ def error_ladder(
     w_, lam_ = w0.clone().requires_grad_(True), lam.clone().requires_grad_(True)
     phi = GradientDescentMap(lambda b: inner_fn(w_, lam_, b), [w_], [lam_], alpha=1.0)
     est = estimate_curvature(phi, [train])
-    beta = theory_constants(est.L, est.mu).beta
     errors: dict[str, list[float]] = {m: [] for m in methods}
     used: dict[str, list[float]] = {m: [] for m in methods}  # epochs actually spent
     seconds = dict.fromkeys(methods, 0.0)
@@ -303,8 +302,7 @@ def error_ladder(
                     train_loader=loader,
                     inner_steps=steps,
                     adjoint_steps=steps,
-                    step_size="two_phase",
-                    switch=min(steps // 2, math.ceil(7 * beta)),
+                    step_size="two_phase",  # switch: auto_switch, min(t/2, ⌈7β⌉)
                     L=est.L,
                     mu=est.mu,
                     **kw,

@@ -20,6 +20,7 @@ from .schedules import (
     StepSchedule,
     TheoryConstants,
     TwoPhaseStep,
+    auto_switch,
     make_schedule,
     theory_constants,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "TwoPhaseStep",
     "adjoint_solve",
     "assemble_hypergradient",
+    "auto_switch",
     "estimate_curvature",
     "frozen_mode",
     "get_preset",

@@ -82,7 +82,8 @@ class SIDHyperOptimizer:
         ``"constant"`` (Thm 4.1), ``"decreasing"`` (Thm 4.2), ``"two_phase"`` or a
         :class:`StepSchedule`; the adjoint solve uses ``step_size`` unless told otherwise.
     alpha, eta, beta, gamma, switch:
-        α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps.
+        α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps
+        (default: :func:`~hypertorch_sid.core.schedules.auto_switch`, min(t/2, ⌈7β⌉) per solve).
         Missing α, β, γ come from the theory (α = 2/(L+μ), β = 2/(1−q²), γ = β(1+σ₂)).
     L, mu, q, sigma2:
         Known constants. For the GD map, L and μ are estimated by power iteration when missing
@@ -419,7 +420,8 @@ class SIDHyperOptimizer:
 
     def _schedules(self) -> tuple[StepSchedule, StepSchedule]:
         return tuple(  # type: ignore[return-value]
-            make_schedule(kind, q=self.q, **self._schedule_args) for kind in self._step_kinds
+            make_schedule(kind, q=self.q, steps=steps, **self._schedule_args)
+            for kind, steps in zip(self._step_kinds, (self.inner_steps, self.adjoint_steps))
         )
 
     def hypergradient(self, train_batches: Iterable[Any], val_batch: Any) -> Tensors:

@@ -162,10 +162,13 @@ def make_schedule(
     beta: float | None = None,
     gamma: float | None = None,
     switch: int | None = None,
+    steps: int | None = None,
 ) -> StepSchedule:
     """Build a schedule by name: ``"constant"``, ``"decreasing"`` or ``"two_phase"``.
 
     Missing β, γ are taken from the theory (β = 2/(1−q²), γ = β(1+σ₂)); they need ``q``.
+    A two-phase schedule without ``switch`` for a solve of ``steps`` steps switches at
+    :func:`auto_switch` (0, i.e. purely decreasing, when ``steps`` is unknown).
     A :class:`StepSchedule` instance is returned unchanged.
     """
     if isinstance(kind, StepSchedule):
@@ -183,12 +186,20 @@ def make_schedule(
         gamma = beta * (1.0 + sigma2)
     if kind == "decreasing":
         return DecreasingStep(beta, gamma)
-    return TwoPhaseStep(
-        eta if eta is not None else 1.0 / (1.0 + sigma2),
-        switch if switch is not None else 0,
-        beta,
-        gamma,
-    )
+    if switch is None:
+        switch = auto_switch(steps, beta) if steps is not None else 0
+    return TwoPhaseStep(eta if eta is not None else 1.0 / (1.0 + sigma2), switch, beta, gamma)
+
+
+def auto_switch(steps: int, beta: float) -> int:
+    """t₀ = min(⌊steps/2⌋, ⌈7β⌉): the constant phase of a two-phase schedule.
+
+    With η = 1 the error's bias shrinks like q^t (Thm 4.1) and β = 2/(1−q²) ≈ 1/(1−q) when q → 1,
+    so 7β ≥ ln(10³)/(1−q) steps shrink the initial error ~10³-fold, to the constant step's noise
+    floor; after that the decreasing phase β/(γ + t − t₀) removes the floor (Thm 4.2). At most
+    half the steps go to the constant phase.
+    """
+    return min(steps // 2, math.ceil(7 * beta))
 
 
 def check_schedule_kind(name: str, kind: object) -> None:
