@@ -372,7 +372,8 @@ def merge_results(
     old: Sequence[dict], new: Sequence[dict], methods: Sequence[str], epochs: Sequence[float]
 ) -> list[dict]:
     """Settings of an earlier run (``old``) and a new one, runs of the same setting pooled (a new
-    run replaces an old one with the same seed), re-summarised; settings in the order first seen."""
+    run replaces an old one with the same seed), re-summarised; one-λ settings sorted by λ, then
+    per-feature λ."""
     pooled: dict[str, dict[int, dict]] = {}
     for result in [*old, *new]:
         if list(result["epochs"]) != list(epochs):
@@ -383,8 +384,15 @@ def merge_results(
         runs.update({row["seed"]: row for row in result["runs"]})
     return [
         summarize(name, [runs[s] for s in sorted(runs)], methods, epochs)
-        for name, runs in pooled.items()
+        for name, runs in sorted(pooled.items(), key=lambda item: _setting_order(item[0]))
     ]
+
+
+def _setting_order(name: str) -> tuple[int, float]:
+    """One-λ settings ("λ = 0.01") by value, then the others (per-feature λ) as they came."""
+    if name.startswith("λ = "):
+        return (0, float(name[len("λ = ") :]))
+    return (1, 0.0)
 
 
 def summarize(name: str, rows: list[dict], methods: Sequence[str], epochs: Sequence[float]) -> dict:
