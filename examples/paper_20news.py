@@ -396,10 +396,16 @@ def _plot(rows: list[dict], cfg: dict, path) -> None:
             x = np.arange(1, curves.shape[1] + 1)
             (line,) = ax.plot(x, curves.mean(0), label=label(method, cfg["epochs"]))
             ax.fill_between(x, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
+        if cfg.get("remove_headers") and key in ("val_loss", "test_acc"):
+            scale = 1.0 if key == "val_loss" else 0.01
+            for name, ls in (("stoch_dec", "--"), ("batch", ":")):
+                value = PAPER[name][0 if key == "val_loss" else 1] * scale
+                ax.axhline(value, color="gray", ls=ls, lw=1, label=f"paper: {LABELS[name]}")
         ax.set_title(f"20news: {title}", fontsize=9)
         ax.set_xlabel("outer iteration")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6)
+    axes[3].legend(fontsize=6)
     common.save_figure(fig, path)
 
 
