@@ -280,12 +280,14 @@ def main() -> None:
         methods=args.methods,
         remove_headers=args.remove_headers,
     )
+    if args.seeds is not None:
+        cfg["runs"] = len(args.seeds)
     if args.quick:
         cfg.update(
             iters=3, epochs=2.0, runs=1, methods=["batch", "stoch_dec", "sid_default", "sid_prox"]
         )
     rows = []
-    for seed in range(cfg["runs"]):
+    for seed in args.seeds if args.seeds is not None else range(cfg["runs"]):
         split = load_split(seed, args.remove_headers)
         for method in cfg["methods"]:
             rows.append(run_method(method, seed, split, cfg))
@@ -334,8 +336,8 @@ def merge_runs(saved: dict, rows: list[dict], cfg: dict) -> tuple[list[dict], di
     new_keys = {(r["method"], r["seed"]) for r in rows}
     kept = [r for r in saved["runs"] if (r["method"], r["seed"]) not in new_keys]
     methods = list(dict.fromkeys([*old_cfg["methods"], *cfg["methods"]]))
-    runs = max(old_cfg["runs"], cfg["runs"])
-    return kept + rows, {**cfg, "methods": methods, "runs": runs}
+    merged = kept + rows
+    return merged, {**cfg, "methods": methods, "runs": len({r["seed"] for r in merged})}
 
 
 def _extra_args(parser) -> None:
@@ -345,6 +347,7 @@ def _extra_args(parser) -> None:
     parser.add_argument("--iters", type=int, default=100, help="outer iterations")
     parser.add_argument("--epochs", type=float, default=20.0, help="epochs per hypergradient")
     parser.add_argument("--runs", type=int, default=5, help="runs (splits and minibatch orders)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="run these seeds instead of --runs")
     parser.add_argument(
         "--remove-headers",
         action="store_true",
