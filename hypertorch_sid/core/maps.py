@@ -125,9 +125,13 @@ class GradientDescentMap(FixedPointMap):
             )
         return loss.reshape(())
 
+    def smooth_loss(self, batch: Any) -> Tensor:
+        """The loss the map takes gradient steps on: ℓ̂ here (ĝ for the proximal map)."""
+        return self.loss(batch)
+
     def gradient(self, batch: Any) -> Tensors:
-        """∇₁ℓ̂(w, λ, ζ)."""
-        return _grad(self.loss(batch), self.inner_parameters)
+        """∇₁ℓ̂(w, λ, ζ) (of :meth:`smooth_loss`)."""
+        return _grad(self.smooth_loss(batch), self.inner_parameters)
 
     def value(self, batch: Any) -> Tensors:
         g = self.gradient(batch)
@@ -135,10 +139,10 @@ class GradientDescentMap(FixedPointMap):
             return [w.detach() - self.alpha * gi for w, gi in zip(self.inner_parameters, g)]
 
     def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
-        """∇²₁₁ℓ̂(w, λ, ζ) v (symmetric, so it is also the transposed product)."""
+        """∇²₁₁ℓ̂(w, λ, ζ) v of :meth:`smooth_loss` (symmetric: also the transposed product)."""
         if self.hvp == "forward":
             return self._functional.hvp(batch, v)
-        g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
+        g = _grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True)
         return _grad(g, self.inner_parameters, grad_outputs=list(v))
 
     def vjp(
@@ -223,22 +227,12 @@ class ProximalGradientMap(GradientDescentMap):
     def loss(self, batch: Any) -> Tensor:
         """The whole ℓ̂ = ĝ + ½ Σᵢ ⟨cᵢ, wᵢ²⟩."""
         reg = sum((c * w * w).sum() for c, w in zip(self.coefficients(), self.inner_parameters))
-        return self.data_loss(batch) + 0.5 * reg
+        return self.smooth_loss(batch) + 0.5 * reg
 
-    def data_loss(self, batch: Any) -> Tensor:
-        """ĝ(w, λ; ζ), checked to be a scalar."""
+    def smooth_loss(self, batch: Any) -> Tensor:
+        """ĝ(w, λ; ζ), the data term: gradients and Hessian products (what α must contract)
+        are of ĝ alone."""
         return super().loss(batch)
-
-    def gradient(self, batch: Any) -> Tensors:
-        """∇₁ĝ(w, λ, ζ) (the data term only)."""
-        return _grad(self.data_loss(batch), self.inner_parameters)
-
-    def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
-        """∇²₁₁ĝ v, the data term's curvature (what α must contract; see the class notes)."""
-        if self.hvp == "forward":
-            return self._functional.hvp(batch, v)
-        g = _grad(self.data_loss(batch), self.inner_parameters, create_graph=True)
-        return _grad(g, self.inner_parameters, grad_outputs=list(v))
 
     def value(self, batch: Any) -> Tensors:
         g = self.gradient(batch)
@@ -257,7 +251,7 @@ class ProximalGradientMap(GradientDescentMap):
                 u = [vi / (1 + self.alpha * ci) for vi, ci in zip(v, self.coefficients())]
             hu = self.hessian_vector_product(batch, u)
             return [ui - self.alpha * h for ui, h in zip(u, hu)], None
-        g = _grad(self.data_loss(batch), self.inner_parameters, create_graph=True)
+        g = _grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True)
         out = [
             (w - self.alpha * gi) / (1 + self.alpha * ci)
             for w, gi, ci in zip(self.inner_parameters, g, self.coefficients())
