@@ -363,3 +363,18 @@ def test_norm_is_accurate_in_every_precision():
     for half in (torch.float16, torch.bfloat16):
         assert norm([x.to(half) for x in xs]) == pytest.approx(ref, rel=1e-2)
     assert norm([]) == 0.0
+
+
+def test_set_constants_needs_a_gradient_map():
+    from hypertorch_sid import ConfigurationError
+
+    problem = make_ridge(n=50, d=5)
+    hopt = SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        outer_loss=problem.outer_loss,
+        fixed_point_map=lambda b: [problem.w - 0.1 * problem.w],
+        step_size="constant",
+    )
+    with pytest.raises(ConfigurationError, match="general fixed_point_map"):
+        hopt.set_constants(L=1.0, mu=0.1)

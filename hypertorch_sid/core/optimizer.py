@@ -382,7 +382,7 @@ class SIDHyperOptimizer:
         """Replace the GD map's constants from the next hypergradient on.
 
         Use it when λ changes the curvature of ℓ(·, λ), so that L_λ, μ_λ and the contraction
-        constant q_λ (Assumption B, eq. (5)) move with λ — e.g. ``L = L_data + max λ``,
+        constant q_λ (assumption ass:aid (i)) move with λ — e.g. ``L = L_data + max λ``,
         ``mu = min λ`` for a weight decay λ:
 
         - ``L`` and ``mu``: α = 2/(L+μ), q = (L−μ)/(L+μ) and β, γ of the decreasing steps follow
