@@ -164,8 +164,8 @@ class ProximalGradientMap(GradientDescentMap):
     loss with a weighted L2 penalty, ℓ̂ = ĝ(w, λ; ζ) + ½ Σᵢ ⟨cᵢ(λ), wᵢ ⊙ wᵢ⟩ (weight decay).
 
     Same fixed points as the GD map of ℓ (w = Φ(w) ⟺ ∇₁g + c ⊙ w = 0), so the same w(λ) and
-    hypergradient (eq. 3), but the penalty is applied exactly (implicitly): α only has to contract
-    the data term. For ĝ convex and L_g-smooth, α ≤ 2/L_g and c ≥ c_min > 0 give
+    hypergradient (eq. gradfv2), but the penalty is applied exactly (implicitly): α only has to
+    contract the data term. For ĝ convex and L_g-smooth, α ≤ 2/L_g and c ≥ c_min > 0 give
     ‖∂₁Φ‖ ≤ max(|1 − αμ_g|, |1 − αL_g|) / (1 + α c_min) < 1 however large λ grows, while the GD map
     needs α < 2/(L_g + max c) — a tiny α once a few coefficients are large (per-feature decay).
 
