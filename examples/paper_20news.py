@@ -393,11 +393,12 @@ def _plot(rows: list[dict], cfg: dict, path) -> None:
         ("test_acc", "test accuracy"),
     ]
     for ax, (key, title) in zip(axes, keys):
-        for method in cfg["methods"]:
+        for i, method in enumerate(cfg["methods"]):
             hist = [r["history"][key] for r in rows if r["method"] == method]
             curves = np.array([h[: min(map(len, hist))] for h in hist])
             x = np.arange(1, curves.shape[1] + 1)
-            (line,) = ax.plot(x, curves.mean(0), label=label(method, cfg["epochs"]))
+            style = "-" if i < 10 else "--"  # the colour cycle has 10 colours
+            (line,) = ax.plot(x, curves.mean(0), style, label=label(method, cfg["epochs"]))
             ax.fill_between(x, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
         if cfg.get("remove_headers") and key in ("val_loss", "test_acc"):
             scale = 1.0 if key == "val_loss" else 0.01
