@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from hypertorch_sid import SIDHyperOptimizer
+
 
 @dataclass
 class Ridge:
@@ -93,3 +95,23 @@ def make_ridge(
 
 def relative_error(estimate: Tensor, exact: Tensor) -> float:
     return float((estimate - exact).norm() / exact.norm())
+
+
+def full_batch_sid(problem: Ridge, steps: int = 400, **kwargs) -> SIDHyperOptimizer:
+    """Deterministic SID on ``problem``: full-batch solves with η = 1 and the exact ∂₂Φ; the
+    inner loss is the ridge's own unless ``inner_loss=`` is given."""
+    kwargs.setdefault("inner_loss", problem.inner_loss)
+    return SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        outer_loss=problem.outer_loss,
+        inner_steps=steps,
+        adjoint_steps=steps,
+        step_size="constant",
+        eta=1.0,
+        full_train_batch=problem.train(),
+        inner_batches="full",
+        adjoint_batches="full",
+        d2_batches="full",
+        **kwargs,
+    )

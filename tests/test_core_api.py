@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import full_batch_sid, make_ridge, relative_error
 
 from hypertorch_sid import (
     PRESETS,
@@ -282,16 +282,7 @@ def test_set_constants_from_L_mu_gives_theory_alpha_and_exact_hypergradient():
     """L_λ, μ_λ set by hand after λ moved: α = 2/(L+μ), q = (L−μ)/(L+μ), and full-batch solves
     with those constants reproduce the closed-form ridge hypergradient at the new λ."""
     problem = make_ridge(n=200, d=5, log_lam0=-3.0)
-    hopt = ridge_sid(
-        problem,
-        steps=600,
-        step_size="constant",
-        eta=1.0,
-        full_train_batch=problem.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
-    )
+    hopt = full_batch_sid(problem, steps=600)
     hopt.hypergradient([problem.train()], problem.val())
     with torch.no_grad():
         problem.log_lam.fill_(1.0)

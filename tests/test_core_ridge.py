@@ -4,34 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import full_batch_sid, make_ridge, relative_error
 
 from hypertorch_sid import SIDHyperOptimizer
-
-
-def batch_sid(problem, steps=400, **kwargs):
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        None,
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size="constant",
-        eta=1.0,
-        full_train_batch=problem.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
-        **kwargs,
-    )
 
 
 @pytest.mark.parametrize("per_feature", [False, True])
 def test_full_batch_reaches_closed_form_in_float64(per_feature):
     problem = make_ridge(per_feature=per_feature)
-    hopt = batch_sid(problem)
+    hopt = full_batch_sid(problem)
     g = hopt.hypergradient([problem.train()], problem.val())
     assert g[0].shape == problem.log_lam.shape
     assert g[0].dtype == torch.float64
@@ -44,7 +25,7 @@ def test_full_batch_error_falls_linearly_with_steps():
     errors = []
     for steps in (5, 10, 20, 40):
         problem = make_ridge(seed=3)
-        g = batch_sid(problem, steps=steps).hypergradient([problem.train()], problem.val())
+        g = full_batch_sid(problem, steps=steps).hypergradient([problem.train()], problem.val())
         errors.append(relative_error(g[0], problem.exact_hypergradient()))
     assert all(a > b for a, b in zip(errors, errors[1:]))
     assert errors[-1] < 1e-3 * errors[0]
@@ -133,7 +114,7 @@ def test_d2_full_and_j_batches_reduce_error_when_lambda_couples_with_data():
 def test_step_applies_hypergradient_through_the_outer_optimizer():
     problem = make_ridge()
     opt = torch.optim.SGD([problem.log_lam], lr=0.5)
-    hopt = batch_sid(problem)
+    hopt = full_batch_sid(problem)
     hopt.outer_optimizer = opt
     before = problem.log_lam.detach().clone()
     g = hopt.step([problem.train()], problem.val())
@@ -145,7 +126,7 @@ def test_step_applies_hypergradient_through_the_outer_optimizer():
 def test_outer_loop_decreases_validation_loss():
     problem = make_ridge(n=100, d=8, log_lam0=2.0, seed=5)
     opt = torch.optim.Adam([problem.log_lam], lr=0.1)
-    hopt = batch_sid(problem, steps=100)
+    hopt = full_batch_sid(problem, steps=100)
     hopt.outer_optimizer = opt
     losses = []
     for _ in range(30):

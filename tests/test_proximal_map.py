@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import full_batch_sid, make_ridge, relative_error
 
 from hypertorch_sid import (
     ConfigurationError,
@@ -26,23 +26,6 @@ def data_loss(problem):
 
 def penalty(problem):
     return lambda: [problem.log_lam.exp()]
-
-
-def full_batch_sid(problem, steps=800, **kwargs):
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        outer_loss=problem.outer_loss,
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size="constant",
-        eta=1.0,
-        full_train_batch=problem.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
-        **kwargs,
-    )
 
 
 @pytest.mark.parametrize("per_feature", [False, True])
@@ -86,7 +69,7 @@ def test_fixed_point_is_the_ridge_solution():
 def test_full_batch_hypergradient_matches_closed_form(per_feature):
     problem = make_ridge(n=200, d=5, per_feature=per_feature, log_lam0=-1.0)
     hopt = full_batch_sid(
-        problem, inner_loss=data_loss(problem), penalty=penalty(problem), estimate_iters=300
+        problem, 800, inner_loss=data_loss(problem), penalty=penalty(problem), estimate_iters=300
     )
     g = hopt.hypergradient([problem.train()], problem.val())
     assert relative_error(g[0], problem.exact_hypergradient()) < 1e-8
