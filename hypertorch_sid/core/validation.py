@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -26,7 +27,11 @@ def as_tensor_list(xs: Iterable[Tensor] | Tensor, name: str) -> list[Tensor]:
 
 
 def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
-    """w and λ: leaf tensors that require grad, disjoint, on one device, floating point."""
+    """w and λ: distinct leaf tensors that require grad, on one device, of one float dtype.
+
+    Each tensor may appear once (in one of the two lists), and no two of them may share memory
+    (see :func:`check_no_shared_memory`); the dtypes are checked by :func:`check_dtypes`.
+    """
     for name, xs in (("hyperparameters", hyper), ("inner_parameters", inner)):
         for i, x in enumerate(xs):
             if not x.is_floating_point():
@@ -42,6 +47,33 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
                     "the leaf you optimise, e.g. log_lam, and compute λ = log_lam.exp() inside "
                     "the losses."
                 )
+    check_no_duplicates(inner, hyper)
+    devices = {x.device for x in list(inner) + list(hyper)}
+    if len(devices) > 1:
+        raise ConfigurationError(
+            "inner parameters and hyperparameters are on different devices "
+            f"{sorted(map(str, devices))}; move them to one device."
+        )
+    check_dtypes(inner, hyper)
+    check_no_shared_memory(inner, hyper)
+
+
+def check_no_duplicates(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
+    """No tensor twice in ``inner`` or in ``hyper``, and none in both.
+
+    A repeated w would get two updates per step (and ∇₁E counted twice), which silently gives a
+    wrong hypergradient; a tensor that is both w and λ is refused too.
+    """
+    for name, xs in (("inner_parameters", inner), ("hyperparameters", hyper)):
+        first: dict[int, int] = {}
+        for i, x in enumerate(xs):
+            if id(x) in first:
+                raise ConfigurationError(
+                    f"{name}[{first[id(x)]}] and {name}[{i}] are the same tensor: pass each "
+                    "tensor once (e.g. list(model.parameters()), which yields every parameter "
+                    "once, instead of concatenating lists that overlap)."
+                )
+            first[id(x)] = i
     inner_ids = {id(x) for x in inner}
     shared = [i for i, x in enumerate(hyper) if id(x) in inner_ids]
     if shared:
@@ -49,27 +81,150 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
             f"hyperparameters at positions {shared} are also inner parameters: λ and w must be "
             "different tensors."
         )
-    devices = {x.device for x in list(inner) + list(hyper)}
-    if len(devices) > 1:
-        raise ConfigurationError(
-            "inner parameters and hyperparameters are on different devices "
-            f"{sorted(map(str, devices))}; move them to one device."
-        )
+
+
+def check_dtypes(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
+    """All of w and λ share one dtype (mixing float32 and float64 silently loses precision)."""
     dtypes = {x.dtype for x in list(inner) + list(hyper)}
     if len(dtypes) > 1:
+        where = ", ".join(
+            f"{name}[{i}]: {x.dtype}"
+            for name, xs in (("inner_parameters", inner), ("hyperparameters", hyper))
+            for i, x in enumerate(xs)
+        )
         raise ConfigurationError(
             "inner parameters and hyperparameters have different dtypes "
-            f"{sorted(map(str, dtypes))}; use one dtype (e.g. all float32 or all float64)."
+            f"{sorted(map(str, dtypes))} ({_shorten(where)}); use one dtype: convert the model "
+            "and λ with .double() (float64) or .float() (float32), e.g. model.double() and "
+            "torch.zeros(n, dtype=torch.float64, requires_grad=True)."
         )
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _byte_span(x: Tensor) -> tuple[int, int]:
+    """[start, end) of the bytes of ``x`` relative to its storage (strides are non-negative)."""
+    size = x.element_size()
+    start = x.storage_offset() * size
+    extent = sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+    return start, start + (extent + 1) * size
+
+
+def _element_bytes(x: Tensor) -> Tensor:
+    """Every byte offset (relative to the storage) that ``x`` covers, as a 1-D int64 tensor."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for n, s in zip(x.shape, x.stride()):
+        offsets = (offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * s).flatten()
+    size = x.element_size()
+    starts = (offsets + x.storage_offset()) * size
+    return (starts.unsqueeze(-1) + torch.arange(size, dtype=torch.int64)).flatten()
+
+
+_EXACT_OVERLAP_LIMIT = 1 << 22  # bytes: above it, overlapping byte spans count as shared memory
+
+
+def _overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` (views of one storage) have a byte in common."""
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    if a.is_contiguous() and b.is_contiguous():
+        return True
+    if a1 - a0 > _EXACT_OVERLAP_LIMIT or b1 - b0 > _EXACT_OVERLAP_LIMIT:
+        return True
+    return bool(torch.isin(_element_bytes(a), _element_bytes(b)).any())
+
+
+def check_no_shared_memory(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
+    """No two of w and λ overlap in memory (views of one storage, e.g. ``p.data[:6]``).
+
+    Tensors of one storage are compared by their byte ranges (``untyped_storage().data_ptr()``
+    plus offsets and strides); disjoint views of one buffer (``buf[:5]``, ``buf[5:]``) are fine.
+    Overlapping ones are refused: the inner solve writes w in place and would move λ with it,
+    which shows up later as a "divergence".
+    """
+    named = [
+        (f"{name}[{i}]", x)
+        for name, xs in (("inner_parameters", inner), ("hyperparameters", hyper))
+        for i, x in enumerate(xs)
+    ]
+    by_storage: dict[tuple[str, int], list[tuple[str, Tensor]]] = {}
+    for label, x in named:
+        if x.numel() == 0 or x.layout != torch.strided or x.device.type == "meta":
+            continue
+        try:
+            ptr = x.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # tensors without a plain storage
+            continue
+        if ptr == 0:
+            continue
+        by_storage.setdefault((str(x.device), ptr), []).append((label, x))
+    for group in by_storage.values():
+        for j, (label_a, a) in enumerate(group):
+            for label_b, b in group[j + 1 :]:
+                if _overlap(a, b):
+                    raise ConfigurationError(
+                        f"{label_a} and {label_b} share memory (they are views of one storage, "
+                        "e.g. slices of one parameter's .data): updating one would change the "
+                        "other. Make them separate tensors, e.g. w = p.data[:6].clone()"
+                        ".requires_grad_(), or split the buffer into disjoint pieces."
+                    )
+
+
+def check_batch_dtype(batch: Any, inner_parameters: Sequence[Tensor]) -> None:
+    """Floating tensors in ``batch`` have the parameters' dtype.
+
+    Walks tensors, tuples, lists and dicts; integer and bool tensors (labels, indices) are
+    ignored. float32 data with float64 parameters (or the reverse) either crashes deep inside a
+    matmul or silently mixes precisions.
+    """
+    dtypes = {p.dtype for p in inner_parameters}
+    if len(dtypes) != 1:
+        return  # mixed parameters: check_dtypes reports that
+    (dtype,) = dtypes
+    for where, x in _floating_tensors(batch, "batch"):
+        if x.dtype != dtype:
+            target = {torch.float64: ".double()", torch.float32: ".float()"}.get(
+                dtype, f".to({dtype})"
+            )
+            other = {torch.float64: ".double()", torch.float32: ".float()"}.get(
+                x.dtype, f".to({x.dtype})"
+            )
+            raise ConfigurationError(
+                f"{where} has dtype {x.dtype} but the parameters are {dtype}: convert the data "
+                f"with {target} (e.g. in the Dataset or with X{target}), or the model and "
+                f"hyperparameters with {other}, so that both use one dtype."
+            )
+
+
+def _floating_tensors(batch: Any, where: str) -> Iterable[tuple[str, Tensor]]:
+    if isinstance(batch, Tensor):
+        if batch.is_floating_point():
+            yield where, batch
+    elif isinstance(batch, dict):
+        for key, value in batch.items():
+            yield from _floating_tensors(value, f"{where}[{key!r}]")
+    elif isinstance(batch, (tuple, list)):
+        for i, value in enumerate(batch):
+            yield from _floating_tensors(value, f"{where}[{i}]")
 
 
 def check_outer_optimizer(
     optimizer: torch.optim.Optimizer, inner: Sequence[Tensor], hyper: Sequence[Tensor]
 ) -> None:
-    """The outer optimizer must hold every λ and no w."""
+    """The outer optimizer must hold every λ and no w, and must not need a closure (LBFGS)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigurationError(
             f"outer_optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
+        )
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ConfigurationError(
+            "outer_optimizer is torch.optim.LBFGS, whose step(closure) re-evaluates the "
+            "objective several times per step; SID gives one stochastic hypergradient per step "
+            "and no closure. Use a first-order optimizer on λ, e.g. "
+            "torch.optim.Adam(hyperparameters, lr=...) or torch.optim.SGD(hyperparameters, lr=...)."
         )
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
@@ -136,3 +291,97 @@ def check_dependencies(
             "hypergradient would be zero. Use λ inside the training objective (e.g. a penalty "
             "0.5 * (log_lam.exp() * w**2).sum())."
         )
+
+
+def estimate_contraction(
+    phi_vjp: Callable[[Any, Sequence[Tensor]], Sequence[Tensor]],
+    like: Sequence[Tensor],
+    batches: Sequence[Any],
+    iters: int = 20,
+    seed: int = 0,
+) -> float:
+    """Estimate q = ‖∂₁Φ‖ of a fixed-point map by power iteration with VJPs only.
+
+    Parameters
+    ----------
+    phi_vjp:
+        ``phi_vjp(batch, v) -> list of tensors``: ∂₁Φ̂(w, λ; batch)ᵀ v at the current w.
+    like:
+        Tensors shaped like w (the inner parameters); the start vector is random, shaped alike.
+    batches:
+        The minibatches whose mean map ∂₁Φ = mean_j ∂₁Φ̂_j is measured (the same every iteration,
+        so that the operator is fixed).
+    iters:
+        Power iterations v ← ∂₁Φᵀ v / ‖∂₁Φᵀ v‖.
+
+    Returns
+    -------
+    The growth ‖∂₁Φᵀ v‖ / ‖v‖ as a geometric mean over the second half of the iterations: the
+    spectral radius of ∂₁Φ (its norm when the Jacobian is symmetric, as for gradient-descent
+    maps; for a non-symmetric Jacobian a lower bound on ‖∂₁Φ‖). A value ≥ 1 means the map is not
+    a contraction (see :func:`check_contraction`).
+    """
+    iters = check_steps("iters", iters, 1)
+    batches = list(batches)
+    if not batches:
+        raise ConfigurationError("estimate_contraction needs at least one batch.")
+    gen = torch.Generator().manual_seed(seed)
+    v = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for x in like]
+    v = _normalised(v)
+    logs: list[float] = []
+    for _ in range(iters):
+        total = [torch.zeros_like(x) for x in v]
+        for batch in batches:
+            for t, g in zip(total, phi_vjp(batch, v)):
+                t.add_(g.detach(), alpha=1.0 / len(batches))
+        growth = float(torch.sqrt(sum((t.double() ** 2).sum() for t in total)))
+        if not math.isfinite(growth):
+            return math.inf
+        if growth == 0.0:
+            return 0.0
+        logs.append(math.log(growth))
+        v = [t / growth for t in total]
+    tail = logs[len(logs) // 2 :]
+    return math.exp(sum(tail) / len(tail))
+
+
+def _normalised(v: Sequence[Tensor]) -> list[Tensor]:
+    n = float(torch.sqrt(sum((x.double() ** 2).sum() for x in v)))
+    return [x / n for x in v] if n > 0 else list(v)
+
+
+def check_contraction(q: float, where: str) -> float:
+    """Raise :class:`ConfigurationError` unless the measured contraction constant q < 1.
+
+    ``where`` names the map in the message (e.g. ``"fixed_point_map"``). Returns ``q``.
+    """
+    if isinstance(q, numbers.Real) and math.isfinite(q) and q < 1:
+        return float(q)
+    raise ConfigurationError(
+        f"{where} is not a contraction: the measured q ≈ {float(q):.4g} (‖∂₁Φ‖ estimated by "
+        "power iteration) is not < 1, so the inner and adjoint fixed-point iterations diverge or "
+        "give a wrong hypergradient (the theory assumes ‖∂₁Φ‖ ≤ q < 1). Make it a contraction: "
+        "take a smaller step size inside the map, add damping (damping=FixedDamping(δ) with "
+        f"δ > q − 1 ≈ {float(q) - 1:.3g}: the damped map has ‖∂₁Φ‖/(1 + δ)), or use a map that "
+        "satisfies the paper's contraction "
+        "assumption (e.g. gradient descent with α < 2/L on a strongly convex inner loss)."
+    )
+
+
+def check_not_compiled(module: Any) -> None:
+    """Refuse a ``torch.compile``d module (or one with a compiled submodule).
+
+    SID needs second derivatives (Hessian- and Jacobian-vector products through the training
+    loss), which compiled graphs do not support (double backward fails deep inside dynamo).
+    """
+    if not isinstance(module, torch.nn.Module):
+        return
+    for name, m in module.named_modules():
+        if hasattr(m, "_orig_mod") or type(m).__name__ == "OptimizedModule":
+            what = "the module" if not name else f"submodule {name!r}"
+            raise ConfigurationError(
+                f"{what} was built with torch.compile: SID needs second derivatives "
+                "(double backward through the training loss), which compiled modules do not "
+                "support. Pass the uncompiled module to the hyper-optimization (model._orig_mod, "
+                "or keep a reference to the model before calling torch.compile)."
+            )

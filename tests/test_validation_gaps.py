@@ -1,0 +1,343 @@
+"""Validation gaps found by a careless-user probe: each is now a clear error (or a warning).
+
+Every check is tested by calling its function directly and, where ``SIDHyperOptimizer`` already
+routes through it, through the optimizer too. Each ``match`` asserts that the message names both
+the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from problems import full_batch_sid, make_ridge, relative_error
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
+from hypertorch_sid.core.outer import _validation_batches, outer_gradients
+from hypertorch_sid.core.validation import (
+    check_batch_dtype,
+    check_contraction,
+    check_dtypes,
+    check_not_compiled,
+    check_outer_optimizer,
+    check_parameters,
+    estimate_contraction,
+)
+
+
+def build(hyper, inner, outer_optimizer=None):
+    def loss(_):
+        return sum((w**2).sum() for w in inner) + sum(h.sum() for h in hyper)
+
+    return SIDHyperOptimizer(hyper, inner, loss, loss, outer_optimizer, 5, 5)
+
+
+def leaf(n=3, dtype=torch.float64):
+    return torch.zeros(n, dtype=dtype, requires_grad=True)
+
+
+# ====================================================================== 1. duplicated tensors
+
+
+def test_same_inner_parameter_twice():
+    w, lam = leaf(), leaf()
+    with pytest.raises(
+        ConfigurationError,
+        match=r"inner_parameters\[0\] and inner_parameters\[2\] are the same "
+        r"tensor.*pass each tensor once",
+    ):
+        check_parameters([w, leaf(), w], [lam])
+    with pytest.raises(ConfigurationError, match=r"same tensor.*pass each tensor once"):
+        build([lam], [w, w])
+
+
+def test_same_hyperparameter_twice():
+    w, lam = leaf(), leaf()
+    with pytest.raises(
+        ConfigurationError,
+        match=r"hyperparameters\[0\] and hyperparameters\[1\] are the same "
+        r"tensor.*pass each tensor once",
+    ):
+        check_parameters([w], [lam, lam])
+    with pytest.raises(ConfigurationError, match=r"same tensor.*pass each tensor once"):
+        build([lam, lam], [w])
+
+
+def test_one_tensor_as_inner_parameter_and_hyperparameter():
+    w = leaf()
+    with pytest.raises(ConfigurationError, match=r"also inner parameters.*different tensors"):
+        check_parameters([w], [w])
+
+
+# ====================================================================== 2. shared storage
+
+
+def shared_leaves():
+    """w and λ: leaf views of one parameter's storage (the careless way to split a buffer)."""
+    p = nn.Parameter(torch.zeros(10, dtype=torch.float64))
+    w = p.data[:6].requires_grad_()
+    lam = p.data[4:].requires_grad_()  # elements 4 and 5 are both w and λ
+    return w, lam
+
+
+def test_inner_parameter_and_hyperparameter_sharing_storage():
+    w, lam = shared_leaves()
+    assert w.is_leaf and lam.is_leaf
+    with pytest.raises(
+        ConfigurationError,
+        match=r"inner_parameters\[0\] and hyperparameters\[0\] share memory.*clone\(\)",
+    ):
+        check_parameters([w], [lam])
+    with pytest.raises(ConfigurationError, match=r"share memory.*clone\(\)"):
+        build([lam], [w])
+
+
+def test_whole_view_of_a_hyperparameter_as_inner_parameter():
+    lam = leaf(4)
+    w = lam.detach().view(2, 2).requires_grad_()  # same bytes, another shape
+    with pytest.raises(ConfigurationError, match=r"share memory.*separate tensors"):
+        check_parameters([w], [lam])
+
+
+def test_views_of_one_buffer_that_do_not_overlap_are_accepted():
+    buf = torch.zeros(10, dtype=torch.float64)
+    w = buf[:5].requires_grad_()
+    lam = buf[5:].requires_grad_()
+    check_parameters([w], [lam])  # disjoint bytes of one storage: updates never interfere
+    even = buf[0::2].requires_grad_()
+    odd = buf[1::2].requires_grad_()  # interleaved: the byte ranges overlap, the elements do not
+    check_parameters([even], [odd])
+
+
+# ====================================================================== 3. dtypes
+
+
+def test_mixed_dtypes_between_w_and_lambda():
+    with pytest.raises(
+        ConfigurationError,
+        match=r"different dtypes \['torch.float32', 'torch.float64'\].*use one dtype.*"
+        r"\.double\(\).*\.float\(\)",
+    ):
+        check_dtypes([leaf(dtype=torch.float32)], [leaf()])
+    with pytest.raises(ConfigurationError, match=r"different dtypes.*\.double\(\)"):
+        build([leaf()], [leaf(dtype=torch.float32)])
+
+
+def test_mixed_dtypes_among_inner_parameters():
+    with pytest.raises(ConfigurationError, match=r"different dtypes.*\.double\(\)"):
+        check_dtypes([leaf(), leaf(dtype=torch.float32)], [leaf()])
+    check_dtypes([leaf(), leaf()], [leaf()])  # one dtype: fine
+
+
+def test_float32_batch_with_float64_parameters():
+    X, y = torch.zeros(4, 3), torch.zeros(4)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"batch\[0\] has dtype torch.float32.*parameters are torch.float64.*"
+        r"\.double\(\).*\.float\(\)",
+    ):
+        check_batch_dtype((X, y), [leaf()])
+    with pytest.raises(ConfigurationError, match=r"batch\['x'\] has dtype torch.float32"):
+        check_batch_dtype({"x": X, "idx": torch.arange(4)}, [leaf()])
+
+
+def test_batch_with_the_parameters_dtype_and_integer_labels_is_accepted():
+    X, labels = torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long)
+    check_batch_dtype((X, labels), [leaf()])
+    check_batch_dtype([(X, labels), {"x": [X]}], [leaf()])
+    check_batch_dtype("not a tensor", [leaf()])
+
+
+# ====================================================================== 4. LBFGS
+
+
+def test_lbfgs_outer_optimizer_is_refused():
+    w, lam = leaf(), leaf()
+    lbfgs = torch.optim.LBFGS([lam])
+    with pytest.raises(ConfigurationError, match=r"LBFGS.*closure.*Adam.*SGD"):
+        check_outer_optimizer(lbfgs, [w], [lam])
+    with pytest.raises(ConfigurationError, match=r"LBFGS.*closure.*Adam.*SGD"):
+        build([lam], [w], outer_optimizer=lbfgs)
+
+
+# ====================================================================== 5. detached w in E
+
+
+def detached_outer_loss(problem):
+    def outer_loss(batch):
+        X, y = batch
+        return 0.5 * ((X @ problem.w.detach() - y) ** 2).mean() + 0.01 * (problem.log_lam**2).sum()
+
+    return outer_loss
+
+
+def test_outer_loss_reading_w_only_through_detach_warns_once():
+    problem = make_ridge()
+    params = ([problem.w], [problem.log_lam])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            g_w, g_lam, _ = outer_gradients(detached_outer_loss(problem), problem.val(), *params)
+    relevant = [w for w in caught if "implicit part" in str(w.message)]
+    assert len(relevant) == 1
+    assert issubclass(relevant[0].category, UserWarning)
+    assert "does not depend on the inner parameters" in str(relevant[0].message)
+    assert ".detach()" in str(relevant[0].message)
+    assert torch.count_nonzero(g_w[0]) == 0 and torch.count_nonzero(g_lam[0]) > 0
+
+
+def test_outer_loss_reading_w_only_through_detach_warns_through_the_optimizer():
+    problem = make_ridge()
+    hopt = full_batch_sid(problem, 20)
+    hopt.outer_loss = detached_outer_loss(problem)
+    with pytest.warns(UserWarning, match=r"implicit part of the hypergradient is zero.*detach"):
+        hopt.hypergradient([problem.train()], problem.val())
+
+
+def test_outer_loss_using_w_does_not_warn():
+    problem = make_ridge()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outer_gradients(problem.outer_loss, problem.val(), [problem.w], [problem.log_lam])
+
+
+def test_outer_loss_depending_on_neither_still_raises():
+    problem = make_ridge()
+
+    def outer_loss(batch):
+        X, y = batch
+        return 0.5 * ((X @ problem.w.detach() - y) ** 2).mean() + 0 * problem.log_lam.detach().sum()
+
+    with pytest.raises(ConfigurationError, match=r"depends on neither"):
+        outer_gradients(outer_loss, problem.val(), [problem.w], [problem.log_lam])
+
+
+# ====================================================================== 6. lists of val batches
+
+
+def split_val(problem, sizes=(100, 100)):
+    Xs = problem.X_val.split(list(sizes))
+    ys = problem.y_val.split(list(sizes))
+    return list(zip(Xs, ys))
+
+
+def test_two_tensors_are_one_batch():
+    X, y = torch.zeros(4, 3), torch.zeros(4)
+    for batch in ((X, y), [X, y], {"x": X, "y": y}, X):
+        batches, several = _validation_batches(batch)
+        assert batches == [batch] and not several
+
+
+def test_list_of_batches_is_several_batches():
+    X1, y1, X2, y2 = torch.zeros(4, 3), torch.zeros(4), torch.ones(2, 3), torch.ones(2)
+    for val in ([(X1, y1), (X2, y2)], [[X1, y1], [X2, y2]], ((X1, y1),)):
+        batches, several = _validation_batches(val)
+        assert len(batches) == len(val) and several
+    dicts = [{"x": X1, "y": y1}, {"x": X2, "y": y2}]
+    assert _validation_batches(dicts) == (dicts, True)
+
+
+def test_nested_single_batch_stays_one_batch():
+    """((inputs...), (targets...)): the parts differ in shape, so it is one multi-input batch."""
+    X1, X2, y1, y2 = torch.zeros(4, 3), torch.zeros(4, 5), torch.zeros(4), torch.zeros(4, 2)
+    batch = ((X1, X2), (y1, y2))
+    assert _validation_batches(batch) == ([batch], False)
+    assert _validation_batches([batch]) == ([batch], True)  # explicit list of one batch
+
+
+def test_empty_list_of_validation_batches():
+    with pytest.raises(ConfigurationError, match=r"val_batch is an empty list.*pass a batch"):
+        _validation_batches([])
+
+
+def test_list_of_validation_batches_averages_like_a_dataloader():
+    problem = make_ridge()
+    params = ([problem.w], [problem.log_lam])
+    with torch.no_grad():
+        problem.w.fill_(0.3)
+    listed = outer_gradients(problem.outer_loss, split_val(problem), *params)
+    loader = DataLoader(TensorDataset(problem.X_val, problem.y_val), batch_size=100)
+    loaded = outer_gradients(problem.outer_loss, loader, *params)
+    whole = outer_gradients(problem.outer_loss, problem.val(), *params)
+    for a, b in ((listed, loaded), (listed, whole)):
+        assert torch.allclose(a[0][0], b[0][0]) and abs(a[2] - b[2]) < 1e-12
+
+
+def test_list_of_validation_batches_through_the_optimizer():
+    a, b = make_ridge(), make_ridge()
+    g_list = full_batch_sid(a, 200).hypergradient([a.train()], split_val(a))
+    g_one = full_batch_sid(b, 200).hypergradient([b.train()], b.val())
+    assert relative_error(g_list[0], g_one[0]) < 1e-10
+
+
+# ====================================================================== 7. contraction
+
+
+def linear_map(norm, d=6, seed=0):
+    """Φ(w) = A w + b with a symmetric A of spectral norm ``norm``; its VJP is v ↦ Aᵀ v."""
+    gen = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    s = torch.linspace(0.1, norm, d, dtype=torch.float64)
+    s[1] = -0.5 * norm
+    A = Q @ torch.diag(s) @ Q.T
+    b = torch.randn(d, generator=gen, dtype=torch.float64)
+    w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+
+    def phi_vjp(batch, v):
+        out = A @ w + b + 0 * batch
+        return list(torch.autograd.grad(out, [w], grad_outputs=v))
+
+    return phi_vjp, [w]
+
+
+@pytest.mark.parametrize("norm", [0.5, 1.02])
+def test_estimate_contraction_of_a_linear_map(norm):
+    phi_vjp, like = linear_map(norm)
+    q = estimate_contraction(phi_vjp, like, [torch.zeros(()), torch.ones(())], iters=50)
+    assert abs(q - norm) < 1e-3 * norm
+
+
+def test_estimate_contraction_averages_over_batches():
+    d = 4
+    w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+
+    def phi_vjp(scale, v):  # ∂₁Φ̂_j = scale_j · I: the mean over j is what counts
+        return list(torch.autograd.grad(scale * w, [w], grad_outputs=v))
+
+    assert abs(estimate_contraction(phi_vjp, [w], [0.2, 1.0]) - 0.6) < 1e-12
+
+
+def test_check_contraction():
+    check_contraction(0.5, "fixed_point_map")
+    with pytest.raises(
+        ConfigurationError,
+        match=r"fixed_point_map is not a contraction.*q ≈ 1.02.*smaller step.*damping",
+    ):
+        check_contraction(1.02, "fixed_point_map")
+    with pytest.raises(ConfigurationError, match=r"not a contraction.*nan"):
+        check_contraction(float("nan"), "fixed_point_map")
+
+
+def test_expansive_linear_map_is_caught():
+    phi_vjp, like = linear_map(1.02)
+    with pytest.raises(ConfigurationError, match=r"not a contraction"):
+        check_contraction(estimate_contraction(phi_vjp, like, [torch.zeros(())]), "Φ")
+
+
+# ====================================================================== 8. torch.compile
+
+
+def test_compiled_module_is_refused():
+    model = nn.Linear(3, 1)
+    compiled = torch.compile(model)  # wrapping only: nothing is compiled until it is called
+    with pytest.raises(
+        ConfigurationError, match=r"torch.compile.*second derivatives.*model._orig_mod"
+    ):
+        check_not_compiled(compiled)
+    with pytest.raises(ConfigurationError, match=r"submodule 'head'.*_orig_mod"):
+        check_not_compiled(nn.ModuleDict({"body": nn.Linear(3, 3), "head": compiled}))
+    check_not_compiled(model)
+    check_not_compiled(nn.Sequential(model, nn.ReLU()))
