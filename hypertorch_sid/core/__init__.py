@@ -7,8 +7,23 @@ curvature estimation (:mod:`.estimation`), the inner/adjoint solves and hypergra
 
 from .batches import BatchStream
 from .cost import Cost
+from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
+from .divergence import (
+    BackOff,
+    DivergenceGuard,
+    DivergencePolicy,
+    RaiseOnDivergence,
+    Recover,
+)
 from .errors import ConfigurationError, DivergenceError, SIDError
-from .estimation import CurvatureEstimate, estimate_curvature
+from .estimation import (
+    Curvature,
+    CurvatureEstimate,
+    EstimatedCurvature,
+    KnownCurvature,
+    estimate_curvature,
+    lanczos_extremes,
+)
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
@@ -24,9 +39,37 @@ from .schedules import (
     make_schedule,
     theory_constants,
 )
-from .solvers import SolveResult, adjoint_solve, assemble_hypergradient, inner_solve
+from .solvers import (
+    AdjointSolver,
+    ConjugateGradient,
+    FixedPointIteration,
+    SolveResult,
+    adjoint_map,
+    adjoint_solve,
+    assemble_hypergradient,
+    inner_solve,
+    km_iteration,
+)
 
 __all__ = [
+    "AdjointSolver",
+    "BackOff",
+    "ConjugateGradient",
+    "Curvature",
+    "CurvatureDamping",
+    "Damping",
+    "DivergenceGuard",
+    "DivergencePolicy",
+    "EstimatedCurvature",
+    "FixedDamping",
+    "FixedPointIteration",
+    "KnownCurvature",
+    "NoDamping",
+    "RaiseOnDivergence",
+    "Recover",
+    "adjoint_map",
+    "km_iteration",
+    "lanczos_extremes",
     "PRESETS",
     "BatchStream",
     "ConfigurationError",

@@ -14,7 +14,10 @@ class Cost:
     samples: training samples read by the inner and adjoint solves and the ∂₂Φ̂ term.
     inner_samples, adjoint_samples: the same, split by solve (the paper's LL / LS epochs).
     gradient_evals: evaluations of ∇₁ℓ̂ (or of Φ̂) — one per inner step.
-    jacobian_vector_products: products ∂Φ̂ᵀv (Hessian–vector products for the GD map).
+    jacobian_vector_products: vector–Jacobian products ∂Φ̂ᵀv of the adjoint solve and the ∂₂Φ̂ term
+        (Hessian–vector products for the GD map; the name is kept for saved states).
+    curvature_samples, curvature_products: samples read and Hessian–vector products made by the
+        curvature estimates (Lanczos); included in ``samples``.
     validation_samples: samples read to compute ∇E.
     hypergradients: hypergradients computed.
     """
@@ -24,6 +27,8 @@ class Cost:
     adjoint_samples: int = 0
     gradient_evals: int = 0
     jacobian_vector_products: int = 0
+    curvature_samples: int = 0
+    curvature_products: int = 0
     validation_samples: int = 0
     hypergradients: int = 0
 

@@ -1,108 +1,255 @@
-"""Estimates of L (smoothness) and μ (strong convexity) of ℓ(·, λ) by power iteration.
+"""Curvature of ℓ(·, λ): the extreme eigenvalues of ∇²₁₁ℓ by Lanczos, and when to re-estimate.
 
-L = λ_max(∇²₁₁ℓ) and μ = λ_min(∇²₁₁ℓ) are what the theory's step sizes need (α = 2/(L+μ),
-Corollary 4.3). With minibatch Hessian–vector products averaged over a few batches:
+L = λ_max(∇²₁₁ℓ) and μ = λ_min(∇²₁₁ℓ) set the step α = 2/(L+μ) and the contraction constant
+q = (L−μ)/(L+μ) of the GD map (Corollary 4.3), hence β, γ of the decreasing steps (Thm 4.2). On a
+non-convex model (a neural network) λ_min < 0 and Φ̂ = w − α∇ℓ̂ is *not* a contraction for any α:
+the adjoint system is then damped (:mod:`.damping`) by a shift δ read from the same estimate.
 
-* power iteration on H gives L;
-* power iteration on L·I − H gives L − μ, hence μ.
+**Lanczos** (:func:`lanczos_extremes`): m steps of the Lanczos recurrence with Hessian–vector
+products (averaged over the estimate's batches) build the tridiagonal T_m; its extreme eigenvalues
+θ_min ≤ θ_max (Ritz values) converge to λ_min and λ_max at a rate set by √κ — far faster than the
+power iteration (rate κ) — and both come from the same m products. Ritz values lie *inside* the
+spectrum, so θ_max ≤ L and θ_min ≥ λ_min; the residual bound r = |β_m s_m| (s the Ritz vector's last
+component) says how far an eigenvalue may be. The estimate reports
 
-The estimate of μ is floored at ``mu_floor × L`` (a non-convex or barely convex loss otherwise
-gives μ ≤ 0 and an undefined contraction constant); the floor is reported when used.
+* ``L = θ_max + r_max`` — an upper estimate (a safety margin on α),
+* ``lambda_min = θ_min`` and its bound ``lambda_min_error = r_min``; ``uncertain`` when
+  r_min > |θ_min| (the sign of λ_min is not settled by m steps),
+* ``mu = max(θ_min, mu_floor·L)`` — the strong-convexity constant the schedules use.
+
+Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimizer`):
+
+* :class:`KnownCurvature` — the user's L, μ;
+* :class:`EstimatedCurvature` — Lanczos on ``batches`` minibatches (or the full batch), re-estimated
+  every ``every`` hyper steps (the sharpness of a network grows during training), and whenever a
+  divergence guard asks for it. Its products are counted in ``cost``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from .maps import GradientDescentMap
+from .errors import ConfigurationError
 
 log = logging.getLogger("hypertorch_sid")
+
+Tensors = list[Tensor]
+MatVec = Callable[[Sequence[Tensor]], Tensors]
 
 
 @dataclass(frozen=True)
 class CurvatureEstimate:
-    """Result of :func:`estimate_curvature`: L, μ and whether μ hit its floor."""
+    """L, μ of ℓ(·, λ) at the current w, λ.
+
+    Attributes
+    ----------
+    L: an upper estimate of λ_max(∇²₁₁ℓ).
+    mu: the strong-convexity constant used by the schedules: max(λ_min, mu_floor·L).
+    mu_floored: whether μ hit its floor (λ_min ≤ mu_floor·L: barely convex or non-convex).
+    iterations: Hessian–vector products per batch used.
+    lambda_min: the estimate of λ_min(∇²₁₁ℓ) itself (negative on a non-convex model).
+    lambda_min_error: its residual bound (0 when exact or known).
+    """
 
     L: float
     mu: float
     mu_floored: bool
     iterations: int
+    lambda_min: float | None = None
+    lambda_min_error: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lambda_min is None:
+            object.__setattr__(self, "lambda_min", self.mu)
+
+    @property
+    def convex(self) -> bool:
+        """λ_min > 0 by the estimate."""
+        assert self.lambda_min is not None
+        return self.lambda_min > 0
+
+    @property
+    def uncertain(self) -> bool:
+        """The sign of λ_min is not settled: its error bound exceeds its size."""
+        assert self.lambda_min is not None
+        return self.lambda_min_error > abs(self.lambda_min)
 
 
-def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> Tensor:
-    return sum((x * y).sum() for x, y in zip(a, b))
+def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
+    return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
 
 
-def _normalise(v: Sequence[Tensor]) -> list[Tensor]:
-    n = torch.sqrt(_dot(v, v)).clamp_min(1e-30)
+def _random_unit(like: Sequence[Tensor], seed: int) -> Tensors:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    v = [torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device) for x in like]
+    n = math.sqrt(_dot(v, v))
     return [x / n for x in v]
 
 
-def _power_iteration(matvec: Any, like: Sequence[Tensor], iters: int, seed: int) -> float:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    v = [torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device) for x in like]
-    v = _normalise(v)
-    eig = 0.0
+@dataclass(frozen=True)
+class LanczosResult:
+    """Extreme Ritz values of m Lanczos steps and their residual bounds."""
+
+    theta_min: float
+    theta_max: float
+    error_min: float
+    error_max: float
+    steps: int
+
+
+def lanczos_extremes(
+    matvec: MatVec, like: Sequence[Tensor], iters: int, seed: int = 0
+) -> LanczosResult:
+    """Extreme eigenvalue estimates of a symmetric operator from ``iters`` Lanczos steps.
+
+    The three-term recurrence β_{j+1} q_{j+1} = A q_j − α_j q_j − β_j q_{j−1} (no
+    re-orthogonalisation: it does not affect the extreme Ritz values, and keeps the memory at three
+    vectors) gives T_m = tridiag(β, α, β); its eigenpairs (θ, s) are the Ritz values, with
+    residual ‖A y − θ y‖ = |β_{m+1} s_m|. Stops early on an invariant subspace (β ≈ 0: exact).
+    """
+    q = _random_unit(like, seed)
+    q_prev = [torch.zeros_like(x) for x in q]
+    alphas: list[float] = []
+    betas: list[float] = []
+    beta = 0.0
     for _ in range(iters):
-        hv = matvec(v)
-        eig = float(_dot(v, hv))
-        v = _normalise(hv)
-    return eig
+        aq = matvec(q)
+        a = _dot(q, aq)
+        r = [x - a * qi - beta * qp for x, qi, qp in zip(aq, q, q_prev)]
+        alphas.append(a)
+        beta = math.sqrt(max(_dot(r, r), 0.0))
+        betas.append(beta)
+        if not math.isfinite(beta) or beta <= 1e-12 * max(1.0, abs(a)):
+            break
+        q_prev, q = q, [x / beta for x in r]
+    m = len(alphas)
+    T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if m > 1:
+        off = torch.tensor(betas[: m - 1], dtype=torch.float64)
+        T += torch.diag(off, 1) + torch.diag(off, -1)
+    theta, S = torch.linalg.eigh(T)
+    tail = abs(betas[-1]) if math.isfinite(betas[-1]) else math.inf
+    err = (tail * S[-1, :].abs()).tolist()
+    return LanczosResult(float(theta[0]), float(theta[-1]), err[0], err[-1], m)
 
 
 def estimate_curvature(
-    phi: GradientDescentMap,
-    batches: Sequence[Any],
+    phi: object,
+    batches: Sequence[object],
     iters: int = 20,
     mu: float | None = None,
     mu_floor: float = 1e-4,
     seed: int = 0,
 ) -> CurvatureEstimate:
-    """Estimate L and μ of ℓ at the current w, λ from Hessian–vector products on ``batches``.
+    """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' mean Hessian.
 
     Parameters
     ----------
-    phi: the gradient-descent map whose inner loss is ℓ̂.
+    phi: a map with ``hessian_vector_product(batch, v)`` and ``inner_parameters`` (the GD map).
     batches: minibatches whose averaged Hessian stands for ∇²₁₁ℓ.
-    iters: power iterations for each eigenvalue.
-    mu: a known μ (e.g. the smallest weight decay); then only L is estimated.
+    iters: Lanczos steps (Hessian–vector products per batch).
+    mu: a known μ (e.g. the smallest weight decay); then λ_min is not estimated.
     mu_floor: μ is at least ``mu_floor × L``.
     """
-    params = phi.inner_parameters
+    params = phi.inner_parameters  # type: ignore[attr-defined]
 
-    def hessian(v: Sequence[Tensor]) -> list[Tensor]:
+    def hessian(v: Sequence[Tensor]) -> Tensors:
         acc = [torch.zeros_like(x) for x in v]
         for b in batches:
-            for a, h in zip(acc, phi.hessian_vector_product(b, v)):
+            for a, h in zip(acc, phi.hessian_vector_product(b, v)):  # type: ignore[attr-defined]
                 a.add_(h.detach(), alpha=1.0 / len(batches))
         return acc
 
-    L = abs(_power_iteration(hessian, params, iters, seed))
+    res = lanczos_extremes(hessian, params, iters, seed)
+    L = res.theta_max + res.error_max
     if not math.isfinite(L) or L <= 0:
+        log.warning("hypertorch_sid: Lanczos gave no positive L (%.3g); using L = 1.", L)
         L = 1.0
-        log.warning("hypertorch_sid: Hessian power iteration gave no positive L; using L = 1.")
-    floored = False
-    if mu is None:
-
-        def shifted(v: Sequence[Tensor]) -> list[Tensor]:
-            return [L * x - h for x, h in zip(v, hessian(v))]
-
-        mu = L - _power_iteration(shifted, params, iters, seed + 1)
-        if not math.isfinite(mu) or mu < mu_floor * L:
-            mu, floored = mu_floor * L, True
+    if mu is not None:
+        est = CurvatureEstimate(L, float(mu), False, res.steps, float(mu), 0.0)
+    else:
+        lam_min = res.theta_min
+        floored = not math.isfinite(lam_min) or lam_min < mu_floor * L
+        est = CurvatureEstimate(
+            L=L,
+            mu=mu_floor * L if floored else lam_min,
+            mu_floored=floored,
+            iterations=res.steps,
+            lambda_min=lam_min if math.isfinite(lam_min) else -L,
+            lambda_min_error=res.error_min,
+        )
     log.info(
-        "hypertorch_sid: estimated L = %.4g, mu = %.4g%s by %d power iterations on %d batches",
-        L,
-        mu,
-        " (floored)" if floored else "",
-        iters,
+        "hypertorch_sid: estimated L = %.4g, lambda_min = %.4g (± %.2g), mu = %.4g%s by %d "
+        "Lanczos steps on %d batches",
+        est.L,
+        est.lambda_min,
+        est.lambda_min_error,
+        est.mu,
+        " (floored)" if est.mu_floored else "",
+        res.steps,
         len(batches),
     )
-    return CurvatureEstimate(L=L, mu=float(mu), mu_floored=floored, iterations=iters)
+    return est
+
+
+class Curvature:
+    """Where L, μ (and λ_min) come from: a strategy passed as ``curvature=``."""
+
+    def needs_refresh(self, hyper_step: int) -> bool:
+        """Whether to estimate again before hyper step ``hyper_step`` (> 0)."""
+        return False
+
+
+@dataclass(frozen=True)
+class KnownCurvature(Curvature):
+    """The user's constants: L (and μ, possibly ≤ 0 for a non-convex ℓ; None to estimate μ)."""
+
+    L: float
+    mu: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.L, (int, float)) and math.isfinite(self.L) and self.L > 0):
+            raise ConfigurationError(f"L must be a finite positive number, got {self.L!r}.")
+        if self.mu is not None and not (
+            isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu <= self.L
+        ):
+            raise ConfigurationError(f"mu must be a finite number ≤ L, got {self.mu!r}.")
+
+
+@dataclass(frozen=True)
+class EstimatedCurvature(Curvature):
+    """L and λ_min estimated by Lanczos (:func:`estimate_curvature`).
+
+    Parameters
+    ----------
+    batches: minibatches whose averaged Hessian is used (the full batch when one is given).
+    iters: Lanczos steps per estimate.
+    every: re-estimate every this many hyper steps (None: once, and when a guard asks).
+    mu_floor: μ ≥ mu_floor·L for the schedules.
+    """
+
+    batches: int = 4
+    iters: int = 20
+    every: int | None = None
+    mu_floor: float = 1e-4
+
+    def __post_init__(self) -> None:
+        for name in ("batches", "iters"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}.")
+        if self.every is not None and (
+            isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
+        ):
+            raise ConfigurationError(f"every must be an integer ≥ 1 or None, got {self.every!r}.")
+        if not (isinstance(self.mu_floor, (int, float)) and 0 < self.mu_floor < 1):
+            raise ConfigurationError(f"mu_floor must be in (0, 1), got {self.mu_floor!r}.")
+
+    def needs_refresh(self, hyper_step: int) -> bool:
+        return self.every is not None and hyper_step > 0 and hyper_step % self.every == 0

@@ -40,6 +40,11 @@ class FixedPointMap(ABC):
 
     inner_parameters: Tensors
     hyperparameters: Tensors
+    #: δ ≥ 0 of the damped adjoint system (:mod:`~hypertorch_sid.core.damping`); products of
+    #: ``vjp`` are those of the damped map Φ̂_δ. Set by the optimizer from its damping strategy.
+    damping: float = 0.0
+    #: whether I − ∂₁Φ̂ᵀ is symmetric (the GD map: α(∇²₁₁ℓ + δI)), as conjugate gradients need
+    symmetric: bool = False
 
     @abstractmethod
     def value(self, batch: Any) -> Tensors:
@@ -75,6 +80,10 @@ def _grad(
 
 class GradientDescentMap(FixedPointMap):
     """Φ̂(w, λ, ζ) = w − α ∇₁ℓ̂(w, λ, ζ) for an inner loss ℓ̂ (eq. mainprobopt).
+
+    With ``damping`` δ > 0 the Jacobian products are those of the damped map
+    ∂₁Φ̂_δ = I − α(∇²₁₁ℓ̂ + δI) (the GD map of ℓ̂ + δ/2‖w − w̄‖² at w̄ = w), see
+    :mod:`~hypertorch_sid.core.damping`.
 
     Parameters
     ----------
@@ -113,6 +122,8 @@ class GradientDescentMap(FixedPointMap):
                 )
             self._functional = _FunctionalLoss(module, inner_loss, self.inner_parameters)
         self.hvp = hvp
+        self.damping = 0.0
+        self.symmetric = type(self) is GradientDescentMap
 
     def gradient_step_size(self) -> float:
         return self.alpha
@@ -148,13 +159,14 @@ class GradientDescentMap(FixedPointMap):
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
     ) -> tuple[Tensors, Tensors | None]:
+        keep = 1 - self.alpha * self.damping  # v − α(H + δ)v = (1 − αδ)v − αHv
         if not wrt_hyper:
             hv = self.hessian_vector_product(batch, v)
-            return [vi - self.alpha * h for vi, h in zip(v, hv)], None
+            return [keep * vi - self.alpha * h for vi, h in zip(v, hv)], None
         g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
         prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=list(v))
         n = len(self.inner_parameters)
-        d1 = [vi - self.alpha * h for vi, h in zip(v, prods[:n])]
+        d1 = [keep * vi - self.alpha * h for vi, h in zip(v, prods[:n])]
         d2 = [-self.alpha * h for h in prods[n:]]
         return d1, d2
 
@@ -246,15 +258,18 @@ class ProximalGradientMap(GradientDescentMap):
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
     ) -> tuple[Tensors, Tensors | None]:
+        keep = 1 - self.alpha * self.damping  # prox map of ĝ + δ/2‖w − w̄‖²: (I − α(H + δ))u
         if not wrt_hyper:
             with torch.no_grad():
                 u = [vi / (1 + self.alpha * ci) for vi, ci in zip(v, self.coefficients())]
             hu = self.hessian_vector_product(batch, u)
-            return [ui - self.alpha * h for ui, h in zip(u, hu)], None
+            return [keep * ui - self.alpha * h for ui, h in zip(u, hu)], None
         g = _grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True)
+        w = self.inner_parameters
         out = [
-            (w - self.alpha * gi) / (1 + self.alpha * ci)
-            for w, gi, ci in zip(self.inner_parameters, g, self.coefficients())
+            (keep * wi + self.alpha * self.damping * wi.detach() - self.alpha * gi)
+            / (1 + self.alpha * ci)
+            for wi, gi, ci in zip(w, g, self.coefficients())
         ]
         prods = _grad(out, self.inner_parameters + self.hyperparameters, grad_outputs=list(v))
         n = len(self.inner_parameters)
@@ -307,9 +322,12 @@ class ContractionMap(FixedPointMap):
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
     ) -> tuple[Tensors, Tensors | None]:
+        """Products of Φ̂, or of the damped Φ̂_δ = (Φ̂ + δw̄)/(1 + δ) when ``damping`` δ > 0."""
         out = self._evaluate(batch)
         inputs = self.inner_parameters + (self.hyperparameters if wrt_hyper else [])
         prods = _grad(out, inputs, grad_outputs=list(v))
+        if self.damping:
+            prods = [p / (1 + self.damping) for p in prods]
         n = len(self.inner_parameters)
         return prods[:n], (prods[n:] if wrt_hyper else None)
 
@@ -427,3 +445,11 @@ class AveragedMap(FixedPointMap):
 
     def gradient_step_size(self) -> float | None:
         return self.phi.gradient_step_size()
+
+    @property  # type: ignore[override]
+    def damping(self) -> float:
+        return self.phi.damping
+
+    @property  # type: ignore[override]
+    def symmetric(self) -> bool:
+        return self.phi.symmetric

@@ -25,10 +25,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .batches import BatchStream, repeat
+from .batches import BatchStream, batch_size, repeat
 from .cost import Cost
+from .damping import CurvatureDamping, Damping
+from .divergence import BackOff, DivergenceGuard, DivergencePolicy, RaiseOnDivergence
 from .errors import ConfigurationError, DivergenceError
-from .estimation import estimate_curvature
+from .estimation import (
+    Curvature,
+    CurvatureEstimate,
+    EstimatedCurvature,
+    KnownCurvature,
+    estimate_curvature,
+)
 from .maps import (
     AveragedMap,
     ContractionMap,
@@ -46,13 +54,24 @@ from .schedules import (
     make_schedule,
     theory_constants,
 )
-from .solvers import SolveResult, adjoint_solve, assemble_hypergradient, inner_solve, norm
+from .solvers import (
+    AdjointSolver,
+    FixedPointIteration,
+    SolveResult,
+    assemble_hypergradient,
+    inner_solve,
+    norm,
+)
 from .validation import (
     as_tensor_list,
+    check_batch_dtype,
+    check_contraction,
     check_dependencies,
+    check_not_compiled,
     check_outer_optimizer,
     check_parameters,
     check_steps,
+    estimate_contraction,
 )
 
 log = logging.getLogger("hypertorch_sid")
@@ -120,8 +139,28 @@ class SIDHyperOptimizer:
         ``lambda hs: bool((hs[0] >= 0).all())``). Checked on the initial λ and on loaded states
         (:class:`ConfigurationError` if outside) and after every outer step and projection (λ is
         restored and :class:`ConfigurationError` raised if the step left Λ).
+    adjoint_solver:
+        How the adjoint system is solved: :class:`~hypertorch_sid.core.solvers.FixedPointIteration`
+        (default, the paper's eq. backalg with ``adjoint_step_size``) or
+        :class:`~hypertorch_sid.core.solvers.ConjugateGradient`.
+    curvature:
+        Where L, μ, λ_min come from: :class:`~hypertorch_sid.core.estimation.KnownCurvature` or
+        :class:`~hypertorch_sid.core.estimation.EstimatedCurvature` (Lanczos; the default, built
+        from ``estimate_batches``, ``estimate_iters``, ``reestimate_every``; ``L=``/``mu=`` give a
+        known one).
+    damping:
+        The shift δ of the damped adjoint system α(∇²₁₁ℓ + δI)v = ∇₁E
+        (:mod:`~hypertorch_sid.core.damping`): :class:`CurvatureDamping` (default: δ from the
+        estimated negative curvature — 0 on convex problems, so the paper's exact system; a
+        contraction by construction on non-convex ones), :class:`NoDamping` or
+        :class:`FixedDamping`.
+    on_divergence:
+        A :class:`~hypertorch_sid.core.divergence.DivergencePolicy`: ``RaiseOnDivergence()``
+        (default), ``BackOff(n)`` (what ``backoff=n`` builds) or ``Recover(n)``. Divergence is
+        detected within each solve and across hyper steps (:class:`DivergenceGuard`); λ is never
+        written from a diverged step and the warm-start v is reset.
     backoff:
-        How many times a diverging solve is retried with α (or η) halved; 0 raises at once.
+        Short for ``on_divergence=BackOff(backoff)``: retries with α (or η) halved; 0 raises.
     divergence_factor:
         A residual this many times larger than the first ones counts as divergence.
     estimate_batches, estimate_iters:
@@ -174,6 +213,10 @@ class SIDHyperOptimizer:
         estimate_iters: int = 20,
         mean_across_processes: Callable[[Tensor], Tensor] | None = None,
         reestimate_every: int | None = None,
+        adjoint_solver: AdjointSolver | None = None,
+        curvature: Curvature | None = None,
+        damping: Damping | None = None,
+        on_divergence: DivergencePolicy | None = None,
     ) -> None:
         self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
         self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
@@ -192,11 +235,25 @@ class SIDHyperOptimizer:
             check_schedule_kind("adjoint_step_size", adjoint_step_size)
         self._step_kinds = (step_size, adjoint_step_size or step_size)
         self._schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch, sigma2=sigma2)
-        self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
-        self._given = (alpha, L, mu, q)
+        self.estimate_batches = check_steps("estimate_batches", estimate_batches, 1)
+        self.estimate_iters = check_steps("estimate_iters", estimate_iters, 1)
         if reestimate_every is not None:
             check_steps("reestimate_every", reestimate_every, 1)
         self.reestimate_every = reestimate_every
+        self.curvature = _curvature_strategy(
+            curvature, L, mu, estimate_batches, estimate_iters, reestimate_every
+        )
+        self.damping = _check_strategy("damping", damping, Damping, CurvatureDamping())
+        self.adjoint_solver = _check_strategy(
+            "adjoint_solver", adjoint_solver, AdjointSolver, FixedPointIteration()
+        )
+        #: the one owner of α, L, μ, λ_min, q and the damping δ (see :meth:`constants`)
+        self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
+        self.lambda_min: float | None = mu
+        self.delta = 0.0
+        self._given = (alpha, L, mu, q)
+        if module is not None:
+            check_not_compiled(module)
         self.module, self.mode = module, mode
         frozen_mode(None, mode).__enter__()  # validates ``mode``
         self.penalty = penalty
@@ -219,13 +276,20 @@ class SIDHyperOptimizer:
                 "decay ≥ 0), or learn an unconstrained parameterisation such as log λ."
             )
         self.backoff = check_steps("backoff", backoff, 0)
+        default_policy = BackOff(self.backoff) if self.backoff else RaiseOnDivergence()
+        if on_divergence is not None and self.backoff:
+            raise ConfigurationError("give backoff=N or on_divergence=..., not both.")
+        self.on_divergence = _check_strategy(
+            "on_divergence", on_divergence, DivergencePolicy, default_policy
+        )
         if not (isinstance(divergence_factor, (int, float)) and divergence_factor > 1):
             raise ConfigurationError(
                 f"divergence_factor must be a number > 1, got {divergence_factor!r}."
             )
         self.divergence_factor = float(divergence_factor)
-        self.estimate_batches = check_steps("estimate_batches", estimate_batches, 1)
-        self.estimate_iters = check_steps("estimate_iters", estimate_iters, 1)
+        self.guard = DivergenceGuard()
+        self.curvature_estimate: CurvatureEstimate | None = None
+        self._stream_now: BatchStream | None = None
         self.v: Tensors | None = None
         self.hyper_step = 0
         self.cost = Cost()
@@ -333,42 +397,128 @@ class SIDHyperOptimizer:
         kinds = [k for k in self._step_kinds if isinstance(k, str)]
         return self._schedule_args["beta"] is None and any(k != "constant" for k in kinds)
 
-    def _resolve_constants(self, stream: BatchStream) -> None:
-        """Fix α and q of the GD map from the user's values, or estimate L, μ (logged)."""
+    def _estimate(self, stream: BatchStream) -> CurvatureEstimate:
+        """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted."""
+        assert isinstance(self.curvature, EstimatedCurvature)
+        batches = (
+            [self.full_train_batch]
+            if self.full_train_batch is not None
+            else stream.take(self.curvature.batches)
+        )
+        known_mu = self.curvature_known_mu()
+        with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
+            est = estimate_curvature(
+                self.phi,
+                batches,
+                self.curvature.iters,
+                mu=known_mu,
+                mu_floor=self.curvature.mu_floor,
+                seed=self.hyper_step,
+            )
+        n = sum(batch_size(b) for b in batches)
+        self.cost.curvature_samples += n * est.iterations
+        self.cost.curvature_products += len(batches) * est.iterations
+        self.cost.samples += n * est.iterations
+        if self.mean_across_processes is not None:  # one α on every process
+            lam_min = est.lambda_min if est.lambda_min is not None else est.mu
+            x = torch.tensor([est.L, est.mu, lam_min, est.lambda_min_error], dtype=torch.float64)
+            x = self.mean_across_processes(x)
+            est = CurvatureEstimate(
+                float(x[0]), float(x[1]), est.mu_floored, est.iterations, float(x[2]), float(x[3])
+            )
+        if est.uncertain and not est.convex:
+            log.warning(
+                "hypertorch_sid: the sign of lambda_min is uncertain (%.3g ± %.2g after %d Lanczos "
+                "steps); raise EstimatedCurvature(iters=...) for a firmer estimate.",
+                est.lambda_min,
+                est.lambda_min_error,
+                est.iterations,
+            )
+        return est
+
+    def curvature_known_mu(self) -> float | None:
+        """μ given by the user (``mu=`` alone), which the estimate then keeps."""
+        return self._given[2]
+
+    def _resolve_constants(self, stream: BatchStream, fresh: bool = False) -> None:
+        """Fix α, q and the damping δ of the GD map from the user's values or the estimate.
+
+        With L̂, λ̂_min from the curvature strategy and δ from the damping strategy, the damped
+        system has spectrum [λ_min + δ, L + δ] and α = 2/(L + λ_min + 2δ), q from Cor. 4.3 on
+        it. Without damping (δ = 0) on a convex problem this is the paper's α = 2/(L+μ).
+        """
         self._resolved = True
         if not isinstance(self.phi, GradientDescentMap):
+            self.delta = self.phi.damping = self.damping.delta(None)
             if self._needs_q() and self.q is None:
                 raise ConfigurationError(
                     "decreasing step sizes for a general fixed-point map need its contraction "
                     "constant: pass q=... (or beta=... and gamma=...)."
                 )
             return
-        if self.alpha is not None and (self.q is not None or not self._needs_q()):
+        known = self.alpha is not None and (self.q is not None or not self._needs_q())
+        if known and not fresh:
             self.phi.alpha = self.alpha
+            self.delta = self.phi.damping = self.damping.delta(self.curvature_estimate)
             return
-        if self.L is None or self.mu is None:
-            batches = (
-                [self.full_train_batch]
-                if self.full_train_batch is not None
-                else stream.take(self.estimate_batches)
+        if isinstance(self.curvature, KnownCurvature) and self.curvature.mu is not None:
+            given = self.curvature
+            est = CurvatureEstimate(
+                given.L, max(given.mu, 1e-12 * given.L), given.mu <= 0, 0, given.mu
             )
-            with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
-                est = estimate_curvature(self.phi, batches, self.estimate_iters, mu=self.mu)
-            L, mu = est.L, est.mu
-            if self.mean_across_processes is not None:  # one α on every process
-                both = self.mean_across_processes(torch.tensor([L, mu], dtype=torch.float64))
-                L, mu = float(both[0]), float(both[1])
-            self.L = self.L if self.L is not None else L
-            self.mu = self.mu if self.mu is not None else mu
-        consts = theory_constants(self.L, self.mu, self._schedule_args["sigma2"], self.alpha)
+        elif self.L is not None and self.mu is not None and not fresh:
+            est = CurvatureEstimate(self.L, self.mu, False, 0, self.lambda_min)
+        else:
+            if isinstance(self.curvature, KnownCurvature):  # L known, μ estimated
+                est = self._estimate_with(EstimatedCurvature(), stream)
+                est = CurvatureEstimate(
+                    self.curvature.L,
+                    est.mu,
+                    est.mu_floored,
+                    est.iterations,
+                    est.lambda_min,
+                    est.lambda_min_error,
+                )
+            else:
+                est = self._estimate(stream)
+        self.curvature_estimate = est
+        self.delta = (
+            self.damping.delta(est) if not fresh else max(self.delta, self.damping.delta(est))
+        )
+        self._set_from_spectrum(est)
+
+    def _estimate_with(
+        self, curvature: EstimatedCurvature, stream: BatchStream
+    ) -> CurvatureEstimate:
+        saved, self.curvature = self.curvature, curvature
+        try:
+            return self._estimate(stream)
+        finally:
+            self.curvature = saved
+
+    def _set_from_spectrum(self, est: CurvatureEstimate) -> None:
+        """α, q of the (damped) GD map from L̂, λ̂_min and δ (Cor. 4.3 on [λ_min + δ, L + δ])."""
+        assert isinstance(self.phi, GradientDescentMap)
+        delta = self.delta
+        lam_min = est.lambda_min if est.lambda_min is not None else est.mu
+        low = (lam_min if delta > 0 else est.mu) + delta
+        floor = self.curvature.mu_floor if isinstance(self.curvature, EstimatedCurvature) else 1e-4
+        low = max(low, floor * (est.L + delta))
+        consts = theory_constants(
+            est.L + delta, min(low, est.L + delta), self._schedule_args["sigma2"], self._given[0]
+        )
+        self.L, self.mu, self.lambda_min = est.L, est.mu, lam_min
         self.alpha, self.q = consts.alpha, consts.q
-        self.phi.alpha = consts.alpha
+        self.phi.alpha, self.phi.damping = consts.alpha, delta
         log.info(
-            "hypertorch_sid: alpha = %.4g, q = %.4g (L = %.4g, mu = %.4g)",
+            "hypertorch_sid: alpha = %.4g, q = %.4g (L = %.4g, lambda_min = %.4g, "
+            "damping = %.4g)%s",
             self.alpha,
             self.q,
             self.L,
-            self.mu,
+            lam_min,
+            delta,
+            " - the damped hypergradient, not the exact implicit one" if delta > 0 else "",
         )
 
     def set_constants(
@@ -441,31 +591,47 @@ class SIDHyperOptimizer:
         """
         stream = self._stream(train_batches)
         if not self._checked:
-            if isinstance(self.phi, GradientDescentMap):
-                first = self.full_train_batch if self.full_train_batch is not None else None
-                with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
-                    check_dependencies(
-                        self.phi.loss,
-                        first if first is not None else stream.take(1)[0],
-                        self.inner_parameters,
-                        self.hyperparameters,
-                    )
+            self._first_checks(stream)
             self._checked = True
-        every = self.reestimate_every
-        if every is not None and self.hyper_step > 0 and self.hyper_step % every == 0:
+        if self.curvature.needs_refresh(self.hyper_step):
             self.alpha, self.L, self.mu, self.q = self._given
             self._resolved = False
         if not self._resolved:
             self._resolve_constants(stream)
-        attempts = self.backoff + 1
+        self._stream_now = stream
+        attempts = self.on_divergence.retries + 1
         for attempt in range(attempts):
             try:
                 return self._algorithm1(stream, val_batch)
             except DivergenceError as err:
+                if "adjoint" in err.quantity:  # a diverged v must not warm-start the next solve
+                    self._reset_adjoint()
                 if attempt == attempts - 1:
                     raise
-                self._back_off(err)
+                what = self.on_divergence.adapt(self, err)
+                log.warning("hypertorch_sid: %s; v reset, %s; retrying", err, what)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _first_checks(self, stream: BatchStream) -> None:
+        """Checks needing data, once: λ reaches ℓ̂, dtypes agree, a general map contracts."""
+        first = self.full_train_batch if self.full_train_batch is not None else stream.take(1)[0]
+        check_batch_dtype(first, self.inner_parameters)
+        with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
+            if isinstance(self.phi, GradientDescentMap):
+                check_dependencies(
+                    self.phi.loss, first, self.inner_parameters, self.hyperparameters
+                )
+            elif isinstance(self.phi, ContractionMap) and self.phi.damping == 0:
+                q = estimate_contraction(
+                    lambda b, v: self.phi.vjp(b, v)[0], self.inner_parameters, [first], iters=10
+                )
+                check_contraction(q, "fixed_point_map")
+                self.cost.curvature_products += 10
+
+    def _reset_adjoint(self) -> None:
+        """Forget the warm-start v (and its growth budget): the next solve starts from 0."""
+        self.v = None
+        self.guard.reset()
 
     def _algorithm1(self, stream: BatchStream, val_batch: Any) -> Tensors:
         inner_schedule, adjoint_schedule = self._schedules()
@@ -490,7 +656,7 @@ class SIDHyperOptimizer:
             warm = self.warm_start_adjoint and self.v is not None
             v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
             with frozen_mode(self.module, self.mode):
-                v, adjoint = adjoint_solve(
+                v, adjoint = self.adjoint_solver.solve(
                     self._solver_map,
                     g_w,
                     v0,
@@ -499,6 +665,7 @@ class SIDHyperOptimizer:
                     adjoint_schedule,
                     self.cost,
                     self.divergence_factor,
+                    self.full_train_batch,
                 )
                 d2_batches = (
                     [self.full_train_batch]
@@ -513,34 +680,76 @@ class SIDHyperOptimizer:
                     "hypergradient",
                     None,
                     norm(hypergrad),
-                    "λ was left unchanged. Check the losses and the training data for NaN/Inf.",
+                    "λ was left unchanged. The solves' residuals were finite, so ∂₂Φ̂ᵀv or ∇₂E "
+                    "overflowed: check the losses and the training data for NaN/Inf.",
                 )
+            etas = (
+                sum(adjoint_schedule(t) for t in range(self.adjoint_steps))
+                if isinstance(self.adjoint_solver, FixedPointIteration)
+                else math.inf  # CG's v = A⁻¹∇₁E has no non-expansive budget
+            )
+            self.guard.check(
+                v_norm=norm(v),
+                v0_norm=norm(v0),
+                grad_norm=norm(g_w),
+                etas=etas,
+                residual=adjoint.residual,
+                first_residual=adjoint.first_residual,
+                hypergradient_norm=norm(hypergrad),
+            )
         except BaseException:  # w as it was: a failed hypergradient leaves no partial state
             with torch.no_grad():
                 for w, w_start in zip(self.inner_parameters, w0):
                     w.copy_(w_start)
             raise
         self.v = v
+        self.guard.accept(norm(hypergrad))
         self.cost.hypergradients += 1
-        self._record(inner, adjoint, hypergrad, value)
+        self._record(inner, adjoint, hypergrad, value, norm(g_w), norm(v))
         return hypergrad
 
-    def _back_off(self, err: DivergenceError) -> None:
+    def _halve_step(self) -> str:
+        """BackOff: halve α of the GD map (or η of the schedules of a general map)."""
         if isinstance(self.phi, GradientDescentMap):
             self.alpha = self.phi.alpha = self.phi.alpha / 2
-            what = f"alpha to {self.alpha:.3g}"
-        else:
-            eta = self._schedule_args.get("eta") or 1.0
-            self._schedule_args["eta"] = eta / 2
-            self._step_kinds = tuple(  # type: ignore[assignment]
-                s.scaled(0.5) if isinstance(s, StepSchedule) else s for s in self._step_kinds
-            )
-            what = f"eta to {eta / 2:.3g}"
-        self.v = None
-        log.warning("hypertorch_sid: %s; backing off: halving %s and retrying", err, what)
+            return f"backing off: halving alpha to {self.alpha:.3g}"
+        eta = self._schedule_args.get("eta") or 1.0
+        self._schedule_args["eta"] = eta / 2
+        self._step_kinds = tuple(  # type: ignore[assignment]
+            s.scaled(0.5) if isinstance(s, StepSchedule) else s for s in self._step_kinds
+        )
+        return f"backing off: halving eta to {eta / 2:.3g}"
 
-    def _record(self, inner: SolveResult, adjoint: SolveResult, g: Tensors, value: float) -> None:
+    def _recover(self) -> str:
+        """Recover: re-estimate L, λ_min at the current w and raise the damping δ."""
+        if not isinstance(self.phi, GradientDescentMap):
+            return self._halve_step()
+        est = self.curvature_estimate
+        if isinstance(self.curvature, EstimatedCurvature):
+            est = self._estimate(self._stream_now)
+        elif est is None:
+            est = CurvatureEstimate(self.L or 1.0 / self.phi.alpha, self.mu or 1e-4, True, 0)
+        self.curvature_estimate = est
+        self.delta = max(self.damping.escalate(self.delta, est), self.damping.delta(est))
+        self._set_from_spectrum(est)
+        return f"damping raised to {self.delta:.3g} (alpha {self.alpha:.3g})"
+
+    def _record(
+        self,
+        inner: SolveResult,
+        adjoint: SolveResult,
+        g: Tensors,
+        value: float,
+        grad_norm: float,
+        v_norm: float,
+    ) -> None:
+        est = self.curvature_estimate
         self.last = {
+            "relative_adjoint_residual": adjoint.residual / max(grad_norm, 1e-30),
+            "v_norm": v_norm,
+            "damping": float(self.delta),
+            "L": float(self.L) if self.L is not None else math.nan,
+            "lambda_min": float(est.lambda_min) if est and est.lambda_min is not None else math.nan,
             "outer_loss": value,
             "hypergradient_norm": norm(g),
             "inner_residual": inner.residual,
@@ -621,7 +830,15 @@ class SIDHyperOptimizer:
             ),
             "v": [x.clone() for x in self.v] if self.v is not None else None,
             "hyper_step": self.hyper_step,
-            "constants": {"alpha": self.alpha, "L": self.L, "mu": self.mu, "q": self.q},
+            "constants": {
+                "alpha": self.alpha,
+                "L": self.L,
+                "mu": self.mu,
+                "q": self.q,
+                "lambda_min": self.lambda_min,
+                "delta": self.delta,
+            },
+            "guard": self.guard.state_dict(),
             "cost": self.cost.as_dict(),
         }
 
@@ -681,6 +898,8 @@ class SIDHyperOptimizer:
                 f"the saved cost must be a dict of integer counters among {sorted(fields)}, got "
                 f"{cost!r}."
             )
+        if "guard" in state:
+            DivergenceGuard().load_state_dict(state["guard"])  # validates only
         if state["outer_optimizer"] is not None and self.outer_optimizer is not None:
             self._load_outer_optimizer(state["outer_optimizer"])
         with torch.no_grad():
@@ -693,7 +912,16 @@ class SIDHyperOptimizer:
             else None
         )
         self.hyper_step = hyper_step
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])
         self.alpha, self.L, self.mu, self.q = (constants[n] for n in names)
+        self.lambda_min = constants.get("lambda_min", self.mu)
+        self.delta = float(constants.get("delta") or 0.0)
+        self.phi.damping = self.delta
+        if self.L is not None and self.mu is not None:
+            self.curvature_estimate = CurvatureEstimate(
+                self.L, self.mu, False, 0, self.lambda_min if self.lambda_min is not None else None
+            )
         if isinstance(self.phi, GradientDescentMap) and self.alpha is not None:
             self.phi.alpha = self.alpha
         self.cost.load(cost)
@@ -779,3 +1007,36 @@ def _saved_tensors(name: str, saved: Any, like: Sequence[Tensor]) -> Tensors:
     if not all(torch.isfinite(x).all() for x in saved):
         raise ConfigurationError(f"the saved {name} hold non-finite values (NaN/Inf).")
     return list(saved)
+
+
+def _check_strategy(name: str, value: Any, kind: type, default: Any) -> Any:
+    """``value`` if it is a ``kind`` strategy object, ``default`` if None, else a clear error."""
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise ConfigurationError(
+            f"{name} must be a {kind.__name__} object (e.g. {type(default).__name__}()), got "
+            f"{type(value).__name__}."
+        )
+    return value
+
+
+def _curvature_strategy(
+    curvature: Curvature | None,
+    L: float | None,
+    mu: float | None,
+    batches: int,
+    iters: int,
+    every: int | None,
+) -> Curvature:
+    """The curvature strategy: the object given, or the one the flat arguments describe."""
+    if curvature is not None:
+        if L is not None or mu is not None:
+            raise ConfigurationError("give L=/mu= or curvature=..., not both.")
+        return _check_strategy("curvature", curvature, Curvature, None)
+    if L is not None:
+        check_positive("L", L)
+        if mu is not None:
+            check_positive("mu", mu)
+        return KnownCurvature(L, mu)
+    return EstimatedCurvature(batches=batches, iters=iters, every=every)

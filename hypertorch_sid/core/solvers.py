@@ -18,7 +18,8 @@ Every iteration checks its residual ‖T̂(x) − x‖: non-finite values or gro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from .batches import BatchStream, batch_size
 from .cost import Cost
-from .errors import DivergenceError
+from .errors import ConfigurationError, DivergenceError
 from .maps import FixedPointMap
 from .schedules import StepSchedule
 
@@ -68,23 +69,83 @@ _NORM_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 class _DivergenceMonitor:
-    """Raises DivergenceError on non-finite or exploding residuals of one solve."""
+    """Raises DivergenceError on non-finite or exploding residuals of one solve.
+
+    The error names the cause it saw: residuals that grew before turning non-finite mean a map
+    that is not a contraction (not bad data); a first residual already non-finite means NaN/Inf in
+    the data, the losses or the starting point.
+    """
 
     def __init__(self, quantity: str, factor: float, hint: str) -> None:
         self.quantity, self.factor, self.hint = quantity, factor, hint
         self.reference = 0.0
         self.first = math.nan
+        self.largest = 0.0
 
     def check(self, step: int, residual: float) -> None:
         if step == 0:
             self.first = residual
         if not math.isfinite(residual):
-            hint = "Non-finite values: check the training data and the losses for NaN/Inf. "
+            if step > 0 and math.isfinite(self.first) and self.largest > 1e3 * self.first:
+                hint = (
+                    f"The residual grew from {self.first:.3g} to {self.largest:.3g} before turning "
+                    "non-finite: the map is not a contraction here (not a data problem). "
+                )
+            else:
+                hint = (
+                    "Non-finite values from the first iteration: check the training data, the "
+                    "losses and the starting point for NaN/Inf. "
+                )
             raise DivergenceError(self.quantity, step, residual, hint + self.hint)
+        self.largest = max(self.largest, residual)
         if step < _REFERENCE_STEPS:
             self.reference = max(self.reference, residual)
         elif residual > self.factor * max(self.reference, 1e-30) and residual > 1e-8:
             raise DivergenceError(self.quantity, step, residual, self.hint)
+
+
+def _count(cost: Cost | None, batch: Any, solve: str) -> None:
+    if cost is None:
+        return
+    n = batch_size(batch)
+    cost.samples += n
+    if solve == "inner":
+        cost.inner_samples += n
+        cost.gradient_evals += 1
+    else:
+        cost.adjoint_samples += n
+        cost.jacobian_vector_products += 1
+
+
+def km_iteration(
+    T: Callable[[Any, Sequence[Tensor]], Sequence[Tensor]],
+    x: Sequence[Tensor],
+    batches: Iterator[Any],
+    steps: int,
+    schedule: StepSchedule,
+    monitor: _DivergenceMonitor,
+    count: Callable[[Any], None],
+) -> SolveResult:
+    """The stochastic Krasnoselskii–Mann iteration (eq. inneralgo), x updated in place:
+
+        x_{t+1} = x_t + η_t (T̂(x_t, ζ_t) − x_t).
+
+    Both solves of Algorithm 1 are this kernel: T̂ = Φ̂(·, λ, ζ) (eq. inneralg) and
+    T̂ = Ψ̂_w(·, ζ̂) (eq. backalg). Every residual ‖T̂(x) − x‖ goes through ``monitor``.
+    """
+    residual, eta = math.nan, math.nan
+    for t in range(steps):
+        batch = next(batches)
+        target = T(batch, x)
+        eta = schedule(t)
+        with torch.no_grad():
+            delta = [p - xi for p, xi in zip(target, x)]
+            residual = norm(delta)
+            monitor.check(t, residual)
+            for xi, d in zip(x, delta):
+                xi.add_(d, alpha=eta)
+        count(batch)
+    return SolveResult(steps, monitor.first, residual, eta)
 
 
 def inner_solve(
@@ -102,24 +163,33 @@ def inner_solve(
         "The fixed-point map is probably not a contraction: lower the inner step size (alpha "
         "< 2/L for a gradient map) or eta, or enable backoff.",
     )
-    w = phi.inner_parameters
-    residual, eta = math.nan, math.nan
-    for t in range(steps):
-        batch = next(batches)
-        target = phi.value(batch)
-        eta = schedule(t)
-        with torch.no_grad():
-            delta = [p - wi for p, wi in zip(target, w)]
-            residual = norm(delta)
-            monitor.check(t, residual)
-            for wi, d in zip(w, delta):
-                wi.add_(d, alpha=eta)
-        if cost is not None:
-            n = batch_size(batch)
-            cost.samples += n
-            cost.inner_samples += n
-            cost.gradient_evals += 1
-    return SolveResult(steps, monitor.first, residual, eta)
+    return km_iteration(
+        lambda batch, w: phi.value(batch),
+        phi.inner_parameters,
+        batches,
+        steps,
+        schedule,
+        monitor,
+        lambda batch: _count(cost, batch, "inner"),
+    )
+
+
+_ADJOINT_HINT = (
+    "The adjoint iteration inherits the contraction constant of the map: on a non-convex model "
+    "use damping (CurvatureDamping), or lower alpha or eta."
+)
+
+
+def adjoint_map(
+    phi: FixedPointMap, grad_w_E: Sequence[Tensor]
+) -> Callable[[Any, Sequence[Tensor]], Tensors]:
+    """Ψ̂_w(v, ζ̂) = ∂₁Φ̂(w, λ, ζ̂)ᵀ v + ∇₁E(w, λ): the map of the adjoint solve (eq. backalg)."""
+
+    def psi(batch: Any, v: Sequence[Tensor]) -> Tensors:
+        jtv, _ = phi.vjp(batch, v)
+        return [j + g for j, g in zip(jtv, grad_w_E)]
+
+    return psi
 
 
 def adjoint_solve(
@@ -132,35 +202,164 @@ def adjoint_solve(
     cost: Cost | None = None,
     divergence_factor: float = 1e4,
 ) -> tuple[Tensors, SolveResult]:
-    """k steps of eq. backalg, v ← v + η_k (∂₁Φ̂(w, λ, ζ̂_k)ᵀ v + ∇₁E − v), from v₀.
+    """k steps of eq. backalg, v ← v + η_k (Ψ̂_w(v, ζ̂_k) − v), from v₀.
 
     Solves (I − ∂₁Φ(w, λ)ᵀ) v = ∇₁E(w, λ) (eq. linsystem). Returns v_k and the solve's report;
     the residual is ‖Ψ̂_w(v) − v‖.
     """
-    monitor = _DivergenceMonitor(
-        "adjoint solve v_k",
-        divergence_factor,
-        "The adjoint iteration inherits the contraction constant of the map: lower alpha or "
-        "eta, or enable backoff.",
-    )
+    monitor = _DivergenceMonitor("adjoint solve v_k", divergence_factor, _ADJOINT_HINT)
     v = [x.detach().clone() for x in v0]
-    residual, eta = math.nan, math.nan
-    for k in range(steps):
-        batch = next(batches)
-        jtv, _ = phi.vjp(batch, v)
-        eta = schedule(k)
-        with torch.no_grad():
-            delta = [j + g - vi for j, g, vi in zip(jtv, grad_w_E, v)]
-            residual = norm(delta)
-            monitor.check(k, residual)
-            for vi, d in zip(v, delta):
-                vi.add_(d, alpha=eta)
-        if cost is not None:
-            n = batch_size(batch)
-            cost.samples += n
-            cost.adjoint_samples += n
-            cost.jacobian_vector_products += 1
-    return v, SolveResult(steps, monitor.first, residual, eta)
+    result = km_iteration(
+        adjoint_map(phi, grad_w_E),
+        v,
+        batches,
+        steps,
+        schedule,
+        monitor,
+        lambda batch: _count(cost, batch, "adjoint"),
+    )
+    return v, result
+
+
+class AdjointSolver(ABC):
+    """How the adjoint system (I − ∂₁Φᵀ) v = ∇₁E (eq. linsystem) is solved: a strategy object."""
+
+    @abstractmethod
+    def solve(
+        self,
+        phi: FixedPointMap,
+        grad_w_E: Sequence[Tensor],
+        v0: Sequence[Tensor],
+        batches: BatchStream,
+        steps: int,
+        schedule: StepSchedule,
+        cost: Cost | None,
+        divergence_factor: float,
+        full_batch: Any = None,
+    ) -> tuple[Tensors, SolveResult]:
+        """v_k from v₀ in ``steps`` iterations; ``schedule`` is the KM step size (if used)."""
+
+
+@dataclass(frozen=True)
+class FixedPointIteration(AdjointSolver):
+    """The paper's stochastic fixed-point iteration (eq. backalg) with the optimizer's schedule.
+
+    One fresh minibatch ζ̂_k per step; converges with decreasing steps (Thm 4.2) at a rate set by
+    the contraction constant q (the condition number κ for the GD map).
+    """
+
+    def solve(
+        self,
+        phi: FixedPointMap,
+        grad_w_E: Sequence[Tensor],
+        v0: Sequence[Tensor],
+        batches: BatchStream,
+        steps: int,
+        schedule: StepSchedule,
+        cost: Cost | None,
+        divergence_factor: float,
+        full_batch: Any = None,
+    ) -> tuple[Tensors, SolveResult]:
+        return adjoint_solve(phi, grad_w_E, v0, batches, steps, schedule, cost, divergence_factor)
+
+
+@dataclass(frozen=True)
+class ConjugateGradient(AdjointSolver):
+    """Conjugate gradients on A v = ∇₁E with A = I − ∂₁Φᵀ = α(∇²₁₁ℓ + δI) (GD map).
+
+    A is fixed for the whole solve: the mean over ``batches`` minibatches drawn once at its start,
+    or the full training batch (``batches="full"``, needs ``full_train_batch``). CG converges at a
+    rate set by √κ instead of κ, but to the solution of the *sampled* system: its error keeps the
+    sampling noise of those batches (no noise floor removal, unlike decreasing KM steps). A must be
+    symmetric positive definite: the GD map, convex or damped (a non-positive curvature pᵀAp ≤ 0
+    raises :class:`DivergenceError` naming damping as the fix).
+
+    Parameters
+    ----------
+    batches: minibatches of the fixed operator, or ``"full"``.
+    tol: stop when ‖r‖ ≤ tol·‖∇₁E‖.
+    """
+
+    batches: int | str = 8
+    tol: float = 1e-10
+
+    def __post_init__(self) -> None:
+        if self.batches != "full" and (
+            isinstance(self.batches, bool) or not isinstance(self.batches, int) or self.batches < 1
+        ):
+            raise ConfigurationError(
+                f"ConjugateGradient batches must be an integer ≥ 1 or 'full', got {self.batches!r}."
+            )
+
+    def solve(
+        self,
+        phi: FixedPointMap,
+        grad_w_E: Sequence[Tensor],
+        v0: Sequence[Tensor],
+        batches: BatchStream,
+        steps: int,
+        schedule: StepSchedule,
+        cost: Cost | None,
+        divergence_factor: float,
+        full_batch: Any = None,
+    ) -> tuple[Tensors, SolveResult]:
+        if not phi.symmetric:
+            raise ConfigurationError(
+                "ConjugateGradient needs a symmetric adjoint system (the gradient-descent map: "
+                f"I − ∂₁Φᵀ = α∇²₁₁ℓ); {type(phi).__name__} is not. Use FixedPointIteration()."
+            )
+        if self.batches == "full":
+            if full_batch is None:
+                raise ConfigurationError(
+                    "ConjugateGradient(batches='full') needs full_train_batch=<the whole "
+                    "training set as one batch>."
+                )
+            fixed = [full_batch]
+        else:
+            fixed = batches.take(int(self.batches))
+
+        def A(v: Sequence[Tensor]) -> Tensors:
+            acc = [x.detach().clone() for x in v]
+            for b in fixed:
+                jtv, _ = phi.vjp(b, v)
+                for a, j in zip(acc, jtv):
+                    a.sub_(j.detach(), alpha=1.0 / len(fixed))
+                _count(cost, b, "adjoint")
+            return acc
+
+        v = [x.detach().clone() for x in v0]
+        b_norm = norm(grad_w_E)
+        Av = A(v)
+        r = [g - a for g, a in zip(grad_w_E, Av)]
+        p = [x.clone() for x in r]
+        rr = _dot(r, r)
+        first = math.sqrt(rr)
+        for k in range(steps):
+            if math.sqrt(rr) <= self.tol * max(b_norm, 1e-30):
+                break
+            Ap = A(p)
+            pAp = _dot(p, Ap)
+            if not math.isfinite(pAp) or pAp <= 0:
+                raise DivergenceError(
+                    "adjoint solve v_k (conjugate gradients)",
+                    k,
+                    math.sqrt(rr),
+                    f"pᵀAp = {pAp:.3g} ≤ 0: the adjoint system is not positive definite (a "
+                    "non-convex inner loss: negative curvature). Use damping=CurvatureDamping().",
+                )
+            step = rr / pAp
+            for vi, pi, ri, api in zip(v, p, r, Ap):
+                vi.add_(pi, alpha=step)
+                ri.sub_(api, alpha=step)
+            rr_new = _dot(r, r)
+            for pi, ri in zip(p, r):
+                pi.mul_(rr_new / rr).add_(ri)
+            rr = rr_new
+        return v, SolveResult(steps, first, math.sqrt(rr), math.nan)
+
+
+def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
+    return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
 
 
 def assemble_hypergradient(

@@ -1,0 +1,178 @@
+"""Divergence that cannot hide: growth tracked *across* hyper steps, and what to do about it.
+
+A solve's own residual test (growth by ``divergence_factor`` within one solve) misses slow growth
+in short solves: with k = 10 steps, an expansion of 1.5× per step is never flagged, and the
+warm-started v carries it to the next hyper step (measured: a ridge with α·L = 2.5 took the
+hypergradient norm from 0.05 to 1e18 over twelve steps, λ updated each time).
+
+:class:`DivergenceGuard` checks every hyper step against what a *non-expansive* adjoint map allows:
+the KM iteration v ← v + η(Ψ̂(v) − v) with ‖∂₁Φ̂‖ ≤ 1 satisfies ‖v_k‖ ≤ ‖v_0‖ + Σ_t η_t ‖∇₁E‖,
+and so, summed over the hyper steps since v was last reset,
+
+    ‖v‖ ≤ Σ_s Σ_t η_t ‖∇₁E_s‖                         (the budget of a non-expansive map).
+
+An expansive map (q > 1: a non-convex ℓ, an α past 2/L) outgrows this linear budget geometrically,
+however slowly. Also flagged: an adjoint residual that grew within the solve to more than
+``residual_factor``·‖∇₁E‖, and a hypergradient norm ``growth`` times the median of the last
+accepted ones. On detection the hyper step raises :class:`DivergenceError` naming the cause and
+the numbers; λ is never written.
+
+Policies (``on_divergence=``) decide what a detected divergence does inside the optimizer:
+
+* :class:`RaiseOnDivergence` — raise at once (v is reset, so the next call starts clean);
+* :class:`BackOff` — halve α (or η), reset v, retry (``backoff=N``);
+* :class:`Recover` — reset v, re-estimate the curvature, raise the damping δ, retry; after
+  ``retries`` failures raise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigurationError, DivergenceError
+
+
+@dataclass
+class DivergenceGuard:
+    """Tracks ‖v‖, the adjoint residual and ‖∇̂f‖ across hyper steps (see the module docstring).
+
+    Parameters
+    ----------
+    slack: ‖v‖ may exceed the non-expansive budget by this factor (minibatch maps are only
+        contractive on average).
+    residual_factor: an adjoint residual that grew within the solve past this many ‖∇₁E‖.
+    growth: a hypergradient norm this many times the median of the last ``window`` accepted ones.
+    window: accepted hyper steps in that median.
+    """
+
+    slack: float = 4.0
+    residual_factor: float = 1e3
+    growth: float = 1e3
+    window: int = 5
+    budget: float = 0.0
+    norms: list[float] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """v was reset to 0: its budget starts again."""
+        self.budget = 0.0
+
+    def check(
+        self,
+        *,
+        v_norm: float,
+        v0_norm: float,
+        grad_norm: float,
+        etas: float,
+        residual: float,
+        first_residual: float,
+        hypergradient_norm: float,
+    ) -> None:
+        """Raise :class:`DivergenceError` if this hyper step's numbers show divergence.
+
+        ``etas`` is Σ_t η_t of this adjoint solve (k for CG-type solvers); ``v0_norm`` the norm
+        of its warm start.
+        """
+        budget = (self.budget if self.budget > 0 else v0_norm) + etas * grad_norm
+        if v_norm > self.slack * budget + 1e-12:
+            raise DivergenceError(
+                "adjoint v (across hyper steps)",
+                None,
+                residual,
+                f"‖v‖ = {v_norm:.3g} exceeds {self.slack:g}× what a non-expansive adjoint map can "
+                f"reach ({budget:.3g} = Σ η‖∇₁E‖ since v was reset): the map is not a "
+                "contraction at this w — a non-convex inner loss (negative curvature) or a step "
+                "α above 2/L. v was reset; λ was not updated. Use damping=CurvatureDamping() "
+                "(the default of the Lightning layer) or a smaller alpha.",
+            )
+        if residual > first_residual and residual > self.residual_factor * grad_norm > 0:
+            raise DivergenceError(
+                "adjoint solve v_k",
+                None,
+                residual,
+                f"the adjoint residual grew within the solve from {first_residual:.3g} to "
+                f"{residual:.3g}, above {self.residual_factor:g}·‖∇₁E‖ = "
+                f"{self.residual_factor * grad_norm:.3g}: the adjoint map is expansive (not a "
+                "contraction). v was reset; λ was not updated.",
+            )
+        if len(self.norms) >= 3:
+            reference = statistics.median(self.norms[-self.window :])
+            if hypergradient_norm > self.growth * max(reference, 1e-30):
+                raise DivergenceError(
+                    "hypergradient (across hyper steps)",
+                    None,
+                    hypergradient_norm,
+                    f"‖∇̂f‖ = {hypergradient_norm:.3g} is {hypergradient_norm / reference:.3g}× "
+                    f"the median of the last accepted ones ({reference:.3g}). v was reset; λ was "
+                    "not updated.",
+                )
+        self.budget = budget
+
+    def accept(self, hypergradient_norm: float) -> None:
+        self.norms = (self.norms + [hypergradient_norm])[-self.window :]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"budget": self.budget, "norms": list(self.norms)}
+
+    def load_state_dict(self, state: Any) -> None:
+        if (
+            not isinstance(state, dict)
+            or not isinstance(state.get("budget"), (int, float))
+            or not isinstance(state.get("norms"), list)
+            or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in state["norms"])
+        ):
+            raise ConfigurationError(
+                f"the saved divergence-guard state must be {{'budget': number, 'norms': [numbers]}}"
+                f", got {state!r}."
+            )
+        self.budget, self.norms = float(state["budget"]), [float(x) for x in state["norms"]]
+
+
+class DivergencePolicy:
+    """What a detected divergence does: ``retries`` attempts, each preceded by :meth:`adapt`."""
+
+    retries: int = 0
+
+    def adapt(self, optimizer: Any, err: DivergenceError) -> str:
+        """Change the optimizer before a retry; returns what was changed (for the log)."""
+        return "nothing"
+
+
+def _check_retries(retries: Any) -> None:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigurationError(f"retries must be an integer ≥ 0, got {retries!r}.")
+
+
+@dataclass(frozen=True)
+class RaiseOnDivergence(DivergencePolicy):
+    """Raise :class:`DivergenceError` at once (v is reset; λ untouched)."""
+
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class BackOff(DivergencePolicy):
+    """Retry up to ``retries`` times with α (GD map) or η (general map) halved, v reset."""
+
+    retries: int = 1
+
+    def __post_init__(self) -> None:
+        _check_retries(self.retries)
+
+    def adapt(self, optimizer: Any, err: DivergenceError) -> str:
+        return optimizer._halve_step()
+
+
+@dataclass(frozen=True)
+class Recover(DivergencePolicy):
+    """Retry up to ``retries`` times after resetting v, re-estimating L, λ_min and raising δ."""
+
+    retries: int = 2
+
+    def __post_init__(self) -> None:
+        _check_retries(self.retries)
+
+    def adapt(self, optimizer: Any, err: DivergenceError) -> str:
+        return optimizer._recover()

@@ -1,0 +1,209 @@
+"""Oracle tests of the strategy objects: Lanczos curvature, damping, CG, divergence across steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from problems import make_ridge
+
+from hypertorch_sid import (
+    ConjugateGradient,
+    CurvatureDamping,
+    DivergenceError,
+    EstimatedCurvature,
+    FixedDamping,
+    GradientDescentMap,
+    NoDamping,
+    Recover,
+    SIDHyperOptimizer,
+    estimate_curvature,
+    lanczos_extremes,
+)
+
+
+def _sym(d: int, low: float, high: float, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    eig = torch.linspace(low, high, d, dtype=torch.float64)
+    return Q @ torch.diag(eig) @ Q.T
+
+
+@pytest.mark.parametrize("low", [0.01, -3.6])
+def test_lanczos_finds_both_ends_of_the_spectrum(low):
+    A = _sym(40, low, 4.7)
+    res = lanczos_extremes(lambda v: [A @ v[0]], [torch.zeros(40, dtype=torch.float64)], 40)
+    assert math.isclose(res.theta_max, 4.7, rel_tol=1e-8)
+    assert math.isclose(res.theta_min, low, rel_tol=1e-6, abs_tol=1e-8)
+
+
+def test_lanczos_bounds_hold_after_few_steps():
+    A = _sym(200, -1.0, 10.0)
+    res = lanczos_extremes(lambda v: [A @ v[0]], [torch.zeros(200, dtype=torch.float64)], 12)
+    # Ritz values lie inside the spectrum; the residual bounds reach the true ends
+    assert -1.0 <= res.theta_min and res.theta_max <= 10.0 + 1e-9
+    assert res.theta_max + res.error_max >= 10.0 - 1e-6
+    assert res.theta_min - res.error_min <= -1.0 + 1e-6
+
+
+class _Quadratic:
+    """ℓ = ½ wᵀHw − bᵀw + ½ Σ λ w² with an indefinite H: the exact damped adjoint is known."""
+
+    def __init__(self, low: float, d: int = 12, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.H = _sym(d, low, 3.0, seed)
+        self.b = torch.randn(d, generator=g, dtype=torch.float64)
+        self.target = torch.randn(d, generator=g, dtype=torch.float64)
+        self.w = torch.randn(d, generator=g, dtype=torch.float64).requires_grad_()
+        self.log_lam = torch.full((d,), -4.0, dtype=torch.float64, requires_grad=True)
+
+    def inner_loss(self, batch):
+        w = self.w
+        return 0.5 * w @ self.H @ w - self.b @ w + 0.5 * (self.log_lam.exp() * w**2).sum()
+
+    def outer_loss(self, batch):
+        return 0.5 * ((self.w - self.target) ** 2).sum()
+
+    def damped_hypergradient(self, delta: float) -> torch.Tensor:
+        """−∂²₂₁ℓ (∇²₁₁ℓ + δI)⁻¹ ∇₁E at the current w (eq. gradfv2 of the damped system)."""
+        lam = self.log_lam.detach().exp()
+        w = self.w.detach()
+        A = self.H + torch.diag(lam) + delta * torch.eye(len(w), dtype=torch.float64)
+        v = torch.linalg.solve(A, w - self.target)
+        return -(lam * w) * v
+
+
+def test_curvature_damping_is_zero_on_a_convex_problem_and_exact():
+    p = make_ridge(n=300, d=6, seed=4)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=200,
+        adjoint_steps=200, step_size="constant", full_train_batch=p.train(),
+        inner_batches="full", adjoint_batches="full", d2_batches="full",
+        damping=CurvatureDamping(), estimate_iters=50,
+    )  # fmt: skip
+    g = hopt.hypergradient([p.train()], p.val())
+    assert hopt.delta == 0.0 and hopt.last["damping"] == 0.0
+    torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.parametrize("solver", [None, ConjugateGradient(batches="full")])
+def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
+    """λ_min(H) = −2: the undamped system diverges, the damped one gives its exact answer."""
+    q = _Quadratic(low=-2.0)
+    kwargs = dict(full_train_batch=0, adjoint_batches="full", d2_batches="full")
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=400,
+        step_size="constant", damping=CurvatureDamping(margin=0.5),
+        curvature=EstimatedCurvature(iters=12), adjoint_solver=solver, **kwargs,
+    )  # fmt: skip
+    g = hopt.hypergradient([0], None)
+    assert hopt.lambda_min < -1.9 and hopt.delta > 2.0
+    assert 0 < hopt.q < 1
+    torch.testing.assert_close(g[0], q.damped_hypergradient(hopt.delta), rtol=1e-6, atol=1e-9)
+    # the undamped paper system is not a contraction here: it must fail loudly, not return garbage
+    plain = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=400,
+        step_size="constant", damping=NoDamping(), curvature=EstimatedCurvature(iters=12),
+        **kwargs,
+    )  # fmt: skip
+    with pytest.raises(DivergenceError, match="not a contraction|expansive|diverged"):
+        plain.hypergradient([0], None)
+
+
+def test_fixed_damping_matches_its_closed_form():
+    q = _Quadratic(low=0.5)
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=500,
+        step_size="constant", damping=FixedDamping(0.7), curvature=EstimatedCurvature(iters=12),
+        full_train_batch=0, adjoint_batches="full", d2_batches="full",
+    )  # fmt: skip
+    g = hopt.hypergradient([0], None)
+    torch.testing.assert_close(g[0], q.damped_hypergradient(0.7), rtol=1e-6, atol=1e-9)
+
+
+def test_conjugate_gradient_matches_ridge_closed_form_in_few_steps():
+    p = make_ridge(n=300, d=6, seed=4)
+    with torch.no_grad():
+        p.w.copy_(p.w_star())
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=6,
+        full_train_batch=p.train(), d2_batches="full",
+        adjoint_solver=ConjugateGradient(batches="full"), alpha=0.1,
+    )  # fmt: skip
+    g = hopt.hypergradient([p.train()], p.val())
+    torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-8, atol=1e-12)
+    assert hopt.cost.jacobian_vector_products <= 6 + 1 + 1
+
+
+def test_conjugate_gradient_refuses_a_non_symmetric_map_and_an_indefinite_system():
+    from hypertorch_sid import ConfigurationError
+
+    p = make_ridge(n=100, d=4)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], outer_loss=p.outer_loss, inner_steps=0, adjoint_steps=5,
+        fixed_point_map=lambda b: [p.w - 0.1 * p.w], q=0.9, adjoint_solver=ConjugateGradient(2),
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match="symmetric"):
+        hopt.hypergradient([p.train()], p.val())
+    q = _Quadratic(low=-2.0)
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=50,
+        full_train_batch=0, adjoint_solver=ConjugateGradient("full"), alpha=0.1, q=0.5,
+    )  # fmt: skip
+    with pytest.raises(DivergenceError, match="positive definite"):
+        hopt.hypergradient([0], None)
+
+
+def test_slow_divergence_across_hyper_steps_is_caught_and_never_reaches_lambda():
+    """The issue's case: ridge, α·L = 2.5, k = 10 — growth per step is slow, v is warm-started."""
+    p = make_ridge(n=200, d=5, seed=1)
+    L = float(torch.linalg.eigvalsh(p.X.T @ p.X / 200 + torch.diag(p.lam()))[-1])
+    opt = torch.optim.SGD([p.log_lam], lr=0.01)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, opt, inner_steps=10, adjoint_steps=10,
+        step_size="constant", alpha=2.5 / L, q=0.5, divergence_factor=1e6,
+    )  # fmt: skip
+    before = p.log_lam.detach().clone()
+    with pytest.raises(DivergenceError, match="non-expansive|expansive|not a contraction"):
+        for _ in range(12):
+            before = p.log_lam.detach().clone()
+            hopt.step(p.loader(20), p.val())
+    torch.testing.assert_close(p.log_lam.detach(), before)  # the failing step wrote nothing
+    assert hopt.v is None  # the bad warm start is gone
+
+
+def test_recover_resets_v_and_raises_damping_then_continues():
+    q = _Quadratic(low=-2.0)
+    opt = torch.optim.SGD([q.log_lam], lr=1e-3)
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, opt, inner_steps=0, adjoint_steps=30,
+        step_size="constant", damping=FixedDamping(0.0), curvature=EstimatedCurvature(iters=12),
+        on_divergence=Recover(retries=4), full_train_batch=0, adjoint_batches="full",
+        d2_batches="full",
+    )  # fmt: skip
+    for _ in range(3):
+        hopt.step([0], None)
+    assert hopt.delta > 2.0  # raised past −λ_min = 2 by the retries
+    assert all(torch.isfinite(h).all() for h in hopt.hyperparameters)
+    assert math.isfinite(hopt.last["hypergradient_norm"])
+
+
+def test_curvature_cost_is_counted():
+    p = make_ridge(n=300, d=6, seed=4)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=3, adjoint_steps=3,
+        curvature=EstimatedCurvature(batches=2, iters=5),
+    )  # fmt: skip
+    hopt.hypergradient(p.loader(10), p.val())
+    c = hopt.cost
+    assert c.curvature_products == 2 * c.curvature_samples // 20 > 0
+    assert c.samples == c.inner_samples + c.adjoint_samples + 10 + c.curvature_samples
+
+
+def test_estimate_curvature_reports_negative_curvature():
+    q = _Quadratic(low=-3.6)
+    phi = GradientDescentMap(q.inner_loss, [q.w], [q.log_lam], alpha=1.0)
+    est = estimate_curvature(phi, [0], iters=12)
+    assert est.lambda_min == pytest.approx(-3.6 + math.exp(-4.0), rel=1e-6)
+    assert est.mu_floored and not est.convex
