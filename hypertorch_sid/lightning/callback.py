@@ -22,8 +22,6 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 from __future__ import annotations
 
 import math
-import os
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,9 +33,9 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader, Dataset
 
+from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.optimizer import SIDHyperOptimizer
@@ -45,232 +43,19 @@ from ..core.presets import PRESETS, get_preset
 from ..core.schedules import StepSchedule
 from ..core.validation import check_inner_optimizers
 from .module import BilevelModule
+from .sampling import (
+    SampledBatches,
+    ShardedSampler,
+    fetch,
+    loader_parts,
+    shard_indices,
+    validation_loader,
+)
 
 __all__ = ["HyperOptimizationCallback"]
 
 Tensors = list[Tensor]
 _STEP_SIZES = ("constant", "decreasing", "two_phase")
-
-
-# ---------------------------------------------------------------------------------- data helpers
-class _ShardedSampler:
-    """Endless minibatch indices from a private generator; rank r takes its shard of each batch.
-
-    One *global* batch of ``batch_size × world_size`` indices is cut from a permutation drawn with
-    ``torch.Generator().manual_seed(seed)`` — the same on every rank — and rank r keeps the r-th
-    contiguous block of ``batch_size``. The union over ranks is therefore the batch one process
-    with ``batch_size × world_size`` would draw. Incomplete tails are dropped (every batch has the
-    same size); a new permutation starts when the current one is used up.
-    """
-
-    def __init__(self, n: int, batch_size: int, seed: int, rank: int, world_size: int) -> None:
-        self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
-        self.global_batch = batch_size * world_size
-        if self.global_batch > n:
-            raise ConfigurationError(
-                f"the hyper-step batch ({batch_size} per process × {world_size} processes) is "
-                f"larger than the data set ({n} samples): lower batch_size / val_batch_size."
-            )
-        self.generator = torch.Generator().manual_seed(seed)
-        self.perm: Tensor | None = None
-        self.pos = 0
-        self.epoch = 0
-
-    def next_indices(self) -> Tensor:
-        if self.perm is None or self.pos + self.global_batch > self.n:
-            self.perm = torch.randperm(self.n, generator=self.generator)
-            self.pos = 0
-            self.epoch += 1
-        block = self.perm[self.pos : self.pos + self.global_batch]
-        self.pos += self.global_batch
-        return block[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "generator": self.generator.get_state(),
-            "perm": None if self.perm is None else self.perm.clone(),
-            "pos": self.pos,
-            "epoch": self.epoch,
-            "n": self.n,
-            "global_batch": self.global_batch,
-        }
-
-    def check_state(self, state: Any, what: str) -> None:
-        """Raise :class:`ConfigurationError` unless ``state`` is a sound :meth:`state_dict`."""
-        keys = {"generator", "perm", "pos", "epoch", "n", "global_batch"}
-        if not isinstance(state, dict) or not keys <= set(state):
-            missing = sorted(keys - set(state)) if isinstance(state, dict) else sorted(keys)
-            raise ConfigurationError(
-                f"the checkpoint's {what} state is incomplete (missing {missing}): the "
-                "checkpoint is truncated or was not written by this callback."
-            )
-        if state["n"] != self.n or state["global_batch"] != self.global_batch:
-            raise ConfigurationError(
-                f"the checkpoint's {what} drew global batches of "
-                f"{state['global_batch']} from {state['n']} samples; this run has "
-                f"{self.global_batch} from {self.n}. "
-                "Resume with the same data, batch size and number of processes."
-            )
-        generator = state["generator"]
-        try:
-            if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
-                raise TypeError("not a uint8 tensor")
-            torch.Generator().set_state(generator)
-        except (TypeError, RuntimeError) as err:
-            raise ConfigurationError(
-                f"the checkpoint's {what} random-generator state is corrupted ({err})."
-            ) from None
-        perm = state["perm"]
-        if perm is not None and not (
-            isinstance(perm, Tensor)
-            and perm.shape == (self.n,)
-            and torch.equal(perm.sort().values, torch.arange(self.n, dtype=perm.dtype))
-        ):
-            raise ConfigurationError(
-                f"the checkpoint's {what} permutation is not a permutation of the {self.n} "
-                "samples: the checkpoint is corrupted."
-            )
-        for name, high in (("pos", self.n), ("epoch", None)):
-            value = state[name]
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or value < 0
-                or (high is not None and value > high)
-            ):
-                raise ConfigurationError(
-                    f"the checkpoint's {what} {name} must be an integer in [0, "
-                    f"{high if high is not None else '∞'}], got {value!r}."
-                )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_state(state, "hyper-step sampler")
-        self.generator.set_state(state["generator"])
-        self.perm = None if state["perm"] is None else state["perm"].clone()
-        self.pos, self.epoch = int(state["pos"]), int(state["epoch"])
-
-
-class _Batches:
-    """Endless iterator of collated, device-placed minibatches of ``dataset`` at sampled indices."""
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        collate: Callable[[list[Any]], Any],
-        sampler: _ShardedSampler,
-        to_device: Callable[[Any], Any],
-    ) -> None:
-        self.dataset, self.collate, self.sampler, self.to_device = (
-            dataset,
-            collate,
-            sampler,
-            to_device,
-        )
-        self.samples = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        idx = self.sampler.next_indices()
-        self.samples += len(idx)
-        return self.to_device(_fetch(self.dataset, self.collate, idx))
-
-
-def _fetch(dataset: Dataset, collate: Callable[[list[Any]], Any], idx: Tensor) -> Any:
-    """``collate([dataset[i] for i in idx])``, vectorised for a ``TensorDataset``."""
-    if isinstance(dataset, TensorDataset) and collate is default_collate:
-        return [t[idx] for t in dataset.tensors]
-    if hasattr(dataset, "__getitems__"):
-        return collate(dataset.__getitems__(idx.tolist()))
-    return collate([dataset[i] for i in idx.tolist()])
-
-
-def _shard_indices(n: int, rank: int, world_size: int) -> Tensor:
-    """Indices rank r holds of the whole set, padded by wrapping (like ``DistributedSampler``)."""
-    per_rank = math.ceil(n / world_size)
-    idx = torch.arange(per_rank * world_size) % n
-    return idx[rank::world_size]
-
-
-def _loader_parts(loader: Any, what: str) -> tuple[Dataset, Callable[[list[Any]], Any], int | None]:
-    """(dataset, collate_fn, batch size) of the user's DataLoader."""
-    if isinstance(loader, (list, tuple)) and loader and isinstance(loader[0], DataLoader):
-        if len(loader) > 1:
-            rank_zero_info(f"HyperOptimizationCallback: using the first of {len(loader)} {what}s.")
-        loader = loader[0]
-    if not isinstance(loader, DataLoader):
-        raise ConfigurationError(
-            f"HyperOptimizationCallback draws its own minibatches from the {what}'s dataset, so "
-            f"the {what} must be a torch DataLoader; got {type(loader).__name__}."
-        )
-    if loader.batch_size is None and loader.batch_sampler is None:
-        raise ConfigurationError(
-            f"the {what} has automatic batching disabled (batch_size=None): its dataset yields "
-            "whole batches, so the callback cannot draw minibatches from it. Give the "
-            "DataLoader a batch_size (or a batch_sampler)."
-        )
-    dataset = loader.dataset
-    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise ConfigurationError(
-            f"the {what}'s dataset ({type(dataset).__name__}) is not a map-style dataset with "
-            "__len__ and __getitem__: the callback's sampler needs random access."
-        )
-    batch_size = loader.batch_size
-    if batch_size is None and loader.batch_sampler is not None:
-        batch_size = getattr(loader.batch_sampler, "batch_size", None)
-    return dataset, loader.collate_fn or default_collate, batch_size
-
-
-def _val_loader(trainer: pl.Trainer) -> Any:
-    """The validation DataLoader(s) of this fit, or None when there is none."""
-    if trainer.val_dataloaders is not None:
-        return trainer.val_dataloaders
-    source = getattr(trainer.fit_loop.epoch_loop.val_loop, "_data_source", None)
-    if source is None or source.instance is None or not source.is_defined():
-        return None
-    return source.dataloader()
-
-
-def _checkpoint_problem(path: Any) -> str | None:
-    """What is wrong with a local zip-format checkpoint file, or None if nothing is found.
-
-    Every record is checked against its stored CRC-32: ``torch.load`` reads records without that
-    check, so a checkpoint with flipped or zeroed bytes inside a tensor loads silently (e.g. a
-    corrupted random-generator state). Records saved without a CRC
-    (``torch.serialization.set_crc32_options(False)`` stores 0) are skipped, as are remote paths
-    and files that are not zip archives (the legacy format).
-    """
-    if path is None or not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
-        return None
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if size == 0:
-        return f"the checkpoint {os.fspath(path)!r} is empty (0 bytes)."
-    if magic != b"PK\x03\x04":
-        return None
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if info.CRC == 0:
-                    continue
-                with archive.open(info) as record:  # raises BadZipFile on a CRC mismatch
-                    while record.read(1 << 20):
-                        pass
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        return (
-            f"the checkpoint {os.fspath(path)!r} ({size} bytes) is truncated or corrupted: "
-            f"{err}. Resume from an earlier checkpoint."
-        )
-    return None
-
-
-def _verify_checkpoint_file(path: Any) -> None:
-    """Raise :class:`ConfigurationError` if :func:`_checkpoint_problem` finds something."""
-    problem = _checkpoint_problem(path)
-    if problem is not None:
-        raise ConfigurationError(problem)
 
 
 _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
@@ -521,9 +306,9 @@ class HyperOptimizationCallback(Callback):
         #: the ``hyper/*`` metrics of every hyper step (also in checkpoints)
         self.history: list[dict[str, float]] = []
         self._active: _Problem | None = None
-        self._train: _Batches | None = None
+        self._train: SampledBatches | None = None
         self._train_stream: BatchStream | None = None
-        self._val: _Batches | None = None
+        self._val: SampledBatches | None = None
         self._val_full: Any = None
         self._val_samples = 0
         self._n_train = 0
@@ -583,7 +368,7 @@ class HyperOptimizationCallback(Callback):
         before_build, self._fitting, self._before_build = self._before_build, False, False
         self._unfreeze()
         if before_build and not isinstance(exception, ConfigurationError):
-            problem = _checkpoint_problem(trainer.ckpt_path)
+            problem = checkpoint_problem(trainer.ckpt_path)
             if problem is not None and hasattr(exception, "add_note"):
                 exception.add_note(f"{type(self).__name__}: {problem}")
 
@@ -603,7 +388,7 @@ class HyperOptimizationCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         """Refuse a checkpoint file whose bytes fail their CRC-32 (``torch.load`` skips it)."""
-        _verify_checkpoint_file(trainer.ckpt_path)
+        verify_checkpoint_file(trainer.ckpt_path)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (applied at ``on_train_start`` if not built yet).
@@ -697,41 +482,39 @@ class HyperOptimizationCallback(Callback):
         return lambda batch: trainer.strategy.batch_to_device(batch)
 
     def _build_train_source(self, trainer: pl.Trainer) -> None:
-        dataset, collate, loader_bs = _loader_parts(trainer.train_dataloader, "train dataloader")
+        dataset, collate, loader_bs = loader_parts(trainer.train_dataloader, "train dataloader")
         batch_size = self.batch_size or loader_bs
         if batch_size is None:
             raise ConfigurationError(
                 "HyperOptimizationCallback cannot tell the training batch size: pass batch_size."
             )
         self._n_train = len(dataset)
-        sampler = _ShardedSampler(
-            self._n_train, batch_size, self.seed, self._rank, self._world_size
-        )
-        self._train = _Batches(dataset, collate, sampler, self._to_device(trainer))
+        sampler = ShardedSampler(self._n_train, batch_size, self.seed, self._rank, self._world_size)
+        self._train = SampledBatches(dataset, collate, sampler, self._to_device(trainer))
         self._train_stream = BatchStream(self._train, "the callback's training sampler")
         self._train_parts = (dataset, collate)
 
     def _full_train_batch(self, trainer: pl.Trainer) -> Any:
         assert self._train_parts is not None
         dataset, collate = self._train_parts
-        idx = _shard_indices(len(dataset), self._rank, self._world_size)
-        return self._to_device(trainer)(_fetch(dataset, collate, idx))
+        idx = shard_indices(len(dataset), self._rank, self._world_size)
+        return self._to_device(trainer)(fetch(dataset, collate, idx))
 
     def _build_val_source(self, trainer: pl.Trainer) -> None:
-        loader = _val_loader(trainer)
+        loader = validation_loader(trainer)
         if loader is None:
             raise ConfigurationError(
                 "HyperOptimizationCallback needs validation data for the outer objective E: "
                 "pass val_dataloaders to trainer.fit, or define val_dataloader() in the module "
                 "or the datamodule."
             )
-        dataset, collate, loader_bs = _loader_parts(loader, "validation dataloader")
+        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
         to_device = self._to_device(trainer)
         self._n_val = len(dataset)
         if self.val == "full":
-            idx = _shard_indices(len(dataset), self._rank, self._world_size)
+            idx = shard_indices(len(dataset), self._rank, self._world_size)
             if self.val_batch_size is None:
-                self._val_full = to_device(_fetch(dataset, collate, idx))
+                self._val_full = to_device(fetch(dataset, collate, idx))
             else:
                 shard = torch.utils.data.Subset(dataset, idx.tolist())
                 self._val_full = DataLoader(
@@ -748,10 +531,10 @@ class HyperOptimizationCallback(Callback):
                 "HyperOptimizationCallback cannot tell the validation batch size: pass "
                 "val_batch_size."
             )
-        sampler = _ShardedSampler(
+        sampler = ShardedSampler(
             len(dataset), batch_size, self.seed + 1, self._rank, self._world_size
         )
-        self._val = _Batches(dataset, collate, sampler, to_device)
+        self._val = SampledBatches(dataset, collate, sampler, to_device)
 
     def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
         if self.outer_optimizer is None:

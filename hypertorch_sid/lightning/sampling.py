@@ -1,0 +1,238 @@
+"""The callback's hyper-step data: its own seeded, DDP-sharded minibatch samplers.
+
+:class:`~hypertorch_sid.lightning.HyperOptimizationCallback` draws the minibatches ζ̂ of the
+adjoint solve and of the validation gradient from the datasets behind the fit's DataLoaders,
+with samplers of its own (independent of the training batches). Under DDP every rank draws the
+same *global* batch from the same seed and keeps its shard, so the union over ranks is the batch
+a single process would draw.
+
+- :class:`ShardedSampler`: endless minibatch indices, rank r's shard of each global batch, with a
+  checkpointable, validated state;
+- :class:`SampledBatches`: collated, device-placed minibatches at those indices;
+- :func:`fetch`, :func:`shard_indices`: a batch at given indices; rank r's part of the whole set;
+- :func:`loader_parts`, :func:`validation_loader`: the dataset, collate function and batch size
+  of the fit's DataLoaders.
+
+Only :func:`loader_parts` (a log line) and :func:`validation_loader` use Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities.model_helpers import is_overridden
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+from ..core.errors import ConfigurationError
+
+__all__ = [
+    "SampledBatches",
+    "ShardedSampler",
+    "fetch",
+    "loader_parts",
+    "shard_indices",
+    "validation_loader",
+]
+
+
+class ShardedSampler:
+    """Endless minibatch indices from a private generator; rank r takes its shard of each batch.
+
+    One *global* batch of ``batch_size × world_size`` indices is cut from a permutation drawn with
+    ``torch.Generator().manual_seed(seed)`` — the same on every rank — and rank r keeps the r-th
+    contiguous block of ``batch_size``. The union over ranks is therefore the batch one process
+    with ``batch_size × world_size`` would draw. Incomplete tails are dropped (every batch has the
+    same size); a new permutation starts when the current one is used up.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int, world_size: int) -> None:
+        self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
+        self.global_batch = batch_size * world_size
+        if self.global_batch > n:
+            raise ConfigurationError(
+                f"the hyper-step batch ({batch_size} per process × {world_size} processes) is "
+                f"larger than the data set ({n} samples): lower batch_size / val_batch_size."
+            )
+        self.generator = torch.Generator().manual_seed(seed)
+        self.perm: Tensor | None = None
+        self.pos = 0
+        self.epoch = 0
+
+    def next_indices(self) -> Tensor:
+        if self.perm is None or self.pos + self.global_batch > self.n:
+            self.perm = torch.randperm(self.n, generator=self.generator)
+            self.pos = 0
+            self.epoch += 1
+        block = self.perm[self.pos : self.pos + self.global_batch]
+        self.pos += self.global_batch
+        return block[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "perm": None if self.perm is None else self.perm.clone(),
+            "pos": self.pos,
+            "epoch": self.epoch,
+            "n": self.n,
+            "global_batch": self.global_batch,
+        }
+
+    def check_state(self, state: Any, what: str) -> None:
+        """Raise :class:`ConfigurationError` unless ``state`` is a sound :meth:`state_dict`."""
+        keys = {"generator", "perm", "pos", "epoch", "n", "global_batch"}
+        if not isinstance(state, dict) or not keys <= set(state):
+            missing = sorted(keys - set(state)) if isinstance(state, dict) else sorted(keys)
+            raise ConfigurationError(
+                f"the checkpoint's {what} state is incomplete (missing {missing}): the "
+                "checkpoint is truncated or was not written by this callback."
+            )
+        if state["n"] != self.n or state["global_batch"] != self.global_batch:
+            raise ConfigurationError(
+                f"the checkpoint's {what} drew global batches of "
+                f"{state['global_batch']} from {state['n']} samples; this run has "
+                f"{self.global_batch} from {self.n}. "
+                "Resume with the same data, batch size and number of processes."
+            )
+        generator = state["generator"]
+        try:
+            if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
+                raise TypeError("not a uint8 tensor")
+            torch.Generator().set_state(generator)
+        except (TypeError, RuntimeError) as err:
+            raise ConfigurationError(
+                f"the checkpoint's {what} random-generator state is corrupted ({err})."
+            ) from None
+        perm = state["perm"]
+        if perm is not None and not (
+            isinstance(perm, Tensor)
+            and perm.shape == (self.n,)
+            and torch.equal(perm.sort().values, torch.arange(self.n, dtype=perm.dtype))
+        ):
+            raise ConfigurationError(
+                f"the checkpoint's {what} permutation is not a permutation of the {self.n} "
+                "samples: the checkpoint is corrupted."
+            )
+        for name, high in (("pos", self.n), ("epoch", None)):
+            value = state[name]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 0
+                or (high is not None and value > high)
+            ):
+                raise ConfigurationError(
+                    f"the checkpoint's {what} {name} must be an integer in [0, "
+                    f"{high if high is not None else '∞'}], got {value!r}."
+                )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state, "hyper-step sampler")
+        self.generator.set_state(state["generator"])
+        self.perm = None if state["perm"] is None else state["perm"].clone()
+        self.pos, self.epoch = int(state["pos"]), int(state["epoch"])
+
+
+class SampledBatches:
+    """Endless iterator of collated, device-placed minibatches of ``dataset`` at sampled indices."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        collate: Callable[[list[Any]], Any],
+        sampler: ShardedSampler,
+        to_device: Callable[[Any], Any],
+    ) -> None:
+        self.dataset, self.collate, self.sampler, self.to_device = (
+            dataset,
+            collate,
+            sampler,
+            to_device,
+        )
+        self.samples = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        idx = self.sampler.next_indices()
+        self.samples += len(idx)
+        return self.to_device(fetch(self.dataset, self.collate, idx))
+
+
+def fetch(dataset: Dataset, collate: Callable[[list[Any]], Any], idx: Tensor) -> Any:
+    """``collate([dataset[i] for i in idx])``, vectorised for a ``TensorDataset``."""
+    if isinstance(dataset, TensorDataset) and collate is default_collate:
+        return [t[idx] for t in dataset.tensors]
+    if hasattr(dataset, "__getitems__"):
+        return collate(dataset.__getitems__(idx.tolist()))
+    return collate([dataset[i] for i in idx.tolist()])
+
+
+def shard_indices(n: int, rank: int, world_size: int) -> Tensor:
+    """Indices rank r holds of the whole set, padded by wrapping (like ``DistributedSampler``)."""
+    per_rank = math.ceil(n / world_size)
+    idx = torch.arange(per_rank * world_size) % n
+    return idx[rank::world_size]
+
+
+def loader_parts(loader: Any, what: str) -> tuple[Dataset, Callable[[list[Any]], Any], int | None]:
+    """(dataset, collate_fn, batch size) of the user's DataLoader."""
+    if isinstance(loader, (list, tuple)) and loader and isinstance(loader[0], DataLoader):
+        if len(loader) > 1:
+            rank_zero_info(f"HyperOptimizationCallback: using the first of {len(loader)} {what}s.")
+        loader = loader[0]
+    if not isinstance(loader, DataLoader):
+        raise ConfigurationError(
+            f"HyperOptimizationCallback draws its own minibatches from the {what}'s dataset, so "
+            f"the {what} must be a torch DataLoader; got {type(loader).__name__}."
+        )
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise ConfigurationError(
+            f"the {what} has automatic batching disabled (batch_size=None): its dataset yields "
+            "whole batches, so the callback cannot draw minibatches from it. Give the "
+            "DataLoader a batch_size (or a batch_sampler)."
+        )
+    dataset = loader.dataset
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise ConfigurationError(
+            f"the {what}'s dataset ({type(dataset).__name__}) is not a map-style dataset with "
+            "__len__ and __getitem__: the callback's sampler needs random access."
+        )
+    batch_size = loader.batch_size
+    if batch_size is None and loader.batch_sampler is not None:
+        batch_size = getattr(loader.batch_sampler, "batch_size", None)
+    return dataset, loader.collate_fn or default_collate, batch_size
+
+
+def validation_loader(trainer: pl.Trainer) -> Any:
+    """The validation DataLoader(s) of this fit, or None when there is none.
+
+    Where Lightning takes them from, in its order: the loaders its validation loop has set up
+    (``trainer.val_dataloaders``; None while validation is off, e.g. ``limit_val_batches=0``),
+    else the datamodule's ``val_dataloader()``, else the loaders passed to ``trainer.fit``, else
+    the module's ``val_dataloader()``.
+    """
+    if trainer.val_dataloaders is not None:
+        return trainer.val_dataloaders
+    datamodule = trainer.datamodule
+    if datamodule is not None:  # a datamodule is the only source of a fit given one
+        if is_overridden("val_dataloader", datamodule):
+            return datamodule.val_dataloader()
+        return None
+    # Loaders passed as ``trainer.fit(..., val_dataloaders=...)`` have no public route in
+    # Lightning 2.6 while validation is off: only the loop's private data source holds them.
+    # It is checked before the module's own val_dataloader(), which they override.
+    source = getattr(trainer.fit_loop.epoch_loop.val_loop, "_data_source", None)
+    if source is not None and source.instance is not None and not source.is_module():
+        return source.dataloader()
+    module = trainer.lightning_module
+    if module is not None and is_overridden("val_dataloader", module):
+        return module.val_dataloader()
+    return None
