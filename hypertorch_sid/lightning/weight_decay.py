@@ -353,6 +353,44 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             return (1 - momentum) / (1 - dampening)
         return 1.0
 
+    def stable_bound(self, e: _Decayed) -> float:
+        """The largest λ the training optimizer can train with, halved for a margin.
+
+        Coupled decay adds λw to the gradient: SGD with learning rate η and momentum m is stable
+        on the quadratic ½λw² only for λ < 2(1 + m)/η, so λ ≤ (1 + m)/η; other optimizers
+        (Adam: the decay is preconditioned, the step bounded by η) λ ≤ 1/η. Decoupled decay
+        multiplies w by 1 − ηλ each step, so λ ≤ 0.5/η keeps that factor in [0.5, 1].
+        """
+        lr = float(e.group.get("lr", 0.0) or 0.0)
+        if lr <= 0:
+            return math.inf
+        if self.decoupled:
+            return 0.5 / lr
+        momentum = float(e.group.get("momentum", 0.0) or 0.0)
+        if "momentum" in e.group and not e.group.get("nesterov", False):
+            return (1 + momentum) / lr
+        return 1.0 / lr
+
+    @torch.no_grad()
+    def project_stable(self) -> None:
+        """Keep every λ in [0, stable_bound]: never past what the user's optimizer can train."""
+        bounds: dict[int, float] = {}
+        for e in self._entries:
+            bounds[e.slot] = min(bounds.get(e.slot, math.inf), self.stable_bound(e))
+        if self.parameterization == "projection":
+            for r in self.rho:
+                r.clamp_(min=0)
+        if self.granularity == "per_element":
+            for slot, bound in bounds.items():
+                self._clamp(self.rho[slot], bound)
+        else:
+            for slot, bound in bounds.items():
+                self._clamp(self.rho[0][slot], bound)
+
+    def _clamp(self, x: Tensor, bound: float) -> None:
+        if math.isfinite(bound):
+            x.clamp_(max=math.log(bound) if self.parameterization == "log" else bound)
+
     def _before_hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._scales = [self._preconditioner(e) if self.decoupled else 1.0 for e in self._entries]
 
@@ -409,8 +447,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 return {"weight_decay": torch.cat([self._transform(r).flatten() for r in self.rho])}
 
         def project(hs: list[Tensor]) -> None:
-            for h in hs:
-                h.clamp_(min=0)
+            self.project_stable()
 
         return _Problem(
             hyperparameters=self.rho,
@@ -418,7 +455,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             inner_loss=inner_loss,
             outer_loss=outer_loss,
             summary=summary,
-            projection=project if self.parameterization == "projection" else None,
+            projection=project,
             penalty=self.coefficients if self.proximal else None,
         )
 
