@@ -1,0 +1,870 @@
+"""One training that beats a search? Learned weight decay vs grid search vs Optuna.
+
+For each *setting* (data + model + optimizer + epochs, all fixed), the same training is run with
+
+* ``no_wd``      no weight decay (the "plain" training every wall time is compared to);
+* ``grid``       the optimizer's own ``weight_decay=`` at 6 log-spaced values (one training each);
+* ``optuna``     Optuna's TPE sampler over log weight decay in the grid's range, one full training
+                 per trial (``--optuna-trials``, default 20; optional dependency ``optuna``);
+* ``learned_*``  ``LearnedWeightDecay(1e-4, granularity=g)`` for g = global, per_layer,
+                 per_element, one training each, with the optimizer's ``weight_decay=0``.
+                 Only the public API is used: extra callback settings come from
+                 ``--learned-kwargs '{"every_n_steps": 20}'`` (JSON), so defaults can be compared.
+
+Settings (``--settings``; a, b, c are aliases):
+
+===============  ==========================================================================
+``mnist_mlp``    (a) MNIST, 5000 train / 5000 val (rest of the training set) / 10k test;
+                 MLP 784-256-256-10; SGD(lr 0.05, momentum 0.9); batch 64; 10 epochs
+``mnist_cnn``    (b) the same data; CNN conv3×3(16)+BN+ReLU+pool, conv3×3(32)+BN+ReLU+pool,
+                 linear (20 586 parameters); Adam(lr 1e-3); batch 64; 5 epochs
+``digits_mlp``   (c) scikit-learn digits (1797 8×8 images: 40 % train / 30 % val / 30 % test,
+                 stratified); MLP 64-64-10; SGD(lr 0.1); batch 32; 100 epochs
+===============  ==========================================================================
+
+Grid (every setting): 6 values log-spaced over [1e-5, 1e-1] (1e-5, 6.3e-5, 4.0e-4, 2.5e-3,
+1.6e-2, 1e-1); Optuna searches the same range. Whether the grid's best value sits at an edge of the
+grid (the optimum is then not bracketed) is recorded as ``grid_best_at_edge``.
+
+Recorded per training: best validation cross-entropy over the epochs (the full validation set,
+evaluated after every epoch), the epoch it occurred, test accuracy / loss of the weights of that
+epoch, optimizer steps, for learned runs the callback's ``sid.cost.as_dict()`` (when available),
+wall time of ``trainer.fit`` (test evaluation excluded), the final λ (mean/min/max, and per slot
+for global/per-layer), whether the run finished (exceptions are caught and recorded), whether the
+weights and λ stayed finite, and the warnings raised by the library during the run.
+
+Derived per setting: the grid's best; for each learned variant the number of Optuna trials (in
+trial order) until Optuna's best-so-far validation loss is ≤ the learned run's ("not matched in
+N" otherwise), its wall time / the plain training's, and whether it is ≤ the grid's best.
+
+Outputs: JSON (``--out``, default ``benchmarks/results/weight_decay.json``; ``--quick`` writes to a
+temporary folder unless ``--out`` is given), a PNG next to it (same stem), a Markdown table next to
+it (``.md``) which is also printed.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_weight_decay.py                          # all settings (heavy)
+    python benchmarks/bench_weight_decay.py --settings digits_mlp --optuna-trials 0
+    python benchmarks/bench_weight_decay.py --learned-kwargs '{"every_n_steps": 20}' \\
+        --out benchmarks/results/weight_decay_every20.json
+    python benchmarks/bench_weight_decay.py --quick                  # seconds (smoke test)
+
+Deterministic: ``torch.set_num_threads(1)`` (``--threads``), every training starts from
+``pl.seed_everything(seed)`` with a seeded DataLoader generator, so every method starts from the
+same initial weights and sees the same batch order; Optuna's TPE sampler is seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import math
+import platform
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "weight_decay.json"
+GRANULARITIES = ("global", "per_layer", "per_element")
+METHODS = ("no_wd", "grid", "optuna", *(f"learned_{g}" for g in GRANULARITIES))
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+
+
+# ---------------------------------------------------------------------------------- settings
+@dataclass
+class Setting:
+    name: str
+    model_text: str
+    data: str  # "mnist" | "digits"
+    model: str  # "mlp" | "cnn" | "mlp_small"
+    optimizer: str  # "sgd" | "adam"
+    lr: float
+    momentum: float
+    batch_size: int
+    epochs: int
+    n_train: int
+    n_val: int
+    n_test: int
+    grid: list[float] = field(default_factory=list)
+    search_range: tuple[float, float] = (1e-5, 1e-1)
+
+
+def _grid(lo: float, hi: float, n: int = 6) -> list[float]:
+    return [float(v) for v in np.logspace(math.log10(lo), math.log10(hi), n)]
+
+
+SETTINGS: dict[str, Setting] = {
+    "mnist_mlp": Setting(
+        "mnist_mlp",
+        "MLP 784-256-256-10",
+        "mnist", "mlp", "sgd", 0.05, 0.9, 64, 10, 5000, 5000, 10000,
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
+    "mnist_cnn": Setting(
+        "mnist_cnn",
+        "CNN 2×(conv3x3+BN+ReLU+maxpool)+linear",
+        "mnist", "cnn", "adam", 1e-3, 0.0, 64, 5, 5000, 5000, 10000,
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
+    "digits_mlp": Setting(
+        "digits_mlp",
+        "MLP 64-64-10",
+        "digits", "mlp_small", "sgd", 0.1, 0.0, 32, 100, 0, 0, 0,  # sizes from the 40/30/30 split
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
+}  # fmt: skip
+ALIASES = {"a": "mnist_mlp", "b": "mnist_cnn", "c": "digits_mlp"}
+
+
+def describe(s: Setting, data: Data) -> str:
+    opt = (
+        f"SGD(lr={s.lr:g}, momentum={s.momentum:g})"
+        if s.optimizer == "sgd"
+        else f"Adam(lr={s.lr:g})"
+    )
+    source = "MNIST" if s.data == "mnist" else "sklearn digits"
+    return (
+        f"{source} {len(data.y_train)} train / {len(data.y_val)} val / {len(data.y_test)} test, "
+        f"{s.model_text}, {opt}, batch {s.batch_size}, {s.epochs} epochs"
+    )
+
+
+def quick_setting(s: Setting) -> Setting:
+    """Tiny data and 1–2 epochs: the whole quick benchmark runs in seconds."""
+    if s.data == "digits":
+        return replace(s, epochs=2, batch_size=16, n_train=300)  # n_train: samples before split
+    return replace(s, epochs=1, n_train=500, n_val=500, n_test=1000)
+
+
+# ---------------------------------------------------------------------------------- data
+@dataclass
+class Data:
+    X_train: Tensor
+    y_train: Tensor
+    X_val: Tensor
+    y_val: Tensor
+    X_test: Tensor
+    y_test: Tensor
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic = int.from_bytes(raw[:4], "big")
+    ndim = magic & 0xFF
+    shape = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_mnist_arrays(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    missing = [f for pair in MNIST_FILES.values() for f in pair if not (root / f).is_file()]
+    if missing:
+        raise SystemExit(
+            f"bench_weight_decay: MNIST IDX files not found in {root} (missing: "
+            f"{', '.join(missing)}). Put the four *.gz files there or pass --data FOLDER; "
+            "--settings digits_mlp needs no download."
+        )
+    return {
+        split: (_read_idx(root / images), _read_idx(root / labels))
+        for split, (images, labels) in MNIST_FILES.items()
+    }
+
+
+def make_data(s: Setting, data_root: Path, seed: int) -> Data:
+    if s.data == "digits":
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        X, y = load_digits(return_X_y=True)
+        idx = np.arange(len(y))
+        if s.n_train:  # quick mode: a stratified subset of n_train samples before the split
+            idx, _ = train_test_split(idx, train_size=s.n_train, stratify=y, random_state=seed)
+        tr, rest = train_test_split(idx, train_size=0.4, stratify=y[idx], random_state=seed)
+        va, te = train_test_split(rest, train_size=0.5, stratify=y[rest], random_state=seed)
+        Xt = torch.tensor(X / 16.0, dtype=torch.float32)
+        yt = torch.tensor(y, dtype=torch.int64)
+        return Data(Xt[tr], yt[tr], Xt[va], yt[va], Xt[te], yt[te])
+    arrays = load_mnist_arrays(data_root)
+
+    def prep(images: np.ndarray) -> Tensor:
+        x = torch.tensor(images.reshape(len(images), -1), dtype=torch.float32) / 255.0
+        return (x - 0.1307) / 0.3081
+
+    X, y = arrays["train"]
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed)).numpy()
+    tr, va = perm[: s.n_train], perm[s.n_train : s.n_train + s.n_val]
+    X_test, y_test = arrays["test"]
+    yt = torch.tensor(y, dtype=torch.int64)
+    return Data(
+        prep(X[tr]), yt[tr], prep(X[va]), yt[va],
+        prep(X_test[: s.n_test]), torch.tensor(y_test[: s.n_test], dtype=torch.int64),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- model
+def make_network(kind: str) -> nn.Module:
+    if kind == "mlp":
+        return nn.Sequential(
+            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+        )
+    if kind == "mlp_small":
+        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 28, 28)),
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+    )  # fmt: skip
+
+
+class Classifier(pl.LightningModule):
+    """An ordinary LightningModule; keeps the weights of its best validation epoch."""
+
+    def __init__(self, s: Setting, weight_decay: float) -> None:
+        super().__init__()
+        self.network = make_network(s.model)
+        self.setting, self.weight_decay = s, weight_decay
+        self.val_curve: list[float] = []
+        self.best_val, self.best_epoch = math.inf, -1
+        self.best_state: dict[str, Tensor] | None = None
+        self._sum, self._count = 0.0, 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.network(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def on_validation_epoch_start(self) -> None:
+        self._sum, self._count = 0.0, 0
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self._sum += float(F.cross_entropy(self(x), y, reduction="sum"))
+        self._count += len(y)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        loss = self._sum / max(self._count, 1)
+        self.val_curve.append(loss)
+        if loss < self.best_val:  # NaN never improves
+            self.best_val, self.best_epoch = loss, len(self.val_curve)
+            self.best_state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        s = self.setting
+        if s.optimizer == "sgd":
+            return torch.optim.SGD(
+                self.parameters(), lr=s.lr, momentum=s.momentum, weight_decay=self.weight_decay
+            )
+        return torch.optim.Adam(self.parameters(), lr=s.lr, weight_decay=self.weight_decay)
+
+
+@torch.no_grad()
+def evaluate(net: nn.Module, X: Tensor, y: Tensor) -> tuple[float, float]:
+    net.eval()
+    loss, correct = 0.0, 0
+    for i in range(0, len(y), 1000):
+        logits = net(X[i : i + 1000])
+        loss += float(F.cross_entropy(logits, y[i : i + 1000], reduction="sum"))
+        correct += int((logits.argmax(1) == y[i : i + 1000]).sum())
+    return loss / len(y), correct / len(y)
+
+
+# ---------------------------------------------------------------------------------- one training
+_LIB_WARNING_SKIP = ("does not have many workers", "log_every_n_steps", "GPU available")
+
+
+def train_once(
+    s: Setting,
+    data: Data,
+    seed: int,
+    weight_decay: float = 0.0,
+    granularity: str | None = None,
+    learned_init: float = 1e-4,
+    learned_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One training; never raises: an exception is recorded in the returned record."""
+    rec: dict[str, Any] = dict(
+        weight_decay=None if granularity else weight_decay,
+        granularity=granularity,
+        finished=False,
+        error=None,
+        best_val_loss=math.nan,
+        best_epoch=None,
+        test_acc=math.nan,
+        test_loss=math.nan,
+        val_curve=[],
+        optimizer_steps=0,
+        wall_s=math.nan,
+        weights_finite=None,
+        lambda_finite=None,
+        finite=None,
+        lambda_summary=None,
+        lambda_by_slot=None,
+        sid_cost=None,
+        hyper_steps=None,
+        warnings=[],
+    )
+    model: Classifier | None = None
+    cb: Any = None
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            pl.seed_everything(seed, verbose=False)
+            model = Classifier(s, 0.0 if granularity else weight_decay)
+            if granularity:
+                from hypertorch_sid import LearnedWeightDecay
+
+                cb = LearnedWeightDecay(
+                    learned_init, granularity=granularity, **(learned_kwargs or {})
+                )
+            train = DataLoader(
+                TensorDataset(data.X_train, data.y_train),
+                batch_size=s.batch_size,
+                shuffle=True,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            val = DataLoader(TensorDataset(data.X_val, data.y_val), batch_size=s.batch_size)
+            trainer = pl.Trainer(
+                max_epochs=s.epochs,
+                accelerator="cpu",
+                devices=1,
+                callbacks=[cb] if cb is not None else [],
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+            )
+            start = time.perf_counter()
+            trainer.fit(model, train, val)
+            rec["wall_s"] = time.perf_counter() - start
+            rec["finished"] = True
+        except Exception as err:  # a crash is a result: record it, go on
+            rec["wall_s"] = time.perf_counter() - start
+            tb = traceback.format_exc().strip().splitlines()
+            rec["error"] = f"{type(err).__name__}: {err}"
+            rec["traceback_tail"] = tb[-6:]
+    seen: list[str] = []
+    for w in caught:
+        msg = f"{w.category.__name__}: {w.message}"
+        if not any(k in msg for k in _LIB_WARNING_SKIP) and msg not in seen:
+            seen.append(msg)
+    rec["warnings"] = seen[:8]
+    rec["n_warnings"] = len(seen)
+    if model is None:
+        return rec
+    rec["val_curve"] = list(model.val_curve)
+    rec["best_val_loss"] = model.best_val
+    rec["best_epoch"] = model.best_epoch if model.best_epoch > 0 else None
+    try:
+        rec["optimizer_steps"] = int(model.trainer.global_step)
+    except Exception:  # no trainer attached (failed before fit)
+        pass
+    rec["weights_finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    if model.best_state is not None:
+        net = make_network(s.model)  # a fresh copy: the module still holds the trainer
+        prefix = "network."
+        net.load_state_dict({k[len(prefix) :]: v for k, v in model.best_state.items()})
+        rec["test_loss"], rec["test_acc"] = evaluate(net, data.X_test, data.y_test)
+    if cb is not None:
+        _record_learned(rec, cb)
+    else:
+        rec["lambda_finite"] = True
+        rec["lambda_summary"] = dict(mean=weight_decay, min=weight_decay, max=weight_decay)
+    rec["finite"] = bool(rec["weights_finite"]) and bool(rec["lambda_finite"])
+    return rec
+
+
+def _record_learned(rec: dict[str, Any], cb: Any) -> None:
+    try:
+        values = cb.decay_values()
+    except Exception as err:
+        rec["lambda_error"] = f"{type(err).__name__}: {err}"
+        values = {}
+    if values:
+        flat = torch.cat([v.detach().double().flatten() for v in values.values()])
+        rec["lambda_finite"] = bool(torch.isfinite(flat).all())
+        rec["lambda_summary"] = dict(
+            mean=float(flat.mean()), min=float(flat.min()), max=float(flat.max())
+        )
+        if rec["granularity"] != "per_element":
+            rec["lambda_by_slot"] = {k: float(v.double().mean()) for k, v in values.items()}
+    else:
+        rec["lambda_finite"] = None
+    sid = getattr(cb, "sid", None)
+    cost = getattr(sid, "cost", None)
+    if cost is not None and hasattr(cost, "as_dict"):
+        rec["sid_cost"] = {k: v for k, v in cost.as_dict().items()}
+        rec["hyper_steps"] = rec["sid_cost"].get("hypergradients")
+
+
+# ---------------------------------------------------------------------------------- methods
+def run_optuna(s: Setting, data: Data, seed: int, n_trials: int, log: Any) -> dict[str, Any]:
+    try:
+        import optuna
+    except ImportError:
+        return dict(skipped="optuna is not installed (pip install --no-deps optuna ...)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trials: list[dict[str, Any]] = []
+    lo, hi = s.search_range
+
+    def objective(trial: Any) -> float:
+        wd = trial.suggest_float("weight_decay", lo, hi, log=True)
+        rec = train_once(s, data, seed, weight_decay=wd)
+        rec["trial"] = trial.number + 1
+        trials.append(rec)
+        log(f"    optuna trial {trial.number + 1}/{n_trials}: wd={wd:.3g} {_brief(rec)}")
+        value = rec["best_val_loss"]
+        return value if math.isfinite(value) else math.inf
+
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study.optimize(objective, n_trials=n_trials)
+    best_so_far, best = [], math.inf
+    for rec in trials:
+        v = rec["best_val_loss"]
+        if math.isfinite(v):
+            best = min(best, v)
+        best_so_far.append(best)
+    i_best = min(range(len(trials)), key=lambda i: _key(trials[i]["best_val_loss"]))
+    return dict(
+        optuna_version=optuna.__version__,
+        sampler=f"TPESampler(seed={seed})",
+        search_range=list(s.search_range),
+        n_trials=n_trials,
+        trials=trials,
+        best_so_far=best_so_far,
+        best_trial=i_best + 1,
+        best_weight_decay=trials[i_best]["weight_decay"],
+        best_val_loss=trials[i_best]["best_val_loss"],
+        test_acc=trials[i_best]["test_acc"],
+        total_wall_s=sum(_num(r["wall_s"]) for r in trials),
+        total_optimizer_steps=sum(r["optimizer_steps"] for r in trials),
+    )
+
+
+def _key(v: float) -> float:
+    return v if math.isfinite(v) else math.inf
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+
+
+def _brief(rec: dict[str, Any]) -> str:
+    if not rec["finished"]:
+        return f"FAILED ({rec['error']})"
+    return (
+        f"best val {rec['best_val_loss']:.4f} (epoch {rec['best_epoch']}), test acc "
+        f"{rec['test_acc']:.4f}, {rec['optimizer_steps']} steps, {rec['wall_s']:.1f} s"
+    )
+
+
+def run_setting(
+    s: Setting, args: argparse.Namespace, methods: set[str], log: Any
+) -> dict[str, Any]:
+    data = make_data(s, args.data, args.seed)
+    cfg = asdict(s)
+    cfg.update(
+        n_train=len(data.y_train), n_val=len(data.y_val), n_test=len(data.y_test),
+        learned_init=args.learned_init, learned_kwargs=args.learned_kwargs,
+    )  # fmt: skip
+    out: dict[str, Any] = dict(description=describe(s, data), config=cfg, runs={})
+    runs = out["runs"]
+    log(f"\n== {s.name}: {out['description']}")
+    if "no_wd" in methods:
+        runs["no_wd"] = train_once(s, data, args.seed, weight_decay=0.0)
+        log(f"  no_wd: {_brief(runs['no_wd'])}")
+    if "grid" in methods:
+        runs["grid"] = []
+        for wd in s.grid:
+            rec = train_once(s, data, args.seed, weight_decay=wd)
+            runs["grid"].append(rec)
+            log(f"  grid wd={wd:.3g}: {_brief(rec)}")
+    if "optuna" in methods and args.optuna_trials > 0:
+        runs["optuna"] = run_optuna(s, data, args.seed, args.optuna_trials, log)
+        if "skipped" in runs["optuna"]:
+            log(f"  optuna: skipped ({runs['optuna']['skipped']})")
+    for g in GRANULARITIES:
+        if f"learned_{g}" in methods:
+            rec = train_once(
+                s, data, args.seed, granularity=g, learned_init=args.learned_init,
+                learned_kwargs=args.learned_kwargs,
+            )  # fmt: skip
+            runs[f"learned_{g}"] = rec
+            lam = rec["lambda_summary"]
+            lam_s = (
+                f", λ mean {lam['mean']:.3g} [{lam['min']:.3g}, {lam['max']:.3g}]" if lam else ""
+            )
+            log(f"  learned_{g}: {_brief(rec)}{lam_s}")
+    out["derived"] = derive(s, runs)
+    return out
+
+
+def derive(s: Setting, runs: dict[str, Any]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    plain = runs.get("no_wd")
+    plain_wall = plain["wall_s"] if plain and plain["finished"] else math.nan
+    d["plain_wall_s"] = plain_wall
+    grid = runs.get("grid") or []
+    grid_best = math.inf
+    if grid:
+        i = min(range(len(grid)), key=lambda j: _key(grid[j]["best_val_loss"]))
+        grid_best = _key(grid[i]["best_val_loss"])
+        total = sum(_num(r["wall_s"]) for r in grid)
+        d["grid"] = dict(
+            values=s.grid,
+            best_index=i,
+            best_weight_decay=s.grid[i],
+            best_val_loss=grid[i]["best_val_loss"],
+            test_acc=grid[i]["test_acc"],
+            best_at_edge=i in (0, len(grid) - 1),
+            total_wall_s=total,
+            wall_ratio_to_plain=total / plain_wall,
+            failed=sum(not r["finished"] for r in grid),
+        )
+    opt = runs.get("optuna")
+    bsf = opt["best_so_far"] if opt and "best_so_far" in opt else None
+    if bsf is not None:
+        d["optuna"] = dict(wall_ratio_to_plain=opt["total_wall_s"] / plain_wall)
+    learned: dict[str, Any] = {}
+    for g in GRANULARITIES:
+        rec = runs.get(f"learned_{g}")
+        if rec is None:
+            continue
+        v = _key(rec["best_val_loss"])
+        info: dict[str, Any] = dict(
+            best_val_loss=rec["best_val_loss"],
+            wall_ratio_to_plain=rec["wall_s"] / plain_wall if rec["finished"] else math.nan,
+            beats_grid=(v <= grid_best) if grid else None,
+            minus_grid_best=(v - grid_best) if grid else None,
+            finished=rec["finished"],
+            finite=rec["finite"],
+        )
+        if bsf is not None:
+            n = (
+                next((i + 1 for i, b in enumerate(bsf) if b <= v), None)
+                if math.isfinite(v)
+                else None
+            )
+            info["optuna_trials_to_match"] = n
+            info["optuna_match"] = str(n) if n is not None else f"not matched in {len(bsf)}"
+            if not rec["finished"]:
+                info["optuna_match"] = "learned run failed"
+        learned[g] = info
+    d["learned"] = learned
+    return d
+
+
+# ---------------------------------------------------------------------------------- reporting
+def _f(v: Any, fmt: str) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    return format(v, fmt)
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    lines = [
+        "| setting | method | best val loss | test acc | steps | wall s | × plain time | "
+        "Optuna trials to match | ≤ grid best |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, res in results["settings"].items():
+        runs, der = res["runs"], res["derived"]
+        plain = der.get("plain_wall_s", math.nan)
+
+        def row(
+            method: str,
+            rec: dict[str, Any],
+            wall: float,
+            steps: str,
+            match: str = "",
+            beats: str = "",
+            name: str = name,
+            plain: float = plain,
+        ) -> None:
+            ok = rec.get("finished", True)
+            loss = _f(rec["best_val_loss"], ".4f") if ok else f"FAILED: {rec['error'][:40]}"
+            lines.append(
+                f"| {name} | {method} | {loss} | {_f(rec['test_acc'], '.4f')} | {steps} | "
+                f"{_f(wall, '.1f')} | {_f(wall / plain if plain else math.nan, '.2f')} | "
+                f"{match} | {beats} |"
+            )
+
+        if "no_wd" in runs:
+            r = runs["no_wd"]
+            row("no WD", r, r["wall_s"], str(r["optimizer_steps"]))
+        g = der.get("grid")
+        for i, r in enumerate(runs.get("grid", [])):
+            star = " **(best)**" if g and i == g["best_index"] else ""
+            row(f"grid wd={r['weight_decay']:.2g}{star}", r, r["wall_s"], str(r["optimizer_steps"]))
+        if g:
+            lines.append(
+                f"| {name} | grid: all {len(runs['grid'])} | {_f(g['best_val_loss'], '.4f')} | "
+                f"{_f(g['test_acc'], '.4f')} | {sum(r['optimizer_steps'] for r in runs['grid'])} "
+                f"| {_f(g['total_wall_s'], '.1f')} | {_f(g['wall_ratio_to_plain'], '.2f')} | | "
+                f"{'edge!' if g['best_at_edge'] else ''} |"
+            )
+        opt = runs.get("optuna")
+        if opt and "trials" in opt:
+            lines.append(
+                f"| {name} | Optuna TPE: {opt['n_trials']} trials (best #{opt['best_trial']}, "
+                f"wd={opt['best_weight_decay']:.2g}) | {_f(opt['best_val_loss'], '.4f')} | "
+                f"{_f(opt['test_acc'], '.4f')} | {opt['total_optimizer_steps']} | "
+                f"{_f(opt['total_wall_s'], '.1f')} | "
+                f"{_f(der['optuna']['wall_ratio_to_plain'], '.2f')} | | |"
+            )
+        for gran, info in der.get("learned", {}).items():
+            r = runs[f"learned_{gran}"]
+            steps = str(r["optimizer_steps"])
+            cost = r.get("sid_cost")
+            if cost and "samples" in cost:
+                bs = res["config"]["batch_size"]
+                steps += f" (+{cost['samples'] / bs:.0f} SID batches)"
+            beats = "" if info["beats_grid"] is None else ("yes" if info["beats_grid"] else "no")
+            row(f"learned {gran}", r, r["wall_s"], steps, info.get("optuna_match", ""), beats)
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["settings"])
+    has_optuna = any(
+        "trials" in (r["runs"].get("optuna") or {}) for r in results["settings"].values()
+    )
+    nrows = 3 if has_optuna else 2
+    fig, axes = plt.subplots(nrows, len(names), figsize=(5.5 * len(names), 3.6 * nrows),
+                             squeeze=False)  # fmt: skip
+    colors = {"no WD": "gray", "grid": "tab:blue", "optuna": "tab:orange", "learned": "tab:green"}
+    for col, name in enumerate(names):
+        res = results["settings"][name]
+        runs, der = res["runs"], res["derived"]
+        labels, losses, cols = [], [], []
+        walls, wlabels, wcols = [], [], []
+        if "no_wd" in runs:
+            labels.append("no WD")
+            losses.append(runs["no_wd"]["best_val_loss"])
+            cols.append(colors["no WD"])
+            wlabels.append("no WD")
+            walls.append(_num(runs["no_wd"]["wall_s"]))
+            wcols.append(colors["no WD"])
+        for r in runs.get("grid", []):
+            labels.append(f"grid {r['weight_decay']:.1g}")
+            losses.append(r["best_val_loss"])
+            cols.append(colors["grid"])
+        if "grid" in der:
+            wlabels.append(f"grid ×{len(runs['grid'])}")
+            walls.append(der["grid"]["total_wall_s"])
+            wcols.append(colors["grid"])
+        opt = runs.get("optuna") or {}
+        if "trials" in opt:
+            labels.append(f"Optuna best/{opt['n_trials']}")
+            losses.append(opt["best_val_loss"])
+            cols.append(colors["optuna"])
+            wlabels.append(f"Optuna ×{opt['n_trials']}")
+            walls.append(opt["total_wall_s"])
+            wcols.append(colors["optuna"])
+        for g in GRANULARITIES:
+            if f"learned_{g}" in runs:
+                r = runs[f"learned_{g}"]
+                labels.append(f"learned {g}")
+                losses.append(r["best_val_loss"] if r["finished"] else math.nan)
+                cols.append(colors["learned"])
+                wlabels.append(f"learned {g}")
+                walls.append(_num(r["wall_s"]))
+                wcols.append(colors["learned"])
+        ax = axes[0][col]
+        x = np.arange(len(labels))
+        y = np.array([v if v is not None and math.isfinite(v) else np.nan for v in losses])
+        ax.scatter(x, y, c=cols, s=40, zorder=3)
+        for xi, yi in zip(x, y):
+            if np.isnan(yi):
+                ax.annotate("failed", (xi, np.nanmin(y) if np.isfinite(y).any() else 0),
+                            ha="center", fontsize=7, color="red")  # fmt: skip
+        if np.isfinite(y).any() and np.nanmax(y) > 1.5 * np.nanmin(y):  # zoom on the best
+            top = 1.5 * np.nanmin(y)
+            ax.set_ylim(0.97 * np.nanmin(y), top)
+            for xi, yi in zip(x, y):
+                if yi > top:
+                    ax.annotate(f"↑{yi:.3g}", (xi, top), ha="center", va="top", fontsize=7)
+        if "grid" in der and der["grid"]["best_val_loss"] is not None:
+            ax.axhline(der["grid"]["best_val_loss"], ls="--", lw=0.8, color=colors["grid"])
+        ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("best validation loss")
+        ax.set_title(name, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax = axes[1][col]
+        xw = np.arange(len(wlabels))
+        ax.bar(xw, walls, color=wcols)
+        for xi, w in zip(xw, walls):
+            ax.annotate(f"{w:.0f}s", (xi, w), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(xw, wlabels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("wall time, s (total for searches)")
+        ax.set_yscale("log")
+        if has_optuna:
+            ax = axes[2][col]
+            if "best_so_far" in opt:
+                n = len(opt["best_so_far"])
+                ax.step(range(1, n + 1), opt["best_so_far"], where="post",
+                        color=colors["optuna"], label="Optuna best so far")  # fmt: skip
+                for g, ls in zip(GRANULARITIES, ("-", "--", ":")):
+                    r = runs.get(f"learned_{g}")
+                    if r and r["finished"] and math.isfinite(r["best_val_loss"]):
+                        ax.axhline(r["best_val_loss"], ls=ls, color=colors["learned"],
+                                   label=f"learned {g}")  # fmt: skip
+                ax.set_xlabel("Optuna trial (one full training each)")
+                ax.set_ylabel("best validation loss")
+                ax.legend(fontsize=7)
+            else:
+                ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _clean(obj: Any) -> Any:
+    """Strict JSON: non-finite floats become null (the ``finite``/``finished`` flags say why)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------------- main
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("--settings", nargs="+", default=None,
+                   help=f"any of {list(SETTINGS)} (aliases a b c); default: all "
+                   "(--quick: digits_mlp)")  # fmt: skip
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--optuna-trials", type=int, default=None,
+                   help="trials per setting (default 20, --quick 2); 0 skips Optuna")  # fmt: skip
+    p.add_argument("--learned-kwargs", type=json.loads, default={},
+                   help="JSON dict of extra LearnedWeightDecay/callback settings")  # fmt: skip
+    p.add_argument("--learned-init", type=float, default=1e-4, help="initial λ (default 1e-4)")
+    p.add_argument("--epochs", type=int, default=None, help="override every setting's epochs")
+    p.add_argument("--grid", type=float, nargs="+", default=None,
+                   help="override every grid (and the Optuna range: min..max)")  # fmt: skip
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the MNIST *.gz files")
+    p.add_argument("--quick", action="store_true", help="tiny data, 1-2 epochs: seconds")
+    p.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    if not isinstance(args.learned_kwargs, dict):
+        p.error("--learned-kwargs must be a JSON object, e.g. '{\"every_n_steps\": 20}'")
+    names = args.settings or (["digits_mlp"] if args.quick else list(SETTINGS))
+    try:
+        args.settings = list(dict.fromkeys(ALIASES.get(n, n) for n in names))
+        for n in args.settings:
+            SETTINGS[n]
+    except KeyError as err:
+        p.error(f"unknown setting {err}; choose from {list(SETTINGS)} or a, b, c")
+    if args.optuna_trials is None:
+        args.optuna_trials = 2 if args.quick else 20
+    if args.out is None:
+        args.out = (
+            Path(tempfile.mkdtemp(prefix="bench_wd_")) / "weight_decay.json"
+            if args.quick
+            else DEFAULT_OUT
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    for name in ("pytorch_lightning", "lightning", "lightning_fabric", "hypertorch_sid"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    settings = []
+    for n in args.settings:
+        s = SETTINGS[n]
+        if args.quick:
+            s = quick_setting(s)
+        if args.epochs is not None:
+            s = replace(s, epochs=args.epochs)
+        if args.grid is not None:
+            s = replace(s, grid=sorted(args.grid), search_range=(min(args.grid), max(args.grid)))
+        settings.append(s)
+    if any(s.data == "mnist" for s in settings):
+        load_mnist_arrays(args.data)  # fail early, with a clear message
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "pytorch_lightning": pl.__version__}  # fmt: skip
+    try:
+        import optuna
+
+        versions["optuna"] = optuna.__version__
+    except ImportError:
+        versions["optuna"] = None
+    results: dict[str, Any] = dict(
+        benchmark="weight_decay",
+        command=" ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        quick=args.quick,
+        seed=args.seed,
+        threads=torch.get_num_threads(),
+        methods=args.methods,
+        optuna_trials=args.optuna_trials,
+        learned_init=args.learned_init,
+        learned_kwargs=args.learned_kwargs,
+        environment=dict(platform=platform.platform(), processor=platform.processor(), **versions),
+        settings={},
+    )
+    t0 = time.perf_counter()
+    methods = set(args.methods)
+    for s in settings:
+        results["settings"][s.name] = run_setting(s, args, methods, log)
+    results["total_wall_s"] = time.perf_counter() - t0
+    table = markdown_table(results)
+    results["table_markdown"] = table
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_clean(results), indent=1, allow_nan=False))
+    args.out.with_suffix(".md").write_text(table + "\n")
+    png = args.out.with_suffix(".png")
+    plot(results, png)
+    print("\n" + table)
+    print(f"\ntotal {results['total_wall_s']:.0f} s; wrote {args.out}, {png.name}, "
+          f"{args.out.with_suffix('.md').name}")  # fmt: skip
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""``benchmarks/bench_weight_decay.py --quick`` on digits: runs and writes well-formed results.
+
+The benchmark runs in a subprocess (as a user would run it) into a temporary folder; the test
+checks the structure of the JSON, not the numbers (a learned run that crashes is a valid,
+recorded result). The Optuna part is skipped when ``optuna`` is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "bench_weight_decay.py"
+HAS_OPTUNA = importlib.util.find_spec("optuna") is not None
+
+RUN_KEYS = {
+    "finished", "error", "best_val_loss", "best_epoch", "test_acc", "test_loss", "val_curve",
+    "optimizer_steps", "wall_s", "weights_finite", "lambda_finite", "finite", "lambda_summary",
+    "sid_cost", "warnings",
+}  # fmt: skip
+
+
+def _check_run(rec: dict, epochs: int) -> None:
+    assert RUN_KEYS <= set(rec), RUN_KEYS - set(rec)
+    assert isinstance(rec["finished"], bool)
+    if rec["finished"]:
+        assert rec["error"] is None
+        assert len(rec["val_curve"]) == epochs
+        assert rec["optimizer_steps"] > 0 and rec["wall_s"] > 0
+        assert 1 <= rec["best_epoch"] <= epochs
+        assert rec["best_val_loss"] == min(v for v in rec["val_curve"] if v is not None)
+        assert 0.0 <= rec["test_acc"] <= 1.0
+        assert isinstance(rec["finite"], bool)
+    else:
+        assert isinstance(rec["error"], str) and rec["error"]
+
+
+def test_quick_digits(tmp_path: Path) -> None:
+    out = tmp_path / "wd.json"
+    cmd = [
+        sys.executable, str(SCRIPT), "--quick", "--settings", "digits_mlp", "--out", str(out),
+        # a hyper step every 2 optimizer steps, so the quick run exercises the callback
+        "--learned-kwargs", '{"every_n_steps": 2}',
+    ]  # fmt: skip
+    if not HAS_OPTUNA:
+        cmd += ["--optuna-trials", "0"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| setting | method |" in proc.stdout
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert out.with_suffix(".md").read_text().startswith("| setting |")
+
+    res = json.loads(out.read_text())  # strict JSON: no NaN
+    assert res["benchmark"] == "weight_decay" and res["quick"] is True
+    assert res["learned_kwargs"] == {"every_n_steps": 2} and res["threads"] == 1
+    assert list(res["settings"]) == ["digits_mlp"]
+    s = res["settings"]["digits_mlp"]
+    cfg, runs, der = s["config"], s["runs"], s["derived"]
+    epochs = cfg["epochs"]
+    assert len(cfg["grid"]) == 6 and cfg["grid"] == sorted(cfg["grid"])
+
+    _check_run(runs["no_wd"], epochs)
+    assert runs["no_wd"]["finished"] and runs["no_wd"]["weight_decay"] == 0.0
+    assert [r["weight_decay"] for r in runs["grid"]] == cfg["grid"]
+    for r in runs["grid"]:
+        _check_run(r, epochs)
+    steps = runs["no_wd"]["optimizer_steps"]
+    assert all(r["optimizer_steps"] == steps for r in runs["grid"] if r["finished"])
+
+    for g in ("global", "per_layer", "per_element"):
+        r = runs[f"learned_{g}"]
+        _check_run(r, epochs)
+        assert r["granularity"] == g
+        info = der["learned"][g]
+        assert isinstance(info["beats_grid"], bool)
+        if r["finished"]:
+            lam = r["lambda_summary"]
+            assert lam["min"] <= lam["mean"] <= lam["max"]
+            assert math.isfinite(info["wall_ratio_to_plain"])
+            if r["sid_cost"] is not None:  # the callback's counted work, when it exposes it
+                assert r["sid_cost"]["hypergradients"] >= 1
+        if HAS_OPTUNA:
+            assert "optuna_match" in info
+            n = info["optuna_trials_to_match"]
+            assert n is None or 1 <= n <= res["optuna_trials"]
+
+    grid = der["grid"]
+    assert grid["best_weight_decay"] == cfg["grid"][grid["best_index"]]
+    assert isinstance(grid["best_at_edge"], bool)
+    if HAS_OPTUNA:
+        opt = runs["optuna"]
+        assert opt["n_trials"] == res["optuna_trials"] == 2
+        assert [t["trial"] for t in opt["trials"]] == [1, 2]
+        for t in opt["trials"]:
+            _check_run(t, epochs)
+            lo, hi = opt["search_range"]
+            assert lo <= t["weight_decay"] <= hi
+        bsf = opt["best_so_far"]
+        assert len(bsf) == 2 and bsf[1] <= bsf[0]
+    else:
+        assert "optuna" not in runs
