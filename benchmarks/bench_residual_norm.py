@@ -11,16 +11,22 @@ documents with ~80 tokens each, one weight decay per feature) this times, in int
 
 Run from the repository root::
 
-    python benchmarks/bench_residual_norm.py      # writes benchmarks/results/residual_norm.json
+    python benchmarks/bench_residual_norm.py          # writes benchmarks/results/residual_norm.json
+    python benchmarks/bench_residual_norm.py --quick  # seconds; writes into a temporary folder
+
+``--out PATH`` writes the JSON there instead (a ``--quick`` run never replaces the committed file
+unless ``--out`` names it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -56,7 +62,26 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
-def main() -> dict:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 1 rep (smoke test)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"JSON output (default {RESULTS.relative_to(RESULTS.parents[2])}; "
+        "with --quick a temporary folder)",
+    )
+    args = parser.parse_args(argv)
+    if args.out is None:
+        folder = Path(tempfile.mkdtemp(prefix="bench_residual_norm_")) if args.quick else None
+        args.out = RESULTS if folder is None else folder / RESULTS.name
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    rounds, reps, warmup = (2, 1, 1) if args.quick else (15, 10, 3)
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     W = (0.01 * torch.randn(D, C, generator=gen)).requires_grad_(True)
@@ -90,11 +115,11 @@ def main() -> dict:
         "inner_float64": inner(float64_norm),
     }
     for fn in ops.values():  # warm-up
-        timed(fn, 3)
+        timed(fn, warmup)
     samples: dict[str, list[float]] = {k: [] for k in ops}
-    for _ in range(15):  # interleaved rounds
+    for _ in range(rounds):  # interleaved rounds
         for name, fn in ops.items():
-            samples[name].append(timed(fn, 10))
+            samples[name].append(timed(fn, reps))
     median = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     ratios = {
         "norm_float64 / norm_native": statistics.median(
@@ -106,6 +131,7 @@ def main() -> dict:
     }
     report = {
         "what": "residual norm and one inner step, W 101631x20, sparse batch 50, 1 thread",
+        "quick": args.quick,
         "median_ms": median,
         "ratios": ratios,
         "torch": torch.__version__,
@@ -115,9 +141,9 @@ def main() -> dict:
         print(f"{k:15s} {v:8.2f} ms")
     for k, v in ratios.items():
         print(f"{k:30s} {v:6.2f}x")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
     return report
 
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets  # examples/datasets.py
 import numpy as np
 import torch
 from torch import Tensor
@@ -28,7 +30,6 @@ from torch import Tensor
 from hypertorch_sid import (
     GradientDescentMap,
     SIDHyperOptimizer,
-    datasets,
     estimate_curvature,
     theory_constants,
 )
@@ -55,27 +56,57 @@ def parse_args(
     description: str,
     default_out: str,
     extra: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: Sequence[str] | None = None,
 ) -> argparse.Namespace:
     """``--quick`` (seconds, used by the tests), ``--out`` (JSON path; the PNG goes beside it),
-    ``--threads``, and the script's own options added by ``extra(parser)``."""
+    ``--data`` (data root), ``--threads``, and the script's own options added by
+    ``extra(parser)``.
+
+    Without ``--out``, a full run writes ``results/<default_out>`` (the committed results) and a
+    ``--quick`` run writes into a fresh temporary folder, so smoke runs never overwrite them.
+    """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny run for tests (seconds)")
-    parser.add_argument("--out", type=Path, default=RESULTS / default_out, help="JSON output")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"JSON output (default results/{default_out}; with --quick a temporary folder)",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=f"data root holding mnist/, 20news/ (default ${datasets.DATA_ENV_VAR} or "
+        "../shared/data relative to the repository)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
     if extra is not None:
         extra(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.out = default_out_path(args.out, args.quick, default_out)
+    datasets.use_data_root(args.data)
     torch.set_num_threads(args.threads)
     return args
+
+
+def default_out_path(out: Path | None, quick: bool, default_out: str) -> Path:
+    """``out`` if given, else ``results/<default_out>`` for a full run and a file in a new
+    temporary folder for a ``--quick`` run (which must not replace the committed results)."""
+    if out is not None:
+        return out
+    if quick:
+        return Path(tempfile.mkdtemp(prefix="hypertorch_sid_quick_")) / default_out
+    return RESULTS / default_out
 
 
 def require_data() -> None:
     """Exit with a clear message when the offline data sets are missing."""
     if datasets.default_data_root() is None:
         raise SystemExit(
-            "data not found: put the data sets in ../shared/data (relative to the repository) or "
-            f"set {datasets.DATA_ENV_VAR}."
+            "data not found: put the data sets in ../shared/data (relative to the repository), "
+            f"set {datasets.DATA_ENV_VAR} or pass --data."
         )
 
 

@@ -35,13 +35,14 @@ import time
 from collections.abc import Iterator
 
 import _paper_common as common
+import datasets  # examples/datasets.py
 import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid import DivergenceError, SIDHyperOptimizer, datasets
+from hypertorch_sid import DivergenceError, SIDHyperOptimizer
 
 BATCH_SIZE = 50
 OUTER_LR = 1e3
@@ -88,7 +89,8 @@ def load_split(seed: int, remove_headers: bool) -> datasets.Split:
     from sklearn.datasets import fetch_20newsgroups_vectorized
     from sklearn.model_selection import train_test_split
 
-    datasets.load_20news_vectorized()  # builds scikit-learn's cache from ../shared/data
+    # writes scikit-learn's (private-format) cache from the local archive, see datasets.py
+    datasets.load_20news_vectorized()
     kw = dict(
         data_home=str(datasets.default_cache_dir() / "scikit_learn_data"),
         remove=("headers", "footers", "quotes"),

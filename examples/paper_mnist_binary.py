@@ -35,10 +35,9 @@ import json
 from pathlib import Path
 
 import _paper_common as common
+import datasets  # examples/datasets.py
 import torch
 import torch.nn.functional as F
-
-from hypertorch_sid import datasets
 
 FULL = dict(
     n=5000,

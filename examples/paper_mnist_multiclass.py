@@ -26,10 +26,9 @@ import json
 from pathlib import Path
 
 import _paper_common as common
+import datasets  # examples/datasets.py
 import torch
 import torch.nn.functional as F
-
-from hypertorch_sid import datasets
 
 FULL = dict(n=None, lambdas=[1e-3, 1e-2, 1e-1, 1.0], seeds=[0, 1], per_feature_seeds=[0, 1])
 FULL["epochs"] = [4, 8, 16, 32]

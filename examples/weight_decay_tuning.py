@@ -17,8 +17,10 @@ Usage::
     python examples/weight_decay_tuning.py --dataset mnist --model cnn
     python examples/weight_decay_tuning.py --quick                # a few seconds (smoke test)
 
-MNIST is read through ``hypertorch_sid.datasets.load_mnist`` (torchvision's MNIST on the local IDX
-files in ``../shared/data/mnist`` when present, a normal download otherwise).
+MNIST is read through ``load_mnist`` of ``examples/datasets.py`` (torchvision's MNIST on the local
+IDX files in ``<data root>/mnist``: ``--data``, ``$HYPERTORCH_SID_DATA`` or ``../shared/data``
+relative to the repository; a normal download otherwise). ``--quick`` saves its plot in a
+temporary folder unless ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import argparse
 import functools
 import logging
 import math
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +79,7 @@ def load_digits_split(seed: int = 0) -> Data:
 
 def load_mnist_split(n_train: int, n_val: int, n_test: int, seed: int = 0) -> Data:
     """MNIST: n_train/n_val disjoint images of the training set, n_test of the test set."""
-    from hypertorch_sid.datasets import load_mnist
+    from datasets import load_mnist  # examples/datasets.py (this script's folder)
 
     X, y = load_mnist(train=True)
     X_test, y_test = load_mnist(train=False)
@@ -320,8 +324,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mnist-test", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--out", default="weight_decay_tuning.png", help="PNG file for the plot")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="PNG file for the plot (default weight_decay_tuning.png; --quick: a temporary folder)",
+    )
+    p.add_argument("--data", default=None, help="data root holding mnist/ (see above)")
     args = p.parse_args(argv)
+    if args.out is None:
+        folder = tempfile.mkdtemp(prefix="hypertorch_sid_quick_") if args.quick else "."
+        args.out = os.path.join(folder, "weight_decay_tuning.png")
+    if args.data is not None:
+        os.environ["HYPERTORCH_SID_DATA"] = os.path.abspath(os.path.expanduser(args.data))
     if args.quick:
         args.epochs = args.epochs or 3
         args.grid = args.grid or [0.0, 1e-3]

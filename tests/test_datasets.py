@@ -1,4 +1,4 @@
-"""Tests for :mod:`hypertorch_sid.datasets`.
+"""Tests for ``examples/datasets.py`` (the examples' data loaders, not part of the package).
 
 The MNIST, Fashion-MNIST and 20 Newsgroups tests use the offline copies in ``../shared/data``
 (or ``$HYPERTORCH_SID_DATA``) and are skipped when those are absent. All derived files go to a
@@ -8,6 +8,7 @@ per-session temporary cache folder, so the tests do not depend on ``~/.cache`` s
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from hypertorch_sid import datasets as ds
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import datasets as ds  # noqa: E402  (examples/datasets.py)
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -66,7 +69,24 @@ def test_default_data_root_env_override(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.delenv(ds.DATA_ENV_VAR)
     root = ds.default_data_root()
     expected = Path(ds.__file__).resolve().parents[2] / "shared" / "data"
+    assert Path(ds.__file__).resolve().parent.name == "examples"
     assert root == (expected if expected.is_dir() else None)
+
+
+def test_use_data_root_sets_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ds.DATA_ENV_VAR, "")  # restored after the test
+    ds.use_data_root(None)
+    assert os.environ[ds.DATA_ENV_VAR] == ""
+    ds.use_data_root(tmp_path / "d")
+    assert ds.default_data_root() == (tmp_path / "d").resolve()
+
+
+def test_not_in_the_installed_package() -> None:
+    import importlib.util
+
+    assert importlib.util.find_spec("hypertorch_sid.datasets") is None
+    assert importlib.util.find_spec("hypertorch_sid.cli") is None
+    assert importlib.util.find_spec("hypertorch_sid.__main__") is None
 
 
 def test_default_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypertorch_sid import datasets
-
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 import _paper_common as common  # noqa: E402
+import datasets  # noqa: E402  (examples/datasets.py)
 
 
 def _need(subdir: str) -> None:

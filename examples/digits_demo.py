@@ -1,9 +1,10 @@
 """The main job: learn per-feature weight decay on scikit-learn's bundled digits (odd vs even).
 
-``python -m hypertorch_sid`` compares what users do today — a grid search over one weight decay,
-each value trained to convergence — with SID tuning one weight decay per pixel while the model
-trains. Both are scored on the same validation and test splits; the cost column counts passes over
-the training set (epochs). No download: the digits ship with scikit-learn.
+``python examples/digits_demo.py`` (what ``bash scripts/main.sh`` runs) compares what users do
+today — a grid search over one weight decay, each value trained to convergence — with SID tuning
+one weight decay per pixel while the model trains. Both are scored on the same validation and
+test splits; the cost column counts passes over the training set (epochs). No download: the
+digits ship with scikit-learn (``examples/datasets.py`` splits them).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from datasets import Split, load_digits_odd_even, to_loader  # examples/datasets.py
 
-from .core import SIDHyperOptimizer
-from .datasets import Split, load_digits_odd_even, to_loader
+from hypertorch_sid import SIDHyperOptimizer
 
 
 def _loss(w: torch.Tensor, b: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -141,3 +142,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2))
     return results
+
+
+if __name__ == "__main__":
+    main()

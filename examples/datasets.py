@@ -1,17 +1,21 @@
-"""Data sets used by the hyperparameter-optimisation experiments.
+"""Data sets of the examples and benchmarks (not part of the installed ``hypertorch_sid``).
 
-All loaders work offline when the benchmark files are available locally. The data root (the
-folder holding ``mnist/``, ``fashion-mnist/`` and ``20news/``) is looked up, in this order,
-from
+The scripts in ``examples/`` import this module as ``datasets`` (their folder is on ``sys.path``
+when they run; the tests add it). The data root (the folder holding ``mnist/``,
+``fashion-mnist/`` and ``20news/``) is looked up, in this order, from
 
 1. an explicit ``root=`` argument,
-2. the environment variable ``HYPERTORCH_SID_DATA``,
-3. ``../shared/data`` relative to the repository that contains this package.
+2. the environment variable ``HYPERTORCH_SID_DATA`` (the scripts' ``--data`` option sets it,
+   see :func:`use_data_root`),
+3. ``../shared/data`` relative to the repository root (the parent of this ``examples/`` folder).
 
 Derived files (decompressed IDX files, scikit-learn's 20 Newsgroups caches) are written to the
 cache folder: the environment variable ``HYPERTORCH_SID_CACHE`` or ``~/.cache/hypertorch_sid``.
 When the local files are missing, the loaders fall back to the regular torchvision /
 scikit-learn downloads into that cache folder.
+
+MNIST and Fashion-MNIST need torchvision (the ``examples`` extra); the digits and 20 Newsgroups
+need scikit-learn.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "Split",
     "default_data_root",
     "default_cache_dir",
+    "use_data_root",
     "load_digits_odd_even",
     "load_mnist",
     "load_fashion_mnist",
@@ -63,8 +68,11 @@ _NEWS20_ARCHIVE = "20news-bydate.tar.gz"
 _NEWS20_TRAIN_FOLDER = "20news-bydate-train"
 _NEWS20_TEST_FOLDER = "20news-bydate-test"
 # File name scikit-learn's ``fetch_20newsgroups`` reads from ``data_home``
-# (``_pkl_filepath(data_home, "20news-bydate.pkz")`` inserts the ``_py3`` suffix).
+# (``_pkl_filepath(data_home, "20news-bydate.pkz")`` inserts the ``_py3`` suffix). This name and
+# the file's format (a zlib-compressed pickle of ``dict(train=Bunch, test=Bunch)``) are
+# scikit-learn's private cache, reproduced by ``_build_20news_sklearn_cache``; see its docstring.
 _NEWS20_SKLEARN_CACHE = "20news-bydate_py3.pkz"
+_EXAMPLES_DIR = Path(__file__).resolve().parent
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,16 +87,26 @@ def default_data_root() -> Path | None:
     -------
     pathlib.Path or None
         The value of the environment variable ``HYPERTORCH_SID_DATA`` if it is set (even if the
-        folder does not exist), otherwise ``../shared/data`` relative to the repository holding
-        this package if that folder exists, otherwise ``None``.
+        folder does not exist), otherwise ``../shared/data`` relative to the repository root
+        (the parent of this ``examples/`` folder) if that folder exists, otherwise ``None``.
     """
     env = os.environ.get(DATA_ENV_VAR)
     if env:
         return Path(env).expanduser()
-    candidate = Path(__file__).resolve().parents[2] / "shared" / "data"
+    candidate = _EXAMPLES_DIR.parent.parent / "shared" / "data"
     if candidate.is_dir():
         return candidate
     return None
+
+
+def use_data_root(root: str | os.PathLike[str] | None) -> None:
+    """Make ``root`` the data root of every loader in this process (the scripts' ``--data``).
+
+    Sets ``HYPERTORCH_SID_DATA``, so that subprocesses see it too; ``None`` leaves the
+    environment unchanged.
+    """
+    if root is not None:
+        os.environ[DATA_ENV_VAR] = str(Path(root).expanduser().resolve())
 
 
 def default_cache_dir() -> Path:
@@ -558,9 +576,14 @@ def mnist_multiclass_halves(
 def _build_20news_sklearn_cache(archive: Path, data_home: Path) -> None:
     """Write scikit-learn's ``20news-bydate_py3.pkz`` from a local ``20news-bydate.tar.gz``.
 
-    This reproduces what ``sklearn.datasets._twenty_newsgroups._download_20newsgroups`` does
+    What this is: a workaround for offline machines. ``fetch_20newsgroups`` has no option to
+    read a local archive, only its own cache file, so this writes that cache file the way
+    scikit-learn's private ``sklearn.datasets._twenty_newsgroups._download_20newsgroups`` does
     after its download: extract, ``load_files`` both splits with its default shuffle
-    (``random_state=0``), pickle and zlib-compress.
+    (``random_state=0``), pickle and zlib-compress. The file name and format are scikit-learn
+    internals (unchanged from 1.2 to the version in ``.venv``), not a public API: if a future
+    scikit-learn changes them, ``fetch_20newsgroups_vectorized`` fails to read the file; delete
+    ``<cache>/scikit_learn_data`` and let scikit-learn download the data instead.
     """
     from sklearn.datasets import load_files
 
