@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning_problems
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
@@ -149,6 +150,13 @@ class KillPoint(Callback):
             time.sleep(300)  # the test sends SIGKILL long before this ends
 
 
+def make_trainer(callbacks: list[Callback], **kwargs: Any) -> pl.Trainer:
+    """The job's Trainer: ``EPOCHS`` epochs, no validation loop (see ``lightning_problems``)."""
+    return lightning_problems.trainer(
+        callbacks, **{"max_epochs": EPOCHS, "limit_val_batches": 0, **kwargs}
+    )
+
+
 def run(
     out: Path,
     tag: str,
@@ -175,19 +183,7 @@ def run(
             save_last=True,
         )
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=EPOCHS,
-        callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        deterministic=True,
-        default_root_dir=out,
-    )
+    trainer = make_trainer(callbacks, enable_checkpointing=True, default_root_dir=out)
     trainer.fit(model, datamodule=dm, ckpt_path=resume)
     torch.save(
         {

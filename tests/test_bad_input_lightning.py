@@ -10,9 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
+from lightning_problems import f64, loaders, ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -31,58 +33,25 @@ pytestmark = [
 ]
 
 D = 4
-f64 = torch.float64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _tensors(n: int = 48, n_val: int = 24, nan_in_val: bool = False) -> tuple[Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(n, D, generator=g, dtype=f64)
-    w = torch.randn(D, generator=g, dtype=f64)
-    y = X @ w + 0.3 * torch.randn(n, generator=g, dtype=f64)
-    Xv = torch.randn(n_val, D, generator=g, dtype=f64)
-    yv = Xv @ w + 0.3 * torch.randn(n_val, generator=g, dtype=f64)
+    X, y, Xv, yv = ridge_data(n, n_val, d=D, seed=0, noise=0.3)
     if nan_in_val:
         Xv[3, 1] = math.nan
     return X, y, Xv, yv
 
 
 def _loaders(batch_size: int = 12, **kwargs: Any) -> tuple[DataLoader, DataLoader]:
-    X, y, Xv, yv = _tensors(**kwargs)
-    return (
-        DataLoader(TensorDataset(X, y), batch_size=batch_size),
-        DataLoader(TensorDataset(Xv, yv), batch_size=batch_size),
-    )
+    return loaders(_tensors(**kwargs), batch_size)
 
 
-class Ridge(BilevelModule):
-    """ℓ̂ = ½ mean (Xw − y)² + ½ Σ exp(log_lam) ⊙ w²; λ may get another dtype than w."""
+class Ridge(lightning_problems.Ridge):
+    """The shared ridge problem on D features from w = 0.1, log_lam = −1; λ may get another
+    dtype than w."""
 
     def __init__(self, lam_dtype: torch.dtype = f64) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(D, 1, bias=False, dtype=f64)
-        torch.nn.init.constant_(self.lin.weight, 0.1)
-        self.register_hyperparameter("log_lam", torch.full((D,), -1.0, dtype=lam_dtype))
-
-    def _fit(self, batch: Any) -> Tensor:
-        x, y = batch
-        return 0.5 * ((self.lin(x).squeeze(-1) - y) ** 2).mean()
-
-    def inner_loss(self, batch: Any) -> Tensor:
-        return self._fit(batch) + 0.5 * (self.log_lam.exp() * self.lin.weight[0] ** 2).sum()
-
-    def outer_loss(self, batch: Any) -> Tensor:
-        return self._fit(batch)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.inner_parameters(), lr=0.1)
+        super().__init__(d=D, log_lam=-1.0, w0=0.1, lam_dtype=lam_dtype)
 
 
 class Plain(pl.LightningModule):
@@ -101,19 +70,9 @@ class Plain(pl.LightningModule):
 
 
 def _trainer(callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
-    settings = dict(
-        accelerator="cpu",
-        devices=1,
-        max_steps=6,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        deterministic=True,
+    return lightning_problems.trainer(
+        callbacks, **{"max_steps": 6, "limit_val_batches": 0, **kwargs}
     )
-    return pl.Trainer(callbacks=callbacks, **{**settings, **kwargs})
 
 
 def _snapshot(model: pl.LightningModule) -> dict[str, Tensor]:

@@ -173,13 +173,43 @@ def test_state_dict_round_trip_reproduces_trajectory():
     assert torch.equal(problem2.log_lam.detach(), reference)
 
 
+def _assert_same_state(a, b, where="state"):
+    """``a`` and ``b`` hold the same nested dicts, lists, tensors (dtype, shape, values), numbers."""
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
+        assert (
+            torch.equal(a, b)
+            or torch.equal(a.isnan(), b.isnan())
+            and torch.equal(a.nan_to_num(), b.nan_to_num())
+        ), where
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b, where
+
+
 def test_state_dict_survives_torch_save_weights_only(tmp_path):
     problem = make_ridge()
     hopt = ridge_sid(problem, outer=torch.optim.Adam([problem.log_lam], lr=0.1))
     hopt.step(problem.loader(10), problem.val())
-    torch.save(hopt.state_dict(), tmp_path / "s.pt")
+    saved = hopt.state_dict()
+    torch.save(saved, tmp_path / "s.pt")
     state = torch.load(tmp_path / "s.pt", weights_only=True)
-    hopt.load_state_dict(state)
+    _assert_same_state(state, saved)
+    problem2 = make_ridge()
+    hopt2 = ridge_sid(problem2, outer=torch.optim.Adam([problem2.log_lam], lr=0.1))
+    hopt2.load_state_dict(state)
+    _assert_same_state(hopt2.state_dict(), saved)
+    assert torch.equal(problem2.log_lam.detach(), problem.log_lam.detach())
 
 
 def test_float32_problem_stays_float32_and_float64_stays_float64():

@@ -25,16 +25,6 @@ from torch import nn
 
 from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: bitwise comparisons need a fixed thread count (and it is faster)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ====================================================================== memory
 
 

@@ -64,15 +64,6 @@ LAST_CKPT_STEP = 15  # the last checkpoint before the kill
 KEY = "HyperOptimizationCallback"  # the callback's entry in checkpoint["callbacks"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The job runs with one thread: bitwise comparisons need the same thread count here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """The uninterrupted job (in this process): ref.jsonl, ref_final.pt, ref_ckpt/*.ckpt."""
@@ -207,23 +198,6 @@ def test_checkpoints_load_weights_only_with_the_complete_callback_state(referenc
     assert [h["hyper/step"] for h in state["history"]] == list(range(1, hyper_steps + 1))
 
 
-def _trainer(hyper: HyperOptimizationCallback, **kwargs: Any) -> pl.Trainer:
-    settings = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=job.EPOCHS,
-        callbacks=[hyper],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        deterministic=True,
-    )
-    return pl.Trainer(**{**settings, **kwargs})
-
-
 class Run:
     """A resume of the job in this process, recording λ after every hyper step."""
 
@@ -232,7 +206,7 @@ class Run:
         self.model, self.hyper = job.Net(), HyperOptimizationCallback(**job.SETTINGS)
         self.initial = copy.deepcopy(self.model.state_dict())
         self.lam: dict[int, list[str]] = {}
-        self.trainer = _trainer(self.hyper, callbacks=[self.hyper, _Recorder(self)])
+        self.trainer = job.make_trainer([self.hyper, _Recorder(self)])
         self.error: BaseException | None = None
         try:
             self.trainer.fit(self.model, datamodule=job.Data(), ckpt_path=ckpt)
@@ -473,10 +447,12 @@ def test_reused_callback_object_resumes_from_the_checkpoint(reference):
     (not the object's) continues, exactly like the uninterrupted run."""
     pl.seed_everything(0, verbose=False)
     hyper = HyperOptimizationCallback(**job.SETTINGS)
-    _trainer(hyper, max_epochs=1).fit(job.Net(), datamodule=job.Data())
+    job.make_trainer([hyper], max_epochs=1).fit(job.Net(), datamodule=job.Data())
     pl.seed_everything(0, verbose=False)
     model = job.Net()
-    _trainer(hyper).fit(model, datamodule=job.Data(), ckpt_path=_ckpt(reference, LAST_CKPT_STEP))
+    job.make_trainer([hyper]).fit(
+        model, datamodule=job.Data(), ckpt_path=_ckpt(reference, LAST_CKPT_STEP)
+    )
     final = _final(reference / "ref_final.pt")
     assert hyper.sid.hyper_step == 15 and hyper.history == final["history"]
     for key, value in model.state_dict().items():
@@ -506,9 +482,7 @@ def _ddp_worker(out: Path) -> None:
         model = job.Net()
         hyper = HyperOptimizationCallback(**{**job.SETTINGS, "seed": seed})
         log = job.LambdaLog(hyper, out / f"{tag}_rank{{rank}}.jsonl")
-        trainer = _trainer(
-            hyper, callbacks=[hyper, log], devices=2, strategy="ddp", max_epochs=DDP_EPOCHS
-        )
+        trainer = job.make_trainer([hyper, log], devices=2, strategy="ddp", max_epochs=DDP_EPOCHS)
         trainer.fit(model, datamodule=job.Data())
         weights = {k: v.clone() for k, v in model.state_dict().items()}
         torch.save(weights, out / f"{tag}_rank{trainer.global_rank}_final.pt")

@@ -29,16 +29,6 @@ from hypertorch_sid.core.batches import BatchStream
 DTYPE = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and on a loaded 2-core machine OpenMP waits make
-    these tests several times slower; restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(kind: str, act: type[nn.Module] = nn.Tanh) -> nn.Module:
     if kind == "mlp":
         model = nn.Sequential(nn.Flatten(), nn.Linear(36, 12), act(), nn.Linear(12, 3))

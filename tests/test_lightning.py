@@ -12,9 +12,11 @@ import functools
 import math
 from typing import Any
 
+import lightning_problems as lp
 import pytest
 import pytorch_lightning as pl
 import torch
+from lightning_problems import D, Ridge, RidgeData, ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -30,81 +32,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
     pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
 ]
-
-D = 5
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only add contention (and noise) here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _data(n: int = 120, n_val: int = 60, seed: int = 1) -> tuple[Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, D, generator=g, dtype=torch.float64)
-    w_true = torch.randn(D, generator=g, dtype=torch.float64)
-    y = X @ w_true + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
-    Xv = torch.randn(n_val, D, generator=g, dtype=torch.float64)
-    yv = Xv @ w_true + 0.5 * torch.randn(n_val, generator=g, dtype=torch.float64)
-    return X, y, Xv, yv
-
-
-class Ridge(BilevelModule):
-    """ℓ̂ = ½ mean (Xw − y)² + ½ Σ exp(log_lam) ⊙ w²,  E = ½ mean (X_val w − y_val)²."""
-
-    def __init__(self, lr: float = 0.1, log_lam: float = math.log(0.1), optimizer: str = "sgd"):
-        super().__init__()
-        self.lin = torch.nn.Linear(D, 1, bias=False, dtype=torch.float64)
-        torch.nn.init.zeros_(self.lin.weight)
-        self.register_hyperparameter("log_lam", torch.full((D,), log_lam, dtype=torch.float64))
-        self.lr, self.optimizer = lr, optimizer
-
-    def _fit(self, batch: Any) -> Tensor:
-        x, y = batch
-        return 0.5 * ((self.lin(x).squeeze(-1) - y) ** 2).mean()
-
-    def inner_loss(self, batch: Any) -> Tensor:
-        return self._fit(batch) + 0.5 * (self.log_lam.exp() * self.lin.weight[0] ** 2).sum()
-
-    def outer_loss(self, batch: Any) -> Tensor:
-        return self._fit(batch)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        if self.optimizer == "all-parameters":  # the mistake the module must catch
-            return torch.optim.SGD(self.parameters(), lr=self.lr)
-        return torch.optim.SGD(self.inner_parameters(), lr=self.lr)
-
-
-class RidgeData(pl.LightningDataModule):
-    def __init__(self, batch_size: int = 20, val_batch_size: int = 30, seed: int = 1):
-        super().__init__()
-        self.X, self.y, self.Xv, self.yv = _data(seed=seed)
-        self.batch_size, self.val_batch_size = batch_size, val_batch_size
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(TensorDataset(self.X, self.y), batch_size=self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=self.val_batch_size)
-
-
-def _trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        deterministic=True,
-    )
-    defaults.update(kwargs)
-    return pl.Trainer(callbacks=callbacks or [], **defaults)
 
 
 class Recording(HyperOptimizationCallback):
@@ -167,18 +94,18 @@ def test_register_hyperparameter_errors():
 def test_lambda_in_training_optimizer_raises():
     model = Ridge(optimizer="all-parameters")
     with pytest.raises(ConfigurationError, match="inner_parameters"):
-        _trainer(max_steps=2).fit(model, datamodule=RidgeData())
+        lp.trainer(max_steps=2).fit(model, datamodule=RidgeData())
     cb = HyperOptimizationCallback()
     with pytest.raises(ConfigurationError, match="inner_parameters"):
-        _trainer([cb], max_steps=2).fit(model, datamodule=RidgeData())
+        lp.trainer([cb], max_steps=2).fit(model, datamodule=RidgeData())
     assert model.log_lam.requires_grad  # given back after the failed fit
 
 
 def test_callback_needs_validation_data():
-    X, y, _, _ = _data()
+    X, y, _, _ = ridge_data()
     cb = HyperOptimizationCallback(every_n_steps=1)
     with pytest.raises(ConfigurationError, match="validation data"):
-        _trainer([cb], max_steps=2, limit_val_batches=0).fit(
+        lp.trainer([cb], max_steps=2, limit_val_batches=0).fit(
             Ridge(), DataLoader(TensorDataset(X, y), batch_size=20)
         )
 
@@ -196,7 +123,7 @@ def test_callback_needs_a_bilevel_module():
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     with pytest.raises(ConfigurationError, match="LearnedWeightDecay"):
-        _trainer([HyperOptimizationCallback()], max_steps=2).fit(Plain(), datamodule=RidgeData())
+        lp.trainer([HyperOptimizationCallback()], max_steps=2).fit(Plain(), datamodule=RidgeData())
 
 
 @pytest.mark.parametrize(
@@ -236,7 +163,7 @@ def test_callback_hypergradient_equals_core_on_same_batches():
     cb = Recording(every_n_steps=4, seed=5, **settings)
     dm = RidgeData(batch_size=20, val_batch_size=30)
     model = Ridge()
-    _trainer([cb], max_epochs=3).fit(model, datamodule=dm)
+    lp.trainer([cb], max_epochs=3).fit(model, datamodule=dm)
     assert len(cb.hypergradients) == 18 // 4 == 4
 
     ref = Ridge()
@@ -297,7 +224,7 @@ def test_hypergradient_matches_closed_form_ridge_at_convergence(settings, rtol):
     steps = 300
     cb = HyperOptimizationCallback(every_n_steps=steps, outer_lr=1e-12, seed=3, **settings)
     lam_before = model.log_lam.detach().clone()
-    _trainer([cb], max_steps=steps, limit_val_batches=0).fit(model, datamodule=dm)
+    lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(model, datamodule=dm)
     with torch.no_grad():
         model.log_lam.copy_(lam_before)  # the oracle at the λ the hypergradient was taken
     expected = _closed_form_ridge(model, dm)
@@ -313,15 +240,17 @@ def _resume_run(tmp_path, split: int | None) -> tuple[list[dict[str, float]], Te
     dm = RidgeData(batch_size=20)
     if split is None:
         cb, model = make()
-        _trainer([cb], max_epochs=4).fit(model, datamodule=dm)
+        lp.trainer([cb], max_epochs=4).fit(model, datamodule=dm)
     else:
         cb, model = make()
-        trainer = _trainer([cb], max_epochs=split)
+        trainer = lp.trainer([cb], max_epochs=split)
         trainer.fit(model, datamodule=dm)
         ckpt = tmp_path / "half.ckpt"
         trainer.save_checkpoint(ckpt)
         cb, model = make()  # fresh objects: everything must come from the checkpoint
-        _trainer([cb], max_epochs=4).fit(model, datamodule=RidgeData(batch_size=20), ckpt_path=ckpt)
+        lp.trainer([cb], max_epochs=4).fit(
+            model, datamodule=RidgeData(batch_size=20), ckpt_path=ckpt
+        )
     return cb.history, model.log_lam.detach().clone(), model.lin.weight.detach().clone()
 
 
@@ -346,7 +275,7 @@ def test_loggers_and_progress_bar_receive_hyper_metrics(tmp_path):
     from pytorch_lightning.loggers import CSVLogger
 
     cb = HyperOptimizationCallback(every_n_steps=2, adjoint_steps=5)
-    trainer = _trainer(
+    trainer = lp.trainer(
         [cb], max_steps=12, logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=50
     )
     trainer.fit(Ridge(), datamodule=RidgeData())
@@ -389,7 +318,7 @@ def test_lambda_requires_grad_restored_and_no_training_gradient():
             return super().training_step(batch, batch_idx)
 
     model = Spy()
-    _trainer([HyperOptimizationCallback(every_n_steps=2, adjoint_steps=3)], max_steps=4).fit(
+    lp.trainer([HyperOptimizationCallback(every_n_steps=2, adjoint_steps=3)], max_steps=4).fit(
         model, datamodule=RidgeData()
     )
     assert seen == [False] * 4  # the training backward never touches λ
@@ -436,7 +365,7 @@ def test_hyper_steps_leave_training_alone_when_lambda_is_frozen():
             cbs = [
                 HyperOptimizationCallback(every_n_steps=2, adjoint_steps=4, outer_optimizer=sgd0)
             ]
-        _trainer(cbs, max_epochs=2).fit(model, datamodule=RidgeData())
+        lp.trainer(cbs, max_epochs=2).fit(model, datamodule=RidgeData())
         return model.state_dict()
 
     a, b = run(False), run(True)
@@ -447,13 +376,17 @@ def test_hyper_steps_leave_training_alone_when_lambda_is_frozen():
 
 def test_divergence_can_be_skipped():
     # α far above 2/L: the adjoint iteration explodes, λ must stay put with on_divergence="skip"
+    # (no recovery retries here: the default Recover policy would damp the map back to a contraction)
+    from hypertorch_sid import RaiseOnDivergence
+
     cb = HyperOptimizationCallback(
-        every_n_steps=2, adjoint_steps=60, alpha=50.0, step_size="constant", on_divergence="skip"
-    )
+        every_n_steps=2, adjoint_steps=60, alpha=50.0, step_size="constant", on_divergence="skip",
+        divergence_policy=RaiseOnDivergence(),
+    )  # fmt: skip
     model = Ridge()
     before = model.log_lam.detach().clone()
     with pytest.warns(UserWarning, match="skipped"):
-        _trainer([cb], max_steps=4).fit(model, datamodule=RidgeData())
+        lp.trainer([cb], max_steps=4).fit(model, datamodule=RidgeData())
     assert torch.equal(model.log_lam.detach(), before) and cb.history == []
 
 

@@ -21,9 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
+from lightning_problems import ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -41,16 +43,6 @@ SETTINGS = dict(
     outer_lr=0.05,
     seed=11,
 )
-
-
-def _data() -> tuple[Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(N, D, generator=g, dtype=torch.float64)
-    w = torch.randn(D, generator=g, dtype=torch.float64)
-    y = X @ w + 0.3 * torch.randn(N, generator=g, dtype=torch.float64)
-    Xv = torch.randn(N_VAL, D, generator=g, dtype=torch.float64)
-    yv = Xv @ w + 0.3 * torch.randn(N_VAL, generator=g, dtype=torch.float64)
-    return X, y, Xv, yv
 
 
 class Net(BilevelModule):
@@ -118,7 +110,7 @@ class Data(pl.LightningDataModule):
 
     def __init__(self) -> None:
         super().__init__()
-        X, y, Xv, yv = _data()
+        X, y, Xv, yv = ridge_data(N, N_VAL, d=D, seed=0, noise=0.3)
         self.train, self.val = TensorDataset(X, y), TensorDataset(Xv, yv)
 
     def train_dataloader(self) -> DataLoader:
@@ -159,17 +151,11 @@ def run(kind: str, devices: int) -> dict[str, Any]:
         model = PlainNet()
         cb = LearnedWeightDecay(1e-2, granularity="per_element", **SETTINGS, **sizes)
     _record(cb)
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = lightning_problems.trainer(
+        [cb],
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=2,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         limit_val_batches=0,
         use_distributed_sampler=False,
     )

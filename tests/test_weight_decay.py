@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
+from lightning_problems import D, RidgeData
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, LearnedWeightDecay, ProximalGradientMap
 
@@ -27,41 +28,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
-D = 5
 NEVER = 10**9  # every_n_steps that keeps λ fixed
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _data(n: int = 120, n_val: int = 60, seed: int = 1) -> tuple[Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, D, generator=g, dtype=torch.float64)
-    w_true = torch.randn(D, generator=g, dtype=torch.float64)
-    y = X @ w_true + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
-    Xv = torch.randn(n_val, D, generator=g, dtype=torch.float64)
-    yv = Xv @ w_true + 0.5 * torch.randn(n_val, generator=g, dtype=torch.float64)
-    return X, y, Xv, yv
-
-
-class Data(pl.LightningDataModule):
-    def __init__(self, batch_size: int = 20, same_val: bool = False):
-        super().__init__()
-        X, y, Xv, yv = _data()
-        self.X, self.y = X, y
-        self.Xv, self.yv = (X, y) if same_val else (Xv, yv)
-        self.batch_size = batch_size
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(TensorDataset(self.X, self.y), batch_size=self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=30)
 
 
 class MLP(pl.LightningModule):
@@ -112,23 +79,11 @@ class MLP(pl.LightningModule):
 
 
 def _trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        deterministic=True,
-    )
-    defaults.update(kwargs)
-    return pl.Trainer(callbacks=callbacks or [], **defaults)
+    return lightning_problems.trainer(callbacks, **{"limit_val_batches": 0, **kwargs})
 
 
 def _fit(model: pl.LightningModule, callbacks: list[Any] | None = None, **kwargs: Any) -> None:
-    _trainer(callbacks, **{"max_epochs": 3, **kwargs}).fit(model, datamodule=Data())
+    _trainer(callbacks, **{"max_epochs": 3, **kwargs}).fit(model, datamodule=RidgeData())
 
 
 # ------------------------------------------------------------------------------ training dynamics
@@ -217,7 +172,7 @@ def test_granularities(granularity, apply_to, expected):
         assert torch.equal(values["net.0.weight"], values["net.2.weight"])
 
 
-def _closed_form(model: MLP, dm: Data, lam: Tensor) -> Tensor:
+def _closed_form(model: MLP, dm: RidgeData, lam: Tensor) -> Tensor:
     """Ridge: d E(w(λ)) / dλ_i = −w_i [(XᵀX/n + diag λ)⁻¹ ∇E(w)]_i at w = w(λ)."""
     X, y, Xv, yv = dm.X, dm.y, dm.Xv, dm.yv
     A = X.T @ X / len(X) + torch.diag(lam)
@@ -247,7 +202,7 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, 
     """ℓ̂ = training_step's loss + ½ Σ λ w²: at convergence the hypergradient is the ridge one,
     with the GD map of ℓ̂ or the proximal map of the loss and the penalty."""
     c, steps = 0.1, 300
-    dm = Data(batch_size=120)
+    dm = RidgeData(batch_size=120)
     model = Linear()
     cb = LearnedWeightDecay(
         c,
@@ -276,7 +231,7 @@ def test_decoupled_penalty_uses_the_adam_preconditioner():
     model = MLP(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.0, eps=1e-3))
     cb = LearnedWeightDecay(0.05, decoupled=True, granularity="per_tensor", every_n_steps=3)
     trainer = _trainer([cb], max_steps=3)
-    trainer.fit(model, datamodule=Data())
+    trainer.fit(model, datamodule=RidgeData())
     cb._before_hyper_step(trainer, model)
     opt = trainer.optimizers[0]
     lam = cb.decay_values()
@@ -315,7 +270,7 @@ def test_lambda_stays_positive(parameterization, outer):
         outer_optimizer=outer,
         validation_loss=minus_norm,
     )
-    _trainer([cb], max_steps=8).fit(MLP(), datamodule=Data())
+    _trainer([cb], max_steps=8).fit(MLP(), datamodule=RidgeData())
     values = torch.stack(list(cb.decay_values().values()))
     assert len(cb.history) == 4
     if parameterization == "projection":
@@ -327,7 +282,7 @@ def test_lambda_stays_positive(parameterization, outer):
 def test_training_step_logging_is_muted_inside_hyper_steps():
     model = MLP()
     trainer = _trainer([LearnedWeightDecay(0.01, every_n_steps=1, adjoint_steps=2)], max_steps=5)
-    trainer.fit(model, datamodule=Data())
+    trainer.fit(model, datamodule=RidgeData())
     assert model.muted_calls > 0 and len(model.real_losses) == 5
     assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(model.real_losses[-1])
 
@@ -402,10 +357,12 @@ def test_resume_reproduces_learned_decay(tmp_path, decoupled):
 
     cb, model = make()
     trainer = _trainer([cb], max_epochs=2)
-    trainer.fit(model, datamodule=Data())
+    trainer.fit(model, datamodule=RidgeData())
     trainer.save_checkpoint(tmp_path / "half.ckpt")
     cb, model = make()
-    _trainer([cb], max_epochs=4).fit(model, datamodule=Data(), ckpt_path=tmp_path / "half.ckpt")
+    _trainer([cb], max_epochs=4).fit(
+        model, datamodule=RidgeData(), ckpt_path=tmp_path / "half.ckpt"
+    )
     resumed = cb.decay_values()
     assert straight.keys() == resumed.keys()
     for key in straight:
@@ -440,7 +397,7 @@ def test_lightning_cli_configures_learned_weight_decay(monkeypatch):
             ],
         },
     }
-    cli = LightningCLI(MLP, Data, args=args, run=False, save_config_callback=None)
+    cli = LightningCLI(MLP, RidgeData, args=args, run=False, save_config_callback=None)
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, LearnedWeightDecay)]
     assert (cb.weight_decay, cb.granularity, cb.every_n_steps, cb.adjoint_steps, cb.val) == (
         0.01,

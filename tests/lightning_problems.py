@@ -1,0 +1,119 @@
+"""Lightning test problems shared by the test modules (beside ``problems.py``, the core ones).
+
+* :func:`ridge_data`: a seeded linear-regression data set (float64), train and validation;
+* :class:`Ridge`: the ridge :class:`~hypertorch_sid.BilevelModule`
+  ℓ̂ = ½ mean (Xw − y)² + ½ Σ exp(log_lam) ⊙ w², E = ½ mean (X_val w − y_val)²;
+* :class:`RidgeData` and :func:`loaders`: its data as a datamodule or as two DataLoaders;
+* :func:`trainer`: a quiet, deterministic single-process CPU ``pl.Trainer``.
+
+The tests run with one intra-op thread (``conftest.py`` sets it for the whole session).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import BilevelModule
+
+D = 5  # features of the default ridge problem
+f64 = torch.float64
+
+
+def ridge_data(
+    n: int = 120, n_val: int = 60, d: int = D, seed: int = 1, noise: float = 0.5
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``X, y, X_val, y_val`` with y = X w* + noise·ε, one w* for both sets (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=f64)
+    w_true = torch.randn(d, generator=g, dtype=f64)
+    y = X @ w_true + noise * torch.randn(n, generator=g, dtype=f64)
+    Xv = torch.randn(n_val, d, generator=g, dtype=f64)
+    yv = Xv @ w_true + noise * torch.randn(n_val, generator=g, dtype=f64)
+    return X, y, Xv, yv
+
+
+def loaders(
+    data: tuple[Tensor, ...], batch_size: int, val_batch_size: int | None = None
+) -> tuple[DataLoader, DataLoader]:
+    """Sequential train and validation DataLoaders of :func:`ridge_data`'s tensors."""
+    X, y, Xv, yv = data
+    return (
+        DataLoader(TensorDataset(X, y), batch_size=batch_size),
+        DataLoader(TensorDataset(Xv, yv), batch_size=val_batch_size or batch_size),
+    )
+
+
+class Ridge(BilevelModule):
+    """ℓ̂ = ½ mean (Xw − y)² + ½ Σ exp(log_lam) ⊙ w²,  E = ½ mean (X_val w − y_val)².
+
+    w (no bias) starts at ``w0`` everywhere, λ = exp(``log_lam``) per feature, possibly of
+    another dtype than w (``lam_dtype``). The inner optimizer is SGD(lr) on w;
+    ``optimizer="all-parameters"`` gives it λ too (the mistake the module must catch).
+    """
+
+    def __init__(
+        self,
+        lr: float = 0.1,
+        log_lam: float = math.log(0.1),
+        optimizer: str = "sgd",
+        d: int = D,
+        w0: float = 0.0,
+        lam_dtype: torch.dtype = f64,
+    ) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(d, 1, bias=False, dtype=f64)
+        torch.nn.init.constant_(self.lin.weight, w0)
+        self.register_hyperparameter("log_lam", torch.full((d,), log_lam, dtype=lam_dtype))
+        self.lr, self.optimizer = lr, optimizer
+
+    def _fit(self, batch: Any) -> Tensor:
+        x, y = batch
+        return 0.5 * ((self.lin(x).squeeze(-1) - y) ** 2).mean()
+
+    def inner_loss(self, batch: Any) -> Tensor:
+        return self._fit(batch) + 0.5 * (self.log_lam.exp() * self.lin.weight[0] ** 2).sum()
+
+    def outer_loss(self, batch: Any) -> Tensor:
+        return self._fit(batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.optimizer == "all-parameters":
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+        return torch.optim.SGD(self.inner_parameters(), lr=self.lr)
+
+
+class RidgeData(pl.LightningDataModule):
+    """:func:`ridge_data` (its default sizes) as a datamodule of sequential DataLoaders."""
+
+    def __init__(self, batch_size: int = 20, val_batch_size: int = 30, seed: int = 1) -> None:
+        super().__init__()
+        self.X, self.y, self.Xv, self.yv = ridge_data(seed=seed)
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.X, self.y), batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=self.val_batch_size)
+
+
+def trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:
+    """A CPU ``pl.Trainer`` without logger, checkpoints, progress bar, summary or sanity check;
+    deterministic. ``kwargs`` add to or override these settings."""
+    settings: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
+    return pl.Trainer(callbacks=callbacks or [], **{**settings, **kwargs})
