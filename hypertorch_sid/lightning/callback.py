@@ -37,10 +37,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
+from ..core.damping import CurvatureDamping, Damping
+from ..core.divergence import DivergencePolicy, Recover
 from ..core.errors import ConfigurationError, DivergenceError
+from ..core.estimation import Curvature
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS, get_preset
 from ..core.schedules import StepSchedule
+from ..core.solvers import AdjointSolver
 from ..core.validation import check_inner_optimizers
 from .module import BilevelModule
 from .sampling import (
@@ -223,13 +227,17 @@ class HyperOptimizationCallback(Callback):
         warm_start_adjoint: bool = True,
         backoff: int = 0,
         divergence_factor: float = 1e4,
-        on_divergence: Literal["raise", "skip"] = "raise",
-        estimate_batches: int = 4,
-        estimate_iters: int = 20,
-        reestimate_every: int | None = None,
+        on_divergence: Literal["raise", "skip"] = "skip",
+        estimate_batches: int = 2,
+        estimate_iters: int = 10,
+        reestimate_every: int | None = 10,
         start_step: int = 0,
         seed: int = 0,
         log_to_loggers: bool = True,
+        damping: Damping | None = None,
+        curvature: Curvature | None = None,
+        adjoint_solver: AdjointSolver | None = None,
+        divergence_policy: DivergencePolicy | None = None,
     ) -> None:
         super().__init__()
         _check_int("every_n_steps", every_n_steps, 1)
@@ -298,6 +306,15 @@ class HyperOptimizationCallback(Callback):
         self.start_step = start_step
         self.seed = seed
         self.log_to_loggers = log_to_loggers
+        #: strategy objects of the core (validated there; see SIDHyperOptimizer)
+        self.strategies = dict(
+            damping=damping if damping is not None else CurvatureDamping(),
+            curvature=curvature,
+            adjoint_solver=adjoint_solver,
+            on_divergence=divergence_policy
+            if divergence_policy is not None or backoff
+            else Recover(retries=2),
+        )
 
         #: the core object doing Algorithm 1 (built at ``on_train_start``)
         self.sid: SIDHyperOptimizer | None = None
@@ -601,6 +618,7 @@ class HyperOptimizationCallback(Callback):
             estimate_batches=self.estimate_batches,
             estimate_iters=self.estimate_iters,
             reestimate_every=self.reestimate_every,
+            **self.strategies,
             mean_across_processes=mean,
             **self.constants,
             **settings,
@@ -714,8 +732,34 @@ class HyperOptimizationCallback(Callback):
     def _before_hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Hook for subclasses (e.g. to refresh quantities read from the training optimizer)."""
 
+    def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Never go on (or end a fit) with non-finite weights: the training itself diverged."""
+        bad = [n for n, p in pl_module.named_parameters() if not bool(torch.isfinite(p).all())]
+        if not bad:
+            return
+        lam = ""
+        if self._active is not None:
+            lam = ", ".join(
+                f"{k} in [{float(v.min()):.3g}, {float(v.max()):.3g}]"
+                for k, v in self._active.summary().items()
+            )
+        raise DivergenceError(
+            "training (weights w)",
+            trainer.global_step,
+            math.nan,
+            f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...). The training "
+            f"optimizer diverged with the current hyperparameters ({lam or 'n/a'}): lower its "
+            "learning rate or bound the hyperparameters.",
+        )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A fit never ends silently with NaN weights."""
+        if self.sid is not None:
+            self._check_weights(trainer, pl_module)
+
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self._train_stream is not None
+        self._check_weights(trainer, pl_module)
         self._before_hyper_step(trainer, pl_module)
         with self._hyperparameters_require_grad(), self._private_rng(pl_module.device):
             try:
@@ -740,6 +784,11 @@ class HyperOptimizationCallback(Callback):
             "hyper/adjoint_residual": last["adjoint_residual"],
             "hyper/adjoint_eta": last["adjoint_eta"],
             "hyper/alpha": last["alpha"],
+            "hyper/damping": last["damping"],
+            "hyper/relative_adjoint_residual": last["relative_adjoint_residual"],
+            "hyper/v_norm": last["v_norm"],
+            "hyper/L": last["L"],
+            "hyper/lambda_min": last["lambda_min"],
             "hyper/outer_lr": float(lr),
             "hyper/train_samples": float(self.sid.cost.samples * self._world_size),
             "hyper/val_samples": float(self._val_samples),
