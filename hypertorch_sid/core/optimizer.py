@@ -406,9 +406,12 @@ class SIDHyperOptimizer:
             else stream.take(self.curvature.batches)
         )
         known_mu = self.curvature_known_mu()
+        phi: Any = self.phi
+        if self.mean_across_processes is not None:  # Lanczos on the global (averaged) Hessian
+            phi = _GlobalHessian(self.phi, self.mean_across_processes)
         with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
             est = estimate_curvature(
-                self.phi,
+                phi,
                 batches,
                 self.curvature.iters,
                 mu=known_mu,
@@ -419,13 +422,6 @@ class SIDHyperOptimizer:
         self.cost.curvature_samples += n * est.iterations
         self.cost.curvature_products += len(batches) * est.iterations
         self.cost.samples += n * est.iterations
-        if self.mean_across_processes is not None:  # one α on every process
-            lam_min = est.lambda_min if est.lambda_min is not None else est.mu
-            x = torch.tensor([est.L, est.mu, lam_min, est.lambda_min_error], dtype=torch.float64)
-            x = self.mean_across_processes(x)
-            est = CurvatureEstimate(
-                float(x[0]), float(x[1]), est.mu_floored, est.iterations, float(x[2]), float(x[3])
-            )
         if est.uncertain and not est.convex:
             log.warning(
                 "hypertorch_sid: the sign of lambda_min is uncertain (%.3g ± %.2g after %d Lanczos "
@@ -1040,3 +1036,14 @@ def _curvature_strategy(
             check_positive("mu", mu)
         return KnownCurvature(L, mu)
     return EstimatedCurvature(batches=batches, iters=iters, every=every)
+
+
+class _GlobalHessian:
+    """Hessian–vector products averaged across processes: one curvature estimate everywhere."""
+
+    def __init__(self, phi: GradientDescentMap, mean: Callable[[Tensor], Tensor]) -> None:
+        self.phi, self.mean = phi, mean
+        self.inner_parameters = phi.inner_parameters
+
+    def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
+        return [self.mean(h) for h in self.phi.hessian_vector_product(batch, v)]
