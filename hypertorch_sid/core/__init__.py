@@ -6,6 +6,7 @@ curvature estimation (:mod:`.estimation`), the inner/adjoint solves and hypergra
 """
 
 from .batches import BatchStream
+from .config import Batches, FeasibleSet, SIDConfig
 from .cost import Cost
 from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
 from .divergence import (
@@ -52,6 +53,9 @@ from .solvers import (
 )
 
 __all__ = [
+    "Batches",
+    "FeasibleSet",
+    "SIDConfig",
     "AdjointSolver",
     "BackOff",
     "ConjugateGradient",

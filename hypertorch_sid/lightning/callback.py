@@ -22,6 +22,7 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,14 +38,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
-from ..core.damping import CurvatureDamping, Damping
-from ..core.divergence import DivergencePolicy, Recover
+from ..core.config import SIDConfig
+from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
-from ..core.estimation import Curvature
+from ..core.estimation import EstimatedCurvature
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS, get_preset
-from ..core.schedules import StepSchedule
-from ..core.solvers import AdjointSolver
+from ..core.schedules import check_positive
 from ..core.validation import check_inner_optimizers
 from .module import BilevelModule
 from .sampling import (
@@ -59,7 +59,6 @@ from .sampling import (
 __all__ = ["HyperOptimizationCallback"]
 
 Tensors = list[Tensor]
-_STEP_SIZES = ("constant", "decreasing", "two_phase")
 
 
 _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
@@ -81,33 +80,35 @@ class _Problem:
     freeze: Tensors = field(default_factory=list)  # λ living in the module (requires_grad toggled)
 
 
+#: the callback's SID settings: Lightning's training is the inner solver (t = 0), k = 10 adjoint
+#: steps, a cheap curvature estimate refreshed every 10 hyper steps (a network's sharpness grows),
+#: and Recover(2) on divergence (re-estimate, raise the damping, retry).
+CALLBACK_CONFIG = SIDConfig(
+    inner_steps=0,
+    adjoint_steps=10,
+    curvature=EstimatedCurvature(batches=2, iters=10, every=10),
+    on_divergence=Recover(retries=2),
+)
+
+
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigurationError(
             f"HyperOptimizationCallback: {name} must be an integer ≥ {minimum}"
             f"{' or None' if allow_none else ''}, got {value!r}."
         )
 
 
+def _check_positive(name: str, value: Any) -> None:
+    check_positive(f"HyperOptimizationCallback: {name}", value)
+
+
 def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
         raise ConfigurationError(
             f"HyperOptimizationCallback: {name} must be one of {list(choices)}, got {value!r}."
-        )
-
-
-def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(
-            f"HyperOptimizationCallback: {name} must be a positive number, got {value!r}."
-        )
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigurationError(
-            f"HyperOptimizationCallback: {name} must be a finite positive number, got {value!r}."
         )
 
 
@@ -128,20 +129,6 @@ class HyperOptimizationCallback(Callback):
         ``class_path``/``init_args`` pair). ``None``: ``Adam(lr=outer_lr)``.
     outer_lr:
         Learning rate of the default Adam outer optimizer.
-    step_size:
-        Step-size schedule of the adjoint solve: ``"constant"`` (Thm 4.1), ``"decreasing"``
-        (Thm 4.2), ``"two_phase"`` or a :class:`~hypertorch_sid.core.StepSchedule`. ``None``:
-        the preset's, else ``"decreasing"``.
-    eta, beta, gamma, switch:
-        η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps (theory defaults).
-    alpha:
-        α of the map Φ̂ = w − α∇₁ℓ̂ used by the adjoint. ``None``: 2/(L+μ) with L, μ estimated
-        by power iteration at the first hyper step (logged, and kept in checkpoints).
-    L, mu, q, sigma2:
-        Known constants of ℓ (Corollary 4.3, Thm 4.1–4.2); estimated or defaulted when missing.
-    d2_batches:
-        J fresh minibatches averaged in the ∂₂Φ̂ term of eq. gradestim, or ``"full"`` for the
-        whole training set (removes the variance floor of Thm 3.4).
     val:
         ``"batch"``: ∇E on one validation minibatch per hyper step (its own seeded sampler);
         ``"full"``: on the whole validation set.
@@ -154,21 +141,10 @@ class HyperOptimizationCallback(Callback):
         The preset's inner solver is Lightning's training here.
     preset_epochs:
         The hypergradient budget (in epochs) of the preset's step rule.
-    hvp, mode:
-        ``"reverse"``/``"forward"`` Hessian–vector products; module mode of the adjoint
-        (``"train"`` or ``"eval"``), buffers restored (see :func:`~hypertorch_sid.frozen_mode`).
-    warm_start_adjoint:
-        Start each adjoint solve from the previous v (True) or from 0.
-    backoff, divergence_factor:
-        Divergence handling of the solves (see :class:`~hypertorch_sid.SIDHyperOptimizer`).
     on_divergence:
         ``"raise"`` stops training on a :class:`~hypertorch_sid.DivergenceError`; ``"skip"``
-        warns and leaves λ unchanged for that hyper step.
-    estimate_batches, estimate_iters:
-        Minibatches and power iterations of the L, μ estimate.
-    reestimate_every:
-        Re-estimate L, μ (so α, q) every this many hyper steps — the curvature changes as
-        training moves w and λ. ``None``: estimate once (kept in checkpoints).
+        warns and leaves λ unchanged for that hyper step (after ``config.on_divergence``'s
+        retries; v is reset, so the next hyper step starts clean).
     start_step:
         No hyper step before this many optimizer steps (let w approach w(λ) first).
     seed:
@@ -179,6 +155,16 @@ class HyperOptimizationCallback(Callback):
     log_to_loggers:
         Send every hyper step's ``hyper/*`` metrics to ``trainer.loggers`` (bypassing
         ``log_every_n_steps``, so no hyper step is dropped).
+    config:
+        How SID runs (:class:`~hypertorch_sid.core.config.SIDConfig`, shared with the core and
+        validated there): schedules, constants, curvature, damping, adjoint solver, divergence
+        policy, batch sources. Default: :data:`CALLBACK_CONFIG`. Its ``inner_steps`` is ignored
+        (Lightning's training is the inner solver).
+    **settings:
+        :class:`SIDConfig` fields changed from ``config`` (``step_size=``, ``alpha=``,
+        ``damping=`` ...) and the flat names of version 0.1 (``d2_batches``, ``backoff``,
+        ``estimate_batches``, ``reestimate_every``, ``hvp``, ``mode``, ...;
+        ``divergence_policy=`` is ``config.on_divergence``). Validated here, at construction.
 
     Notes
     -----
@@ -206,38 +192,17 @@ class HyperOptimizationCallback(Callback):
         adjoint_steps: int | None = None,
         outer_optimizer: OptimizerCallable | None = None,
         outer_lr: float = 1e-2,
-        step_size: Literal["constant", "decreasing", "two_phase"] | StepSchedule | None = None,
-        eta: float | None = None,
-        beta: float | None = None,
-        gamma: float | None = None,
-        switch: int | None = None,
-        alpha: float | None = None,
-        L: float | None = None,
-        mu: float | None = None,
-        q: float | None = None,
-        sigma2: float = 0.0,
-        d2_batches: int | Literal["full"] = 1,
         val: Literal["batch", "full"] = "batch",
         batch_size: int | None = None,
         val_batch_size: int | None = None,
         preset: str | None = None,
         preset_epochs: float = 1.0,
-        hvp: Literal["reverse", "forward"] = "reverse",
-        mode: Literal["train", "eval"] = "train",
-        warm_start_adjoint: bool = True,
-        backoff: int = 0,
-        divergence_factor: float = 1e4,
-        on_divergence: Literal["raise", "skip"] = "skip",
-        estimate_batches: int = 2,
-        estimate_iters: int = 10,
-        reestimate_every: int | None = 10,
         start_step: int = 0,
+        on_divergence: Literal["raise", "skip"] = "skip",
         seed: int = 0,
         log_to_loggers: bool = True,
-        damping: Damping | None = None,
-        curvature: Curvature | None = None,
-        adjoint_solver: AdjointSolver | None = None,
-        divergence_policy: DivergencePolicy | None = None,
+        config: SIDConfig = CALLBACK_CONFIG,
+        **settings: Any,
     ) -> None:
         super().__init__()
         _check_int("every_n_steps", every_n_steps, 1)
@@ -248,73 +213,36 @@ class HyperOptimizationCallback(Callback):
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
-        _check_positive("outer_lr", outer_lr, allow_none=False)
-        if not (step_size is None or isinstance(step_size, StepSchedule)):
-            _check_choice("step_size", step_size, _STEP_SIZES)
-        for name, value in (("eta", eta), ("beta", beta), ("gamma", gamma), ("alpha", alpha)):
-            _check_positive(name, value)
-        for name, value in (("L", L), ("mu", mu)):
-            _check_positive(name, value)
-        _check_int("switch", switch, 0, allow_none=True)
-        if q is not None and not (isinstance(q, (int, float)) and 0 <= q < 1):
-            raise ConfigurationError(f"HyperOptimizationCallback: q must be in [0, 1), got {q!r}.")
-        if isinstance(sigma2, bool) or not isinstance(sigma2, (int, float)) or sigma2 < 0:
-            raise ConfigurationError(
-                f"HyperOptimizationCallback: sigma2 must be a number ≥ 0, got {sigma2!r}."
-            )
-        if d2_batches != "full":
-            _check_int("d2_batches", d2_batches, 1)
+        _check_positive("outer_lr", outer_lr)
         _check_choice("val", val, ("batch", "full"))
         _check_int("batch_size", batch_size, 1, allow_none=True)
         _check_int("val_batch_size", val_batch_size, 1, allow_none=True)
         if preset is not None:
             _check_choice("preset", preset, list(PRESETS))
-        _check_positive("preset_epochs", preset_epochs, allow_none=False)
-        _check_choice("hvp", hvp, ("reverse", "forward"))
-        _check_choice("mode", mode, ("train", "eval"))
-        _check_int("backoff", backoff, 0)
-        _check_positive("divergence_factor", divergence_factor, allow_none=False)
-        _check_choice("on_divergence", on_divergence, ("raise", "skip"))
-        _check_int("estimate_batches", estimate_batches, 1)
-        _check_int("estimate_iters", estimate_iters, 1)
-        _check_int("reestimate_every", reestimate_every, 1, allow_none=True)
+        _check_positive("preset_epochs", preset_epochs)
         _check_int("start_step", start_step, 0)
+        _check_choice("on_divergence", on_divergence, ("raise", "skip"))
         _check_int("seed", seed, 0)
-
-        self.every_n_steps = every_n_steps
-        self.adjoint_steps = adjoint_steps
+        if "divergence_policy" in settings:
+            settings["on_divergence"] = settings.pop("divergence_policy")
+        #: how SID runs, validated once (shared with the core object built at train start)
+        self.config = SIDConfig.from_settings(config, **settings)
+        self._schedule_given = config.step_size != CALLBACK_CONFIG.step_size or (
+            "step_size" in settings
+        )
+        self.every_n_steps = int(every_n_steps)
+        self.adjoint_steps = None if adjoint_steps is None else int(adjoint_steps)
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
-        self.step_size = step_size
-        self.schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch)
-        self.constants = dict(alpha=alpha, L=L, mu=mu, q=q, sigma2=sigma2)
-        self.d2_batches = d2_batches
         self.val = val
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size
         self.preset = preset
         self.preset_epochs = preset_epochs
-        self.hvp = hvp
-        self.mode = mode
-        self.warm_start_adjoint = warm_start_adjoint
-        self.backoff = backoff
-        self.divergence_factor = divergence_factor
+        self.start_step = int(start_step)
         self.on_divergence = on_divergence
-        self.estimate_batches = estimate_batches
-        self.estimate_iters = estimate_iters
-        self.reestimate_every = reestimate_every
-        self.start_step = start_step
-        self.seed = seed
+        self.seed = int(seed)
         self.log_to_loggers = log_to_loggers
-        #: strategy objects of the core (validated there; see SIDHyperOptimizer)
-        self.strategies = dict(
-            damping=damping if damping is not None else CurvatureDamping(),
-            curvature=curvature,
-            adjoint_solver=adjoint_solver,
-            on_divergence=divergence_policy
-            if divergence_policy is not None or backoff
-            else Recover(retries=2),
-        )
 
         #: the core object doing Algorithm 1 (built at ``on_train_start``)
         self.sid: SIDHyperOptimizer | None = None
@@ -564,64 +492,48 @@ class HyperOptimizationCallback(Callback):
             )
         return opt
 
-    def _sid_settings(self) -> dict[str, Any]:
-        """Schedule, k and batch modes after applying the preset."""
-        step_size: Any = self.step_size
-        adjoint_steps = self.adjoint_steps
-        adjoint_batches = "stochastic"
-        schedule_args = dict(self.schedule_args)
+    def _sid_config(self) -> SIDConfig:
+        """The config of the core object: k, and the preset's adjoint schedule and batches."""
+        changes: dict[str, Any] = {"inner_steps": 0}
+        if self.adjoint_steps is not None:
+            changes["adjoint_steps"] = self.adjoint_steps
         if self.preset is not None:
-            p = get_preset(self.preset)
-            step_size = step_size or p.adjoint.step_size
-            adjoint_batches = "full" if p.adjoint.full_batch else "stochastic"
-            if adjoint_steps is None:
-                assert self._train is not None
-                bs = self._train.sampler.global_batch
-                adjoint_steps = p.steps(self.preset_epochs, self._n_train, bs)[1]
-            if p.adjoint.step_size == "constant" and schedule_args["eta"] is None:
-                schedule_args["eta"] = 1.0
-        return dict(
-            step_size=step_size or "decreasing",
-            adjoint_steps=adjoint_steps if adjoint_steps is not None else 10,
-            adjoint_batches=adjoint_batches,
-            **schedule_args,
-        )
+            assert self._train is not None
+            settings = get_preset(self.preset).settings(
+                self.preset_epochs, self._n_train, self._train.sampler.global_batch
+            )
+            changes["adjoint_batches"] = settings["adjoint_batches"]
+            if self.adjoint_steps is None:
+                changes["adjoint_steps"] = settings["adjoint_steps"]
+            if not self._schedule_given:
+                changes["step_size"] = settings["adjoint_step_size"]
+            if settings["adjoint_step_size"] == "constant" and self.config.eta is None:
+                changes["eta"] = 1.0
+        return self.config.replace(**changes)
 
     def _make_sid(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: _Problem
     ) -> SIDHyperOptimizer:
-        settings = self._sid_settings()
-        needs_full = self.d2_batches == "full" or settings["adjoint_batches"] == "full"
+        config = self._sid_config()
         mean = None
         if self._world_size > 1:
 
             def mean(t: Tensor) -> Tensor:
                 return trainer.strategy.reduce(t.clone(), reduce_op="mean")
 
+        if problem.projection is not None:
+            config = config.replace(projection=problem.projection)
         return SIDHyperOptimizer(
             problem.hyperparameters,
             problem.inner_parameters,
             problem.inner_loss,
             problem.outer_loss,
             self._outer_optimizer(problem.hyperparameters),
-            inner_steps=0,
+            config=config,
             module=pl_module,
-            mode=self.mode,
-            hvp=self.hvp,
-            d2_batches=self.d2_batches,
-            full_train_batch=self._full_train_batch(trainer) if needs_full else None,
-            warm_start_adjoint=self.warm_start_adjoint,
-            projection=problem.projection,
+            full_train_batch=self._full_train_batch(trainer) if config.batches.needs_full else None,
             penalty=problem.penalty,
-            backoff=self.backoff,
-            divergence_factor=self.divergence_factor,
-            estimate_batches=self.estimate_batches,
-            estimate_iters=self.estimate_iters,
-            reestimate_every=self.reestimate_every,
-            **self.strategies,
             mean_across_processes=mean,
-            **self.constants,
-            **settings,
         )
 
     def _sync_hyperparameters(self, trainer: pl.Trainer) -> None:
@@ -682,7 +594,7 @@ class HyperOptimizationCallback(Callback):
             f"{type(self).__name__}: {n_hyper} hyperparameter values in "
             f"{len(self.sid.hyperparameters)} tensors; a hyper step every {self.every_n_steps} "
             f"optimizer steps: k = {self.sid.adjoint_steps} adjoint steps "
-            f"({self.sid.adjoint_batches}), J = {self.d2_batches}, val = {self.val!r}, "
+            f"({self.sid.adjoint_batches}), J = {self.sid.config.batches.d2}, val = {self.val!r}, "
             f"sampler batch {self._train.sampler.batch_size} per process × {self._world_size}; "
             f"{alpha}."
         )
