@@ -9,6 +9,7 @@ from .batches import BatchStream
 from .config import Batches, FeasibleSet, SIDConfig
 from .cost import Cost
 from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
+from .decay import LogDecay, Parameterization, ProjectedDecay, WeightDecay
 from .divergence import (
     BackOff,
     DivergenceGuard,
@@ -53,6 +54,10 @@ from .solvers import (
 )
 
 __all__ = [
+    "LogDecay",
+    "Parameterization",
+    "ProjectedDecay",
+    "WeightDecay",
     "Batches",
     "FeasibleSet",
     "SIDConfig",

@@ -25,7 +25,6 @@ import math
 import numbers
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -45,8 +44,8 @@ from ..core.estimation import EstimatedCurvature
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS, get_preset
 from ..core.schedules import check_positive
-from ..core.validation import check_inner_optimizers
 from .module import BilevelModule
+from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .sampling import (
     SampledBatches,
     ShardedSampler,
@@ -62,22 +61,6 @@ Tensors = list[Tensor]
 
 
 _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
-
-
-# ---------------------------------------------------------------------------------- the problem
-@dataclass
-class _Problem:
-    """What the callback optimises: λ, w, ℓ̂, E and what to report about λ."""
-
-    hyperparameters: Tensors
-    inner_parameters: Tensors
-    inner_loss: Callable[[Any], Tensor]
-    outer_loss: Callable[[Any], Tensor]
-    summary: Callable[[], dict[str, Tensor]]
-    projection: Callable[[Tensors], None] | None = None
-    #: coefficients c(λ) of a weighted L2 penalty left out of ``inner_loss``: proximal map
-    penalty: Callable[[], Tensors] | None = None
-    freeze: Tensors = field(default_factory=list)  # λ living in the module (requires_grad toggled)
 
 
 #: the callback's SID settings: Lightning's training is the inner solver (t = 0), k = 10 adjoint
@@ -160,6 +143,10 @@ class HyperOptimizationCallback(Callback):
         validated there): schedules, constants, curvature, damping, adjoint solver, divergence
         policy, batch sources. Default: :data:`CALLBACK_CONFIG`. Its ``inner_steps`` is ignored
         (Lightning's training is the inner solver).
+    problem:
+        A :class:`~hypertorch_sid.lightning.problem.ProblemSource`: where λ, w, ℓ̂ and E come
+        from. ``None``: :class:`~hypertorch_sid.lightning.problem.ModuleProblem`, the
+        :class:`BilevelModule` being trained.
     **settings:
         :class:`SIDConfig` fields changed from ``config`` (``step_size=``, ``alpha=``,
         ``damping=`` ...) and the flat names of version 0.1 (``d2_batches``, ``backoff``,
@@ -202,6 +189,7 @@ class HyperOptimizationCallback(Callback):
         seed: int = 0,
         log_to_loggers: bool = True,
         config: SIDConfig = CALLBACK_CONFIG,
+        problem: ProblemSource | None = None,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -225,6 +213,13 @@ class HyperOptimizationCallback(Callback):
         _check_int("seed", seed, 0)
         if "divergence_policy" in settings:
             settings["on_divergence"] = settings.pop("divergence_policy")
+        if problem is not None and not isinstance(problem, ProblemSource):
+            raise ConfigurationError(
+                "HyperOptimizationCallback: problem must be a ProblemSource (an object with "
+                f"check, build and before_hyper_step), got {type(problem).__name__}."
+            )
+        #: where λ, w, ℓ̂, E come from (default: the BilevelModule being trained)
+        self.problem: ProblemSource = problem if problem is not None else ModuleProblem()
         #: how SID runs, validated once (shared with the core object built at train start)
         self.config = SIDConfig.from_settings(config, **settings)
         self._schedule_given = config.step_size != CALLBACK_CONFIG.step_size or (
@@ -250,7 +245,7 @@ class HyperOptimizationCallback(Callback):
         self.last_hypergradient: Tensors | None = None
         #: the ``hyper/*`` metrics of every hyper step (also in checkpoints)
         self.history: list[dict[str, float]] = []
-        self._active: _Problem | None = None
+        self._active: BilevelProblem | None = None
         self._train: SampledBatches | None = None
         self._train_stream: BatchStream | None = None
         self._val: SampledBatches | None = None
@@ -277,7 +272,7 @@ class HyperOptimizationCallback(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The training optimizers must not hold λ."""
-        self._check_optimizers(trainer, pl_module)
+        self.problem.check(trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
@@ -361,29 +356,6 @@ class HyperOptimizationCallback(Callback):
             self._restore()
 
     # ================================================================== the problem
-    def _problem(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> _Problem:
-        """λ, w, ℓ̂ and E of a BilevelModule (subclasses define other problems)."""
-        if not isinstance(pl_module, BilevelModule):
-            raise ConfigurationError(
-                "HyperOptimizationCallback needs a BilevelModule (declare λ with "
-                "register_hyperparameter and write inner_loss/outer_loss); for weight decay on "
-                f"any LightningModule use LearnedWeightDecay. Got {type(pl_module).__name__}."
-            )
-        hyper = list(pl_module.hyperparameters())
-        if not hyper:
-            raise ConfigurationError(
-                f"{type(pl_module).__name__} declares no hyperparameter: call "
-                "self.register_hyperparameter(name, value) in __init__."
-            )
-        return _Problem(
-            hyperparameters=hyper,
-            inner_parameters=list(pl_module.inner_parameters()),
-            inner_loss=pl_module.inner_loss,
-            outer_loss=pl_module.outer_loss,
-            summary=pl_module.hyperparameter_summary,
-            freeze=hyper,
-        )
-
     def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
         if isinstance(pl_module, BilevelModule):
             self._frozen = [(h, h.requires_grad) for h in pl_module.hyperparameters()]
@@ -396,16 +368,12 @@ class HyperOptimizationCallback(Callback):
             h.requires_grad_(flag)
         self._frozen = []
 
-    def _check_optimizers(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if isinstance(pl_module, BilevelModule):
-            check_inner_optimizers(trainer.optimizers, list(pl_module.hyperparameters()))
-
     # ================================================================== building
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._before_build = False
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self._device = pl_module.device
-        problem = self._problem(trainer, pl_module)
+        problem = self.problem.build(trainer, pl_module)
         self._active = problem
         self._build_train_source(trainer)
         self._build_val_source(trainer)
@@ -512,7 +480,7 @@ class HyperOptimizationCallback(Callback):
         return self.config.replace(**changes)
 
     def _make_sid(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: _Problem
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
     ) -> SIDHyperOptimizer:
         config = self._sid_config()
         mean = None
@@ -641,9 +609,6 @@ class HyperOptimizationCallback(Callback):
         self._val_samples += self._val.sampler.global_batch
         return batch
 
-    def _before_hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Hook for subclasses (e.g. to refresh quantities read from the training optimizer)."""
-
     def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Never go on (or end a fit) with non-finite weights: the training itself diverged."""
         bad = [n for n, p in pl_module.named_parameters() if not bool(torch.isfinite(p).all())]
@@ -672,7 +637,7 @@ class HyperOptimizationCallback(Callback):
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self._train_stream is not None
         self._check_weights(trainer, pl_module)
-        self._before_hyper_step(trainer, pl_module)
+        self.problem.before_hyper_step(trainer, pl_module)
         with self._hyperparameters_require_grad(), self._private_rng(pl_module.device):
             try:
                 hypergrad = self.sid.hypergradient(self._train_stream, self._validation_batch())
