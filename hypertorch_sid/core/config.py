@@ -277,6 +277,8 @@ class SIDConfig:
         base = base if base is not None else cls()
         if not isinstance(base, SIDConfig):
             raise ConfigurationError(f"config must be a SIDConfig, got {type(base).__name__}.")
+        if not settings:
+            return base
         fields = {f.name for f in dataclasses.fields(cls)}
         flat = {k: settings.pop(k) for k in list(settings) if k in _FLAT}
         unknown = set(settings) - fields
