@@ -209,3 +209,13 @@ def test_weight_decay_projection_and_parameterisations():
         WeightDecay([("w", w)], 0.1, "per_neuron")
     with pytest.raises(ConfigurationError, match="parameterization must be 'log', 'projection'"):
         WeightDecay([("w", w)], 0.1, parameterization="exp")
+
+
+def test_the_drop_in_defaults_are_the_benchmarked_ones():
+    cb = LearnedWeightDecay(1e-4, granularity="per_layer")
+    assert (cb.every_n_steps, cb.adjoint_steps, cb.outer_lr) == (20, 3, 0.3)
+    assert cb.config.curvature.every == 10
+    per_element = LearnedWeightDecay(1e-4, granularity="per_element")
+    assert per_element.outer_lr == 1.0 and per_element.config.curvature.every is None
+    mine = LearnedWeightDecay(1e-4, granularity="per_element", every_n_steps=5, reestimate_every=4)
+    assert mine.every_n_steps == 5 and mine.config.curvature.every == 4
