@@ -190,8 +190,8 @@ def test_nan_inner_loss_midway_raises_at_that_step():
         inner,
         problem.outer_loss,
         None,
-        10,
-        10,
+        inner_steps=10,
+        adjoint_steps=10,
         alpha=0.3,
         step_size="constant",
     )
@@ -209,8 +209,8 @@ def test_nan_outer_loss_raises():
         problem.inner_loss,
         lambda b: problem.outer_loss(b) + torch.tensor(math.nan, dtype=torch.float64),
         None,
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.3,
         step_size="constant",
     )
@@ -235,8 +235,8 @@ def test_nan_hypergradient_from_the_d2_term_leaves_lambda_w_v_and_optimizer():
         inner,
         problem.outer_loss,
         torch.optim.Adam([problem.log_lam], lr=0.1),
-        3,
-        3,
+        inner_steps=3,
+        adjoint_steps=3,
         alpha=0.3,
         step_size="constant",
     )
@@ -289,7 +289,9 @@ def build(hyper, inner, outer_optimizer=None, **kwargs):
     def loss(_):
         return sum((w**2).sum() for w in inner_list) + sum(h.sum() for h in hyper_list)
 
-    return SIDHyperOptimizer(hyper, inner, loss, loss, outer_optimizer, 5, 5, **kwargs)
+    return SIDHyperOptimizer(
+        hyper, inner, loss, loss, outer_optimizer, inner_steps=5, adjoint_steps=5, **kwargs
+    )
 
 
 def test_hyperparameter_that_is_not_a_leaf():
@@ -359,8 +361,8 @@ def test_inner_loss_not_depending_on_an_inner_parameter():
         problem.inner_loss,
         problem.outer_loss,
         None,
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.3,
         step_size="constant",
     )
@@ -378,8 +380,8 @@ def test_inner_loss_not_depending_on_lambda():
         lambda b: problem.outer_loss(b),
         problem.outer_loss,
         None,
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.3,
         step_size="constant",
     )
@@ -402,8 +404,8 @@ def test_outer_loss_depending_on_neither_w_nor_lambda(foreign):
         problem.inner_loss,
         outer,
         None,
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.3,
         step_size="constant",
     )
@@ -439,8 +441,8 @@ def test_projection_keeps_weight_decay_nonnegative_under_a_huge_outer_step():
         inner,
         problem.outer_loss,
         torch.optim.SGD([lam], lr=1e6),
-        50,
-        50,
+        inner_steps=50,
+        adjoint_steps=50,
         step_size="constant",
         full_train_batch=problem.train(),
         reestimate_every=1,  # α = 2/(L+μ) follows λ, however large the step made it
@@ -463,7 +465,14 @@ def test_infeasible_initial_value_is_refused():
         match=r"initial hyperparameters are outside the feasible set.*Initialise λ inside",
     ):
         SIDHyperOptimizer(
-            [lam], [problem.w], inner, problem.outer_loss, None, 5, 5, feasible=nonnegative
+            [lam],
+            [problem.w],
+            inner,
+            problem.outer_loss,
+            None,
+            inner_steps=5,
+            adjoint_steps=5,
+            feasible=nonnegative,
         )
 
 
@@ -475,8 +484,8 @@ def test_step_leaving_the_feasible_set_without_projection_restores_lambda():
         inner,
         problem.outer_loss,
         torch.optim.SGD([lam], lr=1.0),
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.5,
         step_size="constant",
         feasible=nonnegative,
@@ -587,8 +596,8 @@ def test_numpy_integer_steps_are_accepted():
         problem.inner_loss,
         problem.outer_loss,
         None,
-        np.int64(5),
-        np.int32(3),
+        inner_steps=np.int64(5),
+        adjoint_steps=np.int32(3),
         alpha=0.3,
     )
     assert (hopt.inner_steps, hopt.adjoint_steps) == (5, 3)
@@ -672,8 +681,8 @@ def test_losses_that_are_not_scalars():
         lambda b: problem.w * problem.log_lam,
         problem.outer_loss,
         None,
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.3,
         step_size="constant",
     )
@@ -685,8 +694,8 @@ def test_losses_that_are_not_scalars():
         problem.inner_loss,
         lambda b: b[0] @ problem.w,
         None,
-        5,
-        5,
+        inner_steps=5,
+        adjoint_steps=5,
         alpha=0.3,
         step_size="constant",
     )

@@ -23,7 +23,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from hypertorch_sid import (
     BilevelModule,
     ConfigurationError,
+    FixedDamping,
     HyperOptimizationCallback,
+    Recover,
     SIDHyperOptimizer,
 )
 
@@ -409,7 +411,13 @@ def test_lightning_cli_configures_the_callback(tmp_path, monkeypatch):
                     "init_args": {
                         "every_n_steps": 2,
                         "adjoint_steps": 7,
-                        "d2_batches": "full",
+                        "config": {
+                            "batches": {"d2": "full"},
+                            "damping": {
+                                "class_path": "hypertorch_sid.FixedDamping",
+                                "init_args": {"value": 0.0},
+                            },
+                        },
                         "val": "full",
                         "preset": "stoch_dec",
                         "outer_optimizer": {
@@ -424,7 +432,9 @@ def test_lightning_cli_configures_the_callback(tmp_path, monkeypatch):
     }
     cli = LightningCLI(Ridge, RidgeData, args=args, run=False, save_config_callback=None)
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, HyperOptimizationCallback)]
-    assert (cb.every_n_steps, cb.adjoint_steps, cb.d2_batches, cb.val, cb.preset) == (
+    assert cb.config.damping == FixedDamping(0.0)
+    assert cb.config.on_divergence == Recover(retries=2)  # the callback's defaults are kept
+    assert (cb.every_n_steps, cb.adjoint_steps, cb.config.batches.d2, cb.val, cb.preset) == (
         2,
         7,
         "full",

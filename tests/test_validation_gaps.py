@@ -32,7 +32,9 @@ def build(hyper, inner, outer_optimizer=None):
     def loss(_):
         return sum((w**2).sum() for w in inner) + sum(h.sum() for h in hyper)
 
-    return SIDHyperOptimizer(hyper, inner, loss, loss, outer_optimizer, 5, 5)
+    return SIDHyperOptimizer(
+        hyper, inner, loss, loss, outer_optimizer, inner_steps=5, adjoint_steps=5
+    )
 
 
 def leaf(n=3, dtype=torch.float64):

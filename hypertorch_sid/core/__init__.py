@@ -6,8 +6,10 @@ curvature estimation (:mod:`.estimation`), the inner/adjoint solves and hypergra
 """
 
 from .batches import BatchStream
+from .config import Batches, FeasibleSet, SIDConfig
 from .cost import Cost
 from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
+from .decay import LogDecay, Parameterization, ProjectedDecay, WeightDecay
 from .divergence import (
     BackOff,
     DivergenceGuard,
@@ -52,6 +54,13 @@ from .solvers import (
 )
 
 __all__ = [
+    "LogDecay",
+    "Parameterization",
+    "ProjectedDecay",
+    "WeightDecay",
+    "Batches",
+    "FeasibleSet",
+    "SIDConfig",
     "AdjointSolver",
     "BackOff",
     "ConjugateGradient",

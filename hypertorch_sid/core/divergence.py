@@ -162,7 +162,7 @@ class BackOff(DivergencePolicy):
         _check_retries(self.retries)
 
     def adapt(self, optimizer: Any, err: DivergenceError) -> str:
-        return optimizer._halve_step()
+        return optimizer.back_off()
 
 
 @dataclass(frozen=True)
@@ -175,4 +175,4 @@ class Recover(DivergencePolicy):
         _check_retries(self.retries)
 
     def adapt(self, optimizer: Any, err: DivergenceError) -> str:
-        return optimizer._recover()
+        return optimizer.recover()

@@ -232,12 +232,14 @@ class EstimatedCurvature(Curvature):
     iters: Lanczos steps per estimate.
     every: re-estimate every this many hyper steps (None: once, and when a guard asks).
     mu_floor: μ ≥ mu_floor·L for the schedules.
+    mu: a known μ (e.g. the smallest weight decay): only L is estimated.
     """
 
     batches: int = 4
     iters: int = 20
     every: int | None = None
     mu_floor: float = 1e-4
+    mu: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("batches", "iters"):
@@ -250,6 +252,10 @@ class EstimatedCurvature(Curvature):
             raise ConfigurationError(f"every must be an integer ≥ 1 or None, got {self.every!r}.")
         if not (isinstance(self.mu_floor, (int, float)) and 0 < self.mu_floor < 1):
             raise ConfigurationError(f"mu_floor must be in (0, 1), got {self.mu_floor!r}.")
+        if self.mu is not None and not (
+            isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu > 0
+        ):
+            raise ConfigurationError(f"mu must be a finite positive number, got {self.mu!r}.")
 
     def needs_refresh(self, hyper_step: int) -> bool:
         return self.every is not None and hyper_step > 0 and hyper_step % self.every == 0

@@ -26,12 +26,11 @@ import torch
 from torch import Tensor
 
 from .batches import BatchStream, batch_size, repeat
+from .config import SIDConfig
 from .cost import Cost
-from .damping import CurvatureDamping, Damping
-from .divergence import BackOff, DivergenceGuard, DivergencePolicy, RaiseOnDivergence
+from .divergence import DivergenceGuard
 from .errors import ConfigurationError, DivergenceError
 from .estimation import (
-    Curvature,
     CurvatureEstimate,
     EstimatedCurvature,
     KnownCurvature,
@@ -50,12 +49,10 @@ from .presets import get_preset
 from .schedules import (
     StepSchedule,
     check_positive,
-    check_schedule_kind,
     make_schedule,
     theory_constants,
 )
 from .solvers import (
-    AdjointSolver,
     FixedPointIteration,
     SolveResult,
     assemble_hypergradient,
@@ -70,7 +67,6 @@ from .validation import (
     check_not_compiled,
     check_outer_optimizer,
     check_parameters,
-    check_steps,
     estimate_contraction,
 )
 
@@ -95,18 +91,10 @@ class SIDHyperOptimizer:
     outer_optimizer:
         Any ``torch.optim.Optimizer`` over the hyperparameters (may be None for
         :meth:`hypergradient` only).
-    inner_steps, adjoint_steps:
-        t ≥ 0 and k ≥ 1 of Algorithm 1.
-    step_size, adjoint_step_size:
-        ``"constant"`` (Thm 4.1), ``"decreasing"`` (Thm 4.2), ``"two_phase"`` or a
-        :class:`StepSchedule`; the adjoint solve uses ``step_size`` unless told otherwise.
-    alpha, eta, beta, gamma, switch:
-        α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps
-        (default: :func:`~hypertorch_sid.core.schedules.auto_switch`, min(t/2, ⌈7β⌉) per solve).
-        Missing α, β, γ come from the theory (α = 2/(L+μ), β = 2/(1−q²), γ = β(1+σ₂)).
-    L, mu, q, sigma2:
-        Known constants. For the GD map, L and μ are estimated by power iteration when missing
-        (logged); a general map needs ``q`` (or ``beta``) for decreasing steps.
+    config:
+        A :class:`~hypertorch_sid.core.config.SIDConfig`: how Algorithm 1 runs (t, k, schedules,
+        constants, and the strategies ``curvature``, ``damping``, ``adjoint_solver``,
+        ``on_divergence``, ``feasible_set``, ``batches``). Default: ``SIDConfig()``.
     fixed_point_map:
         A :class:`FixedPointMap` or a callable ``phi(batch) -> list of tensors`` (a general
         contraction) to use instead of the GD map.
@@ -115,63 +103,25 @@ class SIDHyperOptimizer:
         ½ Σᵢ ⟨cᵢ, wᵢ²⟩ that ``inner_loss`` then leaves out. The map becomes the proximal gradient
         map Φ̂ = (w − α∇ĝ)/(1 + αc) (:class:`ProximalGradientMap`): same w(λ) and hypergradient,
         but α (estimated from ĝ's curvature alone) no longer has to shrink as λ grows.
-    hvp:
-        ``"reverse"`` or ``"forward"`` Hessian–vector products for the GD map (forward needs
-        ``module``).
     module:
-        The ``nn.Module`` owning w, if any: the adjoint solve then runs in ``mode`` with its
+        The ``nn.Module`` owning w, if any: the solves then run in ``config.mode`` with its
         buffers restored (see :mod:`hypertorch_sid.core.modes`), and ``hvp="forward"`` works.
-    d2_batches:
-        J, the number of fresh minibatches averaged in the ∂₂Φ̂ term, or ``"full"`` to use
-        ``full_train_batch`` (the exact ∂₂Φ, removing Thm 3.4's variance floor).
     full_train_batch:
         One batch holding the whole training set: the deterministic map Φ for GD ("Batch")
-        solves and ``d2_batches="full"``.
-    inner_batches, adjoint_batches:
-        ``"stochastic"`` (minibatches from ``train_batches``) or ``"full"`` (``full_train_batch``).
-    warm_start_adjoint:
-        Start each adjoint solve from the previous v_k (True) or from 0.
-    projection:
-        ``projection(hyperparameters)`` called in ``no_grad`` after each outer step to keep λ in
-        Λ (e.g. ``lambda hs: hs[0].clamp_(min=0)``).
-    feasible:
-        ``feasible(hyperparameters) -> bool``, the membership test of Λ (e.g.
-        ``lambda hs: bool((hs[0] >= 0).all())``). Checked on the initial λ and on loaded states
-        (:class:`ConfigurationError` if outside) and after every outer step and projection (λ is
-        restored and :class:`ConfigurationError` raised if the step left Λ).
-    adjoint_solver:
-        How the adjoint system is solved: :class:`~hypertorch_sid.core.solvers.FixedPointIteration`
-        (default, the paper's eq. backalg with ``adjoint_step_size``) or
-        :class:`~hypertorch_sid.core.solvers.ConjugateGradient`.
-    curvature:
-        Where L, μ, λ_min come from: :class:`~hypertorch_sid.core.estimation.KnownCurvature` or
-        :class:`~hypertorch_sid.core.estimation.EstimatedCurvature` (Lanczos; the default, built
-        from ``estimate_batches``, ``estimate_iters``, ``reestimate_every``; ``L=``/``mu=`` give a
-        known one).
-    damping:
-        The shift δ of the damped adjoint system α(∇²₁₁ℓ + δI)v = ∇₁E
-        (:mod:`~hypertorch_sid.core.damping`): :class:`CurvatureDamping` (default: δ from the
-        estimated negative curvature — 0 on convex problems, so the paper's exact system; a
-        contraction by construction on non-convex ones), :class:`NoDamping` or
-        :class:`FixedDamping`.
-    on_divergence:
-        A :class:`~hypertorch_sid.core.divergence.DivergencePolicy`: ``RaiseOnDivergence()``
-        (default), ``BackOff(n)`` (what ``backoff=n`` builds) or ``Recover(n)``. Divergence is
-        detected within each solve and across hyper steps (:class:`DivergenceGuard`); λ is never
-        written from a diverged step and the warm-start v is reset.
-    backoff:
-        Short for ``on_divergence=BackOff(backoff)``: retries with α (or η) halved; 0 raises.
-    divergence_factor:
-        A residual this many times larger than the first ones counts as divergence.
-    estimate_batches, estimate_iters:
-        Minibatches and power iterations used to estimate L, μ.
-    reestimate_every:
-        Re-estimate L, μ (hence α, q, β, γ) every this many outer steps, for λ that change the
-        curvature (weight decay does: L and μ grow with λ). None: estimate once.
+        solves, ``d2_batches="full"`` and the curvature estimate.
     mean_across_processes:
         For data parallel runs, a function averaging a tensor over processes (an all-reduce
         mean). Every Φ̂, Jacobian product and ∇E is averaged, so each process's minibatch is a
         shard of one global batch and λ stays identical everywhere.
+    **settings:
+        Fields of :class:`SIDConfig` changed from ``config`` — the short path of the README:
+        ``inner_steps=``, ``adjoint_steps=``, ``step_size=``, ``alpha=`` ... — and the flat names
+        of version 0.1 (``L``, ``mu``, ``backoff``, ``projection``, ``feasible``,
+        ``d2_batches``, ``estimate_batches`` ...), each turned into its strategy by
+        :meth:`SIDConfig.from_settings`. Validated once, at construction.
+
+    Divergence is detected within each solve and across hyper steps (:class:`DivergenceGuard`);
+    λ is never written from a diverged step and the warm-start v is reset.
     """
 
     def __init__(
@@ -181,43 +131,16 @@ class SIDHyperOptimizer:
         inner_loss: Callable[[Any], Tensor] | None = None,
         outer_loss: Callable[[Any], Tensor] | None = None,
         outer_optimizer: torch.optim.Optimizer | None = None,
-        inner_steps: int = 100,
-        adjoint_steps: int = 100,
-        step_size: str | StepSchedule = "decreasing",
-        adjoint_step_size: str | StepSchedule | None = None,
         *,
-        alpha: float | None = None,
-        eta: float | None = None,
-        beta: float | None = None,
-        gamma: float | None = None,
-        switch: int | None = None,
-        L: float | None = None,
-        mu: float | None = None,
-        q: float | None = None,
-        sigma2: float = 0.0,
+        config: SIDConfig | None = None,
         fixed_point_map: FixedPointMap | Callable[[Any], Sequence[Tensor]] | None = None,
         penalty: Callable[[], Sequence[Tensor]] | None = None,
-        hvp: str = "reverse",
         module: torch.nn.Module | None = None,
-        mode: str = "train",
-        d2_batches: int | str = 1,
         full_train_batch: Any = None,
-        inner_batches: str = "stochastic",
-        adjoint_batches: str = "stochastic",
-        warm_start_adjoint: bool = True,
-        projection: Callable[[Tensors], None] | None = None,
-        feasible: Callable[[Tensors], bool] | None = None,
-        backoff: int = 0,
-        divergence_factor: float = 1e4,
-        estimate_batches: int = 4,
-        estimate_iters: int = 20,
         mean_across_processes: Callable[[Tensor], Tensor] | None = None,
-        reestimate_every: int | None = None,
-        adjoint_solver: AdjointSolver | None = None,
-        curvature: Curvature | None = None,
-        damping: Damping | None = None,
-        on_divergence: DivergencePolicy | None = None,
+        **settings: Any,
     ) -> None:
+        self.config = SIDConfig.from_settings(config, **settings)
         self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
         self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
         check_parameters(self.inner_parameters, self.hyperparameters)
@@ -228,65 +151,33 @@ class SIDHyperOptimizer:
         if outer_optimizer is not None:
             check_outer_optimizer(outer_optimizer, self.inner_parameters, self.hyperparameters)
         self.outer_optimizer = outer_optimizer
-        self.inner_steps = check_steps("inner_steps (t)", inner_steps, 0)
-        self.adjoint_steps = check_steps("adjoint_steps (k)", adjoint_steps, 1)
-        check_schedule_kind("step_size", step_size)
-        if adjoint_step_size is not None:
-            check_schedule_kind("adjoint_step_size", adjoint_step_size)
-        self._step_kinds = (step_size, adjoint_step_size or step_size)
-        self._schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch, sigma2=sigma2)
-        self.estimate_batches = check_steps("estimate_batches", estimate_batches, 1)
-        self.estimate_iters = check_steps("estimate_iters", estimate_iters, 1)
-        if reestimate_every is not None:
-            check_steps("reestimate_every", reestimate_every, 1)
-        self.reestimate_every = reestimate_every
-        self.curvature = _curvature_strategy(
-            curvature, L, mu, estimate_batches, estimate_iters, reestimate_every
-        )
-        self.damping = _check_strategy("damping", damping, Damping, CurvatureDamping())
-        self.adjoint_solver = _check_strategy(
-            "adjoint_solver", adjoint_solver, AdjointSolver, FixedPointIteration()
-        )
-        #: the one owner of α, L, μ, λ_min, q and the damping δ (see :meth:`constants`)
-        self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
-        self.lambda_min: float | None = mu
+        #: the one owner of α, L, μ, λ_min, q and the damping δ (set from the config, the
+        #: curvature estimate, :meth:`set_constants` or a loaded state)
+        self.alpha, self.L, self.mu, self.q = self._given
+        self.lambda_min: float | None = self.mu
         self.delta = 0.0
-        self._given = (alpha, L, mu, q)
+        self._step_scale = 1.0  # BackOff's halvings of η for a general map
         if module is not None:
             check_not_compiled(module)
-        self.module, self.mode = module, mode
-        frozen_mode(None, mode).__enter__()  # validates ``mode``
+        self.module = module
         self.penalty = penalty
-        self.phi = self._build_map(fixed_point_map, hvp)
+        self.phi = self._build_map(fixed_point_map)
         self.mean_across_processes = mean_across_processes
         self._solver_map: FixedPointMap = (
             AveragedMap(self.phi, mean_across_processes) if mean_across_processes else self.phi
         )
-        self._check_batch_modes(d2_batches, full_train_batch, inner_batches, adjoint_batches)
-        self.d2_batches = d2_batches
+        if self.config.batches.needs_full and full_train_batch is None:
+            raise ConfigurationError(
+                "full-batch solves (inner_batches/adjoint_batches='full', d2_batches='full' or a "
+                "Batch preset) need full_train_batch=<one batch holding the whole training set>."
+            )
         self.full_train_batch = full_train_batch
-        self.inner_batches, self.adjoint_batches = inner_batches, adjoint_batches
-        self.warm_start_adjoint = warm_start_adjoint
-        self.projection = projection
-        self.feasible = feasible
-        if feasible is not None and not self._is_feasible(self.hyperparameters):
+        if not self._is_feasible(self.hyperparameters):
             raise ConfigurationError(
                 "the initial hyperparameters are outside the feasible set: "
                 "feasible(hyperparameters) returned False. Initialise λ inside it (e.g. a weight "
                 "decay ≥ 0), or learn an unconstrained parameterisation such as log λ."
             )
-        self.backoff = check_steps("backoff", backoff, 0)
-        default_policy = BackOff(self.backoff) if self.backoff else RaiseOnDivergence()
-        if on_divergence is not None and self.backoff:
-            raise ConfigurationError("give backoff=N or on_divergence=..., not both.")
-        self.on_divergence = _check_strategy(
-            "on_divergence", on_divergence, DivergencePolicy, default_policy
-        )
-        if not (isinstance(divergence_factor, (int, float)) and divergence_factor > 1):
-            raise ConfigurationError(
-                f"divergence_factor must be a number > 1, got {divergence_factor!r}."
-            )
-        self.divergence_factor = float(divergence_factor)
         self.guard = DivergenceGuard()
         self.curvature_estimate: CurvatureEstimate | None = None
         self._stream_now: BatchStream | None = None
@@ -297,6 +188,35 @@ class SIDHyperOptimizer:
         self._checked = False
         self._resolved = False
         self._streams: dict[int, BatchStream] = {}
+
+    # ------------------------------------------------------------------ the configuration
+    @property
+    def _given(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(α, L, μ, q) as configured: what a curvature refresh goes back to."""
+        c = self.config
+        L = c.curvature.L if isinstance(c.curvature, KnownCurvature) else None
+        mu = getattr(c.curvature, "mu", None)
+        return c.alpha, L, mu, c.q
+
+    @property
+    def inner_steps(self) -> int:
+        """t of Algorithm 1 (``config.inner_steps``)."""
+        return self.config.inner_steps
+
+    @property
+    def adjoint_steps(self) -> int:
+        """k of Algorithm 1 (``config.adjoint_steps``)."""
+        return self.config.adjoint_steps
+
+    @property
+    def inner_batches(self) -> str:
+        """Where the inner solve draws its batches (``config.batches.inner``)."""
+        return self.config.batches.inner
+
+    @property
+    def adjoint_batches(self) -> str:
+        """Where the adjoint solve draws its batches (``config.batches.adjoint``)."""
+        return self.config.batches.adjoint
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -312,23 +232,15 @@ class SIDHyperOptimizer:
         """One of the paper's variants (``"batch"``, ``"stoch_dec"``, ... see ``PRESETS``).
 
         t and k follow the appendix's rule for ``total_epochs`` epochs of the hypergradient
-        budget; full-batch (GD) phases need ``full_train_batch`` in ``kwargs``.
+        budget; full-batch (GD) phases need ``full_train_batch`` in ``kwargs``. Settings in
+        ``kwargs`` override the preset's.
         """
-        p = get_preset(preset)
-        t, k = p.steps(total_epochs, n_train, batch_size)
-        kwargs.update(
-            inner_steps=t,
-            adjoint_steps=k,
-            step_size=p.inner.step_size,
-            adjoint_step_size=p.adjoint.step_size,
-            inner_batches="full" if p.inner.full_batch else "stochastic",
-            adjoint_batches="full" if p.adjoint.full_batch else "stochastic",
-        )
-        if p.inner.step_size == "constant" or p.adjoint.step_size == "constant":
-            kwargs.setdefault("eta", 1.0)
+        settings = get_preset(preset).settings(total_epochs, n_train, batch_size)
+        for name, value in settings.items():
+            kwargs.setdefault(name, value)
         return cls(**kwargs)
 
-    def _build_map(self, fixed_point_map: Any, hvp: str) -> FixedPointMap:
+    def _build_map(self, fixed_point_map: Any) -> FixedPointMap:
         if fixed_point_map is None:
             if self.inner_loss is None or not callable(self.inner_loss):
                 raise ConfigurationError(
@@ -343,7 +255,7 @@ class SIDHyperOptimizer:
                     self.inner_parameters,
                     self.hyperparameters,
                     alpha=alpha,
-                    hvp=hvp,
+                    hvp=self.config.hvp,
                     module=self.module,
                 )
             return GradientDescentMap(
@@ -351,7 +263,7 @@ class SIDHyperOptimizer:
                 self.inner_parameters,
                 self.hyperparameters,
                 alpha=alpha,
-                hvp=hvp,
+                hvp=self.config.hvp,
                 module=self.module,
             )
         if self.penalty is not None:
@@ -364,19 +276,6 @@ class SIDHyperOptimizer:
         if callable(fixed_point_map):
             return ContractionMap(fixed_point_map, self.inner_parameters, self.hyperparameters)
         raise ConfigurationError("fixed_point_map must be a FixedPointMap or a callable.")
-
-    def _check_batch_modes(self, d2: Any, full: Any, inner: str, adjoint: str) -> None:
-        for name, value in (("inner_batches", inner), ("adjoint_batches", adjoint)):
-            if value not in ("stochastic", "full"):
-                raise ConfigurationError(f"{name} must be 'stochastic' or 'full', got {value!r}.")
-        if d2 != "full":
-            check_steps("d2_batches (J)", d2, 1)
-        needs_full = d2 == "full" or "full" in (inner, adjoint)
-        if needs_full and full is None:
-            raise ConfigurationError(
-                "full-batch solves (inner_batches/adjoint_batches='full', d2_batches='full' or a "
-                "Batch preset) need full_train_batch=<one batch holding the whole training set>."
-            )
 
     # ------------------------------------------------------------------ Algorithm 1
     def _stream(self, train_batches: Iterable[Any]) -> BatchStream:
@@ -393,29 +292,28 @@ class SIDHyperOptimizer:
             return BatchStream(repeat(self.full_train_batch), "full_train_batch")
         return stream
 
-    def _needs_q(self) -> bool:
-        kinds = [k for k in self._step_kinds if isinstance(k, str)]
-        return self._schedule_args["beta"] is None and any(k != "constant" for k in kinds)
-
-    def _estimate(self, stream: BatchStream) -> CurvatureEstimate:
+    def _estimate(
+        self, stream: BatchStream, curvature: EstimatedCurvature | None = None
+    ) -> CurvatureEstimate:
         """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted."""
-        assert isinstance(self.curvature, EstimatedCurvature)
+        curvature = curvature or self.config.curvature
+        assert isinstance(curvature, EstimatedCurvature)
         batches = (
             [self.full_train_batch]
             if self.full_train_batch is not None
-            else stream.take(self.curvature.batches)
+            else stream.take(curvature.batches)
         )
-        known_mu = self.curvature_known_mu()
+        known_mu = self._given[2]
         phi: Any = self.phi
         if self.mean_across_processes is not None:  # Lanczos on the global (averaged) Hessian
             phi = _GlobalHessian(self.phi, self.mean_across_processes)
-        with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
+        with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             est = estimate_curvature(
                 phi,
                 batches,
-                self.curvature.iters,
+                curvature.iters,
                 mu=known_mu,
-                mu_floor=self.curvature.mu_floor,
+                mu_floor=curvature.mu_floor,
                 seed=self.hyper_step,
             )
         n = sum(batch_size(b) for b in batches)
@@ -432,10 +330,6 @@ class SIDHyperOptimizer:
             )
         return est
 
-    def curvature_known_mu(self) -> float | None:
-        """μ given by the user (``mu=`` alone), which the estimate then keeps."""
-        return self._given[2]
-
     def _resolve_constants(self, stream: BatchStream, fresh: bool = False) -> None:
         """Fix α, q and the damping δ of the GD map from the user's values or the estimate.
 
@@ -444,31 +338,32 @@ class SIDHyperOptimizer:
         it. Without damping (δ = 0) on a convex problem this is the paper's α = 2/(L+μ).
         """
         self._resolved = True
+        damping, curvature = self.config.damping, self.config.curvature
         if not isinstance(self.phi, GradientDescentMap):
-            self.delta = self.phi.damping = self.damping.delta(None)
-            if self._needs_q() and self.q is None:
+            self.delta = self.phi.damping = damping.delta(None)
+            if self.config.needs_q and self.q is None:
                 raise ConfigurationError(
                     "decreasing step sizes for a general fixed-point map need its contraction "
                     "constant: pass q=... (or beta=... and gamma=...)."
                 )
             return
-        known = self.alpha is not None and (self.q is not None or not self._needs_q())
+        known = self.alpha is not None and (self.q is not None or not self.config.needs_q)
         if known and not fresh:
             self.phi.alpha = self.alpha
-            self.delta = self.phi.damping = self.damping.delta(self.curvature_estimate)
+            self.delta = self.phi.damping = damping.delta(self.curvature_estimate)
             return
-        if isinstance(self.curvature, KnownCurvature) and self.curvature.mu is not None:
-            given = self.curvature
+        if isinstance(curvature, KnownCurvature) and curvature.mu is not None:
+            given = curvature
             est = CurvatureEstimate(
                 given.L, max(given.mu, 1e-12 * given.L), given.mu <= 0, 0, given.mu
             )
         elif self.L is not None and self.mu is not None and not fresh:
             est = CurvatureEstimate(self.L, self.mu, False, 0, self.lambda_min)
         else:
-            if isinstance(self.curvature, KnownCurvature):  # L known, μ estimated
-                est = self._estimate_with(EstimatedCurvature(), stream)
+            if isinstance(curvature, KnownCurvature):  # L known, μ estimated
+                est = self._estimate(stream, EstimatedCurvature())
                 est = CurvatureEstimate(
-                    self.curvature.L,
+                    curvature.L,
                     est.mu,
                     est.mu_floored,
                     est.iterations,
@@ -478,19 +373,8 @@ class SIDHyperOptimizer:
             else:
                 est = self._estimate(stream)
         self.curvature_estimate = est
-        self.delta = (
-            self.damping.delta(est) if not fresh else max(self.delta, self.damping.delta(est))
-        )
+        self.delta = damping.delta(est) if not fresh else max(self.delta, damping.delta(est))
         self._set_from_spectrum(est)
-
-    def _estimate_with(
-        self, curvature: EstimatedCurvature, stream: BatchStream
-    ) -> CurvatureEstimate:
-        saved, self.curvature = self.curvature, curvature
-        try:
-            return self._estimate(stream)
-        finally:
-            self.curvature = saved
 
     def _set_from_spectrum(self, est: CurvatureEstimate) -> None:
         """α, q of the (damped) GD map from L̂, λ̂_min and δ (Cor. 4.3 on [λ_min + δ, L + δ])."""
@@ -498,10 +382,11 @@ class SIDHyperOptimizer:
         delta = self.delta
         lam_min = est.lambda_min if est.lambda_min is not None else est.mu
         low = (lam_min if delta > 0 else est.mu) + delta
-        floor = self.curvature.mu_floor if isinstance(self.curvature, EstimatedCurvature) else 1e-4
+        curvature = self.config.curvature
+        floor = curvature.mu_floor if isinstance(curvature, EstimatedCurvature) else 1e-4
         low = max(low, floor * (est.L + delta))
         consts = theory_constants(
-            est.L + delta, min(low, est.L + delta), self._schedule_args["sigma2"], self._given[0]
+            est.L + delta, min(low, est.L + delta), self.config.sigma2, self._given[0]
         )
         self.L, self.mu, self.lambda_min = est.L, est.mu, lam_min
         self.alpha, self.q = consts.alpha, consts.q
@@ -546,7 +431,7 @@ class SIDHyperOptimizer:
                 "general fixed_point_map, whose contraction constant is fixed at construction."
             )
         if L is not None and mu is not None:
-            consts = theory_constants(L, mu, self._schedule_args["sigma2"], alpha)
+            consts = theory_constants(L, mu, self.config.sigma2, alpha)
             if q is not None and abs(q - consts.q) > 1e-12:
                 raise ConfigurationError(
                     f"q={q!r} contradicts L, mu and alpha (which give q={consts.q:.6g}); "
@@ -565,9 +450,14 @@ class SIDHyperOptimizer:
         self._resolved = False
 
     def _schedules(self) -> tuple[StepSchedule, StepSchedule]:
+        """η_t of the inner and the adjoint solve (BackOff's halvings of η applied)."""
+        c = self.config
+        schedules = (
+            make_schedule(kind, q=self.q, steps=steps, **c.schedule_args)
+            for kind, steps in zip(c.schedule_kinds, (c.inner_steps, c.adjoint_steps))
+        )
         return tuple(  # type: ignore[return-value]
-            make_schedule(kind, q=self.q, steps=steps, **self._schedule_args)
-            for kind, steps in zip(self._step_kinds, (self.inner_steps, self.adjoint_steps))
+            s if self._step_scale == 1.0 else s.scaled(self._step_scale) for s in schedules
         )
 
     def hypergradient(self, train_batches: Iterable[Any], val_batch: Any) -> Tensors:
@@ -589,13 +479,14 @@ class SIDHyperOptimizer:
         if not self._checked:
             self._first_checks(stream)
             self._checked = True
-        if self.curvature.needs_refresh(self.hyper_step):
+        if self.config.curvature.needs_refresh(self.hyper_step):
             self.alpha, self.L, self.mu, self.q = self._given
             self._resolved = False
         if not self._resolved:
             self._resolve_constants(stream)
         self._stream_now = stream
-        attempts = self.on_divergence.retries + 1
+        policy = self.config.on_divergence
+        attempts = policy.retries + 1
         for attempt in range(attempts):
             try:
                 return self._algorithm1(stream, val_batch)
@@ -604,7 +495,7 @@ class SIDHyperOptimizer:
                     self._reset_adjoint()
                 if attempt == attempts - 1:
                     raise
-                what = self.on_divergence.adapt(self, err)
+                what = policy.adapt(self, err)
                 log.warning("hypertorch_sid: %s; v reset, %s; retrying", err, what)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -612,7 +503,7 @@ class SIDHyperOptimizer:
         """Checks needing data, once: λ reaches ℓ̂, dtypes agree, a general map contracts."""
         first = self.full_train_batch if self.full_train_batch is not None else stream.take(1)[0]
         check_batch_dtype(first, self.inner_parameters)
-        with frozen_mode(self.module, self.mode):  # no BatchNorm statistics update
+        with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             if isinstance(self.phi, GradientDescentMap):
                 check_dependencies(
                     self.phi.loss, first, self.inner_parameters, self.hyperparameters
@@ -630,16 +521,17 @@ class SIDHyperOptimizer:
         self.guard.reset()
 
     def _algorithm1(self, stream: BatchStream, val_batch: Any) -> Tensors:
+        c = self.config
         inner_schedule, adjoint_schedule = self._schedules()
         w0 = [w.detach().clone() for w in self.inner_parameters]
         try:
             inner = inner_solve(
                 self._solver_map,
-                self._source(self.inner_batches, stream),
-                self.inner_steps,
+                self._source(c.batches.inner, stream),
+                c.inner_steps,
                 inner_schedule,
                 self.cost,
-                self.divergence_factor,
+                c.divergence_factor,
             )
             with frozen_mode(self.module, "eval"):
                 g_w, g_lam, value = outer_gradients(
@@ -649,24 +541,24 @@ class SIDHyperOptimizer:
                 g_w = [self.mean_across_processes(g) for g in g_w]
                 g_lam = [self.mean_across_processes(g) for g in g_lam]
                 value = float(self.mean_across_processes(torch.tensor(value, dtype=g_w[0].dtype)))
-            warm = self.warm_start_adjoint and self.v is not None
+            warm = c.warm_start_adjoint and self.v is not None
             v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
-            with frozen_mode(self.module, self.mode):
-                v, adjoint = self.adjoint_solver.solve(
+            with frozen_mode(self.module, c.mode):
+                v, adjoint = c.adjoint_solver.solve(
                     self._solver_map,
                     g_w,
                     v0,
-                    self._source(self.adjoint_batches, stream),
-                    self.adjoint_steps,
+                    self._source(c.batches.adjoint, stream),
+                    c.adjoint_steps,
                     adjoint_schedule,
                     self.cost,
-                    self.divergence_factor,
+                    c.divergence_factor,
                     self.full_train_batch,
                 )
                 d2_batches = (
                     [self.full_train_batch]
-                    if self.d2_batches == "full"
-                    else stream.take(int(self.d2_batches))
+                    if c.batches.d2 == "full"
+                    else stream.take(int(c.batches.d2))
                 )
                 hypergrad = assemble_hypergradient(
                     self._solver_map, v, g_lam, d2_batches, self.cost
@@ -680,8 +572,8 @@ class SIDHyperOptimizer:
                     "overflowed: check the losses and the training data for NaN/Inf.",
                 )
             etas = (
-                sum(adjoint_schedule(t) for t in range(self.adjoint_steps))
-                if isinstance(self.adjoint_solver, FixedPointIteration)
+                sum(adjoint_schedule(t) for t in range(c.adjoint_steps))
+                if isinstance(c.adjoint_solver, FixedPointIteration)
                 else math.inf  # CG's v = A⁻¹∇₁E has no non-expansive budget
             )
             self.guard.check(
@@ -704,29 +596,26 @@ class SIDHyperOptimizer:
         self._record(inner, adjoint, hypergrad, value, norm(g_w), norm(v))
         return hypergrad
 
-    def _halve_step(self) -> str:
+    def back_off(self) -> str:
         """BackOff: halve α of the GD map (or η of the schedules of a general map)."""
         if isinstance(self.phi, GradientDescentMap):
             self.alpha = self.phi.alpha = self.phi.alpha / 2
             return f"backing off: halving alpha to {self.alpha:.3g}"
-        eta = self._schedule_args.get("eta") or 1.0
-        self._schedule_args["eta"] = eta / 2
-        self._step_kinds = tuple(  # type: ignore[assignment]
-            s.scaled(0.5) if isinstance(s, StepSchedule) else s for s in self._step_kinds
-        )
-        return f"backing off: halving eta to {eta / 2:.3g}"
+        self._step_scale /= 2
+        return f"backing off: halving the step sizes eta_t (now x{self._step_scale:.3g})"
 
-    def _recover(self) -> str:
+    def recover(self) -> str:
         """Recover: re-estimate L, λ_min at the current w and raise the damping δ."""
         if not isinstance(self.phi, GradientDescentMap):
-            return self._halve_step()
+            return self.back_off()
         est = self.curvature_estimate
-        if isinstance(self.curvature, EstimatedCurvature):
+        if isinstance(self.config.curvature, EstimatedCurvature):
             est = self._estimate(self._stream_now)
         elif est is None:
             est = CurvatureEstimate(self.L or 1.0 / self.phi.alpha, self.mu or 1e-4, True, 0)
         self.curvature_estimate = est
-        self.delta = max(self.damping.escalate(self.delta, est), self.damping.delta(est))
+        damping = self.config.damping
+        self.delta = max(damping.escalate(self.delta, est), damping.delta(est))
         self._set_from_spectrum(est)
         return f"damping raised to {self.delta:.3g} (alpha {self.alpha:.3g})"
 
@@ -786,8 +675,9 @@ class SIDHyperOptimizer:
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
-            if self.projection is not None:
-                self.projection(self.hyperparameters)
+            project = self.config.feasible_set.project
+            if project is not None:
+                project(self.hyperparameters)
             if not all(torch.isfinite(h).all() for h in self.hyperparameters):
                 for h, b in zip(self.hyperparameters, before):
                     h.copy_(b)
@@ -798,7 +688,7 @@ class SIDHyperOptimizer:
                     "The outer step produced non-finite λ; λ was restored. Lower the outer "
                     "learning rate.",
                 )
-            if self.feasible is not None and not self._is_feasible(self.hyperparameters):
+            if not self._is_feasible(self.hyperparameters):
                 for h, b in zip(self.hyperparameters, before):
                     h.copy_(b)
                 raise ConfigurationError(
@@ -810,9 +700,12 @@ class SIDHyperOptimizer:
         self.hyper_step += 1
 
     def _is_feasible(self, hyperparameters: Sequence[Tensor]) -> bool:
-        assert self.feasible is not None
+        """λ ∈ Λ by ``config.feasible_set.contains`` (always True without a test)."""
+        contains = self.config.feasible_set.contains
+        if contains is None:
+            return True
         with torch.no_grad():
-            return bool(self.feasible(list(hyperparameters)))
+            return bool(contains(list(hyperparameters)))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -857,7 +750,7 @@ class SIDHyperOptimizer:
                 "foreign checkpoint?)."
             )
         saved = _saved_tensors("hyperparameters", state["hyperparameters"], self.hyperparameters)
-        if self.feasible is not None and not self._is_feasible(saved):
+        if not self._is_feasible(saved):
             raise ConfigurationError(
                 "the saved hyperparameters are outside the feasible set (feasible() returned "
                 "False): the checkpoint does not belong to this problem."
@@ -1003,39 +896,6 @@ def _saved_tensors(name: str, saved: Any, like: Sequence[Tensor]) -> Tensors:
     if not all(torch.isfinite(x).all() for x in saved):
         raise ConfigurationError(f"the saved {name} hold non-finite values (NaN/Inf).")
     return list(saved)
-
-
-def _check_strategy(name: str, value: Any, kind: type, default: Any) -> Any:
-    """``value`` if it is a ``kind`` strategy object, ``default`` if None, else a clear error."""
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise ConfigurationError(
-            f"{name} must be a {kind.__name__} object (e.g. {type(default).__name__}()), got "
-            f"{type(value).__name__}."
-        )
-    return value
-
-
-def _curvature_strategy(
-    curvature: Curvature | None,
-    L: float | None,
-    mu: float | None,
-    batches: int,
-    iters: int,
-    every: int | None,
-) -> Curvature:
-    """The curvature strategy: the object given, or the one the flat arguments describe."""
-    if curvature is not None:
-        if L is not None or mu is not None:
-            raise ConfigurationError("give L=/mu= or curvature=..., not both.")
-        return _check_strategy("curvature", curvature, Curvature, None)
-    if L is not None:
-        check_positive("L", L)
-        if mu is not None:
-            check_positive("mu", mu)
-        return KnownCurvature(L, mu)
-    return EstimatedCurvature(batches=batches, iters=iters, every=every)
 
 
 class _GlobalHessian:

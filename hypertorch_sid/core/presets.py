@@ -63,6 +63,24 @@ class Preset:
 
         return count(self.inner_share, self.inner), count(1 - self.inner_share, self.adjoint)
 
+    def settings(self, total_epochs: float, n_train: int, batch_size: int) -> dict[str, object]:
+        """The :class:`~hypertorch_sid.core.config.SIDConfig` settings this preset stands for.
+
+        t, k by :meth:`steps`; each solve's schedule and batch source; η = 1 for constant steps.
+        """
+        t, k = self.steps(total_epochs, n_train, batch_size)
+        settings: dict[str, object] = dict(
+            inner_steps=t,
+            adjoint_steps=k,
+            step_size=self.inner.step_size,
+            adjoint_step_size=self.adjoint.step_size,
+            inner_batches="full" if self.inner.full_batch else "stochastic",
+            adjoint_batches="full" if self.adjoint.full_batch else "stochastic",
+        )
+        if "constant" in (self.inner.step_size, self.adjoint.step_size):
+            settings["eta"] = 1.0
+        return settings
+
 
 PRESETS: dict[str, Preset] = {
     p.name: p

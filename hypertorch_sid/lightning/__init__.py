@@ -6,8 +6,18 @@ solve and the outer step through the core :class:`~hypertorch_sid.core.SIDHyperO
 Importing this package imports ``pytorch_lightning``; the core does not.
 """
 
-from .callback import HyperOptimizationCallback
+from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .module import BilevelModule
-from .weight_decay import LearnedWeightDecay
+from .problem import BilevelProblem, ModuleProblem, ProblemSource
+from .weight_decay import LearnedWeightDecay, WeightDecayProblem
 
-__all__ = ["BilevelModule", "HyperOptimizationCallback", "LearnedWeightDecay"]
+__all__ = [
+    "CALLBACK_CONFIG",
+    "BilevelModule",
+    "BilevelProblem",
+    "HyperOptimizationCallback",
+    "LearnedWeightDecay",
+    "ModuleProblem",
+    "ProblemSource",
+    "WeightDecayProblem",
+]

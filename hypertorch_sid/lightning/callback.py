@@ -22,9 +22,9 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -37,16 +37,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
-from ..core.damping import CurvatureDamping, Damping
-from ..core.divergence import DivergencePolicy, Recover
+from ..core.config import SIDConfig
+from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
-from ..core.estimation import Curvature
+from ..core.estimation import EstimatedCurvature
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS, get_preset
-from ..core.schedules import StepSchedule
-from ..core.solvers import AdjointSolver
-from ..core.validation import check_inner_optimizers
+from ..core.schedules import check_positive
 from .module import BilevelModule
+from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .sampling import (
     SampledBatches,
     ShardedSampler,
@@ -59,55 +58,40 @@ from .sampling import (
 __all__ = ["HyperOptimizationCallback"]
 
 Tensors = list[Tensor]
-_STEP_SIZES = ("constant", "decreasing", "two_phase")
 
 
 _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
 
 
-# ---------------------------------------------------------------------------------- the problem
-@dataclass
-class _Problem:
-    """What the callback optimises: λ, w, ℓ̂, E and what to report about λ."""
-
-    hyperparameters: Tensors
-    inner_parameters: Tensors
-    inner_loss: Callable[[Any], Tensor]
-    outer_loss: Callable[[Any], Tensor]
-    summary: Callable[[], dict[str, Tensor]]
-    projection: Callable[[Tensors], None] | None = None
-    #: coefficients c(λ) of a weighted L2 penalty left out of ``inner_loss``: proximal map
-    penalty: Callable[[], Tensors] | None = None
-    freeze: Tensors = field(default_factory=list)  # λ living in the module (requires_grad toggled)
+#: the callback's SID settings: Lightning's training is the inner solver (t = 0), k = 10 adjoint
+#: steps, a cheap curvature estimate refreshed every 10 hyper steps (a network's sharpness grows),
+#: and Recover(2) on divergence (re-estimate, raise the damping, retry).
+CALLBACK_CONFIG = SIDConfig(
+    inner_steps=0,
+    adjoint_steps=10,
+    curvature=EstimatedCurvature(batches=2, iters=10, every=10),
+    on_divergence=Recover(retries=2),
+)
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigurationError(
             f"HyperOptimizationCallback: {name} must be an integer ≥ {minimum}"
             f"{' or None' if allow_none else ''}, got {value!r}."
         )
 
 
+def _check_positive(name: str, value: Any) -> None:
+    check_positive(f"HyperOptimizationCallback: {name}", value)
+
+
 def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
         raise ConfigurationError(
             f"HyperOptimizationCallback: {name} must be one of {list(choices)}, got {value!r}."
-        )
-
-
-def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(
-            f"HyperOptimizationCallback: {name} must be a positive number, got {value!r}."
-        )
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigurationError(
-            f"HyperOptimizationCallback: {name} must be a finite positive number, got {value!r}."
         )
 
 
@@ -128,20 +112,6 @@ class HyperOptimizationCallback(Callback):
         ``class_path``/``init_args`` pair). ``None``: ``Adam(lr=outer_lr)``.
     outer_lr:
         Learning rate of the default Adam outer optimizer.
-    step_size:
-        Step-size schedule of the adjoint solve: ``"constant"`` (Thm 4.1), ``"decreasing"``
-        (Thm 4.2), ``"two_phase"`` or a :class:`~hypertorch_sid.core.StepSchedule`. ``None``:
-        the preset's, else ``"decreasing"``.
-    eta, beta, gamma, switch:
-        η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps (theory defaults).
-    alpha:
-        α of the map Φ̂ = w − α∇₁ℓ̂ used by the adjoint. ``None``: 2/(L+μ) with L, μ estimated
-        by power iteration at the first hyper step (logged, and kept in checkpoints).
-    L, mu, q, sigma2:
-        Known constants of ℓ (Corollary 4.3, Thm 4.1–4.2); estimated or defaulted when missing.
-    d2_batches:
-        J fresh minibatches averaged in the ∂₂Φ̂ term of eq. gradestim, or ``"full"`` for the
-        whole training set (removes the variance floor of Thm 3.4).
     val:
         ``"batch"``: ∇E on one validation minibatch per hyper step (its own seeded sampler);
         ``"full"``: on the whole validation set.
@@ -154,21 +124,10 @@ class HyperOptimizationCallback(Callback):
         The preset's inner solver is Lightning's training here.
     preset_epochs:
         The hypergradient budget (in epochs) of the preset's step rule.
-    hvp, mode:
-        ``"reverse"``/``"forward"`` Hessian–vector products; module mode of the adjoint
-        (``"train"`` or ``"eval"``), buffers restored (see :func:`~hypertorch_sid.frozen_mode`).
-    warm_start_adjoint:
-        Start each adjoint solve from the previous v (True) or from 0.
-    backoff, divergence_factor:
-        Divergence handling of the solves (see :class:`~hypertorch_sid.SIDHyperOptimizer`).
     on_divergence:
         ``"raise"`` stops training on a :class:`~hypertorch_sid.DivergenceError`; ``"skip"``
-        warns and leaves λ unchanged for that hyper step.
-    estimate_batches, estimate_iters:
-        Minibatches and power iterations of the L, μ estimate.
-    reestimate_every:
-        Re-estimate L, μ (so α, q) every this many hyper steps — the curvature changes as
-        training moves w and λ. ``None``: estimate once (kept in checkpoints).
+        warns and leaves λ unchanged for that hyper step (after ``config.on_divergence``'s
+        retries; v is reset, so the next hyper step starts clean).
     start_step:
         No hyper step before this many optimizer steps (let w approach w(λ) first).
     seed:
@@ -179,6 +138,20 @@ class HyperOptimizationCallback(Callback):
     log_to_loggers:
         Send every hyper step's ``hyper/*`` metrics to ``trainer.loggers`` (bypassing
         ``log_every_n_steps``, so no hyper step is dropped).
+    config:
+        How SID runs (:class:`~hypertorch_sid.core.config.SIDConfig`, shared with the core and
+        validated there): schedules, constants, curvature, damping, adjoint solver, divergence
+        policy, batch sources. Default: :data:`CALLBACK_CONFIG`. Its ``inner_steps`` is ignored
+        (Lightning's training is the inner solver).
+    problem:
+        A :class:`~hypertorch_sid.lightning.problem.ProblemSource`: where λ, w, ℓ̂ and E come
+        from. ``None``: :class:`~hypertorch_sid.lightning.problem.ModuleProblem`, the
+        :class:`BilevelModule` being trained.
+    **settings:
+        :class:`SIDConfig` fields changed from ``config`` (``step_size=``, ``alpha=``,
+        ``damping=`` ...) and the flat names of version 0.1 (``d2_batches``, ``backoff``,
+        ``estimate_batches``, ``reestimate_every``, ``hvp``, ``mode``, ...;
+        ``divergence_policy=`` is ``config.on_divergence``). Validated here, at construction.
 
     Notes
     -----
@@ -206,38 +179,18 @@ class HyperOptimizationCallback(Callback):
         adjoint_steps: int | None = None,
         outer_optimizer: OptimizerCallable | None = None,
         outer_lr: float = 1e-2,
-        step_size: Literal["constant", "decreasing", "two_phase"] | StepSchedule | None = None,
-        eta: float | None = None,
-        beta: float | None = None,
-        gamma: float | None = None,
-        switch: int | None = None,
-        alpha: float | None = None,
-        L: float | None = None,
-        mu: float | None = None,
-        q: float | None = None,
-        sigma2: float = 0.0,
-        d2_batches: int | Literal["full"] = 1,
         val: Literal["batch", "full"] = "batch",
         batch_size: int | None = None,
         val_batch_size: int | None = None,
         preset: str | None = None,
         preset_epochs: float = 1.0,
-        hvp: Literal["reverse", "forward"] = "reverse",
-        mode: Literal["train", "eval"] = "train",
-        warm_start_adjoint: bool = True,
-        backoff: int = 0,
-        divergence_factor: float = 1e4,
-        on_divergence: Literal["raise", "skip"] = "skip",
-        estimate_batches: int = 2,
-        estimate_iters: int = 10,
-        reestimate_every: int | None = 10,
         start_step: int = 0,
+        on_divergence: Literal["raise", "skip"] = "skip",
         seed: int = 0,
         log_to_loggers: bool = True,
-        damping: Damping | None = None,
-        curvature: Curvature | None = None,
-        adjoint_solver: AdjointSolver | None = None,
-        divergence_policy: DivergencePolicy | None = None,
+        config: SIDConfig = CALLBACK_CONFIG,
+        problem: ProblemSource | None = None,
+        **settings: Any,
     ) -> None:
         super().__init__()
         _check_int("every_n_steps", every_n_steps, 1)
@@ -248,73 +201,43 @@ class HyperOptimizationCallback(Callback):
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
-        _check_positive("outer_lr", outer_lr, allow_none=False)
-        if not (step_size is None or isinstance(step_size, StepSchedule)):
-            _check_choice("step_size", step_size, _STEP_SIZES)
-        for name, value in (("eta", eta), ("beta", beta), ("gamma", gamma), ("alpha", alpha)):
-            _check_positive(name, value)
-        for name, value in (("L", L), ("mu", mu)):
-            _check_positive(name, value)
-        _check_int("switch", switch, 0, allow_none=True)
-        if q is not None and not (isinstance(q, (int, float)) and 0 <= q < 1):
-            raise ConfigurationError(f"HyperOptimizationCallback: q must be in [0, 1), got {q!r}.")
-        if isinstance(sigma2, bool) or not isinstance(sigma2, (int, float)) or sigma2 < 0:
-            raise ConfigurationError(
-                f"HyperOptimizationCallback: sigma2 must be a number ≥ 0, got {sigma2!r}."
-            )
-        if d2_batches != "full":
-            _check_int("d2_batches", d2_batches, 1)
+        _check_positive("outer_lr", outer_lr)
         _check_choice("val", val, ("batch", "full"))
         _check_int("batch_size", batch_size, 1, allow_none=True)
         _check_int("val_batch_size", val_batch_size, 1, allow_none=True)
         if preset is not None:
             _check_choice("preset", preset, list(PRESETS))
-        _check_positive("preset_epochs", preset_epochs, allow_none=False)
-        _check_choice("hvp", hvp, ("reverse", "forward"))
-        _check_choice("mode", mode, ("train", "eval"))
-        _check_int("backoff", backoff, 0)
-        _check_positive("divergence_factor", divergence_factor, allow_none=False)
-        _check_choice("on_divergence", on_divergence, ("raise", "skip"))
-        _check_int("estimate_batches", estimate_batches, 1)
-        _check_int("estimate_iters", estimate_iters, 1)
-        _check_int("reestimate_every", reestimate_every, 1, allow_none=True)
+        _check_positive("preset_epochs", preset_epochs)
         _check_int("start_step", start_step, 0)
+        _check_choice("on_divergence", on_divergence, ("raise", "skip"))
         _check_int("seed", seed, 0)
-
-        self.every_n_steps = every_n_steps
-        self.adjoint_steps = adjoint_steps
+        if "divergence_policy" in settings:
+            settings["on_divergence"] = settings.pop("divergence_policy")
+        if problem is not None and not isinstance(problem, ProblemSource):
+            raise ConfigurationError(
+                "HyperOptimizationCallback: problem must be a ProblemSource (an object with "
+                f"check, build and before_hyper_step), got {type(problem).__name__}."
+            )
+        #: where λ, w, ℓ̂, E come from (default: the BilevelModule being trained)
+        self.problem: ProblemSource = problem if problem is not None else ModuleProblem()
+        #: how SID runs, validated once (shared with the core object built at train start)
+        self.config = SIDConfig.from_settings(config, **settings)
+        self._schedule_given = config.step_size != CALLBACK_CONFIG.step_size or (
+            "step_size" in settings
+        )
+        self.every_n_steps = int(every_n_steps)
+        self.adjoint_steps = None if adjoint_steps is None else int(adjoint_steps)
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
-        self.step_size = step_size
-        self.schedule_args = dict(eta=eta, beta=beta, gamma=gamma, switch=switch)
-        self.constants = dict(alpha=alpha, L=L, mu=mu, q=q, sigma2=sigma2)
-        self.d2_batches = d2_batches
         self.val = val
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size
         self.preset = preset
         self.preset_epochs = preset_epochs
-        self.hvp = hvp
-        self.mode = mode
-        self.warm_start_adjoint = warm_start_adjoint
-        self.backoff = backoff
-        self.divergence_factor = divergence_factor
+        self.start_step = int(start_step)
         self.on_divergence = on_divergence
-        self.estimate_batches = estimate_batches
-        self.estimate_iters = estimate_iters
-        self.reestimate_every = reestimate_every
-        self.start_step = start_step
-        self.seed = seed
+        self.seed = int(seed)
         self.log_to_loggers = log_to_loggers
-        #: strategy objects of the core (validated there; see SIDHyperOptimizer)
-        self.strategies = dict(
-            damping=damping if damping is not None else CurvatureDamping(),
-            curvature=curvature,
-            adjoint_solver=adjoint_solver,
-            on_divergence=divergence_policy
-            if divergence_policy is not None or backoff
-            else Recover(retries=2),
-        )
 
         #: the core object doing Algorithm 1 (built at ``on_train_start``)
         self.sid: SIDHyperOptimizer | None = None
@@ -322,7 +245,7 @@ class HyperOptimizationCallback(Callback):
         self.last_hypergradient: Tensors | None = None
         #: the ``hyper/*`` metrics of every hyper step (also in checkpoints)
         self.history: list[dict[str, float]] = []
-        self._active: _Problem | None = None
+        self._active: BilevelProblem | None = None
         self._train: SampledBatches | None = None
         self._train_stream: BatchStream | None = None
         self._val: SampledBatches | None = None
@@ -349,7 +272,7 @@ class HyperOptimizationCallback(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The training optimizers must not hold λ."""
-        self._check_optimizers(trainer, pl_module)
+        self.problem.check(trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
@@ -433,29 +356,6 @@ class HyperOptimizationCallback(Callback):
             self._restore()
 
     # ================================================================== the problem
-    def _problem(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> _Problem:
-        """λ, w, ℓ̂ and E of a BilevelModule (subclasses define other problems)."""
-        if not isinstance(pl_module, BilevelModule):
-            raise ConfigurationError(
-                "HyperOptimizationCallback needs a BilevelModule (declare λ with "
-                "register_hyperparameter and write inner_loss/outer_loss); for weight decay on "
-                f"any LightningModule use LearnedWeightDecay. Got {type(pl_module).__name__}."
-            )
-        hyper = list(pl_module.hyperparameters())
-        if not hyper:
-            raise ConfigurationError(
-                f"{type(pl_module).__name__} declares no hyperparameter: call "
-                "self.register_hyperparameter(name, value) in __init__."
-            )
-        return _Problem(
-            hyperparameters=hyper,
-            inner_parameters=list(pl_module.inner_parameters()),
-            inner_loss=pl_module.inner_loss,
-            outer_loss=pl_module.outer_loss,
-            summary=pl_module.hyperparameter_summary,
-            freeze=hyper,
-        )
-
     def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
         if isinstance(pl_module, BilevelModule):
             self._frozen = [(h, h.requires_grad) for h in pl_module.hyperparameters()]
@@ -468,16 +368,12 @@ class HyperOptimizationCallback(Callback):
             h.requires_grad_(flag)
         self._frozen = []
 
-    def _check_optimizers(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if isinstance(pl_module, BilevelModule):
-            check_inner_optimizers(trainer.optimizers, list(pl_module.hyperparameters()))
-
     # ================================================================== building
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._before_build = False
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         self._device = pl_module.device
-        problem = self._problem(trainer, pl_module)
+        problem = self.problem.build(trainer, pl_module)
         self._active = problem
         self._build_train_source(trainer)
         self._build_val_source(trainer)
@@ -564,64 +460,48 @@ class HyperOptimizationCallback(Callback):
             )
         return opt
 
-    def _sid_settings(self) -> dict[str, Any]:
-        """Schedule, k and batch modes after applying the preset."""
-        step_size: Any = self.step_size
-        adjoint_steps = self.adjoint_steps
-        adjoint_batches = "stochastic"
-        schedule_args = dict(self.schedule_args)
+    def _sid_config(self) -> SIDConfig:
+        """The config of the core object: k, and the preset's adjoint schedule and batches."""
+        changes: dict[str, Any] = {"inner_steps": 0}
+        if self.adjoint_steps is not None:
+            changes["adjoint_steps"] = self.adjoint_steps
         if self.preset is not None:
-            p = get_preset(self.preset)
-            step_size = step_size or p.adjoint.step_size
-            adjoint_batches = "full" if p.adjoint.full_batch else "stochastic"
-            if adjoint_steps is None:
-                assert self._train is not None
-                bs = self._train.sampler.global_batch
-                adjoint_steps = p.steps(self.preset_epochs, self._n_train, bs)[1]
-            if p.adjoint.step_size == "constant" and schedule_args["eta"] is None:
-                schedule_args["eta"] = 1.0
-        return dict(
-            step_size=step_size or "decreasing",
-            adjoint_steps=adjoint_steps if adjoint_steps is not None else 10,
-            adjoint_batches=adjoint_batches,
-            **schedule_args,
-        )
+            assert self._train is not None
+            settings = get_preset(self.preset).settings(
+                self.preset_epochs, self._n_train, self._train.sampler.global_batch
+            )
+            changes["adjoint_batches"] = settings["adjoint_batches"]
+            if self.adjoint_steps is None:
+                changes["adjoint_steps"] = settings["adjoint_steps"]
+            if not self._schedule_given:
+                changes["step_size"] = settings["adjoint_step_size"]
+            if settings["adjoint_step_size"] == "constant" and self.config.eta is None:
+                changes["eta"] = 1.0
+        return self.config.replace(**changes)
 
     def _make_sid(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: _Problem
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
     ) -> SIDHyperOptimizer:
-        settings = self._sid_settings()
-        needs_full = self.d2_batches == "full" or settings["adjoint_batches"] == "full"
+        config = self._sid_config()
         mean = None
         if self._world_size > 1:
 
             def mean(t: Tensor) -> Tensor:
                 return trainer.strategy.reduce(t.clone(), reduce_op="mean")
 
+        if problem.projection is not None:
+            config = config.replace(projection=problem.projection)
         return SIDHyperOptimizer(
             problem.hyperparameters,
             problem.inner_parameters,
             problem.inner_loss,
             problem.outer_loss,
             self._outer_optimizer(problem.hyperparameters),
-            inner_steps=0,
+            config=config,
             module=pl_module,
-            mode=self.mode,
-            hvp=self.hvp,
-            d2_batches=self.d2_batches,
-            full_train_batch=self._full_train_batch(trainer) if needs_full else None,
-            warm_start_adjoint=self.warm_start_adjoint,
-            projection=problem.projection,
+            full_train_batch=self._full_train_batch(trainer) if config.batches.needs_full else None,
             penalty=problem.penalty,
-            backoff=self.backoff,
-            divergence_factor=self.divergence_factor,
-            estimate_batches=self.estimate_batches,
-            estimate_iters=self.estimate_iters,
-            reestimate_every=self.reestimate_every,
-            **self.strategies,
             mean_across_processes=mean,
-            **self.constants,
-            **settings,
         )
 
     def _sync_hyperparameters(self, trainer: pl.Trainer) -> None:
@@ -682,7 +562,7 @@ class HyperOptimizationCallback(Callback):
             f"{type(self).__name__}: {n_hyper} hyperparameter values in "
             f"{len(self.sid.hyperparameters)} tensors; a hyper step every {self.every_n_steps} "
             f"optimizer steps: k = {self.sid.adjoint_steps} adjoint steps "
-            f"({self.sid.adjoint_batches}), J = {self.d2_batches}, val = {self.val!r}, "
+            f"({self.sid.adjoint_batches}), J = {self.sid.config.batches.d2}, val = {self.val!r}, "
             f"sampler batch {self._train.sampler.batch_size} per process × {self._world_size}; "
             f"{alpha}."
         )
@@ -729,9 +609,6 @@ class HyperOptimizationCallback(Callback):
         self._val_samples += self._val.sampler.global_batch
         return batch
 
-    def _before_hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Hook for subclasses (e.g. to refresh quantities read from the training optimizer)."""
-
     def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Never go on (or end a fit) with non-finite weights: the training itself diverged."""
         bad = [n for n, p in pl_module.named_parameters() if not bool(torch.isfinite(p).all())]
@@ -760,7 +637,7 @@ class HyperOptimizationCallback(Callback):
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self._train_stream is not None
         self._check_weights(trainer, pl_module)
-        self._before_hyper_step(trainer, pl_module)
+        self.problem.before_hyper_step(trainer, pl_module)
         with self._hyperparameters_require_grad(), self._private_rng(pl_module.device):
             try:
                 hypergrad = self.sid.hypergradient(self._train_stream, self._validation_batch())

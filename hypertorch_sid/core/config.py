@@ -1,0 +1,388 @@
+"""``SIDConfig``: every setting of Algorithm 1 in one frozen value, validated once.
+
+The *problem* (λ, w, ℓ̂ or a map Φ̂, E, the module, the data) is what
+:class:`~hypertorch_sid.SIDHyperOptimizer` is constructed with; *how* Algorithm 1 solves it is one
+:class:`SIDConfig`: the step counts t, k (eq. inneralg, eq. backalg), the step-size schedules
+(Thm 4.1, Thm 4.2), the constants α, β, γ, q, σ₂ (Corollary 4.3), and the strategies — objects, not
+flags:
+
+==================  ============================================================================
+``curvature``       where L, μ come from: :class:`KnownCurvature` / :class:`EstimatedCurvature`
+``damping``         the shift δ of the adjoint system α(∇²₁₁ℓ + δI)v = ∇₁E: :class:`Damping`
+``adjoint_solver``  how that system is solved: :class:`FixedPointIteration`, ``ConjugateGradient``
+``on_divergence``   what a divergence does: ``RaiseOnDivergence``, ``BackOff``, ``Recover``
+``feasible_set``    Λ: the projection P_Λ after each outer step and its membership test
+``batches``         the batch sources: minibatches or the full batch for each solve, J of ∂₂Φ̂
+==================  ============================================================================
+
+The same value configures the Lightning callback (which keeps only what is Lightning's: when to
+step, which data, logging, state), and LightningCLI can configure it as a nested ``config:``.
+:meth:`SIDConfig.from_settings` also reads the flat keyword names of version 0.1 (``L=``, ``mu=``,
+``estimate_batches=``, ``backoff=``, ``projection=``, ``d2_batches=`` ...) and turns each into the
+strategy it stands for — the only place that translation happens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torch import Tensor
+
+from .damping import CurvatureDamping, Damping
+from .divergence import BackOff, DivergencePolicy, RaiseOnDivergence
+from .errors import ConfigurationError
+from .estimation import Curvature, EstimatedCurvature, KnownCurvature
+from .schedules import SCHEDULE_NAMES, StepSchedule
+from .solvers import AdjointSolver, FixedPointIteration
+
+Tensors = list[Tensor]
+BatchSource = Literal["stochastic", "full"]
+StepSize = Literal["constant", "decreasing", "two_phase"]
+
+
+def _integer(name: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= minimum:
+        return int(value)
+    none = " or None" if allow_none else ""
+    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}{none}, got {value!r}.")
+
+
+def _positive(name: str, value: Any, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if (
+        not isinstance(value, bool)
+        and isinstance(value, numbers.Real)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        return float(value)
+    raise ConfigurationError(f"{name} must be a finite positive number, got {value!r}.")
+
+
+def _choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    if isinstance(value, str) and value in choices:
+        return value
+    options = " or ".join(repr(c) for c in choices)
+    raise ConfigurationError(f"{name} must be {options}, got {value!r}.")
+
+
+def _strategy(name: str, value: Any, kind: type, example: str) -> Any:
+    if not isinstance(value, kind):
+        raise ConfigurationError(
+            f"{name} must be a {kind.__name__} object (e.g. {example}), got {type(value).__name__}."
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Where each part of Algorithm 1 draws its data (the "Batch"/"Stoch" variants of section 5).
+
+    Parameters
+    ----------
+    inner, adjoint:
+        ``"stochastic"`` (minibatches ζ from ``train_batches``) or ``"full"`` (the full training
+        batch: the deterministic map Φ, a GD solve).
+    d2:
+        J, the fresh minibatches averaged in the ∂₂Φ̂ term of eq. gradestim, or ``"full"`` for the
+        exact ∂₂Φ on the full batch (no variance floor, Thm 3.4).
+    """
+
+    inner: BatchSource = "stochastic"
+    adjoint: BatchSource = "stochastic"
+    d2: int | Literal["full"] = 1
+
+    def __post_init__(self) -> None:
+        _choice("inner_batches", self.inner, ("stochastic", "full"))
+        _choice("adjoint_batches", self.adjoint, ("stochastic", "full"))
+        if self.d2 != "full":
+            object.__setattr__(self, "d2", _integer("d2_batches (J)", self.d2, 1))
+
+    @property
+    def needs_full(self) -> bool:
+        """Whether a full training batch must be given."""
+        return "full" in (self.inner, self.adjoint, self.d2)
+
+
+@dataclass(frozen=True)
+class FeasibleSet:
+    """Λ, the set λ must stay in: P_Λ applied after each outer step and its membership test.
+
+    Parameters
+    ----------
+    project:
+        ``project(hyperparameters)``, in place under ``no_grad`` (e.g.
+        ``lambda hs: hs[0].clamp_(min=0)``).
+    contains:
+        ``contains(hyperparameters) -> bool``: checked on the initial λ, on loaded states and after
+        every projected step (λ restored and :class:`ConfigurationError` raised outside Λ).
+    """
+
+    project: Callable[[Tensors], None] | None = None
+    contains: Callable[[Tensors], bool] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("project", "contains"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ConfigurationError(
+                    f"FeasibleSet.{name} must be a callable of the list of hyperparameters, got "
+                    f"{type(value).__name__}."
+                )
+
+
+@dataclass(frozen=True)
+class SIDConfig:
+    """How Algorithm 1 runs: step counts, schedules, constants and strategies, validated once.
+
+    Parameters
+    ----------
+    inner_steps, adjoint_steps:
+        t ≥ 0 and k ≥ 1 of Algorithm 1.
+    step_size, adjoint_step_size:
+        ``"constant"`` (Thm 4.1), ``"decreasing"`` (Thm 4.2), ``"two_phase"`` or a
+        :class:`StepSchedule`; the adjoint solve uses ``step_size`` unless told otherwise.
+    alpha, eta, beta, gamma, switch, q, sigma2:
+        α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps, the
+        contraction constant q and σ₂ of Assumption 4.1(iii). Missing ones come from the theory
+        (α = 2/(L+μ), q = (L−μ)/(L+μ), β = 2/(1−q²), γ = β(1+σ₂); Cor. 4.3).
+    curvature, damping, adjoint_solver, on_divergence, feasible_set, batches:
+        The strategies (see the module docstring).
+    divergence_factor:
+        A residual this many times larger than the first ones counts as divergence (in a solve).
+    hvp, mode:
+        ``"reverse"``/``"forward"`` Hessian–vector products of the GD map; the module mode of the
+        solves (``"train"``/``"eval"``; see :func:`~hypertorch_sid.frozen_mode`).
+    warm_start_adjoint:
+        Start each adjoint solve from the previous v_k (True) or from 0.
+    """
+
+    inner_steps: int = 100
+    adjoint_steps: int = 100
+    step_size: StepSize | StepSchedule = "decreasing"
+    adjoint_step_size: StepSize | StepSchedule | None = None
+    alpha: float | None = None
+    eta: float | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    switch: int | None = None
+    q: float | None = None
+    sigma2: float = 0.0
+    curvature: Curvature = field(default_factory=EstimatedCurvature)
+    damping: Damping = field(default_factory=CurvatureDamping)
+    adjoint_solver: AdjointSolver = field(default_factory=FixedPointIteration)
+    on_divergence: DivergencePolicy = field(default_factory=RaiseOnDivergence)
+    feasible_set: FeasibleSet = field(default_factory=FeasibleSet)
+    batches: Batches = field(default_factory=Batches)
+    divergence_factor: float = 1e4
+    hvp: Literal["reverse", "forward"] = "reverse"
+    mode: Literal["train", "eval"] = "train"
+    warm_start_adjoint: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "inner_steps", _integer("inner_steps (t)", self.inner_steps, 0))
+        set_(self, "adjoint_steps", _integer("adjoint_steps (k)", self.adjoint_steps, 1))
+        for name in ("step_size", "adjoint_step_size"):
+            kind = getattr(self, name)
+            if kind is None and name == "adjoint_step_size":
+                continue
+            if not isinstance(kind, StepSchedule) and kind not in SCHEDULE_NAMES:
+                raise ConfigurationError(
+                    f"unknown {name} {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
+                    "StepSchedule instance."
+                )
+        for name in ("alpha", "eta", "beta", "gamma"):
+            set_(self, name, _positive(name, getattr(self, name)))
+        set_(self, "switch", _integer("switch", self.switch, 0, allow_none=True))
+        if self.q is not None and not (
+            isinstance(self.q, numbers.Real) and not isinstance(self.q, bool) and 0 <= self.q < 1
+        ):
+            raise ConfigurationError(f"q must be a contraction constant in [0, 1), got {self.q!r}.")
+        if (
+            isinstance(self.sigma2, bool)
+            or not isinstance(self.sigma2, numbers.Real)
+            or not (math.isfinite(self.sigma2) and self.sigma2 >= 0)
+        ):
+            raise ConfigurationError(f"sigma2 must be a number ≥ 0, got {self.sigma2!r}.")
+        _strategy("curvature", self.curvature, Curvature, "EstimatedCurvature()")
+        _strategy("damping", self.damping, Damping, "CurvatureDamping()")
+        _strategy("adjoint_solver", self.adjoint_solver, AdjointSolver, "FixedPointIteration()")
+        _strategy("on_divergence", self.on_divergence, DivergencePolicy, "Recover()")
+        _strategy("feasible_set", self.feasible_set, FeasibleSet, "FeasibleSet(project=...)")
+        _strategy("batches", self.batches, Batches, "Batches(d2='full')")
+        if not (
+            isinstance(self.divergence_factor, numbers.Real)
+            and not isinstance(self.divergence_factor, bool)
+            and self.divergence_factor > 1
+        ):
+            raise ConfigurationError(
+                f"divergence_factor must be a number > 1, got {self.divergence_factor!r}."
+            )
+        _choice("hvp", self.hvp, ("reverse", "forward"))
+        _choice("mode", self.mode, ("train", "eval"))
+        if not isinstance(self.warm_start_adjoint, bool):
+            raise ConfigurationError(
+                f"warm_start_adjoint must be True or False, got {self.warm_start_adjoint!r}."
+            )
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def schedule_kinds(self) -> tuple[StepSize | StepSchedule, StepSize | StepSchedule]:
+        """The inner and the adjoint schedule."""
+        return self.step_size, self.adjoint_step_size or self.step_size
+
+    @property
+    def schedule_args(self) -> dict[str, Any]:
+        """The loose constants :func:`~hypertorch_sid.core.schedules.make_schedule` reads."""
+        return dict(
+            eta=self.eta, beta=self.beta, gamma=self.gamma, switch=self.switch, sigma2=self.sigma2
+        )
+
+    @property
+    def needs_q(self) -> bool:
+        """Whether a decreasing schedule must derive β, γ from q."""
+        kinds = [k for k in self.schedule_kinds if isinstance(k, str)]
+        return self.beta is None and any(k != "constant" for k in kinds)
+
+    # ------------------------------------------------------------------ construction
+    def replace(self, **settings: Any) -> SIDConfig:
+        """A copy with ``settings`` changed (flat 0.1 names accepted), validated again."""
+        return SIDConfig.from_settings(self, **settings)
+
+    @classmethod
+    def from_settings(cls, base: SIDConfig | None = None, **settings: Any) -> SIDConfig:
+        """``base`` (default: ``SIDConfig()``) with ``settings`` applied.
+
+        ``settings`` are field names, or the flat names of version 0.1 each turned into the
+        strategy it stands for:
+
+        * ``L``, ``mu``, ``estimate_batches``, ``estimate_iters``, ``reestimate_every`` →
+          ``curvature`` (:class:`KnownCurvature` when ``L`` is given, else
+          :class:`EstimatedCurvature`);
+        * ``backoff=n`` → ``on_divergence=BackOff(n)`` (``0``: :class:`RaiseOnDivergence`);
+        * ``projection``, ``feasible`` → ``feasible_set``;
+        * ``inner_batches``, ``adjoint_batches``, ``d2_batches`` → ``batches``.
+
+        Giving a strategy together with the flat names that describe it is an error.
+        """
+        base = base if base is not None else cls()
+        if not isinstance(base, SIDConfig):
+            raise ConfigurationError(f"config must be a SIDConfig, got {type(base).__name__}.")
+        if not settings:
+            return base
+        fields = {f.name for f in dataclasses.fields(cls)}
+        flat = {k: settings.pop(k) for k in list(settings) if k in _FLAT}
+        unknown = set(settings) - fields
+        if unknown:
+            raise ConfigurationError(
+                f"unknown setting(s) {sorted(unknown)}; SIDConfig takes {sorted(fields)} "
+                f"(and the flat names {sorted(_FLAT)})."
+            )
+        # a strategy given as None keeps the base's (the 0.1 keywords defaulted to None)
+        changes = {k: v for k, v in settings.items() if not (v is None and k in _STRATEGIES)}
+        _translate_curvature(base, flat, changes)
+        _translate_backoff(flat, changes)
+        _translate_feasible(base, flat, changes)
+        _translate_batches(base, flat, changes)
+        return dataclasses.replace(base, **changes)
+
+
+_STRATEGIES = frozenset(
+    {"curvature", "damping", "adjoint_solver", "on_divergence", "feasible_set", "batches"}
+)
+_FLAT = frozenset(
+    {
+        "L",
+        "mu",
+        "estimate_batches",
+        "estimate_iters",
+        "reestimate_every",
+        "backoff",
+        "projection",
+        "feasible",
+        "inner_batches",
+        "adjoint_batches",
+        "d2_batches",
+    }
+)
+
+
+def _given(flat: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {n: flat[n] for n in names if n in flat}
+
+
+def _translate_curvature(base: SIDConfig, flat: dict[str, Any], changes: dict[str, Any]) -> None:
+    given = _given(flat, "L", "mu", "estimate_batches", "estimate_iters", "reestimate_every")
+    if not given:
+        return
+    if "curvature" in changes:
+        raise ConfigurationError(
+            f"give curvature=... or the flat settings {sorted(given)}, not both."
+        )
+    L, mu = given.get("L"), given.get("mu")
+    if L is not None:
+        _positive("L", L)
+        if mu is not None:
+            _positive("mu", mu)
+        changes["curvature"] = KnownCurvature(float(L), None if mu is None else float(mu))
+        return
+    current = base.curvature if isinstance(base.curvature, EstimatedCurvature) else None
+    old = current or EstimatedCurvature()
+    est = dict(
+        batches=given.get("estimate_batches", old.batches),
+        iters=given.get("estimate_iters", old.iters),
+        every=given.get("reestimate_every", old.every),
+        mu_floor=old.mu_floor,
+        mu=_positive("mu", mu) if mu is not None else old.mu,
+    )
+    for name, key, minimum in (("estimate_batches", "batches", 1), ("estimate_iters", "iters", 1)):
+        est[key] = _integer(name, est[key], minimum)
+    est["every"] = _integer("reestimate_every", est["every"], 1, allow_none=True)
+    changes["curvature"] = EstimatedCurvature(**est)
+
+
+def _translate_backoff(flat: dict[str, Any], changes: dict[str, Any]) -> None:
+    if "backoff" not in flat:
+        return
+    retries = _integer("backoff", flat["backoff"], 0)
+    if retries and "on_divergence" in changes:
+        raise ConfigurationError("give backoff=N or on_divergence=..., not both.")
+    if retries:
+        changes["on_divergence"] = BackOff(retries)
+
+
+def _translate_feasible(base: SIDConfig, flat: dict[str, Any], changes: dict[str, Any]) -> None:
+    given = _given(flat, "projection", "feasible")
+    if not given:
+        return
+    if "feasible_set" in changes:
+        raise ConfigurationError("give feasible_set=... or projection=/feasible=, not both.")
+    old = base.feasible_set
+    changes["feasible_set"] = FeasibleSet(
+        project=given.get("projection", old.project), contains=given.get("feasible", old.contains)
+    )
+
+
+def _translate_batches(base: SIDConfig, flat: dict[str, Any], changes: dict[str, Any]) -> None:
+    given = _given(flat, "inner_batches", "adjoint_batches", "d2_batches")
+    if not given:
+        return
+    if "batches" in changes:
+        raise ConfigurationError(
+            "give batches=Batches(...) or inner_batches=/adjoint_batches=/d2_batches=, not both."
+        )
+    old = base.batches
+    changes["batches"] = Batches(
+        inner=given.get("inner_batches", old.inner),
+        adjoint=given.get("adjoint_batches", old.adjoint),
+        d2=given.get("d2_batches", old.d2),
+    )

@@ -1,0 +1,104 @@
+"""The bilevel problem a :class:`HyperOptimizationCallback` solves, as a public protocol.
+
+The callback knows *when* to step and *which data* to use; what it optimises — λ, w, ℓ̂, E — comes
+from a :class:`ProblemSource`, an object with three methods that the callback calls at fixed
+points of a fit:
+
+* ``check(trainer, module)`` at ``on_fit_start``: refuse what cannot work (e.g. a training
+  optimizer that holds λ);
+* ``build(trainer, module) -> BilevelProblem`` at ``on_train_start``: the problem itself;
+* ``before_hyper_step(trainer, module)`` before each hyper step: refresh what the problem reads
+  from the training (e.g. an optimizer's preconditioner).
+
+:class:`ModuleProblem` (the default) reads the problem from a :class:`BilevelModule`;
+:class:`~hypertorch_sid.lightning.weight_decay.WeightDecayProblem` builds it for weight decay on any
+``LightningModule`` (what :class:`~hypertorch_sid.LearnedWeightDecay` passes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import pytorch_lightning as pl
+from torch import Tensor
+
+from ..core.errors import ConfigurationError
+from ..core.validation import check_inner_optimizers
+from .module import BilevelModule
+
+Tensors = list[Tensor]
+
+
+@dataclass
+class BilevelProblem:
+    """What the callback optimises: λ, w, ℓ̂, E and what to report about λ.
+
+    Attributes
+    ----------
+    hyperparameters, inner_parameters: λ and w.
+    inner_loss, outer_loss: ℓ̂(batch) and E(batch) as closures over w, λ.
+    summary: ``summary() -> {name: tensor}``, the λ values to log.
+    projection: P_Λ, called on λ after each outer step.
+    penalty: coefficients c(λ) of a weighted L2 penalty left out of ``inner_loss`` (the
+        proximal gradient map), or None.
+    freeze: λ tensors living in the module (their ``requires_grad`` is toggled around hyper
+        steps so the training never updates them).
+    """
+
+    hyperparameters: Tensors
+    inner_parameters: Tensors
+    inner_loss: Callable[[Any], Tensor]
+    outer_loss: Callable[[Any], Tensor]
+    summary: Callable[[], dict[str, Tensor]]
+    projection: Callable[[Tensors], None] | None = None
+    penalty: Callable[[], Tensors] | None = None
+    freeze: Tensors = field(default_factory=list)
+
+
+@runtime_checkable
+class ProblemSource(Protocol):
+    """Where a :class:`HyperOptimizationCallback` gets its :class:`BilevelProblem`."""
+
+    def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """Refuse what cannot work, before training starts."""
+
+    def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        """The problem, at the start of training."""
+
+    def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """Refresh what the problem reads from the training, before each hyper step."""
+
+
+class ModuleProblem:
+    """The problem a :class:`BilevelModule` declares (its λ, w, ``inner_loss``, ``outer_loss``)."""
+
+    def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if isinstance(module, BilevelModule):
+            check_inner_optimizers(trainer.optimizers, list(module.hyperparameters()))
+
+    def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        if not isinstance(module, BilevelModule):
+            raise ConfigurationError(
+                "HyperOptimizationCallback needs a BilevelModule (declare λ with "
+                "register_hyperparameter and write inner_loss/outer_loss); for weight decay on "
+                f"any LightningModule use LearnedWeightDecay. Got {type(module).__name__}."
+            )
+        hyper = list(module.hyperparameters())
+        if not hyper:
+            raise ConfigurationError(
+                f"{type(module).__name__} declares no hyperparameter: call "
+                "self.register_hyperparameter(name, value) in __init__."
+            )
+        return BilevelProblem(
+            hyperparameters=hyper,
+            inner_parameters=list(module.inner_parameters()),
+            inner_loss=module.inner_loss,
+            outer_loss=module.outer_loss,
+            summary=module.hyperparameter_summary,
+            freeze=hyper,
+        )
+
+    def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        return None

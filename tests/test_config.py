@@ -1,0 +1,221 @@
+"""One configuration, validated once: SIDConfig shared by the core and the callback, the flat 0.1
+names translated into strategies in one place, and the core WeightDecay container."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from problems import full_batch_sid, make_ridge, relative_error
+
+from hypertorch_sid import (
+    BackOff,
+    Batches,
+    ConfigurationError,
+    ConjugateGradient,
+    EstimatedCurvature,
+    FeasibleSet,
+    FixedDamping,
+    HyperOptimizationCallback,
+    KnownCurvature,
+    LearnedWeightDecay,
+    LogDecay,
+    ProjectedDecay,
+    Recover,
+    SIDConfig,
+    SIDHyperOptimizer,
+    WeightDecay,
+)
+from hypertorch_sid.lightning import CALLBACK_CONFIG
+
+
+# ------------------------------------------------------------------------------ SIDConfig
+def test_flat_names_become_strategies():
+    c = SIDConfig.from_settings(L=4.0, mu=0.5, backoff=2, d2_batches="full", projection=print)
+    assert c.curvature == KnownCurvature(4.0, 0.5)
+    assert c.on_divergence == BackOff(2)
+    assert c.batches == Batches(d2="full")
+    assert c.feasible_set == FeasibleSet(project=print)
+    est = SIDConfig.from_settings(estimate_batches=3, estimate_iters=7, reestimate_every=5, mu=0.1)
+    assert est.curvature == EstimatedCurvature(batches=3, iters=7, every=5, mu=0.1)
+
+
+def test_flat_names_refine_the_base_strategy():
+    c = CALLBACK_CONFIG.replace(estimate_iters=30)
+    assert c.curvature == EstimatedCurvature(batches=2, iters=30, every=10)
+    assert c.on_divergence == Recover(retries=2)  # untouched
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        (dict(L=1.0, curvature=EstimatedCurvature()), r"give curvature=\.\.\. or the flat"),
+        (dict(backoff=1, on_divergence=Recover()), r"give backoff=N or on_divergence"),
+        (dict(d2_batches=2, batches=Batches()), r"give batches=Batches"),
+        (dict(projection=print, feasible_set=FeasibleSet()), r"give feasible_set="),
+        (dict(warm_start=True), r"unknown setting\(s\) \['warm_start'\]"),
+        (dict(damping="curvature"), r"damping must be a Damping object"),
+        (dict(adjoint_solver=ConjugateGradient), r"adjoint_solver must be a AdjointSolver"),
+        (dict(divergence_factor=0.5), r"divergence_factor must be a number > 1"),
+        (dict(sigma2=-1.0), r"sigma2 must be a number ≥ 0"),
+        (dict(q=1.0), r"q must be a contraction constant in \[0, 1\)"),
+        (dict(hvp="backward"), r"hvp must be 'reverse' or 'forward'"),
+        (dict(d2_batches=0), r"d2_batches \(J\) must be an integer ≥ 1"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_place(settings, match):
+    with pytest.raises(ConfigurationError, match=match):
+        SIDConfig.from_settings(**settings)
+
+
+def test_the_config_is_frozen_and_replace_validates_again():
+    c = SIDConfig(adjoint_steps=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.adjoint_steps = 6  # type: ignore[misc]
+    assert c.replace(adjoint_steps=6).adjoint_steps == 6 and c.adjoint_steps == 5
+    with pytest.raises(ConfigurationError, match=r"adjoint_steps \(k\) must be an integer ≥ 1"):
+        c.replace(adjoint_steps=0)
+
+
+def test_numpy_integers_pass_the_core_and_the_callback_alike():
+    c = SIDConfig.from_settings(inner_steps=np.int64(5), adjoint_steps=np.int32(3))
+    assert (c.inner_steps, c.adjoint_steps) == (5, 3) and type(c.inner_steps) is int
+    cb = HyperOptimizationCallback(every_n_steps=np.int64(4), adjoint_steps=np.int64(3))
+    assert (cb.every_n_steps, cb.adjoint_steps) == (4, 3)
+    assert HyperOptimizationCallback(estimate_batches=np.int64(3)).config.curvature.batches == 3
+
+
+def test_the_callback_refuses_bad_settings_at_construction_not_at_train_start():
+    with pytest.raises(ConfigurationError, match="divergence_factor must be a number > 1"):
+        HyperOptimizationCallback(divergence_factor=0.5)
+    with pytest.raises(ConfigurationError, match="unknown setting"):
+        LearnedWeightDecay(1e-3, adjoint_step=4)
+
+
+def test_the_callback_and_the_core_share_one_config():
+    cb = HyperOptimizationCallback(
+        config=SIDConfig(damping=FixedDamping(0.1)), step_size="constant"
+    )
+    assert cb.config.damping == FixedDamping(0.1) and cb.config.step_size == "constant"
+    assert HyperOptimizationCallback().config == CALLBACK_CONFIG
+    assert HyperOptimizationCallback(divergence_policy=BackOff(1)).config.on_divergence == BackOff(
+        1
+    )
+
+
+def test_config_and_flat_keywords_give_the_same_hypergradient():
+    """The short path (flat keywords) and an explicit SIDConfig are the same algorithm."""
+    flat_problem, config_problem = make_ridge(), make_ridge()
+    g_flat = full_batch_sid(flat_problem, steps=200).hypergradient(
+        flat_problem.loader(50), flat_problem.val()
+    )
+    config = SIDConfig(
+        inner_steps=200,
+        adjoint_steps=200,
+        step_size="constant",
+        eta=1.0,
+        batches=Batches(inner="full", adjoint="full", d2="full"),
+    )
+    hopt = SIDHyperOptimizer(
+        [config_problem.log_lam],
+        [config_problem.w],
+        config_problem.inner_loss,
+        config_problem.outer_loss,
+        config=config,
+        full_train_batch=config_problem.train(),
+    )
+    assert hopt.config is config
+    g = hopt.hypergradient(config_problem.loader(50), config_problem.val())
+    torch.testing.assert_close(g[0], g_flat[0], rtol=1e-12, atol=0)
+    assert relative_error(g[0], config_problem.exact_hypergradient()) < 1e-6
+
+
+def test_settings_override_the_given_config():
+    problem = make_ridge()
+    hopt = SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        problem.inner_loss,
+        problem.outer_loss,
+        config=SIDConfig(inner_steps=7),
+        adjoint_steps=3,
+    )
+    assert (hopt.inner_steps, hopt.adjoint_steps) == (7, 3)
+
+
+# ------------------------------------------------------------------------------ WeightDecay
+def test_weight_decay_container_gives_the_exact_ridge_hypergradient():
+    """A per-element LogDecay over w is the ridge's per-feature log λ: same oracle."""
+    problem = make_ridge()
+    decay = WeightDecay([("w", problem.w)], 1.0, granularity="per_element")
+    with torch.no_grad():
+        decay.hyperparameters[0].copy_(problem.log_lam)
+
+    def inner_loss(batch):
+        X, y = batch
+        return 0.5 * ((X @ problem.w - y) ** 2).mean() + decay.penalty()
+
+    config = full_batch_sid(problem, steps=400).config
+    hopt = SIDHyperOptimizer(
+        decay.hyperparameters,
+        [problem.w],
+        inner_loss,
+        problem.outer_loss,
+        config=config,
+        full_train_batch=problem.train(),
+    )
+    g = hopt.hypergradient(problem.loader(50), problem.val())
+    assert relative_error(g[0], problem.exact_hypergradient()) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "granularity, slots",
+    [("global", 1), ("per_group", 2), ("per_layer", 2), ("per_tensor", 3), ("per_element", None)],
+)
+def test_weight_decay_granularity(granularity, slots):
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1, bias=False))
+    named = [(n, p, "decay" if p.dim() > 1 else "bias") for n, p in net.named_parameters()]
+    decay = WeightDecay(named, 0.01, granularity)
+    if slots is None:
+        assert [h.shape for h in decay.hyperparameters] == [p.shape for _, p, _ in named]
+    else:
+        assert decay.hyperparameters[0].shape == (slots,)
+    values = decay.values()
+    assert set(values) == {n for n, _, _ in named}
+    assert all(torch.allclose(v, torch.tensor(0.01, dtype=v.dtype)) for v in values.values())
+    expected = 0.5 * 0.01 * sum(p.detach().pow(2).sum() for _, p, _ in named)
+    torch.testing.assert_close(decay.penalty().detach(), expected)
+
+
+def test_weight_decay_projection_and_parameterisations():
+    w = torch.ones(3, requires_grad=True)
+    log = WeightDecay([("w", w)], 0.5, "per_tensor", LogDecay())
+    with torch.no_grad():
+        log.hyperparameters[0].fill_(5.0)  # λ = e⁵
+    log.project([2.0])
+    assert float(log.summary()) == pytest.approx(2.0)
+    proj = WeightDecay([("w", w)], 0.5, "per_tensor", ProjectedDecay())
+    with torch.no_grad():
+        proj.hyperparameters[0].fill_(-1.0)
+    proj.project()
+    assert float(proj.summary()) == 0.0
+    with pytest.raises(ConfigurationError, match="log parameterisation needs λ₀ > 0"):
+        WeightDecay([("w", w)], 0.0)
+    with pytest.raises(ConfigurationError, match="FeasibleSet.project must be a callable"):
+        FeasibleSet(project=3)
+    with pytest.raises(ConfigurationError, match="granularity must be one of"):
+        WeightDecay([("w", w)], 0.1, "per_neuron")
+    with pytest.raises(ConfigurationError, match="parameterization must be 'log', 'projection'"):
+        WeightDecay([("w", w)], 0.1, parameterization="exp")
+
+
+def test_the_drop_in_defaults_are_the_benchmarked_ones():
+    cb = LearnedWeightDecay(1e-4, granularity="per_layer")
+    assert (cb.every_n_steps, cb.adjoint_steps, cb.outer_lr) == (20, 3, 0.3)
+    assert cb.config.curvature.every == 10
+    per_element = LearnedWeightDecay(1e-4, granularity="per_element")
+    assert per_element.outer_lr == 1.0 and per_element.config.curvature.every is None
+    mine = LearnedWeightDecay(1e-4, granularity="per_element", every_n_steps=5, reestimate_every=4)
+    assert mine.every_n_steps == 5 and mine.config.curvature.every == 4
