@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gzip
 import importlib
 import inspect
@@ -340,7 +341,10 @@ def adjoint_solvers() -> list[tuple[str, Any]]:
     each one's default instance and, where it takes ``batches``, the full-batch one."""
     core = importlib.import_module("hypertorch_sid.core")
     solvers_mod = importlib.import_module("hypertorch_sid.core.solvers")
-    if "adjoint_solver" not in inspect.signature(core.SIDHyperOptimizer).parameters:
+    config = getattr(core, "SIDConfig", None)  # since 0.2 the strategies are SIDConfig fields
+    fields = {f.name for f in dataclasses.fields(config)} if config is not None else set()
+    accepted = fields | set(inspect.signature(core.SIDHyperOptimizer).parameters)
+    if "adjoint_solver" not in accepted:
         return []
     base = getattr(solvers_mod, "AdjointSolver", None)
     if base is None:
