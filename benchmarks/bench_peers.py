@@ -19,8 +19,9 @@ hypergradient (w₀ = 0, v₀ = 0) against
 
 Methods, each one (name, factory) entry in ``library_methods()`` / ``peer_methods()``:
 
-* the library: ``SIDHyperOptimizer`` with its defaults (``step_size="decreasing"``, L and μ
-  estimated by power iteration on 4 minibatches, J = 1), ``"two_phase"``, the paper's *Batch*
+* the library: ``SIDHyperOptimizer`` with its defaults (``step_size="two_phase"`` since 0.2; L and
+  λ_min estimated by Lanczos on 4 minibatches, J = 1), ``"decreasing"`` (0.1's default), the
+  paper's *Batch*
   preset (GD, L and μ given), and every adjoint solver of ``hypertorch_sid.core`` that the
   optimizer accepts as ``adjoint_solver=`` (found at run time);
 * torchopt 0.7.3: ``torchopt.diff.implicit.custom_root`` with ``solve_cg``, ``solve_normal_cg``
@@ -368,8 +369,8 @@ def adjoint_solvers() -> list[tuple[str, Any]]:
 def library_methods() -> list[tuple[str, Factory]]:
     """The library's configurations; a new one is one more line."""
     methods: list[tuple[str, Factory]] = [
-        ("SID decreasing (defaults)", lambda ctx, E: _sid(ctx, E)),
-        ("SID two_phase", lambda ctx, E: _sid(ctx, E, step_size="two_phase")),
+        ("SID two_phase (defaults)", lambda ctx, E: _sid(ctx, E)),
+        ("SID decreasing (0.1 default)", lambda ctx, E: _sid(ctx, E, step_size="decreasing")),
         (
             "SID two_phase, d2 full (L, μ given)",
             lambda ctx, E: _sid(

@@ -37,7 +37,9 @@ def test_warm_start_beats_cold_start_over_50_outer_steps():
     def run(warm):
         problem = make_ridge(n=200, d=10, seed=2, log_lam0=-2.0)
         opt = torch.optim.SGD([problem.log_lam], lr=0.5)
-        hopt = ridge_sid(problem, steps=5, outer=opt, warm_start_adjoint=warm)
+        hopt = ridge_sid(
+            problem, steps=5, outer=opt, warm_start_adjoint=warm, step_size="decreasing"
+        )
         loader = problem.loader(100, seed=0)
         errors = []
         for _ in range(50):

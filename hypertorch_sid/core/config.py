@@ -148,8 +148,10 @@ class SIDConfig:
     inner_steps, adjoint_steps:
         t ≥ 0 and k ≥ 1 of Algorithm 1.
     step_size, adjoint_step_size:
-        ``"constant"`` (Thm 4.1), ``"decreasing"`` (Thm 4.2), ``"two_phase"`` or a
-        :class:`StepSchedule`; the adjoint solve uses ``step_size`` unless told otherwise.
+        ``"constant"`` (Thm 4.1), ``"decreasing"`` (Thm 4.2), ``"two_phase"`` (the default:
+        η = 1/(1+σ₂), then β/(γ + t − t₀), section 4; measured best at every budget in
+        ``benchmarks/bench_peers.py``) or a :class:`StepSchedule`; the adjoint solve uses
+        ``step_size`` unless told otherwise.
     alpha, eta, beta, gamma, switch, q, sigma2:
         α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps, the
         contraction constant q and σ₂ of Assumption 4.1(iii). Missing ones come from the theory
@@ -167,7 +169,7 @@ class SIDConfig:
 
     inner_steps: int = 100
     adjoint_steps: int = 100
-    step_size: StepSize | StepSchedule = "decreasing"
+    step_size: StepSize | StepSchedule = "two_phase"
     adjoint_step_size: StepSize | StepSchedule | None = None
     alpha: float | None = None
     eta: float | None = None

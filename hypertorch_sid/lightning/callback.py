@@ -69,6 +69,7 @@ _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
 CALLBACK_CONFIG = SIDConfig(
     inner_steps=0,
     adjoint_steps=10,
+    step_size="decreasing",  # a few warm-started adjoint steps per hyper step
     curvature=EstimatedCurvature(batches=2, iters=10, every=10),
     on_divergence=Recover(retries=2),
 )
