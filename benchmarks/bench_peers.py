@@ -42,8 +42,8 @@ peer's linear solve uses full-batch Hessian–vector products. L = λ_max(XᵀX)
 μ = min λ are given to the peers (and to the library's *Batch* entry) for free.
 
 A second part (``scaling``) times one ``SIDHyperOptimizer.step`` and its peak memory (process
-peak resident set size, Linux ``VmHWM`` reset through ``/proc/self/clear_refs``, minus the
-resident size before the step; falls back to ``ru_maxrss`` growth) as the number of
+peak resident set size sampled every millisecond by a thread, minus the resident size before the
+steps; falls back to ``ru_maxrss`` growth) as the number of
 hyperparameters grows on a synthetic least-squares model with d = 10⁶ weights (per-element weight
 decay grouped into h groups) and as n_tr grows on the logistic problem.
 
@@ -366,11 +366,24 @@ def adjoint_solvers() -> list[tuple[str, Any]]:
     return found
 
 
+def _no_preconditioner() -> Any:
+    return importlib.import_module("hypertorch_sid.core").NoPreconditioner()
+
+
 def library_methods() -> list[tuple[str, Factory]]:
     """The library's configurations; a new one is one more line."""
     methods: list[tuple[str, Factory]] = [
-        ("SID two_phase (defaults)", lambda ctx, E: _sid(ctx, E)),
-        ("SID decreasing (0.1 default)", lambda ctx, E: _sid(ctx, E, step_size="decreasing")),
+        ("SID two_phase + FisherDiagonal (defaults)", lambda ctx, E: _sid(ctx, E)),
+        (
+            "SID two_phase, unpreconditioned (0.2.0 default)",
+            lambda ctx, E: _sid(ctx, E, preconditioner=_no_preconditioner()),
+        ),
+        (
+            "SID decreasing (0.1 default)",
+            lambda ctx, E: _sid(
+                ctx, E, step_size="decreasing", preconditioner=_no_preconditioner()
+            ),
+        ),
         (
             "SID two_phase, d2 full (L, μ given)",
             lambda ctx, E: _sid(
@@ -654,21 +667,41 @@ def _rss_kib(field_name: str) -> int | None:
 
 
 @contextlib.contextmanager
-def peak_memory() -> Iterator[dict[str, Any]]:
-    """Peak resident memory growth (MiB) of the block: VmHWM after a reset of the high-water mark
-    (``/proc/self/clear_refs``) minus VmRSS before; ``ru_maxrss`` growth where that is missing."""
+def peak_memory(interval: float = 0.001) -> Iterator[dict[str, Any]]:
+    """Peak resident memory growth (MiB) of the block: a thread samples VmRSS (/proc/self/status)
+    every ``interval`` seconds; the peak minus VmRSS before. The kernel's own high-water mark
+    (VmHWM) cannot be reset in every container (``/proc/self/clear_refs`` is refused here), so it
+    would report the process's all-time peak; sampling can miss spikes shorter than ``interval``.
+    Allocations the process had already freed to its allocator and re-uses are not counted (the
+    same for every method measured in one process)."""
+    import threading
+
     info: dict[str, Any] = {}
+    before = _rss_kib("VmRSS")
+    if before is None:  # no /proc: ru_maxrss growth, a lower bound
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        yield info
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
+        info.update(peak_mib=max(0, grown) / 1024, memory_method="ru_maxrss growth")
+        return
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_kib("VmRSS") or 0)
+            done.wait(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
     try:
-        Path("/proc/self/clear_refs").write_text("5")
-        before, method = _rss_kib("VmRSS"), "VmHWM (reset) - VmRSS before"
-    except OSError:
-        before, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss growth"
-    yield info
-    after = _rss_kib("VmHWM") if method.startswith("VmHWM") else None
-    if after is None:
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    info["peak_mib"] = max(0, (after or 0) - (before or 0)) / 1024
-    info["memory_method"] = method
+        yield info
+    finally:
+        done.set()
+        thread.join()
+        peak[0] = max(peak[0], _rss_kib("VmRSS") or 0)
+        info["peak_mib"] = max(0, peak[0] - before) / 1024
+        info["memory_method"] = f"VmRSS sampled every {interval * 1e3:g} ms, peak - before"
 
 
 # ------------------------------------------------------------------------------------- scaling
@@ -938,7 +971,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.skip_scaling:
         report["scaling"] = {
             "memory": "process peak resident set size growth during the timed steps "
-            "(Linux VmHWM reset via /proc/self/clear_refs, minus VmRSS before)",
+            "(VmRSS sampled every 1 ms by a thread, minus VmRSS before)",
             "hyperparameters": scaling_hyperparameters(cfg, args.seed),
             "n_train": scaling_n_train(cfg, args.seed, cfg["batch_size"]),
         }

@@ -43,7 +43,10 @@ def test_quick_json_structure(quick_report):
     assert Path(report["json_path"]).with_suffix(".png").exists()
     assert saved["quick"] is True and saved["config"]["budgets"] == [2, 20]
     methods = saved["accuracy"]["methods"]
-    assert "SID two_phase (defaults)" in methods and "SID decreasing (0.1 default)" in methods
+    assert (
+        "SID two_phase + FisherDiagonal (defaults)" in methods
+        and "SID decreasing (0.1 default)" in methods
+    )
     for name, res in methods.items():
         assert res["package"] == "hypertorch_sid", name
         assert [r["budget"] for r in res["rows"]] == [2.0, 20.0], name
@@ -63,7 +66,7 @@ def test_library_error_decreases_with_budget(quick_report):
         errs = [r["rel_error"] for r in res["rows"]]
         assert errs[-1] < errs[0], (name, errs)
     # the epochs counted include the library's curvature estimation: never below the budget
-    for row in report["accuracy"]["methods"]["SID two_phase (defaults)"]["rows"]:
+    for row in report["accuracy"]["methods"]["SID two_phase + FisherDiagonal (defaults)"]["rows"]:
         assert row["epochs"] >= row["budget"]
 
 

@@ -12,6 +12,7 @@ from hypertorch_sid import (
     PRESETS,
     BatchStream,
     GradientDescentMap,
+    NoPreconditioner,
     SIDHyperOptimizer,
     estimate_curvature,
     get_preset,
@@ -104,7 +105,12 @@ def test_curvature_estimate_matches_eigenvalues():
 
 def test_estimated_step_is_two_over_l_plus_mu_and_logged(caplog):
     problem = make_ridge(n=300, d=6, seed=4)
-    hopt = ridge_sid(problem, full_train_batch=problem.train(), estimate_iters=200)
+    hopt = ridge_sid(
+        problem,
+        full_train_batch=problem.train(),
+        estimate_iters=200,
+        preconditioner=NoPreconditioner(),
+    )
     with caplog.at_level("INFO", logger="hypertorch_sid"):
         hopt.hypergradient(problem.loader(10), problem.val())
     eig = torch.linalg.eigvalsh(problem.X.T @ problem.X / 300 + torch.diag(problem.lam()))
@@ -294,6 +300,7 @@ def test_reestimate_every_tracks_curvature_as_lambda_grows():
         reestimate_every=1,
         full_train_batch=problem.train(),
         estimate_iters=100,
+        preconditioner=NoPreconditioner(),
     )
     hopt.step([problem.train()], problem.val())
     alpha0 = hopt.alpha
@@ -329,7 +336,12 @@ def test_set_constants_from_L_mu_gives_theory_alpha_and_exact_hypergradient():
 
 def test_set_constants_without_values_reestimates_at_current_lambda():
     problem = make_ridge(n=200, d=5, log_lam0=-3.0)
-    hopt = ridge_sid(problem, full_train_batch=problem.train(), estimate_iters=200)
+    hopt = ridge_sid(
+        problem,
+        full_train_batch=problem.train(),
+        estimate_iters=200,
+        preconditioner=NoPreconditioner(),
+    )
     hopt.hypergradient([problem.train()], problem.val())
     with torch.no_grad():
         problem.log_lam.fill_(2.0)

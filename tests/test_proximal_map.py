@@ -11,6 +11,7 @@ from hypertorch_sid import (
     ConfigurationError,
     ContractionMap,
     DivergenceError,
+    NoPreconditioner,
     ProximalGradientMap,
     SIDHyperOptimizer,
 )
@@ -69,7 +70,12 @@ def test_fixed_point_is_the_ridge_solution():
 def test_full_batch_hypergradient_matches_closed_form(per_feature):
     problem = make_ridge(n=200, d=5, per_feature=per_feature, log_lam0=-1.0)
     hopt = full_batch_sid(
-        problem, 800, inner_loss=data_loss(problem), penalty=penalty(problem), estimate_iters=300
+        problem,
+        800,
+        inner_loss=data_loss(problem),
+        penalty=penalty(problem),
+        estimate_iters=300,
+        preconditioner=NoPreconditioner(),
     )
     g = hopt.hypergradient([problem.train()], problem.val())
     assert relative_error(g[0], problem.exact_hypergradient()) < 1e-8

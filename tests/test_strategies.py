@@ -16,6 +16,7 @@ from hypertorch_sid import (
     FixedDamping,
     GradientDescentMap,
     NoDamping,
+    NoPreconditioner,
     Recover,
     SIDHyperOptimizer,
     estimate_curvature,
@@ -193,8 +194,7 @@ def test_curvature_cost_is_counted():
     p = make_ridge(n=300, d=6, seed=4)
     hopt = SIDHyperOptimizer(
         [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=3, adjoint_steps=3,
-        curvature=EstimatedCurvature(batches=2, iters=5),
-    )  # fmt: skip
+        curvature=EstimatedCurvature(batches=2, iters=5), preconditioner=NoPreconditioner())  # fmt: skip
     hopt.hypergradient(p.loader(10), p.val())
     c = hopt.cost
     assert c.curvature_products == 2 * c.curvature_samples // 20 > 0

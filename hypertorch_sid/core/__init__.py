@@ -30,6 +30,7 @@ from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGra
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
+from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .schedules import (
     ConstantStep,
@@ -72,7 +73,10 @@ __all__ = [
     "EstimatedCurvature",
     "FixedDamping",
     "FixedPointIteration",
+    "FisherDiagonal",
     "KnownCurvature",
+    "NoPreconditioner",
+    "Preconditioner",
     "NoDamping",
     "RaiseOnDivergence",
     "Recover",

@@ -27,6 +27,45 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
+def split_samples(batch: Any, limit: int) -> list[Any] | None:
+    """The first ``limit`` samples of a batch, each as a batch of one (same structure).
+
+    Works for a tensor, a tuple/list or a dict of dense tensors sharing the leading (sample)
+    dimension; returns None for anything else (sparse tensors, other objects).
+    """
+    n = min(batch_size(batch), limit)
+
+    def leaves(x: Any) -> list[torch.Tensor] | None:
+        if isinstance(x, torch.Tensor):
+            return [x]
+        items = x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else None
+        if items is None:
+            return None
+        found: list[torch.Tensor] = []
+        for item in items:
+            sub = leaves(item)
+            if sub is None:
+                return None
+            found += sub
+        return found
+
+    tensors = leaves(batch)
+    if not tensors or any(
+        t.layout != torch.strided or t.dim() == 0 or t.shape[0] < n for t in tensors
+    ):
+        return None
+
+    def take(x: Any, i: int) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x[i : i + 1]
+        if isinstance(x, dict):
+            return {k: take(v, i) for k, v in x.items()}
+        parts = [take(v, i) for v in x]
+        return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
+
+    return [take(batch, i) for i in range(n)]
+
+
 class BatchStream:
     """An endless stream of minibatches drawn from ``source``.
 

@@ -10,6 +10,7 @@ flags:
 ``curvature``       where L, μ come from: :class:`KnownCurvature` / :class:`EstimatedCurvature`
 ``damping``         the shift δ of the adjoint system α(∇²₁₁ℓ + δI)v = ∇₁E: :class:`Damping`
 ``adjoint_solver``  how that system is solved: :class:`FixedPointIteration`, ``ConjugateGradient``
+``preconditioner``  the diagonal P of the GD map w − αP∇ℓ̂ (same w(λ), smaller κ): ``FisherDiagonal``
 ``on_divergence``   what a divergence does: ``RaiseOnDivergence``, ``BackOff``, ``Recover``
 ``feasible_set``    Λ: the projection P_Λ after each outer step and its membership test
 ``batches``         the batch sources: minibatches or the full batch for each solve, J of ∂₂Φ̂
@@ -37,6 +38,7 @@ from .damping import CurvatureDamping, Damping
 from .divergence import BackOff, DivergencePolicy, RaiseOnDivergence
 from .errors import ConfigurationError
 from .estimation import Curvature, EstimatedCurvature, KnownCurvature
+from .preconditioning import FisherDiagonal, Preconditioner
 from .schedules import SCHEDULE_NAMES, StepSchedule
 from .solvers import AdjointSolver, FixedPointIteration
 
@@ -156,8 +158,10 @@ class SIDConfig:
         α of the GD map, η of constant steps, β, γ of decreasing steps, t₀ of two-phase steps, the
         contraction constant q and σ₂ of Assumption 4.1(iii). Missing ones come from the theory
         (α = 2/(L+μ), q = (L−μ)/(L+μ), β = 2/(1−q²), γ = β(1+σ₂); Cor. 4.3).
-    curvature, damping, adjoint_solver, on_divergence, feasible_set, batches:
-        The strategies (see the module docstring).
+    curvature, damping, adjoint_solver, preconditioner, on_divergence, feasible_set, batches:
+        The strategies (see the module docstring). The default preconditioner,
+        ``FisherDiagonal()``, applies where α, L, μ are estimated (measured 5-15× lower error per
+        budget in ``benchmarks/bench_peers.py``); given constants keep the unpreconditioned map.
     divergence_factor:
         A residual this many times larger than the first ones counts as divergence (in a solve).
     hvp, mode:
@@ -181,6 +185,7 @@ class SIDConfig:
     curvature: Curvature = field(default_factory=EstimatedCurvature)
     damping: Damping = field(default_factory=CurvatureDamping)
     adjoint_solver: AdjointSolver = field(default_factory=FixedPointIteration)
+    preconditioner: Preconditioner = field(default_factory=FisherDiagonal)
     on_divergence: DivergencePolicy = field(default_factory=RaiseOnDivergence)
     feasible_set: FeasibleSet = field(default_factory=FeasibleSet)
     batches: Batches = field(default_factory=Batches)
@@ -218,6 +223,7 @@ class SIDConfig:
         _strategy("curvature", self.curvature, Curvature, "EstimatedCurvature()")
         _strategy("damping", self.damping, Damping, "CurvatureDamping()")
         _strategy("adjoint_solver", self.adjoint_solver, AdjointSolver, "FixedPointIteration()")
+        _strategy("preconditioner", self.preconditioner, Preconditioner, "FisherDiagonal()")
         _strategy("on_divergence", self.on_divergence, DivergencePolicy, "Recover()")
         _strategy("feasible_set", self.feasible_set, FeasibleSet, "FeasibleSet(project=...)")
         _strategy("batches", self.batches, Batches, "Batches(d2='full')")
@@ -299,7 +305,15 @@ class SIDConfig:
 
 
 _STRATEGIES = frozenset(
-    {"curvature", "damping", "adjoint_solver", "on_divergence", "feasible_set", "batches"}
+    {
+        "curvature",
+        "damping",
+        "adjoint_solver",
+        "preconditioner",
+        "on_divergence",
+        "feasible_set",
+        "batches",
+    }
 )
 _FLAT = frozenset(
     {

@@ -60,6 +60,11 @@ class FixedPointMap(ABC):
         """α for a GD map (so that w − η(w − Φ̂) is SGD with step ηα), else None."""
         return None
 
+    def adjoint_target(self, grad_w_E: Sequence[Tensor]) -> Tensors:
+        """The right-hand side of the adjoint system in the map's coordinates: ∇₁E here,
+        S∇₁E for a preconditioned map (:mod:`~hypertorch_sid.core.preconditioning`)."""
+        return list(grad_w_E)
+
 
 def _grad(
     outputs: Tensor | Sequence[Tensor],
@@ -84,6 +89,11 @@ class GradientDescentMap(FixedPointMap):
     With ``damping`` δ > 0 the Jacobian products are those of the damped map
     ∂₁Φ̂_δ = I − α(∇²₁₁ℓ̂ + δI) (the GD map of ℓ̂ + δ/2‖w − w̄‖² at w̄ = w), see
     :mod:`~hypertorch_sid.core.damping`.
+
+    With a diagonal ``scale`` S (P = S², set by the optimizer from its preconditioner) the map is
+    Φ̂ = w − αP∇₁ℓ̂, same fixed points; its products are taken in the coordinates z = S⁻¹w, where
+    ∂₁Φ̂ᵀv = v − αS∇²₁₁ℓ̂Sv is symmetric, ∂₂Φ̂ᵀv = −α∇²₂₁ℓ̂ Sv and the adjoint right-hand side is
+    S∇₁E (:mod:`~hypertorch_sid.core.preconditioning`).
 
     Parameters
     ----------
@@ -124,6 +134,17 @@ class GradientDescentMap(FixedPointMap):
         self.hvp = hvp
         self.damping = 0.0
         self.symmetric = type(self) is GradientDescentMap
+        #: S = P^{1/2} of the preconditioned map (None: P = I)
+        self.scale: Tensors | None = None
+
+    def scaled(self, v: Sequence[Tensor]) -> Tensors:
+        """S v (v itself when unpreconditioned)."""
+        if self.scale is None:
+            return list(v)
+        return [s * x for s, x in zip(self.scale, v)]
+
+    def adjoint_target(self, grad_w_E: Sequence[Tensor]) -> Tensors:
+        return self.scaled(grad_w_E)
 
     def gradient_step_size(self) -> float:
         return self.alpha
@@ -147,14 +168,17 @@ class GradientDescentMap(FixedPointMap):
     def value(self, batch: Any) -> Tensors:
         g = self.gradient(batch)
         with torch.no_grad():
-            return [w.detach() - self.alpha * gi for w, gi in zip(self.inner_parameters, g)]
+            step = self.scaled(self.scaled(g))  # P∇₁ℓ̂
+            return [w.detach() - self.alpha * gi for w, gi in zip(self.inner_parameters, step)]
 
     def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
-        """∇²₁₁ℓ̂(w, λ, ζ) v of :meth:`smooth_loss` (symmetric: also the transposed product)."""
+        """S∇²₁₁ℓ̂(w, λ, ζ)S v of :meth:`smooth_loss` (S = I unpreconditioned; symmetric: also
+        the transposed product)."""
+        v = self.scaled(v)
         if self.hvp == "forward":
-            return self._functional.hvp(batch, v)
+            return self.scaled(self._functional.hvp(batch, v))
         g = _grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True)
-        return _grad(g, self.inner_parameters, grad_outputs=list(v))
+        return self.scaled(_grad(g, self.inner_parameters, grad_outputs=v))
 
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
@@ -164,9 +188,9 @@ class GradientDescentMap(FixedPointMap):
             hv = self.hessian_vector_product(batch, v)
             return [keep * vi - self.alpha * h for vi, h in zip(v, hv)], None
         g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
-        prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=list(v))
+        prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=self.scaled(v))
         n = len(self.inner_parameters)
-        d1 = [keep * vi - self.alpha * h for vi, h in zip(v, prods[:n])]
+        d1 = [keep * vi - self.alpha * h for vi, h in zip(v, self.scaled(prods[:n]))]
         d2 = [-self.alpha * h for h in prods[n:]]
         return d1, d2
 
@@ -249,11 +273,18 @@ class ProximalGradientMap(GradientDescentMap):
     def value(self, batch: Any) -> Tensors:
         g = self.gradient(batch)
         with torch.no_grad():
-            c = self.coefficients()
+            Pg, Pc = self.scaled(self.scaled(g)), self._scaled_coefficients()
             return [
                 (w.detach() - self.alpha * gi) / (1 + self.alpha * ci)
-                for w, gi, ci in zip(self.inner_parameters, g, c)
+                for w, gi, ci in zip(self.inner_parameters, Pg, Pc)
             ]
+
+    def _scaled_coefficients(self) -> Tensors:
+        """P c(λ) (c(λ) unpreconditioned), differentiable in λ."""
+        c = self.coefficients()
+        if self.scale is None:
+            return c
+        return [s * s * ci for s, ci in zip(self.scale, c)]
 
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
@@ -261,19 +292,23 @@ class ProximalGradientMap(GradientDescentMap):
         keep = 1 - self.alpha * self.damping  # prox map of ĝ + δ/2‖w − w̄‖²: (I − α(H + δ))u
         if not wrt_hyper:
             with torch.no_grad():
-                u = [vi / (1 + self.alpha * ci) for vi, ci in zip(v, self.coefficients())]
+                u = [vi / (1 + self.alpha * ci) for vi, ci in zip(v, self._scaled_coefficients())]
             hu = self.hessian_vector_product(batch, u)
             return [keep * ui - self.alpha * h for ui, h in zip(u, hu)], None
-        g = _grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True)
+        # ⟨Φ̂_z, v⟩ = ⟨Φ̂_w, S⁻¹v⟩ with Φ̂_w = (keep·w + αδw̄ − αP∇₁ĝ)/(1 + αPc); ∂_z = S ∂_w
+        g = self.scaled(
+            self.scaled(_grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True))
+        )
         w = self.inner_parameters
         out = [
             (keep * wi + self.alpha * self.damping * wi.detach() - self.alpha * gi)
             / (1 + self.alpha * ci)
-            for wi, gi, ci in zip(w, g, self.coefficients())
+            for wi, gi, ci in zip(w, g, self._scaled_coefficients())
         ]
-        prods = _grad(out, self.inner_parameters + self.hyperparameters, grad_outputs=list(v))
+        v_w = list(v) if self.scale is None else [x / s for x, s in zip(v, self.scale)]
+        prods = _grad(out, self.inner_parameters + self.hyperparameters, grad_outputs=v_w)
         n = len(self.inner_parameters)
-        return prods[:n], prods[n:]
+        return self.scaled(prods[:n]), prods[n:]
 
 
 def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
@@ -445,6 +480,9 @@ class AveragedMap(FixedPointMap):
 
     def gradient_step_size(self) -> float | None:
         return self.phi.gradient_step_size()
+
+    def adjoint_target(self, grad_w_E: Sequence[Tensor]) -> Tensors:
+        return self.phi.adjoint_target(grad_w_E)
 
     @property  # type: ignore[override]
     def damping(self) -> float:

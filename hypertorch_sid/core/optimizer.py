@@ -371,10 +371,52 @@ class SIDHyperOptimizer:
                     est.lambda_min_error,
                 )
             else:
+                self._precondition(stream, curvature)
                 est = self._estimate(stream)
         self.curvature_estimate = est
         self.delta = damping.delta(est) if not fresh else max(self.delta, damping.delta(est))
         self._set_from_spectrum(est)
+
+    def _precondition(self, stream: BatchStream, curvature: EstimatedCurvature) -> None:
+        """P = D⁻¹ of the GD map from the preconditioner strategy, on the estimate's batches.
+
+        Only where α, L, μ are all estimated (they are then those of S∇²₁₁ℓS); the warm-start v,
+        which lives in the coordinates z = S⁻¹w, follows the change of S.
+        """
+        assert isinstance(self.phi, GradientDescentMap)
+        if self.config.alpha is not None or curvature.mu is not None:
+            return
+        batches = (
+            [self.full_train_batch]
+            if self.full_train_batch is not None
+            else stream.take(curvature.batches)
+        )
+        self._set_scale(None)
+        if self.config.mode == "train" and _has_batchnorm(self.module):
+            log.info(
+                "hypertorch_sid: no preconditioner: BatchNorm in train mode has no per-sample map"
+            )
+            return
+        with frozen_mode(self.module, self.config.mode):
+            D = self.config.preconditioner.diagonal(self.phi, batches)
+        if D is None:
+            return
+        values = D.values
+        if self.mean_across_processes is not None:  # one P on every process
+            values = [self.mean_across_processes(d) for d in values]
+        self.cost.curvature_samples += D.samples
+        self.cost.samples += D.samples
+        self._set_scale([d.rsqrt() for d in values])
+
+    def _set_scale(self, scale: Tensors | None) -> None:
+        """S of the preconditioned map; v_z = S⁻¹v_w carried over to the new coordinates."""
+        assert isinstance(self.phi, GradientDescentMap)
+        old = self.phi.scale
+        if self.v is not None and (old is not None or scale is not None):
+            ones = [torch.ones_like(x) for x in self.v]
+            self.v = [x * o / s for x, o, s in zip(self.v, old or ones, scale or ones)]
+            self.guard.reset()  # its growth budget was in the old coordinates
+        self.phi.scale = scale
 
     def _set_from_spectrum(self, est: CurvatureEstimate) -> None:
         """α, q of the (damped) GD map from L̂, λ̂_min and δ (Cor. 4.3 on [λ_min + δ, L + δ])."""
@@ -447,6 +489,8 @@ class SIDHyperOptimizer:
         self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
         if alpha is not None:
             self.phi.alpha = alpha
+        if L is not None or alpha is not None:  # the user's constants: the unpreconditioned map
+            self._set_scale(None)
         self._resolved = False
 
     def _schedules(self) -> tuple[StepSchedule, StepSchedule]:
@@ -543,6 +587,7 @@ class SIDHyperOptimizer:
                 value = float(self.mean_across_processes(torch.tensor(value, dtype=g_w[0].dtype)))
             warm = c.warm_start_adjoint and self.v is not None
             v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
+            g_w = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
             with frozen_mode(self.module, c.mode):
                 v, adjoint = c.adjoint_solver.solve(
                     self._solver_map,
@@ -727,6 +772,11 @@ class SIDHyperOptimizer:
                 "lambda_min": self.lambda_min,
                 "delta": self.delta,
             },
+            "scale": (
+                [s.clone() for s in self.phi.scale]
+                if isinstance(self.phi, GradientDescentMap) and self.phi.scale is not None
+                else None
+            ),
             "guard": self.guard.state_dict(),
             "cost": self.cost.as_dict(),
         }
@@ -760,6 +810,16 @@ class SIDHyperOptimizer:
             if state["v"] is not None
             else None
         )
+        scale = state.get("scale")
+        if scale is not None:
+            scale = _saved_tensors("scale", scale, self.inner_parameters)
+            if not isinstance(self.phi, GradientDescentMap) or not all(
+                bool((s > 0).all()) for s in scale
+            ):
+                raise ConfigurationError(
+                    "the saved preconditioner scale must be positive and belongs to a "
+                    "gradient-descent map: the checkpoint does not belong to this problem."
+                )
         hyper_step = state["hyper_step"]
         if isinstance(hyper_step, bool) or not isinstance(hyper_step, int) or hyper_step < 0:
             raise ConfigurationError(
@@ -813,6 +873,13 @@ class SIDHyperOptimizer:
             )
         if isinstance(self.phi, GradientDescentMap) and self.alpha is not None:
             self.phi.alpha = self.alpha
+        if isinstance(self.phi, GradientDescentMap):
+            like = self.inner_parameters
+            self.phi.scale = (
+                [s.to(device=w.device, dtype=w.dtype) for s, w in zip(scale, like)]
+                if scale is not None
+                else None
+            )
         self.cost.load(cost)
         # the saved run checked inner_loss's dependencies at its first hypergradient; checking
         # again would draw one more batch (and dropout mask) than the uninterrupted run did
@@ -896,6 +963,12 @@ def _saved_tensors(name: str, saved: Any, like: Sequence[Tensor]) -> Tensors:
     if not all(torch.isfinite(x).all() for x in saved):
         raise ConfigurationError(f"the saved {name} hold non-finite values (NaN/Inf).")
     return list(saved)
+
+
+def _has_batchnorm(module: torch.nn.Module | None) -> bool:
+    return module is not None and any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules()
+    )
 
 
 class _GlobalHessian:

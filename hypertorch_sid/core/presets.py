@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .preconditioning import NoPreconditioner
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,12 @@ class Preset:
     def settings(self, total_epochs: float, n_train: int, batch_size: int) -> dict[str, object]:
         """The :class:`~hypertorch_sid.core.config.SIDConfig` settings this preset stands for.
 
-        t, k by :meth:`steps`; each solve's schedule and batch source; η = 1 for constant steps.
+        t, k by :meth:`steps`; each solve's schedule and batch source; η = 1 for constant steps;
+        the paper's (unpreconditioned) map.
         """
         t, k = self.steps(total_epochs, n_train, batch_size)
         settings: dict[str, object] = dict(
+            preconditioner=NoPreconditioner(),
             inner_steps=t,
             adjoint_steps=k,
             step_size=self.inner.step_size,

@@ -42,6 +42,7 @@ from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
 from ..core.optimizer import SIDHyperOptimizer
+from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
 from ..core.schedules import check_positive
 from .module import BilevelModule
@@ -71,6 +72,7 @@ CALLBACK_CONFIG = SIDConfig(
     adjoint_steps=10,
     step_size="decreasing",  # a few warm-started adjoint steps per hyper step
     curvature=EstimatedCurvature(batches=2, iters=10, every=10),
+    preconditioner=NoPreconditioner(),  # per-sample passes: not yet measured on networks
     on_divergence=Recover(retries=2),
 )
 
