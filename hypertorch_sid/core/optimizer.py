@@ -292,17 +292,23 @@ class SIDHyperOptimizer:
             return BatchStream(repeat(self.full_train_batch), "full_train_batch")
         return stream
 
+    def _curvature_batches(self, stream: BatchStream, curvature: EstimatedCurvature) -> list[Any]:
+        """The batches a curvature estimate reads: the full batch when given, else fresh ones."""
+        if self.full_train_batch is not None:
+            return [self.full_train_batch]
+        return stream.take(curvature.batches)
+
     def _estimate(
-        self, stream: BatchStream, curvature: EstimatedCurvature | None = None
+        self,
+        stream: BatchStream,
+        curvature: EstimatedCurvature | None = None,
+        batches: list[Any] | None = None,
     ) -> CurvatureEstimate:
         """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted."""
         curvature = curvature or self.config.curvature
         assert isinstance(curvature, EstimatedCurvature)
-        batches = (
-            [self.full_train_batch]
-            if self.full_train_batch is not None
-            else stream.take(curvature.batches)
-        )
+        if batches is None:
+            batches = self._curvature_batches(stream, curvature)
         known_mu = self._given[2]
         phi: Any = self.phi
         if self.mean_across_processes is not None:  # Lanczos on the global (averaged) Hessian
@@ -371,13 +377,14 @@ class SIDHyperOptimizer:
                     est.lambda_min_error,
                 )
             else:
-                self._precondition(stream, curvature)
-                est = self._estimate(stream)
+                batches = self._curvature_batches(stream, curvature)
+                self._precondition(batches, curvature)  # P first: L, μ are those of S∇²ℓS
+                est = self._estimate(stream, batches=batches)
         self.curvature_estimate = est
         self.delta = damping.delta(est) if not fresh else max(self.delta, damping.delta(est))
         self._set_from_spectrum(est)
 
-    def _precondition(self, stream: BatchStream, curvature: EstimatedCurvature) -> None:
+    def _precondition(self, batches: list[Any], curvature: EstimatedCurvature) -> None:
         """P = D⁻¹ of the GD map from the preconditioner strategy, on the estimate's batches.
 
         Only where α, L, μ are all estimated (they are then those of S∇²₁₁ℓS); the warm-start v,
@@ -386,11 +393,6 @@ class SIDHyperOptimizer:
         assert isinstance(self.phi, GradientDescentMap)
         if self.config.alpha is not None or curvature.mu is not None:
             return
-        batches = (
-            [self.full_train_batch]
-            if self.full_train_batch is not None
-            else stream.take(curvature.batches)
-        )
         self._set_scale(None)
         if self.config.mode == "train" and _has_batchnorm(self.module):
             log.info(
