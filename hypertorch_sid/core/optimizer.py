@@ -377,12 +377,33 @@ class SIDHyperOptimizer:
                     est.lambda_min_error,
                 )
             else:
-                batches = self._curvature_batches(stream, curvature)
-                self._precondition(batches, curvature)  # P first: L, μ are those of S∇²ℓS
-                est = self._estimate(stream, batches=batches)
+                est = self._estimate_preconditioned(stream, curvature)
         self.curvature_estimate = est
         self.delta = damping.delta(est) if not fresh else max(self.delta, damping.delta(est))
         self._set_from_spectrum(est)
+
+    def _estimate_preconditioned(
+        self, stream: BatchStream, curvature: EstimatedCurvature
+    ) -> CurvatureEstimate:
+        """P from the preconditioner, then L, λ_min of S∇²₁₁ℓS on the same batches.
+
+        On a non-convex estimate (λ̂_min ≤ 0) P is dropped and the curvature estimated again
+        unpreconditioned: S amplifies negative curvature (on a CNN with BatchNorm λ̂_min went
+        from −1.5 to −327), and the inner steps w − αP∇ℓ̂, which damping does not reach,
+        then diverge (2 of 3 seeds measured).
+        """
+        batches = self._curvature_batches(stream, curvature)
+        self._precondition(batches, curvature)
+        est = self._estimate(stream, curvature, batches)
+        if self.phi.scale is not None and not est.convex:
+            log.info(
+                "hypertorch_sid: lambda_min of the preconditioned Hessian is %.3g (non-convex): "
+                "no preconditioner",
+                est.lambda_min,
+            )
+            self._set_scale(None)
+            est = self._estimate(stream, curvature, batches)
+        return est
 
     def _precondition(self, batches: list[Any], curvature: EstimatedCurvature) -> None:
         """P = D⁻¹ of the GD map from the preconditioner strategy, on the estimate's batches.
@@ -657,7 +678,7 @@ class SIDHyperOptimizer:
             return self.back_off()
         est = self.curvature_estimate
         if isinstance(self.config.curvature, EstimatedCurvature):
-            est = self._estimate(self._stream_now)
+            est = self._estimate_preconditioned(self._stream_now, self.config.curvature)
         elif est is None:
             est = CurvatureEstimate(self.L or 1.0 / self.phi.alpha, self.mu or 1e-4, True, 0)
         self.curvature_estimate = est
