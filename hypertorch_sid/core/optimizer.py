@@ -381,7 +381,9 @@ class SIDHyperOptimizer:
                 )
             else:
                 est = self._estimate_preconditioned(stream, curvature)
-                self._estimate_at_w_t_pending = self.cost.hypergradients == 0
+                self._estimate_at_w_t_pending = (
+                    self.cost.hypergradients == 0 and self.config.inner_steps > 0
+                )
         self.curvature_estimate = est
         self.delta = damping.delta(est) if not fresh else max(self.delta, damping.delta(est))
         self._set_from_spectrum(est)
@@ -599,7 +601,8 @@ class SIDHyperOptimizer:
         20 steps on 4 of 6 runs with the w₀ constants, on none with these). The merged estimate
         only ever makes the solve safer: L̂ = max(L̂(w₀), L̂(w_t)), λ̂_min = min(...) (so α does
         not grow past the one the t inner steps just ran stably with, and the damping δ covers
-        the sharper negative curvature). P stays the one the inner solve used.
+        the sharper negative curvature). P stays the one the inner solve used. Skipped with
+        ``inner_steps=0`` (the Lightning callback: there w_t = w₀).
         """
         assert isinstance(self.config.curvature, EstimatedCurvature)
         self._estimate_at_w_t_pending = False
