@@ -720,42 +720,13 @@ def _time_steps(make: Callable[[], Callable[[], Any]], repeats: int) -> dict[str
 def scaling_hyperparameters(cfg: dict, seed: int) -> list[dict[str, Any]]:
     """One ``SIDHyperOptimizer.step`` (t = k = ``scaling_steps`` minibatch steps of 64,
     two-phase, α given) on least squares with W ∈ R^{m×m}, m² = d, and per-element weight decay
-    ½ Σ_j λ_{j mod h} W_j² with h hyperparameters."""
-    from hypertorch_sid import SIDHyperOptimizer
-
+    ½ Σ_j λ_{j mod h} W_j² with h hyperparameters; each h in its own process."""
     m = int(round(math.sqrt(cfg["scaling_d"])))
-    gen = torch.Generator().manual_seed(seed)
-    X = torch.randn(512, m, generator=gen, dtype=torch.float64) / math.sqrt(m)
-    Y = torch.randn(512, m, generator=gen, dtype=torch.float64)
-    batches = Minibatches(X, Y, 64, seed)
     rows = []
     for h in cfg["hyper_counts"]:
         if h > m * m:
             continue
-
-        def make(h: int = h) -> Callable[[], Any]:
-            W = torch.zeros(m, m, dtype=torch.float64, requires_grad=True)
-            log_lam = torch.full((h,), math.log(1e-2), dtype=torch.float64, requires_grad=True)
-            group = (torch.arange(m * m) % h).reshape(m, m)
-
-            def inner(b: Any) -> Tensor:
-                lam = log_lam.exp()[group]
-                return 0.5 * ((b[0] @ W - b[1]) ** 2).sum(1).mean() + 0.5 * (lam * W * W).sum()
-
-            opt = SIDHyperOptimizer(
-                [log_lam], [W], inner_loss=inner,
-                outer_loss=lambda b: 0.5 * ((b[0] @ W - b[1]) ** 2).sum(1).mean(),
-                outer_optimizer=torch.optim.SGD([log_lam], lr=1e-3),
-                inner_steps=cfg["scaling_steps"], adjoint_steps=cfg["scaling_steps"],
-                step_size="two_phase", L=2.0, mu=1e-2,
-            )  # fmt: skip
-            return lambda: opt.step(batches, (X[:256], Y[:256]))
-
-        row = {
-            "hyperparameters": h,
-            "inner_parameters": m * m,
-            **_time_steps(make, cfg["scaling_repeats"]),
-        }
+        row = _isolated({"kind": "hyper", "h": h}, cfg, seed)
         rows.append(row)
         print(
             f"scaling h = {h}: {row['seconds_per_step'] * 1e3:.1f} ms/step, "
@@ -765,44 +736,49 @@ def scaling_hyperparameters(cfg: dict, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _hyper_row(cfg: dict, seed: int, h: int) -> dict[str, Any]:
+    from hypertorch_sid import SIDHyperOptimizer
+
+    m = int(round(math.sqrt(cfg["scaling_d"])))
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(512, m, generator=gen, dtype=torch.float64) / math.sqrt(m)
+    Y = torch.randn(512, m, generator=gen, dtype=torch.float64)
+    batches = Minibatches(X, Y, 64, seed)
+
+    def make() -> Callable[[], Any]:
+        W = torch.zeros(m, m, dtype=torch.float64, requires_grad=True)
+        log_lam = torch.full((h,), math.log(1e-2), dtype=torch.float64, requires_grad=True)
+        group = (torch.arange(m * m) % h).reshape(m, m)
+
+        def inner(b: Any) -> Tensor:
+            lam = log_lam.exp()[group]
+            return 0.5 * ((b[0] @ W - b[1]) ** 2).sum(1).mean() + 0.5 * (lam * W * W).sum()
+
+        opt = SIDHyperOptimizer(
+            [log_lam], [W], inner_loss=inner,
+            outer_loss=lambda b: 0.5 * ((b[0] @ W - b[1]) ** 2).sum(1).mean(),
+            outer_optimizer=torch.optim.SGD([log_lam], lr=1e-3),
+            inner_steps=cfg["scaling_steps"], adjoint_steps=cfg["scaling_steps"],
+            step_size="two_phase", L=2.0, mu=1e-2,
+        )  # fmt: skip
+        return lambda: opt.step(batches, (X[:256], Y[:256]))
+
+    return {"hyperparameters": h, "inner_parameters": m * m,
+            **_time_steps(make, cfg["scaling_repeats"])}  # fmt: skip
+
+
+N_TRAIN_METHODS = ("SID two_phase", "SID Batch (GD)")
+
+
 def scaling_n_train(cfg: dict, seed: int, batch_size: int) -> list[dict[str, Any]]:
     """One step on the logistic problem (784 λ_j) as n_tr grows (synthetic data): SID two-phase
     with t = k = 100 minibatch steps, and SID Batch (GD) with t = k = 10 full-batch steps
-    (``scaling_n_steps``)."""
-    from hypertorch_sid import SIDHyperOptimizer
-
+    (``scaling_n_steps``); each in its own process."""
     rows = []
     for n in cfg["scaling_n"]:
-        train, val = synthetic_odd_even(n, min(n, 5000), seed)
-        L = float(torch.linalg.matrix_norm(train[0][:2000], ord=2) ** 2) / (4 * min(n, 2000)) + 1e-2
-        for name, kw, steps in (
-            ("SID two_phase", dict(step_size="two_phase"), cfg["scaling_n_steps"][0]),
-            (
-                "SID Batch (GD)",
-                dict(step_size="constant", eta=1.0, inner_batches="full", adjoint_batches="full",
-                     d2_batches="full"),
-                cfg["scaling_n_steps"][1],
-            ),
-        ):  # fmt: skip
-
-            def make(
-                kw: dict = kw, steps: int = steps, data: Any = (train, val), L: float = L
-            ) -> Callable[[], Any]:
-                train, val = data
-                w = torch.zeros(SYNTH_FEATURES, dtype=torch.float64, requires_grad=True)
-                lam = torch.full((SYNTH_FEATURES,), 1e-2, dtype=torch.float64, requires_grad=True)
-                opt = SIDHyperOptimizer(
-                    [lam], [w], inner_loss=lambda b: inner_loss(w, lam, b),
-                    outer_loss=lambda b: outer_loss(w, b),
-                    outer_optimizer=torch.optim.SGD([lam], lr=1e-4),
-                    inner_steps=steps, adjoint_steps=steps, L=L, mu=1e-2,
-                    full_train_batch=train, projection=lambda hs: hs[0].clamp_(min=1e-4), **kw,
-                )  # fmt: skip
-                loader = Minibatches(*train, batch_size, seed)
-                return lambda: opt.step(loader, val)
-
-            row = {"n_train": n, "method": name, "steps": steps,
-                   **_time_steps(make, cfg["scaling_repeats"])}  # fmt: skip
+        for name in N_TRAIN_METHODS:
+            spec = {"kind": "n_train", "n": n, "method": name, "batch_size": batch_size}
+            row = _isolated(spec, cfg, seed)
             rows.append(row)
             print(
                 f"scaling n = {n}, {name}: {row['seconds_per_step'] * 1e3:.1f} ms/step, "
@@ -810,6 +786,63 @@ def scaling_n_train(cfg: dict, seed: int, batch_size: int) -> list[dict[str, Any
                 flush=True,
             )
     return rows
+
+
+def _n_train_row(cfg: dict, seed: int, n: int, name: str, batch_size: int) -> dict[str, Any]:
+    from hypertorch_sid import SIDHyperOptimizer
+
+    train, val = synthetic_odd_even(n, min(n, 5000), seed)
+    L = float(torch.linalg.matrix_norm(train[0][:2000], ord=2) ** 2) / (4 * min(n, 2000)) + 1e-2
+    if name == "SID two_phase":
+        kw: dict[str, Any] = dict(step_size="two_phase")
+        steps = cfg["scaling_n_steps"][0]
+    else:
+        kw = dict(step_size="constant", eta=1.0, inner_batches="full", adjoint_batches="full",
+                  d2_batches="full")  # fmt: skip
+        steps = cfg["scaling_n_steps"][1]
+
+    def make() -> Callable[[], Any]:
+        w = torch.zeros(SYNTH_FEATURES, dtype=torch.float64, requires_grad=True)
+        lam = torch.full((SYNTH_FEATURES,), 1e-2, dtype=torch.float64, requires_grad=True)
+        opt = SIDHyperOptimizer(
+            [lam], [w], inner_loss=lambda b: inner_loss(w, lam, b),
+            outer_loss=lambda b: outer_loss(w, b),
+            outer_optimizer=torch.optim.SGD([lam], lr=1e-4),
+            inner_steps=steps, adjoint_steps=steps, L=L, mu=1e-2,
+            full_train_batch=train, projection=lambda hs: hs[0].clamp_(min=1e-4), **kw,
+        )  # fmt: skip
+        loader = Minibatches(*train, batch_size, seed)
+        return lambda: opt.step(loader, val)
+
+    return {"n_train": n, "method": name, "steps": steps,
+            **_time_steps(make, cfg["scaling_repeats"])}  # fmt: skip
+
+
+def _isolated(spec: dict[str, Any], cfg: dict, seed: int) -> dict[str, Any]:
+    """One scaling row in a fresh Python process (``--scaling-row``): its peak memory is its
+    own, not what an allocator kept from the configurations measured before it."""
+    import subprocess
+
+    arg = json.dumps({**spec, "cfg": cfg, "seed": seed, "threads": torch.get_num_threads()})
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--scaling-row", arg],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"scaling row {spec} failed:\n{done.stderr[-2000:]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row["process"] = "own"
+    return row
+
+
+def _scaling_row(arg: str) -> dict[str, Any]:
+    spec = json.loads(arg)
+    torch.set_num_threads(spec["threads"])
+    if spec["kind"] == "hyper":
+        return _hyper_row(spec["cfg"], spec["seed"], spec["h"])
+    return _n_train_row(spec["cfg"], spec["seed"], spec["n"], spec["method"], spec["batch_size"])
 
 
 # ------------------------------------------------------------------------------------- output
@@ -925,7 +958,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-peers", action="store_true", help="the library only")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--scaling-row", default=None, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
+    if args.scaling_row is not None:  # one scaling configuration, in this fresh process
+        row = _scaling_row(args.scaling_row)
+        print(json.dumps(row), flush=True)
+        return row
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=FutureWarning, module="torchopt")
     warnings.filterwarnings("ignore", message=".*functorch.*")
@@ -971,7 +1009,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.skip_scaling:
         report["scaling"] = {
             "memory": "process peak resident set size growth during the first step "
-            "(VmRSS sampled every 1 ms by a thread, minus VmRSS before it)",
+            "(VmRSS sampled every 1 ms by a thread, minus VmRSS before it); each configuration "
+            "in its own fresh process",
             "hyperparameters": scaling_hyperparameters(cfg, args.seed),
             "n_train": scaling_n_train(cfg, args.seed, cfg["batch_size"]),
         }
