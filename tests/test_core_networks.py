@@ -1,4 +1,5 @@
-"""The core ``SIDHyperOptimizer`` with its defaults on small non-convex networks.
+"""The core ``SIDHyperOptimizer`` with its defaults on small non-convex networks (MLPs with ReLU
+and tanh, Adam on log λ; a CNN with BatchNorm in train mode, SGD on log λ; 3 seeds each).
 
 The Lightning layer's matrix (``test_networks.py``) runs the drop-in; these run the core API as a
 user of ``SIDHyperOptimizer`` writes it. The curvature is estimated at the user's starting w₀ and
@@ -72,6 +73,56 @@ def test_core_defaults_train_an_mlp_without_divergence(activation, seed):
         assert hopt.last["hypergradient_norm"] < 1e3
     assert torch.isfinite(log_lam).all()
     assert all(torch.isfinite(p).all() for p in params)
+    with torch.no_grad():
+        assert float(outer((Xva, yva))) < 0.5 * untrained
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_core_defaults_train_a_cnn_with_batchnorm(seed):
+    """A CNN with BatchNorm in train mode (the default ``mode``), SGD on log λ: no per-sample
+    preconditioner (BatchNorm couples the samples), damped adjoint; every run finishes."""
+    Xtr, ytr, Xva, yva = _digits()
+    torch.manual_seed(seed)
+    net = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 64, 10),
+    )
+    params = list(net.parameters())
+    log_lam = torch.full((len(params),), math.log(1e-3), requires_grad=True)
+
+    def inner(batch):
+        x, t = batch
+        decay = sum(l.exp() * (p**2).sum() for l, p in zip(log_lam, params))
+        return F.cross_entropy(net(x), t) + 0.5 * decay
+
+    def outer(batch):
+        return F.cross_entropy(net(batch[0]), batch[1])
+
+    net.eval()
+    with torch.no_grad():
+        untrained = float(outer((Xva, yva)))
+    hopt = SIDHyperOptimizer(
+        [log_lam],
+        params,
+        inner,
+        outer,
+        torch.optim.SGD([log_lam], lr=1.0),
+        module=net,
+        inner_steps=100,
+        adjoint_steps=50,
+    )
+    stream = _minibatches(Xtr, ytr, seed)
+    for _ in range(4):
+        g = hopt.step(stream, (Xva, yva))
+        assert all(torch.isfinite(x).all() for x in g)
+    assert hopt.phi.scale is None  # BatchNorm in train mode: no per-sample preconditioner
+    assert torch.isfinite(log_lam).all()
+    assert all(torch.isfinite(p).all() for p in params)
+    net.eval()
     with torch.no_grad():
         assert float(outer((Xva, yva))) < 0.5 * untrained
 
