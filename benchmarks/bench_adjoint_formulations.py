@@ -75,11 +75,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if not per["no_wd"]:
                 wd.train_once(replace(s, epochs=1), data, seed)  # untimed warm-up
             plain = wd.train_once(s, data, seed)
-            per["no_wd"].append(_row(plain, s))
+            per["no_wd"].append(_row(plain))
             print(f"{name} seed {seed} no WD: {plain['best_val_loss']:.4f}", flush=True)
             for label, kw in formulations(s.lr).items():
                 rec = wd.train_once(s, data, seed, granularity=args.granularity, learned_kwargs=kw)
-                row = _row(rec, s)
+                row = _row(rec)
                 per["formulations"].setdefault(label, []).append(row)
                 print(
                     f"{name} seed {seed} {label}: finished {row['finished']}, "
@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _row(rec: dict[str, Any], s: Any) -> dict[str, Any]:
-    every = 20  # LearnedWeightDecay's every_n_steps
+def _row(rec: dict[str, Any]) -> dict[str, Any]:
+    every = rec.get("every_n_steps")
     lam = rec.get("lambda_summary") or {}
     return {
         "finished": bool(rec["finished"]) and bool(rec.get("finite")),
@@ -100,7 +100,7 @@ def _row(rec: dict[str, Any], s: Any) -> dict[str, Any]:
         "best_val_loss": rec["best_val_loss"],
         "wall_s": rec["wall_s"],
         "accepted": rec.get("hyper_steps") or 0,
-        "attempted": rec.get("optimizer_steps", 0) // every,
+        "attempted": rec["optimizer_steps"] // every if every else 0,  # 0: no callback
         "lambda_mean": float(lam.get("mean", math.nan)),
     }
 

@@ -420,6 +420,7 @@ def _record_learned(rec: dict[str, Any], cb: Any) -> None:
             rec["lambda_by_slot"] = {k: float(v.double().mean()) for k, v in values.items()}
     else:
         rec["lambda_finite"] = None
+    rec["every_n_steps"] = cb.every_n_steps
     sid = getattr(cb, "sid", None)
     cost = getattr(sid, "cost", None)
     if cost is not None and hasattr(cost, "as_dict"):

@@ -68,6 +68,22 @@ class CurvatureEstimate:
         if self.lambda_min is None:
             object.__setattr__(self, "lambda_min", self.mu)
 
+    def union(self, other: CurvatureEstimate) -> CurvatureEstimate:
+        """The estimate covering both spectra: L = max, λ_min (with its error) and μ = min.
+
+        Steps set from it are safe for both points: α is no larger, the damping δ no smaller.
+        """
+        assert self.lambda_min is not None and other.lambda_min is not None
+        lowest = self if self.lambda_min <= other.lambda_min else other
+        return CurvatureEstimate(
+            max(self.L, other.L),
+            min(self.mu, other.mu),
+            self.mu_floored or other.mu_floored,
+            other.iterations,
+            lowest.lambda_min,
+            lowest.lambda_min_error,
+        )
+
     @property
     def convex(self) -> bool:
         """λ_min > 0 by the estimate."""

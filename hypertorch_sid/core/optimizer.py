@@ -400,6 +400,12 @@ class SIDHyperOptimizer:
         """
         batches = self._curvature_batches(stream, curvature)
         self._precondition(batches, curvature)
+        return self._estimate_in_convex_coordinates(stream, curvature, batches)
+
+    def _estimate_in_convex_coordinates(
+        self, stream: BatchStream, curvature: EstimatedCurvature, batches: list[Any]
+    ) -> CurvatureEstimate:
+        """L, λ_min in the map's coordinates; P dropped (and re-estimated) when non-convex."""
         est = self._estimate(stream, curvature, batches)
         if self.phi.scale is not None and not est.convex:
             log.info(
@@ -604,27 +610,18 @@ class SIDHyperOptimizer:
         the sharper negative curvature). P stays the one the inner solve used. Skipped with
         ``inner_steps=0`` (the Lightning callback: there w_t = w₀).
         """
-        assert isinstance(self.config.curvature, EstimatedCurvature)
+        curvature = self.config.curvature
+        assert isinstance(curvature, EstimatedCurvature)
         self._estimate_at_w_t_pending = False
-        old = self.curvature_estimate
-        new = self._estimate(stream, self.config.curvature)
-        if self.phi.scale is not None and not new.convex:
-            self._set_scale(None)  # as in _estimate_preconditioned: S amplifies λ_min < 0
-            old = new = self._estimate(stream, self.config.curvature)
-        if old is not None:
-            assert old.lambda_min is not None and new.lambda_min is not None
-            lowest = old if old.lambda_min <= new.lambda_min else new
-            new = CurvatureEstimate(
-                max(old.L, new.L),
-                min(old.mu, new.mu),
-                old.mu_floored or new.mu_floored,
-                new.iterations,
-                lowest.lambda_min,
-                lowest.lambda_min_error,
-            )
-        self.curvature_estimate = new
-        self.delta = max(self.delta, self.config.damping.delta(new))
-        self._set_from_spectrum(new)
+        scale = self.phi.scale
+        est = self._estimate_in_convex_coordinates(
+            stream, curvature, self._curvature_batches(stream, curvature)
+        )
+        if self.curvature_estimate is not None and self.phi.scale is scale:  # same coordinates
+            est = self.curvature_estimate.union(est)
+        self.curvature_estimate = est
+        self.delta = max(self.delta, self.config.damping.delta(est))
+        self._set_from_spectrum(est)
 
     def _algorithm1(self, stream: BatchStream, val_batch: Any) -> Tensors:
         c = self.config
