@@ -338,7 +338,8 @@ def _sid_with_solver(solver: Any) -> Factory:
 
 def adjoint_solvers() -> list[tuple[str, Any]]:
     """Every adjoint solver in ``hypertorch_sid.core`` that ``SIDHyperOptimizer`` accepts as
-    ``adjoint_solver=`` (none while that argument does not exist), besides the default iteration:
+    ``adjoint_solver=`` (none while that argument does not exist), besides the paper's iteration
+    and the default ``Automatic`` (rows of their own):
     each one's default instance and, where it takes ``batches``, the full-batch one."""
     core = importlib.import_module("hypertorch_sid.core")
     solvers_mod = importlib.import_module("hypertorch_sid.core.solvers")
@@ -355,7 +356,7 @@ def adjoint_solvers() -> list[tuple[str, Any]]:
         cls = getattr(core, name, None) or getattr(solvers_mod, name, None)
         if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
             continue
-        if inspect.isabstract(cls) or name == "FixedPointIteration":
+        if inspect.isabstract(cls) or name in ("FixedPointIteration", "Automatic"):
             continue
         try:
             found.append((name, cls()))
@@ -366,6 +367,13 @@ def adjoint_solvers() -> list[tuple[str, Any]]:
     return found
 
 
+def _fixed_point_iteration() -> Any:
+    """The paper's adjoint iteration, pinned where a full batch is given only for d2 (since 0.3
+    the default ``Automatic`` may run CG there); None before solvers existed."""
+    cls = getattr(importlib.import_module("hypertorch_sid.core"), "FixedPointIteration", None)
+    return cls() if cls is not None else None
+
+
 def _no_preconditioner() -> Any:
     return importlib.import_module("hypertorch_sid.core").NoPreconditioner()
 
@@ -374,6 +382,10 @@ def library_methods() -> list[tuple[str, Factory]]:
     """The library's configurations; a new one is one more line."""
     methods: list[tuple[str, Factory]] = [
         ("SID two_phase + FisherDiagonal (defaults)", lambda ctx, E: _sid(ctx, E)),
+        (
+            "SID defaults, full_train_batch given (Automatic: PCG or KM)",
+            lambda ctx, E: _sid(ctx, E, full_train_batch=ctx.train),
+        ),
         (
             "SID two_phase, unpreconditioned (0.2.0 default)",
             lambda ctx, E: _sid(ctx, E, preconditioner=_no_preconditioner()),
@@ -394,6 +406,7 @@ def library_methods() -> list[tuple[str, Factory]]:
                 full_train_batch=ctx.train,
                 L=ctx.L,
                 mu=ctx.mu,
+                adjoint_solver=_fixed_point_iteration(),
             ),
         ),
         (
@@ -851,6 +864,30 @@ def _closest(rows: list[dict], budget: float) -> dict | None:
     return min(ok, key=lambda r: abs(r["budget"] - budget)) if ok else None
 
 
+TARGETS = (1e-1, 1e-2, 1e-3)
+
+
+def reach(rows: list[dict[str, Any]], target: float) -> dict[str, float] | None:
+    """The cheapest measured budget whose error is ≤ ``target``: its epochs and seconds."""
+    met = [r for r in rows if "rel_error" in r and r["rel_error"] <= target]
+    return min(met, key=lambda r: r["epochs"]) if met else None
+
+
+def reach_table(methods: dict[str, Any]) -> list[str]:
+    """Markdown rows: epochs and seconds of the first measured budget reaching each target."""
+    head = " | ".join(f"≤ {t:g}: ep, s" for t in TARGETS)
+    out = [f"| method | {head} |", "|---|" + "---:|" * len(TARGETS)]
+    for name, res in methods.items():
+        if "rows" not in res:
+            continue
+        cells = []
+        for t in TARGETS:
+            r = reach(res["rows"], t)
+            cells.append("not reached" if r is None else f"{r['epochs']:.0f}, {r['seconds']:.1f}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
+
+
 def markdown(report: dict[str, Any]) -> str:
     acc = report.get("accuracy")
     out = []
@@ -870,6 +907,7 @@ def markdown(report: dict[str, Any]) -> str:
                 else:
                     cells.append(f"{r['rel_error']:.2e} ({r['epochs']:.0f}, {r['seconds']:.1f})")
             out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out += ["", *reach_table(acc["methods"])]
     scaling = report.get("scaling")
     if scaling:
         out += ["", "| hyperparameters h | d | ms / hyper step | peak memory (MiB) |",

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from hypertorch_sid import (
+    FixedPointIteration,
     GradientDescentMap,
     SIDHyperOptimizer,
     estimate_curvature,
@@ -260,6 +261,9 @@ def sid_estimate(
         full_train_batch=full_train,
     )
     if preset is None:
+        # the paper's fixed-point adjoint iteration: with full_train_batch given, the library's
+        # default (Automatic) may run conjugate gradients instead, which is not the paper's SID
+        kwargs.setdefault("adjoint_solver", FixedPointIteration())
         opt = SIDHyperOptimizer(**common, **kwargs)
     else:
         opt = SIDHyperOptimizer.from_preset(

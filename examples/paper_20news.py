@@ -42,7 +42,7 @@ import scipy.sparse.linalg
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid import DivergenceError, SIDHyperOptimizer
+from hypertorch_sid import DivergenceError, FixedPointIteration, SIDHyperOptimizer
 
 BATCH_SIZE = 50
 OUTER_LR = 1e3
@@ -196,7 +196,14 @@ def run_method(spec: str, seed: int, split: datasets.Split, cfg: dict) -> dict:
     data_L = None
     if method == "sid_default":
         steps = round(epochs / 2 * n / BATCH_SIZE)
-        opt = SIDHyperOptimizer(**common_kw, inner_steps=steps, adjoint_steps=steps, backoff=6)
+        opt = SIDHyperOptimizer(
+            **common_kw,
+            inner_steps=steps,
+            adjoint_steps=steps,
+            backoff=6,
+            adjoint_solver=FixedPointIteration(),  # the paper's SID (not CG on the full batch)
+            estimate_batches="full",  # L, μ of the whole training set, as the presets' are
+        )
     elif method == "sid_prox":
         steps = round(epochs / 2 * n / BATCH_SIZE)
         opt = SIDHyperOptimizer(
@@ -205,6 +212,7 @@ def run_method(spec: str, seed: int, split: datasets.Split, cfg: dict) -> dict:
             inner_steps=steps,
             adjoint_steps=steps,
             backoff=6,
+            estimate_batches="full",
         )
     else:
         X = scipy.sparse.csr_matrix(

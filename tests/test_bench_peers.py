@@ -86,3 +86,18 @@ def test_peers_run(bench, package):
         assert math.isfinite(err) and res["samples"] > 0, name
         ran += 1
     assert ran >= 1
+
+
+def test_reach_picks_the_cheapest_budget_meeting_each_target(bench, quick_report):
+    rows = [
+        {"epochs": 10, "seconds": 1.0, "rel_error": 0.3},
+        {"epochs": 20, "seconds": 2.0, "rel_error": 0.05},
+        {"epochs": 50, "seconds": 5.0, "rel_error": 0.002},
+        {"epochs": 5, "error": "failed"},
+    ]
+    assert bench.reach(rows, 1e-1)["epochs"] == 20
+    assert bench.reach(rows, 1e-2)["seconds"] == 5.0
+    assert bench.reach(rows, 1e-3) is None
+    table = bench.reach_table({"m": {"rows": rows}, "peer": {"skipped": "not installed"}})
+    assert table[2] == "| m | 20, 2.0 | 50, 5.0 | not reached |" and len(table) == 3
+    assert "| method | ≤ 0.1: ep, s |" in quick_report[0]["markdown"]

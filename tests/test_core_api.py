@@ -11,6 +11,7 @@ from problems import full_batch_sid, make_ridge, relative_error
 from hypertorch_sid import (
     PRESETS,
     BatchStream,
+    ConfigurationError,
     GradientDescentMap,
     NoPreconditioner,
     SIDHyperOptimizer,
@@ -104,11 +105,13 @@ def test_curvature_estimate_matches_eigenvalues():
 
 
 def test_estimated_step_is_two_over_l_plus_mu_and_logged(caplog):
+    """With estimate_batches='full' the estimate runs on the full batch: exact constants."""
     problem = make_ridge(n=300, d=6, seed=4)
     hopt = ridge_sid(
         problem,
         full_train_batch=problem.train(),
         estimate_iters=200,
+        estimate_batches="full",
         preconditioner=NoPreconditioner(),
     )
     with caplog.at_level("INFO", logger="hypertorch_sid"):
@@ -116,6 +119,22 @@ def test_estimated_step_is_two_over_l_plus_mu_and_logged(caplog):
     eig = torch.linalg.eigvalsh(problem.X.T @ problem.X / 300 + torch.diag(problem.lam()))
     assert math.isclose(hopt.alpha, 2 / float(eig[0] + eig[-1]), rel_tol=1e-4)
     assert any("estimated L" in r.message for r in caplog.records)
+
+
+def test_curvature_estimate_reads_minibatches_even_with_a_full_batch_given():
+    """A given full batch is not read 20 times per estimate unless asked (batches='full'), and is
+    read where the minibatches would read as many samples."""
+    problem = make_ridge(n=300, d=6, seed=4)
+    for batches, per_product in ((4, 10), (40, 300), ("full", 300)):
+        hopt = ridge_sid(
+            problem, steps=5, full_train_batch=problem.train(), estimate_batches=batches,
+            preconditioner=NoPreconditioner(),
+        )  # fmt: skip
+        hopt.hypergradient(problem.loader(10), problem.val())
+        c = hopt.cost
+        assert c.curvature_samples == per_product * c.curvature_products, batches
+    with pytest.raises(ConfigurationError, match=r"batches='full'.*needs full_train_batch"):
+        ridge_sid(problem, steps=5, estimate_batches="full")
 
 
 def test_cost_accounting_counts_samples_and_products():
@@ -413,3 +432,22 @@ def test_set_constants_needs_a_gradient_map():
     )
     with pytest.raises(ConfigurationError, match="general fixed_point_map"):
         hopt.set_constants(L=1.0, mu=0.1)
+
+
+def test_head_takes_the_first_samples_of_any_batch_structure():
+    from collections import namedtuple
+
+    from hypertorch_sid.core.batches import head
+
+    X, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    assert torch.equal(head(X, 3), X[:3])
+    hx, hy = head((X, y), 3)
+    assert torch.equal(hx, X[:3]) and torch.equal(hy, y[:3])
+    d = head({"x": X, "y": [y, y]}, 2)
+    assert torch.equal(d["x"], X[:2]) and torch.equal(d["y"][1], y[:2])
+    Pair = namedtuple("Pair", "x y")
+    p = head(Pair(X, y), 4)
+    assert isinstance(p, Pair) and torch.equal(p.y, y[:4])
+    assert torch.equal(head(X, 50), X)  # fewer samples than asked: all of them
+    sparse = X.to_sparse()
+    assert head(sparse, 3) is sparse  # samples not separable: the batch itself

@@ -233,6 +233,18 @@ def test_hypergradient_matches_closed_form_ridge_at_convergence(settings, rtol):
     torch.testing.assert_close(cb.last_hypergradient[0], expected, rtol=rtol, atol=1e-9)
 
 
+def test_callback_curvature_estimate_on_the_full_batch():
+    """EstimatedCurvature(batches='full') through the callback: it builds the full training batch
+    (120 samples) and every Lanczos product reads all of it."""
+    dm = RidgeData(batch_size=20)
+    cb = HyperOptimizationCallback(every_n_steps=3, outer_lr=0.05, seed=3, estimate_batches="full")
+    lp.trainer([cb], max_steps=6, limit_val_batches=0).fit(Ridge(), datamodule=dm)
+    cost = cb.sid.cost
+    assert cost.curvature_products > 0
+    assert cost.curvature_samples == 120 * cost.curvature_products
+    assert all(torch.isfinite(g).all() for g in cb.last_hypergradient)
+
+
 # ------------------------------------------------------------------------------ Lightning machinery
 def _resume_run(tmp_path, split: int | None) -> tuple[list[dict[str, float]], Tensor, Tensor]:
     def make():

@@ -8,7 +8,13 @@ import pytest
 import torch
 from problems import make_ridge, relative_error
 
-from hypertorch_sid import SIDHyperOptimizer, TwoPhaseStep, auto_switch, make_schedule
+from hypertorch_sid import (
+    FixedPointIteration,
+    SIDHyperOptimizer,
+    TwoPhaseStep,
+    auto_switch,
+    make_schedule,
+)
 
 
 def test_two_phase_is_constant_then_decreasing_from_the_switch():
@@ -63,6 +69,7 @@ def _stochastic_ridge_error(step_size: str, seed: int) -> float:
         full_train_batch=problem.train(),
         L=float(eig[-1]),
         mu=float(eig[0]),
+        adjoint_solver=FixedPointIteration(),  # the schedules of the KM iteration, not CG
     )
     g = opt.hypergradient(problem.loader(50, seed=seed), problem.val())
     return relative_error(g[0], problem.exact_hypergradient())

@@ -9,11 +9,13 @@ import torch
 from problems import make_ridge
 
 from hypertorch_sid import (
+    Automatic,
     ConjugateGradient,
     CurvatureDamping,
     DivergenceError,
     EstimatedCurvature,
     FixedDamping,
+    FixedPointIteration,
     GradientDescentMap,
     NoDamping,
     NoPreconditioner,
@@ -22,6 +24,7 @@ from hypertorch_sid import (
     estimate_curvature,
     lanczos_extremes,
 )
+from hypertorch_sid.core.batches import BatchStream
 
 
 def _sym(d: int, low: float, high: float, seed: int = 0) -> torch.Tensor:
@@ -207,3 +210,81 @@ def test_estimate_curvature_reports_negative_curvature():
     est = estimate_curvature(phi, [0], iters=12)
     assert est.lambda_min == pytest.approx(-3.6 + math.exp(-4.0), rel=1e-6)
     assert est.mu_floored and not est.convex
+
+
+# ------------------------------------------------------------------ Automatic: CG or KM
+class _Map:
+    """A stand-in for a map in Automatic.plan: only ``symmetric`` is read."""
+
+    def __init__(self, symmetric: bool = True) -> None:
+        self.symmetric = symmetric
+
+
+def _stream(b: int) -> BatchStream:
+    return BatchStream([torch.zeros(b, 3)] * 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, chosen",
+    [
+        # n/b = 3 minibatches < 4·√κ (κ = 19: √κ ≈ 4.4); k = 30 → ⌈30·100/300⌉ = 10 products
+        (dict(), ("ConjugateGradient", 10)),
+        (dict(full_batch=None), ("FixedPointIteration", 30)),  # minibatches only
+        (dict(distributed=True), ("FixedPointIteration", 30)),  # CG's products are per process
+        (dict(phi=_Map(symmetric=False)), ("FixedPointIteration", 30)),  # not CG's system
+        (dict(q=None), ("FixedPointIteration", 30)),  # no κ to compare with
+        (dict(steps=20), ("FixedPointIteration", 20)),  # 7 products < min_iterations
+        (dict(b=50, steps=60, q=0.2), ("FixedPointIteration", 60)),  # κ = 1.5: 6 > 4·1.22
+        (dict(b=10, steps=300, q=0.99), ("ConjugateGradient", 10)),  # 30 < 4·√199
+        (dict(b=10, steps=300), ("FixedPointIteration", 300)),  # 30 ≥ 4·√19 minibatches
+    ],
+)
+def test_automatic_chooses_cg_only_where_it_is_faster(kwargs, chosen):
+    args = dict(phi=_Map(), steps=30, b=100, full_batch=torch.zeros(300, 3), q=0.9)
+    args.update(kwargs)
+    b = args.pop("b")
+    solver, steps = Automatic().plan(
+        args["phi"], args["steps"], _stream(b), args["full_batch"], args["q"],
+        distributed=args.get("distributed", False),
+    )  # fmt: skip
+    assert (type(solver).__name__, steps) == chosen
+    if chosen[0] == "ConjugateGradient":
+        assert solver.batches == "full"
+
+
+def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_form():
+    """The default solver, with full_train_batch given and few large minibatches per epoch, runs
+    conjugate gradients with the samples of its k steps, and gives the exact hypergradient."""
+    p = make_ridge(n=300, d=6, seed=4)
+    with torch.no_grad():
+        p.w.copy_(p.w_star())
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=30,
+        full_train_batch=p.train(), d2_batches="full", L=3.0, mu=0.05,
+        preconditioner=NoPreconditioner(),
+    )  # fmt: skip
+    g = hopt.hypergradient(p.loader(100), p.val())
+    assert isinstance(hopt.config.adjoint_solver, Automatic)
+    assert hopt.adjoint_solver_used == ConjugateGradient(batches="full")
+    # at most ⌈30·100/300⌉ = 10 products and r₀ = b − Av₀ (CG is exact after d = 6 of them)
+    assert 7 * 300 <= hopt.cost.adjoint_samples <= (10 + 1) * 300
+    torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),  # minibatches only: no full batch to run CG on
+        dict(full=True, adjoint_batches="full"),  # a full-batch (GD) fixed-point adjoint asked for
+        dict(full=True, adjoint_step_size="constant", eta=1.0),  # a scheduled KM adjoint asked for
+    ],
+)
+def test_automatic_keeps_the_fixed_point_iteration_where_it_was_asked_for(settings):
+    p = make_ridge(n=300, d=6, seed=4)
+    full = settings.pop("full", False)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=5, adjoint_steps=30,
+        full_train_batch=p.train() if full else None, L=3.0, mu=0.05, **settings,
+    )  # fmt: skip
+    hopt.hypergradient(p.loader(100), p.val())
+    assert hopt.adjoint_solver_used == FixedPointIteration()

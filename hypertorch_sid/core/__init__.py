@@ -44,6 +44,7 @@ from .schedules import (
 )
 from .solvers import (
     AdjointSolver,
+    Automatic,
     ConjugateGradient,
     FixedPointIteration,
     SolveResult,
@@ -63,6 +64,7 @@ __all__ = [
     "FeasibleSet",
     "SIDConfig",
     "AdjointSolver",
+    "Automatic",
     "BackOff",
     "ConjugateGradient",
     "Curvature",

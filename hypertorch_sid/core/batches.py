@@ -66,6 +66,25 @@ def split_samples(batch: Any, limit: int) -> list[Any] | None:
     return [take(batch, i) for i in range(n)]
 
 
+def head(batch: Any, n: int) -> Any:
+    """The first ``n`` samples of a batch as one batch (same structure), or the batch itself where
+    its samples cannot be told apart (see :func:`split_samples`)."""
+    samples = split_samples(batch, n)
+    if samples is None:
+        return batch
+
+    def cat(parts: list[Any]) -> Any:
+        first = parts[0]
+        if isinstance(first, torch.Tensor):
+            return torch.cat(parts)
+        if isinstance(first, dict):
+            return {k: cat([p[k] for p in parts]) for k in first}
+        joined = [cat([p[i] for p in parts]) for i in range(len(first))]
+        return type(first)(*joined) if hasattr(first, "_fields") else type(first)(joined)
+
+    return cat(samples)
+
+
 class BatchStream:
     """An endless stream of minibatches drawn from ``source``.
 
@@ -92,6 +111,12 @@ class BatchStream:
         self._iterator: Iterator[Any] | None = None
         self._shape: tuple[int, ...] | None = None
         self.samples_drawn = 0
+        self.batches_drawn = 0
+
+    @property
+    def mean_batch_size(self) -> float | None:
+        """Mean samples per minibatch drawn so far (None before the first)."""
+        return self.samples_drawn / self.batches_drawn if self.batches_drawn else None
 
     def __iter__(self) -> BatchStream:
         return self
@@ -111,6 +136,7 @@ class BatchStream:
                 raise ConfigurationError(self._exhausted_message()) from None
         self._check_shape(batch)
         self.samples_drawn += batch_size(batch)
+        self.batches_drawn += 1
         return batch
 
     def take(self, n: int) -> list[Any]:

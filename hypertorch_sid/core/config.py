@@ -9,7 +9,7 @@ flags:
 ==================  ============================================================================
 ``curvature``       where L, μ come from: :class:`KnownCurvature` / :class:`EstimatedCurvature`
 ``damping``         the shift δ of the adjoint system α(∇²₁₁ℓ + δI)v = ∇₁E: :class:`Damping`
-``adjoint_solver``  how that system is solved: :class:`FixedPointIteration`, ``ConjugateGradient``
+``adjoint_solver``  how it is solved: ``Automatic`` (the default), ``FixedPointIteration``, CG
 ``preconditioner``  the diagonal P of the GD map w − αP∇ℓ̂ (same w(λ), smaller κ): ``FisherDiagonal``
 ``on_divergence``   what a divergence does: ``RaiseOnDivergence``, ``BackOff``, ``Recover``
 ``feasible_set``    Λ: the projection P_Λ after each outer step and its membership test
@@ -40,7 +40,7 @@ from .errors import ConfigurationError
 from .estimation import Curvature, EstimatedCurvature, KnownCurvature
 from .preconditioning import FisherDiagonal, Preconditioner
 from .schedules import SCHEDULE_NAMES, StepSchedule
-from .solvers import AdjointSolver, FixedPointIteration
+from .solvers import AdjointSolver, Automatic
 
 Tensors = list[Tensor]
 BatchSource = Literal["stochastic", "full"]
@@ -162,6 +162,9 @@ class SIDConfig:
         The strategies (see the module docstring). The default preconditioner,
         ``FisherDiagonal()``, applies where α, L, μ are estimated (measured 5-15× lower error per
         budget in ``benchmarks/bench_peers.py``); given constants keep the unpreconditioned map.
+        The default ``adjoint_solver``, ``Automatic()``, runs conjugate gradients on
+        ``full_train_batch`` when one is given (a symmetric system, one process; same samples
+        as the k minibatch steps) and the paper's fixed-point iteration otherwise.
     divergence_factor:
         A residual this many times larger than the first ones counts as divergence (in a solve).
     hvp, mode:
@@ -184,7 +187,7 @@ class SIDConfig:
     sigma2: float = 0.0
     curvature: Curvature = field(default_factory=EstimatedCurvature)
     damping: Damping = field(default_factory=CurvatureDamping)
-    adjoint_solver: AdjointSolver = field(default_factory=FixedPointIteration)
+    adjoint_solver: AdjointSolver = field(default_factory=Automatic)
     preconditioner: Preconditioner = field(default_factory=FisherDiagonal)
     on_divergence: DivergencePolicy = field(default_factory=RaiseOnDivergence)
     feasible_set: FeasibleSet = field(default_factory=FeasibleSet)
@@ -361,7 +364,8 @@ def _translate_curvature(base: SIDConfig, flat: dict[str, Any], changes: dict[st
         mu=_positive("mu", mu) if mu is not None else old.mu,
     )
     for name, key, minimum in (("estimate_batches", "batches", 1), ("estimate_iters", "iters", 1)):
-        est[key] = _integer(name, est[key], minimum)
+        if not (key == "batches" and est[key] == "full"):
+            est[key] = _integer(name, est[key], minimum)
     est["every"] = _integer("reestimate_every", est["every"], 1, allow_none=True)
     changes["curvature"] = EstimatedCurvature(**est)
 

@@ -244,14 +244,16 @@ class EstimatedCurvature(Curvature):
 
     Parameters
     ----------
-    batches: minibatches whose averaged Hessian is used (the full batch when one is given).
+    batches: minibatches whose averaged Hessian is used (the full batch where these would read as
+        many samples), or ``"full"``: the full training batch (``full_train_batch``), exact but
+        ``iters`` epochs per estimate.
     iters: Lanczos steps per estimate.
     every: re-estimate every this many hyper steps (None: once, and when a guard asks).
     mu_floor: μ ≥ mu_floor·L for the schedules.
     mu: a known μ (e.g. the smallest weight decay): only L is estimated.
     """
 
-    batches: int = 4
+    batches: int | str = 4
     iters: int = 20
     every: int | None = None
     mu_floor: float = 1e-4
@@ -260,8 +262,11 @@ class EstimatedCurvature(Curvature):
     def __post_init__(self) -> None:
         for name in ("batches", "iters"):
             value = getattr(self, name)
+            if name == "batches" and value == "full":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}.")
+                also = " or 'full'" if name == "batches" else ""
+                raise ConfigurationError(f"{name} must be an integer ≥ 1{also}, got {value!r}.")
         if self.every is not None and (
             isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
         ):

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .batches import BatchStream, batch_size, repeat
+from .batches import BatchStream, batch_size, head, repeat
 from .config import SIDConfig
 from .cost import Cost
 from .divergence import DivergenceGuard
@@ -55,6 +55,7 @@ from .schedules import (
     theory_constants,
 )
 from .solvers import (
+    AdjointSolver,
     FixedPointIteration,
     SolveResult,
     assemble_hypergradient,
@@ -73,6 +74,9 @@ from .validation import (
 )
 
 log = logging.getLogger("hypertorch_sid")
+
+#: samples of a given full batch the first checks run on (≥ 2: BatchNorm in train mode)
+_CHECK_SAMPLES = 8
 
 Tensors = list[Tensor]
 
@@ -174,6 +178,13 @@ class SIDHyperOptimizer:
                 "Batch preset) need full_train_batch=<one batch holding the whole training set>."
             )
         self.full_train_batch = full_train_batch
+        curvature = self.config.curvature
+        if isinstance(curvature, EstimatedCurvature) and curvature.batches == "full":
+            if full_train_batch is None:
+                raise ConfigurationError(
+                    "EstimatedCurvature(batches='full') needs full_train_batch=<one batch holding "
+                    "the whole training set>; or give a number of minibatches."
+                )
         if not self._is_feasible(self.hyperparameters):
             raise ConfigurationError(
                 "the initial hyperparameters are outside the feasible set: "
@@ -191,6 +202,9 @@ class SIDHyperOptimizer:
         self._resolved = False
         self._estimate_at_w_t_pending = False  # the first estimate was at w₀: read again at w_t
         self._streams: dict[int, BatchStream] = {}
+        #: the solver that ran the last adjoint solve (``config.adjoint_solver`` or, for
+        #: ``Automatic``, the one it chose)
+        self.adjoint_solver_used: AdjointSolver | None = None
 
     # ------------------------------------------------------------------ the configuration
     @property
@@ -296,10 +310,20 @@ class SIDHyperOptimizer:
         return stream
 
     def _curvature_batches(self, stream: BatchStream, curvature: EstimatedCurvature) -> list[Any]:
-        """The batches a curvature estimate reads: the full batch when given, else fresh ones."""
-        if self.full_train_batch is not None:
+        """The batches a curvature estimate reads: ``curvature.batches`` fresh minibatches, or the
+        full batch where those would read as many samples or ``batches="full"`` asks for it (20
+        Lanczos products on the full batch cost 20 epochs: more than a whole solve at n = 5000
+        in ``benchmarks/bench_peers.py``)."""
+        if curvature.batches == "full":
             return [self.full_train_batch]
-        return stream.take(curvature.batches)
+        batches: list[Any] = []
+        for _ in range(int(curvature.batches)):
+            batches.append(next(stream))
+            if self.full_train_batch is not None and sum(map(batch_size, batches)) >= batch_size(
+                self.full_train_batch
+            ):
+                return [self.full_train_batch]
+        return batches
 
     def _estimate(
         self,
@@ -579,8 +603,16 @@ class SIDHyperOptimizer:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _first_checks(self, stream: BatchStream) -> None:
-        """Checks needing data, once: λ reaches ℓ̂, dtypes agree, a general map contracts."""
-        first = self.full_train_batch if self.full_train_batch is not None else stream.take(1)[0]
+        """Checks needing data, once: λ reaches ℓ̂, dtypes agree, a general map contracts.
+
+        They run on a minibatch, or on the first samples of a given full batch (a pass over all
+        of it cost one epoch, about a tenth of a hypergradient at n_tr = 5000 in
+        ``bench_peers``)."""
+        if self.full_train_batch is not None:
+            check_batch_dtype(self.full_train_batch, self.inner_parameters)
+            first = head(self.full_train_batch, _CHECK_SAMPLES)
+        else:
+            first = stream.take(1)[0]
         check_batch_dtype(first, self.inner_parameters)
         with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             if isinstance(self.phi, GradientDescentMap):
@@ -650,13 +682,29 @@ class SIDHyperOptimizer:
             warm = c.warm_start_adjoint and self.v is not None
             v0 = self.v if warm else [torch.zeros_like(g) for g in g_w]
             g_w = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
+            adjoint_batches = self._source(c.batches.adjoint, stream)
+            solver, adjoint_steps = c.adjoint_solver.plan(
+                self._solver_map,
+                c.adjoint_steps,
+                adjoint_batches,
+                # a full batch to choose CG with: not where a full-batch (GD) or a scheduled
+                # fixed-point adjoint was asked for
+                self.full_train_batch
+                if c.batches.adjoint != "full" and c.adjoint_step_size is None
+                else None,
+                self.q,
+                distributed=self.mean_across_processes is not None,
+            )
+            if solver != self.adjoint_solver_used:
+                log.info("hypertorch_sid: adjoint solve by %r, %d steps", solver, adjoint_steps)
+            self.adjoint_solver_used = solver
             with frozen_mode(self.module, c.mode):
-                v, adjoint = c.adjoint_solver.solve(
+                v, adjoint = solver.solve(
                     self._solver_map,
                     g_w,
                     v0,
-                    self._source(c.batches.adjoint, stream),
-                    c.adjoint_steps,
+                    adjoint_batches,
+                    adjoint_steps,
                     adjoint_schedule,
                     self.cost,
                     c.divergence_factor,
@@ -679,8 +727,8 @@ class SIDHyperOptimizer:
                     "overflowed: check the losses and the training data for NaN/Inf.",
                 )
             etas = (
-                sum(adjoint_schedule(t) for t in range(c.adjoint_steps))
-                if isinstance(c.adjoint_solver, FixedPointIteration)
+                sum(adjoint_schedule(t) for t in range(adjoint_steps))
+                if isinstance(solver, FixedPointIteration)
                 else math.inf  # CG's v = A⁻¹∇₁E has no non-expansive budget
             )
             self.guard.check(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigurationError
 from .preconditioning import NoPreconditioner
+from .solvers import FixedPointIteration
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,12 @@ class Preset:
         """The :class:`~hypertorch_sid.core.config.SIDConfig` settings this preset stands for.
 
         t, k by :meth:`steps`; each solve's schedule and batch source; η = 1 for constant steps;
-        the paper's (unpreconditioned) map.
+        the paper's (unpreconditioned) map and its fixed-point iteration for the adjoint.
         """
         t, k = self.steps(total_epochs, n_train, batch_size)
         settings: dict[str, object] = dict(
             preconditioner=NoPreconditioner(),
+            adjoint_solver=FixedPointIteration(),
             inner_steps=t,
             adjoint_steps=k,
             step_size=self.inner.step_size,

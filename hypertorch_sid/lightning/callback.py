@@ -410,7 +410,7 @@ class HyperOptimizationCallback(Callback):
         self._train_stream = BatchStream(self._train, "the callback's training sampler")
         self._train_parts = (dataset, collate)
 
-    def _full_train_batch(self, trainer: pl.Trainer) -> Any:
+    def _full_train_batch(self, trainer: pl.Trainer) -> Any:  # this process's shard of it
         assert self._train_parts is not None
         dataset, collate = self._train_parts
         idx = shard_indices(len(dataset), self._rank, self._world_size)
@@ -502,7 +502,7 @@ class HyperOptimizationCallback(Callback):
             self._outer_optimizer(problem.hyperparameters),
             config=config,
             module=pl_module,
-            full_train_batch=self._full_train_batch(trainer) if config.batches.needs_full else None,
+            full_train_batch=self._full_train_batch(trainer) if _needs_full(config) else None,
             penalty=problem.penalty,
             mean_across_processes=mean,
         )
@@ -701,3 +701,9 @@ class HyperOptimizationCallback(Callback):
         pl_module.log(
             "lam", self._lambda_mean(), prog_bar=True, on_step=True, on_epoch=False, logger=False
         )
+
+
+def _needs_full(config: SIDConfig) -> bool:
+    """Whether the solves or the curvature estimate (``EstimatedCurvature(batches="full")``) read
+    the full training batch."""
+    return config.batches.needs_full or getattr(config.curvature, "batches", None) == "full"
