@@ -1,0 +1,164 @@
+"""Wall time to a target hypergradient error, the library vs torchopt's CG, repeated.
+
+``bench_peers.py`` times each (method, budget) once, on a coarse budget grid. This script brackets
+each method's crossing of the errors 1e-1 and 1e-2 with finer budgets and times every case
+``--repeats`` times, interleaved (a load change on the shared machine hits all methods alike),
+reporting medians. Same problem, data and accounting as ``bench_peers.py`` (MNIST odd/even
+logistic regression, 784 per-pixel weight decays, n_tr = n_val = 5000, float64, 1 thread).
+
+    python benchmarks/bench_peers_timing.py          # ~3 minutes: results/peers_timing_n5000.json
+    python benchmarks/bench_peers_timing.py --quick  # seconds, synthetic data, temporary directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_peers as bp  # noqa: E402  (the problem, the methods and the error metric)
+
+#: (method, budgets in epochs): brackets around each method's crossings of 1e-1 and 1e-2
+CASES: dict[str, list[float]] = {
+    "SID defaults, full_train_batch given": [20, 25, 30, 40, 50],
+    "SID defaults (minibatches only)": [30, 50, 100],
+    "torchopt CG (SGD inner)": [40, 45, 50, 80, 100],
+}
+QUICK_CASES: dict[str, list[float]] = {name: [4, 8] for name in CASES}
+
+
+def method(name: str, ctx: Any) -> Any:
+    if name == "SID defaults, full_train_batch given":
+        return lambda E: bp._sid(ctx, E, full_train_batch=ctx.train)
+    if name == "SID defaults (minibatches only)":
+        return lambda E: bp._sid(ctx, E)
+    return lambda E: bp.torchopt_method("cg", False)(ctx, E)
+
+
+def run(ctx: Any, cases: dict[str, list[float]], repeats: int) -> list[dict[str, Any]]:
+    """Every (method, budget) ``repeats`` times, round-robin; median seconds per case."""
+    runs = [(name, E, method(name, ctx)) for name, budgets in cases.items() for E in budgets]
+    seconds: dict[tuple[str, float], list[float]] = {(n, E): [] for n, E, _ in runs}
+    result: dict[tuple[str, float], Any] = {}
+    for _ in range(repeats):
+        for name, E, f in runs:
+            torch.manual_seed(ctx.seed)
+            start = time.perf_counter()
+            res = f(E)
+            seconds[(name, E)].append(time.perf_counter() - start)
+            result[(name, E)] = res
+    rows = []
+    for (name, E), ts in seconds.items():
+        res = result[(name, E)]
+        rows.append(
+            {
+                "method": name,
+                "budget": E,
+                "epochs": res["samples"] / ctx.n,
+                "rel_error": bp.rel_error(res["g"], ctx.truth),
+                "seconds_median": statistics.median(ts),
+                "seconds": ts,
+            }
+        )
+    return rows
+
+
+def first_reaching(rows: list[dict[str, Any]], name: str, target: float) -> dict | None:
+    met = [r for r in rows if r["method"] == name and r["rel_error"] <= target]
+    return min(met, key=lambda r: r["epochs"]) if met else None
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Relative error against median seconds, one line per method, the targets dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["method"] for r in rows):
+        own = sorted((r for r in rows if r["method"] == name), key=lambda r: r["budget"])
+        ax.plot([r["seconds_median"] for r in own], [r["rel_error"] for r in own], "o-", label=name)
+    for target in (1e-1, 1e-2):
+        ax.axhline(target, color="grey", ls="--", lw=0.8)
+    ax.set(xlabel="median seconds (1 thread)", ylabel="‖ĝ − ∇f‖² / ‖∇f‖²", yscale="log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="synthetic data, tiny budgets")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    if bp.installed("torchopt") is None:
+        cases = {
+            k: v for k, v in (QUICK_CASES if args.quick else CASES).items() if "torchopt" not in k
+        }
+    else:
+        cases = QUICK_CASES if args.quick else CASES
+    if args.quick:
+        train, val = bp.synthetic_odd_even(200, 200, 0, 50)
+        ctx = bp.make_context(train, val, 20, 0)
+        out_dir = args.out or Path(tempfile.mkdtemp(prefix="bench_peers_timing_"))
+        repeats = min(args.repeats, 2)
+    else:
+        train, val = bp.load_mnist_odd_even(bp.DEFAULT_DATA, args.n, args.n, 0)
+        ctx = bp.make_context(train, val, 50, 0)
+        out_dir = args.out or bp.RESULTS
+        repeats = args.repeats
+    for name, budgets in cases.items():  # warm-up: imports, first calls
+        method(name, ctx)(min(budgets))
+    rows = run(ctx, cases, repeats)
+    lines = ["| method | budget E | epochs | rel. error | median s [min, max] |",
+             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['budget']:g} | {r['epochs']:.1f} | {r['rel_error']:.3e} | "
+            f"{r['seconds_median']:.2f} [{min(r['seconds']):.2f}, {max(r['seconds']):.2f}] |"
+        )
+    lines += ["", "| method | ≤ 0.1: ep, median s | ≤ 0.01: ep, median s |", "|---|---:|---:|"]
+    for name in cases:
+        cells = []
+        for target in (1e-1, 1e-2):
+            r = first_reaching(rows, name, target)
+            cells.append(
+                "not reached" if r is None else f"{r['epochs']:.0f}, {r['seconds_median']:.2f}"
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    report = {
+        "experiment": "wall time to a target error, repeated and interleaved",
+        "config": {"n": ctx.n, "repeats": repeats, "quick": args.quick, "threads": 1,
+                   "cases": cases, "data": "synthetic" if args.quick else "MNIST odd/even"},
+        "rows": rows,
+        "markdown": table,
+    }  # fmt: skip
+    path = out_dir / f"peers_timing_n{ctx.n}{'_quick' if args.quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
+    plot(rows, path.with_suffix(".png"))
+    report["json_path"] = str(path)
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
