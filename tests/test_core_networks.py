@@ -38,7 +38,15 @@ def _minibatches(X: torch.Tensor, y: torch.Tensor, seed: int, size: int = 32):
             yield X[perm[i : i + size]], y[perm[i : i + size]]
 
 
-def _fit(net: nn.Module, seed: int, outer_optimizer, hyper_steps: int):
+def _fit(
+    net: nn.Module,
+    seed: int,
+    outer_optimizer,
+    hyper_steps: int,
+    batch_size: int = 32,
+    adjoint_steps: int = 50,
+    full_batch: bool = False,
+):
     """The core with its defaults on ``net``: one log λ per parameter tensor (weight decay
     ½ Σ λ_i ‖w_i‖²), t = 100, k = 50. Returns the optimizer, log λ, the per-step hypergradient
     norms and the validation loss before and after (in eval mode)."""
@@ -65,9 +73,10 @@ def _fit(net: nn.Module, seed: int, outer_optimizer, hyper_steps: int):
         outer_optimizer([log_lam]),
         module=net,
         inner_steps=100,
-        adjoint_steps=50,
+        adjoint_steps=adjoint_steps,
+        full_train_batch=(Xtr, ytr) if full_batch else None,
     )
-    stream = _minibatches(Xtr, ytr, seed)
+    stream = _minibatches(Xtr, ytr, seed, batch_size)
     norms = []
     for _ in range(hyper_steps):
         g = hopt.step(stream, (Xva, yva))
@@ -105,6 +114,23 @@ def test_core_defaults_train_a_cnn_with_batchnorm(seed):
     sgd = functools.partial(torch.optim.SGD, lr=1.0)
     hopt, _, untrained, trained = _fit(net, seed, sgd, hyper_steps=4)
     assert hopt.phi.scale is None  # BatchNorm in train mode: no per-sample preconditioner
+    assert trained < 0.5 * untrained
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_core_defaults_run_damped_cg_on_an_mlp_when_the_full_batch_is_given(seed):
+    """Minibatches of 250 (4 per epoch) and the full batch given: ``Automatic`` runs conjugate
+    gradients on the damped system α(H + δI)v = ∇₁E (k = 40: 10 full-batch products), which is
+    positive definite by the damping; every run finishes and trains."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    adam = functools.partial(torch.optim.Adam, lr=0.1)
+    hopt, norms, untrained, trained = _fit(
+        net, seed, adam, hyper_steps=4, batch_size=250, adjoint_steps=40, full_batch=True
+    )
+    assert type(hopt.adjoint_solver_used).__name__ == "ConjugateGradient"
+    assert hopt.delta > 0  # the ReLU MLP's negative curvature is damped
+    assert max(norms) < 1e3
     assert trained < 0.5 * untrained
 
 
