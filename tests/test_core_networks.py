@@ -163,3 +163,43 @@ def test_the_estimate_at_w_t_never_raises_alpha():
     assert hopt.alpha == pytest.approx(2 / (estimates[0].L + hopt.mu))
     hopt.hypergradient(batches * 100, (X, y))
     assert len(estimates) == 2  # later hyper steps re-use the constants
+
+
+def _cnn_first_step(seed: int, mode: str, caplog) -> list[str]:
+    torch.manual_seed(seed)
+    net = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 64, 10),
+    )
+    Xtr, ytr, Xva, yva = _digits()
+    params = list(net.parameters())
+    log_lam = torch.full((len(params),), math.log(1e-3), requires_grad=True)
+
+    def inner(batch):
+        decay = sum(l.exp() * (p**2).sum() for l, p in zip(log_lam, params))
+        return F.cross_entropy(net(batch[0]), batch[1]) + 0.5 * decay
+
+    hopt = SIDHyperOptimizer(
+        [log_lam], params, inner, lambda b: F.cross_entropy(net(b[0]), b[1]), module=net,
+        inner_steps=100, adjoint_steps=50, mode=mode,
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="hypertorch_sid"):
+        hopt.hypergradient(_minibatches(Xtr, ytr, seed), (Xva, yva))
+    return [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+
+
+def test_a_stalled_inner_solve_is_reported(caplog):
+    """CNN + BatchNorm in eval mode, seed 2: the estimated α switches the ReLUs off in the first
+    inner steps and the training loss stays at ln 10. That used to end a fit at validation loss
+    2.303 with no word; the first hyper step now warns, naming alpha as the fix."""
+    (message,) = _cnn_first_step(2, "eval", caplog)
+    assert "stalled rather than converged" in message and "alpha=" in message
+
+
+@pytest.mark.parametrize("seed, mode", [(0, "eval"), (2, "train")])
+def test_a_healthy_inner_solve_is_not_reported_as_stalled(seed, mode, caplog):
+    assert _cnn_first_step(seed, mode, caplog) == []
