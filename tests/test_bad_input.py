@@ -182,7 +182,8 @@ def test_nan_inner_loss_midway_raises_at_that_step():
     def inner(batch):
         calls.append(None)
         loss = problem.inner_loss(batch)
-        return loss * math.nan if len(calls) == 6 else loss  # the 5th inner step (1 check first)
+        # the 5th inner step: one dependency check and the stall probe's ℓ̂ come first
+        return loss * math.nan if len(calls) == 7 else loss
 
     hopt = SIDHyperOptimizer(
         [problem.log_lam],
