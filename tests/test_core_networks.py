@@ -38,6 +38,18 @@ def _minibatches(X: torch.Tensor, y: torch.Tensor, seed: int, size: int = 32):
             yield X[perm[i : i + size]], y[perm[i : i + size]]
 
 
+def _cnn() -> nn.Module:
+    """Conv 3×3 (8 channels) + BatchNorm + ReLU and a linear head, on the 8×8 digits."""
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 64, 10),
+    )
+
+
 def _fit(
     net: nn.Module,
     seed: int,
@@ -103,14 +115,7 @@ def test_core_defaults_train_a_cnn_with_batchnorm(seed):
     """A CNN with BatchNorm in train mode (the default ``mode``), SGD on log λ: no per-sample
     preconditioner (BatchNorm couples the samples), damped adjoint; every run finishes."""
     torch.manual_seed(seed)
-    net = nn.Sequential(
-        nn.Unflatten(1, (1, 8, 8)),
-        nn.Conv2d(1, 8, 3, padding=1),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(8 * 64, 10),
-    )
+    net = _cnn()
     sgd = functools.partial(torch.optim.SGD, lr=1.0)
     hopt, _, untrained, trained = _fit(net, seed, sgd, hyper_steps=4)
     assert hopt.phi.scale is None  # BatchNorm in train mode: no per-sample preconditioner
@@ -167,14 +172,7 @@ def test_the_estimate_at_w_t_never_raises_alpha():
 
 def _cnn_first_step(seed: int, mode: str, caplog) -> list[str]:
     torch.manual_seed(seed)
-    net = nn.Sequential(
-        nn.Unflatten(1, (1, 8, 8)),
-        nn.Conv2d(1, 8, 3, padding=1),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(8 * 64, 10),
-    )
+    net = _cnn()
     Xtr, ytr, Xva, yva = _digits()
     params = list(net.parameters())
     log_lam = torch.full((len(params),), math.log(1e-3), requires_grad=True)

@@ -27,6 +27,40 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
+def _leaves(x: Any) -> list[torch.Tensor] | None:
+    """The tensors of a tensor, tuple/list or dict batch (nested), or None for anything else."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else None
+    if items is None:
+        return None
+    found: list[torch.Tensor] = []
+    for item in items:
+        sub = _leaves(item)
+        if sub is None:
+            return None
+        found += sub
+    return found
+
+
+def _sliceable(batch: Any, n: int) -> bool:
+    """Whether every tensor of ``batch`` is dense with at least ``n`` samples along dim 0."""
+    tensors = _leaves(batch)
+    return bool(tensors) and all(
+        t.layout == torch.strided and t.dim() > 0 and t.shape[0] >= n for t in tensors
+    )
+
+
+def _slice(x: Any, start: int, stop: int) -> Any:
+    """Samples ``start:stop`` of every tensor of ``x``, the structure kept."""
+    if isinstance(x, torch.Tensor):
+        return x[start:stop]
+    if isinstance(x, dict):
+        return {k: _slice(v, start, stop) for k, v in x.items()}
+    parts = [_slice(v, start, stop) for v in x]
+    return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
+
+
 def split_samples(batch: Any, limit: int) -> list[Any] | None:
     """The first ``limit`` samples of a batch, each as a batch of one (same structure).
 
@@ -34,55 +68,16 @@ def split_samples(batch: Any, limit: int) -> list[Any] | None:
     dimension; returns None for anything else (sparse tensors, other objects).
     """
     n = min(batch_size(batch), limit)
-
-    def leaves(x: Any) -> list[torch.Tensor] | None:
-        if isinstance(x, torch.Tensor):
-            return [x]
-        items = x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else None
-        if items is None:
-            return None
-        found: list[torch.Tensor] = []
-        for item in items:
-            sub = leaves(item)
-            if sub is None:
-                return None
-            found += sub
-        return found
-
-    tensors = leaves(batch)
-    if not tensors or any(
-        t.layout != torch.strided or t.dim() == 0 or t.shape[0] < n for t in tensors
-    ):
+    if not _sliceable(batch, n):
         return None
-
-    def take(x: Any, i: int) -> Any:
-        if isinstance(x, torch.Tensor):
-            return x[i : i + 1]
-        if isinstance(x, dict):
-            return {k: take(v, i) for k, v in x.items()}
-        parts = [take(v, i) for v in x]
-        return type(x)(*parts) if hasattr(x, "_fields") else type(x)(parts)
-
-    return [take(batch, i) for i in range(n)]
+    return [_slice(batch, i, i + 1) for i in range(n)]
 
 
 def head(batch: Any, n: int) -> Any:
     """The first ``n`` samples of a batch as one batch (same structure), or the batch itself where
     its samples cannot be told apart (see :func:`split_samples`)."""
-    samples = split_samples(batch, n)
-    if samples is None:
-        return batch
-
-    def cat(parts: list[Any]) -> Any:
-        first = parts[0]
-        if isinstance(first, torch.Tensor):
-            return torch.cat(parts)
-        if isinstance(first, dict):
-            return {k: cat([p[k] for p in parts]) for k in first}
-        joined = [cat([p[i] for p in parts]) for i in range(len(first))]
-        return type(first)(*joined) if hasattr(first, "_fields") else type(first)(joined)
-
-    return cat(samples)
+    n = min(batch_size(batch), n)
+    return _slice(batch, 0, n) if _sliceable(batch, n) else batch
 
 
 class BatchStream:

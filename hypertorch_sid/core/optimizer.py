@@ -319,13 +319,14 @@ class SIDHyperOptimizer:
         in ``benchmarks/bench_peers.py``)."""
         if curvature.batches == "full":
             return [self.full_train_batch]
+        full = self.full_train_batch
         batches: list[Any] = []
+        samples = 0
         for _ in range(int(curvature.batches)):
             batches.append(next(stream))
-            if self.full_train_batch is not None and sum(map(batch_size, batches)) >= batch_size(
-                self.full_train_batch
-            ):
-                return [self.full_train_batch]
+            samples += batch_size(batches[-1])
+            if full is not None and samples >= batch_size(full):
+                return [full]
         return batches
 
     def _estimate(

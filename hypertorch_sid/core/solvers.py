@@ -416,9 +416,10 @@ class Automatic(AdjointSolver):
         minibatches = n / b
         iterations = math.ceil(steps / minibatches)
         sqrt_kappa = math.sqrt((1 + q) / (1 - q))
-        if minibatches >= self.minibatches_per_sqrt_kappa * sqrt_kappa:
-            return kmi
-        if iterations < self.min_iterations:
+        if (
+            minibatches >= self.minibatches_per_sqrt_kappa * sqrt_kappa
+            or iterations < self.min_iterations
+        ):
             return kmi
         return ConjugateGradient(batches="full"), iterations
 
