@@ -230,6 +230,9 @@ class Minibatches:
         self.X, self.y, self.batch_size = X, y, batch_size
         self.gen = torch.Generator().manual_seed(seed)
 
+    def __len__(self) -> int:  # minibatches per epoch, as a DataLoader with drop_last has
+        return len(self.y) // self.batch_size
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         perm = torch.randperm(len(self.y), generator=self.gen)
         for i in range(0, len(perm) - self.batch_size + 1, self.batch_size):
@@ -288,9 +291,17 @@ Result = dict[str, Any]
 Factory = Callable[[Context, float], Result]
 
 
-def _sid(ctx: Context, epochs: float, adjoint_epochs: float | None = None, **kw: Any) -> Result:
+def _sid(
+    ctx: Context,
+    epochs: float,
+    adjoint_epochs: float | None = None,
+    one_shot: bool = False,
+    **kw: Any,
+) -> Result:
     """One cold-started hypergradient of ``SIDHyperOptimizer``: t = k = the minibatch steps in
-    epochs/2 each (full-batch solves: one step per epoch), unless ``kw`` says otherwise."""
+    epochs/2 each (full-batch solves: one step per epoch), unless ``kw`` says otherwise. The
+    minibatches come from a re-iterable source with a length, like a ``DataLoader``, or with
+    ``one_shot`` from an endless generator over it (no epoch the library could read)."""
     from hypertorch_sid import SIDHyperOptimizer
 
     counter = Counter()
@@ -310,7 +321,7 @@ def _sid(ctx: Context, epochs: float, adjoint_epochs: float | None = None, **kw:
     opt = SIDHyperOptimizer(
         [lam], [w], inner_loss=loss, outer_loss=lambda b: outer_loss(w, b), **kw
     )
-    (g,) = opt.hypergradient(ctx.loader(), ctx.val)
+    (g,) = opt.hypergradient(endless(ctx.loader()) if one_shot else ctx.loader(), ctx.val)
     return {"g": g.detach(), "samples": counter.samples, "library_cost_samples": opt.cost.samples}
 
 
@@ -378,10 +389,17 @@ def _no_preconditioner() -> Any:
     return importlib.import_module("hypertorch_sid.core").NoPreconditioner()
 
 
+#: the defaults on minibatches from a DataLoader-like source (Automatic may read an epoch for CG)
+DEFAULTS = "SID defaults, minibatches from a loader (Automatic: PCG on an epoch or KM)"
+#: the defaults on an endless generator of minibatches (no epoch to read: the KM iteration)
+DEFAULTS_ONE_SHOT = "SID defaults, one-shot minibatch stream (two_phase + FisherDiagonal, KM)"
+
+
 def library_methods() -> list[tuple[str, Factory]]:
     """The library's configurations; a new one is one more line."""
     methods: list[tuple[str, Factory]] = [
-        ("SID two_phase + FisherDiagonal (defaults)", lambda ctx, E: _sid(ctx, E)),
+        (DEFAULTS, lambda ctx, E: _sid(ctx, E)),
+        (DEFAULTS_ONE_SHOT, lambda ctx, E: _sid(ctx, E, one_shot=True)),
         (
             "SID defaults, full_train_batch given (Automatic: PCG or KM)",
             lambda ctx, E: _sid(ctx, E, full_train_batch=ctx.train),

@@ -30,7 +30,8 @@ import bench_peers as bp  # noqa: E402  (the problem, the methods and the error 
 #: (method, budgets in epochs): brackets around each method's crossings of 1e-1 and 1e-2
 CASES: dict[str, list[float]] = {
     "SID defaults, full_train_batch given": [20, 25, 30, 40, 50],
-    "SID defaults (minibatches only)": [30, 50, 100],
+    "SID defaults, minibatches from a loader": [20, 25, 30, 40, 50, 60],
+    "SID defaults, one-shot minibatch stream": [30, 50, 100],
     "torchopt CG (SGD inner)": [40, 45, 50, 80, 100],
 }
 QUICK_CASES: dict[str, list[float]] = {name: [4, 8] for name in CASES}
@@ -39,8 +40,10 @@ QUICK_CASES: dict[str, list[float]] = {name: [4, 8] for name in CASES}
 def method(name: str, ctx: Any) -> Any:
     if name == "SID defaults, full_train_batch given":
         return lambda E: bp._sid(ctx, E, full_train_batch=ctx.train)
-    if name == "SID defaults (minibatches only)":
+    if name == "SID defaults, minibatches from a loader":
         return lambda E: bp._sid(ctx, E)
+    if name == "SID defaults, one-shot minibatch stream":
+        return lambda E: bp._sid(ctx, E, one_shot=True)
     return lambda E: bp.torchopt_method("cg", False)(ctx, E)
 
 

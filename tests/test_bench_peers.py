@@ -36,17 +36,14 @@ def quick_report(bench, tmp_path_factory):
     return report, out
 
 
-def test_quick_json_structure(quick_report):
+def test_quick_json_structure(bench, quick_report):
     report, out = quick_report
     saved = json.loads(Path(report["json_path"]).read_text())
     assert Path(report["json_path"]).parent == out
     assert Path(report["json_path"]).with_suffix(".png").exists()
     assert saved["quick"] is True and saved["config"]["budgets"] == [2, 20]
     methods = saved["accuracy"]["methods"]
-    assert (
-        "SID two_phase + FisherDiagonal (defaults)" in methods
-        and "SID decreasing (0.1 default)" in methods
-    )
+    assert {bench.DEFAULTS, bench.DEFAULTS_ONE_SHOT, "SID decreasing (0.1 default)"} <= set(methods)
     for name, res in methods.items():
         assert res["package"] == "hypertorch_sid", name
         assert [r["budget"] for r in res["rows"]] == [2.0, 20.0], name
@@ -60,13 +57,13 @@ def test_quick_json_structure(quick_report):
     assert saved["markdown"].startswith("| method |")
 
 
-def test_library_error_decreases_with_budget(quick_report):
+def test_library_error_decreases_with_budget(bench, quick_report):
     report, _ = quick_report
     for name, res in report["accuracy"]["methods"].items():
         errs = [r["rel_error"] for r in res["rows"]]
         assert errs[-1] < errs[0], (name, errs)
     # the epochs counted include the library's curvature estimation: never below the budget
-    for row in report["accuracy"]["methods"]["SID two_phase + FisherDiagonal (defaults)"]["rows"]:
+    for row in report["accuracy"]["methods"][bench.DEFAULTS_ONE_SHOT]["rows"]:
         assert row["epochs"] >= row["budget"]
 
 

@@ -452,3 +452,40 @@ def test_head_takes_the_first_samples_of_any_batch_structure():
     assert torch.equal(head(X, 50), X)  # fewer samples than asked: all of them
     sparse = X.to_sparse()
     assert head(sparse, 3) is sparse  # samples not separable: the batch itself
+
+
+def test_join_concatenates_batches_of_any_structure_and_keeps_the_rest_apart():
+    from collections import namedtuple
+
+    from hypertorch_sid.core.batches import join
+
+    X, y = torch.arange(20.0).reshape(10, 2), torch.arange(10)
+    parts = [(X[i : i + 2], y[i : i + 2]) for i in range(0, 10, 2)]  # 5 batches of 2
+    joined = join(parts, 2)
+    assert [len(b[1]) for b in joined] == [4, 4, 2]
+    assert torch.equal(torch.cat([b[0] for b in joined]), X)
+    Pair = namedtuple("Pair", "x y")
+    (whole,) = join([Pair(X[:3], {"y": y[:3]}), Pair(X[3:], {"y": y[3:]})], 8)
+    assert isinstance(whole, Pair) and torch.equal(whole.x, X) and torch.equal(whole.y["y"], y)
+    sparse = [X[:5].to_sparse(), X[5:].to_sparse()]
+    assert join(sparse, 2) == sparse  # samples not joinable: kept as they were
+    ragged = [(X[:2], torch.zeros(3)), (X[2:4], torch.zeros(3))]  # no shared sample dimension
+    assert join(ragged, 2) == ragged
+
+
+def test_next_pass_reads_one_whole_epoch_and_the_stream_goes_on():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hypertorch_sid.core.batches import BatchStream
+
+    X = torch.arange(30.0).reshape(30, 1)
+    gen = torch.Generator().manual_seed(0)
+    stream = BatchStream(DataLoader(TensorDataset(X), batch_size=4, shuffle=True, generator=gen))
+    assert stream.batches_per_pass == 8
+    next(stream)  # mid-pass: the epoch still starts from a fresh pass
+    epoch = stream.next_pass()
+    assert sorted(torch.cat([b[0] for b in epoch]).flatten().tolist()) == X.flatten().tolist()
+    assert stream.batches_drawn == 9 and stream.samples_drawn == 34
+    assert len(next(stream)[0]) == 4  # and the stream goes on
+    assert BatchStream(iter([X])).batches_per_pass is None  # one-shot: no passes
+    assert BatchStream(b for b in [X]).batches_per_pass is None

@@ -25,6 +25,7 @@ from hypertorch_sid import (
     lanczos_extremes,
 )
 from hypertorch_sid.core.batches import BatchStream
+from hypertorch_sid.core.errors import ConfigurationError
 
 
 def _sym(d: int, low: float, high: float, seed: int = 0) -> torch.Tensor:
@@ -220,8 +221,11 @@ class _Map:
         self.symmetric = symmetric
 
 
-def _stream(b: int) -> BatchStream:
-    return BatchStream([torch.zeros(b, 3)] * 4)
+def _stream(b: int, passes: str = "one-shot") -> BatchStream:
+    """Minibatches of b samples: a one-shot stream, or a list of 3 (an epoch of 3 minibatches)."""
+    if passes == "epoch":
+        return BatchStream([torch.zeros(b, 3)] * 3)
+    return BatchStream(iter([torch.zeros(b, 3)] * 4))
 
 
 @pytest.mark.parametrize(
@@ -229,7 +233,10 @@ def _stream(b: int) -> BatchStream:
     [
         # n/b = 3 minibatches < 4·√κ (κ = 19: √κ ≈ 4.4); k = 30 → ⌈30·100/300⌉ = 10 products
         (dict(), ("ConjugateGradient", 10)),
-        (dict(full_batch=None), ("FixedPointIteration", 30)),  # minibatches only
+        (dict(full_batch=None), ("FixedPointIteration", 30)),  # a one-shot stream only
+        # a list of 3 minibatches: an epoch to read as the operator, ⌈30/3⌉ = 10 products
+        (dict(full_batch=None, passes="epoch"), ("ConjugateGradient", 10)),
+        (dict(full_batch=None, passes="epoch", max_epoch_bytes=1000), ("FixedPointIteration", 30)),
         (dict(distributed=True), ("FixedPointIteration", 30)),  # CG's products are per process
         (dict(phi=_Map(symmetric=False)), ("FixedPointIteration", 30)),  # not CG's system
         (dict(q=None), ("FixedPointIteration", 30)),  # no κ to compare with
@@ -242,14 +249,15 @@ def _stream(b: int) -> BatchStream:
 def test_automatic_chooses_cg_only_where_it_is_faster(kwargs, chosen):
     args = dict(phi=_Map(), steps=30, b=100, full_batch=torch.zeros(300, 3), q=0.9)
     args.update(kwargs)
-    b = args.pop("b")
-    solver, steps = Automatic().plan(
-        args["phi"], args["steps"], _stream(b), args["full_batch"], args["q"],
+    b, passes = args.pop("b"), args.pop("passes", "one-shot")
+    limit = dict(max_epoch_bytes=args["max_epoch_bytes"]) if "max_epoch_bytes" in args else {}
+    solver, steps = Automatic(**limit).plan(
+        args["phi"], args["steps"], _stream(b, passes), args["full_batch"], args["q"],
         distributed=args.get("distributed", False),
     )  # fmt: skip
     assert (type(solver).__name__, steps) == chosen
     if chosen[0] == "ConjugateGradient":
-        assert solver.batches == "full"
+        assert solver.batches == ("full" if args["full_batch"] is not None else "epoch")
 
 
 def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_form():
@@ -271,10 +279,47 @@ def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_fo
     torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-8, atol=1e-12)
 
 
+def test_automatic_reads_an_epoch_of_a_data_loader_and_matches_ridge_closed_form():
+    """Minibatches only, from a DataLoader: the default solver runs conjugate gradients on one
+    pass of it (every sample once, joined into larger batches), and is exact."""
+    p = make_ridge(n=300, d=6, seed=4)
+    with torch.no_grad():
+        p.w.copy_(p.w_star())
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=300,
+        d2_batches=3, L=3.0, mu=0.05, preconditioner=NoPreconditioner(),
+    )  # fmt: skip
+    loader = p.loader(10)
+    g = hopt.hypergradient(loader, p.val())
+    assert hopt.adjoint_solver_used == ConjugateGradient(batches="epoch")
+    # 30 minibatches joined 8 at a time: products on 80 + 80 + 80 + 60 samples
+    assert hopt.cost.adjoint_samples % 300 == 0 and hopt.cost.adjoint_samples <= 11 * 300
+    # with the exact adjoint, ∂₂Φ̂ᵀv on any minibatches is exact for ridge (λ enters the penalty)
+    torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-8, atol=1e-12)
+
+
+def test_conjugate_gradient_epoch_needs_a_reiterable_source():
+    p = make_ridge(n=300, d=6, seed=4)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=5,
+        adjoint_solver=ConjugateGradient(batches="epoch"), L=3.0, mu=0.05,
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match="one-shot iterator.*re-iterable"):
+        hopt.hypergradient(iter(list(p.loader(10)) * 3), p.val())
+
+
+@pytest.mark.parametrize("bad", [0, "all", True])
+def test_conjugate_gradient_rejects_bad_batches_and_chunk(bad):
+    with pytest.raises(ConfigurationError, match="ConjugateGradient batches"):
+        ConjugateGradient(batches=bad)
+    with pytest.raises(ConfigurationError, match="ConjugateGradient chunk"):
+        ConjugateGradient(batches="epoch", chunk=bad)
+
+
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(),  # minibatches only: no full batch to run CG on
+        dict(one_shot=True),  # minibatches from a one-shot stream: no epoch to run CG on
         dict(full=True, adjoint_batches="full"),  # a full-batch (GD) fixed-point adjoint asked for
         dict(full=True, adjoint_step_size="constant", eta=1.0),  # a scheduled KM adjoint asked for
     ],
@@ -282,9 +327,10 @@ def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_fo
 def test_automatic_keeps_the_fixed_point_iteration_where_it_was_asked_for(settings):
     p = make_ridge(n=300, d=6, seed=4)
     full = settings.pop("full", False)
+    one_shot = settings.pop("one_shot", False)
     hopt = SIDHyperOptimizer(
         [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=5, adjoint_steps=30,
         full_train_batch=p.train() if full else None, L=3.0, mu=0.05, **settings,
     )  # fmt: skip
-    hopt.hypergradient(p.loader(100), p.val())
+    hopt.hypergradient(iter(list(p.loader(100)) * 20) if one_shot else p.loader(100), p.val())
     assert hopt.adjoint_solver_used == FixedPointIteration()

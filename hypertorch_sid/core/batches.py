@@ -8,7 +8,7 @@ iterator is consumed once and its end is reported clearly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -73,6 +73,49 @@ def split_samples(batch: Any, limit: int) -> list[Any] | None:
     return [_slice(batch, i, i + 1) for i in range(n)]
 
 
+def _samples_aligned(batch: Any) -> bool:
+    """Whether every tensor of ``batch`` is dense with exactly ``batch_size(batch)`` samples."""
+    n = batch_size(batch)
+    return _sliceable(batch, n) and all(t.shape[0] == n for t in _leaves(batch) or [])
+
+
+def _cat(batches: Sequence[Any]) -> Any:
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(batches))
+    if isinstance(first, dict):
+        return {k: _cat([b[k] for b in batches]) for k in first}
+    parts = [_cat([b[i] for b in batches]) for i in range(len(first))]
+    return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
+
+
+def concatenate(batches: Sequence[Any]) -> Any | None:
+    """The samples of several batches as one batch (same structure), or None where they cannot be
+    joined (sparse tensors, other objects, tensors without a shared sample dimension)."""
+    if not batches or not all(_samples_aligned(b) for b in batches):
+        return None
+    try:
+        return _cat(batches)
+    except (RuntimeError, KeyError, IndexError, TypeError):
+        return None
+
+
+def join(batches: Sequence[Any], per: int) -> list[Any]:
+    """``batches`` joined ``per`` at a time into larger batches (kept apart where they cannot be
+    concatenated): the same samples, fewer and larger tensor operations."""
+    joined: list[Any] = []
+    for i in range(0, len(batches), per):
+        group = list(batches[i : i + per])
+        whole = concatenate(group) if len(group) > 1 else group[0]
+        joined += group if whole is None else [whole]
+    return joined
+
+
+def nbytes(batch: Any) -> int:
+    """Bytes held by the tensors of a batch (0 for anything else)."""
+    return sum(t.nelement() * t.element_size() for t in _leaves(batch) or [])
+
+
 def head(batch: Any, n: int) -> Any:
     """The first ``n`` samples of a batch as one batch (same structure), or the batch itself where
     its samples cannot be told apart (see :func:`split_samples`)."""
@@ -107,6 +150,7 @@ class BatchStream:
         self._shape: tuple[int, ...] | None = None
         self.samples_drawn = 0
         self.batches_drawn = 0
+        self.bytes_drawn = 0
 
     @property
     def mean_batch_size(self) -> float | None:
@@ -129,10 +173,42 @@ class BatchStream:
                 batch = next(self._iterator)
             except StopIteration:
                 raise ConfigurationError(self._exhausted_message()) from None
+        self._drawn(batch)
+        return batch
+
+    def _drawn(self, batch: Any) -> None:
         self._check_shape(batch)
         self.samples_drawn += batch_size(batch)
         self.batches_drawn += 1
-        return batch
+        self.bytes_drawn += nbytes(batch)
+
+    @property
+    def batches_per_pass(self) -> int | None:
+        """Minibatches in one pass (an epoch) of a re-iterable, sized source (a ``DataLoader``, a
+        list); None for one-shot iterators and sources without a length."""
+        if not self._reiterable:
+            return None
+        try:
+            return len(self.source)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    def next_pass(self) -> list[Any]:
+        """One whole pass of a re-iterable source from its start: an epoch, every sample once for
+        a shuffling ``DataLoader`` or a list. The rest of the current pass is skipped; the stream
+        goes on with a fresh pass."""
+        if not self._reiterable:
+            raise ConfigurationError(
+                f"{self.name} is a one-shot iterator: it has no passes to read an epoch from. "
+                "Pass a re-iterable source (a DataLoader or a list)."
+            )
+        batches = list(iter(self.source))
+        self._iterator = None
+        if not batches:
+            raise ConfigurationError(self._exhausted_message())
+        for batch in batches:
+            self._drawn(batch)
+        return batches
 
     def take(self, n: int) -> list[Any]:
         """The next ``n`` minibatches as a list."""

@@ -163,8 +163,10 @@ class SIDConfig:
         ``FisherDiagonal()``, applies where α, L, μ are estimated (measured 5-15× lower error per
         budget in ``benchmarks/bench_peers.py``); given constants keep the unpreconditioned map.
         The default ``adjoint_solver``, ``Automatic()``, runs conjugate gradients on
-        ``full_train_batch`` when one is given (a symmetric system, one process; same samples
-        as the k minibatch steps) and the paper's fixed-point iteration otherwise.
+        ``full_train_batch`` when one is given, or on one epoch of a re-iterable, sized
+        ``train_batches`` (a ``DataLoader``), where they are faster (a symmetric system, one
+        process, few minibatches per epoch against √κ̂; same samples as the k minibatch steps),
+        and the paper's fixed-point iteration otherwise.
     divergence_factor:
         A residual this many times larger than the first ones counts as divergence (in a solve).
     hvp, mode:

@@ -730,12 +730,10 @@ class SIDHyperOptimizer:
                 self._solver_map,
                 c.adjoint_steps,
                 adjoint_batches,
-                # a full batch to choose CG with: not where a full-batch (GD) or a scheduled
-                # fixed-point adjoint was asked for
-                self.full_train_batch
-                if c.batches.adjoint != "full" and c.adjoint_step_size is None
-                else None,
-                self.q,
+                # a full batch to choose CG with: not where a full-batch (GD) adjoint was asked
+                # for; no q to choose with where a scheduled fixed-point adjoint was
+                self.full_train_batch if c.batches.adjoint != "full" else None,
+                self.q if c.adjoint_step_size is None else None,
                 distributed=self.mean_across_processes is not None,
             )
             if solver != self.adjoint_solver_used:

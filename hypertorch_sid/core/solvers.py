@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .batches import BatchStream, batch_size
+from .batches import BatchStream, batch_size, join
 from .cost import Cost
 from .errors import ConfigurationError, DivergenceError
 from .maps import FixedPointMap
@@ -58,6 +58,9 @@ def norm(xs: Sequence[Tensor]) -> float:
     """
     if not xs:
         return 0.0
+    if len(xs) == 1:  # no stack, no float64 copy: this runs at every solver step
+        x = xs[0].detach()
+        return float(torch.linalg.vector_norm(x, dtype=_NORM_DTYPE.get(x.dtype)))
     per_tensor = [
         torch.linalg.vector_norm(x.detach(), dtype=_NORM_DTYPE.get(x.dtype)).to(torch.float64)
         for x in xs
@@ -280,29 +283,55 @@ class FixedPointIteration(AdjointSolver):
 class ConjugateGradient(AdjointSolver):
     """Conjugate gradients on A v = ∇₁E with A = I − ∂₁Φᵀ = α(∇²₁₁ℓ + δI) (GD map).
 
-    A is fixed for the whole solve: the mean over ``batches`` minibatches drawn once at its start,
-    or the full training batch (``batches="full"``, needs ``full_train_batch``). CG converges at a
-    rate set by √κ instead of κ, but to the solution of the *sampled* system: its error keeps the
-    sampling noise of those batches (no noise floor removal, unlike decreasing KM steps). A must be
-    symmetric positive definite: the GD map, convex or damped (a non-positive curvature pᵀAp ≤ 0
-    raises :class:`DivergenceError` naming damping as the fix).
+    A is fixed for the whole solve, the sample-weighted mean of its products over
+
+    * ``batches`` minibatches drawn once at its start (an integer);
+    * the full training batch (``"full"``, needs ``full_train_batch``);
+    * one whole pass of the training source (``"epoch"``, a ``DataLoader`` or a list: every
+      sample once), its minibatches joined ``chunk`` at a time — the full-batch operator without
+      a full batch in memory at once.
+
+    CG converges at a rate set by √κ instead of κ, but to the solution of the *sampled* system:
+    its error keeps the sampling noise of those batches (none for the full batch or an epoch; no
+    noise floor removal, unlike decreasing KM steps). A must be symmetric positive definite: the
+    GD map, convex or damped (a non-positive curvature pᵀAp ≤ 0 raises :class:`DivergenceError`
+    naming damping as the fix).
 
     Parameters
     ----------
-    batches: minibatches of the fixed operator, or ``"full"``.
+    batches: minibatches of the fixed operator, ``"full"`` or ``"epoch"``.
     tol: stop when ‖r‖ ≤ tol·‖∇₁E‖.
+    chunk: minibatches per product with ``"epoch"`` (the memory of a product on ``chunk``
+        minibatches against fewer, larger tensor operations).
     """
 
     batches: int | str = 8
     tol: float = 1e-10
+    chunk: int = 8
 
     def __post_init__(self) -> None:
-        if self.batches != "full" and (
-            isinstance(self.batches, bool) or not isinstance(self.batches, int) or self.batches < 1
-        ):
+        if self.batches not in ("full", "epoch") and not _is_count(self.batches):
             raise ConfigurationError(
-                f"ConjugateGradient batches must be an integer ≥ 1 or 'full', got {self.batches!r}."
+                "ConjugateGradient batches must be an integer ≥ 1, 'full' or 'epoch', got "
+                f"{self.batches!r}."
             )
+        if not _is_count(self.chunk):
+            raise ConfigurationError(
+                f"ConjugateGradient chunk must be an integer ≥ 1, got {self.chunk!r}."
+            )
+
+    def operator_batches(self, batches: BatchStream, full_batch: Any = None) -> list[Any]:
+        """The batches whose mean product is A for this solve."""
+        if self.batches == "full":
+            if full_batch is None:
+                raise ConfigurationError(
+                    "ConjugateGradient(batches='full') needs full_train_batch=<the whole "
+                    "training set as one batch>."
+                )
+            return [full_batch]
+        if self.batches == "epoch":
+            return join(batches.next_pass(), self.chunk)
+        return batches.take(int(self.batches))
 
     def solve(
         self,
@@ -321,22 +350,16 @@ class ConjugateGradient(AdjointSolver):
                 "ConjugateGradient needs a symmetric adjoint system (the gradient-descent map: "
                 f"I − ∂₁Φᵀ = α∇²₁₁ℓ); {type(phi).__name__} is not. Use FixedPointIteration()."
             )
-        if self.batches == "full":
-            if full_batch is None:
-                raise ConfigurationError(
-                    "ConjugateGradient(batches='full') needs full_train_batch=<the whole "
-                    "training set as one batch>."
-                )
-            fixed = [full_batch]
-        else:
-            fixed = batches.take(int(self.batches))
+        fixed = self.operator_batches(batches, full_batch)
+        weights = [batch_size(b) for b in fixed]
+        weights = [w / sum(weights) for w in weights]
 
-        def A(v: Sequence[Tensor]) -> Tensors:
+        def A(v: Sequence[Tensor]) -> Tensors:  # v − Σ_b ω_b ∂₁Φ̂(ζ_b)ᵀv
             acc = [x.detach().clone() for x in v]
-            for b in fixed:
+            for b, weight in zip(fixed, weights):
                 jtv, _ = phi.vjp(b, v)
                 for a, j in zip(acc, jtv):
-                    a.sub_(j.detach(), alpha=1.0 / len(fixed))
+                    a.sub_(j.detach(), alpha=weight)
                 _count(cost, b, "adjoint")
             return acc
 
@@ -373,16 +396,19 @@ class ConjugateGradient(AdjointSolver):
 
 @dataclass(frozen=True)
 class Automatic(AdjointSolver):
-    """The default: conjugate gradients on the full batch where they are faster, else the paper's
-    stochastic fixed-point iteration.
+    """The default: conjugate gradients on all the training data where they are faster, else the
+    paper's stochastic fixed-point iteration.
 
     The KM iteration at the optimal α contracts by q = (κ−1)/(κ+1) ≈ 1 − 2/κ per minibatch step,
     so by about exp(−2m/κ) per epoch of m = n/b minibatches; CG contracts by about 1 − 2/√κ per
     full-batch product, one per epoch. CG is chosen when
 
-    * ``full_batch`` (``full_train_batch``) is given, the adjoint solve would read minibatches,
-      the system is symmetric (the GD map, preconditioned and/or damped: A = α(S∇²₁₁ℓS + δI),
-      so this is preconditioned CG) and the run is on one process;
+    * the system is symmetric (the GD map, preconditioned and/or damped: A = α(S∇²₁₁ℓS + δI), so
+      this is preconditioned CG), the run is on one process, and all the training data can be
+      read as a fixed operator: ``full_batch`` (``full_train_batch``) is given, or the training
+      source is a re-iterable, sized one (a ``DataLoader``, a list) whose epoch holds at most
+      ``max_epoch_bytes`` of tensors (estimated from the minibatches drawn) — then each solve
+      reads one fresh pass of it (:class:`ConjugateGradient` ``batches="epoch"``);
     * an epoch holds fewer than ``minibatches_per_sqrt_kappa``·√κ̂ minibatches (κ̂ = (1+q)/(1−q)
       from the estimated or given constants). By the rates above CG is faster per epoch below
       m = √κ; measured with minibatch noise (MNIST odd/even logistic regression, 784 weight
@@ -396,6 +422,8 @@ class Automatic(AdjointSolver):
 
     minibatches_per_sqrt_kappa: float = 4.0
     min_iterations: int = 10
+    max_epoch_bytes: int = 2**30
+    chunk: int = 8
 
     def plan(
         self,
@@ -407,13 +435,21 @@ class Automatic(AdjointSolver):
         distributed: bool = False,
     ) -> tuple[AdjointSolver, int]:
         kmi = FixedPointIteration(), steps
-        if full_batch is None or distributed or not phi.symmetric or q is None or not 0 <= q < 1:
+        if distributed or not phi.symmetric or q is None or not 0 <= q < 1:
             return kmi
+        if full_batch is None and batches.batches_per_pass is None:
+            return kmi
+        if batches.batches_drawn == 0:
+            batches.take(1)
         b = batches.mean_batch_size
-        if b is None:
-            b = batch_size(batches.take(1)[0])
-        n = batch_size(full_batch)
-        minibatches = n / b
+        assert b is not None
+        if full_batch is not None:
+            minibatches, cg = batch_size(full_batch) / b, ConjugateGradient(batches="full")
+        else:
+            minibatches = batches.batches_per_pass
+            cg = ConjugateGradient(batches="epoch", chunk=self.chunk)
+            if minibatches * batches.bytes_drawn / batches.batches_drawn > self.max_epoch_bytes:
+                return kmi
         iterations = math.ceil(steps / minibatches)
         sqrt_kappa = math.sqrt((1 + q) / (1 - q))
         if (
@@ -421,7 +457,7 @@ class Automatic(AdjointSolver):
             or iterations < self.min_iterations
         ):
             return kmi
-        return ConjugateGradient(batches="full"), iterations
+        return cg, iterations
 
     def solve(
         self,
@@ -439,6 +475,10 @@ class Automatic(AdjointSolver):
         return FixedPointIteration().solve(
             phi, grad_w_E, v0, batches, steps, schedule, cost, divergence_factor, full_batch
         )
+
+
+def _is_count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
 
 def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
