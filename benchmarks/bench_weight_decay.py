@@ -72,6 +72,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -308,9 +309,10 @@ def train_once(
     weight_decay: float = 0.0,
     granularity: str | None = None,
     learned_init: float = 1e-4,
-    learned_kwargs: dict[str, Any] | None = None,
+    learned_kwargs: dict[str, Any] | Callable[[Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One training; never raises: an exception is recorded in the returned record."""
+    """One training; never raises: an exception is recorded in the returned record.
+    ``learned_kwargs`` may be a function of the model (for keywords that need it)."""
     rec: dict[str, Any] = dict(
         weight_decay=None if granularity else weight_decay,
         granularity=granularity,
@@ -343,9 +345,8 @@ def train_once(
             if granularity:
                 from hypertorch_sid import LearnedWeightDecay
 
-                cb = LearnedWeightDecay(
-                    learned_init, granularity=granularity, **(learned_kwargs or {})
-                )
+                kw = learned_kwargs(model) if callable(learned_kwargs) else learned_kwargs
+                cb = LearnedWeightDecay(learned_init, granularity=granularity, **(kw or {}))
             train = DataLoader(
                 TensorDataset(data.X_train, data.y_train),
                 batch_size=s.batch_size,

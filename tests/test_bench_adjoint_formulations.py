@@ -26,7 +26,7 @@ def test_quick_run_reports_every_formulation(tmp_path):
     result = json.loads(out.read_text())
     per = result["settings"]["digits_mlp"]
     assert len(per["no_wd"]) == 1
-    assert len(per["formulations"]) == 6
+    assert len(per["formulations"]) == 7  # Gauss–Newton included
     for label, rows in per["formulations"].items():
         assert len(rows) == 1 and label in result["table_markdown"]
         row = rows[0]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import LearnedWeightDecay
+from hypertorch_sid import GaussNewton, LearnedWeightDecay
 
 sklearn = pytest.importorskip("sklearn.datasets")
 
@@ -77,6 +77,8 @@ def _fit(kind, optimizer, seed, callback=None):
     X, y, Xv, yv = DATA
     pl.seed_everything(seed, verbose=False)
     model = Net(kind, optimizer)
+    if callback is not None and not isinstance(callback, pl.Callback):
+        callback = callback(model)  # a factory of the model
     trainer = pl.Trainer(
         max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=[callback] if callback else [],
@@ -128,3 +130,32 @@ def test_lambda_is_kept_inside_what_the_optimizer_can_train():
     lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
     assert float(lam.max()) <= (1 + 0.9) / 0.05 * (1 + 1e-6)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "kind,optimizer", [("mlp_relu", "sgd"), ("mlp_tanh", "adam"), ("cnn", "momentum")]
+)
+def test_drop_in_with_gauss_newton_products(kind, optimizer):
+    """``hvp=GaussNewton(outputs, output_loss)`` through the drop-in, which adds its own decay as
+    the regularizer: every run finishes, λ stays finite, hypergradients stay bounded and the
+    validation loss is not worse than without weight decay."""
+    made = []
+
+    def callback(model):
+        made.append(LearnedWeightDecay(
+            1e-3, granularity="per_layer", every_n_steps=5,
+            hvp=GaussNewton(lambda b: model.net(b[0]), lambda z, b: F.cross_entropy(z, b[1])),
+        ))  # fmt: skip
+        return made[-1]
+
+    for seed in (0, 1):
+        model, val = _fit(kind, optimizer, seed, callback)
+        _, plain = _fit(kind, optimizer, seed)
+        cb = made[-1]
+        assert cb.history, "no hyper step ran"
+        assert cb.sid.config.hvp.regularizer is not None  # the drop-in's decay, exact Hessian
+        lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
+        assert torch.isfinite(lam).all() and (lam > 0).all()
+        norms = [h["hyper/hypergradient_norm"] for h in cb.history]
+        assert all(math.isfinite(n) and n < 1e3 for n in norms), norms
+        assert val <= plain * 1.05 + 0.02, (val, plain)

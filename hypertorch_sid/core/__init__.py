@@ -26,6 +26,7 @@ from .estimation import (
     estimate_curvature,
     lanczos_extremes,
 )
+from .gauss_newton import GaussNewton
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
@@ -75,6 +76,7 @@ __all__ = [
     "EstimatedCurvature",
     "FixedDamping",
     "FixedPointIteration",
+    "GaussNewton",
     "FisherDiagonal",
     "KnownCurvature",
     "NoPreconditioner",

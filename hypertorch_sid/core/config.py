@@ -38,6 +38,7 @@ from .damping import CurvatureDamping, Damping
 from .divergence import BackOff, DivergencePolicy, RaiseOnDivergence
 from .errors import ConfigurationError
 from .estimation import Curvature, EstimatedCurvature, KnownCurvature
+from .gauss_newton import GaussNewton
 from .preconditioning import FisherDiagonal, Preconditioner
 from .schedules import SCHEDULE_NAMES, StepSchedule
 from .solvers import AdjointSolver, Automatic
@@ -170,8 +171,11 @@ class SIDConfig:
     divergence_factor:
         A residual this many times larger than the first ones counts as divergence (in a solve).
     hvp, mode:
-        ``"reverse"``/``"forward"`` Hessian–vector products of the GD map; the module mode of the
-        solves (``"train"``/``"eval"``; see :func:`~hypertorch_sid.frozen_mode`).
+        How the GD map's curvature products are taken: exact Hessian–vector products,
+        ``"reverse"``/``"forward"``, or Gauss–Newton products ``GaussNewton(outputs,
+        output_loss)`` (positive semi-definite; :mod:`~hypertorch_sid.core.gauss_newton`); the
+        module mode of the solves (``"train"``/``"eval"``; see
+        :func:`~hypertorch_sid.frozen_mode`).
     warm_start_adjoint:
         Start each adjoint solve from the previous v_k (True) or from 0.
     """
@@ -195,7 +199,7 @@ class SIDConfig:
     feasible_set: FeasibleSet = field(default_factory=FeasibleSet)
     batches: Batches = field(default_factory=Batches)
     divergence_factor: float = 1e4
-    hvp: Literal["reverse", "forward"] = "reverse"
+    hvp: Literal["reverse", "forward"] | GaussNewton = "reverse"
     mode: Literal["train", "eval"] = "train"
     warm_start_adjoint: bool = True
 
@@ -240,7 +244,8 @@ class SIDConfig:
             raise ConfigurationError(
                 f"divergence_factor must be a number > 1, got {self.divergence_factor!r}."
             )
-        _choice("hvp", self.hvp, ("reverse", "forward"))
+        if not isinstance(self.hvp, GaussNewton):
+            _choice("hvp", self.hvp, ("reverse", "forward"))
         _choice("mode", self.mode, ("train", "eval"))
         if not isinstance(self.warm_start_adjoint, bool):
             raise ConfigurationError(

@@ -17,8 +17,10 @@ Three maps:
   fixed-point setting of eq. mainprob).
 
 How ∇²₁₁ℓ̂ v is computed is pluggable (``hvp=``): ``"reverse"`` (reverse-over-reverse, works with
-any closure) or ``"forward"`` (forward-over-reverse through ``torch.func.jvp``; needs the
-``module`` that owns the inner parameters, and is often faster, see ``benchmarks/``).
+any closure), ``"forward"`` (forward-over-reverse through ``torch.func.jvp``; needs the
+``module`` that owns the inner parameters, and is often faster, see ``benchmarks/``), or
+:class:`~hypertorch_sid.core.gauss_newton.GaussNewton` (the positive semi-definite Gauss–Newton
+matrix in place of the Hessian in the adjoint system: exact for models linear in w).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .gauss_newton import GaussNewton
 
 Tensors = list[Tensor]
 
@@ -104,7 +107,9 @@ class GradientDescentMap(FixedPointMap):
     alpha:
         The step α; 2/(L+μ) gives the best contraction constant (Corollary 4.3).
     hvp:
-        ``"reverse"`` or ``"forward"`` (forward-over-reverse, needs ``module``).
+        ``"reverse"`` or ``"forward"`` (forward-over-reverse, needs ``module``), or
+        ``GaussNewton(outputs, output_loss, regularizer)`` for the adjoint system's products
+        (the curvature estimates then use reverse-mode exact products).
     module:
         The ``nn.Module`` whose parameters are ``inner_parameters`` (needed for ``hvp="forward"``).
     """
@@ -115,15 +120,19 @@ class GradientDescentMap(FixedPointMap):
         inner_parameters: Sequence[Tensor],
         hyperparameters: Sequence[Tensor],
         alpha: float,
-        hvp: str = "reverse",
+        hvp: str | GaussNewton = "reverse",
         module: torch.nn.Module | None = None,
     ) -> None:
         self.inner_loss = inner_loss
         self.inner_parameters = list(inner_parameters)
         self.hyperparameters = list(hyperparameters)
         self.alpha = float(alpha)
-        if hvp not in ("reverse", "forward"):
-            raise ConfigurationError(f"hvp must be 'reverse' or 'forward', got {hvp!r}.")
+        if not isinstance(hvp, GaussNewton) and hvp not in ("reverse", "forward"):
+            raise ConfigurationError(
+                "hvp must be 'reverse', 'forward' or GaussNewton(outputs, output_loss), got "
+                f"{hvp!r}."
+            )
+        self._gauss_newton_checked = False
         if hvp == "forward":
             if module is None:
                 raise ConfigurationError(
@@ -171,6 +180,17 @@ class GradientDescentMap(FixedPointMap):
             step = self.scaled(self.scaled(g))  # P∇₁ℓ̂
             return [w.detach() - self.alpha * gi for w, gi in zip(self.inner_parameters, step)]
 
+    def curvature_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
+        """The curvature of the adjoint system: S∇²₁₁ℓ̂S v, or SGS v with Gauss–Newton products G
+        (``hvp=GaussNewton``). The curvature estimates (α, δ) keep the exact Hessian: the inner
+        solve iterates the true gradient map."""
+        if not isinstance(self.hvp, GaussNewton):
+            return self.hessian_vector_product(batch, v)
+        if not self._gauss_newton_checked:
+            self.hvp.check(batch, self.smooth_loss(batch))
+            self._gauss_newton_checked = True
+        return self.scaled(self.hvp.product(batch, self.inner_parameters, self.scaled(v)))
+
     def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
         """S∇²₁₁ℓ̂(w, λ, ζ)S v of :meth:`smooth_loss` (S = I unpreconditioned; symmetric: also
         the transposed product)."""
@@ -185,9 +205,12 @@ class GradientDescentMap(FixedPointMap):
     ) -> tuple[Tensors, Tensors | None]:
         keep = 1 - self.alpha * self.damping  # v − α(H + δ)v = (1 − αδ)v − αHv
         if not wrt_hyper:
-            hv = self.hessian_vector_product(batch, v)
+            hv = self.curvature_product(batch, v)
             return [keep * vi - self.alpha * h for vi, h in zip(v, hv)], None
         g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
+        if isinstance(self.hvp, GaussNewton):  # ∂₁ by Gauss–Newton products, ∂₂ exact
+            d2 = _grad(g, self.hyperparameters, grad_outputs=self.scaled(v))
+            return self.vjp(batch, v)[0], [-self.alpha * h for h in d2]
         prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=self.scaled(v))
         n = len(self.inner_parameters)
         d1 = [keep * vi - self.alpha * h for vi, h in zip(v, self.scaled(prods[:n]))]
@@ -227,7 +250,7 @@ class ProximalGradientMap(GradientDescentMap):
         inner_parameters: Sequence[Tensor],
         hyperparameters: Sequence[Tensor],
         alpha: float,
-        hvp: str = "reverse",
+        hvp: str | GaussNewton = "reverse",
         module: torch.nn.Module | None = None,
     ) -> None:
         if not callable(penalty):
@@ -293,7 +316,7 @@ class ProximalGradientMap(GradientDescentMap):
         if not wrt_hyper:
             with torch.no_grad():
                 u = [vi / (1 + self.alpha * ci) for vi, ci in zip(v, self._scaled_coefficients())]
-            hu = self.hessian_vector_product(batch, u)
+            hu = self.curvature_product(batch, u)
             return [keep * ui - self.alpha * h for ui, h in zip(u, hu)], None
         # ⟨Φ̂_z, v⟩ = ⟨Φ̂_w, S⁻¹v⟩ with Φ̂_w = (keep·w + αδw̄ − αP∇₁ĝ)/(1 + αPc); ∂_z = S ∂_w
         g = self.scaled(
@@ -306,6 +329,8 @@ class ProximalGradientMap(GradientDescentMap):
             for wi, gi, ci in zip(w, g, self._scaled_coefficients())
         ]
         v_w = list(v) if self.scale is None else [x / s for x, s in zip(v, self.scale)]
+        if isinstance(self.hvp, GaussNewton):  # ∂₁ by Gauss–Newton products, ∂₂ exact
+            return self.vjp(batch, v)[0], _grad(out, self.hyperparameters, grad_outputs=v_w)
         prods = _grad(out, self.inner_parameters + self.hyperparameters, grad_outputs=v_w)
         n = len(self.inner_parameters)
         return self.scaled(prods[:n]), prods[n:]

@@ -38,6 +38,7 @@ from .estimation import (
     KnownCurvature,
     estimate_curvature,
 )
+from .gauss_newton import GaussNewton
 from .maps import (
     AveragedMap,
     ContractionMap,
@@ -504,7 +505,7 @@ class SIDHyperOptimizer:
             self.L,
             lam_min,
             delta,
-            " - the damped hypergradient, not the exact implicit one" if delta > 0 else "",
+            _inexact(delta, self.config.hvp),
         )
 
     def set_constants(
@@ -1093,6 +1094,14 @@ def _check_outer_state_shapes(optimizer: torch.optim.Optimizer, saved: Any) -> N
                     f"{tuple(x.shape)}, the hyperparameter {tuple(shapes[i])}: the checkpoint is "
                     "corrupted or belongs to another model."
                 )
+
+
+def _inexact(delta: float, hvp: Any) -> str:
+    """What the log says where the hypergradient is not the exact implicit one of ℓ."""
+    notes = ["the damped hypergradient"] if delta > 0 else []
+    if isinstance(hvp, GaussNewton):
+        notes.append("Gauss-Newton curvature (the linearised model's hypergradient)")
+    return f" - {', '.join(notes)}, not the exact implicit one" if notes else ""
 
 
 def _is_real(x: Any) -> bool:

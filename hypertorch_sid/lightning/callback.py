@@ -21,6 +21,7 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +42,7 @@ from ..core.config import SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
+from ..core.gauss_newton import GaussNewton
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
@@ -494,6 +496,14 @@ class HyperOptimizationCallback(Callback):
 
         if problem.projection is not None:
             config = config.replace(projection=problem.projection)
+        if (
+            isinstance(config.hvp, GaussNewton)
+            and config.hvp.regularizer is None
+            and problem.regularizer is not None
+        ):  # the drop-in's weight decay is inside ℓ̂: its Hessian stays exact
+            config = config.replace(
+                hvp=dataclasses.replace(config.hvp, regularizer=problem.regularizer)
+            )
         return SIDHyperOptimizer(
             problem.hyperparameters,
             problem.inner_parameters,

@@ -43,6 +43,8 @@ class BilevelProblem:
     projection: P_Λ, called on λ after each outer step.
     penalty: coefficients c(λ) of a weighted L2 penalty left out of ``inner_loss`` (the
         proximal gradient map), or None.
+    regularizer: the batch-independent part R(w, λ) of ``inner_loss`` (the weight decay inside
+        it), or None: given to ``GaussNewton`` products that were configured without one.
     freeze: λ tensors living in the module (their ``requires_grad`` is toggled around hyper
         steps so the training never updates them).
     """
@@ -54,6 +56,7 @@ class BilevelProblem:
     summary: Callable[[], dict[str, Tensor]]
     projection: Callable[[Tensors], None] | None = None
     penalty: Callable[[], Tensors] | None = None
+    regularizer: Callable[[], Tensor] | None = None
     freeze: Tensors = field(default_factory=list)
 
 

@@ -202,6 +202,7 @@ class WeightDecayProblem:
             penalty=(lambda: decay.coefficients(self._inner, self._scales))
             if self.proximal
             else None,
+            regularizer=None if self.proximal else lambda: decay.penalty(self._scales),
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
