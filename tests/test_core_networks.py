@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import SIDHyperOptimizer
 
@@ -58,6 +59,7 @@ def _fit(
     batch_size: int = 32,
     adjoint_steps: int = 50,
     full_batch: bool = False,
+    loader: bool = False,
 ):
     """The core with its defaults on ``net``: one log λ per parameter tensor (weight decay
     ½ Σ λ_i ‖w_i‖²), t = 100, k = 50. Returns the optimizer, log λ, the per-step hypergradient
@@ -88,7 +90,12 @@ def _fit(
         adjoint_steps=adjoint_steps,
         full_train_batch=(Xtr, ytr) if full_batch else None,
     )
-    stream = _minibatches(Xtr, ytr, seed, batch_size)
+    stream = (
+        DataLoader(TensorDataset(Xtr, ytr), batch_size, shuffle=True,
+                   generator=torch.Generator().manual_seed(seed))
+        if loader
+        else _minibatches(Xtr, ytr, seed, batch_size)
+    )  # fmt: skip
     norms = []
     for _ in range(hyper_steps):
         g = hopt.step(stream, (Xva, yva))
@@ -122,18 +129,22 @@ def test_core_defaults_train_a_cnn_with_batchnorm(seed):
     assert trained < 0.5 * untrained
 
 
+@pytest.mark.parametrize("data", ["full batch given", "a DataLoader only"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_core_defaults_run_damped_cg_on_an_mlp_when_the_full_batch_is_given(seed):
-    """Minibatches of 250 (4 per epoch) and the full batch given: ``Automatic`` runs conjugate
-    gradients on the damped system α(H + δI)v = ∇₁E (k = 40: 10 full-batch products), which is
-    positive definite by the damping; every run finishes and trains."""
+def test_core_defaults_run_damped_cg_on_an_mlp_with_few_minibatches_per_epoch(seed, data):
+    """Minibatches of 250 (4 per epoch), and the full batch given or a DataLoader to read an epoch
+    from: ``Automatic`` runs conjugate gradients on the damped system α(H + δI)v = ∇₁E (k = 40: 10
+    full-batch products), which is positive definite by the damping; every run finishes and
+    trains."""
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     adam = functools.partial(torch.optim.Adam, lr=0.1)
+    full = data == "full batch given"
     hopt, norms, untrained, trained = _fit(
-        net, seed, adam, hyper_steps=4, batch_size=250, adjoint_steps=40, full_batch=True
-    )
-    assert type(hopt.adjoint_solver_used).__name__ == "ConjugateGradient"
+        net, seed, adam, hyper_steps=4, batch_size=250, adjoint_steps=40, full_batch=full,
+        loader=not full,
+    )  # fmt: skip
+    assert hopt.adjoint_solver_used.batches == ("full" if full else "epoch")
     assert hopt.delta > 0  # the ReLU MLP's negative curvature is damped
     assert max(norms) < 1e3
     assert trained < 0.5 * untrained

@@ -351,8 +351,8 @@ class ConjugateGradient(AdjointSolver):
                 f"I − ∂₁Φᵀ = α∇²₁₁ℓ); {type(phi).__name__} is not. Use FixedPointIteration()."
             )
         fixed = self.operator_batches(batches, full_batch)
-        weights = [batch_size(b) for b in fixed]
-        weights = [w / sum(weights) for w in weights]
+        samples = [batch_size(b) for b in fixed]
+        weights = [n / sum(samples) for n in samples]  # ω_b: each sample counts once
 
         def A(v: Sequence[Tensor]) -> Tensors:  # v − Σ_b ω_b ∂₁Φ̂(ζ_b)ᵀv
             acc = [x.detach().clone() for x in v]
