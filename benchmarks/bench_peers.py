@@ -379,8 +379,9 @@ def adjoint_solvers() -> list[tuple[str, Any]]:
 
 
 def _fixed_point_iteration() -> Any:
-    """The paper's adjoint iteration, pinned where a full batch is given only for d2 (since 0.3
-    the default ``Automatic`` may run CG there); None before solvers existed."""
+    """The paper's adjoint iteration, pinned where a full batch is given only for d2 and for the
+    old defaults (since 0.3 the default ``Automatic`` may run CG there, also on an epoch of the
+    loader); None before solvers existed."""
     cls = getattr(importlib.import_module("hypertorch_sid.core"), "FixedPointIteration", None)
     return cls() if cls is not None else None
 
@@ -406,13 +407,19 @@ def library_methods() -> list[tuple[str, Factory]]:
         ),
         (
             "SID two_phase, unpreconditioned (0.2.0 default)",
-            lambda ctx, E: _sid(ctx, E, preconditioner=_no_preconditioner()),
+            lambda ctx, E: _sid(
+                ctx, E, preconditioner=_no_preconditioner(), adjoint_solver=_fixed_point_iteration()
+            ),
         ),
         (
             "SID decreasing (0.1 default)",
             lambda ctx, E: _sid(
-                ctx, E, step_size="decreasing", preconditioner=_no_preconditioner()
-            ),
+                ctx,
+                E,
+                step_size="decreasing",
+                preconditioner=_no_preconditioner(),
+                adjoint_solver=_fixed_point_iteration(),
+            ),  # fmt: skip
         ),
         (
             "SID two_phase, d2 full (L, μ given)",
