@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .autodiff import grad
 from .errors import ConfigurationError
 
 Tensors = list[Tensor]
@@ -54,15 +55,8 @@ def _grads(
     grad_outputs: Sequence[Tensor],
     create_graph: bool = False,
 ) -> Tensors:
-    grads = torch.autograd.grad(
-        outputs,
-        inputs,
-        grad_outputs=grad_outputs,
-        create_graph=create_graph,
-        retain_graph=True,
-        allow_unused=True,
-    )
-    return [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+    """The graph is kept: the outputs' graph serves J v, then Jᵀ(∇²_zL J v)."""
+    return grad(outputs, inputs, grad_outputs, create_graph=create_graph, retain_graph=True)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .autodiff import grad as _grad
 from .errors import ConfigurationError
 from .gauss_newton import GaussNewton
 
@@ -67,23 +68,6 @@ class FixedPointMap(ABC):
         """The right-hand side of the adjoint system in the map's coordinates: ∇₁E here,
         S∇₁E for a preconditioned map (:mod:`~hypertorch_sid.core.preconditioning`)."""
         return list(grad_w_E)
-
-
-def _grad(
-    outputs: Tensor | Sequence[Tensor],
-    inputs: Sequence[Tensor],
-    grad_outputs: Sequence[Tensor] | None = None,
-    create_graph: bool = False,
-) -> Tensors:
-    """autograd.grad with zeros for inputs the outputs do not depend on."""
-    grads = torch.autograd.grad(
-        outputs,
-        inputs,
-        grad_outputs=grad_outputs,
-        create_graph=create_graph,
-        allow_unused=True,
-    )
-    return [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
 
 
 class GradientDescentMap(FixedPointMap):
