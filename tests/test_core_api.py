@@ -488,4 +488,14 @@ def test_next_pass_reads_one_whole_epoch_and_the_stream_goes_on():
     assert stream.batches_drawn == 9 and stream.samples_drawn == 34
     assert len(next(stream)[0]) == 4  # and the stream goes on
     assert BatchStream(iter([X])).batches_per_pass is None  # one-shot: no passes
+
+    class Endless:  # says 3 minibatches per pass, never ends one
+        def __len__(self) -> int:
+            return 3
+
+        def __iter__(self):
+            while True:
+                yield X[:4]
+
+    assert len(BatchStream(Endless()).next_pass()) == 3
     assert BatchStream(b for b in [X]).batches_per_pass is None

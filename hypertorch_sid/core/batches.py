@@ -8,6 +8,7 @@ iterator is consumed once and its end is reported clearly.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -202,7 +203,8 @@ class BatchStream:
                 f"{self.name} is a one-shot iterator: it has no passes to read an epoch from. "
                 "Pass a re-iterable source (a DataLoader or a list)."
             )
-        batches = list(iter(self.source))
+        # at most its stated length: a source whose len() understates an endless pass ends too
+        batches = list(itertools.islice(iter(self.source), self.batches_per_pass))
         self._iterator = None
         if not batches:
             raise ConfigurationError(self._exhausted_message())
