@@ -6,8 +6,9 @@ each method's crossing of the errors 1e-1 and 1e-2 with finer budgets and times 
 reporting medians. Same problem, data and accounting as ``bench_peers.py`` (MNIST odd/even
 logistic regression, 784 per-pixel weight decays, n_tr = n_val = 5000, float64, 1 thread).
 
-    python benchmarks/bench_peers_timing.py          # ~3 minutes: results/peers_timing_n5000.json
+    python benchmarks/bench_peers_timing.py          # ~4 minutes: results/peers_timing_n5000.json
     python benchmarks/bench_peers_timing.py --quick  # seconds, synthetic data, temporary directory
+    python benchmarks/bench_peers_timing.py --draw 1 # another minibatch order: ..._draw1.json
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--draw", type=int, default=0,
+        help="seed of the minibatch order only (same λ, data and truth); != 0 adds _draw<d> to "
+        "the file name",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ctx = bp.make_context(train, val, 50, 0)
         out_dir = args.out or bp.RESULTS
         repeats = args.repeats
+    ctx.seed = args.draw
     for name, budgets in cases.items():  # warm-up: imports, first calls
         method(name, ctx)(min(budgets))
     rows = run(ctx, cases, repeats)
@@ -150,11 +157,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {
         "experiment": "wall time to a target error, repeated and interleaved",
         "config": {"n": ctx.n, "repeats": repeats, "quick": args.quick, "threads": 1,
+                   "draw": args.draw,
                    "cases": cases, "data": "synthetic" if args.quick else "MNIST odd/even"},
         "rows": rows,
         "markdown": table,
     }  # fmt: skip
-    path = out_dir / f"peers_timing_n{ctx.n}{'_quick' if args.quick else ''}.json"
+    suffix = ("_quick" if args.quick else "") + (f"_draw{args.draw}" if args.draw else "")
+    path = out_dir / f"peers_timing_n{ctx.n}{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
