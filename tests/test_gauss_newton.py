@@ -150,6 +150,17 @@ def test_gauss_newton_refuses_a_loss_it_does_not_reproduce():
         hopt.hypergradient(p.loader(20), p.val())
 
 
+def test_the_log_says_the_hypergradient_is_the_linearised_models(caplog):
+    p = make_ridge(n=100, d=4, seed=1)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=5, adjoint_steps=5,
+        hvp=_ridge_gauss_newton(p),
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="hypertorch_sid"):
+        hopt.hypergradient(p.loader(20), p.val())
+    assert "Gauss-Newton curvature: the linearised model's hypergradient" in caplog.text
+
+
 def test_gauss_newton_needs_callables():
     with pytest.raises(ConfigurationError, match="two callables"):
         GaussNewton(outputs=None, output_loss=lambda z, b: z.sum())  # type: ignore[arg-type]

@@ -1098,10 +1098,13 @@ def _check_outer_state_shapes(optimizer: torch.optim.Optimizer, saved: Any) -> N
 
 def _inexact(delta: float, hvp: Any) -> str:
     """What the log says where the hypergradient is not the exact implicit one of ℓ."""
-    notes = ["the damped hypergradient"] if delta > 0 else []
+    notes = ["the damped hypergradient, not the exact implicit one"] if delta > 0 else []
     if isinstance(hvp, GaussNewton):
-        notes.append("Gauss-Newton curvature (the linearised model's hypergradient)")
-    return f" - {', '.join(notes)}, not the exact implicit one" if notes else ""
+        notes.append(
+            "Gauss-Newton curvature: the linearised model's hypergradient (exact only for a "
+            "model linear in w)"
+        )
+    return "".join(f" - {note}" for note in notes)
 
 
 def _is_real(x: Any) -> bool:
