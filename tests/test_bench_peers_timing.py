@@ -20,7 +20,8 @@ def test_quick_run_writes_json_and_figure(tmp_path):
     saved = json.loads(Path(report["json_path"]).read_text())
     assert Path(report["json_path"]).with_suffix(".png").stat().st_size > 1000
     methods = {r["method"] for r in saved["rows"]}
-    assert set(bench_peers_timing.CASES) <= methods
+    library = {name for name in bench_peers_timing.CASES if name.startswith("SID")}
+    assert library <= methods  # (torchopt's row only where it is installed)
     for row in saved["rows"]:
         assert len(row["seconds"]) == 2 and row["seconds_median"] > 0
         assert math.isfinite(row["rel_error"]) and row["epochs"] > 0
