@@ -289,7 +289,8 @@ class ConjugateGradient(AdjointSolver):
     * the full training batch (``"full"``, needs ``full_train_batch``);
     * one whole pass of the training source (``"epoch"``, a ``DataLoader`` or a list: every
       sample once), its minibatches joined ``chunk`` at a time — the full-batch operator without
-      a full batch in memory at once.
+      a full batch in memory at once. (A BatchNorm module in train mode normalises a joined
+      batch, or the full batch, by its own statistics, not by those of a training minibatch.)
 
     CG converges at a rate set by √κ instead of κ, but to the solution of the *sampled* system:
     its error keeps the sampling noise of those batches (none for the full batch or an epoch; no
