@@ -1080,11 +1080,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = markdown(report)
     print(table)
     report["markdown"] = table
-    json_path = out_dir / f"{stem}.json"
+    return write_report(report, out_dir / f"{stem}.json", lambda png: plot(report, png))
+
+
+def write_report(report: dict[str, Any], json_path: Path, plot_to: Callable[[Path], None]) -> dict:
+    """Write the JSON at ``json_path`` and the figure beside it (``plot_to(png)``)."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {json_path}")
-    plot(report, json_path.with_suffix(".png"))
+    plot_to(json_path.with_suffix(".png"))
     report["json_path"] = str(json_path)
     return report
 

@@ -14,7 +14,6 @@ logistic regression, 784 per-pixel weight decays, n_tr = n_val = 5000, float64, 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -164,12 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }  # fmt: skip
     suffix = ("_quick" if args.quick else "") + (f"_draw{args.draw}" if args.draw else "")
     path = out_dir / f"peers_timing_n{ctx.n}{suffix}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
-    plot(rows, path.with_suffix(".png"))
-    report["json_path"] = str(path)
-    return report
+    return bp.write_report(report, path, lambda png: plot(rows, png))
 
 
 if __name__ == "__main__":

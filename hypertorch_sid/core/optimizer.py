@@ -614,8 +614,7 @@ class SIDHyperOptimizer:
         of it cost one epoch, about a tenth of a hypergradient at n_tr = 5000 in
         ``bench_peers``)."""
         if self.full_train_batch is not None:
-            check_batch_dtype(self.full_train_batch, self.inner_parameters)
-            first = head(self.full_train_batch, _CHECK_SAMPLES)
+            first = head(self.full_train_batch, _CHECK_SAMPLES)  # its dtypes are the batch's
         else:
             first = stream.take(1)[0]
         check_batch_dtype(first, self.inner_parameters)

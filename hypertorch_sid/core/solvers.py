@@ -460,22 +460,8 @@ class Automatic(AdjointSolver):
             return kmi
         return cg, iterations
 
-    def solve(
-        self,
-        phi: FixedPointMap,
-        grad_w_E: Sequence[Tensor],
-        v0: Sequence[Tensor],
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None,
-        divergence_factor: float,
-        full_batch: Any = None,
-    ) -> tuple[Tensors, SolveResult]:
-        """Without the optimizer's q the fixed-point iteration (see :meth:`plan`)."""
-        return FixedPointIteration().solve(
-            phi, grad_w_E, v0, batches, steps, schedule, cost, divergence_factor, full_batch
-        )
+    #: called without :meth:`plan` (no q to choose with): the fixed-point iteration
+    solve = FixedPointIteration.solve
 
 
 def _is_count(x: object) -> bool:
