@@ -308,6 +308,15 @@ def test_conjugate_gradient_epoch_needs_a_reiterable_source():
         hopt.hypergradient(iter(list(p.loader(10)) * 3), p.val())
 
 
+@pytest.mark.parametrize(
+    "field", ["min_iterations", "max_epoch_bytes", "chunk", "minibatches_per_sqrt_kappa"]
+)
+@pytest.mark.parametrize("bad", [0, -1, True, "4"])
+def test_automatic_rejects_bad_settings(field, bad):
+    with pytest.raises(ConfigurationError, match=f"Automatic {field} must be"):
+        Automatic(**{field: bad})
+
+
 @pytest.mark.parametrize("bad", [0, "all", True])
 def test_conjugate_gradient_rejects_bad_batches_and_chunk(bad):
     with pytest.raises(ConfigurationError, match="ConjugateGradient batches"):

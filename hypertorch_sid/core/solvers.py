@@ -353,7 +353,8 @@ class ConjugateGradient(AdjointSolver):
             )
         fixed = self.operator_batches(batches, full_batch)
         samples = [batch_size(b) for b in fixed]
-        weights = [n / sum(samples) for n in samples]  # ω_b: each sample counts once
+        total = sum(samples)
+        weights = [n / total for n in samples]  # ω_b: each sample counts once
 
         def A(v: Sequence[Tensor]) -> Tensors:  # v − Σ_b ω_b ∂₁Φ̂(ζ_b)ᵀv
             acc = [x.detach().clone() for x in v]
@@ -425,6 +426,18 @@ class Automatic(AdjointSolver):
     min_iterations: int = 10
     max_epoch_bytes: int = 2**30
     chunk: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("min_iterations", "max_epoch_bytes", "chunk"):
+            if not _is_count(getattr(self, name)):
+                raise ConfigurationError(
+                    f"Automatic {name} must be an integer ≥ 1, got {getattr(self, name)!r}."
+                )
+        m = self.minibatches_per_sqrt_kappa
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
+            raise ConfigurationError(
+                f"Automatic minibatches_per_sqrt_kappa must be a number > 0, got {m!r}."
+            )
 
     def plan(
         self,
