@@ -325,23 +325,33 @@ def _sid(
     return {"g": g.detach(), "samples": counter.samples, "library_cost_samples": opt.cost.samples}
 
 
+def _samples_per_step(solver: Any, ctx: Context) -> int:
+    """Samples one adjoint step of ``solver`` reads: a minibatch per ``batches``, the full batch,
+    or (variance-reduced) a minibatch plus its share of the anchor's epoch."""
+    if type(solver).__name__ == "VarianceReduced":
+        return 2 * ctx.batch_size
+    batches = getattr(solver, "batches", 1)
+    return ctx.n if batches == "full" else int(batches) * ctx.batch_size
+
+
 def _sid_with_solver(solver: Any) -> Factory:
     """The two-phase SID inner solve with ``solver`` for the adjoint system; k is chosen so the
-    adjoint solve reads about epochs/2 of data (a full-batch operator: one epoch per step)."""
+    adjoint solve reads about epochs/2 of data (a full-batch operator: one epoch per step). A
+    full-batch CG gets the true L, μ (its α needs no estimate); the others estimate them."""
 
     def run(ctx: Context, epochs: float) -> Result:
-        per_step = getattr(solver, "batches", 1)
-        per_step = ctx.n if per_step == "full" else int(per_step) * ctx.batch_size
-        k = max(1, round(epochs / 2 * ctx.n / per_step))
+        k = max(1, round(epochs / 2 * ctx.n / _samples_per_step(solver, ctx)))
+        full = getattr(solver, "batches", None) == "full"
+        given = full and type(solver).__name__ == "ConjugateGradient"
         return _sid(
             ctx,
             epochs,
             step_size="two_phase",
             adjoint_solver=solver,
             adjoint_steps=k,
-            full_train_batch=ctx.train if getattr(solver, "batches", None) == "full" else None,
-            L=ctx.L if getattr(solver, "batches", None) == "full" else None,
-            mu=ctx.mu if getattr(solver, "batches", None) == "full" else None,
+            full_train_batch=ctx.train if full else None,
+            L=ctx.L if given else None,
+            mu=ctx.mu if given else None,
         )
 
     return run
@@ -652,13 +662,18 @@ def rel_error(g: Tensor, truth: Tensor) -> float:
     return float(((g.double() - truth) ** 2).sum() / (truth**2).sum())
 
 
-def run_accuracy(ctx: Context, budgets: list[float], peers: bool) -> dict[str, Any]:
+def run_accuracy(
+    ctx: Context, budgets: list[float], peers: bool, only: list[str] | None = None
+) -> dict[str, Any]:
+    """Every method (``only``: those whose name contains one of these strings) at every budget."""
     methods: list[tuple[str, str, Factory]] = [
         ("hypertorch_sid", n, f) for n, f in library_methods()
     ]
     versions = {p: installed(p) for p in PEER_PACKAGES}
     if peers:
         methods += peer_methods()
+    if only:
+        methods = [m for m in methods if any(part in m[1] for part in only)]
     out: dict[str, Any] = {}
     for package, name, factory in methods:
         if package != "hypertorch_sid" and versions[package] is None:
@@ -1020,6 +1035,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true", help="the library only")
     parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="run only the methods whose name contains one of these strings "
+                        "(e.g. 'defaults, minibatches' VarianceReduced)")  # fmt: skip
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--scaling-row", default=None, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
@@ -1067,7 +1085,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["truth"] = {"norm2": float((ctx.truth**2).sum()), "L": ctx.L, "mu": ctx.mu,
                            "seconds": time.perf_counter() - start}  # fmt: skip
         report["accuracy"] = run_accuracy(
-            ctx, [float(b) for b in cfg["budgets"]], not args.no_peers
+            ctx, [float(b) for b in cfg["budgets"]], not args.no_peers, args.only
         )
     if not args.skip_scaling:
         report["scaling"] = {
