@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import SIDHyperOptimizer
+from hypertorch_sid import SIDHyperOptimizer, VarianceReduced
 
 sklearn = pytest.importorskip("sklearn.datasets")
 
@@ -60,10 +60,12 @@ def _fit(
     adjoint_steps: int = 50,
     full_batch: bool = False,
     loader: bool = False,
+    **config,
 ):
     """The core with its defaults on ``net``: one log λ per parameter tensor (weight decay
-    ½ Σ λ_i ‖w_i‖²), t = 100, k = 50. Returns the optimizer, log λ, the per-step hypergradient
-    norms and the validation loss before and after (in eval mode)."""
+    ½ Σ λ_i ‖w_i‖²), t = 100, k = 50 (``config``: more ``SIDHyperOptimizer`` settings). Returns
+    the optimizer, log λ, the per-step hypergradient norms and the validation loss before and
+    after (in eval mode)."""
     Xtr, ytr, Xva, yva = _digits()
     params = list(net.parameters())
     log_lam = torch.full((len(params),), math.log(1e-3), requires_grad=True)
@@ -89,6 +91,7 @@ def _fit(
         inner_steps=100,
         adjoint_steps=adjoint_steps,
         full_train_batch=(Xtr, ytr) if full_batch else None,
+        **config,
     )
     stream = (
         DataLoader(TensorDataset(Xtr, ytr), batch_size, shuffle=True,
@@ -212,3 +215,25 @@ def test_a_stalled_inner_solve_is_reported(caplog):
 @pytest.mark.parametrize("seed, mode", [(0, "eval"), (2, "train")])
 def test_a_healthy_inner_solve_is_not_reported_as_stalled(seed, mode, caplog):
     assert _cnn_first_step(seed, mode, caplog) == []
+
+
+@pytest.mark.parametrize("kind", ["ReLU MLP", "tanh MLP", "CNN with BatchNorm"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_variance_reduced_adjoint_trains_the_networks(kind, seed):
+    """``VarianceReduced`` on the damped adjoint system of a network, from a DataLoader (31
+    minibatches per epoch: an anchor on one pass, then minibatch steps): every run finishes with
+    bounded hypergradients and trains (Adam on log λ for the MLPs, SGD for the CNN)."""
+    torch.manual_seed(seed)
+    if kind == "CNN with BatchNorm":
+        net, outer = _cnn(), functools.partial(torch.optim.SGD, lr=1.0)
+    else:
+        act = nn.ReLU if kind.startswith("ReLU") else nn.Tanh
+        net = nn.Sequential(nn.Linear(64, 64), act(), nn.Linear(64, 10))
+        outer = functools.partial(torch.optim.Adam, lr=0.1)
+    hopt, norms, untrained, trained = _fit(
+        net, seed, outer, hyper_steps=4, loader=True, adjoint_solver=VarianceReduced()
+    )
+    assert hopt.adjoint_solver_used == VarianceReduced()
+    assert hopt.cost.adjoint_samples >= 4 * 1000  # an anchor pass per hyper step at least
+    assert max(norms) < 1e3
+    assert trained < 0.5 * untrained
