@@ -13,7 +13,7 @@ For each *setting* (data + model + optimizer + epochs, all fixed), the same trai
                  ``--granularity-kwargs '{"per_element": {"outer_lr": 1.0}}'`` overrides them for
                  one granularity.
 
-Settings (``--settings``; a, b, c are aliases):
+Settings (``--settings``; a–f are aliases; default: a–e):
 
 ===============  ==========================================================================
 ``mnist_mlp``    (a) MNIST, 5000 train / 5000 val (rest of the training set) / 10k test;
@@ -22,6 +22,13 @@ Settings (``--settings``; a, b, c are aliases):
                  linear (20 586 parameters); Adam(lr 1e-3); batch 64; 5 epochs
 ``digits_mlp``   (c) scikit-learn digits (1797 8×8 images: 40 % train / 30 % val / 30 % test,
                  stratified); MLP 64-64-10; SGD(lr 0.1); batch 32; 100 epochs
+``fashion_mlp``  (d) as (a) on Fashion-MNIST (``--fashion-data``): a data set the defaults
+                 were not chosen on
+``fashion_cnn``  (e) as (b) on Fashion-MNIST
+``fashion_resnet18`` (f) Fashion-MNIST 2000 train / 2000 val / 5000 test; torchvision's ResNet-18
+                 (11.2 M parameters, BatchNorm; its stem takes 1 channel); SGD(lr 0.05,
+                 momentum 0.9); batch 64; 4 epochs. Only on request (minutes per training on a
+                 CPU); ``--accelerator gpu`` runs every training on a GPU
 ===============  ==========================================================================
 
 Grid (every setting): 6 values log-spaced over [1e-5, 1e-1] (1e-5, 6.3e-5, 4.0e-4, 2.5e-3,
@@ -30,7 +37,9 @@ grid (the optimum is then not bracketed) is recorded as ``grid_best_at_edge``.
 
 Recorded per training: best validation cross-entropy over the epochs (the full validation set,
 evaluated after every epoch), the epoch it occurred, test accuracy / loss of the weights of that
-epoch, optimizer steps, for learned runs the callback's ``sid.cost.as_dict()`` (when available),
+epoch (the table shows the test loss too: hyperparameters fitted to the validation set, per
+element especially, can lower its loss more than the test loss), optimizer steps, for learned
+runs the callback's ``sid.cost.as_dict()`` (when available),
 wall time of ``trainer.fit`` (test evaluation excluded), the final λ (mean/min/max, and per slot
 for global/per-layer), whether the run finished (exceptions are caught and recorded), whether the
 weights and λ stayed finite, and the warnings raised by the library during the run.
@@ -86,6 +95,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist"
+#: Fashion-MNIST, the same IDX file names (``--fashion-data``)
+DEFAULT_FASHION = REPO.parent / "shared" / "data" / "fashion-mnist"
+#: per-pixel mean and standard deviation of each image data set's training images
+NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "weight_decay.json"
 GRANULARITIES = ("global", "per_layer", "per_element")
 METHODS = ("no_wd", "grid", "optuna", *(f"learned_{g}" for g in GRANULARITIES))
@@ -100,8 +113,8 @@ MNIST_FILES = {
 class Setting:
     name: str
     model_text: str
-    data: str  # "mnist" | "digits"
-    model: str  # "mlp" | "cnn" | "mlp_small"
+    data: str  # "mnist" | "fashion" | "digits"
+    model: str  # "mlp" | "cnn" | "mlp_small" | "resnet18"
     optimizer: str  # "sgd" | "adam"
     lr: float
     momentum: float
@@ -112,6 +125,7 @@ class Setting:
     n_test: int
     grid: list[float] = field(default_factory=list)
     search_range: tuple[float, float] = (1e-5, 1e-1)
+    accelerator: str = "cpu"  # Lightning's: "cpu", "gpu", "auto" (``--accelerator``)
 
 
 def _grid(lo: float, hi: float, n: int = 6) -> list[float]:
@@ -137,8 +151,29 @@ SETTINGS: dict[str, Setting] = {
         "digits", "mlp_small", "sgd", 0.1, 0.0, 32, 100, 0, 0, 0,  # sizes from the 40/30/30 split
         _grid(1e-5, 1e-1), (1e-5, 1e-1),
     ),
+    "fashion_mlp": Setting(
+        "fashion_mlp",
+        "MLP 784-256-256-10",
+        "fashion", "mlp", "sgd", 0.05, 0.9, 64, 10, 5000, 5000, 10000,
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
+    "fashion_resnet18": Setting(
+        "fashion_resnet18",
+        "ResNet-18 (torchvision, 1-channel stem)",
+        "fashion", "resnet18", "sgd", 0.05, 0.9, 64, 4, 2000, 2000, 5000,
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
+    "fashion_cnn": Setting(
+        "fashion_cnn",
+        "CNN 2×(conv3x3+BN+ReLU+maxpool)+linear",
+        "fashion", "cnn", "adam", 1e-3, 0.0, 64, 5, 5000, 5000, 10000,
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
 }  # fmt: skip
-ALIASES = {"a": "mnist_mlp", "b": "mnist_cnn", "c": "digits_mlp"}
+ALIASES = {"a": "mnist_mlp", "b": "mnist_cnn", "c": "digits_mlp", "d": "fashion_mlp",
+           "e": "fashion_cnn", "f": "fashion_resnet18"}  # fmt: skip
+#: the settings run when none is named (ResNet-18 only on request: minutes per training on CPU)
+DEFAULT_SETTINGS = ["mnist_mlp", "mnist_cnn", "digits_mlp", "fashion_mlp", "fashion_cnn"]
 
 
 def describe(s: Setting, data: Data) -> str:
@@ -147,7 +182,7 @@ def describe(s: Setting, data: Data) -> str:
         if s.optimizer == "sgd"
         else f"Adam(lr={s.lr:g})"
     )
-    source = "MNIST" if s.data == "mnist" else "sklearn digits"
+    source = {"mnist": "MNIST", "fashion": "Fashion-MNIST"}.get(s.data, "sklearn digits")
     return (
         f"{source} {len(data.y_train)} train / {len(data.y_val)} val / {len(data.y_test)} test, "
         f"{s.model_text}, {opt}, batch {s.batch_size}, {s.epochs} epochs"
@@ -181,12 +216,15 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
-def load_mnist_arrays(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load_mnist_arrays(
+    root: Path, name: str = "MNIST", option: str = "--data"
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The four IDX files of MNIST or Fashion-MNIST (the same file names) in ``root``."""
     missing = [f for pair in MNIST_FILES.values() for f in pair if not (root / f).is_file()]
     if missing:
         raise SystemExit(
-            f"bench_weight_decay: MNIST IDX files not found in {root} (missing: "
-            f"{', '.join(missing)}). Put the four *.gz files there or pass --data FOLDER; "
+            f"bench_weight_decay: {name} IDX files not found in {root} (missing: "
+            f"{', '.join(missing)}). Put the four *.gz files there or pass {option} FOLDER; "
             "--settings digits_mlp needs no download."
         )
     return {
@@ -196,6 +234,7 @@ def load_mnist_arrays(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def make_data(s: Setting, data_root: Path, seed: int) -> Data:
+    """The setting's train / val / test split (``data_root``: the folder of its IDX files)."""
     if s.data == "digits":
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
@@ -210,10 +249,11 @@ def make_data(s: Setting, data_root: Path, seed: int) -> Data:
         yt = torch.tensor(y, dtype=torch.int64)
         return Data(Xt[tr], yt[tr], Xt[va], yt[va], Xt[te], yt[te])
     arrays = load_mnist_arrays(data_root)
+    mean, std = NORMALISATION[s.data]
 
     def prep(images: np.ndarray) -> Tensor:
         x = torch.tensor(images.reshape(len(images), -1), dtype=torch.float32) / 255.0
-        return (x - 0.1307) / 0.3081
+        return (x - mean) / std
 
     X, y = arrays["train"]
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed)).numpy()
@@ -234,6 +274,12 @@ def make_network(kind: str) -> nn.Module:
         )
     if kind == "mlp_small":
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    if kind == "resnet18":  # torchvision's, its stem taking the 1-channel 28×28 images
+        import torchvision
+
+        net = torchvision.models.resnet18(num_classes=10)
+        net.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), net)
     return nn.Sequential(
         nn.Unflatten(1, (1, 28, 28)),
         nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
@@ -356,7 +402,7 @@ def train_once(
             val = DataLoader(TensorDataset(data.X_val, data.y_val), batch_size=s.batch_size)
             trainer = pl.Trainer(
                 max_epochs=s.epochs,
-                accelerator="cpu",
+                accelerator=s.accelerator,
                 devices=1,
                 callbacks=[cb] if cb is not None else [],
                 logger=False,
@@ -469,6 +515,7 @@ def run_optuna(s: Setting, data: Data, seed: int, n_trials: int, log: Any) -> di
         best_weight_decay=trials[i_best]["weight_decay"],
         best_val_loss=trials[i_best]["best_val_loss"],
         test_acc=trials[i_best]["test_acc"],
+        test_loss=trials[i_best]["test_loss"],
         total_wall_s=sum(_num(r["wall_s"]) for r in trials),
         total_optimizer_steps=sum(r["optimizer_steps"] for r in trials),
     )
@@ -494,7 +541,7 @@ def _brief(rec: dict[str, Any]) -> str:
 def run_setting(
     s: Setting, args: argparse.Namespace, methods: set[str], log: Any
 ) -> dict[str, Any]:
-    data = make_data(s, args.data, args.seed)
+    data = make_data(s, args.fashion_data if s.data == "fashion" else args.data, args.seed)
     cfg = asdict(s)
     cfg.update(
         n_train=len(data.y_train), n_val=len(data.y_val), n_test=len(data.y_test),
@@ -554,6 +601,7 @@ def derive(s: Setting, runs: dict[str, Any]) -> dict[str, Any]:
             best_weight_decay=s.grid[i],
             best_val_loss=grid[i]["best_val_loss"],
             test_acc=grid[i]["test_acc"],
+            test_loss=grid[i]["test_loss"],
             best_at_edge=i in (0, len(grid) - 1),
             total_wall_s=total,
             wall_ratio_to_plain=total / plain_wall,
@@ -601,9 +649,9 @@ def _f(v: Any, fmt: str) -> str:
 
 def markdown_table(results: dict[str, Any]) -> str:
     lines = [
-        "| setting | method | best val loss | test acc | steps | wall s | × plain time | "
-        "Optuna trials to match | ≤ grid best |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| setting | method | best val loss | test loss | test acc | steps | wall s | "
+        "× plain time | Optuna trials to match | ≤ grid best |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, res in results["settings"].items():
         runs, der = res["runs"], res["derived"]
@@ -622,7 +670,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             ok = rec.get("finished", True)
             loss = _f(rec["best_val_loss"], ".4f") if ok else f"FAILED: {rec['error'][:40]}"
             lines.append(
-                f"| {name} | {method} | {loss} | {_f(rec['test_acc'], '.4f')} | {steps} | "
+                f"| {name} | {method} | {loss} | {_f(rec.get('test_loss'), '.4f')} | "
+                f"{_f(rec['test_acc'], '.4f')} | {steps} | "
                 f"{_f(wall, '.1f')} | {_f(wall / plain if plain else math.nan, '.2f')} | "
                 f"{match} | {beats} |"
             )
@@ -637,8 +686,9 @@ def markdown_table(results: dict[str, Any]) -> str:
         if g:
             lines.append(
                 f"| {name} | grid: all {len(runs['grid'])} | {_f(g['best_val_loss'], '.4f')} | "
-                f"{_f(g['test_acc'], '.4f')} | {sum(r['optimizer_steps'] for r in runs['grid'])} "
-                f"| {_f(g['total_wall_s'], '.1f')} | {_f(g['wall_ratio_to_plain'], '.2f')} | | "
+                f"{_f(g.get('test_loss'), '.4f')} | {_f(g['test_acc'], '.4f')} | "
+                f"{sum(r['optimizer_steps'] for r in runs['grid'])} | "
+                f"{_f(g['total_wall_s'], '.1f')} | {_f(g['wall_ratio_to_plain'], '.2f')} | | "
                 f"{'edge!' if g['best_at_edge'] else ''} |"
             )
         opt = runs.get("optuna")
@@ -646,7 +696,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | Optuna TPE: {opt['n_trials']} trials (best #{opt['best_trial']}, "
                 f"wd={opt['best_weight_decay']:.2g}) | {_f(opt['best_val_loss'], '.4f')} | "
-                f"{_f(opt['test_acc'], '.4f')} | {opt['total_optimizer_steps']} | "
+                f"{_f(opt.get('test_loss'), '.4f')} | {_f(opt['test_acc'], '.4f')} | "
+                f"{opt['total_optimizer_steps']} | "
                 f"{_f(opt['total_wall_s'], '.1f')} | "
                 f"{_f(der['optuna']['wall_ratio_to_plain'], '.2f')} | | |"
             )
@@ -781,8 +832,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("--settings", nargs="+", default=None,
-                   help=f"any of {list(SETTINGS)} (aliases a b c); default: all "
-                   "(--quick: digits_mlp)")  # fmt: skip
+                   help=f"any of {list(SETTINGS)} (aliases {' '.join(ALIASES)}); default: "
+                   f"{DEFAULT_SETTINGS} (--quick: digits_mlp)")  # fmt: skip
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--optuna-trials", type=int, default=None,
                    help="trials per setting (default 20, --quick 2); 0 skips Optuna")  # fmt: skip
@@ -796,10 +847,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--grid", type=float, nargs="+", default=None,
                    help="override every grid (and the Optuna range: min..max)")  # fmt: skip
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the MNIST *.gz files")
+    p.add_argument("--fashion-data", type=Path, default=DEFAULT_FASHION,
+                   help="folder of the Fashion-MNIST *.gz files")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny data, 1-2 epochs: seconds")
     p.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="run everything once per seed (data split, initial weights, batch order), "
+                   "into <out>_seed<s>.{json,md,png}, and summarise over the seeds in "
+                   "<out>_seeds.{json,md}")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--accelerator", default="cpu",
+                   help="Lightning accelerator of every training: cpu, gpu, auto")  # fmt: skip
     args = p.parse_args(argv)
     if not isinstance(args.learned_kwargs, dict):
         p.error("--learned-kwargs must be a JSON object, e.g. '{\"every_n_steps\": 20}'")
@@ -809,13 +868,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ):
         p.error(f"--granularity-kwargs must be a JSON object {{granularity: {{...}}}} with "
                 f"granularities from {list(GRANULARITIES)}")  # fmt: skip
-    names = args.settings or (["digits_mlp"] if args.quick else list(SETTINGS))
+    names = args.settings or (["digits_mlp"] if args.quick else DEFAULT_SETTINGS)
     try:
         args.settings = list(dict.fromkeys(ALIASES.get(n, n) for n in names))
         for n in args.settings:
             SETTINGS[n]
     except KeyError as err:
-        p.error(f"unknown setting {err}; choose from {list(SETTINGS)} or a, b, c")
+        p.error(f"unknown setting {err}; choose from {list(SETTINGS)} or {', '.join(ALIASES)}")
     if args.optuna_trials is None:
         args.optuna_trials = 2 if args.quick else 20
     if args.out is None:
@@ -832,6 +891,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     for name in ("pytorch_lightning", "lightning", "lightning_fabric", "hypertorch_sid"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    if not args.seeds:
+        return run_seed(args, command)
+    per_seed = {}
+    for seed in args.seeds:
+        out = args.out.with_name(f"{args.out.stem}_seed{seed}.json")
+        per_seed[seed] = run_seed(replace_args(args, seed=seed, out=out), command)
+    summary = seed_summary(per_seed)
+    summary["command"] = command
+    path = args.out.with_name(f"{args.out.stem}_seeds.json")
+    path.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False))
+    path.with_suffix(".md").write_text(summary["table_markdown"] + "\n")
+    print("\n" + summary["table_markdown"])
+    print(f"\nwrote {path} and {path.with_suffix('.md').name}")
+    return summary
+
+
+def replace_args(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
+def run_seed(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Every setting and method with ``args.seed``; writes ``args.out`` (JSON, .md, .png)."""
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -841,13 +923,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s = SETTINGS[n]
         if args.quick:
             s = quick_setting(s)
+        s = replace(s, accelerator=args.accelerator)
         if args.epochs is not None:
             s = replace(s, epochs=args.epochs)
         if args.grid is not None:
             s = replace(s, grid=sorted(args.grid), search_range=(min(args.grid), max(args.grid)))
         settings.append(s)
-    if any(s.data == "mnist" for s in settings):
-        load_mnist_arrays(args.data)  # fail early, with a clear message
+    if any(s.data == "mnist" for s in settings):  # fail early, with a clear message
+        load_mnist_arrays(args.data)
+    if any(s.data == "fashion" for s in settings):
+        load_mnist_arrays(args.fashion_data, "Fashion-MNIST", "--fashion-data")
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "pytorch_lightning": pl.__version__}  # fmt: skip
     try:
@@ -858,7 +943,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         versions["optuna"] = None
     results: dict[str, Any] = dict(
         benchmark="weight_decay",
-        command=" ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        command=command,
         quick=args.quick,
         seed=args.seed,
         threads=torch.get_num_threads(),
@@ -886,6 +971,73 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\ntotal {results['total_wall_s']:.0f} s; wrote {args.out}, {png.name}, "
           f"{args.out.with_suffix('.md').name}")  # fmt: skip
     return results
+
+
+def _method_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One setting's result per method row of the summary: no WD, the grid's and Optuna's best
+    (with the wall time of all their trainings), each learned variant."""
+    runs, der = res["runs"], res["derived"]
+    rows: dict[str, dict[str, Any]] = {}
+    plain = der.get("plain_wall_s", math.nan)
+    if "no_wd" in runs:
+        r = runs["no_wd"]
+        rows["no WD"] = dict(val=r["best_val_loss"], test_loss=r["test_loss"],
+                             test_acc=r["test_acc"], ratio=1.0)  # fmt: skip
+    if "grid" in der:
+        g = der["grid"]
+        rows[f"grid best ({len(runs['grid'])} trainings)"] = dict(
+            val=g["best_val_loss"], test_loss=g["test_loss"], test_acc=g["test_acc"],
+            ratio=g["wall_ratio_to_plain"],
+        )  # fmt: skip
+    opt = runs.get("optuna") or {}
+    if "trials" in opt:
+        rows[f"Optuna best ({opt['n_trials']} trials)"] = dict(
+            val=opt["best_val_loss"], test_loss=opt["test_loss"], test_acc=opt["test_acc"],
+            ratio=opt["total_wall_s"] / plain,
+        )  # fmt: skip
+    for g in GRANULARITIES:
+        r = runs.get(f"learned_{g}")
+        if r is not None:
+            rows[f"learned {g}"] = dict(
+                val=r["best_val_loss"] if r["finished"] else math.nan,
+                test_loss=r["test_loss"], test_acc=r["test_acc"],
+                ratio=r["wall_s"] / plain if r["finished"] else math.nan,
+                beats_grid=der["learned"][g]["beats_grid"],
+            )  # fmt: skip
+    return rows
+
+
+def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per setting and method, over the seeds: the best validation loss of each seed and their
+    mean, the mean test loss / accuracy and wall-time ratio, and for learned runs on how many
+    seeds they reached the grid's best."""
+    seeds = list(per_seed)
+    table: dict[str, dict[str, Any]] = {}
+    for seed, results in per_seed.items():
+        for name, res in results["settings"].items():
+            for method, rec in _method_records(res).items():
+                row = table.setdefault(name, {}).setdefault(method, {"seeds": {}})
+                row["seeds"][seed] = rec
+    lines = [
+        f"| setting | method | best val loss, seeds {', '.join(map(str, seeds))} | mean | "
+        "mean test loss | mean test acc | × plain time (mean) | ≤ grid best |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for name, methods in table.items():
+        for method, row in methods.items():
+            recs = list(row["seeds"].values())
+            for key in ("val", "test_loss", "test_acc", "ratio"):
+                row[f"mean_{key}"] = float(np.mean([_num(r[key]) for r in recs]))
+            beats = [r["beats_grid"] for r in recs if r.get("beats_grid") is not None]
+            row["beats_grid"] = f"{sum(beats)} of {len(beats)}" if beats else ""
+            vals = ", ".join(_f(r["val"], ".4f") for r in recs)
+            lines.append(
+                f"| {name} | {method} | {vals} | {_f(row['mean_val'], '.4f')} | "
+                f"{_f(row['mean_test_loss'], '.4f')} | {_f(row['mean_test_acc'], '.4f')} | "
+                f"{_f(row['mean_ratio'], '.2f')} | {row['beats_grid']} |"
+            )
+    return dict(benchmark="weight_decay_seeds", seeds=seeds, settings=table,
+                table_markdown="\n".join(lines))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -104,3 +104,28 @@ def test_quick_digits(tmp_path: Path) -> None:
         assert len(bsf) == 2 and bsf[1] <= bsf[0]
     else:
         assert "optuna" not in runs
+
+
+def test_quick_digits_over_seeds(tmp_path: Path) -> None:
+    """``--seeds``: one result per seed (different splits) and a summary over them."""
+    out = tmp_path / "wd.json"
+    cmd = [
+        sys.executable, str(SCRIPT), "--quick", "--settings", "digits_mlp", "--out", str(out),
+        "--seeds", "0", "1", "--optuna-trials", "0", "--methods", "no_wd", "grid",
+        "learned_global",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    per_seed = [json.loads((tmp_path / f"wd_seed{s}.json").read_text()) for s in (0, 1)]
+    assert [r["seed"] for r in per_seed] == [0, 1]
+    summary = json.loads((tmp_path / "wd_seeds.json").read_text())
+    assert summary["seeds"] == [0, 1]
+    rows = summary["settings"]["digits_mlp"]
+    assert set(rows) == {"no WD", "grid best (6 trainings)", "learned global"}
+    for row in rows.values():
+        vals = [row["seeds"][str(s)]["val"] for s in (0, 1)]
+        assert row["mean_val"] == sum(vals) / 2
+    plain = [r["settings"]["digits_mlp"]["runs"]["no_wd"]["best_val_loss"] for r in per_seed]
+    assert [rows["no WD"]["seeds"][str(s)]["val"] for s in (0, 1)] == plain
+    assert rows["learned global"]["beats_grid"].endswith("of 2")
+    assert (tmp_path / "wd_seeds.md").read_text().startswith("| setting |")
