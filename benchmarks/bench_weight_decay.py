@@ -26,7 +26,7 @@ Settings (``--settings``; a–f are aliases; default: a–e):
                  were not chosen on
 ``fashion_cnn``  (e) as (b) on Fashion-MNIST
 ``fashion_resnet18`` (f) Fashion-MNIST 2000 train / 2000 val / 5000 test; torchvision's ResNet-18
-                 (11.2 M parameters, BatchNorm; its stem takes 1 channel); SGD(lr 0.05,
+                 (11.2 M parameters, BatchNorm; its stem takes 1 channel); SGD(lr 0.01,
                  momentum 0.9); batch 64; 4 epochs. Only on request (minutes per training on a
                  CPU); ``--accelerator gpu`` runs every training on a GPU
 ===============  ==========================================================================
@@ -160,7 +160,7 @@ SETTINGS: dict[str, Setting] = {
     "fashion_resnet18": Setting(
         "fashion_resnet18",
         "ResNet-18 (torchvision, 1-channel stem)",
-        "fashion", "resnet18", "sgd", 0.05, 0.9, 64, 4, 2000, 2000, 5000,
+        "fashion", "resnet18", "sgd", 0.01, 0.9, 64, 4, 2000, 2000, 5000,
         _grid(1e-5, 1e-1), (1e-5, 1e-1),
     ),
     "fashion_cnn": Setting(
