@@ -431,15 +431,16 @@ class VarianceReduced(AdjointSolver):
     d = 6, b = 10, 600 steps: relative error 2e-6 at η₀, 6e-16 at η₀/4); on MNIST odd/even
     (b = 50, 784 weight decays) η₀ was best (4e-3 at 100 epochs, against 3e-2 at η₀/2).
 
+    A step is one minibatch product, as in :class:`FixedPointIteration`; each anchor reads an
+    epoch instead, so k steps read about twice the samples when ``anchor_every`` is an epoch of
+    minibatches (the default, ``None``). It needs no symmetry (any contractive map), but all the
+    data as an operator: not for one-shot streams.
+
     Measured against the default (``benchmarks/bench_peers.py``, MNIST odd/even): behind CG on
     an epoch at n = 5000 up to 100 epochs (CG's √κ rate; 4.0e-3 against 1.3e-3), ahead only at
     200 (1.4e-4 with a full-batch anchor against 1.9e-4); level with the fixed-point iteration
     at n = 30000 (1.1e-3 against 1.4e-3 at 20 epochs, 2.7e-4 against 2.2e-4 at 50, in 10–30 %
-    fewer seconds), so :class:`Automatic` does not choose it. A step is one minibatch
-    product as in :class:`FixedPointIteration`; each anchor adds an epoch of products, so k steps
-    read about twice the samples when ``anchor_every`` is an epoch of minibatches (the default,
-    ``None``). It needs no symmetry: any contractive map. It needs all the data as an operator,
-    so not for one-shot streams.
+    fewer seconds), so :class:`Automatic` does not choose it.
     """
 
     batches: str = "epoch"
