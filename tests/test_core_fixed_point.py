@@ -10,7 +10,9 @@ from hypertorch_sid import (
     ConstantStep,
     ContractionMap,
     DecreasingStep,
+    FixedPointIteration,
     SIDHyperOptimizer,
+    VarianceReduced,
     inner_solve,
     theory_constants,
 )
@@ -173,8 +175,6 @@ def test_variance_reduced_adjoint_of_a_noisy_non_symmetric_contraction_is_exact(
     pass per anchor): at the fixed point of their mean map, ``VarianceReduced`` gives the exact
     hypergradient of the mean map, Bᵀ(I − Ā)⁻ᵀ(w* − target) + 0.2λ, where the paper's
     iteration at the same constant step keeps its noise floor."""
-    from hypertorch_sid import FixedPointIteration, VarianceReduced
-
     A, B, c, target, lam, w, _, _ = linear_problem(seed=2)
     gen = noise_batches(6, 0.3, 0, matrix_scale=0.05)
     data = [next(gen) for _ in range(20)]

@@ -300,7 +300,9 @@ def sampled_operator(
     return A
 
 
-def _anchor_batches(kind: str, batches: BatchStream, full_batch: Any, chunk: int, who: str) -> list:
+def _anchor_batches(
+    kind: str, batches: BatchStream, full_batch: Any, chunk: int, who: str
+) -> list[Any]:
     """All the training data as a fixed operator: the full batch or one pass, joined by chunk."""
     if kind == "full":
         if full_batch is None:
