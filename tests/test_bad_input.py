@@ -19,9 +19,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
+    AveragedMomentum,
     ConfigurationError,
     ConstantStep,
     DivergenceError,
+    LastIterate,
     SIDHyperOptimizer,
     theory_constants,
 )
@@ -100,10 +102,17 @@ class Snapshot:
 # ====================================================================== divergence and NaN
 
 
-def test_gd_step_above_two_over_l_raises_inner_divergence_and_restores_w():
+@pytest.mark.parametrize(
+    "solver, alpha_L",
+    [
+        (LastIterate(), 3.0),  # |1 − αL| = 2: not a contraction
+        (AveragedMomentum(), 4.0),  # heavy ball (m = 0.5) is stable up to αL < 2(1 + m) = 3
+    ],
+)
+def test_gd_step_above_two_over_l_raises_inner_divergence_and_restores_w(solver, alpha_L):
     problem = make_ridge()
     L, _ = curvature(problem)
-    hopt = full_batch_sid(problem, 60, alpha=3.0 / L)  # |1 − αL| = 2: not a contraction
+    hopt = full_batch_sid(problem, 60, alpha=alpha_L / L, inner_solver=solver)
     with torch.no_grad():
         problem.w.fill_(0.1)
     snap = Snapshot(problem, hopt)

@@ -60,7 +60,6 @@ from .solvers import (
     FixedPointIteration,
     SolveResult,
     assemble_hypergradient,
-    inner_solve,
     norm,
 )
 from .validation import (
@@ -695,19 +694,28 @@ class SIDHyperOptimizer:
                 self.alpha if self.alpha is not None else math.nan,
             )
 
+    def _inner_contraction(self) -> float | None:
+        """q of the inner map where it is a contraction of a convex problem: None where the
+        curvature estimate found λ̂_min ≤ 0 (a network: the inner solver then runs the paper's
+        iteration, the theory of momentum and averaging being for convex problems)."""
+        if self.lambda_min is not None and self.lambda_min <= 0:
+            return None
+        return self.q
+
     def _algorithm1(self, stream: BatchStream, val_batch: Any) -> Tensors:
         c = self.config
         inner_schedule, adjoint_schedule = self._schedules()
         w0 = [w.detach().clone() for w in self.inner_parameters]
         try:
             probe = self._probe_loss() if self.cost.hypergradients == 0 else None
-            inner = inner_solve(
+            inner = c.inner_solver.solve(
                 self._solver_map,
                 self._source(c.batches.inner, stream),
                 c.inner_steps,
                 inner_schedule,
                 self.cost,
                 c.divergence_factor,
+                self._inner_contraction(),
             )
             if probe is not None:
                 self._warn_if_stalled(probe, inner)

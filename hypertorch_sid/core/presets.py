@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigurationError
 from .preconditioning import NoPreconditioner
-from .solvers import FixedPointIteration
+from .solvers import FixedPointIteration, LastIterate
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,13 @@ class Preset:
         """The :class:`~hypertorch_sid.core.config.SIDConfig` settings this preset stands for.
 
         t, k by :meth:`steps`; each solve's schedule and batch source; η = 1 for constant steps;
-        the paper's (unpreconditioned) map and its fixed-point iteration for the adjoint.
+        the paper's (unpreconditioned) map, its last inner iterate and its fixed-point iteration
+        for the adjoint.
         """
         t, k = self.steps(total_epochs, n_train, batch_size)
         settings: dict[str, object] = dict(
             preconditioner=NoPreconditioner(),
+            inner_solver=LastIterate(),
             adjoint_solver=FixedPointIteration(),
             inner_steps=t,
             adjoint_steps=k,

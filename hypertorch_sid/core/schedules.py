@@ -31,6 +31,12 @@ class StepSchedule(ABC):
     def __call__(self, t: int) -> float:
         """η_t."""
 
+    def constant_phase(self) -> float:
+        """t₀: η_t is constant for t < t₀ (0 when it never is, ``inf`` when always). Momentum
+        (:class:`~hypertorch_sid.core.solvers.AveragedMomentum`) runs only there. A schedule that
+        does not say has none."""
+        return 0.0
+
     def scaled(self, factor: float) -> StepSchedule:
         """The same schedule with every η_t multiplied by ``factor`` (used by step back-off)."""
         return _Scaled(self, factor)
@@ -47,6 +53,9 @@ class ConstantStep(StepSchedule):
 
     def __call__(self, t: int) -> float:
         return self.eta
+
+    def constant_phase(self) -> float:
+        return math.inf
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,9 @@ class TwoPhaseStep(StepSchedule):
             return self.eta
         return self.beta / (self.gamma + t - self.switch)
 
+    def constant_phase(self) -> float:
+        return float(self.switch)
+
 
 @dataclass(frozen=True)
 class _Scaled(StepSchedule):
@@ -93,6 +105,9 @@ class _Scaled(StepSchedule):
 
     def __call__(self, t: int) -> float:
         return self.factor * self.base(t)
+
+    def constant_phase(self) -> float:
+        return self.base.constant_phase()
 
 
 @dataclass(frozen=True)

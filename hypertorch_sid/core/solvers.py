@@ -8,6 +8,10 @@ Both solves are the stochastic Krasnoselskii–Mann iteration (eq. inneralgo)
   call starts from the last w);
 * adjoint solve (eq. backalg): T̂ = Ψ̂_w(v) = ∂₁Φ̂(w, λ, ζ̂_k)ᵀ v + ∇₁E(w, λ), on fresh batches ζ̂.
 
+The inner solve is a strategy (:class:`InnerSolver`): :class:`LastIterate` is the paper's,
+:class:`AveragedMomentum` (the default) adds heavy-ball momentum to the constant phase and averages
+the last iterates; so is the adjoint solve (:class:`AdjointSolver`).
+
 Then (eq. gradestim) ∇̂f(λ) = ∇₂E(w_t, λ) + ∂₂Φ̂(w_t, λ, ζ)ᵀ v_k, where the last term may average
 J batches (or all the data) to remove the floor 2 m₂ B²/(1−q)² of Thm 3.4.
 
@@ -128,15 +132,24 @@ def km_iteration(
     schedule: StepSchedule,
     monitor: _DivergenceMonitor,
     count: Callable[[Any], None],
+    momentum: float = 0.0,
+    averaged_steps: int = 0,
 ) -> SolveResult:
     """The stochastic Krasnoselskii–Mann iteration (eq. inneralgo), x updated in place:
 
-        x_{t+1} = x_t + η_t (T̂(x_t, ζ_t) − x_t).
+        x_{t+1} = x_t + η_t (T̂(x_t, ζ_t) − x_t) + m_t (x_t − x_{t−1}),
+
+    with m_t = ``momentum`` while η_t is in the schedule's constant phase (t < t₀) and 0 after
+    (plain KM steps: m = 0 is the paper's iteration). With ``averaged_steps`` = s > 0, x ends as
+    the mean of the last s iterates x_{t−s+1..t} (Polyak–Ruppert averaging).
 
     Both solves of Algorithm 1 are this kernel: T̂ = Φ̂(·, λ, ζ) (eq. inneralg) and
     T̂ = Ψ̂_w(·, ζ̂) (eq. backalg). Every residual ‖T̂(x) − x‖ goes through ``monitor``.
     """
     residual, eta = math.nan, math.nan
+    heavy_ball = min(steps, schedule.constant_phase()) if momentum > 0 else 0
+    velocity = [torch.zeros_like(xi) for xi in x] if heavy_ball else []  # x_t − x_{t−1}
+    mean: list[Tensor] = []
     for t in range(steps):
         batch = next(batches)
         target = T(batch, x)
@@ -145,9 +158,21 @@ def km_iteration(
             delta = [p - xi for p, xi in zip(target, x)]
             residual = norm(delta)
             monitor.check(t, residual)
-            for xi, d in zip(x, delta):
-                xi.add_(d, alpha=eta)
+            if t < heavy_ball:
+                for xi, d, u in zip(x, delta, velocity):
+                    xi.add_(u.mul_(momentum).add_(d, alpha=eta))
+            else:
+                for xi, d in zip(x, delta):
+                    xi.add_(d, alpha=eta)
+            if t >= steps - averaged_steps:
+                if not mean:
+                    mean = [xi.clone() for xi in x]
+                for m, xi in zip(mean, x):
+                    m.lerp_(xi, 1.0 / (t - steps + averaged_steps + 1))
         count(batch)
+    with torch.no_grad():
+        for xi, m in zip(x, mean):
+            xi.copy_(m)
     return SolveResult(steps, monitor.first, residual, eta)
 
 
@@ -158,8 +183,11 @@ def inner_solve(
     schedule: StepSchedule,
     cost: Cost | None = None,
     divergence_factor: float = 1e4,
+    momentum: float = 0.0,
+    averaged_steps: int = 0,
 ) -> SolveResult:
-    """t steps of eq. inneralg, w ← w + η_t (Φ̂(w, λ, ζ_t) − w), updating w in place."""
+    """t steps of eq. inneralg, w ← w + η_t (Φ̂(w, λ, ζ_t) − w), updating w in place (with
+    ``momentum`` and ``averaged_steps`` as in :func:`km_iteration`)."""
     monitor = _DivergenceMonitor(
         "inner solve w_t",
         divergence_factor,
@@ -174,7 +202,122 @@ def inner_solve(
         schedule,
         monitor,
         lambda batch: _count(cost, batch, "inner"),
+        momentum,
+        averaged_steps,
     )
+
+
+class InnerSolver(ABC):
+    """How the t warm-started inner steps of Algorithm 1 (eq. inneralg) approach w(λ): a
+    strategy object. ``solve`` updates ``phi.inner_parameters`` in place."""
+
+    @abstractmethod
+    def solve(
+        self,
+        phi: FixedPointMap,
+        batches: BatchStream,
+        steps: int,
+        schedule: StepSchedule,
+        cost: Cost | None = None,
+        divergence_factor: float = 1e4,
+        q: float | None = None,
+    ) -> SolveResult:
+        """t steps on the minibatches of ``batches`` (q: the map's contraction constant where the
+        inner problem is convex, else None); the solve's report."""
+
+
+@dataclass(frozen=True)
+class LastIterate(InnerSolver):
+    """The paper's inner iteration (eq. inneralg): t KM steps, w_t is the last iterate (the
+    presets' inner solve)."""
+
+    def solve(
+        self,
+        phi: FixedPointMap,
+        batches: BatchStream,
+        steps: int,
+        schedule: StepSchedule,
+        cost: Cost | None = None,
+        divergence_factor: float = 1e4,
+        q: float | None = None,
+    ) -> SolveResult:
+        return inner_solve(phi, batches, steps, schedule, cost, divergence_factor)
+
+
+@dataclass(frozen=True)
+class AveragedMomentum(InnerSolver):
+    """eq. inneralg with heavy-ball momentum in the constant phase and an averaged decreasing
+    phase (the default inner solve). For a schedule with a constant phase t < t₀ followed by
+    decreasing steps (``"two_phase"``, the default):
+
+        w_{t+1} = w_t + η (Φ̂(w_t, λ, ζ_t) − w_t) + m (w_t − w_{t−1})   for t < t₀,
+        w_{t+1} = w_t + η_t (Φ̂(w_t, λ, ζ_t) − w_t)                     after (Thm 4.2's steps),
+        w = the mean of the last ⌊``averaged``·t⌋ iterates, all of them after t₀.
+
+    For the GD map, momentum m divides the constant phase's rate on the low-curvature directions,
+    1 − αμ, into 1 − αμ/(1−m) (stable for αL < 2(1+m), so wherever plain steps are); the
+    decreasing phase then removes the noise it adds, and averaging its iterates removes most of
+    the rest (Polyak–Juditsky). Same fixed point, same samples per step.
+
+    * It needs q, the contraction constant of a convex inner problem (given, or estimated with
+      λ̂_min > 0); without it — a network, where the curvature estimate finds negative curvature
+      — the paper's iteration runs: the theory of both is for convex problems, and on small MLPs
+      momentum lowered the training progress per step (train loss 1.17 against 0.93 after 100
+      steps), as the faster steps reached sharper regions and the estimate at w_t lowered α.
+    * m is capped at q²: the heavy-ball rate is then never slower than the plain one (√m ≤ q),
+      so well-conditioned problems lose nothing.
+    * Momentum needs a symmetric Jacobian (gradient maps: ``phi.symmetric``); other maps
+      (proximal, general contractions) get the averaging only.
+    * A schedule without both phases in these steps runs the paper's iteration, unchanged:
+      constant steps (no decreasing phase to remove momentum's noise; deterministic, full-batch
+      solves converge linearly, and an average would only lag behind) and purely decreasing
+      steps (no constant phase to accelerate; their O(1/t) iterates are already what Thm 4.2
+      bounds — averaging them moved the warm-started digits demo from val loss 0.1812 to 0.1846).
+
+    Measured on MNIST odd/even (``benchmarks/bench_peers.py``, n_tr = 5000, 784 λ, 3 minibatch
+    orders; relative error of the hypergradient at E epochs, E/2 inner): E = 20: 0.09–0.11
+    against 0.12–0.16 for the last iterate; E = 40: 0.006–0.010 against 0.011–0.024; E = 80:
+    6e-4–9e-4 against 3e-3–4e-3.
+    """
+
+    momentum: float = 0.5
+    averaged: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("momentum", "averaged"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigurationError(
+                    f"AveragedMomentum.{name} must be a number, got {value!r}."
+                )
+        if not 0 <= self.momentum < 1:
+            raise ConfigurationError(
+                f"AveragedMomentum.momentum must be in [0, 1), got {self.momentum!r}."
+            )
+        if not 0 <= self.averaged <= 1:
+            raise ConfigurationError(
+                f"AveragedMomentum.averaged (the share of steps averaged) must be in [0, 1], got "
+                f"{self.averaged!r}."
+            )
+
+    def solve(
+        self,
+        phi: FixedPointMap,
+        batches: BatchStream,
+        steps: int,
+        schedule: StepSchedule,
+        cost: Cost | None = None,
+        divergence_factor: float = 1e4,
+        q: float | None = None,
+    ) -> SolveResult:
+        t0 = schedule.constant_phase()
+        if q is None or not 0 < t0 < steps:  # not two phases within these steps
+            return inner_solve(phi, batches, steps, schedule, cost, divergence_factor)
+        momentum = min(self.momentum, q * q) if phi.symmetric else 0.0
+        averaged_steps = min(int(self.averaged * steps), max(0, steps - int(t0)))
+        return inner_solve(
+            phi, batches, steps, schedule, cost, divergence_factor, momentum, averaged_steps
+        )
 
 
 _ADJOINT_HINT = (
