@@ -1,5 +1,5 @@
 """Oracle tests of the inner solvers: the paper's last iterate and AveragedMomentum (heavy-ball
-momentum in the constant phase, the last iterates averaged)."""
+momentum in the constant phase, the decreasing phase averaged)."""
 
 from __future__ import annotations
 
@@ -42,20 +42,26 @@ def _stream() -> BatchStream:
     return BatchStream([None])
 
 
-def test_the_kernel_is_the_heavy_ball_recurrence_then_km_steps_then_the_mean():
+@pytest.mark.parametrize("c", [0.0, 3.0])
+def test_the_kernel_is_the_heavy_ball_recurrence_then_km_steps_then_the_average(c):
     """w_{t+1} = w_t − αη_t∇ℓ(w_t) + m(w_t − w_{t−1}) for t < t₀, plain steps after, and the
-    mean of the last s iterates, written out by hand."""
+    polynomial-decay average of the last s iterates (c = 0: their mean), written out by hand."""
     phi, w, H, b = _quadratic()
     schedule = TwoPhaseStep(eta=1.0, switch=12, beta=4.0, gamma=4.0)
     m, steps, s = 0.5, 30, 9
-    inner_solve(phi, _stream(), steps, schedule, momentum=m, averaged_steps=s)
+    inner_solve(phi, _stream(), steps, schedule, momentum=m, averaged_steps=s, decay=c)
 
     x, previous, iterates = torch.zeros_like(b), torch.zeros_like(b), []
     for t in range(steps):
         step = -schedule(t) * (H @ x - b) + (m * (x - previous) if t < 12 else 0)
         previous, x = x, x + step
         iterates.append(x)
-    torch.testing.assert_close(w.detach(), torch.stack(iterates[-s:]).mean(0), rtol=1e-12, atol=0)
+    average = iterates[-s]
+    for j, y in enumerate(iterates[-s + 1 :], start=1):
+        average = average + (c + 1) / (j + c + 1) * (y - average)
+    torch.testing.assert_close(w.detach(), average, rtol=1e-12, atol=0)
+    if c == 0:
+        torch.testing.assert_close(average, torch.stack(iterates[-s:]).mean(0))
 
 
 def test_momentum_keeps_the_fixed_point_and_gets_there_faster():
@@ -64,7 +70,7 @@ def test_momentum_keeps_the_fixed_point_and_gets_there_faster():
     phi, w, H, b = _quadratic()
     w_star = torch.linalg.solve(H, b)
     errors = []
-    for solver in (LastIterate(), AveragedMomentum(averaged=0.0)):
+    for solver in (LastIterate(), AveragedMomentum()):
         with torch.no_grad():
             w.zero_()
         solver.solve(phi, _stream(), 100, TwoPhaseStep(1.0, 90, 2.0, 2.0), q=0.95)
@@ -106,7 +112,7 @@ def test_momentum_is_capped_at_q_squared():
         if run == 0:
             AveragedMomentum().solve(phi, _stream(), 30, schedule, q=0.3)
         else:
-            inner_solve(phi, _stream(), 30, schedule, momentum=0.09, averaged_steps=10)
+            inner_solve(phi, _stream(), 30, schedule, momentum=0.09, averaged_steps=10, decay=3.0)
         results.append(w.detach().clone())
     torch.testing.assert_close(results[0], results[1], rtol=1e-14, atol=0)
 
@@ -166,7 +172,8 @@ def test_the_default_is_averaged_momentum_and_the_presets_keep_the_paper():
     [
         (dict(momentum=1.0), "momentum must be in"),
         (dict(momentum=-0.1), "momentum must be in"),
-        (dict(averaged=1.5), "averaged .* must be in"),
+        (dict(decay=-1.0), "decay .* must be a finite number"),
+        (dict(decay=math.inf), "decay .* must be a finite number"),
         (dict(momentum="0.5"), "momentum must be a number"),
     ],
 )
