@@ -695,10 +695,13 @@ class SIDHyperOptimizer:
             )
 
     def _inner_contraction(self) -> float | None:
-        """q of the inner map where it is a contraction of a convex problem: None where the
-        curvature estimate found λ̂_min ≤ 0 (a network: the inner solver then runs the paper's
-        iteration, the theory of momentum and averaging being for convex problems)."""
+        """q of the inner map where it is a contraction of a convex problem and its steps are
+        stochastic: None where the curvature estimate found λ̂_min ≤ 0 (a network: the theory of
+        momentum and averaging is for convex problems) or the inner batch is the full one (no
+        noise to average), and the inner solver then runs the paper's iteration."""
         if self.lambda_min is not None and self.lambda_min <= 0:
+            return None
+        if self.config.batches.inner == "full":
             return None
         return self.q
 
@@ -739,9 +742,10 @@ class SIDHyperOptimizer:
                 c.adjoint_steps,
                 adjoint_batches,
                 # a full batch to choose CG with: not where a full-batch (GD) adjoint was asked
-                # for; no q to choose with where a scheduled fixed-point adjoint was
+                # for; no q to choose (or accelerate) with where a scheduled or a full-batch
+                # fixed-point adjoint was
                 self.full_train_batch if c.batches.adjoint != "full" else None,
-                self.q if c.adjoint_step_size is None else None,
+                self.q if c.adjoint_step_size is None and c.batches.adjoint != "full" else None,
                 distributed=self.mean_across_processes is not None,
             )
             if solver != self.adjoint_solver_used:
@@ -776,7 +780,7 @@ class SIDHyperOptimizer:
                     "overflowed: check the losses and the training data for NaN/Inf.",
                 )
             etas = (
-                sum(adjoint_schedule(t) for t in range(adjoint_steps))
+                solver.step_budget(self._solver_map, adjoint_schedule, adjoint_steps)
                 if isinstance(solver, FixedPointIteration)
                 else math.inf  # CG's v = A⁻¹∇₁E has no non-expansive budget
             )
