@@ -220,7 +220,6 @@ class InnerSolver(ABC):
     """How the t warm-started inner steps of Algorithm 1 (eq. inneralg) approach w(λ): a
     strategy object. ``solve`` updates ``phi.inner_parameters`` in place."""
 
-    @abstractmethod
     def solve(
         self,
         phi: FixedPointMap,
@@ -233,6 +232,17 @@ class InnerSolver(ABC):
     ) -> SolveResult:
         """t steps on the minibatches of ``batches`` (q: the map's contraction constant where the
         inner problem is convex, else None); the solve's report."""
+        return inner_solve(
+            phi, batches, steps, schedule, cost, divergence_factor,
+            **self.acceleration(phi, schedule, steps, q),
+        )  # fmt: skip
+
+    @abstractmethod
+    def acceleration(
+        self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
+    ) -> dict[str, Any]:
+        """``momentum``, ``averaged_steps`` and ``decay`` of :func:`km_iteration` for this solve
+        (none: the paper's iteration)."""
 
 
 @dataclass(frozen=True)
@@ -240,17 +250,10 @@ class LastIterate(InnerSolver):
     """The paper's inner iteration (eq. inneralg): t KM steps, w_t is the last iterate (the
     presets' inner solve)."""
 
-    def solve(
-        self,
-        phi: FixedPointMap,
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None = None,
-        divergence_factor: float = 1e4,
-        q: float | None = None,
-    ) -> SolveResult:
-        return inner_solve(phi, batches, steps, schedule, cost, divergence_factor)
+    def acceleration(
+        self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
+    ) -> dict[str, Any]:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -315,28 +318,14 @@ class AveragedMomentum(InnerSolver):
                 f"mean) must be a finite number ≥ 0, got {self.decay!r}."
             )
 
-    def solve(
-        self,
-        phi: FixedPointMap,
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None = None,
-        divergence_factor: float = 1e4,
-        q: float | None = None,
-    ) -> SolveResult:
+    def acceleration(
+        self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
+    ) -> dict[str, Any]:
         t0 = schedule.constant_phase()
         if q is None or not 0 < t0 < steps:  # not two phases within these steps
-            return inner_solve(phi, batches, steps, schedule, cost, divergence_factor)
-        momentum = min(self.momentum, q * q) if phi.symmetric else 0.0
-        return inner_solve(
-            phi,
-            batches,
-            steps,
-            schedule,
-            cost,
-            divergence_factor,
-            momentum,
+            return {}
+        return dict(
+            momentum=min(self.momentum, q * q) if phi.symmetric else 0.0,
             averaged_steps=steps - int(t0),
             decay=self.decay,
         )
