@@ -24,6 +24,7 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.batches import BatchStream
 from hypertorch_sid.core.errors import ConfigurationError
+from hypertorch_sid.core.solvers import Acceleration
 
 
 def _quadratic(d: int = 8, seed: int = 0):
@@ -49,7 +50,7 @@ def test_the_kernel_is_the_heavy_ball_recurrence_then_km_steps_then_the_average(
     phi, w, H, b = _quadratic()
     schedule = TwoPhaseStep(eta=1.0, switch=12, beta=4.0, gamma=4.0)
     m, steps, s = 0.5, 30, 9
-    inner_solve(phi, _stream(), steps, schedule, momentum=m, averaged_steps=s, decay=c)
+    inner_solve(phi, _stream(), steps, schedule, acceleration=Acceleration(m, s, c))
 
     x, previous, iterates = torch.zeros_like(b), torch.zeros_like(b), []
     for t in range(steps):
@@ -112,7 +113,7 @@ def test_momentum_is_capped_at_q_squared():
         if run == 0:
             AveragedMomentum().solve(phi, _stream(), 30, schedule, q=0.3)
         else:
-            inner_solve(phi, _stream(), 30, schedule, momentum=0.09, averaged_steps=10, decay=3.0)
+            inner_solve(phi, _stream(), 30, schedule, acceleration=Acceleration(0.09, 10, 3.0))
         results.append(w.detach().clone())
     torch.testing.assert_close(results[0], results[1], rtol=1e-14, atol=0)
 

@@ -10,7 +10,8 @@ Both solves are the stochastic Krasnoselskii–Mann iteration (eq. inneralgo)
 
 The inner solve is a strategy (:class:`InnerSolver`): :class:`LastIterate` is the paper's,
 :class:`AveragedMomentum` (the default) adds heavy-ball momentum to the constant phase and averages
-the last iterates; so is the adjoint solve (:class:`AdjointSolver`).
+the decreasing phase (an :class:`Acceleration` of the kernel); so is the adjoint solve
+(:class:`AdjointSolver`).
 
 Then (eq. gradestim) ∇̂f(λ) = ∇₂E(w_t, λ) + ∂₂Φ̂(w_t, λ, ζ)ᵀ v_k, where the last term may average
 J batches (or all the data) to remove the floor 2 m₂ B²/(1−q)² of Thm 3.4.
@@ -124,6 +125,35 @@ def _count(cost: Cost | None, batch: Any, solve: str) -> None:
         cost.jacobian_vector_products += 1
 
 
+@dataclass(frozen=True)
+class Acceleration:
+    """How :func:`km_iteration` departs from the paper's steps: heavy-ball ``momentum`` m in the
+    schedule's constant phase, and the polynomial-decay average (c = ``decay``) of the last
+    ``averaged_steps`` iterates. ``Acceleration()`` is the paper's iteration."""
+
+    momentum: float = 0.0
+    averaged_steps: int = 0
+    decay: float = 0.0
+
+    @classmethod
+    def two_phase(
+        cls,
+        phi: FixedPointMap,
+        schedule: StepSchedule,
+        steps: int,
+        momentum: float,
+        decay: float | None,
+    ) -> Acceleration:
+        """Momentum m (symmetric maps only) in the constant phase t < t₀ and the average of the
+        whole decreasing phase (``decay`` None: no average), where the schedule has both phases
+        within ``steps``; the paper's iteration otherwise."""
+        t0 = schedule.constant_phase()
+        if not 0 < t0 < steps:
+            return cls()
+        averaged = steps - int(t0) if decay is not None else 0
+        return cls(momentum if phi.symmetric else 0.0, averaged, decay or 0.0)
+
+
 def km_iteration(
     T: Callable[[Any, Sequence[Tensor]], Sequence[Tensor]],
     x: Sequence[Tensor],
@@ -132,19 +162,18 @@ def km_iteration(
     schedule: StepSchedule,
     monitor: _DivergenceMonitor,
     count: Callable[[Any], None],
-    momentum: float = 0.0,
-    averaged_steps: int = 0,
-    decay: float = 0.0,
+    acceleration: Acceleration = Acceleration(),
 ) -> SolveResult:
     """The stochastic Krasnoselskii–Mann iteration (eq. inneralgo), x updated in place:
 
         x_{t+1} = x_t + η_t (T̂(x_t, ζ_t) − x_t) + m_t (x_t − x_{t−1}),
 
-    with m_t = ``momentum`` while η_t is in the schedule's constant phase (t < t₀) and 0 after
-    (plain KM steps: m = 0 is the paper's iteration). With ``averaged_steps`` = s > 0, x ends as
-    the polynomial-decay average of the last s iterates (Shamir & Zhang, 2013),
+    with m_t = ``acceleration.momentum`` while η_t is in the schedule's constant phase (t < t₀)
+    and 0 after (plain KM steps: m = 0 is the paper's iteration). With
+    ``acceleration.averaged_steps`` = s > 0, x ends as the polynomial-decay average of the last s
+    iterates (Shamir & Zhang, 2013),
 
-        x̄_0 = y_0,   x̄_j = x̄_{j−1} + (c+1)/(j+c+1) (y_j − x̄_{j−1}),   c = ``decay``,
+        x̄_0 = y_0,   x̄_j = x̄_{j−1} + (c+1)/(j+c+1) (y_j − x̄_{j−1}),   c = ``acceleration.decay``,
 
     over the last s iterates y_0..y_{s−1}: the uniform mean for c = 0; c > 0 weights recent
     iterates more, so the average does not lag behind an iteration that is still converging.
@@ -153,6 +182,11 @@ def km_iteration(
     T̂ = Ψ̂_w(·, ζ̂) (eq. backalg). Every residual ‖T̂(x) − x‖ goes through ``monitor``.
     """
     residual, eta = math.nan, math.nan
+    momentum, averaged_steps, decay = (
+        acceleration.momentum,
+        acceleration.averaged_steps,
+        acceleration.decay,
+    )
     heavy_ball = min(steps, schedule.constant_phase()) if momentum > 0 else 0
     velocity = [torch.zeros_like(xi) for xi in x] if heavy_ball else []  # x_t − x_{t−1}
     mean: list[Tensor] = []
@@ -190,12 +224,10 @@ def inner_solve(
     schedule: StepSchedule,
     cost: Cost | None = None,
     divergence_factor: float = 1e4,
-    momentum: float = 0.0,
-    averaged_steps: int = 0,
-    decay: float = 0.0,
+    acceleration: Acceleration = Acceleration(),
 ) -> SolveResult:
     """t steps of eq. inneralg, w ← w + η_t (Φ̂(w, λ, ζ_t) − w), updating w in place (with
-    ``momentum``, ``averaged_steps`` and ``decay`` as in :func:`km_iteration`)."""
+    ``acceleration`` as in :func:`km_iteration`)."""
     monitor = _DivergenceMonitor(
         "inner solve w_t",
         divergence_factor,
@@ -210,9 +242,7 @@ def inner_solve(
         schedule,
         monitor,
         lambda batch: _count(cost, batch, "inner"),
-        momentum,
-        averaged_steps,
-        decay,
+        acceleration,
     )
 
 
@@ -232,17 +262,14 @@ class InnerSolver(ABC):
     ) -> SolveResult:
         """t steps on the minibatches of ``batches`` (q: the map's contraction constant where the
         inner problem is convex, else None); the solve's report."""
-        return inner_solve(
-            phi, batches, steps, schedule, cost, divergence_factor,
-            **self.acceleration(phi, schedule, steps, q),
-        )  # fmt: skip
+        acceleration = self.acceleration(phi, schedule, steps, q)
+        return inner_solve(phi, batches, steps, schedule, cost, divergence_factor, acceleration)
 
     @abstractmethod
     def acceleration(
         self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
-    ) -> dict[str, Any]:
-        """``momentum``, ``averaged_steps`` and ``decay`` of :func:`km_iteration` for this solve
-        (none: the paper's iteration)."""
+    ) -> Acceleration:
+        """How this solve departs from the paper's iteration (``Acceleration()``: not at all)."""
 
 
 @dataclass(frozen=True)
@@ -252,8 +279,8 @@ class LastIterate(InnerSolver):
 
     def acceleration(
         self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
-    ) -> dict[str, Any]:
-        return {}
+    ) -> Acceleration:
+        return Acceleration()
 
 
 @dataclass(frozen=True)
@@ -320,15 +347,10 @@ class AveragedMomentum(InnerSolver):
 
     def acceleration(
         self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
-    ) -> dict[str, Any]:
-        t0 = schedule.constant_phase()
-        if q is None or not 0 < t0 < steps:  # not two phases within these steps
-            return {}
-        return dict(
-            momentum=min(self.momentum, q * q) if phi.symmetric else 0.0,
-            averaged_steps=steps - int(t0),
-            decay=self.decay,
-        )
+    ) -> Acceleration:
+        if q is None:
+            return Acceleration()
+        return Acceleration.two_phase(phi, schedule, steps, min(self.momentum, q * q), self.decay)
 
 
 _ADJOINT_HINT = (
@@ -358,12 +380,10 @@ def adjoint_solve(
     schedule: StepSchedule,
     cost: Cost | None = None,
     divergence_factor: float = 1e4,
-    momentum: float = 0.0,
-    averaged_steps: int = 0,
-    decay: float = 0.0,
+    acceleration: Acceleration = Acceleration(),
 ) -> tuple[Tensors, SolveResult]:
-    """k steps of eq. backalg, v ← v + η_k (Ψ̂_w(v, ζ̂_k) − v), from v₀ (with ``momentum``,
-    ``averaged_steps`` and ``decay`` as in :func:`km_iteration`).
+    """k steps of eq. backalg, v ← v + η_k (Ψ̂_w(v, ζ̂_k) − v), from v₀ (with ``acceleration`` as
+    in :func:`km_iteration`).
 
     Solves (I − ∂₁Φ(w, λ)ᵀ) v = ∇₁E(w, λ) (eq. linsystem). Returns v_k and the solve's report;
     the residual is ‖Ψ̂_w(v) − v‖.
@@ -378,9 +398,7 @@ def adjoint_solve(
         schedule,
         monitor,
         lambda batch: _count(cost, batch, "adjoint"),
-        momentum,
-        averaged_steps,
-        decay,
+        acceleration,
     )
     return v, result
 
@@ -453,18 +471,13 @@ class FixedPointIteration(AdjointSolver):
                 f"got {c!r}."
             )
 
-    def _phases(self, phi: FixedPointMap, schedule: StepSchedule, steps: int) -> tuple[float, int]:
-        """(m, s): the momentum and the number of averaged steps of this solve."""
-        t0 = schedule.constant_phase()
-        if not 0 < t0 < steps:
-            return 0.0, 0
-        momentum = self.momentum if phi.symmetric else 0.0
-        return momentum, (steps - int(t0) if self.decay is not None else 0)
+    def acceleration(self, phi: FixedPointMap, schedule: StepSchedule, steps: int) -> Acceleration:
+        return Acceleration.two_phase(phi, schedule, steps, self.momentum, self.decay)
 
     def step_budget(self, phi: FixedPointMap, schedule: StepSchedule, steps: int) -> float:
         """How far v can move in a non-expansive solve, in units of ‖∇₁E‖: Σ_k η_k, with the
         momentum steps counted 1/(1−m) times (the velocity sums them geometrically)."""
-        momentum, _ = self._phases(phi, schedule, steps)
+        momentum = self.acceleration(phi, schedule, steps).momentum
         t0 = schedule.constant_phase() if momentum else 0
         return sum(schedule(k) / (1 - momentum if k < t0 else 1) for k in range(steps))
 
@@ -480,20 +493,10 @@ class FixedPointIteration(AdjointSolver):
         divergence_factor: float,
         full_batch: Any = None,
     ) -> tuple[Tensors, SolveResult]:
-        momentum, averaged_steps = self._phases(phi, schedule, steps)
         return adjoint_solve(
-            phi,
-            grad_w_E,
-            v0,
-            batches,
-            steps,
-            schedule,
-            cost,
-            divergence_factor,
-            momentum,
-            averaged_steps,
-            self.decay or 0.0,
-        )
+            phi, grad_w_E, v0, batches, steps, schedule, cost, divergence_factor,
+            self.acceleration(phi, schedule, steps),
+        )  # fmt: skip
 
 
 def sampled_operator(
