@@ -356,9 +356,13 @@ def train_once(
     granularity: str | None = None,
     learned_init: float = 1e-4,
     learned_kwargs: dict[str, Any] | Callable[[Any], dict[str, Any]] | None = None,
+    order: int | None = None,
 ) -> dict[str, Any]:
     """One training; never raises: an exception is recorded in the returned record.
-    ``learned_kwargs`` may be a function of the model (for keywords that need it)."""
+    ``learned_kwargs`` may be a function of the model (for keywords that need it). ``seed`` sets
+    the initial weights and (unless ``order`` is given) the batch order; ``order`` seeds the
+    training DataLoader and the callback's samplers instead, so the same data split and initial
+    weights can be trained on other batch orders."""
     rec: dict[str, Any] = dict(
         weight_decay=None if granularity else weight_decay,
         granularity=granularity,
@@ -392,12 +396,15 @@ def train_once(
                 from hypertorch_sid import LearnedWeightDecay
 
                 kw = learned_kwargs(model) if callable(learned_kwargs) else learned_kwargs
-                cb = LearnedWeightDecay(learned_init, granularity=granularity, **(kw or {}))
+                kw = dict(kw or {})
+                if order is not None:
+                    kw.setdefault("seed", order)
+                cb = LearnedWeightDecay(learned_init, granularity=granularity, **kw)
             train = DataLoader(
                 TensorDataset(data.X_train, data.y_train),
                 batch_size=s.batch_size,
                 shuffle=True,
-                generator=torch.Generator().manual_seed(seed),
+                generator=torch.Generator().manual_seed(seed if order is None else order),
             )
             val = DataLoader(TensorDataset(data.X_val, data.y_val), batch_size=s.batch_size)
             trainer = pl.Trainer(

@@ -129,3 +129,79 @@ def test_quick_digits_over_seeds(tmp_path: Path) -> None:
     assert [rows["no WD"]["seeds"][str(s)]["val"] for s in (0, 1)] == plain
     assert rows["learned global"]["beats_grid"].endswith("of 2")
     assert (tmp_path / "wd_seeds.md").read_text().startswith("| setting |")
+
+
+ORDERS = REPO / "benchmarks" / "bench_weight_decay_orders.py"
+
+
+def _orders_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_weight_decay_orders", ORDERS)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return mod
+
+
+def test_orders_summary_by_hand() -> None:
+    """σ pooled within seeds and the paired difference to the grid's pick, written out."""
+    mod = _orders_module()
+
+    def rec(v: float) -> dict:
+        return {"finished": True, "best_val_loss": v, "test_loss": v + 1}
+
+    res = {
+        "seeds": {
+            "0": {"grid_best": 0.9, "runs": {
+                "no_wd": [rec(1.0), rec(1.2)], "grid_pick": [rec(0.9), rec(1.0)],
+                "learned_global": [rec(0.8), rec(1.1)]}},
+            "1": {"grid_best": 0.7, "runs": {
+                "no_wd": [rec(2.0), rec(2.4), rec(2.2)], "grid_pick": [rec(1.0), rec(1.0), rec(1.0)],
+                "learned_global": [rec(1.0), rec(0.9), rec(1.3)]}},
+        }
+    }  # fmt: skip
+    sm = mod.summarize(res, ["no_wd", "grid_pick", "learned_global"])
+    # deviations from each seed's mean: ±0.1 (seed 0), −0.2, +0.2, 0 (seed 1); dof = 1 + 2
+    assert math.isclose(sm["sigma"], math.sqrt((0.01 * 2 + 0.04 * 2) / 3))
+    assert math.isclose(sm["grid_best_min_of_6"], 0.8)
+    g = sm["methods"]["learned_global"]
+    d = [-0.1, 0.1, 0.0, -0.1, 0.3]
+    assert g["pairs"] == 5 and g["wins"] == 3
+    assert math.isclose(g["minus_pick"], sum(d) / 5)
+    mean = sum(d) / 5
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / 4 / 5)
+    assert math.isclose(g["minus_pick_se"], se)
+    assert math.isclose(sm["methods"]["no_wd"]["mean_test_loss"], 1 + 8.8 / 5)
+    assert "minus_pick" not in sm["methods"]["grid_pick"]
+
+
+def test_orders_quick(tmp_path: Path) -> None:
+    """``bench_weight_decay_orders.py --quick``: R fresh batch orders per seed and method."""
+    out = tmp_path / "orders.json"
+    cmd = [
+        sys.executable, str(ORDERS), "--quick", "--orders", "2", "--seeds", "0", "1",
+        "--methods", "no_wd", "grid_pick", "learned_global", "--out", str(out),
+        "--learned-kwargs", '{"every_n_steps": 2}',
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["benchmark"] == "weight_decay_orders" and res["orders"] == 2
+    s = res["settings"]["digits_mlp"]
+    epochs = s["config"]["epochs"]
+    for seed in (0, 1):
+        sd = s["seeds"][str(seed)]
+        for m in ("no_wd", "grid_pick", "learned_global"):
+            runs = sd["runs"][m]
+            assert [r["order"] for r in runs] == [1000 * (seed + 1) + 1, 1000 * (seed + 1) + 2]
+            for r in runs:
+                _check_run(r, epochs)
+        curves = [r["val_curve"] for r in sd["runs"]["no_wd"]]
+        assert curves[0] != curves[1]  # another batch order, another training
+        assert sd["runs"]["learned_global"][0]["sid_cost"]["hypergradients"] >= 1
+    sm = s["summary"]
+    assert math.isfinite(sm["sigma"]) and sm["methods"]["learned_global"]["pairs"] == 4
+    assert out.with_suffix(".md").read_text().startswith("| setting |")
+    assert out.with_suffix(".png").stat().st_size > 0
