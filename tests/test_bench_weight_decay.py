@@ -175,6 +175,9 @@ def test_orders_summary_by_hand() -> None:
     assert math.isclose(g["minus_pick_se"], se)
     assert math.isclose(sm["methods"]["no_wd"]["mean_test_loss"], 1 + 8.8 / 5)
     assert "minus_pick" not in sm["methods"]["grid_pick"]
+    # fresh-order runs at or below their seed's grid best (0.9, then 0.7)
+    assert g["reach_grid_best"] == 1 and sm["methods"]["grid_pick"]["reach_grid_best"] == 1
+    assert sm["methods"]["no_wd"]["reach_grid_best"] == 0
 
 
 def test_orders_quick(tmp_path: Path) -> None:
@@ -205,3 +208,10 @@ def test_orders_quick(tmp_path: Path) -> None:
     assert math.isfinite(sm["sigma"]) and sm["methods"]["learned_global"]["pairs"] == 4
     assert out.with_suffix(".md").read_text().startswith("| setting |")
     assert out.with_suffix(".png").stat().st_size > 0
+    table = out.with_suffix(".md").read_text()
+    again = subprocess.run(
+        [sys.executable, str(ORDERS), "--resummarize", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert out.with_suffix(".md").read_text() == table  # the summary is a function of the runs
