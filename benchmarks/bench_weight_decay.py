@@ -884,13 +884,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown setting {err}; choose from {list(SETTINGS)} or {', '.join(ALIASES)}")
     if args.optuna_trials is None:
         args.optuna_trials = 2 if args.quick else 20
-    if args.out is None:
-        args.out = (
-            Path(tempfile.mkdtemp(prefix="bench_wd_")) / "weight_decay.json"
-            if args.quick
-            else DEFAULT_OUT
-        )
+    args.out = out_path(args.out, args.quick, DEFAULT_OUT)
     return args
+
+
+def out_path(out: Path | None, quick: bool, default: Path) -> Path:
+    """``--out``; without it a temporary folder for ``--quick`` runs, else ``default``."""
+    if out is not None:
+        return out
+    return (
+        Path(tempfile.mkdtemp(prefix=f"bench_{default.stem}_")) / default.name if quick else default
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -42,7 +42,6 @@ import json
 import logging
 import math
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -239,12 +238,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown setting(s) {unknown}; choose from {list(bw.SETTINGS)}")
     args.settings = list(dict.fromkeys(bw.ALIASES.get(n, n) for n in names))
-    if args.out is None:
-        args.out = (
-            Path(tempfile.mkdtemp(prefix="bench_wd_orders_")) / "weight_decay_orders.json"
-            if args.quick
-            else DEFAULT_OUT
-        )
+    args.out = bw.out_path(args.out, args.quick, DEFAULT_OUT)
     return args
 
 
