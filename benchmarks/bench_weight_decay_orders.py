@@ -22,7 +22,9 @@ Reported per setting:
   how many of its fresh-order trainings reach the seed's grid best — ``bench_weight_decay.py``'s
   target, which the grid's own pick meets only as often as the noise allows;
 * the paired difference learned − grid pick (same seed and order: same split, initial weights and
-  batch order), its mean, its standard error and how many pairs the learned run wins.
+  batch order), its mean, its standard error and how many pairs the learned run wins; and the
+  same paired difference of the test loss (of the best validation epoch's weights): what the
+  tuning is for, free of the validation set the learned λ were fitted to.
 
 Usage (from the repository root; run ``bench_weight_decay.py --seeds 0 1 2`` first)::
 
@@ -121,8 +123,13 @@ def _float(v: Any) -> float:
     return math.nan if v is None else float(v)
 
 
+def _standard_error(d: np.ndarray) -> float:
+    return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+
+
 def summarize(res: dict[str, Any], methods: list[str]) -> dict[str, Any]:
-    """σ, the grid's optimism and, per method, its mean and its paired difference to the pick."""
+    """σ, the grid's best and, per method, its mean and its paired difference to the pick on the
+    validation loss (what is tuned) and on the test loss (what the tuning is for)."""
     seeds = res["seeds"].values()
     within = [np.array([_val(r) for r in sd["runs"].get("no_wd", [])]) for sd in seeds]
     squares = sum(float(((v - v.mean()) ** 2).sum()) for v in within if len(v) > 1)
@@ -144,15 +151,16 @@ def summarize(res: dict[str, Any], methods: list[str]) -> dict[str, Any]:
             ),
         )  # fmt: skip
         if m != "grid_pick" and "grid_pick" in methods:
-            d = np.array(
-                [_val(a) - _val(b) for sd in seeds
-                 for a, b in zip(sd["runs"][m], sd["runs"]["grid_pick"])]
-            )  # fmt: skip
+            pairs = [(a, b) for sd in seeds for a, b in zip(sd["runs"][m], sd["runs"]["grid_pick"])]
+            d = np.array([_val(a) - _val(b) for a, b in pairs])
+            d_test = np.array([_float(a["test_loss"]) - _float(b["test_loss"]) for a, b in pairs])
             row.update(
                 minus_pick=float(d.mean()),
-                minus_pick_se=float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan,
+                minus_pick_se=_standard_error(d),
                 wins=int((d <= 0).sum()),
                 pairs=int(len(d)),
+                test_minus_pick=float(d_test.mean()),
+                test_minus_pick_se=_standard_error(d_test),
             )
         summary["methods"][m] = row
     return summary
@@ -173,7 +181,8 @@ def markdown_table(results: dict[str, Any]) -> str:
             if "minus_pick" in row:
                 cell += (
                     f" ({row['minus_pick']:+.4f} ± {bw._f(row['minus_pick_se'], '.4f')}, "
-                    f"{row['wins']}/{row['pairs']})"
+                    f"{row['wins']}/{row['pairs']}; test "
+                    f"{row['test_minus_pick']:+.4f} ± {bw._f(row['test_minus_pick_se'], '.4f')})"
                 )
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")

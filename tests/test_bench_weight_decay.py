@@ -173,6 +173,9 @@ def test_orders_summary_by_hand() -> None:
     mean = sum(d) / 5
     se = math.sqrt(sum((x - mean) ** 2 for x in d) / 4 / 5)
     assert math.isclose(g["minus_pick_se"], se)
+    # test loss = val loss + 1 here: the same paired differences
+    assert math.isclose(g["test_minus_pick"], g["minus_pick"])
+    assert math.isclose(g["test_minus_pick_se"], se)
     assert math.isclose(sm["methods"]["no_wd"]["mean_test_loss"], 1 + 8.8 / 5)
     assert "minus_pick" not in sm["methods"]["grid_pick"]
     # fresh-order runs at or below their seed's grid best (0.9, then 0.7)
