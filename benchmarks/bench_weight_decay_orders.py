@@ -155,6 +155,7 @@ def summarize(res: dict[str, Any], methods: list[str]) -> dict[str, Any]:
             d = np.array([_val(a) - _val(b) for a, b in pairs])
             d_test = np.array([_float(a["test_loss"]) - _float(b["test_loss"]) for a, b in pairs])
             row.update(
+                minus_pick_each=[float(x) for x in d],
                 minus_pick=float(d.mean()),
                 minus_pick_se=_standard_error(d),
                 wins=int((d <= 0).sum()),
@@ -199,17 +200,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
     others = [m for m in results["methods"] if m != "grid_pick"]
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names):
-        res = results["settings"][name]
-        sigma = res["summary"]["sigma"]
-        if math.isfinite(sigma):
-            ax.axhspan(-sigma, sigma, color="0.9", label="±σ (one training)")
+        summary = results["settings"][name]["summary"]
+        if math.isfinite(summary["sigma"]):
+            ax.axhspan(-summary["sigma"], summary["sigma"], color="0.9", label="±σ (one training)")
         for i, m in enumerate(others):
-            if "grid_pick" not in results["methods"]:
-                break
-            d = [_val(a) - _val(b) for sd in res["seeds"].values()
-                 for a, b in zip(sd["runs"][m], sd["runs"]["grid_pick"])]  # fmt: skip
+            d = summary["methods"][m].get("minus_pick_each", [])  # none without the grid's pick
             ax.plot([i] * len(d), d, "o", alpha=0.6)
-            ax.plot([i - 0.2, i + 0.2], [np.mean(d)] * 2, "k-")
+            if d:
+                ax.plot([i - 0.2, i + 0.2], [np.mean(d)] * 2, "k-")
         ax.axhline(0.0, color="k", lw=0.8)
         ax.set_xticks(range(len(others)), [m.replace("learned_", "") for m in others], rotation=30)
         ax.set_title(name, fontsize=9)
