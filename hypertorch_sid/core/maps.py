@@ -5,7 +5,10 @@ user's closures read), evaluated on a minibatch ζ. It offers
 
 * :meth:`FixedPointMap.value` — Φ̂(w, λ, ζ), detached;
 * :meth:`FixedPointMap.vjp` — (∂₁Φ̂(w,λ,ζ)ᵀ v, ∂₂Φ̂(w,λ,ζ)ᵀ v), the products the adjoint solve
-  (eq. backalg) and the hypergradient assembly (eq. gradestim) need.
+  (eq. backalg) and the hypergradient assembly (eq. gradestim) need;
+* :meth:`FixedPointMap.exact_hyper_vjp` — ∂₂Φ̂ᵀ v where it does not depend on ζ (a GD map whose
+  ℓ̂ reads λ only through a batch-independent ``regularizer`` R(w, λ), e.g. weight decay), else
+  None.
 
 Three maps:
 
@@ -64,6 +67,16 @@ class FixedPointMap(ABC):
         """α for a GD map (so that w − η(w − Φ̂) is SGD with step ηα), else None."""
         return None
 
+    @property
+    def hyper_vjp_is_exact(self) -> bool:
+        """Whether :meth:`exact_hyper_vjp` gives ∂₂Φ̂ᵀv (it does not depend on ζ)."""
+        return False
+
+    def exact_hyper_vjp(self, v: Sequence[Tensor]) -> Tensors | None:
+        """∂₂Φ̂ᵀ v without a minibatch, where it does not depend on ζ; None: it has to be sampled
+        (:meth:`vjp` with ``wrt_hyper=True`` on minibatches)."""
+        return None
+
     def adjoint_target(self, grad_w_E: Sequence[Tensor]) -> Tensors:
         """The right-hand side of the adjoint system in the map's coordinates: ∇₁E here,
         S∇₁E for a preconditioned map (:mod:`~hypertorch_sid.core.preconditioning`)."""
@@ -96,6 +109,13 @@ class GradientDescentMap(FixedPointMap):
         (the curvature estimates then use reverse-mode exact products).
     module:
         The ``nn.Module`` whose parameters are ``inner_parameters`` (needed for ``hvp="forward"``).
+    regularizer:
+        ``regularizer() -> scalar``: R(w, λ), when λ enters ℓ̂ only through it:
+        ℓ̂(w, λ; ζ) = ℓ(w; ζ) + R(w, λ) with ℓ not reading λ (weight decay R = ½Σλᵢ‖wᵢ‖²). Then
+        ∂₂Φ̂ᵀv = −α∇²₂₁R Sv for every ζ, and :meth:`exact_hyper_vjp` computes it from R alone:
+        no forward pass through the data, and no sampling noise in eq. gradestim's cross term.
+        ``inner_loss`` still includes R. (:func:`~hypertorch_sid.core.solvers.check_exact_hyper_vjp`
+        verifies the claim on a minibatch.)
     """
 
     def __init__(
@@ -106,7 +126,14 @@ class GradientDescentMap(FixedPointMap):
         alpha: float,
         hvp: str | GaussNewton = "reverse",
         module: torch.nn.Module | None = None,
+        regularizer: Callable[[], Tensor] | None = None,
     ) -> None:
+        if regularizer is not None and not callable(regularizer):
+            raise ConfigurationError(
+                "regularizer must be a callable regularizer() -> scalar R(w, λ), the only part of "
+                "inner_loss that reads λ."
+            )
+        self.regularizer = regularizer
         self.inner_loss = inner_loss
         self.inner_parameters = list(inner_parameters)
         self.hyperparameters = list(hyperparameters)
@@ -183,6 +210,26 @@ class GradientDescentMap(FixedPointMap):
             return self.scaled(self._functional.hvp(batch, v))
         g = _grad(self.smooth_loss(batch), self.inner_parameters, create_graph=True)
         return self.scaled(_grad(g, self.inner_parameters, grad_outputs=v))
+
+    @property
+    def hyper_vjp_is_exact(self) -> bool:
+        return self.regularizer is not None
+
+    def exact_hyper_vjp(self, v: Sequence[Tensor]) -> Tensors | None:
+        """∂₂Φ̂ᵀv = −α ∂_λ⟨∇₁R(w, λ), Sv⟩ when only ``regularizer`` R reads λ, else None."""
+        if self.regularizer is None:
+            return None
+        r = self.regularizer()
+        if not isinstance(r, Tensor) or r.numel() != 1:
+            raise ConfigurationError("regularizer() must return a scalar tensor R(w, λ).")
+        g = _grad(r.reshape(()), self.inner_parameters, create_graph=True)
+        read = [(gi, vi) for gi, vi in zip(g, self.scaled(v)) if gi.requires_grad]  # R's w only
+        if not read:
+            return [torch.zeros_like(h) for h in self.hyperparameters]
+        d2 = _grad(
+            [gi for gi, _ in read], self.hyperparameters, grad_outputs=[vi for _, vi in read]
+        )
+        return [-self.alpha * h.detach() for h in d2]
 
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
@@ -489,6 +536,14 @@ class AveragedMap(FixedPointMap):
 
     def gradient_step_size(self) -> float | None:
         return self.phi.gradient_step_size()
+
+    @property
+    def hyper_vjp_is_exact(self) -> bool:
+        return self.phi.hyper_vjp_is_exact
+
+    def exact_hyper_vjp(self, v: Sequence[Tensor]) -> Tensors | None:
+        """Not averaged: it reads no data, so it is the same on every process."""
+        return self.phi.exact_hyper_vjp(v)
 
     def adjoint_target(self, grad_w_E: Sequence[Tensor]) -> Tensors:
         return self.phi.adjoint_target(grad_w_E)

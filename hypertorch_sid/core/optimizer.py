@@ -60,6 +60,7 @@ from .solvers import (
     FixedPointIteration,
     SolveResult,
     assemble_hypergradient,
+    check_exact_hyper_vjp,
     norm,
 )
 from .validation import (
@@ -111,6 +112,12 @@ class SIDHyperOptimizer:
         ½ Σᵢ ⟨cᵢ, wᵢ²⟩ that ``inner_loss`` then leaves out. The map becomes the proximal gradient
         map Φ̂ = (w − α∇ĝ)/(1 + αc) (:class:`ProximalGradientMap`): same w(λ) and hypergradient,
         but α (estimated from ĝ's curvature alone) no longer has to shrink as λ grows.
+    regularizer:
+        ``regularizer() -> scalar``: R(w, λ), the part of ``inner_loss`` through which λ enters,
+        when the rest of it does not read λ (ℓ̂ = ℓ(w; ζ) + R(w, λ): weight decay). The cross
+        term of eq. gradestim is then exact from R alone, ∂₂Φ̂ᵀv = −α∇²₂₁R v: no minibatch is
+        read for it and ``d2_batches`` are not used. Checked against one minibatch at the first
+        hypergradient (a :class:`ConfigurationError` if the data term reads λ after all).
     module:
         The ``nn.Module`` owning w, if any: the solves then run in ``config.mode`` with its
         buffers restored (see :mod:`hypertorch_sid.core.modes`), and ``hvp="forward"`` works.
@@ -143,6 +150,7 @@ class SIDHyperOptimizer:
         config: SIDConfig | None = None,
         fixed_point_map: FixedPointMap | Callable[[Any], Sequence[Tensor]] | None = None,
         penalty: Callable[[], Sequence[Tensor]] | None = None,
+        regularizer: Callable[[], Tensor] | None = None,
         module: torch.nn.Module | None = None,
         full_train_batch: Any = None,
         mean_across_processes: Callable[[Tensor], Tensor] | None = None,
@@ -169,6 +177,7 @@ class SIDHyperOptimizer:
             check_not_compiled(module)
         self.module = module
         self.penalty = penalty
+        self.regularizer = regularizer
         self.phi = self._build_map(fixed_point_map)
         self.mean_across_processes = mean_across_processes
         self._solver_map: FixedPointMap = (
@@ -269,6 +278,11 @@ class SIDHyperOptimizer:
             # α may still be unknown: it is fixed (or estimated) at the first hypergradient.
             alpha = self.alpha if self.alpha is not None else 1.0
             if self.penalty is not None:
+                if self.regularizer is not None:
+                    raise ConfigurationError(
+                        "penalty (the proximal map's c(λ), left out of inner_loss) and regularizer "
+                        "(the λ-dependent part of inner_loss) exclude each other: give one."
+                    )
                 return ProximalGradientMap(
                     self.inner_loss,
                     self.penalty,
@@ -285,6 +299,12 @@ class SIDHyperOptimizer:
                 alpha=alpha,
                 hvp=self.config.hvp,
                 module=self.module,
+                regularizer=self.regularizer,
+            )
+        if self.regularizer is not None:
+            raise ConfigurationError(
+                "regularizer is the λ-dependent part of inner_loss (the gradient-descent map); "
+                "it cannot be combined with fixed_point_map."
             )
         if self.penalty is not None:
             raise ConfigurationError(
@@ -763,11 +783,14 @@ class SIDHyperOptimizer:
                     c.divergence_factor,
                     self.full_train_batch,
                 )
-                d2_batches = (
-                    [self.full_train_batch]
-                    if c.batches.d2 == "full"
-                    else stream.take(int(c.batches.d2))
-                )
+                if self.phi.hyper_vjp_is_exact:  # ∂₂Φ̂ᵀv from R alone: no batch is read
+                    d2_batches = []
+                    if self.cost.hypergradients == 0:
+                        check_exact_hyper_vjp(self.phi, v, stream.take(1)[0], self.cost)
+                elif c.batches.d2 == "full":
+                    d2_batches = [self.full_train_batch]
+                else:
+                    d2_batches = stream.take(int(c.batches.d2))
                 hypergrad = assemble_hypergradient(
                     self._solver_map, v, g_lam, d2_batches, self.cost
                 )

@@ -845,6 +845,35 @@ def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
     return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
 
 
+def check_exact_hyper_vjp(
+    phi: FixedPointMap,
+    v: Sequence[Tensor],
+    batch: Any,
+    cost: Cost | None = None,
+    rtol: float = 1e-3,
+) -> None:
+    """Raise unless ``phi.exact_hyper_vjp(v)`` (from R alone) is ∂₂Φ̂ᵀv on ``batch``: the claim
+    that ℓ̂ = ℓ(w; ζ) + R(w, λ) with ℓ not reading λ, checked once on a real minibatch."""
+    exact = phi.exact_hyper_vjp(v)
+    if exact is None:
+        return
+    _, sampled = phi.vjp(batch, v, wrt_hyper=True)
+    assert sampled is not None
+    if cost is not None:
+        cost.samples += batch_size(batch)
+        cost.jacobian_vector_products += 1
+    sampled = [s.detach() for s in sampled]
+    gap = norm([a - b for a, b in zip(exact, sampled)])
+    scale = max(norm(exact), norm(sampled))
+    if gap > rtol * scale + 1e-12:
+        raise ConfigurationError(
+            "regularizer() is not the only part of inner_loss that reads λ: ∂₂Φ̂ᵀv from R alone "
+            f"has norm {norm(exact):.4g}, on a minibatch {scale:.4g} (difference {gap:.3g}). "
+            "Leave regularizer unset (the cross term is then sampled on d2_batches), or make "
+            "inner_loss(batch) = data_loss(batch) + regularizer() with data_loss not reading λ."
+        )
+
+
 def assemble_hypergradient(
     phi: FixedPointMap,
     v: Sequence[Tensor],
@@ -852,9 +881,19 @@ def assemble_hypergradient(
     batches: Iterable[Any],
     cost: Cost | None = None,
 ) -> Tensors:
-    """∇̂f(λ) = ∇₂E(w, λ) + mean_j ∂₂Φ̂(w, λ, ζ_j)ᵀ v (eq. gradestim, J batches averaged)."""
-    batches = list(batches)
+    """∇̂f(λ) = ∇₂E(w, λ) + mean_j ∂₂Φ̂(w, λ, ζ_j)ᵀ v (eq. gradestim, J batches averaged).
+
+    Where ∂₂Φ̂ᵀv does not depend on ζ (``phi.exact_hyper_vjp``: only a batch-independent R(w, λ)
+    in ℓ̂ reads λ, as with weight decay) it is computed once from R and ``batches`` are not read:
+    the same value as any J, without J forward passes.
+    """
     total = [g.detach().clone() for g in grad_lam_E]
+    exact = phi.exact_hyper_vjp(v)
+    if exact is not None:
+        if cost is not None:
+            cost.jacobian_vector_products += 1
+        return [acc.add_(d) for acc, d in zip(total, exact)]
+    batches = list(batches)
     if not batches:
         return total
     for batch in batches:

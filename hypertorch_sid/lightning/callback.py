@@ -514,6 +514,7 @@ class HyperOptimizationCallback(Callback):
             module=pl_module,
             full_train_batch=self._full_train_batch(trainer) if _needs_full(config) else None,
             penalty=problem.penalty,
+            regularizer=problem.regularizer if problem.exact_cross_term else None,
             mean_across_processes=mean,
         )
 

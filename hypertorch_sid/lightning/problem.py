@@ -45,6 +45,9 @@ class BilevelProblem:
         proximal gradient map), or None.
     regularizer: the batch-independent part R(w, λ) of ``inner_loss`` (the weight decay inside
         it), or None: given to ``GaussNewton`` products that were configured without one.
+    exact_cross_term: whether λ enters ``inner_loss`` only through ``regularizer`` (the rest of
+        it does not read λ): eq. gradestim's cross term ∂₂Φ̂ᵀv is then computed from R alone
+        (``SIDHyperOptimizer(regularizer=)``), exactly and without reading a minibatch.
     freeze: λ tensors living in the module (their ``requires_grad`` is toggled around hyper
         steps so the training never updates them).
     """
@@ -57,6 +60,7 @@ class BilevelProblem:
     projection: Callable[[Tensors], None] | None = None
     penalty: Callable[[], Tensors] | None = None
     regularizer: Callable[[], Tensor] | None = None
+    exact_cross_term: bool = False
     freeze: Tensors = field(default_factory=list)
 
 

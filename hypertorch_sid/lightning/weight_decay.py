@@ -203,6 +203,7 @@ class WeightDecayProblem:
             if self.proximal
             else None,
             regularizer=None if self.proximal else lambda: decay.penalty(self._scales),
+            exact_cross_term=not self.proximal,  # ℓ (training_step) does not read λ
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -275,7 +276,7 @@ class WeightDecayProblem:
             elif per_slot is not None:
                 e.param.grad.add_(e.param, alpha=lam)
             else:
-                e.param.grad.add_(lam * e.param)
+                e.param.grad.addcmul_(lam, e.param)
 
     # ------------------------------------------------------------------ Λ and P
     def _preconditioner(self, i: int) -> Tensor | float:
