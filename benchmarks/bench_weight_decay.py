@@ -59,6 +59,11 @@ Usage (from the repository root)::
     python benchmarks/bench_weight_decay.py --learned-kwargs '{"every_n_steps": 20}' \\
         --out benchmarks/results/weight_decay_every20.json
     python benchmarks/bench_weight_decay.py --quick                  # seconds (smoke test)
+    # after a change to the library: retrain only what it touches, take the grid's and Optuna's
+    # trainings (which do not use it) from the earlier result of the same setting and seed
+    python benchmarks/bench_weight_decay.py --seeds 0 1 2 --optuna-trials 0 \
+        --methods no_wd learned_global learned_per_layer learned_per_element \
+        --reuse 'benchmarks/results/weight_decay_seed{seed}.json'
 
 Each setting starts with an untimed one-epoch warm-up training (the first training of a process
 pays one-off start-up costs that would otherwise inflate the plain time).
@@ -558,6 +563,9 @@ def run_setting(
     out: dict[str, Any] = dict(description=describe(s, data), config=cfg, runs={})
     runs = out["runs"]
     log(f"\n== {s.name}: {out['description']}")
+    if args.reuse:
+        out["reused"] = reuse_runs(args.reuse.format(seed=args.seed), s.name, cfg, methods, runs)
+        log(f"  reused {out['reused']['methods']} from {out['reused']['from']}")
     # Untimed one-epoch warm-up: the first training of a process pays one-off start-up costs
     # (measured: ~20 % of a 10-epoch MNIST MLP training), which would inflate the plain time
     # that every ratio divides by.
@@ -587,15 +595,55 @@ def run_setting(
                 f", λ mean {lam['mean']:.3g} [{lam['min']:.3g}, {lam['max']:.3g}]" if lam else ""
             )
             log(f"  learned_{g}: {_brief(rec)}{lam_s}")
-    out["derived"] = derive(s, runs)
+    out["derived"] = derive(s, runs, out.get("reused"))
     return out
 
 
-def derive(s: Setting, runs: dict[str, Any]) -> dict[str, Any]:
+#: config fields that must agree for a stored training to stand for one of this run
+_SAME_TRAINING = ("name", "data", "model", "optimizer", "lr", "momentum", "batch_size", "epochs",
+                  "n_train", "n_val", "n_test", "grid", "accelerator")  # fmt: skip
+
+
+def reuse_runs(
+    path: str, setting: str, cfg: dict[str, Any], methods: set[str], runs: dict[str, Any]
+) -> dict[str, Any]:
+    """Copy into ``runs`` the stored trainings of the methods this run does not retrain (the
+    grid, Optuna: trainings that do not use the library, deterministic given the seed) from an
+    earlier result file of the same setting and seed. They keep their own wall times, and their
+    ratios divide by that run's plain time (``plain_wall_s`` of the result). Refuses a file of
+    another setting, data size or grid."""
+    try:
+        stored = json.loads(Path(path).read_text())["settings"][setting]
+    except (OSError, KeyError, ValueError) as err:
+        raise SystemExit(f"--reuse: no result of {setting} in {path} ({err}).") from None
+    before = {"accelerator": "cpu"}  # files from before a field existed: its only value then
+    differ = [k for k in _SAME_TRAINING if stored["config"].get(k, before.get(k)) != cfg.get(k)]
+    if differ:
+        raise SystemExit(f"--reuse: {path} trained {setting} otherwise ({', '.join(differ)}).")
+    taken = [m for m in stored["runs"] if m not in methods]
+    for m in taken:
+        runs[m] = stored["runs"][m]
+    plain = stored.get("derived", {}).get("plain_wall_s")
+    if "no_wd" in taken:
+        plain = stored["runs"]["no_wd"]["wall_s"]
+    return {"from": path, "methods": taken, "plain_wall_s": plain}
+
+
+def derive(
+    s: Setting, runs: dict[str, Any], reused: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Per method what the tables show. Reused searches (``--reuse``) are timed against the
+    plain training of the run they come from (``reused["plain_wall_s"]``), not this run's."""
     d: dict[str, Any] = {}
     plain = runs.get("no_wd")
     plain_wall = plain["wall_s"] if plain and plain["finished"] else math.nan
     d["plain_wall_s"] = plain_wall
+
+    def search_plain(method: str) -> float:
+        if reused and method in reused["methods"]:
+            return _num(reused.get("plain_wall_s"))
+        return plain_wall
+
     grid = runs.get("grid") or []
     grid_best = math.inf
     if grid:
@@ -611,13 +659,13 @@ def derive(s: Setting, runs: dict[str, Any]) -> dict[str, Any]:
             test_loss=grid[i]["test_loss"],
             best_at_edge=i in (0, len(grid) - 1),
             total_wall_s=total,
-            wall_ratio_to_plain=total / plain_wall,
+            wall_ratio_to_plain=total / search_plain("grid"),
             failed=sum(not r["finished"] for r in grid),
         )
     opt = runs.get("optuna")
     bsf = opt["best_so_far"] if opt and "best_so_far" in opt else None
     if bsf is not None:
-        d["optuna"] = dict(wall_ratio_to_plain=opt["total_wall_s"] / plain_wall)
+        d["optuna"] = dict(wall_ratio_to_plain=opt["total_wall_s"] / search_plain("optuna"))
     learned: dict[str, Any] = {}
     for g in GRANULARITIES:
         rec = runs.get(f"learned_{g}")
@@ -864,6 +912,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    "into <out>_seed<s>.{json,md,png}, and summarise over the seeds in "
                    "<out>_seeds.{json,md}")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reuse", default=None,
+                   help="an earlier result JSON ('{seed}' is replaced by each seed): take "
+                   "the trainings of the methods not in --methods from it")  # fmt: skip
     p.add_argument("--accelerator", default="cpu",
                    help="Lightning accelerator of every training: cpu, gpu, auto")  # fmt: skip
     args = p.parse_args(argv)
@@ -959,6 +1010,7 @@ def run_seed(args: argparse.Namespace, command: str) -> dict[str, Any]:
         seed=args.seed,
         threads=torch.get_num_threads(),
         methods=args.methods,
+        reuse=args.reuse,
         optuna_trials=args.optuna_trials,
         learned_init=args.learned_init,
         learned_kwargs=args.learned_kwargs,

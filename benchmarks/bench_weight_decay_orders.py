@@ -32,6 +32,10 @@ Usage (from the repository root; run ``bench_weight_decay.py --seeds 0 1 2`` fir
     python benchmarks/bench_weight_decay_orders.py --settings digits_mlp --orders 2
     python benchmarks/bench_weight_decay_orders.py --quick      # seconds, temporary folder
     python benchmarks/bench_weight_decay_orders.py --resummarize results.json  # no training
+    # after a change to the library: retrain the learned runs only, take no WD and the grid's
+    # pick (trainings that do not use it) from the earlier result
+    python benchmarks/bench_weight_decay_orders.py --methods learned_global learned_per_layer \
+        learned_per_element --reuse benchmarks/results/weight_decay_orders.json
 
 Writes JSON (``--out``, default ``benchmarks/results/weight_decay_orders.json``), a Markdown table
 and a PNG beside it.
@@ -94,6 +98,8 @@ def run_setting(s: bw.Setting, args: argparse.Namespace, log: Any) -> dict[str, 
         pick, grid_best = grid_pick(source, s.name, seed, args.quick)
         bw.train_once(replace(s, epochs=1), data, seed, weight_decay=0.0)  # untimed warm-up
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+        if args.reuse is not None:
+            runs.update(reused_runs(args, s.name, seed, pick))
         for r in range(1, args.orders + 1):
             order = order_seed(seed, r)
             for m in args.methods:
@@ -111,6 +117,25 @@ def run_setting(s: bw.Setting, args: argparse.Namespace, log: Any) -> dict[str, 
                 log(f"  {s.name} seed {seed} order {order} {m}: {bw._brief(rec)}")
         out["seeds"][str(seed)] = dict(grid_pick=pick, grid_best=grid_best, runs=runs)
     return out
+
+
+def reused_runs(
+    args: argparse.Namespace, setting: str, seed: int, pick: float
+) -> dict[str, list[dict[str, Any]]]:
+    """The stored trainings (``--reuse``) of the methods not retrained, for ``seed``: the same
+    grid pick and the same batch orders, or an error."""
+    try:
+        stored = json.loads(args.reuse.read_text())["settings"][setting]["seeds"][str(seed)]
+    except (OSError, KeyError, ValueError) as err:
+        raise SystemExit(f"--reuse: no {setting} seed {seed} in {args.reuse} ({err}).") from None
+    orders = [order_seed(seed, r) for r in range(1, args.orders + 1)]
+    if stored["grid_pick"] != pick:
+        raise SystemExit(f"--reuse: {args.reuse} used another grid pick for {setting} seed {seed}.")
+    taken = {m: recs for m, recs in stored["runs"].items() if m not in args.methods}
+    for m, recs in taken.items():
+        if [r["order"] for r in recs] != orders:
+            raise SystemExit(f"--reuse: {args.reuse} trained {m} on other orders than {orders}.")
+    return taken
 
 
 def _val(rec: dict[str, Any]) -> float:
@@ -234,6 +259,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny data, 1-2 epochs: seconds")
     p.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reuse", type=Path, default=None,
+                   help="an earlier result JSON: take the trainings of the methods not in "
+                   "--methods from it (same settings, seeds and orders)")  # fmt: skip
     p.add_argument("--resummarize", type=Path, default=None,
                    help="recompute the summary, table and figure of an existing results JSON "
                    "(no training)")  # fmt: skip
@@ -271,10 +299,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("pytorch_lightning", "lightning", "lightning_fabric", "hypertorch_sid"):
         logging.getLogger(name).setLevel(logging.WARNING)
     command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    methods = args.methods
+    if args.reuse is not None:  # the summary covers the reused methods too, in the usual order
+        stored = json.loads(args.reuse.read_text()).get("methods", [])
+        methods = [m for m in METHODS if m in args.methods or m in stored]
     results: dict[str, Any] = dict(
         benchmark="weight_decay_orders", command=command, quick=args.quick, seeds=args.seeds,
-        orders=args.orders, methods=args.methods, learned_init=args.learned_init,
-        learned_kwargs=args.learned_kwargs, threads=torch.get_num_threads(), settings={},
+        orders=args.orders, methods=methods, learned_init=args.learned_init,
+        learned_kwargs=args.learned_kwargs, threads=torch.get_num_threads(),
+        reused_from=None if args.reuse is None else str(args.reuse), settings={},
     )  # fmt: skip
     t0 = time.perf_counter()
     for name in args.settings:

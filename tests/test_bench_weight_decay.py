@@ -7,6 +7,7 @@ recorded result). The Optuna part is skipped when ``optuna`` is not installed.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -218,3 +219,61 @@ def test_orders_quick(tmp_path: Path) -> None:
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert out.with_suffix(".md").read_text() == table  # the summary is a function of the runs
+
+
+def test_reuse_retrains_only_the_given_methods(tmp_path: Path) -> None:
+    """``--reuse``: the grid's trainings come from the earlier file, unchanged; no WD and the
+    learned run are retrained (the same numbers: deterministic); another setting is refused."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    base = [sys.executable, str(SCRIPT), "--quick", "--settings", "digits_mlp",
+            "--optuna-trials", "0", "--learned-kwargs", '{"every_n_steps": 2}']  # fmt: skip
+    run = functools.partial(subprocess.run, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = run([*base, "--methods", "no_wd", "grid", "learned_global", "--out", str(first)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run([*base, "--methods", "no_wd", "learned_global", "--out", str(second),
+                "--reuse", str(first)])  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    a, b = (json.loads(p.read_text())["settings"]["digits_mlp"] for p in (first, second))
+    assert b["reused"] == {
+        "from": str(first), "methods": ["grid"], "plain_wall_s": a["runs"]["no_wd"]["wall_s"]
+    }  # fmt: skip
+    assert b["runs"]["grid"] == a["runs"]["grid"]  # copied, wall times included
+    # timed against the plain training of the run they come from
+    assert (
+        b["derived"]["grid"]["wall_ratio_to_plain"] == a["derived"]["grid"]["wall_ratio_to_plain"]
+    )
+    for m in ("no_wd", "learned_global"):
+        assert b["runs"][m]["val_curve"] == a["runs"][m]["val_curve"]  # retrained, deterministic
+        assert b["runs"][m]["wall_s"] != a["runs"][m]["wall_s"]
+    assert b["derived"]["grid"]["best_val_loss"] == a["derived"]["grid"]["best_val_loss"]
+    assert b["derived"]["learned"]["global"]["beats_grid"] is not None
+    other = run([*base, "--methods", "no_wd", "--epochs", "1", "--out", str(tmp_path / "c.json"),
+                 "--reuse", str(first)])  # fmt: skip
+    assert other.returncode != 0 and "trained digits_mlp otherwise (epochs)" in other.stderr
+
+
+def test_orders_reuse_retrains_only_the_learned_runs(tmp_path: Path) -> None:
+    """``bench_weight_decay_orders.py --reuse``: no WD and the grid's pick copied, the summary
+    over all methods as before."""
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    base = [sys.executable, str(ORDERS), "--quick", "--orders", "2", "--seeds", "0",
+            "--learned-kwargs", '{"every_n_steps": 2}']  # fmt: skip
+    run = functools.partial(subprocess.run, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = run([*base, "--methods", "no_wd", "grid_pick", "learned_global", "--out", str(first)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run([*base, "--methods", "learned_global", "--out", str(second), "--reuse", str(first)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    a, b = (json.loads(p.read_text()) for p in (first, second))
+    assert b["methods"] == ["no_wd", "grid_pick", "learned_global"]
+    assert b["reused_from"] == str(first)
+    sa, sb = (r["settings"]["digits_mlp"] for r in (a, b))
+    for m in ("no_wd", "grid_pick"):
+        assert sb["seeds"]["0"]["runs"][m] == sa["seeds"]["0"]["runs"][m]
+    learned = [
+        [r["val_curve"] for r in s["seeds"]["0"]["runs"]["learned_global"]] for s in (sa, sb)
+    ]
+    assert learned[0] == learned[1]  # retrained on the same orders: the same trainings
+    assert sb["summary"] == sa["summary"]
+    other = run([*base, "--orders", "3", "--methods", "learned_global",
+                 "--out", str(tmp_path / "c.json"), "--reuse", str(first)])  # fmt: skip
+    assert other.returncode != 0 and "on other orders" in other.stderr

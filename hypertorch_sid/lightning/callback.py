@@ -665,8 +665,8 @@ class HyperOptimizationCallback(Callback):
         self._log(trainer, pl_module)
 
     # ================================================================== logging
-    def _metrics(self, trainer: pl.Trainer) -> dict[str, float]:
-        assert self.sid is not None and self._active is not None
+    def _metrics(self, trainer: pl.Trainer, summary: dict[str, Tensor]) -> dict[str, float]:
+        assert self.sid is not None
         last = self.sid.last
         lr = self.sid.outer_optimizer.param_groups[0].get("lr", math.nan)
         metrics = {
@@ -685,20 +685,24 @@ class HyperOptimizationCallback(Callback):
             "hyper/val_samples": float(self._val_samples),
             "hyper/step": float(self.sid.hyper_step),
         }
-        for name, value in self._active.summary().items():
+        for name, value in summary.items():
             v = value.detach().double()
             metrics[f"hyper/{name}_mean"] = float(v.mean())
             metrics[f"hyper/{name}_min"] = float(v.min())
             metrics[f"hyper/{name}_max"] = float(v.max())
         return metrics
 
-    def _lambda_mean(self) -> float:
-        assert self._active is not None
-        values = [v.detach().double().flatten() for v in self._active.summary().values()]
-        return float(torch.cat(values).mean()) if values else math.nan
+    @staticmethod
+    def _lambda_mean(summary: dict[str, Tensor]) -> float:
+        """The mean of every logged λ value (the progress bar's ``lam``)."""
+        total = sum(float(v.detach().double().sum()) for v in summary.values())
+        count = sum(v.numel() for v in summary.values())
+        return total / count if count else math.nan
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        metrics = self._metrics(trainer)
+        assert self._active is not None
+        summary = self._active.summary()  # once: per element it holds every λ
+        metrics = self._metrics(trainer, summary)
         self.history.append({"global_step": float(trainer.global_step), **metrics})
         if self.log_to_loggers and trainer.is_global_zero:
             for logger in trainer.loggers:
@@ -710,8 +714,9 @@ class HyperOptimizationCallback(Callback):
             logger=False,
         )  # fmt: skip
         pl_module.log(
-            "lam", self._lambda_mean(), prog_bar=True, on_step=True, on_epoch=False, logger=False
-        )
+            "lam", self._lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
+            logger=False,
+        )  # fmt: skip
 
 
 def _needs_full(config: SIDConfig) -> bool:
