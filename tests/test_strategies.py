@@ -465,3 +465,41 @@ def test_accelerated_fixed_point_iteration_counts_momentum_in_the_step_budget():
 def test_fixed_point_iteration_rejects_bad_settings(kwargs, match):
     with pytest.raises(ConfigurationError, match=f"FixedPointIteration {match}"):
         FixedPointIteration(**kwargs)
+
+
+def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
+    """Say "use damping" only where the system was undamped; with δ > 0 already, what else to do."""
+    q = _Quadratic(low=-2.0)
+    common = dict(
+        inner_steps=0, adjoint_steps=50, full_train_batch=0, adjoint_batches="full",
+        d2_batches="full", step_size="constant", alpha=0.3, q=0.5,
+    )  # fmt: skip
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, damping=NoDamping(), **common
+    )
+    with pytest.raises(DivergenceError) as undamped:
+        hopt.hypergradient([0], None)
+    text = str(undamped.value)
+    assert "not damped (NoDamping, δ = 0)" in text and "use damping=CurvatureDamping()" in text
+    assert "Recover(2)" in text  # RaiseOnDivergence: say how to make it retry
+
+    q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
+    hopt = SIDHyperOptimizer([q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common)
+    with pytest.raises(DivergenceError) as not_estimated:
+        hopt.hypergradient([0], None)
+    text = str(not_estimated.value)
+    assert "CurvatureDamping set δ = 0: no curvature was estimated (alpha was given)" in text
+    assert "use damping=CurvatureDamping()" not in text and "FixedDamping(δ)" in text
+
+    q = _Quadratic(low=-2.0)  # δ = 0.5 does not cover λ_min = −2 (Recover(1) fixes it: 2.97)
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, damping=FixedDamping(0.5),
+        on_divergence=Recover(0), **common,
+    )  # fmt: skip
+    with pytest.raises(DivergenceError) as damped:
+        hopt.hypergradient([0], None)
+    text = str(damped.value)
+    assert "already damped (FixedDamping, δ = 0.5)" in text
+    assert "use damping=CurvatureDamping()" not in text  # it would change nothing
+    assert "Recover(4)" in text and "GaussNewton" in text
+    assert hopt.v is None  # and the diverged warm start is gone

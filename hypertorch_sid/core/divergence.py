@@ -84,8 +84,7 @@ class DivergenceGuard:
                 f"‖v‖ = {v_norm:.3g} exceeds {self.slack:g}× what a non-expansive adjoint map can "
                 f"reach ({budget:.3g} = Σ η‖∇₁E‖ since v was reset): the map is not a "
                 "contraction at this w — a non-convex inner loss (negative curvature) or a step "
-                "α above 2/L. v was reset; λ was not updated. Use damping=CurvatureDamping() "
-                "(the default of the Lightning layer) or a smaller alpha.",
+                "α above 2/L. v was reset; λ was not updated.",
             )
         if residual > first_residual and residual > self.residual_factor * grad_norm > 0:
             raise DivergenceError(

@@ -19,17 +19,28 @@ class DivergenceError(SIDError):
         The iteration at which it was detected (``None`` when not inside a loop).
     residual:
         The last residual norm ‖T̂(x) − x‖ seen (``nan``/``inf`` for non-finite values).
+    hint:
+        The cause, and what to change (see :meth:`with_remedy`).
     """
 
     def __init__(self, quantity: str, step: int | None, residual: float, hint: str = "") -> None:
         self.quantity = quantity
         self.step = step
         self.residual = residual
+        self.hint = hint
         where = f" at step {step}" if step is not None else ""
         msg = f"the {quantity} diverged{where} (residual norm {residual:.3g})."
         if hint:
             msg += " " + hint
         super().__init__(msg)
+
+    def with_remedy(self, remedy: str) -> DivergenceError:
+        """The same error with ``remedy`` appended: the fix for the configuration that ran.
+
+        Where a divergence is detected (a solve, the guard) the configuration is unknown; the
+        optimizer, which knows it, adds the fix (e.g. not "use damping" when damping is on).
+        """
+        return DivergenceError(self.quantity, self.step, self.residual, f"{self.hint} {remedy}")
 
 
 class ConfigurationError(SIDError, ValueError):

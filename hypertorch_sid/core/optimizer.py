@@ -30,7 +30,8 @@ from torch import Tensor
 from .batches import BatchStream, batch_size, head, repeat
 from .config import SIDConfig
 from .cost import Cost
-from .divergence import DivergenceGuard
+from .damping import NoDamping
+from .divergence import DivergenceGuard, Recover
 from .errors import ConfigurationError, DivergenceError
 from .estimation import (
     CurvatureEstimate,
@@ -621,10 +622,62 @@ class SIDHyperOptimizer:
                 if "adjoint" in err.quantity:  # a diverged v must not warm-start the next solve
                     self._reset_adjoint()
                 if attempt == attempts - 1:
+                    if "adjoint" in err.quantity:
+                        raise err.with_remedy(self._adjoint_remedy(policy.retries)) from None
                     raise
                 what = policy.adapt(self, err)
                 log.warning("hypertorch_sid: %s; v reset, %s; retrying", err, what)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _adjoint_remedy(self, retries: int) -> str:
+        """What to change when the adjoint solve diverged: it depends on what already ran.
+
+        "Use damping" is the fix only where the system was undamped (δ = 0); where δ > 0 already
+        (``CurvatureDamping`` on a network, escalated by ``Recover``), the damping was too small
+        for the curvature met since it was estimated.
+        """
+        try:
+            eta0 = self._schedules()[1](0)
+        except (ConfigurationError, TypeError, ValueError):
+            eta0 = 0.0
+        if eta0 > 1:
+            return (
+                f"The adjoint steps exceed 1 (η₀ = {eta0:.3g}): a KM step v + η(Ψ̂(v) − v) with "
+                "η > 1 can expand even a contraction; lower them (adjoint_step_size=...)."
+            )
+        if not isinstance(self.phi, GradientDescentMap):
+            return (
+                "The fixed-point map is not a contraction here: give it a smaller step, or retry "
+                "with smaller step sizes (on_divergence=BackOff(2))."
+            )
+        damping = type(self.config.damping).__name__
+        if self.delta > 0:
+            tried = f", raised by {retries} retries" if retries else ""
+            return (
+                f"The system was already damped ({damping}, δ = {self.delta:.3g}{tried}) and "
+                "still did not contract: the curvature grew past the estimate. Allow more "
+                "retries (on_divergence=Recover(4)), damp further (damping=CurvatureDamping("
+                "margin=2.0) or FixedDamping(δ)), re-estimate more often (reestimate_every=), "
+                "or use positive semi-definite curvature (hvp=GaussNewton(...))."
+            )
+        recover = ""
+        if not isinstance(self.config.on_divergence, Recover):  # say how to make it retry
+            recover = "; on_divergence=Recover(2) re-estimates the curvature, raises δ, retries"
+        if isinstance(self.config.damping, NoDamping):
+            return (
+                "The system was not damped (NoDamping, δ = 0): use damping=CurvatureDamping() (δ "
+                f"past the most negative estimated curvature) or a smaller alpha{recover}."
+            )
+        est = self.curvature_estimate
+        seen = (
+            "no curvature was estimated (alpha was given)"
+            if est is None or est.lambda_min is None
+            else f"the curvature estimate saw no negative curvature (λ̂_min = {est.lambda_min:.3g})"
+        )
+        return (
+            f"{damping} set δ = 0: {seen}, but the map expanded. Pass damping=FixedDamping(δ) or "
+            f"a smaller alpha{recover}."
+        )
 
     def _first_checks(self, stream: BatchStream) -> None:
         """Checks needing data, once: λ reaches ℓ̂, dtypes agree, a general map contracts.

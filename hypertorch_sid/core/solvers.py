@@ -354,8 +354,8 @@ class AveragedMomentum(InnerSolver):
 
 
 _ADJOINT_HINT = (
-    "The adjoint iteration inherits the contraction constant of the map: on a non-convex model "
-    "use damping (CurvatureDamping), or lower alpha or eta."
+    "The adjoint iteration inherits the contraction constant of the map: it is not a contraction "
+    "at this w (negative curvature of a non-convex model, or alpha above 2/L)."
 )
 
 
@@ -620,7 +620,7 @@ class ConjugateGradient(AdjointSolver):
                     k,
                     math.sqrt(rr),
                     f"pᵀAp = {pAp:.3g} ≤ 0: the adjoint system is not positive definite (a "
-                    "non-convex inner loss: negative curvature). Use damping=CurvatureDamping().",
+                    "non-convex inner loss: negative curvature the damping does not cover).",
                 )
             step = rr / pAp
             for vi, pi, ri, api in zip(v, p, r, Ap):
