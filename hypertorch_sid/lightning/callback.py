@@ -35,6 +35,7 @@ from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
+from torchmetrics import Metric
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
@@ -77,6 +78,10 @@ CALLBACK_CONFIG = SIDConfig(
     preconditioner=NoPreconditioner(),  # per-sample passes: not yet measured on networks
     on_divergence=Recover(retries=2),
 )
+
+
+#: a fit planned with fewer hyper steps than this gets a warning (λ can barely move)
+FEW_HYPER_STEPS = 10
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
@@ -395,6 +400,32 @@ class HyperOptimizationCallback(Callback):
             )
         self._last_step = trainer.global_step
         rank_zero_info(self._describe())
+        self._warn_if_few_hyper_steps(trainer)
+
+    def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
+        """Say so when the fit is too short for λ to move: fewer than :data:`FEW_HYPER_STEPS`.
+
+        The outer optimizer moves λ a bounded amount per hyper step (Adam: about ``outer_lr``
+        in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
+        silently. Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
+        """
+        total = trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            return
+        total, n = int(total), self.every_n_steps
+        first = max(self.start_step, trainer.global_step + 1, 1)
+        planned = max(0, total // n - (first - 1) // n)
+        if planned >= FEW_HYPER_STEPS:
+            return
+        suggest = max(1, (total - first + 1) // (2 * FEW_HYPER_STEPS))
+        rank_zero_warn(
+            f"{type(self).__name__}: this fit runs {total} optimizer steps, so only {planned} "
+            f"hyper steps (one every every_n_steps={n} optimizer steps"
+            f"{f', from start_step={self.start_step}' if self.start_step else ''}): λ will barely "
+            f"move from where it starts. Train longer, or pass every_n_steps={suggest} for about "
+            f"{2 * FEW_HYPER_STEPS} hyper steps (each costs its k adjoint products and a "
+            "validation gradient)."
+        )
 
     def _to_device(self, trainer: pl.Trainer) -> Callable[[Any], Any]:
         return lambda batch: trainer.strategy.batch_to_device(batch)
@@ -615,6 +646,30 @@ class HyperOptimizationCallback(Callback):
                 torch.cuda.manual_seed(seed)
             yield
 
+    @staticmethod
+    @contextmanager
+    def _metric_states_kept(module: pl.LightningModule) -> Iterator[None]:
+        """The module's torchmetrics states are what the training made them, after a hyper step.
+
+        A hyper step evaluates ℓ on its own minibatches, by calling ``training_step`` in the
+        drop-in: a ``Metric`` updated there (``self.train_acc(logits, y)``) would otherwise count
+        those batches too (measured: 58 updates in an epoch of 32 training batches). Restored:
+        every registered state, the update count and the cached values. (Running statistics of
+        BatchNorm are kept by the core's ``frozen_mode``; logging is muted by the drop-in.)
+        """
+        metrics = [m for m in module.modules() if isinstance(m, Metric)]
+        saved = [
+            (m, m._copy_state_dict(), m._update_count, m._computed, m._forward_cache)
+            for m in metrics
+        ]
+        try:
+            yield
+        finally:
+            for m, states, count, computed, cache in saved:
+                for name, value in states.items():
+                    setattr(m, name, value)
+                m._update_count, m._computed, m._forward_cache = count, computed, cache
+
     def _validation_batch(self) -> Any:
         if self._val is None:
             self._val_samples += self._n_val
@@ -652,7 +707,11 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None and self._train_stream is not None
         self._check_weights(trainer, pl_module)
         self.problem.before_hyper_step(trainer, pl_module)
-        with self._hyperparameters_require_grad(), self._private_rng(pl_module.device):
+        with (
+            self._hyperparameters_require_grad(),
+            self._private_rng(pl_module.device),
+            self._metric_states_kept(pl_module),
+        ):
             try:
                 hypergrad = self.sid.hypergradient(self._train_stream, self._validation_batch())
             except DivergenceError as err:

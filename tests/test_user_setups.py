@@ -1,0 +1,194 @@
+"""The drop-in inside the training set-ups users already have, beyond the optimizer matrix of
+``test_networks.py``: learning-rate schedulers (per step and per epoch), Nesterov, RMSprop,
+Adagrad, dropout, torchmetrics in ``training_step``, frozen layers, parameter groups with their
+own learning rates, gradient accumulation, gradient clipping, bf16 autocast, ``max_steps``.
+
+Each run (a digits MLP, seconds) must finish with hyper steps run, λ finite, positive and inside
+what the optimizer can train, bounded hypergradients, finite weights — and leave the user's own
+state alone: a torchmetrics metric updated in ``training_step`` counts the training batches only,
+not the hyper step's. A fit too short for λ to move says so.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import LearnedWeightDecay
+
+sklearn = pytest.importorskip("sklearn.datasets")
+torchmetrics = pytest.importorskip("torchmetrics")
+
+BATCH = 32
+
+
+def _digits():
+    X, y = sklearn.load_digits(return_X_y=True)
+    X = torch.tensor(X / 16.0, dtype=torch.float32)
+    y = torch.tensor(y)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
+    return X[perm[:640]], y[perm[:640]], X[perm[640:940]], y[perm[640:940]]
+
+
+DATA = _digits()
+
+
+class UserNet(pl.LightningModule):
+    """An ordinary classifier; the options are what users' own modules do."""
+
+    def __init__(self, optimizer="sgd", scheduler=None, dropout=0.0, freeze_first=False,
+                 groups=False):  # fmt: skip
+        super().__init__()
+        self.optimizer, self.scheduler, self.groups = optimizer, scheduler, groups
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))  # fmt: skip
+        if freeze_first:
+            self.net[0].requires_grad_(False)
+        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+        self.metric_batches = 0  # training batches, as the user counts them
+        self.epoch_metric: list[tuple[int, int]] = []  # (updates, samples) at each epoch's end
+
+    def training_step(self, batch, batch_idx):
+        logits = self.net(batch[0])
+        loss = F.cross_entropy(logits, batch[1])
+        self.train_acc(logits, batch[1])
+        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        self.log("train_loss", loss)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.metric_batches += 1
+
+    def on_train_epoch_end(self):
+        acc = self.train_acc
+        self.epoch_metric.append((acc.update_count, int(acc.tp.sum() + acc.fn.sum())))
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self.net(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        params = trainable
+        if self.groups:  # weights at the base lr, biases at their own
+            params = [{"params": [p for p in trainable if p.dim() > 1]},
+                      {"params": [p for p in trainable if p.dim() == 1], "lr": 0.02}]  # fmt: skip
+        opt = {
+            "sgd": lambda: torch.optim.SGD(params, lr=0.1),
+            "nesterov": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
+            "adam": lambda: torch.optim.Adam(params, lr=3e-3),
+            "rmsprop": lambda: torch.optim.RMSprop(params, lr=1e-3),
+            "adagrad": lambda: torch.optim.Adagrad(params, lr=0.05),
+        }[self.optimizer]()
+        if self.scheduler == "onecycle":
+            total = self.trainer.estimated_stepping_batches
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, opt.param_groups[0]["lr"], total)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        if self.scheduler == "cosine":
+            return [opt], [torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)]
+        return opt
+
+
+def _fit(model_kw=None, trainer_kw=None, callback_kw=None, epochs=6, seed=0):
+    X, y, Xv, yv = DATA
+    pl.seed_everything(seed, verbose=False)
+    model = UserNet(**(model_kw or {}))
+    cb = LearnedWeightDecay(1e-3, **{"every_n_steps": 5, **(callback_kw or {})})
+    trainer = pl.Trainer(
+        max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb], **(trainer_kw or {}),
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(
+            model,
+            DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True),
+            DataLoader(TensorDataset(Xv, yv), batch_size=100),
+        )
+    return model, cb, trainer, [str(w.message) for w in caught]
+
+
+def _assert_healthy(model, cb):
+    assert cb.history, "no hyper step ran"
+    lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
+    assert torch.isfinite(lam).all() and (lam > 0).all()
+    assert float(lam.max()) <= max(cb.problem.stable_bounds()) * (1 + 1e-6)
+    norms = [h["hyper/hypergradient_norm"] for h in cb.history]
+    assert all(math.isfinite(n) and n < 1e3 for n in norms), norms
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+SETUPS = {
+    "onecycle_per_step": dict(model_kw=dict(scheduler="onecycle")),
+    "cosine_per_epoch_adam": dict(model_kw=dict(optimizer="adam", scheduler="cosine")),
+    "nesterov": dict(model_kw=dict(optimizer="nesterov")),
+    "rmsprop": dict(model_kw=dict(optimizer="rmsprop")),
+    "adagrad": dict(model_kw=dict(optimizer="adagrad")),
+    "dropout": dict(model_kw=dict(dropout=0.3)),
+    "frozen_first_layer": dict(model_kw=dict(freeze_first=True)),
+    "groups_with_own_lr": dict(
+        model_kw=dict(groups=True), callback_kw=dict(granularity="per_group")
+    ),  # fmt: skip
+    "accumulate_grad_batches": dict(trainer_kw=dict(accumulate_grad_batches=2)),
+    "gradient_clipping": dict(trainer_kw=dict(gradient_clip_val=0.5)),
+    "bf16_autocast": dict(trainer_kw=dict(precision="bf16-mixed")),
+    "max_steps": dict(trainer_kw=dict(max_steps=60), epochs=-1),
+    "per_element_adam": dict(
+        model_kw=dict(optimizer="adam"), callback_kw=dict(granularity="per_element")
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_drop_in_in_the_users_own_training_setup(setup):
+    for seed in (0, 1):
+        model, cb, trainer, _ = _fit(seed=seed, **SETUPS[setup])
+        _assert_healthy(model, cb)
+        if setup == "frozen_first_layer":  # frozen tensors are neither decayed nor inner
+            assert not any(name.startswith("net.0.") for name in cb.decay_values())
+            assert all(p.requires_grad for p in cb.problem._inner)
+        if setup == "groups_with_own_lr":  # one λ per group, each bounded by its own lr
+            assert len(cb.slot_names) == 2
+            assert cb.problem.stable_bounds()[-1] == pytest.approx(1 / 0.02)
+
+
+def test_hyper_steps_leave_the_users_metrics_alone():
+    """``training_step`` is evaluated on the hyper step's own minibatches; a torchmetrics metric
+    updated there must still hold only the training's batches (it counted 58 in an epoch of 32)."""
+    model, cb, trainer, _ = _fit(epochs=2)
+    assert len(cb.history) >= 4  # hyper steps ran, each calling training_step several times
+    per_epoch = math.ceil(len(DATA[1]) / BATCH)
+    # at each epoch's end, before Lightning computes and resets it: one update per training
+    # batch, and its confusion counts hold exactly the epoch's samples
+    assert model.epoch_metric == [(per_epoch, len(DATA[1]))] * 2
+    assert model.metric_batches == 2 * per_epoch
+
+
+def test_a_fit_too_short_for_lambda_to_move_says_so():
+    """8 optimizer steps per epoch × 2 epochs, a hyper step every 20: none would run."""
+    X, y, Xv, yv = DATA
+    pl.seed_everything(0, verbose=False)
+    model = UserNet()
+    cb = LearnedWeightDecay(1e-3)  # the drop-in's default every_n_steps = 20
+    trainer = pl.Trainer(
+        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb],
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"runs 40 optimizer steps, so only 2 hyper steps.*"
+                      r"every_n_steps=20.*barely move.*every_n_steps=2 "):  # fmt: skip
+        trainer.fit(
+            model,
+            DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(Xv, yv), batch_size=100),
+        )
+
+
+def test_a_fit_long_enough_does_not_warn():
+    *_, messages = _fit(epochs=6)  # 120 steps, a hyper step every 5: 24
+    assert not any("barely move" in m for m in messages)
