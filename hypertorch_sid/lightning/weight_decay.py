@@ -52,9 +52,9 @@ Positivity: ``parameterization="log"`` learns ρ with λ = exp(ρ) (λ > 0 alway
 
 Caveats: the decay is added before Lightning's gradient clipping (so clipping sees ``g + λw``,
 unlike the optimizer's own ``weight_decay``); with AMP a skipped (non-finite) step still applies
-decoupled decay; by default ℓ is obtained by calling ``training_step`` with ``self.log`` muted, so
-a ``training_step`` with other side effects (metric updates, manual optimisation) needs
-``training_loss=``.
+decoupled decay; by default ℓ is obtained by calling ``training_step`` with ``self.log`` muted and
+the module's torchmetrics states restored after each hyper step, so a ``training_step`` with other
+side effects (appending to lists, manual optimisation) needs ``training_loss=``.
 """
 
 from __future__ import annotations
