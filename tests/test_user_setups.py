@@ -181,12 +181,21 @@ def test_a_fit_too_short_for_lambda_to_move_says_so():
         enable_model_summary=False, callbacks=[cb],
     )  # fmt: skip
     with pytest.warns(UserWarning, match=r"runs 40 optimizer steps, so only 2 hyper steps.*"
-                      r"every_n_steps=20.*barely move.*every_n_steps=2 "):  # fmt: skip
+                      r"every_n_steps=20.*barely move.*every_n_steps=2 for 20 hyper"):  # fmt: skip
         trainer.fit(
             model,
             DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True),
             DataLoader(TensorDataset(Xv, yv), batch_size=100),
         )
+
+
+def test_the_short_fit_warning_does_not_suggest_what_is_already_set():
+    *_, messages = _fit(epochs=1, callback_kw=dict(every_n_steps=1))  # 20 steps, 20 hyper steps
+    assert not any("barely move" in m for m in messages)
+    *_, messages = _fit(epochs=1, trainer_kw=dict(max_steps=5), callback_kw=dict(every_n_steps=1))
+    (message,) = [m for m in messages if "barely move" in m]
+    assert "only 5 hyper steps" in message and "Train longer (more optimizer steps)." in message
+    assert "pass every_n_steps" not in message
 
 
 def test_a_fit_long_enough_does_not_warn():

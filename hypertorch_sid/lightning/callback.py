@@ -417,14 +417,19 @@ class HyperOptimizationCallback(Callback):
         planned = max(0, total // n - (first - 1) // n)
         if planned >= FEW_HYPER_STEPS:
             return
-        suggest = max(1, (total - first + 1) // (2 * FEW_HYPER_STEPS))
+        remaining = total - first + 1
+        suggest = max(1, remaining // (2 * FEW_HYPER_STEPS))
+        advice = "Train longer (more optimizer steps)"
+        if suggest < n:
+            advice += (
+                f", or pass every_n_steps={suggest} for {remaining // suggest} hyper steps (each "
+                "costs its k adjoint products and a validation gradient)"
+            )
         rank_zero_warn(
             f"{type(self).__name__}: this fit runs {total} optimizer steps, so only {planned} "
-            f"hyper steps (one every every_n_steps={n} optimizer steps"
-            f"{f', from start_step={self.start_step}' if self.start_step else ''}): λ will barely "
-            f"move from where it starts. Train longer, or pass every_n_steps={suggest} for about "
-            f"{2 * FEW_HYPER_STEPS} hyper steps (each costs its k adjoint products and a "
-            "validation gradient)."
+            f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
+            f"steps{f', from start_step={self.start_step}' if self.start_step else ''}): λ will "
+            f"barely move from where it starts. {advice}."
         )
 
     def _to_device(self, trainer: pl.Trainer) -> Callable[[Any], Any]:
