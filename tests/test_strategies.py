@@ -482,6 +482,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     text = str(undamped.value)
     assert "not damped (NoDamping, δ = 0)" in text and "use damping=CurvatureDamping()" in text
     assert "Recover(2)" in text  # RaiseOnDivergence: say how to make it retry
+    assert "v was reset; λ was not updated." in text  # what happened, where it is true
 
     q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
     hopt = SIDHyperOptimizer([q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common)
@@ -503,3 +504,21 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert "use damping=CurvatureDamping()" not in text  # it would change nothing
     assert "Recover(4)" in text and "GaussNewton" in text
     assert hopt.v is None  # and the diverged warm start is gone
+
+
+def test_a_recovered_divergence_is_logged_as_a_retry_not_as_a_skipped_step(caplog):
+    """Recover(1) lifts δ = 0.5 past λ_min = −2: the hyper step succeeds, and its log line says
+    what was retried and changed — not "λ was not updated", which the final error says."""
+    q = _Quadratic(low=-2.0)
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=50,
+        full_train_batch=0, adjoint_batches="full", d2_batches="full", step_size="constant",
+        alpha=0.3, q=0.5, damping=FixedDamping(0.5), on_divergence=Recover(1),
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="hypertorch_sid"):
+        g = hopt.hypergradient([0], None)
+    assert torch.isfinite(g[0]).all()
+    (line,) = [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
+    assert "adjoint solve v_k diverged" in line
+    assert "Retrying this hyper step (1 of 1): v reset, damping raised to" in line
+    assert "not updated" not in line

@@ -15,7 +15,7 @@ An expansive map (q > 1: a non-convex ℓ, an α past 2/L) outgrows this linear 
 however slowly. Also flagged: an adjoint residual that grew within the solve to more than
 ``residual_factor``·‖∇₁E‖, and a hypergradient norm ``growth`` times the median of the last
 accepted ones. On detection the hyper step raises :class:`DivergenceError` naming the cause and
-the numbers; λ is never written.
+the numbers; λ is never written (the optimizer says so, and what to change, when it gives up).
 
 Policies (``on_divergence=``) decide what a detected divergence does inside the optimizer:
 
@@ -84,7 +84,7 @@ class DivergenceGuard:
                 f"‖v‖ = {v_norm:.3g} exceeds {self.slack:g}× what a non-expansive adjoint map can "
                 f"reach ({budget:.3g} = Σ η‖∇₁E‖ since v was reset): the map is not a "
                 "contraction at this w — a non-convex inner loss (negative curvature) or a step "
-                "α above 2/L. v was reset; λ was not updated.",
+                "α above 2/L.",
             )
         if residual > first_residual and residual > self.residual_factor * grad_norm > 0:
             raise DivergenceError(
@@ -94,7 +94,7 @@ class DivergenceGuard:
                 f"the adjoint residual grew within the solve from {first_residual:.3g} to "
                 f"{residual:.3g}, above {self.residual_factor:g}·‖∇₁E‖ = "
                 f"{self.residual_factor * grad_norm:.3g}: the adjoint map is expansive (not a "
-                "contraction). v was reset; λ was not updated.",
+                "contraction).",
             )
         if len(self.norms) >= 3:
             reference = statistics.median(self.norms[-self.window :])
@@ -104,8 +104,7 @@ class DivergenceGuard:
                     None,
                     hypergradient_norm,
                     f"‖∇̂f‖ = {hypergradient_norm:.3g} is {hypergradient_norm / reference:.3g}× "
-                    f"the median of the last accepted ones ({reference:.3g}). v was reset; λ was "
-                    "not updated.",
+                    f"the median of the last accepted ones ({reference:.3g}).",
                 )
         self.budget = budget
 

@@ -619,14 +619,18 @@ class SIDHyperOptimizer:
             try:
                 return self._algorithm1(stream, val_batch)
             except DivergenceError as err:
-                if "adjoint" in err.quantity:  # a diverged v must not warm-start the next solve
+                adjoint = "adjoint" in err.quantity
+                if adjoint:  # a diverged v must not warm-start the next solve
                     self._reset_adjoint()
                 if attempt == attempts - 1:
-                    if "adjoint" in err.quantity:
-                        raise err.with_remedy(self._adjoint_remedy(policy.retries)) from None
-                    raise
+                    done = "v was reset; λ was not updated." if adjoint else "λ was not updated."
+                    remedy = self._adjoint_remedy(policy.retries) if adjoint else ""
+                    raise err.with_remedy(f"{done} {remedy}".strip()) from None
                 what = policy.adapt(self, err)
-                log.warning("hypertorch_sid: %s; v reset, %s; retrying", err, what)
+                log.warning(
+                    "hypertorch_sid: %s Retrying this hyper step (%d of %d): %s%s.",
+                    err, attempt + 1, policy.retries, "v reset, " if adjoint else "", what,
+                )  # fmt: skip
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _adjoint_remedy(self, retries: int) -> str:
