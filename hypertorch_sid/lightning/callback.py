@@ -662,11 +662,15 @@ class HyperOptimizationCallback(Callback):
         every registered state, the update count and the cached values. (Running statistics of
         BatchNorm are kept by the core's ``frozen_mode``; logging is muted by the drop-in.)
         """
-        metrics = [m for m in module.modules() if isinstance(m, Metric)]
-        saved = [
-            (m, m._copy_state_dict(), m._update_count, m._computed, m._forward_cache)
-            for m in metrics
-        ]
+        saved = []
+        for m in module.modules():
+            if isinstance(m, Metric):
+                try:
+                    saved.append(
+                        (m, m._copy_state_dict(), m._update_count, m._computed, m._forward_cache)
+                    )
+                except AttributeError:  # a torchmetrics without these internals: not restored
+                    continue
         try:
             yield
         finally:
