@@ -11,7 +11,7 @@ validation loss with three changed lines::
     -trainer = pl.Trainer(max_epochs=10)
     +trainer = pl.Trainer(max_epochs=10, callbacks=[LearnedWeightDecay(1e-4)])
 
-(``LearnedWeightDecay(1e-4, granularity="per_layer")`` learns one value per layer.) The module's
+(one λ per layer, the default; ``granularity="global"`` learns one value.) The module's
 code (``training_step``, ``configure_optimizers``) stays as it is: the callback
 applies the decay itself right before every optimizer step (``on_before_optimizer_step``, after
 the backward and after AMP unscaling), and tunes λ by SID (see
@@ -115,7 +115,7 @@ class WeightDecayProblem:
     def __init__(
         self,
         weight_decay: float = 1e-4,
-        granularity: str = "global",
+        granularity: str = "per_layer",
         decoupled: bool = False,
         parameterization: str = "log",
         apply_to: Literal["all", "weights"] = "all",
@@ -380,6 +380,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         ``"global"`` (one λ), ``"per_group"`` (one per optimizer parameter group),
         ``"per_layer"`` (one per module owning parameters), ``"per_tensor"`` (one per parameter
         tensor) or ``"per_element"`` (λ shaped like each parameter: one per weight, per feature).
+        Default ``"per_layer"``: measured against ``"global"`` (``bench_weight_decay.py``, 5
+        settings), it was as good on the CNNs and digits and better on both MLPs, where weight
+        decay matters most (MNIST MLP mean best validation loss 0.1839 against 0.1942 over 3
+        seeds; its test loss significantly better than the grid's pick on fresh batch orders).
     decoupled:
         False: coupled decay ``grad += λ w`` (SGD/Adam ``weight_decay``). True: decoupled decay
         ``w *= 1 − lr λ`` (AdamW); see "What is learned".
@@ -415,7 +419,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         weight_decay: float = 1e-4,
         granularity: Literal[
             "global", "per_group", "per_layer", "per_tensor", "per_element"
-        ] = "global",
+        ] = "per_layer",
         decoupled: bool = False,
         parameterization: Literal["log", "projection"] = "log",
         apply_to: Literal["all", "weights"] = "all",
