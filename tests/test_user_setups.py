@@ -3,7 +3,7 @@
 Adagrad, dropout, torchmetrics in ``training_step``, frozen layers, parameter groups with their
 own learning rates, gradient accumulation, gradient clipping, bf16 autocast, ``max_steps``.
 
-Each run (a digits MLP, seconds) must finish with hyper steps run, λ finite, positive and inside
+Each run (a digits MLP, or an LSTM or Transformer encoder on token sequences; seconds) must finish with hyper steps run, λ finite, positive and inside
 what the optimizer can train, bounded hypergradients, finite weights — and leave the user's own
 state alone: a torchmetrics metric updated in ``training_step`` counts the training batches only,
 not the hyper step's. A fit too short for λ to move says so.
@@ -201,3 +201,58 @@ def test_the_short_fit_warning_does_not_suggest_what_is_already_set():
 def test_a_fit_long_enough_does_not_warn():
     *_, messages = _fit(epochs=6)  # 120 steps, a hyper step every 5: 24
     assert not any("barely move" in m for m in messages)
+
+
+class SequenceNet(pl.LightningModule):
+    """Embedding + LSTM or Transformer encoder (LayerNorm, dropout): is token 3 or 7 more common?"""
+
+    def __init__(self, body: str, optimizer: str):
+        super().__init__()
+        self.body_kind, self.optimizer = body, optimizer
+        self.emb = nn.Embedding(20, 16)
+        if body == "lstm":
+            self.body = nn.LSTM(16, 16, batch_first=True)
+        else:
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+            self.body = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = self.body(self.emb(x))
+        return self.head((h[0] if self.body_kind == "lstm" else h).mean(1))
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(self.parameters(), lr=2e-3, weight_decay=0.0)
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+@pytest.mark.parametrize(
+    "body,optimizer,decoupled", [("lstm", "momentum", False), ("transformer", "adamw", True)]
+)
+def test_drop_in_on_sequence_models(body, optimizer, decoupled):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randint(0, 20, (600, 10), generator=g)
+    y = ((X == 3).sum(1) > (X == 7).sum(1)).long()
+    pl.seed_everything(0, verbose=False)
+    model = SequenceNet(body, optimizer)
+    cb = LearnedWeightDecay(1e-3, decoupled=decoupled, every_n_steps=5)
+    trainer = pl.Trainer(
+        max_epochs=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb],
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(
+            model,
+            DataLoader(TensorDataset(X[:400], y[:400]), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(X[400:], y[400:]), batch_size=200),
+        )
+    _assert_healthy(model, cb)
+    assert len(cb.slot_names) >= 3  # per layer: embedding, body layers, head
