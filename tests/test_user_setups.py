@@ -3,9 +3,10 @@
 Adagrad, dropout, torchmetrics in ``training_step``, frozen layers, parameter groups with their
 own learning rates, gradient accumulation, gradient clipping, bf16 autocast, ``max_steps``.
 
-Each run (a digits MLP, or an LSTM or Transformer encoder on token sequences; seconds) must finish with hyper steps run, λ finite, positive and inside
-what the optimizer can train, bounded hypergradients, finite weights — and leave the user's own
-state alone: a torchmetrics metric updated in ``training_step`` counts the training batches only,
+Each run (a digits MLP, or an LSTM or a Transformer encoder on token sequences; seconds) must
+finish with hyper steps run, λ finite, positive and inside what the optimizer can train, bounded
+hypergradients, finite weights — and leave the user's own state alone: a torchmetrics metric
+updated in ``training_step`` counts the training batches only,
 not the hyper step's. A fit too short for λ to move says so.
 """
 
