@@ -25,6 +25,19 @@ D = 5  # features of the default ridge problem
 f64 = torch.float64
 
 
+def digits_split(n_train: int, n_val: int, seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """scikit-learn's bundled digits (no download), pixels in [0, 1], shuffled by ``seed``:
+    (X_train, y_train, X_val, y_val) of ``n_train`` and ``n_val`` samples."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X = torch.tensor(X / 16.0, dtype=torch.float32)
+    y = torch.tensor(y)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    train, val = perm[:n_train], perm[n_train : n_train + n_val]
+    return X[train], y[train], X[val], y[val]
+
+
 def ridge_data(
     n: int = 120, n_val: int = 60, d: int = D, seed: int = 1, noise: float = 0.5
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -16,6 +16,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import digits_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -25,11 +26,7 @@ sklearn = pytest.importorskip("sklearn.datasets")
 
 
 def _digits():
-    X, y = sklearn.load_digits(return_X_y=True)
-    X = torch.tensor(X / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    return X[perm[:600]], y[perm[:600]], X[perm[600:900]], y[perm[600:900]]
+    return digits_split(600, 300, seed=0)
 
 
 DATA = None

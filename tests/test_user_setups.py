@@ -19,6 +19,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import digits_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -30,15 +31,7 @@ torchmetrics = pytest.importorskip("torchmetrics")
 BATCH = 32
 
 
-def _digits():
-    X, y = sklearn.load_digits(return_X_y=True)
-    X = torch.tensor(X / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
-    return X[perm[:640]], y[perm[:640]], X[perm[640:940]], y[perm[640:940]]
-
-
-DATA = _digits()
+DATA = digits_split(640, 300, seed=1)
 
 
 class UserNet(pl.LightningModule):
