@@ -483,6 +483,8 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert "not damped (NoDamping, δ = 0)" in text and "use damping=CurvatureDamping()" in text
     assert "Recover(2)" in text  # RaiseOnDivergence: say how to make it retry
     assert "v was reset; λ was not updated." in text  # what happened, where it is true
+    # the traceback still reaches the solve that saw the divergence
+    assert any(entry.path.name == "solvers.py" for entry in undamped.traceback)
 
     q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
     hopt = SIDHyperOptimizer([q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common)

@@ -625,7 +625,8 @@ class SIDHyperOptimizer:
                 if attempt == attempts - 1:
                     done = "v was reset; λ was not updated." if adjoint else "λ was not updated."
                     remedy = self._adjoint_remedy(policy.retries) if adjoint else ""
-                    raise err.with_remedy(f"{done} {remedy}".strip()) from None
+                    said = err.with_remedy(f"{done} {remedy}".strip())
+                    raise said.with_traceback(err.__traceback__) from None  # where it was seen
                 what = policy.adapt(self, err)
                 log.warning(
                     "hypertorch_sid: %s Retrying this hyper step (%d of %d): %s%s.",
