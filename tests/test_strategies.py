@@ -524,3 +524,4 @@ def test_a_recovered_divergence_is_logged_as_a_retry_not_as_a_skipped_step(caplo
     assert "adjoint solve v_k diverged" in line
     assert "Retrying this hyper step (1 of 1): v reset, damping raised to" in line
     assert "not updated" not in line
+    assert hopt.last["retries"] == 1  # and the step's record says so (logged as hyper/retries)

@@ -113,6 +113,8 @@ def _assert_healthy(model, cb):
     lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
     assert torch.isfinite(lam).all() and (lam > 0).all()
     assert float(lam.max()) <= max(cb.problem.stable_bounds()) * (1 + 1e-6)
+    retries = [h["hyper/retries"] for h in cb.history]  # recovered divergences, never hidden
+    assert all(r in (0.0, 1.0, 2.0) for r in retries), retries  # Recover(2): at most 2 per step
     norms = [h["hyper/hypergradient_norm"] for h in cb.history]
     assert all(math.isfinite(n) and n < 1e3 for n in norms), norms
     assert all(torch.isfinite(p).all() for p in model.parameters())

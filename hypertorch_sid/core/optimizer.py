@@ -617,7 +617,9 @@ class SIDHyperOptimizer:
         attempts = policy.retries + 1
         for attempt in range(attempts):
             try:
-                return self._algorithm1(stream, val_batch)
+                hypergrad = self._algorithm1(stream, val_batch)
+                self.last["retries"] = attempt  # divergences recovered from in this step
+                return hypergrad
             except DivergenceError as err:
                 adjoint = "adjoint" in err.quantity
                 if adjoint:  # a diverged v must not warm-start the next solve

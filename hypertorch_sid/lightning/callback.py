@@ -166,7 +166,8 @@ class HyperOptimizationCallback(Callback):
     Notes
     -----
     Logged (``hyper/*``): ``outer_loss`` (E on the validation data), ``hypergradient_norm``,
-    ``adjoint_residual`` ‖Ψ̂(v) − v‖, ``adjoint_eta``, ``alpha``, ``outer_lr``,
+    ``adjoint_residual`` ‖Ψ̂(v) − v‖, ``adjoint_eta``, ``alpha``, ``outer_lr``, ``retries`` (the
+    divergences this hyper step recovered from, ``config.on_divergence``),
     ``train_samples``/``val_samples`` (cumulative, all processes), ``step``, and
     ``<name>_mean/_min/_max`` for each entry of the λ summary; all are also kept in
     :attr:`history`. The progress bar shows ``lam`` (the mean of the λ summary), and
@@ -748,6 +749,7 @@ class HyperOptimizationCallback(Callback):
             "hyper/v_norm": last["v_norm"],
             "hyper/L": last["L"],
             "hyper/lambda_min": last["lambda_min"],
+            "hyper/retries": float(last.get("retries", 0)),
             "hyper/outer_lr": float(lr),
             "hyper/train_samples": float(self.sid.cost.samples * self._world_size),
             "hyper/val_samples": float(self._val_samples),
