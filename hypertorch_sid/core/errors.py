@@ -40,7 +40,8 @@ class DivergenceError(SIDError):
         Where a divergence is detected (a solve, the guard) the configuration is unknown; the
         optimizer, which knows it, adds the fix (e.g. not "use damping" when damping is on).
         """
-        return DivergenceError(self.quantity, self.step, self.residual, f"{self.hint} {remedy}")
+        hint = f"{self.hint} {remedy}".strip()
+        return DivergenceError(self.quantity, self.step, self.residual, hint)
 
 
 class ConfigurationError(SIDError, ValueError):
