@@ -64,6 +64,18 @@ Usage (from the repository root)::
     python benchmarks/bench_weight_decay.py --seeds 0 1 2 --optuna-trials 0 \
         --methods no_wd learned_global learned_per_layer learned_per_element \
         --reuse 'benchmarks/results/weight_decay_seed{seed}.json'
+    # no training: one summary over per-seed results of separate runs (e.g. seeds 0-2 and 3-5)
+    python benchmarks/bench_weight_decay.py --summarise \
+        benchmarks/results/weight_decay_rerun_seed{0,1,2}.json \
+        benchmarks/results/weight_decay_heldout_seed{3,4,5}.json \
+        --out benchmarks/results/weight_decay_6seeds.json
+
+The summary over seeds (``--seeds`` or ``--summarise``) gives, per method, the paired difference
+of its best validation loss to the grid's best on the same seed (same split, initial weights and
+batch order): mean ± standard error and a 95 % Student-t interval. An interval that holds 0 says
+the miss or gain is within the seed-to-seed noise. The grid's best is the minimum of 6 trainings:
+where the grid's values are as good as each other (the CNNs, digits), one more training just as
+good is at or below that minimum with probability 1/7.
 
 Each setting starts with an untimed one-epoch warm-up training (the first training of a process
 pays one-off start-up costs that would otherwise inflate the plain time).
@@ -911,6 +923,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="run everything once per seed (data split, initial weights, batch order), "
                    "into <out>_seed<s>.{json,md,png}, and summarise over the seeds in "
                    "<out>_seeds.{json,md}")  # fmt: skip
+    p.add_argument("--summarise", type=Path, nargs="+", default=None,
+                   help="run nothing: summarise earlier per-seed result files "
+                   "(<out>_seed<s>.json, one per seed, from any runs) into --out "
+                   "(.json and .md)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reuse", default=None,
                    help="an earlier result JSON ('{seed}' is replaced by each seed): take "
@@ -954,6 +970,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("pytorch_lightning", "lightning", "lightning_fabric", "hypertorch_sid"):
         logging.getLogger(name).setLevel(logging.WARNING)
     command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    if args.summarise:
+        return summarise(args.summarise, args.out, command)
     if not args.seeds:
         return run_seed(args, command)
     per_seed = {}
@@ -1070,10 +1088,36 @@ def _method_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def paired_difference(a: list[float], b: list[float]) -> dict[str, float]:
+    """The mean of the per-seed differences a − b, its standard error and a two-sided 95 %
+    Student-t interval (n − 1 degrees of freedom): whether a method's miss or gain over another
+    is larger than the seed-to-seed noise both share (the same split, initial weights, order)."""
+    from scipy.stats import t as student_t
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = len(d)
+    mean = float(d.mean()) if n else math.nan
+    if n < 2:
+        return dict(n=n, mean=mean, se=math.nan, low=math.nan, high=math.nan)
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    half = float(student_t.ppf(0.975, n - 1)) * se
+    return dict(n=n, mean=mean, se=se, low=mean - half, high=mean + half)
+
+
+def _paired_text(d: dict[str, float] | None) -> str:
+    if d is None or not math.isfinite(d["mean"]):
+        return ""
+    if not math.isfinite(d["se"]):
+        return f"{d['mean']:+.4f}"
+    return f"{d['mean']:+.4f} ± {d['se']:.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+
+
 def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Per setting and method, over the seeds: the best validation loss of each seed and their
-    mean, the mean test loss / accuracy and wall-time ratio, and for learned runs on how many
-    seeds they reached the grid's best."""
+    mean, the mean test loss / accuracy and wall-time ratio, for learned runs on how many seeds
+    they reached the grid's best, and for every method the paired difference of its best
+    validation loss to the grid's best (mean ± standard error [95 % interval]; negative: lower
+    than the grid's best)."""
     seeds = list(per_seed)
     table: dict[str, dict[str, Any]] = {}
     for seed, results in per_seed.items():
@@ -1083,24 +1127,56 @@ def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 row["seeds"][seed] = rec
     lines = [
         f"| setting | method | best val loss, seeds {', '.join(map(str, seeds))} | mean | "
-        "mean test loss | mean test acc | × plain time (mean) | ≤ grid best |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "mean test loss | mean test acc | × plain time (mean) | ≤ grid best | "
+        "− grid best: mean ± s.e. [95 %] |",
+        "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
     for name, methods in table.items():
+        grid = next((r for m, r in methods.items() if m.startswith("grid best")), None)
         for method, row in methods.items():
             recs = list(row["seeds"].values())
             for key in ("val", "test_loss", "test_acc", "ratio"):
                 row[f"mean_{key}"] = float(np.mean([_num(r[key]) for r in recs]))
             beats = [r["beats_grid"] for r in recs if r.get("beats_grid") is not None]
             row["beats_grid"] = f"{sum(beats)} of {len(beats)}" if beats else ""
+            row["minus_grid"] = None
+            if grid is not None and row is not grid:
+                both = [s for s in row["seeds"] if s in grid["seeds"]]
+                row["minus_grid"] = paired_difference(
+                    [_num(row["seeds"][s]["val"]) for s in both],
+                    [_num(grid["seeds"][s]["val"]) for s in both],
+                )
             vals = ", ".join(_f(r["val"], ".4f") for r in recs)
             lines.append(
                 f"| {name} | {method} | {vals} | {_f(row['mean_val'], '.4f')} | "
                 f"{_f(row['mean_test_loss'], '.4f')} | {_f(row['mean_test_acc'], '.4f')} | "
-                f"{_f(row['mean_ratio'], '.2f')} | {row['beats_grid']} |"
+                f"{_f(row['mean_ratio'], '.2f')} | {row['beats_grid']} | "
+                f"{_paired_text(row['minus_grid'])} |"
             )
     return dict(benchmark="weight_decay_seeds", seeds=seeds, settings=table,
                 table_markdown="\n".join(lines))  # fmt: skip
+
+
+def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
+    """The seeds summary of earlier per-seed result files (``--summarise``), e.g. two draws of
+    seeds run at different times; written to ``out`` (JSON and .md). A seed given twice is an
+    error: its trainings would count twice."""
+    per_seed: dict[int, dict[str, Any]] = {}
+    for path in paths:
+        res = json.loads(Path(path).read_text())
+        seed = int(res["seed"])
+        if seed in per_seed:
+            raise SystemExit(f"--summarise: seed {seed} is in two files (the second: {path})")
+        per_seed[seed] = res
+    summary = seed_summary(dict(sorted(per_seed.items())))
+    summary["command"] = command
+    summary["sources"] = [str(p) for p in paths]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False))
+    out.with_suffix(".md").write_text(summary["table_markdown"] + "\n")
+    print(summary["table_markdown"])
+    print(f"\nwrote {out} and {out.with_suffix('.md').name}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -130,6 +130,45 @@ def test_quick_digits_over_seeds(tmp_path: Path) -> None:
     assert [rows["no WD"]["seeds"][str(s)]["val"] for s in (0, 1)] == plain
     assert rows["learned global"]["beats_grid"].endswith("of 2")
     assert (tmp_path / "wd_seeds.md").read_text().startswith("| setting |")
+    # the paired difference to the grid's best, seed by seed
+    grid = rows["grid best (6 trainings)"]
+    diffs = [rows["no WD"]["seeds"][str(s)]["val"] - grid["seeds"][str(s)]["val"] for s in (0, 1)]
+    assert math.isclose(rows["no WD"]["minus_grid"]["mean"], sum(diffs) / 2, abs_tol=1e-12)
+    assert rows["no WD"]["minus_grid"]["n"] == 2 and grid["minus_grid"] is None
+
+    # --summarise merges per-seed files from separate runs into the same summary
+    merged = tmp_path / "merged.json"
+    files = [str(tmp_path / f"wd_seed{s}.json") for s in (1, 0)]
+    cmd = [sys.executable, str(SCRIPT), "--summarise", *files, "--out", str(merged)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    again = json.loads(merged.read_text())
+    assert again["seeds"] == [0, 1] and again["sources"] == files
+    assert again["table_markdown"] == summary["table_markdown"]
+    cmd = [sys.executable, str(SCRIPT), "--summarise", files[0], files[0], "--out", str(merged)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "seed 1 is in two files" in proc.stderr
+
+
+def _bench_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module("bench_weight_decay")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_paired_difference_by_hand() -> None:
+    """mean ± s.e. and the Student-t 95 % interval of a − b, written out."""
+    bench = _bench_module()
+    d = bench.paired_difference([1.0, 2.0, 4.0], [0.0, 0.0, 1.0])  # differences 1, 2, 3
+    se = 1.0 / math.sqrt(3)  # sample standard deviation 1
+    assert d["n"] == 3 and math.isclose(d["mean"], 2.0) and math.isclose(d["se"], se)
+    half = 4.302652729911275 * se  # t_{0.975, 2}
+    assert math.isclose(d["low"], 2.0 - half) and math.isclose(d["high"], 2.0 + half)
+    one = bench.paired_difference([1.0], [0.5])
+    assert one["mean"] == 0.5 and math.isnan(one["se"]) and math.isnan(one["low"])
+    assert bench._paired_text(one) == "+0.5000"
 
 
 ORDERS = REPO / "benchmarks" / "bench_weight_decay_orders.py"
