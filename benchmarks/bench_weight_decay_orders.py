@@ -149,7 +149,7 @@ def _float(v: Any) -> float:
 
 
 def _standard_error(d: np.ndarray) -> float:
-    return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+    return bw.paired_difference(d, np.zeros_like(d))["se"]
 
 
 def summarize(res: dict[str, Any], methods: list[str]) -> dict[str, Any]:
