@@ -122,7 +122,10 @@ def test_quick_digits_over_seeds(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "wd_seeds.json").read_text())
     assert summary["seeds"] == [0, 1]
     rows = summary["settings"]["digits_mlp"]
-    assert set(rows) == {"no WD", "grid best (6 trainings)", "learned global"}
+    hindsight = next(m for m in rows if m.startswith("grid, one λ"))
+    assert set(rows) == {"no WD", "grid best (6 trainings)", hindsight, "learned global"}
+    assert rows["learned global"]["minus_hindsight"]["n"] == 2
+    assert rows[hindsight]["minus_hindsight"] is None
     for row in rows.values():
         vals = [row["seeds"][str(s)]["val"] for s in (0, 1)]
         assert row["mean_val"] == sum(vals) / 2
@@ -169,6 +172,46 @@ def test_paired_difference_by_hand() -> None:
     one = bench.paired_difference([1.0], [0.5])
     assert one["mean"] == 0.5 and math.isnan(one["se"]) and math.isnan(one["low"])
     assert bench._paired_text(one) == "+0.5000"
+
+
+def test_hindsight_grid_value_by_hand() -> None:
+    """The best single grid value over the seeds is the one of lowest *mean*, not the one that
+    was best most often; its row sits under the grid's best, and learned runs are paired
+    with it."""
+    bench = _bench_module()
+
+    def setting(vals: dict[float, float], learned: float) -> dict:
+        grid = [dict(weight_decay=wd, best_val_loss=v, test_loss=v + 1, test_acc=0.5, wall_s=2.0)
+                for wd, v in vals.items()]  # fmt: skip
+        return {"runs": {
+            "no_wd": dict(best_val_loss=1.0, test_loss=2.0, test_acc=0.5, wall_s=2.0),
+            "grid": grid,
+            "learned_global": dict(finished=True, best_val_loss=learned, test_loss=learned + 1,
+                                   test_acc=0.5, wall_s=3.0)},
+            "derived": {"plain_wall_s": 2.0,
+                        "grid": dict(best_val_loss=min(vals.values()), test_loss=0.0,
+                                     test_acc=0.5, wall_ratio_to_plain=6.0),
+                        "learned": {"global": {"beats_grid": False}}}}  # fmt: skip
+
+    # 1e-3 is best on two seeds of three but 1e-4 has the lowest mean (0.5 against 0.6)
+    per_seed = {
+        0: {"settings": {"s": setting({1e-4: 0.52, 1e-3: 0.50}, 0.53)}},
+        1: {"settings": {"s": setting({1e-4: 0.49, 1e-3: 0.48}, 0.47)}},
+        2: {"settings": {"s": setting({1e-4: 0.49, 1e-3: 0.82}, 0.50)}},
+    }
+    h = bench.hindsight_records(per_seed, "s")
+    assert h["weight_decay"] == 1e-4
+    assert [h["seeds"][s]["val"] for s in (0, 1, 2)] == [0.52, 0.49, 0.49]
+    assert h["seeds"][0]["ratio"] == 1.0
+    assert bench.hindsight_records({0: per_seed[0]}, "s") is None  # one seed: the grid best
+    rows = bench.seed_summary(per_seed)["settings"]["s"]
+    names = list(rows)
+    assert (
+        names[1].startswith("grid best") and names[2] == "grid, one λ = 1.0e-04 (best in hindsight)"
+    )
+    d = rows["learned global"]["minus_hindsight"]
+    assert math.isclose(d["mean"], (0.01 - 0.02 + 0.01) / 3)
+    assert math.isclose(rows[names[2]]["minus_grid"]["mean"], (0.02 + 0.01 + 0.0) / 3)
 
 
 ORDERS = REPO / "benchmarks" / "bench_weight_decay_orders.py"
