@@ -181,11 +181,13 @@ def test_hindsight_grid_value_by_hand() -> None:
     bench = _bench_module()
 
     def setting(vals: dict[float, float], learned: float) -> dict:
-        grid = [dict(weight_decay=wd, best_val_loss=v, test_loss=v + 1, test_acc=0.5, wall_s=2.0)
-                for wd, v in vals.items()]  # fmt: skip
+        def fixed(v: float, **kw) -> dict:
+            return dict(best_val_loss=v, test_loss=v + 1, test_acc=0.5, wall_s=2.0,
+                        finished=True, **kw)  # fmt: skip
+
         return {"runs": {
-            "no_wd": dict(best_val_loss=1.0, test_loss=2.0, test_acc=0.5, wall_s=2.0),
-            "grid": grid,
+            "no_wd": fixed(1.0),
+            "grid": [fixed(v, weight_decay=wd) for wd, v in vals.items()],
             "learned_global": dict(finished=True, best_val_loss=learned, test_loss=learned + 1,
                                    test_acc=0.5, wall_s=3.0)},
             "derived": {"plain_wall_s": 2.0,
@@ -209,9 +211,29 @@ def test_hindsight_grid_value_by_hand() -> None:
     assert (
         names[1].startswith("grid best") and names[2] == "grid, one λ = 1.0e-04 (best in hindsight)"
     )
+    assert rows["learned global"]["max_ratio_fixed"] == 1.5  # 3 s against a median of 2 s
     d = rows["learned global"]["minus_hindsight"]
     assert math.isclose(d["mean"], (0.01 - 0.02 + 0.01) / 3)
     assert math.isclose(rows[names[2]]["minus_grid"]["mean"], (0.02 + 0.01 + 0.0) / 3)
+
+
+def test_fixed_median_wall_by_hand() -> None:
+    """The yardstick of "× one plain training": the median of the fixed-decay trainings timed in
+    this run; reused ones (timed in another run) and failed ones do not count."""
+    bench = _bench_module()
+
+    def rec(wall: float, finished: bool = True) -> dict:
+        return {"wall_s": wall, "finished": finished, "best_val_loss": wall, "test_acc": 0.5,
+                "test_loss": 1.0}  # fmt: skip
+
+    runs = {"no_wd": rec(1.0), "grid": [rec(2.0), rec(3.0), rec(9.0), rec(50.0, False)]}
+    assert bench.fixed_median_wall(runs, None) == 2.5  # median of 1, 2, 3, 9
+    assert bench.fixed_median_wall(runs, {"methods": ["grid"]}) == 1.0
+    assert math.isnan(bench.fixed_median_wall(runs, {"methods": ["grid", "no_wd"]}))
+    der = bench.derive(bench.SETTINGS["digits_mlp"], {**runs, "learned_global": {
+        "finished": True, "finite": True, "best_val_loss": 0.1, "wall_s": 5.0}}, None)  # fmt: skip
+    assert der["learned"]["global"]["wall_ratio_to_fixed_median"] == 2.0
+    assert der["learned"]["global"]["wall_ratio_to_plain"] == 5.0
 
 
 ORDERS = REPO / "benchmarks" / "bench_weight_decay_orders.py"
