@@ -392,6 +392,7 @@ def train_once(
         val_curve=[],
         optimizer_steps=0,
         wall_s=math.nan,
+        cpu_s=math.nan,
         weights_finite=None,
         lambda_finite=None,
         finite=None,
@@ -403,7 +404,7 @@ def train_once(
     )
     model: Classifier | None = None
     cb: Any = None
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -435,12 +436,14 @@ def train_once(
                 enable_model_summary=False,
                 num_sanity_val_steps=0,
             )
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             trainer.fit(model, train, val)
             rec["wall_s"] = time.perf_counter() - start
+            rec["cpu_s"] = time.process_time() - cpu_start
             rec["finished"] = True
         except Exception as err:  # a crash is a result: record it, go on
             rec["wall_s"] = time.perf_counter() - start
+            rec["cpu_s"] = time.process_time() - cpu_start
             tb = traceback.format_exc().strip().splitlines()
             rec["error"] = f"{type(err).__name__}: {err}"
             rec["traceback_tail"] = tb[-6:]
@@ -641,16 +644,26 @@ def reuse_runs(
     return {"from": path, "methods": taken, "plain_wall_s": plain}
 
 
-def fixed_median_wall(runs: dict[str, Any], reused: dict[str, Any] | None) -> float:
-    """The median wall time of the fixed-decay trainings timed in this run (no weight decay and
-    the grid's, not reused ones). Each costs what a plain training costs, so their median is a
-    steadier yardstick for "× one plain training" than the one plain run, which one slow or
-    fast start moves."""
+def fixed_median_wall(
+    runs: dict[str, Any], reused: dict[str, Any] | None, key: str = "wall_s"
+) -> float:
+    """The median wall time (``key="cpu_s"``: CPU time of the process) of the fixed-decay
+    trainings timed in this run (no weight decay and the grid's, not reused ones). Each costs
+    what a plain training costs, so their median is a steadier yardstick for "× one plain
+    training" than the one plain run, which one slow or fast start moves. CPU time does not
+    count time the process waited for a core, so it is steadier still on a shared machine;
+    nan for results recorded before it was (no ``cpu_s``)."""
     taken = set(reused["methods"]) if reused else set()
     fixed = [] if "no_wd" in taken or "no_wd" not in runs else [runs["no_wd"]]
     fixed += [] if "grid" in taken else runs.get("grid") or []
-    walls = [r["wall_s"] for r in fixed if r["finished"]]
-    return float(np.median(walls)) if walls else math.nan
+    times = [_seconds(r, key) for r in fixed if r["finished"]]
+    return float(np.median(times)) if times else math.nan
+
+
+def _seconds(rec: dict[str, Any], key: str) -> float:
+    """A recorded time, nan where it is missing (older result files) or not a number."""
+    v = rec.get(key)
+    return float(v) if isinstance(v, (int, float)) else math.nan
 
 
 def derive(
@@ -702,6 +715,11 @@ def derive(
             wall_ratio_to_plain=rec["wall_s"] / plain_wall if rec["finished"] else math.nan,
             wall_ratio_to_fixed_median=(
                 rec["wall_s"] / fixed_wall if rec["finished"] else math.nan
+            ),
+            cpu_ratio_to_fixed_median=(
+                _seconds(rec, "cpu_s") / fixed_median_wall(runs, reused, "cpu_s")
+                if rec["finished"]
+                else math.nan
             ),
             beats_grid=(v <= grid_best) if grid else None,
             minus_grid_best=(v - grid_best) if grid else None,
@@ -1104,6 +1122,11 @@ def _method_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     if r["finished"]
                     else math.nan
                 ),
+                ratio_cpu=(
+                    _seconds(r, "cpu_s") / fixed_median_wall(runs, res.get("reused"), "cpu_s")
+                    if r["finished"]
+                    else math.nan
+                ),
                 beats_grid=der["learned"][g]["beats_grid"],
             )  # fmt: skip
     return rows
@@ -1204,7 +1227,11 @@ def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
             if all("ratio_fixed" in r for r in recs):  # learned runs: the ≤ 2× target, worst seed
                 row["max_ratio"] = max(_num(r["ratio"]) for r in recs)
                 row["max_ratio_fixed"] = max(_num(r["ratio_fixed"]) for r in recs)
+                cpu = [r.get("ratio_cpu", math.nan) for r in recs]
+                row["max_ratio_cpu"] = max(cpu) if all(map(math.isfinite, cpu)) else math.nan
                 worst = f"{row['max_ratio']:.2f} / {row['max_ratio_fixed']:.2f}"
+                if math.isfinite(row["max_ratio_cpu"]):
+                    worst += f" (CPU {row['max_ratio_cpu']:.2f})"
             beats = [r["beats_grid"] for r in recs if r.get("beats_grid") is not None]
             row["beats_grid"] = f"{sum(beats)} of {len(beats)}" if beats else ""
             for key, ref in (("minus_grid", grid), ("minus_hindsight", hindsight)):

@@ -21,8 +21,8 @@ HAS_OPTUNA = importlib.util.find_spec("optuna") is not None
 
 RUN_KEYS = {
     "finished", "error", "best_val_loss", "best_epoch", "test_acc", "test_loss", "val_curve",
-    "optimizer_steps", "wall_s", "weights_finite", "lambda_finite", "finite", "lambda_summary",
-    "sid_cost", "warnings",
+    "optimizer_steps", "wall_s", "cpu_s", "weights_finite", "lambda_finite", "finite",
+    "lambda_summary", "sid_cost", "warnings",
 }  # fmt: skip
 
 
@@ -32,7 +32,7 @@ def _check_run(rec: dict, epochs: int) -> None:
     if rec["finished"]:
         assert rec["error"] is None
         assert len(rec["val_curve"]) == epochs
-        assert rec["optimizer_steps"] > 0 and rec["wall_s"] > 0
+        assert rec["optimizer_steps"] > 0 and rec["wall_s"] > 0 and rec["cpu_s"] > 0
         assert 1 <= rec["best_epoch"] <= epochs
         assert rec["best_val_loss"] == min(v for v in rec["val_curve"] if v is not None)
         assert 0.0 <= rec["test_acc"] <= 1.0
@@ -223,17 +223,22 @@ def test_fixed_median_wall_by_hand() -> None:
     bench = _bench_module()
 
     def rec(wall: float, finished: bool = True) -> dict:
-        return {"wall_s": wall, "finished": finished, "best_val_loss": wall, "test_acc": 0.5,
-                "test_loss": 1.0}  # fmt: skip
+        return {"wall_s": wall, "cpu_s": wall / 2, "finished": finished, "best_val_loss": wall,
+                "test_acc": 0.5, "test_loss": 1.0}  # fmt: skip
 
     runs = {"no_wd": rec(1.0), "grid": [rec(2.0), rec(3.0), rec(9.0), rec(50.0, False)]}
     assert bench.fixed_median_wall(runs, None) == 2.5  # median of 1, 2, 3, 9
     assert bench.fixed_median_wall(runs, {"methods": ["grid"]}) == 1.0
     assert math.isnan(bench.fixed_median_wall(runs, {"methods": ["grid", "no_wd"]}))
+    assert bench.fixed_median_wall(runs, None, "cpu_s") == 1.25  # the CPU times, halved here
+    del runs["no_wd"]["cpu_s"]  # a file from before CPU time was recorded
+    assert math.isnan(bench.fixed_median_wall(runs, None, "cpu_s"))
+    runs["no_wd"]["cpu_s"] = 0.5
     der = bench.derive(bench.SETTINGS["digits_mlp"], {**runs, "learned_global": {
         "finished": True, "finite": True, "best_val_loss": 0.1, "wall_s": 5.0}}, None)  # fmt: skip
     assert der["learned"]["global"]["wall_ratio_to_fixed_median"] == 2.0
     assert der["learned"]["global"]["wall_ratio_to_plain"] == 5.0
+    assert math.isnan(der["learned"]["global"]["cpu_ratio_to_fixed_median"])  # none recorded
 
 
 ORDERS = REPO / "benchmarks" / "bench_weight_decay_orders.py"
