@@ -644,15 +644,15 @@ def reuse_runs(
     return {"from": path, "methods": taken, "plain_wall_s": plain}
 
 
-def fixed_median_wall(
+def fixed_median_time(
     runs: dict[str, Any], reused: dict[str, Any] | None, key: str = "wall_s"
 ) -> float:
-    """The median wall time (``key="cpu_s"``: CPU time of the process) of the fixed-decay
+    """The median wall time (``key="cpu_s"``: the process's CPU time) of the fixed-decay
     trainings timed in this run (no weight decay and the grid's, not reused ones). Each costs
     what a plain training costs, so their median is a steadier yardstick for "× one plain
-    training" than the one plain run, which one slow or fast start moves. CPU time does not
-    count time the process waited for a core, so it is steadier still on a shared machine;
-    nan for results recorded before it was (no ``cpu_s``)."""
+    training" than the one plain run, which one slow or fast start moves. CPU time leaves out
+    the time the process waited for a core (a machine shared with other work); nan for result
+    files from before it was recorded."""
     taken = set(reused["methods"]) if reused else set()
     fixed = [] if "no_wd" in taken or "no_wd" not in runs else [runs["no_wd"]]
     fixed += [] if "grid" in taken else runs.get("grid") or []
@@ -682,7 +682,7 @@ def derive(
         return plain_wall
 
     grid = runs.get("grid") or []
-    fixed_wall = d["fixed_median_wall_s"] = fixed_median_wall(runs, reused)
+    fixed_wall = d["fixed_median_wall_s"] = fixed_median_time(runs, reused)
     grid_best = math.inf
     if grid:
         i = min(range(len(grid)), key=lambda j: _key(grid[j]["best_val_loss"]))
@@ -717,7 +717,7 @@ def derive(
                 rec["wall_s"] / fixed_wall if rec["finished"] else math.nan
             ),
             cpu_ratio_to_fixed_median=(
-                _seconds(rec, "cpu_s") / fixed_median_wall(runs, reused, "cpu_s")
+                _seconds(rec, "cpu_s") / fixed_median_time(runs, reused, "cpu_s")
                 if rec["finished"]
                 else math.nan
             ),
@@ -1118,12 +1118,12 @@ def _method_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 test_loss=r["test_loss"], test_acc=r["test_acc"],
                 ratio=r["wall_s"] / plain if r["finished"] else math.nan,
                 ratio_fixed=(
-                    r["wall_s"] / fixed_median_wall(runs, res.get("reused"))
+                    r["wall_s"] / fixed_median_time(runs, res.get("reused"))
                     if r["finished"]
                     else math.nan
                 ),
                 ratio_cpu=(
-                    _seconds(r, "cpu_s") / fixed_median_wall(runs, res.get("reused"), "cpu_s")
+                    _seconds(r, "cpu_s") / fixed_median_time(runs, res.get("reused"), "cpu_s")
                     if r["finished"]
                     else math.nan
                 ),
@@ -1184,7 +1184,7 @@ def hindsight_records(per_seed: dict[int, dict[str, Any]], name: str) -> dict[st
         r, der = g[best]
         seeds[seed] = dict(val=r["best_val_loss"], test_loss=r["test_loss"],
                            test_acc=r["test_acc"],
-                           ratio=r["wall_s"] / _num(der.get("plain_wall_s")))  # fmt: skip
+                           ratio=r["wall_s"] / _seconds(der, "plain_wall_s"))  # fmt: skip
     return dict(weight_decay=best, seeds=seeds)
 
 

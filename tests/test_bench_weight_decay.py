@@ -217,7 +217,7 @@ def test_hindsight_grid_value_by_hand() -> None:
     assert math.isclose(rows[names[2]]["minus_grid"]["mean"], (0.02 + 0.01 + 0.0) / 3)
 
 
-def test_fixed_median_wall_by_hand() -> None:
+def test_fixed_median_time_by_hand() -> None:
     """The yardstick of "× one plain training": the median of the fixed-decay trainings timed in
     this run; reused ones (timed in another run) and failed ones do not count."""
     bench = _bench_module()
@@ -227,12 +227,12 @@ def test_fixed_median_wall_by_hand() -> None:
                 "test_acc": 0.5, "test_loss": 1.0}  # fmt: skip
 
     runs = {"no_wd": rec(1.0), "grid": [rec(2.0), rec(3.0), rec(9.0), rec(50.0, False)]}
-    assert bench.fixed_median_wall(runs, None) == 2.5  # median of 1, 2, 3, 9
-    assert bench.fixed_median_wall(runs, {"methods": ["grid"]}) == 1.0
-    assert math.isnan(bench.fixed_median_wall(runs, {"methods": ["grid", "no_wd"]}))
-    assert bench.fixed_median_wall(runs, None, "cpu_s") == 1.25  # the CPU times, halved here
+    assert bench.fixed_median_time(runs, None) == 2.5  # median of 1, 2, 3, 9
+    assert bench.fixed_median_time(runs, {"methods": ["grid"]}) == 1.0
+    assert math.isnan(bench.fixed_median_time(runs, {"methods": ["grid", "no_wd"]}))
+    assert bench.fixed_median_time(runs, None, "cpu_s") == 1.25  # the CPU times, halved here
     del runs["no_wd"]["cpu_s"]  # a file from before CPU time was recorded
-    assert math.isnan(bench.fixed_median_wall(runs, None, "cpu_s"))
+    assert math.isnan(bench.fixed_median_time(runs, None, "cpu_s"))
     runs["no_wd"]["cpu_s"] = 0.5
     der = bench.derive(bench.SETTINGS["digits_mlp"], {**runs, "learned_global": {
         "finished": True, "finite": True, "best_val_loss": 0.1, "wall_s": 5.0}}, None)  # fmt: skip
