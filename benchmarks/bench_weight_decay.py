@@ -660,6 +660,19 @@ def fixed_median_time(
     return float(np.median(times)) if times else math.nan
 
 
+def time_ratios(
+    rec: dict[str, Any], runs: dict[str, Any], reused: dict[str, Any] | None
+) -> dict[str, float]:
+    """A training's wall and CPU time over the median fixed-decay training of its run
+    (:func:`fixed_median_time`); nan for a training that did not finish."""
+    if not rec["finished"]:
+        return dict(wall=math.nan, cpu=math.nan)
+    return {
+        kind: _seconds(rec, key) / fixed_median_time(runs, reused, key)
+        for kind, key in (("wall", "wall_s"), ("cpu", "cpu_s"))
+    }
+
+
 def _seconds(rec: dict[str, Any], key: str) -> float:
     """A recorded time, nan where it is missing (older result files) or not a number."""
     v = rec.get(key)
@@ -682,7 +695,7 @@ def derive(
         return plain_wall
 
     grid = runs.get("grid") or []
-    fixed_wall = d["fixed_median_wall_s"] = fixed_median_time(runs, reused)
+    d["fixed_median_wall_s"] = fixed_median_time(runs, reused)
     grid_best = math.inf
     if grid:
         i = min(range(len(grid)), key=lambda j: _key(grid[j]["best_val_loss"]))
@@ -710,17 +723,12 @@ def derive(
         if rec is None:
             continue
         v = _key(rec["best_val_loss"])
+        ratios = time_ratios(rec, runs, reused)
         info: dict[str, Any] = dict(
             best_val_loss=rec["best_val_loss"],
             wall_ratio_to_plain=rec["wall_s"] / plain_wall if rec["finished"] else math.nan,
-            wall_ratio_to_fixed_median=(
-                rec["wall_s"] / fixed_wall if rec["finished"] else math.nan
-            ),
-            cpu_ratio_to_fixed_median=(
-                _seconds(rec, "cpu_s") / fixed_median_time(runs, reused, "cpu_s")
-                if rec["finished"]
-                else math.nan
-            ),
+            wall_ratio_to_fixed_median=ratios["wall"],
+            cpu_ratio_to_fixed_median=ratios["cpu"],
             beats_grid=(v <= grid_best) if grid else None,
             minus_grid_best=(v - grid_best) if grid else None,
             finished=rec["finished"],
@@ -1113,20 +1121,12 @@ def _method_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for g in GRANULARITIES:
         r = runs.get(f"learned_{g}")
         if r is not None:
+            ratios = time_ratios(r, runs, res.get("reused"))
             rows[f"learned {g}"] = dict(
                 val=r["best_val_loss"] if r["finished"] else math.nan,
                 test_loss=r["test_loss"], test_acc=r["test_acc"],
                 ratio=r["wall_s"] / plain if r["finished"] else math.nan,
-                ratio_fixed=(
-                    r["wall_s"] / fixed_median_time(runs, res.get("reused"))
-                    if r["finished"]
-                    else math.nan
-                ),
-                ratio_cpu=(
-                    _seconds(r, "cpu_s") / fixed_median_time(runs, res.get("reused"), "cpu_s")
-                    if r["finished"]
-                    else math.nan
-                ),
+                ratio_fixed=ratios["wall"], ratio_cpu=ratios["cpu"],
                 beats_grid=der["learned"][g]["beats_grid"],
             )  # fmt: skip
     return rows
@@ -1188,6 +1188,22 @@ def hindsight_records(per_seed: dict[int, dict[str, Any]], name: str) -> dict[st
     return dict(weight_decay=best, seeds=seeds)
 
 
+def _slowest_seed(row: dict[str, Any], recs: list[dict[str, Any]]) -> str:
+    """For learned runs (the ≤ 2× target): the slowest seed's time over the plain training and
+    over the median fixed-decay training (and in CPU time, where recorded), stored in ``row``
+    and as the table's text; "" for the other methods."""
+    if not all("ratio_fixed" in r for r in recs):
+        return ""
+    row["max_ratio"] = max(_num(r["ratio"]) for r in recs)
+    row["max_ratio_fixed"] = max(_num(r["ratio_fixed"]) for r in recs)
+    cpu = [r["ratio_cpu"] for r in recs]
+    row["max_ratio_cpu"] = max(cpu) if all(map(math.isfinite, cpu)) else math.nan
+    text = f"{row['max_ratio']:.2f} / {row['max_ratio_fixed']:.2f}"
+    if math.isfinite(row["max_ratio_cpu"]):
+        text += f" (CPU {row['max_ratio_cpu']:.2f})"
+    return text
+
+
 def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Per setting and method, over the seeds: the best validation loss of each seed and their
     mean, the mean test loss / accuracy and wall-time ratio, for learned runs on how many seeds
@@ -1223,15 +1239,7 @@ def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
             recs = list(row["seeds"].values())
             for key in ("val", "test_loss", "test_acc", "ratio"):
                 row[f"mean_{key}"] = float(np.mean([_num(r[key]) for r in recs]))
-            worst = ""
-            if all("ratio_fixed" in r for r in recs):  # learned runs: the ≤ 2× target, worst seed
-                row["max_ratio"] = max(_num(r["ratio"]) for r in recs)
-                row["max_ratio_fixed"] = max(_num(r["ratio_fixed"]) for r in recs)
-                cpu = [r.get("ratio_cpu", math.nan) for r in recs]
-                row["max_ratio_cpu"] = max(cpu) if all(map(math.isfinite, cpu)) else math.nan
-                worst = f"{row['max_ratio']:.2f} / {row['max_ratio_fixed']:.2f}"
-                if math.isfinite(row["max_ratio_cpu"]):
-                    worst += f" (CPU {row['max_ratio_cpu']:.2f})"
+            worst = _slowest_seed(row, recs)
             beats = [r["beats_grid"] for r in recs if r.get("beats_grid") is not None]
             row["beats_grid"] = f"{sum(beats)} of {len(beats)}" if beats else ""
             for key, ref in (("minus_grid", grid), ("minus_hindsight", hindsight)):
