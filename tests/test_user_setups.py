@@ -1,7 +1,8 @@
 """The drop-in inside the training set-ups users already have, beyond the optimizer matrix of
 ``test_networks.py``: learning-rate schedulers (per step and per epoch), Nesterov, RMSprop,
 Adagrad, dropout, torchmetrics in ``training_step``, frozen layers, parameter groups with their
-own learning rates, gradient accumulation, gradient clipping, bf16 autocast, ``max_steps``.
+own learning rates, gradient accumulation, gradient clipping, bf16 autocast, float64 precision, ``max_steps``, batches reshaped
+in ``on_before_batch_transfer``.
 
 Each run (a digits MLP, or an LSTM or a Transformer encoder on token sequences; seconds) must
 finish with hyper steps run, λ finite, positive and inside what the optimizer can train, bounded
@@ -135,6 +136,8 @@ SETUPS = {
     "gradient_clipping": dict(trainer_kw=dict(gradient_clip_val=0.5)),
     "bf16_autocast": dict(trainer_kw=dict(precision="bf16-mixed")),
     "max_steps": dict(trainer_kw=dict(max_steps=60), epochs=-1),
+    # Lightning converts each batch to float64; the callback's own batches must be converted too
+    "float64_precision": dict(trainer_kw=dict(precision="64-true")),
     "per_element_adam": dict(
         model_kw=dict(optimizer="adam"), callback_kw=dict(granularity="per_element")
     ),  # fmt: skip
@@ -152,6 +155,51 @@ def test_drop_in_in_the_users_own_training_setup(setup):
         if setup == "groups_with_own_lr":  # one λ per group, each bounded by its own lr
             assert len(cb.slot_names) == 2
             assert cb.problem.stable_bounds()[-1] == pytest.approx(1 / 0.02)
+
+
+class DictBatches(torch.utils.data.Dataset):
+    """Samples as dicts, as many datasets give them."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.X)
+
+    def __getitem__(self, i):
+        return {"image": self.X[i], "label": self.y[i]}
+
+
+class HookedNet(UserNet):
+    """Turns the loader's dict batches into ``(x, y)`` in ``on_before_batch_transfer``."""
+
+    hook_calls = 0
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.hook_calls += 1
+        return batch["image"], batch["label"]
+
+
+def test_the_callbacks_batches_go_through_the_users_batch_hooks():
+    """Lightning hands ``training_step`` each batch after the precision's conversion and the
+    module's ``on_before_batch_transfer``: the hyper step's minibatches must get the same (here
+    ``training_step`` cannot read the raw dict batch at all)."""
+    X, y, Xv, yv = DATA
+    pl.seed_everything(0, verbose=False)
+    model = HookedNet()
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    trainer = pl.Trainer(
+        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb], num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(
+        model,
+        DataLoader(DictBatches(X, y), batch_size=BATCH, shuffle=True),
+        DataLoader(DictBatches(Xv, yv), batch_size=100),
+    )
+    _assert_healthy(model, cb)
+    loop_batches = 2 * (math.ceil(len(y) / BATCH) + math.ceil(len(yv) / 100))
+    assert model.hook_calls > loop_batches  # the hyper steps' batches went through it too
 
 
 def test_hyper_steps_leave_the_users_metrics_alone():

@@ -434,7 +434,17 @@ class HyperOptimizationCallback(Callback):
         )
 
     def _to_device(self, trainer: pl.Trainer) -> Callable[[Any], Any]:
-        return lambda batch: trainer.strategy.batch_to_device(batch)
+        """What Lightning's loops do to each batch before ``training_step`` sees it: the
+        precision's dtype conversion (e.g. to float64 under ``precision="64-true"``), the
+        module's ``on_before_batch_transfer``, then the strategy's ``batch_to_device`` (which
+        runs ``transfer_batch_to_device`` and ``on_after_batch_transfer``)."""
+
+        def prepare(batch: Any) -> Any:
+            batch = trainer.precision_plugin.convert_input(batch)
+            batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
+            return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+
+        return prepare
 
     def _build_train_source(self, trainer: pl.Trainer) -> None:
         dataset, collate, loader_bs = loader_parts(trainer.train_dataloader, "train dataloader")
