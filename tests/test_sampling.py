@@ -2,13 +2,16 @@
 
 import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from hypertorch_sid.core.errors import ConfigurationError
 from hypertorch_sid.lightning.sampling import (
+    LoaderBatches,
     SampledBatches,
     ShardedSampler,
+    StreamPosition,
+    draws_by_index,
     fetch,
     loader_parts,
     shard_indices,
@@ -160,3 +163,78 @@ def test_loader_parts():
         loader_parts(iter(loader), "x")
     with pytest.raises(ConfigurationError, match="automatic batching disabled"):
         loader_parts(torch.utils.data.DataLoader(data, batch_size=None), "x")
+
+
+class Counting(IterableDataset):
+    """A stream of the samples 0 … n−1 (each a tensor [i], label i), the same order every pass."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter((torch.tensor([float(i)]), i) for i in range(self.n))
+
+
+def _ids(batch):
+    return batch[0].flatten().int().tolist()
+
+
+def test_streamed_loaders_are_read_through_the_loader_itself():
+    stream = DataLoader(Counting(10), batch_size=4)
+    pre_batched = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=None)  # rows as batches
+    assert not draws_by_index(stream) and not draws_by_index(pre_batched)
+    assert draws_by_index(DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4))
+    moved = []
+    batches = LoaderBatches(stream, lambda b: moved.append(b) or b, 2, None, "train dataloader")
+    assert batches.sampler.batch_size == 4 and batches.sampler.global_batch == 8
+    drawn = [_ids(next(batches)) for _ in range(5)]
+    # passes of 4 + 4 + 2 (the loader's own tail), then a new pass from the start
+    assert drawn == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(moved) == 5 and batches.samples == 18  # every batch went through to_device
+    assert (batches.sampler.epoch, batches.sampler.pos) == (2, 2)
+    rebatched = LoaderBatches(stream, lambda b: b, 1, 3, "train dataloader")  # batch_size=3
+    assert _ids(next(rebatched)) == [0, 1, 2]
+    rows = LoaderBatches(pre_batched, lambda b: b, 1, None, "train dataloader")
+    assert next(rows)[0].shape == (2,)
+
+
+def test_a_streamed_loaders_position_resumes_exactly():
+    stream = DataLoader(Counting(10), batch_size=3)
+    first = LoaderBatches(stream, lambda b: b, 1, None, "x")
+    for _ in range(5):  # a pass of 4, then 1 into the next
+        next(first)
+    state = first.sampler.state_dict()
+    assert state == {"stream_pos": 1, "stream_epoch": 2, "global_batch": 3}
+    expected = [_ids(next(first)) for _ in range(4)]
+    resumed = LoaderBatches(stream, lambda b: b, 1, None, "x")
+    resumed.sampler.load_state_dict(state)
+    assert [_ids(next(resumed)) for _ in range(4)] == expected == [[3, 4, 5], [6, 7, 8], [9],
+                                                                   [0, 1, 2]]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state, match",
+    [
+        ({"stream_pos": 1}, "not a streamed loader's"),
+        ({"stream_pos": 1, "stream_epoch": 1, "global_batch": 5}, "global batches of 5"),
+        ({"stream_pos": -1, "stream_epoch": 1, "global_batch": 3}, "stream_pos must be"),
+        (
+            {"generator": 0, "perm": None, "pos": 0, "epoch": 0, "n": 10, "global_batch": 3},
+            "same kind of DataLoader",
+        ),  # fmt: skip
+    ],
+)
+def test_a_streamed_loaders_bad_state_is_refused(state, match):
+    position = StreamPosition(3, 1)
+    with pytest.raises(ConfigurationError, match=match):
+        position.load_state_dict(state)
+    assert (position.pos, position.epoch, position.skip) == (0, 0, 0)
+
+
+def test_a_loader_that_yields_batches_cannot_be_rebatched():
+    pre_batched = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=None)
+    with pytest.raises(ConfigurationError, match="yields whole batches.*batch_size=5"):
+        LoaderBatches(pre_batched, lambda b: b, 1, 5, "train dataloader")
+    with pytest.raises(ConfigurationError, match="validation dataloader yielded no batch"):
+        LoaderBatches(DataLoader(Counting(0), batch_size=2), lambda b: b, 1, None,
+                      "validation dataloader")  # fmt: skip

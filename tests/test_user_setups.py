@@ -2,7 +2,7 @@
 ``test_networks.py``: learning-rate schedulers (per step and per epoch), Nesterov, RMSprop,
 Adagrad, dropout, torchmetrics in ``training_step``, frozen layers, parameter groups with their
 own learning rates, gradient accumulation, gradient clipping, bf16 autocast, float64 precision, ``max_steps``, batches reshaped
-in ``on_before_batch_transfer``.
+in ``on_before_batch_transfer``, streamed data (``IterableDataset``, loaders yielding whole batches).
 
 Each run (a digits MLP, or an LSTM or a Transformer encoder on token sequences; seconds) must
 finish with hyper steps run, λ finite, positive and inside what the optimizer can train, bounded
@@ -24,7 +24,7 @@ from lightning_problems import digits_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import LearnedWeightDecay
+from hypertorch_sid import ConfigurationError, LearnedWeightDecay
 
 sklearn = pytest.importorskip("sklearn.datasets")
 torchmetrics = pytest.importorskip("torchmetrics")
@@ -200,6 +200,91 @@ def test_the_callbacks_batches_go_through_the_users_batch_hooks():
     _assert_healthy(model, cb)
     loop_batches = 2 * (math.ceil(len(y) / BATCH) + math.ceil(len(yv) / 100))
     assert model.hook_calls > loop_batches  # the hyper steps' batches went through it too
+
+
+class Shuffled(torch.utils.data.IterableDataset):
+    """A stream of samples in a new seeded order on every pass, as streaming datasets give."""
+
+    def __init__(self, X, y):
+        self.X, self.y, self.passes = X, y, 0
+
+    def __iter__(self):
+        self.passes += 1
+        order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(self.passes))
+        return iter((self.X[i], self.y[i]) for i in order.tolist())
+
+
+@pytest.mark.parametrize("kind", ["iterable", "pre_batched"])
+def test_drop_in_on_streamed_data(kind):
+    """Data without random access — an ``IterableDataset``, or a loader whose dataset yields
+    whole batches (``batch_size=None``) — is read through the loader itself."""
+    X, y, Xv, yv = DATA
+    if kind == "iterable":
+        train = DataLoader(Shuffled(X, y), batch_size=BATCH)
+        val = DataLoader(Shuffled(Xv, yv), batch_size=100)
+    else:  # rows of batches: batch i holds samples i, i + n, i + 2n, ...
+        n = math.ceil(len(y) / BATCH)
+        batches = [(X[i::n], y[i::n]) for i in range(n)]
+        train = DataLoader(batches, batch_size=None, shuffle=True)
+        val = DataLoader([(Xv[i::3], yv[i::3]) for i in range(3)], batch_size=None)
+    pl.seed_everything(0, verbose=False)
+    model = UserNet()
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    trainer = pl.Trainer(
+        max_epochs=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb],
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, train, val)
+    assert not any("barely move" in str(w.message) for w in caught)  # the length is unknown
+    _assert_healthy(model, cb)
+    assert len(cb.history) == trainer.global_step // 5
+    assert cb._train.sampler.global_batch == (BATCH if kind == "iterable" else len(y[::n]))
+    lam = next(iter(cb.decay_values().values()))
+    assert not torch.allclose(lam, torch.full_like(lam, 1e-3))  # λ was learned
+    with pytest.raises(ConfigurationError, match="val='full'.*streamed validation dataloader"):
+        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   callbacks=[LearnedWeightDecay(1e-3, val="full")]).fit(UserNet(), train, val)  # fmt: skip
+
+
+class Ordered(torch.utils.data.IterableDataset):
+    """A stream in one fixed shuffled order, the same on every pass."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+        self.order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def __iter__(self):
+        return iter((self.X[i], self.y[i]) for i in self.order)
+
+
+def test_resume_on_streamed_data_reproduces_the_straight_fit(tmp_path):
+    """The callback's place in the stream is checkpointed: a run killed after 2 epochs and
+    resumed gives the λ of an uninterrupted one."""
+    X, y, Xv, yv = DATA
+
+    def fit(epochs, ckpt=None, save=None):
+        pl.seed_everything(0, verbose=False)
+        model, cb = UserNet(), LearnedWeightDecay(1e-3, every_n_steps=3)
+        trainer = pl.Trainer(
+            max_epochs=epochs, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+        )  # fmt: skip
+        loaders = (DataLoader(Ordered(X, y), batch_size=BATCH),
+                   DataLoader(Ordered(Xv, yv), batch_size=100))  # fmt: skip
+        trainer.fit(model, *loaders, ckpt_path=ckpt)
+        if save:
+            trainer.save_checkpoint(save)
+        return cb
+
+    straight = fit(4).decay_values()
+    fit(2, save=tmp_path / "half.ckpt")
+    resumed = fit(4, ckpt=tmp_path / "half.ckpt").decay_values()
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        torch.testing.assert_close(straight[key], resumed[key], rtol=1e-6, atol=0)
 
 
 def test_hyper_steps_leave_the_users_metrics_alone():

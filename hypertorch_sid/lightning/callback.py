@@ -51,9 +51,12 @@ from ..core.schedules import check_positive
 from .module import BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .sampling import (
+    LoaderBatches,
     SampledBatches,
     ShardedSampler,
+    draws_by_index,
     fetch,
+    first_loader,
     loader_parts,
     shard_indices,
     validation_loader,
@@ -257,9 +260,9 @@ class HyperOptimizationCallback(Callback):
         #: the ``hyper/*`` metrics of every hyper step (also in checkpoints)
         self.history: list[dict[str, float]] = []
         self._active: BilevelProblem | None = None
-        self._train: SampledBatches | None = None
+        self._train: SampledBatches | LoaderBatches | None = None
         self._train_stream: BatchStream | None = None
-        self._val: SampledBatches | None = None
+        self._val: SampledBatches | LoaderBatches | None = None
         self._val_full: Any = None
         self._val_samples = 0
         self._n_train = 0
@@ -411,7 +414,7 @@ class HyperOptimizationCallback(Callback):
         silently. Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
         """
         total = trainer.estimated_stepping_batches
-        if not math.isfinite(total):
+        if not math.isfinite(total) or total < 0:  # unknown (e.g. a stream, no max_steps): -1
             return
         total, n = int(total), self.every_n_steps
         first = max(self.start_step, trainer.global_step + 1, 1)
@@ -447,7 +450,16 @@ class HyperOptimizationCallback(Callback):
         return prepare
 
     def _build_train_source(self, trainer: pl.Trainer) -> None:
-        dataset, collate, loader_bs = loader_parts(trainer.train_dataloader, "train dataloader")
+        loader = first_loader(trainer.train_dataloader, "train dataloader")
+        if not draws_by_index(loader):  # a stream: read from the loader itself
+            self._train = LoaderBatches(
+                loader, self._to_device(trainer), self._world_size, self.batch_size,
+                "train dataloader",
+            )  # fmt: skip
+            self._train_stream = BatchStream(self._train, "the callback's training stream")
+            self._train_parts = None
+            return
+        dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
         batch_size = self.batch_size or loader_bs
         if batch_size is None:
             raise ConfigurationError(
@@ -460,7 +472,12 @@ class HyperOptimizationCallback(Callback):
         self._train_parts = (dataset, collate)
 
     def _full_train_batch(self, trainer: pl.Trainer) -> Any:  # this process's shard of it
-        assert self._train_parts is not None
+        if self._train_parts is None:
+            raise ConfigurationError(
+                "these settings read the whole training set at once (batches='full'), which a "
+                "streamed train dataloader (an IterableDataset, or batch_size=None) cannot give: "
+                "use minibatch settings, or a map-style dataset."
+            )
         dataset, collate = self._train_parts
         idx = shard_indices(len(dataset), self._rank, self._world_size)
         return self._to_device(trainer)(fetch(dataset, collate, idx))
@@ -473,8 +490,20 @@ class HyperOptimizationCallback(Callback):
                 "pass val_dataloaders to trainer.fit, or define val_dataloader() in the module "
                 "or the datamodule."
             )
-        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
         to_device = self._to_device(trainer)
+        loader = first_loader(loader, "validation dataloader")
+        if not draws_by_index(loader):  # a stream: read from the loader itself
+            if self.val == "full":
+                raise ConfigurationError(
+                    "val='full' reads the whole validation set by index, which a streamed "
+                    "validation dataloader (an IterableDataset, or batch_size=None) cannot give: "
+                    "use val='batch', or a map-style dataset."
+                )
+            self._val = LoaderBatches(
+                loader, to_device, self._world_size, self.val_batch_size, "validation dataloader"
+            )
+            return
+        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
         self._n_val = len(dataset)
         if self.val == "full":
             idx = shard_indices(len(dataset), self._rank, self._world_size)
@@ -519,6 +548,11 @@ class HyperOptimizationCallback(Callback):
             changes["adjoint_steps"] = self.adjoint_steps
         if self.preset is not None:
             assert self._train is not None
+            if self._train_parts is None:
+                raise ConfigurationError(
+                    f"preset={self.preset!r} sizes its solves by the training set's size, which "
+                    "a streamed train dataloader does not have: set adjoint_steps instead."
+                )
             settings = get_preset(self.preset).settings(
                 self.preset_epochs, self._n_train, self._train.sampler.global_batch
             )

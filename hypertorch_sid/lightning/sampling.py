@@ -9,6 +9,9 @@ a single process would draw.
 - :class:`ShardedSampler`: endless minibatch indices, rank r's shard of each global batch, with a
   checkpointable, validated state;
 - :class:`SampledBatches`: collated, device-placed minibatches at those indices;
+- :class:`LoaderBatches`: for data without random access (an ``IterableDataset``, a loader that
+  yields whole batches): minibatches read by iterating a copy of the user's own loader, its
+  position checkpointable like a sampler's (:class:`StreamPosition`);
 - :func:`fetch`, :func:`shard_indices`: a batch at given indices; rank r's part of the whole set;
 - :func:`loader_parts`, :func:`validation_loader`: the dataset, collate function and batch size
   of the fit's DataLoaders.
@@ -27,14 +30,19 @@ import torch
 from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from ..core.batches import batch_size as samples_in
 from ..core.errors import ConfigurationError
 
 __all__ = [
+    "LoaderBatches",
     "SampledBatches",
     "ShardedSampler",
+    "StreamPosition",
+    "draws_by_index",
+    "first_loader",
     "fetch",
     "loader_parts",
     "shard_indices",
@@ -166,6 +174,142 @@ class SampledBatches:
         return self.to_device(fetch(self.dataset, self.collate, idx))
 
 
+class StreamPosition:
+    """The sampler-like state of :class:`LoaderBatches`: its batch size and where it is.
+
+    ``pos`` batches have been read in the current pass (``epoch`` passes started). A resumed run
+    restarts the pass and skips ``pos`` batches, so a stream that repeats its order resumes
+    exactly; one that reshuffles on every pass resumes at the same place in a new order.
+    """
+
+    def __init__(self, batch_size: int, world_size: int) -> None:
+        self.batch_size, self.world_size = batch_size, world_size
+        self.global_batch = batch_size * world_size
+        self.pos = 0
+        self.epoch = 0
+        self.skip = 0  # batches to pass over when the next pass starts (after a resume)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "stream_pos": self.pos,
+            "stream_epoch": self.epoch,
+            "global_batch": self.global_batch,
+        }
+
+    def check_state(self, state: Any, what: str) -> None:
+        """Raise :class:`ConfigurationError` unless ``state`` is a sound :meth:`state_dict`."""
+        keys = {"stream_pos", "stream_epoch", "global_batch"}
+        if not isinstance(state, dict) or not keys <= set(state):
+            raise ConfigurationError(
+                f"the checkpoint's {what} state is not a streamed loader's (missing "
+                f"{sorted(keys - set(state)) if isinstance(state, dict) else sorted(keys)}): "
+                "resume with the same kind of DataLoader (map-style or streamed)."
+            )
+        if state["global_batch"] != self.global_batch:
+            raise ConfigurationError(
+                f"the checkpoint's {what} read global batches of {state['global_batch']}; this "
+                f"run reads {self.global_batch}. Resume with the same data, batch size and "
+                "number of processes."
+            )
+        for name in ("stream_pos", "stream_epoch"):
+            value = state[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(
+                    f"the checkpoint's {what} {name} must be an integer ≥ 0, got {value!r}."
+                )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state, "hyper-step stream")
+        self.epoch, self.skip = int(state["stream_epoch"]), int(state["stream_pos"])
+        self.pos = self.skip
+
+
+class LoaderBatches:
+    """Endless minibatches read from the user's own loader, for data without random access.
+
+    An ``IterableDataset`` (a stream) or a loader with ``batch_size=None`` (its dataset yields
+    whole batches) cannot be sampled by index; the callback then iterates a single-process copy
+    of the loader (its dataset, batch size, collate function and sampler; no workers, so the
+    training's own iterator and workers are never touched), starting a new pass when one ends.
+    The minibatches are then the stream's next ones, not an independent draw: under DDP each
+    process reads what its copy of the loader yields it.
+
+    ``batch_size`` (the callback's) re-batches a stream of samples; a loader that yields whole
+    batches keeps its own.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        to_device: Callable[[Any], Any],
+        world_size: int,
+        batch_size: int | None,
+        what: str,
+    ) -> None:
+        self.loader = _single_process_copy(loader, batch_size, what)
+        self.to_device, self.what = to_device, what
+        self._iterator: Iterator[Any] | None = None
+        self.samples = 0
+        self._peeked: Any = None
+        self._peeked = self._read()  # the batch size, from the first batch
+        self.sampler = StreamPosition(samples_in(self._peeked), world_size)
+        self.sampler.epoch = 1
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def _read(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self.loader)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = iter(self.loader)
+            batch = next(self._iterator, None)
+            if batch is None:
+                raise ConfigurationError(f"the {self.what} yielded no batch.") from None
+            position = getattr(self, "sampler", None)
+            if position is not None:  # a new pass (the constructor's first read has none yet)
+                position.epoch, position.pos = position.epoch + 1, 0
+            return batch
+
+    def __next__(self) -> Any:
+        position = self.sampler
+        if position.skip:  # resumed: a fresh pass, past the batches already read
+            self._iterator, self._peeked = iter(self.loader), None
+            for _ in range(position.skip):
+                next(self._iterator, None)
+            position.skip = 0
+        batch = self._peeked if self._peeked is not None else self._read()
+        self._peeked = None
+        position.pos += 1
+        self.samples += samples_in(batch)
+        return self.to_device(batch)
+
+
+def _single_process_copy(loader: DataLoader, batch_size: int | None, what: str) -> DataLoader:
+    """A loader over the same data with no worker processes (see :class:`LoaderBatches`)."""
+    dataset = loader.dataset
+    yields_batches = loader.batch_size is None and loader.batch_sampler is None
+    if yields_batches and batch_size is not None:
+        raise ConfigurationError(
+            f"the {what} yields whole batches (batch_size=None), so the callback cannot re-batch "
+            f"it to batch_size={batch_size}: drop batch_size=, or give the DataLoader a batch_size."
+        )
+    if isinstance(dataset, IterableDataset):
+        size = batch_size or loader.batch_size
+        return DataLoader(dataset, batch_size=size, collate_fn=loader.collate_fn)
+    if yields_batches:
+        return DataLoader(
+            dataset, batch_size=None, sampler=loader.sampler, collate_fn=loader.collate_fn
+        )
+    raise ConfigurationError(
+        f"the {what}'s dataset ({type(dataset).__name__}) is neither an IterableDataset nor a "
+        "map-style dataset with __len__ and __getitem__: the callback cannot read minibatches "
+        "from it."
+    )
+
+
 def fetch(dataset: Dataset, collate: Callable[[list[Any]], Any], idx: Tensor) -> Any:
     """``collate([dataset[i] for i in idx])``, vectorised for a ``TensorDataset``."""
     if isinstance(dataset, TensorDataset) and collate is default_collate:
@@ -182,17 +326,35 @@ def shard_indices(n: int, rank: int, world_size: int) -> Tensor:
     return idx[rank::world_size]
 
 
-def loader_parts(loader: Any, what: str) -> tuple[Dataset, Callable[[list[Any]], Any], int | None]:
-    """(dataset, collate_fn, batch size) of the user's DataLoader."""
+def first_loader(loader: Any, what: str) -> DataLoader:
+    """The user's DataLoader (the first of several)."""
     if isinstance(loader, (list, tuple)) and loader and isinstance(loader[0], DataLoader):
         if len(loader) > 1:
             rank_zero_info(f"HyperOptimizationCallback: using the first of {len(loader)} {what}s.")
         loader = loader[0]
     if not isinstance(loader, DataLoader):
         raise ConfigurationError(
-            f"HyperOptimizationCallback draws its own minibatches from the {what}'s dataset, so "
-            f"the {what} must be a torch DataLoader; got {type(loader).__name__}."
+            f"HyperOptimizationCallback draws its own minibatches from the {what}, so the {what} "
+            f"must be a torch DataLoader; got {type(loader).__name__}."
         )
+    return loader
+
+
+def draws_by_index(loader: DataLoader) -> bool:
+    """Whether the callback can draw its own minibatches by index: a map-style dataset (with
+    ``__len__`` and ``__getitem__``) batched by the loader. Otherwise :class:`LoaderBatches`."""
+    dataset = loader.dataset
+    return (
+        not isinstance(dataset, IterableDataset)
+        and hasattr(dataset, "__len__")
+        and hasattr(dataset, "__getitem__")
+        and not (loader.batch_size is None and loader.batch_sampler is None)
+    )
+
+
+def loader_parts(loader: Any, what: str) -> tuple[Dataset, Callable[[list[Any]], Any], int | None]:
+    """(dataset, collate_fn, batch size) of the user's DataLoader."""
+    loader = first_loader(loader, what)
     if loader.batch_size is None and loader.batch_sampler is None:
         raise ConfigurationError(
             f"the {what} has automatic batching disabled (batch_size=None): its dataset yields "
