@@ -137,7 +137,15 @@ def test_decoupled_decay_trains_like_adamw(granularity):
 
 def test_optimizer_weight_decay_must_be_removed():
     model = MLP(functools.partial(torch.optim.AdamW, lr=0.01))  # AdamW's default decay is 0.01
-    with pytest.raises(ConfigurationError, match="weight_decay=0"):
+    with pytest.raises(ConfigurationError, match="weight_decay=0") as err:
+        _fit(model, [LearnedWeightDecay(1e-3, decoupled=True)])
+    assert "apply_to" not in str(err.value)  # one group: nothing to say about groups
+
+
+def test_decay_groups_are_pointed_to_apply_to_weights():
+    """The common set-up: decay on the weights' group, none on the biases' group."""
+    model = MLP(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.05), groups=True)
+    with pytest.raises(ConfigurationError, match="apply_to='weights'"):
         _fit(model, [LearnedWeightDecay(1e-3, decoupled=True)])
 
 

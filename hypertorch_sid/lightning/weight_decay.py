@@ -232,11 +232,17 @@ class WeightDecayProblem:
                     if self.apply_to == "weights" and p.dim() < 2:
                         continue
                     if group.get("weight_decay", 0) != 0:
+                        groups_hint = (
+                            " To keep biases and normalisation weights undecayed, as groups with "
+                            "weight_decay=0 do, pass LearnedWeightDecay(..., apply_to='weights')."
+                            if len(opt.param_groups) > 1 and self.apply_to == "all"
+                            else ""
+                        )
                         raise ConfigurationError(
                             f"LearnedWeightDecay: the optimizer {type(opt).__name__} (group {gi}) "
                             f"already applies weight_decay={group['weight_decay']}: remove it "
                             "(pass weight_decay=0 — AdamW's default is 0.01); the callback "
-                            "applies the learned decay itself."
+                            f"applies the learned decay itself.{groups_hint}"
                         )
                     name = names.get(id(p), f"optimizer{oi}.param{len(found)}")
                     found.append((name, p, f"optimizer{oi}/group{gi}"))
