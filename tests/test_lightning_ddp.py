@@ -5,7 +5,8 @@ The test runs this file as a script; Lightning's DDP strategy launches the secon
 test compares that with a single-process run on the same global batches:
 
 * the training (the inner solver) sees the same global batches: shards of a sequential loader;
-* the callback's samplers draw the same global batches on every rank and keep their shard;
+* the callback's samplers draw the same global batches on every rank and keep their shard (or,
+  for streamed data, read each rank's own stream, which shards itself);
 * the adjoint's Jacobian products, Φ̂ and ∇E are averaged across ranks (``strategy.reduce``).
 
 So every hypergradient, and λ, equal the single-process ones up to float rounding, and λ is
@@ -18,6 +19,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_problems import ridge_data
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hypertorch_sid import BilevelModule, HyperOptimizationCallback, LearnedWeightDecay
 
@@ -126,6 +128,35 @@ class Data(pl.LightningDataModule):
         return DataLoader(self.val, batch_size=PER_RANK_VAL_BATCH)
 
 
+class ShardedStream(IterableDataset):
+    """A stream that shards itself, as streaming datasets do: of each block of ``block`` rows in
+    order, rank r yields its contiguous part (the same rows as :class:`Data`'s batch sampler)."""
+
+    def __init__(self, data: TensorDataset, block: int, rank: int, world: int) -> None:
+        self.data, self.block, self.rank, self.world = data, block, rank, world
+
+    def __iter__(self) -> Iterator[Any]:
+        size = self.block // self.world
+        for start in range(0, len(self.data) - self.block + 1, self.block):
+            for i in range(start + self.rank * size, start + (self.rank + 1) * size):
+                yield self.data[i]
+
+
+class StreamData(Data):
+    """:class:`Data` as streams: the callback reads them through the loaders themselves."""
+
+    def _stream(self, data: TensorDataset, per_rank_batch: int) -> DataLoader:
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        block = per_rank_batch * WORLD
+        return DataLoader(ShardedStream(data, block, rank, world), batch_size=block // world)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._stream(self.train, PER_RANK_BATCH)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._stream(self.val, PER_RANK_VAL_BATCH)
+
+
 def _record(cb: HyperOptimizationCallback) -> None:
     """Keep every hypergradient the callback computes."""
     cb.hypergradients = []
@@ -139,7 +170,8 @@ def _record(cb: HyperOptimizationCallback) -> None:
 
 
 def run(kind: str, devices: int) -> dict[str, Any]:
-    """Fit ``kind`` ("bilevel" or "weight_decay") on ``devices`` CPU processes; return results."""
+    """Fit ``kind`` ("bilevel", "weight_decay", or "stream": weight decay on streamed data) on
+    ``devices`` CPU processes; return results."""
     sizes = dict(
         batch_size=PER_RANK_BATCH * WORLD // devices,
         val_batch_size=PER_RANK_VAL_BATCH * WORLD // devices,
@@ -159,7 +191,7 @@ def run(kind: str, devices: int) -> dict[str, Any]:
         limit_val_batches=0,
         use_distributed_sampler=False,
     )
-    trainer.fit(model, datamodule=Data())
+    trainer.fit(model, datamodule=StreamData() if kind == "stream" else Data())
     lam = [h.detach().clone() for h in cb.sid.hyperparameters]
     return {
         "rank": trainer.global_rank,
@@ -171,9 +203,12 @@ def run(kind: str, devices: int) -> dict[str, Any]:
     }
 
 
+KINDS = ("bilevel", "weight_decay", "stream")
+
+
 def _worker(out: Path) -> None:
     torch.set_num_threads(1)
-    for kind in ("bilevel", "weight_decay"):
+    for kind in KINDS:
         result = run(kind, devices=WORLD)
         torch.save(result, out / f"{kind}_rank{result['rank']}.pt")
 
@@ -192,7 +227,7 @@ def test_ddp_hypergradient_equals_single_process_on_global_batches(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     torch.set_num_threads(1)
-    for kind in ("bilevel", "weight_decay"):
+    for kind in KINDS:
         r0 = torch.load(tmp_path / f"{kind}_rank0.pt", weights_only=False)
         r1 = torch.load(tmp_path / f"{kind}_rank1.pt", weights_only=False)
         assert (r0["world_size"], r1["rank"]) == (2, 1)
