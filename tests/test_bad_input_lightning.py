@@ -125,23 +125,43 @@ class Stream(IterableDataset):
         return iter(zip(self.X, self.y))
 
 
-def test_training_data_without_random_access_is_refused():
+def test_training_data_without_random_access_is_read_through_the_loader():
+    """A stream is accepted (read by iterating the loader); what needs the data set's size or
+    random access is refused with what to do, before any training step."""
     X, y, Xv, yv = _tensors()
     train = DataLoader(Stream(X, y), batch_size=12)
     val = DataLoader(TensorDataset(Xv, yv), batch_size=12)
-    model = Ridge()
-    before = _snapshot(model)
-    with pytest.raises(ConfigurationError, match="not a map-style dataset"):
-        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(model, train, val)
-    assert _unchanged(model, before)
+    cb = HyperOptimizationCallback(every_n_steps=2)
+    _trainer([cb]).fit(Ridge(), train, val)
+    assert cb.history and all(math.isfinite(h["hyper/hypergradient_norm"]) for h in cb.history)
+    for settings, match in [
+        (dict(preset="batch"), "preset='batch' sizes its solves by the training set's size"),
+        (dict(d2_batches="full"), "whole training set at once"),
+    ]:
+        model = Ridge()
+        before = _snapshot(model)
+        with pytest.raises(ConfigurationError, match=match):
+            _trainer([HyperOptimizationCallback(every_n_steps=2, **settings)]).fit(
+                model, train, val
+            )
+        assert _unchanged(model, before)
 
 
-def test_validation_loader_without_automatic_batching_is_refused():
+def test_validation_loader_without_automatic_batching_cannot_be_read_whole_or_rebatched():
     X, y, Xv, yv = _tensors()
     train = DataLoader(TensorDataset(X, y), batch_size=12)
-    val = DataLoader(TensorDataset(Xv, yv), batch_size=None)
-    with pytest.raises(ConfigurationError, match="automatic batching disabled"):
-        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(Ridge(), train, val)
+    val = DataLoader(TensorDataset(Xv, yv), batch_size=None)  # its dataset yields the batches
+    for settings, match in [
+        (dict(val="full"), "val='full' reads the whole validation set by index"),
+        (
+            dict(val_batch_size=6),
+            "yields whole batches.*cannot re-batch it to val_batch_size=6: drop val_batch_size=",
+        ),
+    ]:
+        with pytest.raises(ConfigurationError, match=match):
+            _trainer([HyperOptimizationCallback(every_n_steps=2, **settings)]).fit(
+                Ridge(), train, val
+            )
 
 
 def test_validation_batch_larger_than_the_validation_set_is_refused():

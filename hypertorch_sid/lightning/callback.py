@@ -500,8 +500,9 @@ class HyperOptimizationCallback(Callback):
                     "use val='batch', or a map-style dataset."
                 )
             self._val = LoaderBatches(
-                loader, to_device, self._world_size, self.val_batch_size, "validation dataloader"
-            )
+                loader, to_device, self._world_size, self.val_batch_size,
+                "validation dataloader", "val_batch_size",
+            )  # fmt: skip
             return
         dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
         self._n_val = len(dataset)

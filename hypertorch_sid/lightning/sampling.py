@@ -234,8 +234,8 @@ class LoaderBatches:
     The minibatches are then the stream's next ones, not an independent draw: under DDP each
     process reads what its copy of the loader yields it.
 
-    ``batch_size`` (the callback's) re-batches a stream of samples; a loader that yields whole
-    batches keeps its own.
+    ``batch_size`` (the callback's ``argument``) re-batches a stream of samples; a loader that
+    yields whole batches keeps its own.
     """
 
     def __init__(
@@ -245,8 +245,9 @@ class LoaderBatches:
         world_size: int,
         batch_size: int | None,
         what: str,
+        argument: str = "batch_size",
     ) -> None:
-        self.loader = _single_process_copy(loader, batch_size, what)
+        self.loader = _single_process_copy(loader, batch_size, what, argument)
         self.to_device, self.what = to_device, what
         self._iterator: Iterator[Any] | None = None
         self.samples = 0
@@ -287,14 +288,16 @@ class LoaderBatches:
         return self.to_device(batch)
 
 
-def _single_process_copy(loader: DataLoader, batch_size: int | None, what: str) -> DataLoader:
+def _single_process_copy(
+    loader: DataLoader, batch_size: int | None, what: str, argument: str
+) -> DataLoader:
     """A loader over the same data with no worker processes (see :class:`LoaderBatches`)."""
     dataset = loader.dataset
     yields_batches = loader.batch_size is None and loader.batch_sampler is None
     if yields_batches and batch_size is not None:
         raise ConfigurationError(
             f"the {what} yields whole batches (batch_size=None), so the callback cannot re-batch "
-            f"it to batch_size={batch_size}: drop batch_size=, or give the DataLoader a batch_size."
+            f"it to {argument}={batch_size}: drop {argument}=, or give the DataLoader a batch_size."
         )
     if isinstance(dataset, IterableDataset):
         size = batch_size or loader.batch_size
