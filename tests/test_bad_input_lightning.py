@@ -117,6 +117,45 @@ def test_learned_weight_decay_without_validation_data():
     assert _unchanged(model, before)  # refused at on_train_start, before any training step
 
 
+class Bag(Plain):
+    """A bag of feature ids (the features' signs) through an embedding layer."""
+
+    def __init__(self, layer: str) -> None:
+        super().__init__()
+        n, dim = 2 * D, 1
+        self.emb = {
+            "bag": lambda: torch.nn.EmbeddingBag(n, dim, mode="sum", dtype=f64),
+            "sparse": lambda: torch.nn.Embedding(n, dim, sparse=True, dtype=f64),
+            "dense": lambda: torch.nn.Embedding(n, dim, dtype=f64),
+        }[layer]()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        ids = torch.arange(D) * 2 + (x > 0).long()  # (batch, D)
+        bag = self.emb(ids).squeeze(-1) if isinstance(self.emb, torch.nn.EmbeddingBag) else (
+            self.emb(ids).sum(1).squeeze(-1))  # fmt: skip
+        return 0.5 * ((self.lin(x).squeeze(-1) + bag - y) ** 2).mean()
+
+
+@pytest.mark.parametrize(
+    "layer, match",
+    [
+        ("bag", r"emb \(EmbeddingBag\): torch has no second derivative.*nn.Embedding followed by"),
+        ("sparse", r"emb \(Embedding\(sparse=True\)\) gets sparse gradients.*sparse=False"),
+    ],
+)
+def test_embeddings_without_second_derivatives_are_refused_by_name(layer, match):
+    train, val = _loaders()
+    model = Bag(layer)
+    before = _snapshot(model)
+    with pytest.raises(ConfigurationError, match=match):
+        _trainer([LearnedWeightDecay(0.01, every_n_steps=2)]).fit(model, train, val)
+    assert _unchanged(model, before)  # refused before any training step
+    cb = LearnedWeightDecay(0.01, every_n_steps=2)  # the fix the messages name
+    _trainer([cb]).fit(Bag("dense"), train, val)
+    assert "emb.weight" in cb.decay_values() and cb.history
+
+
 class Stream(IterableDataset):
     def __init__(self, X: Tensor, y: Tensor) -> None:
         self.X, self.y = X, y

@@ -24,6 +24,7 @@ from hypertorch_sid.core.validation import (
     check_not_compiled,
     check_outer_optimizer,
     check_parameters,
+    check_second_derivatives,
     estimate_contraction,
 )
 
@@ -343,3 +344,38 @@ def test_compiled_module_is_refused():
         check_not_compiled(nn.ModuleDict({"body": nn.Linear(3, 3), "head": compiled}))
     check_not_compiled(model)
     check_not_compiled(nn.Sequential(model, nn.ReLU()))
+
+
+# ====================================================================== 9. second derivatives
+
+
+def test_layers_without_second_derivatives_are_refused_by_name():
+    with pytest.raises(ConfigurationError, match=r"bag \(EmbeddingBag\): torch has no second"):
+        check_second_derivatives(nn.ModuleDict({"bag": nn.EmbeddingBag(5, 2)}))
+    with pytest.raises(ConfigurationError, match=r"ids \(Embedding\(sparse=True\)\).*sparse=False"):
+        check_second_derivatives(nn.ModuleDict({"ids": nn.Embedding(5, 2, sparse=True)}))
+    frozen = nn.EmbeddingBag(5, 2)
+    frozen.weight.requires_grad_(False)  # no gradient reaches it: nothing to refuse
+    check_second_derivatives(nn.Sequential(frozen, nn.Linear(2, 1)))
+    check_second_derivatives(nn.Embedding(5, 2))
+
+
+def test_an_op_without_a_second_derivative_is_said_as_such():
+    """Met in the first Hessian–vector product: a ConfigurationError naming torch's op, not a
+    NotImplementedError from deep inside autograd."""
+    ids = torch.randint(0, 6, (30, 3), generator=torch.Generator().manual_seed(0))
+    y = torch.randn(30, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(6, 1, requires_grad=True)
+    log_lam = torch.zeros(1, requires_grad=True)
+
+    def inner_loss(batch):
+        bag = nn.functional.embedding_bag(batch[0], w, mode="sum").squeeze(-1)
+        return 0.5 * ((bag - batch[1]) ** 2).mean() + 0.5 * log_lam.exp() * (w**2).sum()
+
+    sid = SIDHyperOptimizer(
+        [log_lam], [w], inner_loss, lambda b: 0.5 * (w**2).sum(), inner_steps=2, adjoint_steps=2
+    )
+    with pytest.raises(
+        ConfigurationError, match=r"not twice differentiable.*_embedding_bag_backward"
+    ):
+        sid.hypergradient([(ids, y)], (ids, y))

@@ -72,7 +72,9 @@ from .validation import (
     check_not_compiled,
     check_outer_optimizer,
     check_parameters,
+    check_second_derivatives,
     estimate_contraction,
+    not_twice_differentiable,
 )
 
 log = logging.getLogger("hypertorch_sid")
@@ -176,6 +178,7 @@ class SIDHyperOptimizer:
         self._step_scale = 1.0  # BackOff's halvings of η for a general map
         if module is not None:
             check_not_compiled(module)
+            check_second_derivatives(module)
         self.module = module
         self.penalty = penalty
         self.regularizer = regularizer
@@ -603,6 +606,14 @@ class SIDHyperOptimizer:
         -------
         A list of tensors shaped like the hyperparameters.
         """
+        try:
+            return self._hypergradient(train_batches, val_batch)
+        except (NotImplementedError, RuntimeError) as err:
+            if not any(s in str(err) for s in ("derivative for", "differentiate twice")):
+                raise
+            raise not_twice_differentiable(err) from err
+
+    def _hypergradient(self, train_batches: Iterable[Any], val_batch: Any) -> Tensors:
         stream = self._stream(train_batches)
         if not self._checked:
             self._first_checks(stream)

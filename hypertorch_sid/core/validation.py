@@ -385,3 +385,45 @@ def check_not_compiled(module: Any) -> None:
                 "support. Pass the uncompiled module to the hyper-optimization (model._orig_mod, "
                 "or keep a reference to the model before calling torch.compile)."
             )
+
+
+def check_second_derivatives(module: Any) -> None:
+    """Refuse layers whose trainable weights cannot take part in second derivatives.
+
+    The adjoint solve and the curvature estimate take Hessian–vector products through ℓ̂ (a
+    backward pass through its gradient). ``nn.EmbeddingBag`` has no second derivative in torch,
+    and ``nn.Embedding(sparse=True)`` gives sparse gradients, which cannot hold a dense decay
+    λ ⊙ w (torch's own ``weight_decay=`` refuses them too) nor be differentiated again.
+    """
+    if not isinstance(module, torch.nn.Module):
+        return
+    for name, m in module.named_modules():
+        weight = getattr(m, "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.requires_grad:
+            continue
+        what = f"{name or 'the module'} ({type(m).__name__}"
+        if isinstance(m, torch.nn.EmbeddingBag):
+            raise ConfigurationError(
+                f"{what}): torch has no second derivative for EmbeddingBag, which SID's "
+                "Hessian–vector products need. Use nn.Embedding followed by .sum(1) or .mean(1) "
+                "(the same bag, twice differentiable), or freeze it (requires_grad=False)."
+            )
+        if isinstance(m, torch.nn.Embedding) and m.sparse:
+            raise ConfigurationError(
+                f"{what}(sparse=True)) gets sparse gradients, which cannot hold a dense decay "
+                "λ ⊙ w (torch's own weight_decay= refuses them too) nor be differentiated again "
+                "for SID's Hessian–vector products: create it with sparse=False, or freeze it "
+                "(requires_grad=False)."
+            )
+
+
+def not_twice_differentiable(err: Exception) -> ConfigurationError:
+    """torch's "the derivative for 'op' is not implemented" (or "trying to differentiate twice"
+    a ``once_differentiable`` function), met in a Hessian–vector product, said as what it means
+    for SID and what to change."""
+    return ConfigurationError(
+        f"the inner loss is not twice differentiable: {err} SID's adjoint solve and curvature "
+        "estimate take Hessian–vector products (a backward pass through the gradient of ℓ̂), so "
+        "every operation between the inner parameters and ℓ̂ needs a second derivative. "
+        "Replace that operation, or freeze the parameters whose gradient passes through it."
+    )
