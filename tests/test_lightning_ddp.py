@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hypertorch_sid import BilevelModule, HyperOptimizationCallback, LearnedWeightDecay
+from hypertorch_sid.lightning.callback import runs_in_new_processes
 
 D, N, N_VAL = 4, 96, 48
 PER_RANK_BATCH, PER_RANK_VAL_BATCH, WORLD = 8, 6, 2
@@ -247,6 +248,17 @@ def test_ddp_hypergradient_equals_single_process_on_global_batches(tmp_path):
         # and λ moved: the test would not notice a callback that does nothing otherwise
         assert any(h["hyper/hypergradient_norm"] > 0 for h in r0["history"])
         assert not torch.allclose(r0["lambda"][0], torch.full_like(r0["lambda"][0], r0["lambda"][0].flatten()[0]))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "strategy, spawned", [("ddp_spawn", True), ("ddp_fork", True), ("ddp", False), ("auto", False)]
+)
+def test_strategies_that_fit_in_new_processes_are_told_apart(strategy, spawned):
+    """Under ``ddp_spawn``/``ddp_fork`` the callback's state (LearnedWeightDecay's λ) stays in the
+    started processes, so on_fit_start warns; ``ddp`` keeps rank 0 in the calling process."""
+    devices = 1 if strategy == "auto" else 2
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False)
+    assert runs_in_new_processes(trainer) is spawned
 
 
 if __name__ == "__main__":

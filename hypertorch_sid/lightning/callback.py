@@ -287,6 +287,15 @@ class HyperOptimizationCallback(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The training optimizers must not hold λ."""
         self.problem.check(trainer, pl_module)
+        if runs_in_new_processes(trainer):
+            rank_zero_warn(
+                f"{type(self).__name__}: this strategy runs the fit in new processes and "
+                "Lightning hands only the module's weights back to the process that called "
+                "fit: this callback's state (its history, the outer optimizer; "
+                "LearnedWeightDecay's λ and decay_values()) stays in them. Keep it with a "
+                "checkpoint (ModelCheckpoint saves the callback's state) or use "
+                "strategy='ddp', whose rank 0 is the calling process."
+            )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
@@ -832,6 +841,13 @@ class HyperOptimizationCallback(Callback):
             "lam", self._lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
             logger=False,
         )  # fmt: skip
+
+
+def runs_in_new_processes(trainer: pl.Trainer) -> bool:
+    """Whether the fit runs in processes started by the strategy (``ddp_spawn``, ``ddp_fork``,
+    ``ddp_notebook``: Lightning's multiprocessing launcher), not in the calling one."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return type(launcher).__name__ == "_MultiProcessingLauncher"
 
 
 def _needs_full(config: SIDConfig) -> bool:

@@ -478,5 +478,6 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return self.problem.decay.slot_names if self.problem.decay is not None else []
 
     def decay_values(self) -> dict[str, Tensor]:
-        """The current λ of every decayed parameter, by parameter name (detached)."""
+        """The current λ of every decayed parameter, by parameter name (detached); empty before
+        a fit has built λ in this process (and after a ``ddp_spawn`` fit: see the warning)."""
         return self.problem.decay.values() if self.problem.decay is not None else {}
