@@ -379,3 +379,38 @@ def test_an_op_without_a_second_derivative_is_said_as_such():
         ConfigurationError, match=r"not twice differentiable.*_embedding_bag_backward"
     ):
         sid.hypergradient([(ids, y)], (ids, y))
+
+
+def test_attention_takes_second_derivatives_in_the_hyper_step():
+    """``F.scaled_dot_product_attention``'s fused kernels have no second derivative; the hyper step
+    runs it on the math backend, so its hypergradient equals one through attention written out."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(40, 5, 4, generator=g, dtype=torch.float64), torch.randn(40, generator=g)
+    y = y.double()
+
+    def hypergradient(attend):
+        w = torch.nn.Parameter(0.3 * torch.randn(4, 4, generator=torch.Generator().manual_seed(1)))
+        w.data = w.data.double()
+        log_lam = torch.full((1,), -2.0, dtype=torch.float64, requires_grad=True)
+
+        def fit(batch):
+            h = batch[0] @ w
+            return 0.5 * ((attend(h).mean((1, 2)) - batch[1]) ** 2).mean()
+
+        def inner_loss(batch):
+            return fit(batch) + 0.5 * log_lam.exp() * (w**2).sum()
+
+        sid = SIDHyperOptimizer(
+            [log_lam], [w], inner_loss, fit, inner_steps=5, adjoint_steps=5, alpha=0.5,
+            step_size="constant", L=1.0, mu=0.1,
+        )  # fmt: skip
+        batches = [(X[i : i + 10], y[i : i + 10]) for i in range(0, 40, 10)]
+        return sid.hypergradient(batches, (X, y))[0]
+
+    def written_out(h):
+        scores = h @ h.transpose(-1, -2) / h.shape[-1] ** 0.5
+        return scores.softmax(-1) @ h
+
+    fused = hypergradient(lambda h: nn.functional.scaled_dot_product_attention(h, h, h))
+    torch.testing.assert_close(fused, hypergradient(written_out), rtol=1e-9, atol=1e-12)
+    assert float(fused.abs()) > 0
