@@ -380,6 +380,18 @@ def test_an_op_without_a_second_derivative_is_said_as_such():
     ):
         sid.hypergradient([(ids, y)], (ids, y))
 
+    def checkpointed(batch):  # a reentrant activation checkpoint cannot take .grad()
+        fit = torch.utils.checkpoint.checkpoint(
+            lambda v: (v * batch[1][:6]).sum(), w, use_reentrant=True
+        )
+        return fit**2 / 100 + 0.5 * log_lam.exp() * (w**2).sum()
+
+    sid = SIDHyperOptimizer(
+        [log_lam], [w], checkpointed, lambda b: 0.5 * (w**2).sum(), inner_steps=2, adjoint_steps=2
+    )
+    with pytest.raises(ConfigurationError, match=r"not twice differentiable.*use_reentrant"):
+        sid.hypergradient([(ids, y)], (ids, y))
+
 
 def test_attention_takes_second_derivatives_in_the_hyper_step():
     """``F.scaled_dot_product_attention``'s fused kernels have no second derivative; the hyper step
