@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
 from hypertorch_sid.core.outer import _validation_batches, outer_gradients
+from hypertorch_sid.core.second_order import check_second_derivatives
 from hypertorch_sid.core.validation import (
     check_batch_dtype,
     check_contraction,
@@ -24,7 +25,6 @@ from hypertorch_sid.core.validation import (
     check_not_compiled,
     check_outer_optimizer,
     check_parameters,
-    check_second_derivatives,
     estimate_contraction,
 )
 
@@ -426,3 +426,42 @@ def test_attention_takes_second_derivatives_in_the_hyper_step():
     fused = hypergradient(lambda h: nn.functional.scaled_dot_product_attention(h, h, h))
     torch.testing.assert_close(fused, hypergradient(written_out), rtol=1e-9, atol=1e-12)
     assert float(fused.abs()) > 0
+
+
+class _WrittenOutHardsigmoid(nn.Module):
+    def forward(self, x):
+        return (x + 3).clamp(0, 6) / 6
+
+
+def test_hardsigmoid_takes_second_derivatives_in_the_hyper_step():
+    """torch's ``hardsigmoid_backward`` has no derivative (MobileNetV3's squeeze-excitation); in the
+    hyper step of a module holding ``nn.Hardsigmoid`` it is computed as relu6(x + 3)/6, so the
+    hypergradient equals the one through that written out."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(40, 3, generator=g, dtype=torch.float64), torch.randn(40, generator=g)
+    batches = [(X[i : i + 10], y[i : i + 10].double()) for i in range(0, 40, 10)]
+
+    def hypergradient(hardsigmoid):
+        gen = torch.Generator().manual_seed(1)
+        net = nn.Sequential(nn.Linear(3, 4), hardsigmoid(), nn.Linear(4, 1)).double()
+        with torch.no_grad():  # weights large enough to reach every piece of hardsigmoid
+            for p in net.parameters():
+                p.copy_(2 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        log_lam = torch.full((1,), -2.0, dtype=torch.float64, requires_grad=True)
+        params = list(net.parameters())
+
+        def fit(batch):
+            return 0.5 * ((net(batch[0]).squeeze(-1) - batch[1]) ** 2).mean()
+
+        def inner_loss(batch):
+            return fit(batch) + 0.5 * log_lam.exp() * sum((p**2).sum() for p in params)
+
+        sid = SIDHyperOptimizer(
+            [log_lam], params, inner_loss, fit, inner_steps=5, adjoint_steps=5, alpha=0.2,
+            step_size="constant", L=1.0, mu=0.1, module=net,
+        )  # fmt: skip
+        return sid.hypergradient(batches, (X, y.double()))[0]
+
+    got = hypergradient(nn.Hardsigmoid)
+    torch.testing.assert_close(got, hypergradient(_WrittenOutHardsigmoid), rtol=1e-9, atol=1e-14)
+    assert float(got.abs()) > 0

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .batches import BatchStream, batch_size, head, repeat
 from .config import SIDConfig
@@ -57,6 +56,12 @@ from .schedules import (
     make_schedule,
     theory_constants,
 )
+from .second_order import (
+    NO_SECOND_DERIVATIVE,
+    check_second_derivatives,
+    not_twice_differentiable,
+    twice_differentiable,
+)
 from .solvers import (
     AdjointSolver,
     FixedPointIteration,
@@ -73,26 +78,10 @@ from .validation import (
     check_not_compiled,
     check_outer_optimizer,
     check_parameters,
-    check_second_derivatives,
     estimate_contraction,
-    not_twice_differentiable,
 )
 
 log = logging.getLogger("hypertorch_sid")
-
-#: what torch says when a Hessian–vector product meets an op without a second derivative
-_NO_SECOND_DERIVATIVE = ("derivative for", "differentiate twice", "incompatible with .grad()")
-
-
-def twice_differentiable_attention() -> Any:
-    """``F.scaled_dot_product_attention`` on its math backend for the hyper step.
-
-    Its fused kernels (flash, memory-efficient; on the CPU too) have no second derivative, so
-    every attention layer (``nn.MultiheadAttention``, ``nn.Transformer*``, most transformer code)
-    would stop the Hessian–vector products; the math backend computes the same attention, twice
-    differentiably. The training's own steps keep the fused kernels.
-    """
-    return sdpa_kernel([SDPBackend.MATH])
 
 
 #: samples of a given full batch the first checks run on (≥ 2: BatchNorm in train mode)
@@ -623,10 +612,10 @@ class SIDHyperOptimizer:
         A list of tensors shaped like the hyperparameters.
         """
         try:
-            with twice_differentiable_attention():
+            with twice_differentiable(self.module):
                 return self._hypergradient(train_batches, val_batch)
         except (NotImplementedError, RuntimeError) as err:
-            if not any(s in str(err) for s in _NO_SECOND_DERIVATIVE):
+            if not any(s in str(err) for s in NO_SECOND_DERIVATIVE):
                 raise
             raise not_twice_differentiable(err) from err
 

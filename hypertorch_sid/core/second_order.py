@@ -1,0 +1,101 @@
+"""Second derivatives: what SID's Hessian–vector products need from the model.
+
+The adjoint solve (eq. linsystem) and the curvature estimate take Hessian–vector products
+∇²₁₁ℓ̂ v, a backward pass through the gradient of ℓ̂, and the ∂₂Φ̂ term a mixed one. Every
+operation between the inner parameters and ℓ̂ must therefore have a second derivative in torch.
+
+* :func:`check_second_derivatives` refuses, by name and before any training step, layers whose
+  trainable weights have none (``nn.EmbeddingBag``; sparse gradients of
+  ``nn.Embedding(sparse=True)``);
+* :func:`twice_differentiable` is the context of every hyper step: it routes ops that have a
+  twice-differentiable equivalent to it — attention's fused kernels to the math backend, and
+  ``F.hardsigmoid`` (MobileNetV3's squeeze-excitation) to relu6(x + 3)/6 — and leaves the
+  training's own steps on the fast ones;
+* :func:`not_twice_differentiable` says what any other such op, met in a product, means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
+
+from .errors import ConfigurationError
+
+#: what torch says when a Hessian–vector product meets an op without a second derivative
+NO_SECOND_DERIVATIVE = ("derivative for", "differentiate twice", "incompatible with .grad()")
+
+
+def check_second_derivatives(module: Any) -> None:
+    """Refuse layers whose trainable weights cannot take part in second derivatives.
+
+    The adjoint solve and the curvature estimate take Hessian–vector products through ℓ̂ (a
+    backward pass through its gradient). ``nn.EmbeddingBag`` has no second derivative in torch,
+    and ``nn.Embedding(sparse=True)`` gives sparse gradients, which cannot hold a dense decay
+    λ ⊙ w (torch's own ``weight_decay=`` refuses them too) nor be differentiated again.
+    """
+    if not isinstance(module, torch.nn.Module):
+        return
+    for name, m in module.named_modules():
+        weight = getattr(m, "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.requires_grad:
+            continue
+        what = f"{name or 'the module'} ({type(m).__name__}"
+        if isinstance(m, torch.nn.EmbeddingBag):
+            raise ConfigurationError(
+                f"{what}): torch has no second derivative for EmbeddingBag, which SID's "
+                "Hessian–vector products need. Use nn.Embedding followed by .sum(1) or .mean(1) "
+                "(the same bag, twice differentiable), or freeze it (requires_grad=False)."
+            )
+        if isinstance(m, torch.nn.Embedding) and m.sparse:
+            raise ConfigurationError(
+                f"{what}(sparse=True)) gets sparse gradients, which cannot hold a dense decay "
+                "λ ⊙ w (torch's own weight_decay= refuses them too) nor be differentiated again "
+                "for SID's Hessian–vector products: create it with sparse=False, or freeze it "
+                "(requires_grad=False)."
+            )
+
+
+def not_twice_differentiable(err: Exception) -> ConfigurationError:
+    """torch's "the derivative for 'op' is not implemented" (or "trying to differentiate twice"
+    a ``once_differentiable`` function), met in a Hessian–vector product, said as what it means
+    for SID and what to change."""
+    return ConfigurationError(
+        f"the inner loss is not twice differentiable: {err} SID's adjoint solve and curvature "
+        "estimate take Hessian–vector products (a backward pass through the gradient of ℓ̂), so "
+        "every operation between the inner parameters and ℓ̂ needs a second derivative. "
+        "Replace that operation, or freeze the parameters whose gradient passes through it."
+    )
+
+
+class _TwiceDifferentiableHardsigmoid(TorchFunctionMode):
+    """``F.hardsigmoid(x)`` as relu6(x + 3)/6: the same values and first derivative, and a second
+    derivative (0 almost everywhere) that torch's fused ``hardsigmoid_backward`` lacks."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.hardsigmoid:
+            return (args[0] + 3).clamp(0, 6) / 6
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def twice_differentiable(module: Any = None) -> Iterator[None]:
+    """The hyper step's context (see the module docstring). ``F.scaled_dot_product_attention``
+    runs on its math backend (its fused kernels, on the CPU too, have no second derivative);
+    where ``module`` holds an ``nn.Hardsigmoid``, ``F.hardsigmoid`` is computed twice
+    differentiably (a torch function mode, only then: it adds a Python call to every op)."""
+    has_hardsigmoid = isinstance(module, torch.nn.Module) and any(
+        isinstance(m, torch.nn.Hardsigmoid) for m in module.modules()
+    )
+    with sdpa_kernel([SDPBackend.MATH]):
+        if not has_hardsigmoid:
+            yield
+            return
+        with _TwiceDifferentiableHardsigmoid():
+            yield
