@@ -28,6 +28,7 @@ from hypertorch_sid import ConfigurationError, LearnedWeightDecay
 
 sklearn = pytest.importorskip("sklearn.datasets")
 torchmetrics = pytest.importorskip("torchmetrics")
+torchvision = pytest.importorskip("torchvision")
 
 BATCH = 32
 
@@ -285,6 +286,37 @@ def test_resume_on_streamed_data_reproduces_the_straight_fit(tmp_path):
     assert straight.keys() == resumed.keys()
     for key in straight:
         torch.testing.assert_close(straight[key], resumed[key], rtol=1e-6, atol=0)
+
+
+class MobileBlock(UserNet):
+    """MobileNetV3's block on the 8×8 digits: depthwise conv, hardswish and a squeeze-excitation
+    gated by ``nn.Hardsigmoid`` (whose backward torch cannot differentiate)."""
+
+    def __init__(self):
+        super().__init__(optimizer="nesterov")
+        se = torchvision.ops.SqueezeExcitation(16, 8, scale_activation=nn.Hardsigmoid)
+        self.net = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16),
+            nn.Hardswish(), nn.Conv2d(16, 16, 3, padding=1, groups=16), se, nn.Flatten(),
+            nn.Linear(16 * 64, 10),
+        )  # fmt: skip
+
+
+def test_drop_in_on_a_mobilenet_v3_block():
+    X, y, Xv, yv = DATA
+    pl.seed_everything(0, verbose=False)
+    model = MobileBlock()
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    trainer = pl.Trainer(
+        max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb],
+    )  # fmt: skip
+    trainer.fit(
+        model,
+        DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True),
+        DataLoader(TensorDataset(Xv, yv), batch_size=100),
+    )
+    _assert_healthy(model, cb)
 
 
 def test_hyper_steps_leave_the_users_metrics_alone():
