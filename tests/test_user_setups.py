@@ -203,6 +203,44 @@ def test_the_callbacks_batches_go_through_the_users_batch_hooks():
     assert model.hook_calls > loop_batches  # the hyper steps' batches went through it too
 
 
+class AugmentingNet(UserNet):
+    """Augments its batches on the device only while training, as users write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[bool, int]] = []  # (trainer.training, batch size) per batch
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        self.seen.append((self.trainer.training, len(batch[1])))
+        if self.trainer.training:
+            return batch[0] + 0.1 * torch.randn_like(batch[0]), batch[1]
+        return batch
+
+
+def test_validation_batches_of_the_hyper_step_are_not_augmented():
+    """The hyper step's validation batches are prepared as Lightning's validation loop prepares
+    them (``self.trainer.training`` False), its training batches as the training's."""
+    X, y, Xv, yv = DATA
+    pl.seed_everything(0, verbose=False)
+    model = AugmentingNet()
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    trainer = pl.Trainer(
+        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb],
+    )  # fmt: skip
+    trainer.fit(
+        model,
+        DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True),
+        DataLoader(TensorDataset(Xv, yv), batch_size=100),
+    )
+    _assert_healthy(model, cb)
+    sizes = {size for _, size in model.seen}
+    assert sizes == {BATCH, 100}
+    assert all(training == (size == BATCH) for training, size in model.seen)
+    loop_batches = 2 * (math.ceil(len(y) / BATCH) + math.ceil(len(yv) / 100)) + 2  # + sanity
+    assert len(model.seen) > loop_batches  # the hyper steps' batches were among them
+
+
 class Shuffled(torch.utils.data.IterableDataset):
     """A stream of samples in a new seeded order on every pass, as streaming datasets give."""
 

@@ -32,6 +32,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.cli import OptimizerCallable
+from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -445,16 +446,19 @@ class HyperOptimizationCallback(Callback):
             f"barely move from where it starts. {advice}."
         )
 
-    def _to_device(self, trainer: pl.Trainer) -> Callable[[Any], Any]:
-        """What Lightning's loops do to each batch before ``training_step`` sees it: the
-        precision's dtype conversion (e.g. to float64 under ``precision="64-true"``), the
-        module's ``on_before_batch_transfer``, then the strategy's ``batch_to_device`` (which
-        runs ``transfer_batch_to_device`` and ``on_after_batch_transfer``)."""
+    def _to_device(self, trainer: pl.Trainer, validation: bool = False) -> Callable[[Any], Any]:
+        """What Lightning's loops do to each batch before a step sees it: the precision's dtype
+        conversion (e.g. to float64 under ``precision="64-true"``), the module's
+        ``on_before_batch_transfer``, then the strategy's ``batch_to_device`` (which runs
+        ``transfer_batch_to_device`` and ``on_after_batch_transfer``). Validation batches are
+        prepared with the trainer in its validating stage, so hooks that augment only while
+        ``self.trainer.training`` leave them alone, as in Lightning's validation loop."""
 
         def prepare(batch: Any) -> Any:
-            batch = trainer.precision_plugin.convert_input(batch)
-            batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
-            return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+            with _stage(trainer, RunningStage.VALIDATING if validation else None):
+                batch = trainer.precision_plugin.convert_input(batch)
+                batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
+                return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
 
         return prepare
 
@@ -499,7 +503,7 @@ class HyperOptimizationCallback(Callback):
                 "pass val_dataloaders to trainer.fit, or define val_dataloader() in the module "
                 "or the datamodule."
             )
-        to_device = self._to_device(trainer)
+        to_device = self._to_device(trainer, validation=True)
         loader = first_loader(loader, "validation dataloader")
         if not draws_by_index(loader):  # a stream: read from the loader itself
             if self.val == "full":
@@ -841,6 +845,19 @@ class HyperOptimizationCallback(Callback):
             "lam", self._lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
             logger=False,
         )  # fmt: skip
+
+
+@contextmanager
+def _stage(trainer: pl.Trainer, stage: RunningStage | None) -> Iterator[None]:
+    """The trainer in ``stage`` for the duration (None: unchanged)."""
+    if stage is None:
+        yield
+        return
+    before, trainer.state.stage = trainer.state.stage, stage
+    try:
+        yield
+    finally:
+        trainer.state.stage = before
 
 
 def runs_in_new_processes(trainer: pl.Trainer) -> bool:
