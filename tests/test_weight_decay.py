@@ -434,3 +434,44 @@ def test_weight_decay_example_quick(tmp_path, capsys):
     assert learned and len(grid) >= 2
     for r in rows:
         assert math.isfinite(r["val_loss"]) and 0 <= r["test_acc"] <= 1
+
+
+# ------------------------------------------------------------------ tensors added during training
+@pytest.mark.parametrize("granularity", ["per_layer", "per_element"])
+def test_a_new_fit_that_decays_more_tensors_keeps_the_learned_values(granularity):
+    from hypertorch_sid.core.decay import WeightDecay
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    head = [(n, p) for n, p in net.named_parameters() if n.startswith("1.")]
+    old = WeightDecay(head, 0.01, granularity)
+    with torch.no_grad():
+        for h in old.hyperparameters:
+            h.add_(torch.arange(h.numel(), dtype=h.dtype).reshape(h.shape) / 10)
+    new = WeightDecay(list(net.named_parameters()), 0.01, granularity)
+    carried = new.carry_from(old)
+    assert carried == (1 if granularity == "per_layer" else 2)
+    before, after = old.values(), new.values()
+    for name in ("1.weight", "1.bias"):
+        torch.testing.assert_close(after[name], before[name])
+    for name in ("0.weight", "0.bias"):  # the new tensors start at the initial λ
+        torch.testing.assert_close(after[name], torch.full_like(after[name], 0.01))
+    assert new.carry_from(WeightDecay(head, 0.01, "global")) == 0  # another granularity
+
+
+def test_tensors_unfrozen_during_the_fit_are_named():
+    """BackboneFinetuning unfreezes the backbone into a new parameter group mid-fit: those
+    tensors get no learned decay and no place in the hypergradient, and the fit says so once."""
+    from pytorch_lightning.callbacks import BackboneFinetuning
+
+    class WithBackbone(MLP):
+        def __init__(self):
+            super().__init__()
+            self.backbone = self.net[0]
+
+    model = WithBackbone()
+    finetune = BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.0)
+    cb = LearnedWeightDecay(0.01, every_n_steps=2)
+    with pytest.warns(UserWarning, match=r"now train 2 tensors the fit did not start with "
+                      r"\(net.0.weight, net.0.bias; e.g. BackboneFinetuning"):  # fmt: skip
+        _fit(model, [cb, finetune], max_epochs=3)
+    assert not any(name.startswith("net.0.") for name in cb.decay_values())

@@ -185,6 +185,28 @@ class WeightDecay:
                 ).requires_grad_(True)
             ]
 
+    @torch.no_grad()
+    def carry_from(self, old: WeightDecay) -> int:
+        """Take the learned values from ``old`` for the tensors both decay (the same tensor
+        objects, the same granularity and parameterisation): a new fit that decays more tensors
+        keeps what the last one learned for the others. Returns the number of values carried."""
+        if old.granularity != self.granularity or type(old.parameterization) is not type(
+            self.parameterization
+        ):
+            return 0
+        before = {id(e.param): e.slot for e in old.entries}
+        carried: set[int] = set()
+        for e in self.entries:
+            slot = before.get(id(e.param))
+            if slot is None or e.slot in carried:
+                continue
+            if self.per_element:
+                self.hyperparameters[e.slot].copy_(old.hyperparameters[slot])
+            else:
+                self.hyperparameters[0][e.slot] = old.hyperparameters[0][slot]
+            carried.add(e.slot)
+        return len(carried)
+
     @property
     def per_element(self) -> bool:
         return GRANULARITIES[self.granularity] is None

@@ -66,6 +66,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..core.decay import GRANULARITIES, WeightDecay, as_parameterization
@@ -168,6 +169,7 @@ class WeightDecayProblem:
         self.placement: list[tuple[torch.optim.Optimizer, int]] = []
         self._inner: list[Tensor] = []
         self._scales: list[Tensor | float] | None = None
+        self._warned_new_tensors = False
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -207,9 +209,36 @@ class WeightDecayProblem:
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        """Read the preconditioners P of decoupled decay from the optimizers' state."""
+        """Read the preconditioners P of decoupled decay from the optimizers' state; say once
+        when the optimizers now train tensors the fit did not start with."""
         if self.decoupled and self.decay is not None:
             self._scales = [self._preconditioner(i) for i in range(len(self.decay.entries))]
+        if not self._warned_new_tensors:
+            self._warn_if_new_tensors(trainer, module)
+
+    def _warn_if_new_tensors(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """Tensors unfrozen or added to an optimizer during the fit (``BackboneFinetuning``
+        adds a parameter group) are neither decayed nor inner parameters of the hypergradient:
+        the decayed tensors are collected when a fit starts."""
+        known = {id(p) for p in self._inner}
+        names = {id(p): n for n, p in module.named_parameters()}
+        new = [
+            names.get(id(p), "an unnamed tensor")
+            for opt in trainer.optimizers
+            for group in opt.param_groups
+            for p in group["params"]
+            if p.requires_grad and id(p) not in known
+        ]
+        if new:
+            self._warned_new_tensors = True
+            rank_zero_warn(
+                f"LearnedWeightDecay: the optimizers now train {len(new)} tensors the fit did "
+                f"not start with ({', '.join(new[:3])}{', ...' if len(new) > 3 else ''}; e.g. "
+                "BackboneFinetuning unfroze them): they get no learned decay and are left out "
+                "of the hypergradient, because the decayed tensors are collected when a fit "
+                "starts. Unfreeze before the fit, or continue in a new fit (trainer.fit again "
+                "with this callback: λ carries over and the new tensors are collected)."
+            )
 
     # ------------------------------------------------------------------ the decayed tensors
     def _group(self, i: int) -> dict[str, Any]:
@@ -259,10 +288,12 @@ class WeightDecayProblem:
         same = old is not None and [(id(e.param), e.group) for e in old.entries] == [
             (id(p), g) for _, p, g in found
         ]
-        if not same:  # a new fit on the same tensors keeps the learned λ
+        if not same:  # a new fit keeps the learned λ of the tensors it still decays
             self.decay = WeightDecay(
                 found, self.weight_decay, self.granularity, self.parameterization
             )
+            if old is not None:
+                self.decay.carry_from(old)
 
     # ------------------------------------------------------------------ decay in training
     @torch.no_grad()
