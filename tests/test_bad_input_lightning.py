@@ -186,6 +186,19 @@ def test_training_data_without_random_access_is_read_through_the_loader():
         assert _unchanged(model, before)
 
 
+def test_several_train_loaders_in_one_batch_are_refused_with_what_to_do():
+    train, val = _loaders()
+
+    class TwoLoaders(Ridge):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            return super().training_step(batch["a"], batch_idx)
+
+    with pytest.raises(ConfigurationError, match=r"got dict. Several loaders.*ConcatDataset"):
+        _trainer([HyperOptimizationCallback(every_n_steps=2)]).fit(
+            TwoLoaders(), {"a": train, "b": train}, val
+        )
+
+
 def test_validation_loader_without_automatic_batching_cannot_be_read_whole_or_rebatched():
     X, y, Xv, yv = _tensors()
     train = DataLoader(TensorDataset(X, y), batch_size=12)

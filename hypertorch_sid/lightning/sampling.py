@@ -336,9 +336,16 @@ def first_loader(loader: Any, what: str) -> DataLoader:
             rank_zero_info(f"HyperOptimizationCallback: using the first of {len(loader)} {what}s.")
         loader = loader[0]
     if not isinstance(loader, DataLoader):
+        several = ""
+        if isinstance(loader, dict) or type(loader).__name__ == "CombinedLoader":
+            several = (
+                " Several loaders combined into one batch (a dict, a CombinedLoader) leave it "
+                "no single dataset to draw from: combine the data in one DataLoader (e.g. over "
+                "a ConcatDataset, or a Dataset that returns the dict per sample)."
+            )
         raise ConfigurationError(
             f"HyperOptimizationCallback draws its own minibatches from the {what}, so the {what} "
-            f"must be a torch DataLoader; got {type(loader).__name__}."
+            f"must be a torch DataLoader; got {type(loader).__name__}.{several}"
         )
     return loader
 
