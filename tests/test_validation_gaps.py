@@ -350,14 +350,15 @@ def test_compiled_module_is_refused():
 
 
 def test_layers_without_second_derivatives_are_refused_by_name():
+    bag, ids = nn.EmbeddingBag(5, 2), nn.Embedding(5, 2, sparse=True)
     with pytest.raises(ConfigurationError, match=r"bag \(EmbeddingBag\): torch has no second"):
-        check_second_derivatives(nn.ModuleDict({"bag": nn.EmbeddingBag(5, 2)}))
+        check_second_derivatives(nn.ModuleDict({"bag": bag}), [bag.weight])
     with pytest.raises(ConfigurationError, match=r"ids \(Embedding\(sparse=True\)\).*sparse=False"):
-        check_second_derivatives(nn.ModuleDict({"ids": nn.Embedding(5, 2, sparse=True)}))
-    frozen = nn.EmbeddingBag(5, 2)
-    frozen.weight.requires_grad_(False)  # no gradient reaches it: nothing to refuse
-    check_second_derivatives(nn.Sequential(frozen, nn.Linear(2, 1)))
-    check_second_derivatives(nn.Embedding(5, 2))
+        check_second_derivatives(nn.ModuleDict({"ids": ids}), [ids.weight])
+    head = nn.Linear(2, 1)  # the bag's weight outside w (frozen, or not an inner parameter):
+    check_second_derivatives(nn.Sequential(bag, head), list(head.parameters()))  # nothing to refuse
+    dense = nn.Embedding(5, 2)
+    check_second_derivatives(dense, [dense.weight])
 
 
 def test_an_op_without_a_second_derivative_is_said_as_such():

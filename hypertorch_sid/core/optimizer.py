@@ -183,7 +183,7 @@ class SIDHyperOptimizer:
         self._step_scale = 1.0  # BackOff's halvings of η for a general map
         if module is not None:
             check_not_compiled(module)
-            check_second_derivatives(module)
+            check_second_derivatives(module, self.inner_parameters)
         self.module = module
         self.penalty = penalty
         self.regularizer = regularizer

@@ -17,11 +17,12 @@ operation between the inner parameters and ℓ̂ must therefore have a second de
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
@@ -31,19 +32,23 @@ from .errors import ConfigurationError
 NO_SECOND_DERIVATIVE = ("derivative for", "differentiate twice", "incompatible with .grad()")
 
 
-def check_second_derivatives(module: Any) -> None:
-    """Refuse layers whose trainable weights cannot take part in second derivatives.
+def check_second_derivatives(module: Any, inner_parameters: Sequence[Tensor]) -> None:
+    """Refuse layers whose weights are inner parameters but cannot take part in second
+    derivatives.
 
     The adjoint solve and the curvature estimate take Hessian–vector products through ℓ̂ (a
-    backward pass through its gradient). ``nn.EmbeddingBag`` has no second derivative in torch,
-    and ``nn.Embedding(sparse=True)`` gives sparse gradients, which cannot hold a dense decay
-    λ ⊙ w (torch's own ``weight_decay=`` refuses them too) nor be differentiated again.
+    backward pass through its gradient) with respect to the inner parameters w.
+    ``nn.EmbeddingBag`` has no second derivative in torch, and ``nn.Embedding(sparse=True)``
+    gives sparse gradients, which cannot hold a dense decay λ ⊙ w (torch's own ``weight_decay=``
+    refuses them too) nor be differentiated again. A layer whose weight is not in w (frozen, or
+    left out of the inner parameters) is differentiated through by nothing and passes.
     """
     if not isinstance(module, torch.nn.Module):
         return
+    inner = {id(p) for p in inner_parameters}
     for name, m in module.named_modules():
         weight = getattr(m, "weight", None)
-        if not isinstance(weight, torch.Tensor) or not weight.requires_grad:
+        if not isinstance(weight, torch.Tensor) or id(weight) not in inner:
             continue
         what = f"{name or 'the module'} ({type(m).__name__}"
         if isinstance(m, torch.nn.EmbeddingBag):
