@@ -91,22 +91,31 @@ class UserNet(pl.LightningModule):
         return opt
 
 
-def _fit(model_kw=None, trainer_kw=None, callback_kw=None, epochs=6, seed=0):
+def _trainer(cb, epochs, **trainer_kw):
+    """A quiet Trainer with the callback ``cb``."""
+    return pl.Trainer(
+        max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[cb], **trainer_kw,
+    )  # fmt: skip
+
+
+def _digits_loaders(dataset=TensorDataset):
+    """The training (shuffled) and validation loaders of DATA, samples made by ``dataset``."""
     X, y, Xv, yv = DATA
+    return (
+        DataLoader(dataset(X, y), batch_size=BATCH, shuffle=True),
+        DataLoader(dataset(Xv, yv), batch_size=100),
+    )
+
+
+def _fit(model_kw=None, trainer_kw=None, callback_kw=None, epochs=6, seed=0):
     pl.seed_everything(seed, verbose=False)
     model = UserNet(**(model_kw or {}))
     cb = LearnedWeightDecay(1e-3, **{"every_n_steps": 5, **(callback_kw or {})})
-    trainer = pl.Trainer(
-        max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb], **(trainer_kw or {}),
-    )  # fmt: skip
+    trainer = _trainer(cb, epochs, **(trainer_kw or {}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(
-            model,
-            DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True),
-            DataLoader(TensorDataset(Xv, yv), batch_size=100),
-        )
+        trainer.fit(model, *_digits_loaders())
     return model, cb, trainer, [str(w.message) for w in caught]
 
 
@@ -189,15 +198,8 @@ def test_the_callbacks_batches_go_through_the_users_batch_hooks():
     pl.seed_everything(0, verbose=False)
     model = HookedNet()
     cb = LearnedWeightDecay(1e-3, every_n_steps=5)
-    trainer = pl.Trainer(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb], num_sanity_val_steps=0,
-    )  # fmt: skip
-    trainer.fit(
-        model,
-        DataLoader(DictBatches(X, y), batch_size=BATCH, shuffle=True),
-        DataLoader(DictBatches(Xv, yv), batch_size=100),
-    )
+    trainer = _trainer(cb, 2, num_sanity_val_steps=0)
+    trainer.fit(model, *_digits_loaders(DictBatches))
     _assert_healthy(model, cb)
     loop_batches = 2 * (math.ceil(len(y) / BATCH) + math.ceil(len(yv) / 100))
     assert model.hook_calls > loop_batches  # the hyper steps' batches went through it too
@@ -224,15 +226,8 @@ def test_validation_batches_of_the_hyper_step_are_not_augmented():
     pl.seed_everything(0, verbose=False)
     model = AugmentingNet()
     cb = LearnedWeightDecay(1e-3, every_n_steps=5)
-    trainer = pl.Trainer(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb],
-    )  # fmt: skip
-    trainer.fit(
-        model,
-        DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True),
-        DataLoader(TensorDataset(Xv, yv), batch_size=100),
-    )
+    trainer = _trainer(cb, 2)
+    trainer.fit(model, *_digits_loaders())
     _assert_healthy(model, cb)
     sizes = {size for _, size in model.seen}
     assert sizes == {BATCH, 100}
@@ -269,10 +264,7 @@ def test_drop_in_on_streamed_data(kind):
     pl.seed_everything(0, verbose=False)
     model = UserNet()
     cb = LearnedWeightDecay(1e-3, every_n_steps=5)
-    trainer = pl.Trainer(
-        max_epochs=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb],
-    )  # fmt: skip
+    trainer = _trainer(cb, 4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(model, train, val)
@@ -283,9 +275,7 @@ def test_drop_in_on_streamed_data(kind):
     lam = next(iter(cb.decay_values().values()))
     assert not torch.allclose(lam, torch.full_like(lam, 1e-3))  # λ was learned
     with pytest.raises(ConfigurationError, match="val='full'.*streamed validation dataloader"):
-        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False,
-                   callbacks=[LearnedWeightDecay(1e-3, val="full")]).fit(UserNet(), train, val)  # fmt: skip
+        _trainer(LearnedWeightDecay(1e-3, val="full"), 1).fit(UserNet(), train, val)
 
 
 class Ordered(torch.utils.data.IterableDataset):
@@ -307,10 +297,7 @@ def test_resume_on_streamed_data_reproduces_the_straight_fit(tmp_path):
     def fit(epochs, ckpt=None, save=None):
         pl.seed_everything(0, verbose=False)
         model, cb = UserNet(), LearnedWeightDecay(1e-3, every_n_steps=3)
-        trainer = pl.Trainer(
-            max_epochs=epochs, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
-        )  # fmt: skip
+        trainer = _trainer(cb, epochs)
         loaders = (DataLoader(Ordered(X, y), batch_size=BATCH),
                    DataLoader(Ordered(Xv, yv), batch_size=100))  # fmt: skip
         trainer.fit(model, *loaders, ckpt_path=ckpt)
@@ -341,19 +328,11 @@ class MobileBlock(UserNet):
 
 
 def test_drop_in_on_a_mobilenet_v3_block():
-    X, y, Xv, yv = DATA
     pl.seed_everything(0, verbose=False)
     model = MobileBlock()
     cb = LearnedWeightDecay(1e-3, every_n_steps=5)
-    trainer = pl.Trainer(
-        max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb],
-    )  # fmt: skip
-    trainer.fit(
-        model,
-        DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True),
-        DataLoader(TensorDataset(Xv, yv), batch_size=100),
-    )
+    trainer = _trainer(cb, 3)
+    trainer.fit(model, *_digits_loaders())
     _assert_healthy(model, cb)
 
 
@@ -371,21 +350,13 @@ def test_hyper_steps_leave_the_users_metrics_alone():
 
 def test_a_fit_too_short_for_lambda_to_move_says_so():
     """8 optimizer steps per epoch × 2 epochs, a hyper step every 20: none would run."""
-    X, y, Xv, yv = DATA
     pl.seed_everything(0, verbose=False)
     model = UserNet()
     cb = LearnedWeightDecay(1e-3)  # the drop-in's default every_n_steps = 20
-    trainer = pl.Trainer(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb],
-    )  # fmt: skip
+    trainer = _trainer(cb, 2)
     with pytest.warns(UserWarning, match=r"runs 40 optimizer steps, so only 2 hyper steps.*"
                       r"every_n_steps=20.*barely move.*every_n_steps=2 for 20 hyper"):  # fmt: skip
-        trainer.fit(
-            model,
-            DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True),
-            DataLoader(TensorDataset(Xv, yv), batch_size=100),
-        )
+        trainer.fit(model, *_digits_loaders())
 
 
 def test_the_short_fit_warning_does_not_suggest_what_is_already_set():
@@ -450,10 +421,7 @@ def test_drop_in_on_sequence_models(body, optimizer, decoupled):
     pl.seed_everything(0, verbose=False)
     model = SequenceNet(body, optimizer)
     cb = LearnedWeightDecay(1e-3, decoupled=decoupled, every_n_steps=5)
-    trainer = pl.Trainer(
-        max_epochs=4, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb],
-    )  # fmt: skip
+    trainer = _trainer(cb, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(
