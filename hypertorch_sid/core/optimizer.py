@@ -83,7 +83,6 @@ from .validation import (
 
 log = logging.getLogger("hypertorch_sid")
 
-
 #: samples of a given full batch the first checks run on (≥ 2: BatchNorm in train mode)
 _CHECK_SAMPLES = 8
 #: a stalled first inner solve: steps shrank this many times, ℓ̂ fell by less than this fraction

@@ -174,6 +174,10 @@ class SampledBatches:
         return self.to_device(fetch(self.dataset, self.collate, idx))
 
 
+#: the end of a loader's pass (a batch may be None)
+_END = object()
+
+
 class StreamPosition:
     """The sampler-like state of :class:`LoaderBatches`: its batch size and where it is.
 
@@ -251,28 +255,24 @@ class LoaderBatches:
         self.to_device, self.what = to_device, what
         self._iterator: Iterator[Any] | None = None
         self.samples = 0
-        self._peeked: Any = None
-        self._peeked = self._read()  # the batch size, from the first batch
+        self._peeked, _ = self._read()  # the first batch tells the batch size
         self.sampler = StreamPosition(samples_in(self._peeked), world_size)
         self.sampler.epoch = 1
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
-    def _read(self) -> Any:
-        if self._iterator is None:
-            self._iterator = iter(self.loader)
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            self._iterator = iter(self.loader)
-            batch = next(self._iterator, None)
-            if batch is None:
-                raise ConfigurationError(f"the {self.what} yielded no batch.") from None
-            position = getattr(self, "sampler", None)
-            if position is not None:  # a new pass (the constructor's first read has none yet)
-                position.epoch, position.pos = position.epoch + 1, 0
-            return batch
+    def _read(self) -> tuple[Any, bool]:
+        """The loader's next batch, and whether it began a new pass."""
+        if self._iterator is not None:
+            batch = next(self._iterator, _END)
+            if batch is not _END:
+                return batch, False
+        self._iterator = iter(self.loader)
+        batch = next(self._iterator, _END)
+        if batch is _END:
+            raise ConfigurationError(f"the {self.what} yielded no batch.")
+        return batch, True
 
     def __next__(self) -> Any:
         position = self.sampler
@@ -281,8 +281,12 @@ class LoaderBatches:
             for _ in range(position.skip):
                 next(self._iterator, None)
             position.skip = 0
-        batch = self._peeked if self._peeked is not None else self._read()
-        self._peeked = None
+        if self._peeked is not None:
+            batch, self._peeked = self._peeked, None
+        else:
+            batch, new_pass = self._read()
+            if new_pass:
+                position.epoch, position.pos = position.epoch + 1, 0
         position.pos += 1
         self.samples += samples_in(batch)
         return self.to_device(batch)
