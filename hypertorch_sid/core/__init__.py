@@ -33,6 +33,17 @@ from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
 from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
+from .sample_weights import (
+    Indexed,
+    IndexedDataset,
+    LazyAdam,
+    SampleWeights,
+    SigmoidWeights,
+    SoftmaxWeights,
+    WeightParameterization,
+    class_weights,
+    split_indexed,
+)
 from .schedules import (
     ConstantStep,
     DecreasingStep,
@@ -61,6 +72,15 @@ from .solvers import (
 )
 
 __all__ = [
+    "Indexed",
+    "IndexedDataset",
+    "LazyAdam",
+    "SampleWeights",
+    "SigmoidWeights",
+    "SoftmaxWeights",
+    "WeightParameterization",
+    "class_weights",
+    "split_indexed",
     "LogDecay",
     "Parameterization",
     "ProjectedDecay",

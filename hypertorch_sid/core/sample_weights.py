@@ -1,0 +1,422 @@
+"""Per-sample (and per-class) data weights: a hyperparameter family indexed by example id.
+
+The inner loss of data reweighting is the weighted empirical risk
+
+    ℓ̂(w, x; ζ) = (1/|ζ|) Σ_{i∈ζ} ωᵢ(x) ℓᵢ(w)                                  (eq. weighted)
+
+with one learned logit xᵢ per training example (or per class, indexed by the label) and the
+weight ωᵢ = T(x)ᵢ given by a :class:`WeightParameterization`:
+
+* :class:`SigmoidWeights` — ωᵢ = σ(xᵢ) ∈ (0, 1), the literature's choice (the benchopt
+  data-cleaning problem, Franceschi et al. 2017);
+* :class:`SoftmaxWeights` — ωᵢ = n·exp(xᵢ)/Σⱼ exp(xⱼ), normalised over the data set (mean 1).
+
+A minibatch reads only its own rows of x, so the cross term of eq. gradestim,
+
+    ∂₂Φ̂(w, x; ζ)ᵀv = −α ∂ₓ⟨∇₁ℓ̂(w, x; ζ), v⟩,   row i: −(α/|ζ|) T'(xᵢ) ⟨∇ℓᵢ(w), v⟩ for i ∈ ζ,
+
+is zero outside ζ: the rows are gathered (``index_select``, whose backward is an ``index_add``
+into the full tensor) and :class:`LazyAdam` moves only the rows whose hypergradient is non-zero.
+:class:`IndexedDataset` adds the index to each sample so that a batch says which rows it reads.
+
+Usage with a plain :class:`~hypertorch_sid.SIDHyperOptimizer`::
+
+    train = IndexedDataset(train_set)                 # each sample: Indexed(index, data)
+    weights = SampleWeights(len(train))               # x = 0: ω = σ(0) = ½ everywhere
+    def inner_loss(batch):
+        index, (X, y) = batch
+        losses = F.cross_entropy(model(X), y, reduction="none")
+        return weights.weighted_mean(losses, index)
+    hopt = SIDHyperOptimizer(
+        weights.hyperparameters, model.parameters(), inner_loss, outer_loss,
+        LazyAdam(weights.hyperparameters, lr=0.1), projection=weights.projection,
+    )
+
+Per class (imbalance): ``SampleWeights(num_classes)`` indexed by the labels
+(``weights.weighted_mean(losses, y)``) — :func:`class_weights` says so by name.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, IterableDataset
+
+from .errors import ConfigurationError
+
+Tensors = list[Tensor]
+
+__all__ = [
+    "Indexed",
+    "IndexedDataset",
+    "LazyAdam",
+    "SampleWeights",
+    "SigmoidWeights",
+    "SoftmaxWeights",
+    "WeightParameterization",
+    "class_weights",
+    "split_indexed",
+]
+
+
+# ---------------------------------------------------------------------- the index of each sample
+class Indexed(NamedTuple):
+    """One sample with its index in the training set (a batch of them after collation:
+    ``default_collate`` keeps the named tuple, ``index`` becomes a ``LongTensor``)."""
+
+    index: Any
+    data: Any
+
+
+class IndexedDataset(Dataset):
+    """A map-style dataset whose samples carry their index: ``ds[i] == Indexed(i, base[i])``.
+
+    Shuffling, several workers and ``DistributedSampler`` all keep working: they only choose
+    which ``i`` to ask for, and the index travels with the sample. An ``IterableDataset`` (no
+    stable index: the same position may hold another example on the next pass) is refused.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        if isinstance(dataset, IterableDataset):
+            raise ConfigurationError(
+                f"IndexedDataset needs a map-style dataset, got the IterableDataset "
+                f"{type(dataset).__name__}: a stream has no stable example index, so no weight can "
+                "belong to an example. Materialise it (e.g. a TensorDataset or a list) first."
+            )
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise ConfigurationError(
+                f"IndexedDataset needs a map-style dataset with __len__ and __getitem__, got "
+                f"{type(dataset).__name__}."
+            )
+        if isinstance(dataset, IndexedDataset):
+            raise ConfigurationError("the dataset is already an IndexedDataset: wrap it once.")
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Indexed:
+        return Indexed(int(i), self.dataset[i])
+
+
+def split_indexed(batch: Any, what: str = "the training batch") -> tuple[Tensor, Any]:
+    """(index, data) of a collated :class:`Indexed` batch, or a :class:`ConfigurationError`
+    saying how to give the batch its indices."""
+    if isinstance(batch, Indexed):
+        index = batch.index
+        if not isinstance(index, Tensor):
+            index = torch.as_tensor(index)
+        if index.dtype not in (torch.int64, torch.int32) or index.dim() > 1:
+            raise ConfigurationError(
+                f"{what} carries indices of dtype {index.dtype} and shape {tuple(index.shape)}: "
+                "they must be a 1-D integer tensor (IndexedDataset's default collation)."
+            )
+        return index.reshape(-1).long(), batch.data
+    raise ConfigurationError(
+        f"{what} carries no example indices (got {type(batch).__name__}): per-sample weights "
+        "need stable indices. Wrap the training dataset: IndexedDataset(train_set) (a map-style "
+        "dataset; each sample becomes Indexed(index, data))."
+    )
+
+
+# ---------------------------------------------------------------------- parameterisations
+class WeightParameterization(ABC):
+    """ω = T(x): how the learned logits x give the weights ω ≥ 0 (elementwise on the rows
+    read, apart from a normaliser that is held fixed within a hyper step)."""
+
+    @abstractmethod
+    def logit(self, weight: float, n: int) -> float:
+        """x₀ for the initial weight ω₀ (the same for every row)."""
+
+    @abstractmethod
+    def rows(self, x: Tensor, family: SampleWeights) -> Tensor:
+        """ω of the gathered rows ``x`` (differentiable in ``x``)."""
+
+    def refresh(self, family: SampleWeights) -> None:
+        """Update any normaliser after x changed (called after each outer step)."""
+        return None
+
+
+class SigmoidWeights(WeightParameterization):
+    """ωᵢ = σ(xᵢ) ∈ (0, 1): each row independent (the literature's choice)."""
+
+    def logit(self, weight: float, n: int) -> float:
+        if not 0 < weight < 1:
+            raise ConfigurationError(
+                f"the sigmoid parameterisation needs an initial weight in (0, 1), got {weight!r}."
+            )
+        return math.log(weight / (1 - weight))
+
+    def rows(self, x: Tensor, family: SampleWeights) -> Tensor:
+        return torch.sigmoid(x)
+
+    def __repr__(self) -> str:
+        return "SigmoidWeights()"
+
+
+class SoftmaxWeights(WeightParameterization):
+    """ωᵢ = n·exp(xᵢ − log Z), log Z = logsumexp(x): weights that average 1 over the data set.
+
+    log Z is recomputed after every outer step (one pass over the n logits) and held fixed
+    within a hyper step: the exact gradient also moves every row j outside the minibatch, by
+    −pⱼ·c with pⱼ = exp(xⱼ)/Z ≈ 1/n and c a scalar of the batch, a term of order 1/n per row
+    that is dropped (it would make every hyper step cost O(n)).
+    """
+
+    def logit(self, weight: float, n: int) -> float:
+        if weight != 1.0:
+            raise ConfigurationError(
+                f"softmax-normalised weights average 1 over the data set; the initial weight must "
+                f"be 1.0, got {weight!r}."
+            )
+        return 0.0
+
+    def rows(self, x: Tensor, family: SampleWeights) -> Tensor:
+        return family.n * torch.exp(x - family.log_normaliser)
+
+    def refresh(self, family: SampleWeights) -> None:
+        with torch.no_grad():
+            family.log_normaliser = torch.logsumexp(family.logits.detach(), 0)
+
+    def __repr__(self) -> str:
+        return "SoftmaxWeights()"
+
+
+PARAMETERIZATIONS: dict[str, Callable[[], WeightParameterization]] = {
+    "sigmoid": SigmoidWeights,
+    "softmax": SoftmaxWeights,
+}
+
+
+def as_weight_parameterization(value: str | WeightParameterization) -> WeightParameterization:
+    """A :class:`WeightParameterization` from its name (``"sigmoid"``, ``"softmax"``) or itself."""
+    if isinstance(value, WeightParameterization):
+        return value
+    if isinstance(value, str) and value in PARAMETERIZATIONS:
+        return PARAMETERIZATIONS[value]()
+    raise ConfigurationError(
+        f"parameterization must be 'sigmoid', 'softmax' or a WeightParameterization, got {value!r}."
+    )
+
+
+# ---------------------------------------------------------------------- the family
+class SampleWeights:
+    """One learned weight per training example (or per class), indexed by id.
+
+    Parameters
+    ----------
+    n:
+        The number of rows: ``len(train_set)`` per sample, the number of classes per class.
+    parameterization:
+        ``"sigmoid"`` (ω = σ(x), default), ``"softmax"`` (ω = n·softmax(x)) or a
+        :class:`WeightParameterization`.
+    initial:
+        ω₀ of every row. Default: ½ for sigmoid (x₀ = 0, the benchopt problem's start), 1 for
+        softmax.
+    dtype, device:
+        Of the logits (float32 on the CPU by default).
+
+    Attributes
+    ----------
+    logits:
+        The learned tensor x, shape ``(n,)``, ``requires_grad=True``: the hyperparameter of
+        :class:`~hypertorch_sid.SIDHyperOptimizer` (``hyperparameters == [logits]``).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        parameterization: str | WeightParameterization = "sigmoid",
+        initial: float | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigurationError(f"SampleWeights needs a number of rows n ≥ 1, got {n!r}.")
+        self.n = n
+        self.parameterization = as_weight_parameterization(parameterization)
+        if initial is None:
+            initial = 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
+        self._initial = float(initial)
+        x0 = self.parameterization.logit(self._initial, n)
+        self.logits = torch.full((n,), x0, dtype=dtype, device=device, requires_grad=True)
+        self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
+        self.parameterization.refresh(self)
+
+    @property
+    def hyperparameters(self) -> Tensors:
+        """``[logits]``: what ``SIDHyperOptimizer`` and the outer optimizer learn."""
+        return [self.logits]
+
+    # ------------------------------------------------------------------ reading the weights
+    def check_index(self, index: Tensor) -> Tensor:
+        """``index`` as a 1-D long tensor on the logits' device, or a clear error."""
+        if not isinstance(index, Tensor):
+            index = torch.as_tensor(index)
+        if index.dtype.is_floating_point or index.dtype == torch.bool:
+            raise ConfigurationError(
+                f"sample-weight indices must be integers, got a {index.dtype} tensor."
+            )
+        index = index.reshape(-1).to(device=self.logits.device, dtype=torch.long)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.n):
+            raise ConfigurationError(
+                f"sample-weight index out of range: got [{int(index.min())}, {int(index.max())}] "
+                f"for {self.n} rows. The weights were sized for another data set (n = len of the "
+                "IndexedDataset, or the number of classes)."
+            )
+        return index
+
+    def weights(self, index: Tensor) -> Tensor:
+        """ω of the rows ``index`` (differentiable in the logits; only these rows get a
+        gradient: ``index_select``'s backward is an ``index_add``)."""
+        x = self.logits.index_select(0, self.check_index(index))
+        return self.parameterization.rows(x, self)
+
+    def weighted_mean(self, losses: Tensor, index: Tensor) -> Tensor:
+        """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,)).
+
+        A loss that is already reduced (a scalar) is refused: compute it with
+        ``reduction="none"``.
+        """
+        losses = check_per_sample(losses, index)
+        return (self.weights(index).to(losses.dtype) * losses).mean()
+
+    def values(self) -> Tensor:
+        """Every ω (detached, shape ``(n,)``)."""
+        with torch.no_grad():
+            return self.parameterization.rows(self.logits.detach(), self).clone()
+
+    def flagged(self, threshold: float | None = None) -> Tensor:
+        """Indices of the rows whose weight fell below ``threshold`` (default: half the
+        initial weight ω₀ — examples the outer objective learned to distrust)."""
+        if threshold is None:
+            threshold = 0.5 * float(self.initial_weight)
+        return torch.nonzero(self.values() < threshold).flatten()
+
+    @property
+    def initial_weight(self) -> float:
+        """ω₀ (what every row started at)."""
+        return self._initial
+
+    # ------------------------------------------------------------------ after an outer step
+    def projection(self, hyperparameters: Iterable[Tensor] | None = None) -> None:
+        """P_Λ for :class:`SIDHyperOptimizer` (``projection=weights.projection``): the logits
+        are unconstrained, but a normaliser (softmax) follows them."""
+        self.parameterization.refresh(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The logits (what a checkpoint of the callback also holds, through the optimizer)."""
+        return {"logits": self.logits.detach().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the same n rows), or a clear error."""
+        x = state.get("logits") if isinstance(state, dict) else None
+        if not isinstance(x, Tensor) or x.shape != self.logits.shape:
+            raise ConfigurationError(
+                f"saved sample weights of shape {getattr(x, 'shape', None)} do not fit these "
+                f"{self.n} rows: the checkpoint belongs to another data set."
+            )
+        with torch.no_grad():
+            self.logits.copy_(x)
+        self.parameterization.refresh(self)
+
+    def __repr__(self) -> str:
+        return f"SampleWeights(n={self.n}, {self.parameterization!r})"
+
+
+def class_weights(
+    num_classes: int, parameterization: str | WeightParameterization = "sigmoid", **kwargs: Any
+) -> SampleWeights:
+    """One weight per class (imbalance): a :class:`SampleWeights` indexed by the labels
+    (``weights.weighted_mean(losses, y)``)."""
+    return SampleWeights(num_classes, parameterization, **kwargs)
+
+
+def check_per_sample(losses: Any, index: Tensor) -> Tensor:
+    """``losses`` as a (b,) tensor matching ``index``, or a clear error (a reduced loss)."""
+    if not isinstance(losses, Tensor):
+        raise ConfigurationError(
+            f"per-sample weights need a tensor of per-sample losses, got {type(losses).__name__}."
+        )
+    b = int(index.numel()) if isinstance(index, Tensor) else len(index)
+    if losses.dim() == 0 or (losses.numel() == 1 and b > 1):
+        raise ConfigurationError(
+            "the loss is already reduced to a scalar, so it cannot be weighted per sample: "
+            "compute it with reduction='none' (e.g. F.cross_entropy(logits, y, reduction='none')) "
+            "and return the vector of per-sample losses."
+        )
+    if losses.dim() > 1:
+        losses = losses.reshape(losses.shape[0], -1).mean(1)
+    if losses.shape[0] != b:
+        raise ConfigurationError(
+            f"{losses.shape[0]} per-sample losses for a batch of {b} indexed samples: return one "
+            "loss per sample (reduction='none', not 'mean' or 'sum')."
+        )
+    return losses
+
+
+# ---------------------------------------------------------------------- the lazy outer step
+class LazyAdam(torch.optim.Optimizer):
+    """Adam that moves only the rows whose gradient is non-zero (TensorFlow's LazyAdam).
+
+    Dense Adam keeps moving every row by its momentum after the row's last minibatch, which for
+    per-sample weights means all n rows change at every hyper step; here a row moves only when a
+    minibatch reads it, with Adam's bias correction counted per row (its own number of visits).
+    The cost is a scan for the non-zero rows plus O(rows read) arithmetic; the state (m, v, the
+    visit counts) is O(n) storage. Works on dense gradients (what ``SIDHyperOptimizer`` writes)
+    and on sparse ones.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        if not lr > 0:
+            raise ConfigurationError(f"LazyAdam: lr must be > 0, got {lr!r}.")
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if g.is_sparse:
+                    g = g.coalesce()
+                    rows, values = g.indices()[0], g.values()
+                else:
+                    flat = g.reshape(g.shape[0], -1) if g.dim() > 1 else g.reshape(-1, 1)
+                    rows = torch.nonzero(flat.ne(0).any(1)).flatten()
+                    values = g.index_select(0, rows)
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["visits"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
+                if rows.numel() == 0:
+                    continue
+                m = state["exp_avg"].index_select(0, rows).mul_(b1).add_(values, alpha=1 - b1)
+                v = state["exp_avg_sq"].index_select(0, rows).mul_(b2)
+                v.addcmul_(values, values, value=1 - b2)
+                t = state["visits"].index_select(0, rows).add_(1)
+                state["exp_avg"].index_copy_(0, rows, m)
+                state["exp_avg_sq"].index_copy_(0, rows, v)
+                state["visits"].index_copy_(0, rows, t)
+                shape = (-1,) + (1,) * (p.dim() - 1)
+                c1 = (1 - b1**t).to(p.dtype).view(shape)
+                c2 = (1 - b2**t).to(p.dtype).view(shape)
+                update = (m / c1) / ((v / c2).sqrt() + group["eps"])
+                p.index_add_(0, rows, update, alpha=-group["lr"])
+        return loss

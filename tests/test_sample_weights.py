@@ -1,0 +1,301 @@
+"""Per-sample data weights (core): oracles, the indexed dataset, the lazy outer step, bad input.
+
+Oracles: a weighted ridge problem whose per-sample hypergradient is known in closed form
+(float64, full batch and the expectation over a partition into minibatches, and an average of
+stochastic hypergradients), and central finite differences on a small logistic model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
+from hypertorch_sid.core.sample_weights import (
+    Indexed,
+    IndexedDataset,
+    LazyAdam,
+    SampleWeights,
+    class_weights,
+    split_indexed,
+)
+
+RHO = 0.1  # the ridge's L2 coefficient: ℓ̂ = mean ωᵢ ½(aᵢᵀw − bᵢ)² + ½ρ‖w‖²
+
+
+class WeightedRidge:
+    """ℓ̂(w, x) = (1/n) Σ ωᵢ ½(aᵢᵀw − bᵢ)² + ½ρ‖w‖², E = ½ mean (A_v w − b_v)², ω = T(x).
+
+    With H = Aᵀ diag(ω) A / n + ρI, w* = H⁻¹ Aᵀ diag(ω) b / n, rᵢ = aᵢᵀw* − bᵢ:
+
+        ∂f/∂xᵢ = −(1/n) T'(xᵢ) rᵢ aᵢᵀ H⁻¹ ∇E(w*)        (sigmoid: T' = ω(1 − ω))
+    """
+
+    def __init__(self, n: int = 48, d: int = 5, seed: int = 0, parameterization="sigmoid"):
+        gen = torch.Generator().manual_seed(seed)
+        self.A = torch.randn(n, d, generator=gen, dtype=torch.float64)
+        self.b = self.A @ torch.randn(d, generator=gen, dtype=torch.float64)
+        self.b += 0.3 * torch.randn(n, generator=gen, dtype=torch.float64)
+        self.b[: n // 4] += 3.0  # corrupted targets
+        self.Av = torch.randn(30, d, generator=gen, dtype=torch.float64)
+        clean_fit = torch.linalg.lstsq(self.A[n // 4 :], self.b[n // 4 :]).solution
+        self.bv = self.Av @ clean_fit  # validation: the clean rows' model
+        self.weights = SampleWeights(n, parameterization, dtype=torch.float64)
+        with torch.no_grad():
+            self.weights.logits.copy_(0.5 * torch.randn(n, generator=gen, dtype=torch.float64))
+        self.weights.projection()
+        self.w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+        self.n = n
+
+    def inner_loss(self, batch):
+        index, (A, b) = split_indexed(batch)
+        losses = 0.5 * (A @ self.w - b) ** 2
+        return self.weights.weighted_mean(losses, index) + 0.5 * RHO * (self.w**2).sum()
+
+    def outer_loss(self, batch):
+        A, b = batch
+        return 0.5 * ((A @ self.w - b) ** 2).mean()
+
+    def full(self):
+        return Indexed(torch.arange(self.n), (self.A, self.b))
+
+    def batches(self, size: int, order=None):
+        order = torch.arange(self.n) if order is None else order
+        for i in range(0, self.n, size):
+            idx = order[i : i + size]
+            yield Indexed(idx, (self.A[idx], self.b[idx]))
+
+    def hessian(self):
+        om = self.weights.values()
+        return self.A.T @ (om[:, None] * self.A) / self.n + RHO * torch.eye(self.A.shape[1])
+
+    def w_star(self):
+        om = self.weights.values()
+        return torch.linalg.solve(self.hessian(), self.A.T @ (om * self.b) / self.n)
+
+    def exact(self):
+        x = self.weights.logits.detach()
+        om = self.weights.values()
+        w = self.w_star()
+        grad_E = self.Av.T @ (self.Av @ w - self.bv) / self.Av.shape[0]
+        u = torch.linalg.solve(self.hessian(), grad_E)
+        r = self.A @ w - self.b
+        if self.weights.parameterization.__class__.__name__ == "SigmoidWeights":
+            dT = torch.sigmoid(x) * (1 - torch.sigmoid(x))
+        else:  # softmax with log Z held fixed: T' = T
+            dT = om
+        return -(dT * r * (self.A @ u)) / self.n
+
+    def sid(self, **kwargs):
+        kwargs.setdefault("full_train_batch", self.full())
+        return SIDHyperOptimizer(
+            self.weights.hyperparameters,
+            [self.w],
+            self.inner_loss,
+            self.outer_loss,
+            None,
+            **kwargs,
+        )
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("parameterization", ["sigmoid", "softmax"])
+def test_weighted_ridge_full_batch_matches_closed_form(parameterization):
+    p = WeightedRidge(parameterization=parameterization)
+    hopt = p.sid(
+        inner_steps=600, adjoint_steps=600, step_size="constant", eta=1.0,
+        inner_batches="full", adjoint_batches="full", d2_batches="full",
+    )  # fmt: skip
+    g = hopt.hypergradient([p.full()], (p.Av, p.bv))[0]
+    assert g.dtype == torch.float64 and g.shape == (p.n,)
+    assert rel(g, p.exact()) < 1e-7
+
+
+def test_weighted_ridge_minibatch_cross_term_is_unbiased_over_a_partition():
+    """∂₂Φ̂ᵀv on a minibatch touches only its rows, scaled 1/|ζ|; averaged over the n/b batches
+    of one partition (every row read once) it is the full-batch term exactly."""
+    p = WeightedRidge()
+    with torch.no_grad():
+        p.w.copy_(p.w_star())
+    order = torch.randperm(p.n, generator=torch.Generator().manual_seed(1))
+    hopt = p.sid(
+        inner_steps=0, adjoint_steps=600, step_size="constant", eta=1.0,
+        adjoint_batches="full", d2_batches=p.n // 8,
+    )  # fmt: skip
+    g = hopt.hypergradient(list(p.batches(8, order)) * 3, (p.Av, p.bv))[0]
+    assert rel(g, p.exact()) < 1e-7
+
+
+def test_weighted_ridge_minibatch_term_touches_only_its_rows():
+    p = WeightedRidge()
+    batch = next(p.batches(6, torch.arange(p.n).flip(0)))
+    hopt = p.sid(inner_steps=0, adjoint_steps=50, alpha=0.2, adjoint_batches="full")
+    g = hopt.hypergradient([batch] * 3, (p.Av, p.bv))[0]
+    outside = torch.ones(p.n, dtype=torch.bool)
+    outside[batch.index] = False
+    assert bool((g[outside] == 0).all()) and bool((g[batch.index] != 0).all())
+
+
+def test_weighted_ridge_stochastic_average_approaches_closed_form():
+    """Fully stochastic SID (minibatch inner, adjoint and cross term), many draws averaged."""
+    p = WeightedRidge()
+    x0 = p.weights.logits.detach().clone()
+    w_star = p.w_star()
+    total = torch.zeros(p.n, dtype=torch.float64)
+    draws, single = 40, []
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(draws):
+        with torch.no_grad():
+            p.w.copy_(w_star)
+        hopt = p.sid(inner_steps=50, adjoint_steps=150, step_size="decreasing", eta=1.0)
+        stream = (b for _ in range(1000) for b in p.batches(8, torch.randperm(p.n, generator=gen)))
+        g = hopt.hypergradient(stream, (p.Av, p.bv))[0]
+        single.append(rel(g, p.exact()))
+        total += g
+        assert torch.equal(p.weights.logits.detach(), x0)
+    error = rel(total / draws, p.exact())
+    assert error < 0.3 and error < 0.3 * sum(single) / draws  # the noise averages out
+
+
+def test_finite_differences_on_a_small_logistic_model():
+    """f(x) = E(w*(x)) with w* solved to convergence: central differences on a few rows."""
+    gen = torch.Generator().manual_seed(0)
+    n, d = 40, 3
+    X = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = (X[:, 0] + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64) > 0).double()
+    y[:8] = 1 - y[:8]
+    Xv = torch.randn(25, d, generator=gen, dtype=torch.float64)
+    yv = (Xv[:, 0] > 0).double()
+    weights = SampleWeights(n, dtype=torch.float64)
+    w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
+
+    def inner(batch):
+        index, (A, t) = split_indexed(batch)
+        losses = F.binary_cross_entropy_with_logits(A @ w, t, reduction="none")
+        return weights.weighted_mean(losses, index) + 0.05 * (w**2).sum()
+
+    def outer(batch):
+        A, t = batch
+        return F.binary_cross_entropy_with_logits(A @ w, t)
+
+    full = Indexed(torch.arange(n), (X, y))
+
+    def f_at(x):
+        with torch.no_grad():
+            weights.logits.copy_(x)
+            w.zero_()
+        for _ in range(600):
+            (g,) = torch.autograd.grad(inner(full), w)
+            with torch.no_grad():
+                w.sub_(2.0 * g)
+        with torch.no_grad():
+            return float(outer((Xv, yv)))
+
+    x0 = 0.3 * torch.randn(n, generator=gen, dtype=torch.float64)
+    f_at(x0)
+    hopt = SIDHyperOptimizer(
+        weights.hyperparameters, [w], inner, outer, None, inner_steps=300, adjoint_steps=300,
+        step_size="constant", eta=1.0, full_train_batch=full, inner_batches="full",
+        adjoint_batches="full", d2_batches="full",
+    )  # fmt: skip
+    g = hopt.hypergradient([full], (Xv, yv))[0]
+    h = 1e-5
+    for i in (0, 3, 17, 39):
+        e = torch.zeros(n, dtype=torch.float64)
+        e[i] = h
+        fd = (f_at(x0 + e) - f_at(x0 - e)) / (2 * h)
+        assert abs(float(g[i]) - fd) < 1e-6 * max(1.0, abs(fd)) + 1e-9
+
+
+# ---------------------------------------------------------------------- the indexed dataset
+def _data(n=40):
+    return TensorDataset(torch.arange(n, dtype=torch.float32)[:, None] * 10, torch.arange(n) % 3)
+
+
+def test_indexed_dataset_keeps_the_index_under_shuffling_and_workers():
+    base = _data()
+    loader = DataLoader(IndexedDataset(base), batch_size=7, shuffle=True, num_workers=2)
+    seen = []
+    for batch in loader:
+        index, (x, y) = split_indexed(batch)
+        assert torch.equal(x[:, 0], index.float() * 10) and torch.equal(y, index % 3)
+        seen += index.tolist()
+    assert sorted(seen) == list(range(len(base)))
+
+
+def test_indexed_dataset_under_a_distributed_sampler():
+    base = _data(41)
+    seen = []
+    for rank in range(3):
+        sampler = DistributedSampler(IndexedDataset(base), num_replicas=3, rank=rank, seed=5)
+        loader = DataLoader(IndexedDataset(base), batch_size=4, sampler=sampler)
+        for batch in loader:
+            index, (x, _) = split_indexed(batch)
+            assert torch.equal(x[:, 0], index.float() * 10)
+            seen += index.tolist()
+    assert set(seen) == set(range(41))
+
+
+def test_indexed_dataset_refuses_streams_and_non_datasets():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from range(3)
+
+    with pytest.raises(ConfigurationError, match="IterableDataset.*stable example index"):
+        IndexedDataset(Stream())
+    with pytest.raises(ConfigurationError, match="map-style"):
+        IndexedDataset(object())
+
+
+def test_unindexed_batch_and_reduced_loss_are_refused_with_the_fix():
+    weights = SampleWeights(10)
+    with pytest.raises(ConfigurationError, match="IndexedDataset"):
+        split_indexed((torch.zeros(3, 2), torch.zeros(3)))
+    with pytest.raises(ConfigurationError, match="reduction='none'"):
+        weights.weighted_mean(torch.tensor(1.0), torch.arange(3))
+    with pytest.raises(ConfigurationError, match="one loss per sample"):
+        weights.weighted_mean(torch.ones(2), torch.arange(3))
+    with pytest.raises(ConfigurationError, match="out of range"):
+        weights.weights(torch.tensor([3, 10]))
+    with pytest.raises(ConfigurationError, match="integers"):
+        weights.weights(torch.tensor([0.0]))
+    with pytest.raises(ConfigurationError, match="sigmoid"):
+        SampleWeights(10, "sigmoid", initial=1.0)
+
+
+def test_softmax_weights_average_one_and_class_weights_index_by_label():
+    w = SampleWeights(5, "softmax")
+    assert torch.allclose(w.values(), torch.ones(5))
+    with torch.no_grad():
+        w.logits[0] = 2.0
+    w.projection()
+    assert abs(float(w.values().mean()) - 1.0) < 1e-6
+    c = class_weights(3)
+    losses = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert torch.allclose(c.weighted_mean(losses, torch.tensor([0, 1, 2, 2])), losses.mean() / 2)
+
+
+def test_lazy_adam_moves_only_the_rows_read_and_matches_adam_on_them():
+    w = SampleWeights(6)
+    ref = torch.zeros(2, requires_grad=True)
+    lazy, adam = LazyAdam(w.hyperparameters, lr=0.1), torch.optim.Adam([ref], lr=0.1)
+    for step in range(3):
+        grad = torch.zeros(6)
+        grad[[1, 4]] = torch.tensor([0.5, -2.0]) * (step + 1)
+        w.logits.grad = grad
+        ref.grad = grad[[1, 4]].clone()
+        lazy.step()
+        adam.step()
+    x = w.logits.detach()
+    assert torch.allclose(x[[1, 4]], ref.detach(), atol=1e-6)
+    assert bool((x[[0, 2, 3, 5]] == 0).all())
+    state = lazy.state_dict()
+    again = LazyAdam([torch.zeros(6, requires_grad=True)], lr=0.1)
+    again.load_state_dict(state)
+    assert torch.equal(again.state_dict()["state"][0]["visits"], state["state"][0]["visits"])
