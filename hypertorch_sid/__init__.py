@@ -14,7 +14,12 @@ from .core import __all__ as _core_all
 
 __version__ = "0.1.0"
 
-_LIGHTNING = {"BilevelModule", "HyperOptimizationCallback", "LearnedWeightDecay"}
+_LIGHTNING = {
+    "BilevelModule",
+    "HyperOptimizationCallback",
+    "LearnedDataWeights",
+    "LearnedWeightDecay",
+}
 
 __all__ = [*_core_all, *sorted(_LIGHTNING), "__version__"]
 

@@ -278,14 +278,20 @@ class SampleWeights:
         x = self.logits.index_select(0, self.check_index(index))
         return self.parameterization.rows(x, self)
 
-    def weighted_mean(self, losses: Tensor, index: Tensor) -> Tensor:
-        """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,)).
+    def weighted_mean(self, losses: Tensor, index: Tensor, normalize: bool = False) -> Tensor:
+        """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,));
+        with ``normalize=True`` the self-normalised Σᵢ ωᵢ ℓᵢ / Σᵢ ωᵢ (Ren et al. 2018): equal
+        weights then give the plain mean loss, whatever their value. Either reads only the rows
+        ``index``.
 
         A loss that is already reduced (a scalar) is refused: compute it with
         ``reduction="none"``.
         """
         losses = check_per_sample(losses, index)
-        return (self.weights(index).to(losses.dtype) * losses).mean()
+        weights = self.weights(index).to(losses.dtype)
+        if normalize:
+            return (weights * losses).sum() / weights.sum().clamp_min(1e-12)
+        return (weights * losses).mean()
 
     def values(self) -> Tensor:
         """Every ω (detached, shape ``(n,)``)."""

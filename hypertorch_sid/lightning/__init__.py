@@ -7,12 +7,15 @@ Importing this package imports ``pytorch_lightning``; the core does not.
 """
 
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
+from .data_weights import DataWeightsProblem, LearnedDataWeights
 from .module import BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .weight_decay import LearnedWeightDecay, WeightDecayProblem
 
 __all__ = [
     "CALLBACK_CONFIG",
+    "DataWeightsProblem",
+    "LearnedDataWeights",
     "BilevelModule",
     "BilevelProblem",
     "HyperOptimizationCallback",

@@ -1,0 +1,353 @@
+"""``LearnedDataWeights``: learn which training examples to trust, for any ``LightningModule``.
+
+A classifier trained on noisy labels switches to per-example weights learned from a small clean
+validation set with three changed lines::
+
+    +from hypertorch_sid import IndexedDataset, LearnedDataWeights
+     ...
+         def training_step(self, batch, batch_idx):
+             x, y = batch
+    -        loss = F.cross_entropy(self(x), y)
+    +        loss = F.cross_entropy(self(x), y, reduction="none")   # one loss per sample
+             self.log("train_loss", loss.mean())
+             return loss
+     ...
+    -train_loader = DataLoader(train_set, batch_size=64, shuffle=True)
+    +train_loader = DataLoader(IndexedDataset(train_set), batch_size=64, shuffle=True)
+    -trainer = pl.Trainer(max_epochs=10)
+    +trainer = pl.Trainer(max_epochs=10, callbacks=[LearnedDataWeights()])
+
+``training_step`` still receives ``(x, y)``: the callback takes the index off the batch, calls
+the user's ``training_step`` and returns the weighted loss ℓ̂ = Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ over the batch
+(self-normalised: with equal weights this is the plain mean loss, so the training starts as the
+user's own). The validation loader stays as it is: its batches give the outer objective
+E = mean loss on validation data (the same ``training_step`` on validation batches, logging
+muted, unless ``validation_loss=`` is given).
+
+The weights ωᵢ = σ(xᵢ) (or n·softmax(x)) are a core
+:class:`~hypertorch_sid.core.sample_weights.SampleWeights`, tuned by SID through the
+:class:`~hypertorch_sid.lightning.HyperOptimizationCallback` machinery (adjoint solve, eq.
+gradestim's cross term on the rows of its minibatches only, :class:`LazyAdam` on the rows read).
+They are checkpointed and resumed like λ, identical on every DDP rank, and readable after fit:
+:meth:`LearnedDataWeights.data_weights` and :meth:`LearnedDataWeights.flagged`.
+
+``per="class"`` learns one weight per class (imbalance) from the same machinery, indexed by the
+label (``target(batch)``, by default ``batch[1]``); the training set need not be indexed then.
+
+Refused, each with what to do: a ``training_step`` that returns an already reduced loss; a
+training batch without indices (the dataset is not an ``IndexedDataset``); a training loader
+over a stream (``IterableDataset``) or without automatic batching; manual optimisation.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torch.utils.data import IterableDataset
+
+from ..core.errors import ConfigurationError
+from ..core.sample_weights import (
+    Indexed,
+    IndexedDataset,
+    LazyAdam,
+    SampleWeights,
+    as_weight_parameterization,
+    check_per_sample,
+    split_indexed,
+)
+from .callback import HyperOptimizationCallback
+from .problem import BilevelProblem
+from .sampling import first_loader
+from .weight_decay import _muted_logging
+
+__all__ = ["DataWeightsProblem", "LearnedDataWeights"]
+
+
+def _default_target(data: Any) -> Tensor:
+    try:
+        return data[1]
+    except (TypeError, IndexError, KeyError) as err:
+        raise ConfigurationError(
+            "LearnedDataWeights(per='class') reads the labels as batch[1]; this batch has none: "
+            "pass target=lambda batch: <the label tensor>."
+        ) from err
+
+
+class DataWeightsProblem:
+    """Per-sample (or per-class) data weights on any ``LightningModule`` as a
+    :class:`~.problem.ProblemSource` (parameters: see :class:`LearnedDataWeights`).
+
+    At ``build`` it sizes the weights from the training set, wraps the module's
+    ``training_step`` so that the training minimises the weighted loss, and gives the bilevel
+    problem: ℓ̂ = Σ ωᵢℓᵢ/Σ ωᵢ on the callback's indexed minibatches, E = the mean loss on
+    validation batches, λ = the logits x of ω.
+    """
+
+    def __init__(
+        self,
+        per: Literal["sample", "class"] = "sample",
+        num_classes: int | None = None,
+        parameterization: str = "sigmoid",
+        initial: float | None = None,
+        normalize: bool = True,
+        target: Callable[[Any], Tensor] | None = None,
+        validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+    ) -> None:
+        if per not in ("sample", "class"):
+            raise ConfigurationError(
+                f"LearnedDataWeights: per must be 'sample' or 'class', got {per!r}."
+            )
+        if per == "class" and (
+            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
+        ):
+            raise ConfigurationError(
+                f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
+            )
+        for name, fn in (("target", target), ("validation_loss", validation_loss)):
+            if fn is not None and not callable(fn):
+                raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
+        as_weight_parameterization(parameterization)  # refused now, not at the fit
+        self.per = per
+        self.num_classes = num_classes
+        self.parameterization = parameterization
+        self.initial = initial
+        self.normalize = normalize
+        self.target = target or _default_target
+        self.validation_loss = validation_loss
+        #: the learned weights (built at the first fit's start; kept across fits)
+        self.weights: SampleWeights | None = None
+        if per == "class":  # known now: validates the parameterisation at construction
+            self.weights = SampleWeights(num_classes, parameterization, initial)  # type: ignore[arg-type]
+        self._module: pl.LightningModule | None = None
+        self._original: Callable[..., Any] | None = None
+
+    # ------------------------------------------------------------------ ProblemSource
+    def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if not module.automatic_optimization:
+            raise ConfigurationError(
+                "LearnedDataWeights weights the per-sample losses that training_step returns, "
+                "which manual optimisation does not hand to Lightning: use automatic "
+                "optimisation."
+            )
+
+    def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        dataset = self._training_dataset(trainer)
+        if self.per == "sample":
+            n = len(dataset)
+            if self.weights is None or self.weights.n != n:
+                self.weights = SampleWeights(n, self.parameterization, self.initial)
+        weights = self.weights
+        assert weights is not None
+        with torch.no_grad():
+            weights.logits.data = weights.logits.data.to(module.device)
+            weights.log_normaliser = weights.log_normaliser.to(module.device)
+        self._wrap(module)
+        inner = list(
+            {
+                id(p): p
+                for opt in trainer.optimizers
+                for g in opt.param_groups
+                for p in g["params"]
+                if p.requires_grad
+            }.values()
+        )
+        return BilevelProblem(
+            hyperparameters=weights.hyperparameters,
+            inner_parameters=inner,
+            inner_loss=lambda batch: self.weighted_loss(module, batch),
+            outer_loss=lambda batch: self.validation(module, batch),
+            summary=lambda: {"data_weight": weights.values()},
+            projection=lambda hs: weights.projection(),
+        )
+
+    def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        return None
+
+    # ------------------------------------------------------------------ the data
+    def _training_dataset(self, trainer: pl.Trainer) -> Any:
+        loader = first_loader(trainer.train_dataloader, "train dataloader")
+        dataset = loader.dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            raise ConfigurationError(
+                f"LearnedDataWeights needs a map-style training dataset, got "
+                f"{type(dataset).__name__}: a stream (IterableDataset) has no stable example "
+                "index to attach a weight to. Materialise it (a TensorDataset, a list) and wrap it "
+                "in IndexedDataset."
+            )
+        if loader.batch_size is None and loader.batch_sampler is None:
+            raise ConfigurationError(
+                "LearnedDataWeights: the train DataLoader has batch_size=None (its dataset yields "
+                "whole batches), so samples carry no index of their own: give it a batch_size."
+            )
+        if self.per == "sample" and not isinstance(dataset, IndexedDataset):
+            raise ConfigurationError(
+                f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
+                "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
+                "that each batch says which examples (and so which weights) it holds."
+            )
+        return dataset
+
+    def _index_and_data(self, batch: Any) -> tuple[Tensor, Any]:
+        if self.per == "sample":
+            return split_indexed(batch)
+        data = batch.data if isinstance(batch, Indexed) else batch
+        return self.target(data), data
+
+    # ------------------------------------------------------------------ ℓ̂ and E
+    def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
+        assert self._original is not None
+        return self._original(data, batch_idx)
+
+    def weighted_loss(self, module: pl.LightningModule, batch: Any) -> Tensor:
+        """ℓ̂ = Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ (or the mean of ωᵢℓᵢ with ``normalize=False``) on ``batch``,
+        differentiable in w and in the logits of the batch's rows."""
+        assert self.weights is not None
+        index, data = self._index_and_data(batch)
+        with _muted_logging(module):
+            out = self._losses(module, data)
+        return _weighted(out, index, self.weights.weights(index), self.normalize)
+
+    def validation(self, module: pl.LightningModule, batch: Any) -> Tensor:
+        """E: the mean per-sample loss on a validation batch."""
+        data = batch.data if isinstance(batch, Indexed) else batch
+        if self.validation_loss is not None:
+            out = self.validation_loss(module, data)
+        else:
+            with _muted_logging(module):
+                out = self._losses(module, data)
+        out = out.get("loss") if isinstance(out, Mapping) else out
+        if not isinstance(out, Tensor):
+            raise ConfigurationError(
+                f"LearnedDataWeights: the validation loss must be a tensor, got "
+                f"{type(out).__name__}."
+            )
+        return out.mean()
+
+    # ------------------------------------------------------------------ the training's loss
+    def _wrap(self, module: pl.LightningModule) -> None:
+        """``module.training_step`` returns the weighted loss from now until :meth:`unwrap`."""
+        if self._module is module:
+            return
+        self.unwrap()
+        original = module.training_step
+        self._module, self._original = module, original
+
+        @functools.wraps(original)
+        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+            index, data = self._index_and_data(batch)
+            out = original(data, batch_idx, *args, **kwargs)
+            with torch.no_grad():  # the training never differentiates the weights
+                weights = self.weights.weights(index)  # type: ignore[union-attr]
+            loss = _weighted(out, index, weights, self.normalize)
+            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
+
+        module.training_step = training_step  # type: ignore[method-assign]
+
+    def unwrap(self) -> None:
+        """Give the module its own ``training_step`` back."""
+        if self._module is not None:
+            self._module.__dict__.pop("training_step", None)
+        self._module = self._original = None
+
+
+def _weighted(out: Any, index: Tensor, weights: Tensor, normalize: bool) -> Tensor:
+    """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output."""
+    losses = out.get("loss") if isinstance(out, Mapping) else out
+    losses = check_per_sample(losses, index)
+    weights = weights.to(losses.dtype)
+    if normalize:
+        return (weights * losses).sum() / weights.sum().clamp_min(1e-12)
+    return (weights * losses).mean()
+
+
+class LearnedDataWeights(HyperOptimizationCallback):
+    """Per-example (or per-class) data weights learned by SID (see the module docstring).
+
+    Parameters
+    ----------
+    per:
+        ``"sample"`` (one weight per training example; the dataset must be an
+        :class:`~hypertorch_sid.core.sample_weights.IndexedDataset`) or ``"class"`` (one per
+        class, indexed by the label; needs ``num_classes``).
+    num_classes:
+        The number of classes, for ``per="class"``.
+    parameterization:
+        ``"sigmoid"`` (ω = σ(x), the default) or ``"softmax"`` (ω = n·softmax(x), mean 1).
+    initial:
+        ω₀ of every row (default ½ for sigmoid, 1 for softmax). With the self-normalised loss
+        (``normalize=True``) only ratios of weights matter, so ω₀ only sets where σ saturates.
+    normalize:
+        ``True``: ℓ̂ = Σ ωᵢℓᵢ / Σ ωᵢ over the batch (Ren et al. 2018; equal weights give the plain
+        loss). ``False``: ℓ̂ = mean ωᵢℓᵢ (the benchopt data-cleaning objective).
+    target:
+        ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``).
+    validation_loss:
+        ``validation_loss(module, batch) -> tensor``: E (default: ``training_step``'s per-sample
+        losses on the validation batch, averaged).
+    **kwargs:
+        Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
+        defaults differ from the callback's: ``every_n_steps=10``, ``adjoint_steps=3``,
+        ``d2_batches=4`` (the cross term, the only place a weight gets its gradient, read on four
+        minibatches per hyper step), and the outer optimizer :class:`LazyAdam` at ``outer_lr=1.0``
+        (each visit of an example moves its logit by about 1).
+    """
+
+    def __init__(
+        self,
+        per: Literal["sample", "class"] = "sample",
+        num_classes: int | None = None,
+        parameterization: Literal["sigmoid", "softmax"] = "sigmoid",
+        initial: float | None = None,
+        normalize: bool = True,
+        target: Callable[[Any], Tensor] | None = None,
+        validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if "problem" in kwargs:
+            raise ConfigurationError("LearnedDataWeights builds its own problem.")
+        kwargs.setdefault("every_n_steps", 10)
+        kwargs.setdefault("adjoint_steps", 3)
+        if not {"d2_batches", "config", "batches"} & set(kwargs):
+            kwargs["d2_batches"] = 4
+        kwargs.setdefault("outer_lr", 1.0)
+        if kwargs.get("outer_optimizer") is None:
+            kwargs["outer_optimizer"] = functools.partial(LazyAdam, lr=kwargs["outer_lr"])
+        problem = DataWeightsProblem(
+            per, num_classes, parameterization, initial, normalize, target, validation_loss
+        )
+        super().__init__(problem=problem, **kwargs)
+        self.problem: DataWeightsProblem = problem
+        self.per = per
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Give the module its own ``training_step`` back."""
+        super().teardown(trainer, pl_module, stage)
+        if stage == "fit":
+            self.problem.unwrap()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        self.problem.unwrap()
+
+    @property
+    def weights(self) -> SampleWeights | None:
+        """The core :class:`SampleWeights` (None before the first fit built it per sample)."""
+        return self.problem.weights
+
+    def data_weights(self) -> Tensor:
+        """ω of every example (or class), detached; empty before a fit built them."""
+        w = self.problem.weights
+        return w.values() if w is not None else torch.empty(0)
+
+    def flagged(self, threshold: float | None = None) -> Tensor:
+        """Indices of the examples (classes) whose weight fell below ``threshold`` (default:
+        half the initial weight): the ones the validation data says not to trust."""
+        w = self.problem.weights
+        return w.flagged(threshold) if w is not None else torch.empty(0, dtype=torch.long)

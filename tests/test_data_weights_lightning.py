@@ -1,0 +1,172 @@
+"""``LearnedDataWeights``: the drop-in on a tiny noisy-label problem, per class, checkpoint and
+resume, and the refusals (a reduced loss, a dataset without indices, a stream)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from lightning_problems import trainer
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
+
+N, NOISY = 240, 72  # training examples, the first NOISY have flipped labels
+
+
+def blobs(seed: int = 0):
+    """Three Gaussian classes in 2-D; the first NOISY training labels shifted by one class."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.tensor([[2.0, 0.0], [-1.0, 1.7], [-1.0, -1.7]])
+
+    def draw(n):
+        y = torch.arange(n) % 3
+        return centres[y] + 0.8 * torch.randn(n, 2, generator=gen), y
+
+    X, y = draw(N)
+    noisy = y.clone()
+    noisy[:NOISY] = (y[:NOISY] + 1) % 3
+    Xv, yv = draw(60)
+    return X, noisy, Xv, yv
+
+
+class Classifier(pl.LightningModule):
+    """A user's module after the drop-in's change: ``reduction="none"``."""
+
+    def __init__(self, reduction: str = "none") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+        )
+        self.reduction = reduction
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y, reduction=self.reduction)
+        self.log("train_loss", loss.mean())
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.2)
+
+
+class Data(pl.LightningDataModule):
+    def __init__(self, indexed: bool = True, shuffle: bool = True) -> None:
+        super().__init__()
+        self.X, self.y, self.Xv, self.yv = blobs()
+        self.indexed, self.shuffle = indexed, shuffle
+
+    def train_dataloader(self) -> DataLoader:
+        data = TensorDataset(self.X, self.y)
+        data = IndexedDataset(data) if self.indexed else data
+        gen = torch.Generator().manual_seed(0)
+        return DataLoader(data, batch_size=24, shuffle=self.shuffle, generator=gen)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=60)
+
+
+def callback(**kwargs: Any) -> LearnedDataWeights:
+    kwargs.setdefault("every_n_steps", 2)
+    kwargs.setdefault("seed", 0)
+    return LearnedDataWeights(**kwargs)
+
+
+def fit(cb: LearnedDataWeights, epochs: int, model=None, data=None, **kwargs) -> Classifier:
+    model = model or Classifier()
+    trainer([cb], max_epochs=epochs, **kwargs).fit(model, datamodule=data or Data())
+    return model
+
+
+def test_weights_of_corrupted_examples_fall_below_the_clean_ones():
+    cb = callback()
+    fit(cb, 15)
+    w = cb.data_weights()
+    assert w.shape == (N,)
+    corrupted, clean = w[:NOISY].mean(), w[NOISY:].mean()
+    assert corrupted < clean - 0.2, (float(corrupted), float(clean))
+    flagged = set(cb.flagged().tolist())
+    precision = len(flagged & set(range(NOISY))) / max(len(flagged), 1)
+    assert len(flagged) > NOISY // 3 and precision > 0.7
+
+
+def test_the_module_gets_its_own_training_step_back_after_fit():
+    cb = callback()
+    model = fit(cb, 1)
+    assert "training_step" not in model.__dict__
+
+
+def test_per_class_weights_from_the_same_machinery():
+    """Class 0's labels all noisy in the training set: its weight falls below the others'."""
+    data = Data(indexed=False)
+    mask = data.y == 0
+    data.y[mask] = torch.randint(
+        0, 3, (int(mask.sum()),), generator=torch.Generator().manual_seed(1)
+    )
+    cb = callback(per="class", num_classes=3)
+    fit(cb, 6, data=data)
+    w = cb.data_weights()
+    assert w.shape == (3,) and bool(torch.isfinite(w).all())
+    assert not torch.allclose(w, torch.full((3,), 0.5))
+
+
+def test_resume_reproduces_the_learned_weights(tmp_path):
+    cb = callback()
+    fit(cb, 4, data=Data(shuffle=False))
+    straight = cb.data_weights()
+
+    cb = callback()
+    t = trainer([cb], max_epochs=2)
+    t.fit(Classifier(), datamodule=Data(shuffle=False))
+    t.save_checkpoint(tmp_path / "half.ckpt")
+    half = cb.data_weights()
+    assert not torch.allclose(half, torch.full((N,), 0.5))
+    cb = callback()
+    trainer([cb], max_epochs=4).fit(
+        Classifier(), datamodule=Data(shuffle=False), ckpt_path=tmp_path / "half.ckpt"
+    )
+    # float32 weights: equal up to rounding of the resumed run's arithmetic
+    torch.testing.assert_close(cb.data_weights(), straight, rtol=1e-4, atol=1e-5)
+
+
+def test_an_already_reduced_loss_is_refused_with_the_fix():
+    with pytest.raises(ConfigurationError, match="reduction='none'"):
+        fit(callback(), 1, model=Classifier(reduction="mean"))
+
+
+def test_a_dataset_without_indices_is_refused_with_the_fix():
+    with pytest.raises(ConfigurationError, match="IndexedDataset"):
+        fit(callback(), 1, data=Data(indexed=False))
+
+
+def test_a_stream_is_refused_with_the_fix():
+    X, y, Xv, yv = blobs()
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from zip(X, y)
+
+    class StreamData(Data):
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(Stream(), batch_size=24)
+
+    with pytest.raises(ConfigurationError, match="IterableDataset"):
+        fit(callback(), 1, data=StreamData())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"per": "pixel"}, "per must be"),
+        ({"per": "class"}, "num_classes"),
+        ({"parameterization": "tanh"}, "parameterization"),
+    ],
+)
+def test_argument_errors(kwargs, match):
+    with pytest.raises(ConfigurationError, match=match):
+        LearnedDataWeights(**kwargs)
