@@ -223,6 +223,18 @@ class WeightDecay:
         with torch.no_grad():
             return {e.name: self.lambda_of(e).detach().clone() for e in self.entries}
 
+    def by_group(self) -> dict[str, Tensor]:
+        """λ by slot, flattened (detached): one value per layer / group / tensor, or every value
+        of a tensor per element; empty for a single global λ (``summary()`` holds it)."""
+        with torch.no_grad():
+            T = self.parameterization.transform
+            if self.per_element:
+                return {e.name: T(self.hyperparameters[e.slot]).flatten() for e in self.entries}
+            if len(self.slot_names) < 2:
+                return {}
+            lam = T(self.hyperparameters[0])
+            return {name: lam[i : i + 1] for i, name in enumerate(self.slot_names)}
+
     def summary(self) -> Tensor:
         """Every λ, flattened (detached)."""
         with torch.no_grad():

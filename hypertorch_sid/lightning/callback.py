@@ -814,17 +814,23 @@ class HyperOptimizationCallback(Callback):
             "hyper/step": float(self.sid.hyper_step),
         }
         for name, value in summary.items():
-            v = value.detach().double()
+            v = value.detach().double().flatten()
             metrics[f"hyper/{name}_mean"] = float(v.mean())
             metrics[f"hyper/{name}_min"] = float(v.min())
             metrics[f"hyper/{name}_max"] = float(v.max())
+            if v.numel() > 2:  # quantile bands for many values (per-element λ)
+                for q in (10, 25, 50, 75, 90):
+                    k = min(v.numel(), max(1, round(q / 100 * v.numel())))
+                    metrics[f"hyper/{name}_q{q}"] = float(v.kthvalue(k).values)
         return metrics
 
     @staticmethod
     def _lambda_mean(summary: dict[str, Tensor]) -> float:
-        """The mean of every logged λ value (the progress bar's ``lam``)."""
-        total = sum(float(v.detach().double().sum()) for v in summary.values())
-        count = sum(v.numel() for v in summary.values())
+        """The mean of every logged λ value (the progress bar's ``lam``). A name with a ``/``
+        is a part of a total logged under its prefix (``weight_decay/fc1``) and not counted."""
+        totals = [v for name, v in summary.items() if "/" not in name]
+        total = sum(float(v.detach().double().sum()) for v in totals)
+        count = sum(v.numel() for v in totals)
         return total / count if count else math.nan
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -844,6 +850,10 @@ class HyperOptimizationCallback(Callback):
         pl_module.log(
             "lam", self._lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
             logger=False,
+        )  # fmt: skip
+        pl_module.log(
+            "hg", metrics["hyper/hypergradient_norm"], prog_bar=True, on_step=True,
+            on_epoch=False, logger=False,
         )  # fmt: skip
 
 

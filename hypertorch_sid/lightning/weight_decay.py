@@ -199,7 +199,10 @@ class WeightDecayProblem:
             inner_parameters=list(self._inner),
             inner_loss=inner_loss,
             outer_loss=outer_loss,
-            summary=lambda: {"weight_decay": decay.summary()},
+            summary=lambda: {
+                "weight_decay": decay.summary(),
+                **{f"weight_decay/{k}": v for k, v in decay.by_group().items()},
+            },
             projection=lambda hs: self.project_stable(),
             penalty=(lambda: decay.coefficients(self._inner, self._scales))
             if self.proximal
