@@ -20,7 +20,8 @@ negative eigenvalues. Each candidate is a strategy the core already has, passed 
 
 Per setting and seed: runs that finish, hyper steps accepted (the rest were skipped after a
 detected divergence), the best validation loss and the final λ. The no-weight-decay training of
-the same seed is the reference. JSON and a figure go to ``benchmarks/results/``.
+the same seed is the reference. JSON and a figure go to
+``benchmarks/results/adjoint_formulations/``.
 
     python benchmarks/bench_adjoint_formulations.py                 # digits + MNIST MLP, 3 seeds
     python benchmarks/bench_adjoint_formulations.py --quick         # seconds (tiny, 1 seed)
@@ -47,7 +48,7 @@ import bench_weight_decay as wd  # noqa: E402  (the settings, data and training 
 
 from hypertorch_sid import CurvatureDamping, GaussNewton, NoDamping  # noqa: E402
 
-OUT = wd.REPO / "benchmarks" / "results" / "adjoint_formulations.json"
+OUT = wd.REPO / "benchmarks" / "results" / "adjoint_formulations" / "adjoint_formulations.json"
 
 
 def _gauss_newton(model: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ Run from the repository root::
 
     python benchmarks/bench_callback_overhead.py          # ~2-3 minutes on 2 CPU cores
 
-It prints a table and writes ``benchmarks/results/callback_overhead.json``.
+It prints a table and writes ``benchmarks/results/callback_overhead/callback_overhead.json``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import BilevelModule, HyperOptimizationCallback, SIDHyperOptimizer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "callback_overhead.json"
+RESULTS = (
+    Path(__file__).resolve().parent / "results" / "callback_overhead" / "callback_overhead.json"
+)
 
 
 # ---------------------------------------------------------------------------------- the model

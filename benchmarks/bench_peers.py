@@ -53,7 +53,7 @@ Run from the repository root::
     python benchmarks/bench_peers.py --n 30000       # the second size
     python benchmarks/bench_peers.py --quick         # seconds; writes to a temporary directory
 
-It prints Markdown tables and writes ``benchmarks/results/peers_n<n>.json`` and ``.png``.
+It prints Markdown tables and writes ``benchmarks/results/peers/peers_n<n>.json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ from torch import Tensor
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO / ".." / "shared" / "data" / "mnist"
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "peers"  # n = 5000 is the summary; others in runs/
 
 FULL = dict(
     n=5000,

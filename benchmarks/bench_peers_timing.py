@@ -6,7 +6,8 @@ each method's crossing of the errors 1e-1 and 1e-2 with finer budgets and times 
 reporting medians. Same problem, data and accounting as ``bench_peers.py`` (MNIST odd/even
 logistic regression, 784 per-pixel weight decays, n_tr = n_val = 5000, float64, 1 thread).
 
-    python benchmarks/bench_peers_timing.py          # ~4 minutes: results/peers_timing_n5000.json
+    # ~4 minutes: writes benchmarks/results/peers_timing/peers_timing_n5000.json
+    python benchmarks/bench_peers_timing.py
     python benchmarks/bench_peers_timing.py --quick  # seconds, synthetic data, temporary directory
     python benchmarks/bench_peers_timing.py --draw 1 # another minibatch order: ..._draw1.json
 """
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         train, val = bp.load_mnist_odd_even(bp.DEFAULT_DATA, args.n, args.n, 0)
         ctx = bp.make_context(train, val, 50, 0)
-        out_dir = args.out or bp.RESULTS
+        out_dir = args.out or bp.RESULTS.parent / "peers_timing"
         repeats = args.repeats
     ctx.seed = args.draw
     for name, budgets in cases.items():  # warm-up: imports, first calls

@@ -11,7 +11,8 @@ documents with ~80 tokens each, one weight decay per feature) this times, in int
 
 Run from the repository root::
 
-    python benchmarks/bench_residual_norm.py          # writes benchmarks/results/residual_norm.json
+    # writes benchmarks/results/residual_norm/residual_norm.json
+    python benchmarks/bench_residual_norm.py
     python benchmarks/bench_residual_norm.py --quick  # seconds; writes into a temporary folder
 
 ``--out PATH`` writes the JSON there instead (a ``--quick`` run never replaces the committed file
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from hypertorch_sid import BatchStream, ConstantStep, GradientDescentMap, inner_solve
 from hypertorch_sid.core import solvers
 
-RESULTS = Path(__file__).resolve().parent / "results" / "residual_norm.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "residual_norm" / "residual_norm.json"
 D, C, BATCH, TOKENS = 101631, 20, 50, 80
 
 
@@ -69,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=None,
-        help=f"JSON output (default {RESULTS.relative_to(RESULTS.parents[2])}; "
+        help=f"JSON output (default {RESULTS.relative_to(RESULTS.parents[3])}; "
         "with --quick a temporary folder)",
     )
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ Run from the repository root::
 
     python -m benchmarks.bench_step_cost            # or: python benchmarks/bench_step_cost.py
 
-It prints a table and writes ``benchmarks/results/step_cost.json``.
+It prints a table and writes ``benchmarks/results/step_cost/step_cost.json``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ OPS = ("plain", "inner", "adj_reverse", "adj_forward", "d2_assembly", "d2_regula
 GOAL_RATIO = 3.0  # issue 2: adjoint step ≤ 3 × inner step on the MLP
 HVP_RTOL = 1e-4
 ALPHA = 0.05
-RESULTS = Path(__file__).resolve().parent / "results" / "step_cost.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "step_cost" / "step_cost.json"
 
 
 def make_mlp() -> nn.Module:

@@ -48,7 +48,8 @@ Derived per setting: the grid's best; for each learned variant the number of Opt
 trial order) until Optuna's best-so-far validation loss is ≤ the learned run's ("not matched in
 N" otherwise), its wall time / the plain training's, and whether it is ≤ the grid's best.
 
-Outputs: JSON (``--out``, default ``benchmarks/results/weight_decay.json``; ``--quick`` writes to a
+Outputs: JSON (``--out``, default ``benchmarks/results/weight_decay/runs/weight_decay.json``;
+``--quick`` writes to a
 temporary folder unless ``--out`` is given), a PNG next to it (same stem), a Markdown table next to
 it (``.md``) which is also printed.
 
@@ -57,18 +58,18 @@ Usage (from the repository root)::
     python benchmarks/bench_weight_decay.py                          # all settings (heavy)
     python benchmarks/bench_weight_decay.py --settings digits_mlp --optuna-trials 0
     python benchmarks/bench_weight_decay.py --learned-kwargs '{"every_n_steps": 20}' \\
-        --out benchmarks/results/weight_decay_every20.json
+        --out benchmarks/results/weight_decay/runs/weight_decay_every20.json
     python benchmarks/bench_weight_decay.py --quick                  # seconds (smoke test)
     # after a change to the library: retrain only what it touches, take the grid's and Optuna's
     # trainings (which do not use it) from the earlier result of the same setting and seed
     python benchmarks/bench_weight_decay.py --seeds 0 1 2 --optuna-trials 0 \
         --methods no_wd learned_global learned_per_layer learned_per_element \
-        --reuse 'benchmarks/results/weight_decay_seed{seed}.json'
+        --reuse 'benchmarks/results/weight_decay/runs/weight_decay_seed{seed}.json'
     # no training: one summary over per-seed results of separate runs (e.g. seeds 0-2 and 3-5)
     python benchmarks/bench_weight_decay.py --summarise \
-        benchmarks/results/weight_decay_rerun_seed{0,1,2}.json \
-        benchmarks/results/weight_decay_heldout_seed{3,4,5}.json \
-        --out benchmarks/results/weight_decay_6seeds.json
+        benchmarks/results/weight_decay/runs/weight_decay_rerun_seed{0,1,2}.json \
+        benchmarks/results/weight_decay/runs/weight_decay_heldout_seed{3,4,5}.json \
+        --out benchmarks/results/weight_decay/runs/weight_decay_6seeds.json
 
 The summary over seeds (``--seeds`` or ``--summarise``) gives, per method, the paired difference
 of its best validation loss to the grid's best on the same seed (same split, initial weights and
@@ -116,7 +117,7 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist"
 DEFAULT_FASHION = REPO.parent / "shared" / "data" / "fashion-mnist"
 #: per-pixel mean and standard deviation of each image data set's training images
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "weight_decay.json"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "weight_decay" / "runs" / "weight_decay.json"
 GRANULARITIES = ("global", "per_layer", "per_element")
 METHODS = ("no_wd", "grid", "optuna", *(f"learned_{g}" for g in GRANULARITIES))
 MNIST_FILES = {

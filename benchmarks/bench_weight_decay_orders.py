@@ -35,10 +35,12 @@ Usage (from the repository root; run ``bench_weight_decay.py --seeds 0 1 2`` fir
     # after a change to the library: retrain the learned runs only, take no WD and the grid's
     # pick (trainings that do not use it) from the earlier result
     python benchmarks/bench_weight_decay_orders.py --methods learned_global learned_per_layer \
-        learned_per_element --reuse benchmarks/results/weight_decay_orders.json
+        learned_per_element \
+        --reuse benchmarks/results/weight_decay_orders/weight_decay_orders.json
 
-Writes JSON (``--out``, default ``benchmarks/results/weight_decay_orders.json``), a Markdown table
-and a PNG beside it.
+Writes JSON (``--out``, default
+``benchmarks/results/weight_decay_orders/weight_decay_orders.json``),
+a Markdown table and a PNG beside it.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_weight_decay as bw  # noqa: E402  (settings, data, one training, reporting helpers)
 
-DEFAULT_FROM = bw.REPO / "benchmarks" / "results" / "weight_decay"
-DEFAULT_OUT = bw.REPO / "benchmarks" / "results" / "weight_decay_orders.json"
+DEFAULT_FROM = bw.REPO / "benchmarks" / "results" / "weight_decay" / "runs" / "weight_decay"
+DEFAULT_OUT = (
+    bw.REPO / "benchmarks" / "results" / "weight_decay_orders" / "weight_decay_orders.json"
+)
 METHODS = ("no_wd", "grid_pick", *(f"learned_{g}" for g in bw.GRANULARITIES))
 LEARNED = tuple(m for m in METHODS if m.startswith("learned_"))
 

@@ -1,6 +1,7 @@
-"""The main job: learn per-feature weight decay on scikit-learn's bundled digits (odd vs even).
+"""Learn per-feature weight decay on scikit-learn's bundled digits (odd vs even): the paper's convex
+setting (the main job, ``bash scripts/main.sh``, is ``examples/lightning_digits.py``).
 
-``python examples/digits_demo.py`` (what ``bash scripts/main.sh`` runs) compares what users do
+``python examples/digits_demo.py`` compares what users do
 today — a grid search over one weight decay, each value trained to convergence — with SID tuning
 one weight decay per pixel while the model trains. Both are scored on the same validation and
 test splits; the cost column counts passes over the training set (epochs). No download: the

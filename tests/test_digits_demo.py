@@ -1,4 +1,5 @@
-"""The README's main job (``examples/digits_demo.py``, run by ``bash scripts/main.sh``)."""
+"""The convex per-pixel digits demo (``examples/digits_demo.py``; the main job is now
+``examples/lightning_digits.py``)."""
 
 import json
 import math

@@ -65,7 +65,7 @@ def test_weight_decay_example_quick_plot_goes_to_a_temporary_folder() -> None:
 
 
 def test_bench_residual_norm_quick_keeps_committed_json(tmp_path: Path) -> None:
-    committed = REPO / "benchmarks" / "results" / "residual_norm.json"
+    committed = REPO / "benchmarks" / "results" / "residual_norm" / "residual_norm.json"
     before = _digest(committed)
     script = REPO / "benchmarks" / "bench_residual_norm.py"
     proc = subprocess.run(

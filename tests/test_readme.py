@@ -1,19 +1,28 @@
-"""The README's Python examples run as written."""
+"""The Python examples of the README and of the documentation pages run as written.
+
+Every block fenced ```` ```python ```` in ``README.md`` and ``docs/**/*.md`` runs, each in a fresh
+namespace and a temporary working directory; a block fenced ```` ```py ```` is a fragment, shown
+but not run."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+BLOCKS = [
+    (page.relative_to(REPO).as_posix(), i, code)
+    for page in PAGES
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S))
+]
 
 
 def test_readme_has_examples():
-    assert len(BLOCKS) >= 2
+    assert sum(page == "README.md" for page, _, _ in BLOCKS) >= 2
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index, tmp_path, monkeypatch):
+@pytest.mark.parametrize("page, index, code", BLOCKS, ids=[f"{page}-{i}" for page, i, _ in BLOCKS])
+def test_example_runs(page, index, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": "readme"})
+    exec(compile(code, f"{page} block {index}", "exec"), {"__name__": "readme"})

@@ -1,0 +1,32 @@
+"""The main job (examples/lightning_digits.py) runs end to end on a short training: three ways,
+a table, a JSON, the figure and the hyper steps' figure."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+
+def test_main_job_short_run(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    import lightning_digits
+
+    out, fig = tmp_path / "main.json", tmp_path / "main.png"
+    argv = ["--epochs", "3", "--n-train", "200", "--grid", "1e-3", "1e-2", "--logs", str(tmp_path)]
+    lightning_digits.main([*argv, "--out", str(out), "--figure", str(fig)])
+    printed = capsys.readouterr().out
+    for row in ("no weight decay", "grid of 2, pick", "LearnedWeightDecay() (1 training)"):
+        assert row in printed
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"no_wd", "grid_pick", "learned"}
+    assert result["runs"]["grid_pick"]["weight_decay"] in (1e-3, 1e-2)
+    for run in result["runs"].values():
+        assert 0 < run["test_acc"] <= 1 and run["test_loss"] > 0 and run["seconds"] > 0
+    assert set(result["learned_lambda_per_layer"]) == {"net.0", "net.2", "net.4"}
+    assert fig.stat().st_size > 10_000
+    assert (tmp_path / "main_hyper_steps.png").stat().st_size > 10_000
+    assert "```text" in out.with_suffix(".txt").read_text()
