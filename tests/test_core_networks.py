@@ -173,8 +173,8 @@ def test_the_estimate_at_w_t_never_raises_alpha():
     batches = [(X[i : i + 40], y[i : i + 40]) for i in range(0, 400, 40)]
     hopt = SIDHyperOptimizer([log_lam], [w], inner, outer, inner_steps=200, adjoint_steps=50)
     estimates = []
-    original = hopt._estimate
-    hopt._estimate = lambda *a, **k: estimates.append(original(*a, **k)) or estimates[-1]
+    original = hopt.probe.lanczos
+    hopt.probe.lanczos = lambda *a, **k: estimates.append(original(*a, **k)) or estimates[-1]
     hopt.hypergradient(batches * 100, (X, y))
     assert len(estimates) == 2  # at w₀ and at w_t
     assert estimates[1].L < estimates[0].L  # flatter at w_t ...

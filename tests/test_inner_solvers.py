@@ -23,6 +23,7 @@ from hypertorch_sid import (
     inner_solve,
 )
 from hypertorch_sid.core.batches import BatchStream
+from hypertorch_sid.core.context import SolveContext
 from hypertorch_sid.core.errors import ConfigurationError
 from hypertorch_sid.core.solvers import Acceleration
 
@@ -74,11 +75,13 @@ def test_momentum_keeps_the_fixed_point_and_gets_there_faster():
     for solver in (LastIterate(), AveragedMomentum()):
         with torch.no_grad():
             w.zero_()
-        solver.solve(phi, _stream(), 100, TwoPhaseStep(1.0, 90, 2.0, 2.0), q=0.95)
+        solver.solve(SolveContext(phi, _stream(), 100, TwoPhaseStep(1.0, 90, 2.0, 2.0), q=0.95))
         errors.append(relative_error(w.detach(), w_star))
     plain, fast = errors
     assert fast < 1e-3 and fast < 1e-2 * plain, errors
-    AveragedMomentum().solve(phi, _stream(), 400, TwoPhaseStep(1.0, 390, 2.0, 2.0), q=0.95)
+    AveragedMomentum().solve(
+        SolveContext(phi, _stream(), 400, TwoPhaseStep(1.0, 390, 2.0, 2.0), q=0.95)
+    )
     torch.testing.assert_close(w.detach(), w_star, rtol=1e-10, atol=1e-12)
 
 
@@ -88,7 +91,7 @@ def test_constant_steps_are_the_papers_iteration():
     results = []
     for solver in (LastIterate(), AveragedMomentum()):
         phi, w, _, _ = _quadratic()
-        solver.solve(phi, _stream(), 37, ConstantStep(0.8))
+        solver.solve(SolveContext(phi, _stream(), 37, ConstantStep(0.8)))
         results.append(w.detach().clone())
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
@@ -98,7 +101,7 @@ def test_without_a_contraction_constant_it_is_the_papers_iteration():
     results = []
     for solver in (LastIterate(), AveragedMomentum()):
         phi, w, _, _ = _quadratic()
-        solver.solve(phi, _stream(), 30, TwoPhaseStep(1.0, 15, 2.0, 2.0), q=None)
+        solver.solve(SolveContext(phi, _stream(), 30, TwoPhaseStep(1.0, 15, 2.0, 2.0), q=None))
         results.append(w.detach().clone())
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
@@ -111,7 +114,7 @@ def test_momentum_is_capped_at_q_squared():
     for run in range(2):
         phi, w, _, _ = _quadratic()
         if run == 0:
-            AveragedMomentum().solve(phi, _stream(), 30, schedule, q=0.3)
+            AveragedMomentum().solve(SolveContext(phi, _stream(), 30, schedule, q=0.3))
         else:
             inner_solve(phi, _stream(), 30, schedule, acceleration=Acceleration(0.09, 10, 3.0))
         results.append(w.detach().clone())
@@ -149,7 +152,9 @@ def test_momentum_only_for_symmetric_maps():
         )  # fmt: skip
         assert not phi.symmetric
         AveragedMomentum(momentum=momentum).solve(
-            phi, BatchStream(list(p.loader(10))), 40, TwoPhaseStep(1.0, 20, 5.0, 5.0), q=0.9
+            SolveContext(
+                phi, BatchStream(list(p.loader(10))), 40, TwoPhaseStep(1.0, 20, 5.0, 5.0), q=0.9
+            )
         )
         results.append(p.w.detach().clone())
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)

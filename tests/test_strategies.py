@@ -26,7 +26,9 @@ from hypertorch_sid import (
     lanczos_extremes,
 )
 from hypertorch_sid.core.batches import BatchStream
+from hypertorch_sid.core.context import SolveContext
 from hypertorch_sid.core.errors import ConfigurationError
+from hypertorch_sid.core.schedules import ConstantStep
 
 
 def _sym(d: int, low: float, high: float, seed: int = 0) -> torch.Tensor:
@@ -252,11 +254,12 @@ def test_automatic_chooses_cg_only_where_it_is_faster(kwargs, chosen):
     args.update(kwargs)
     b, passes = args.pop("b"), args.pop("passes", "one-shot")
     limit = dict(max_epoch_bytes=args["max_epoch_bytes"]) if "max_epoch_bytes" in args else {}
-    solver, steps = Automatic(**limit).plan(
-        args["phi"], args["steps"], _stream(b, passes), args["full_batch"], args["q"],
-        distributed=args.get("distributed", False),
+    ctx = SolveContext(
+        args["phi"], _stream(b, passes), args["steps"], ConstantStep(1.0), q=args["q"],
+        full_batch=args["full_batch"], distributed=args.get("distributed", False),
     )  # fmt: skip
-    assert (type(solver).__name__, steps) == chosen
+    solver, ctx = Automatic(**limit).plan(ctx)
+    assert (type(solver).__name__, ctx.steps) == chosen
     if chosen[0] == "ConjugateGradient":
         assert solver.batches == ("full" if args["full_batch"] is not None else "epoch")
 
@@ -448,9 +451,12 @@ def test_accelerated_fixed_point_iteration_counts_momentum_in_the_step_budget():
     gd = GradientDescentMap(phi.inner_loss, [phi.w], [phi.log_lam], 0.5)
     schedule = TwoPhaseStep(1.0, 4, 2.0, 2.0)
     plain = sum(schedule(k) for k in range(10))
-    assert FixedPointIteration().step_budget(gd, schedule, 10) == pytest.approx(plain)
-    assert FixedPointIteration(0.5, 3.0).step_budget(gd, schedule, 10) == pytest.approx(plain + 4)
-    assert FixedPointIteration(0.5).step_budget(gd, schedule, 4) == pytest.approx(4)  # one phase
+    ctx = SolveContext(gd, None, 10, schedule)
+    assert FixedPointIteration().step_budget(ctx) == pytest.approx(plain)
+    assert FixedPointIteration(0.5, 3.0).step_budget(ctx) == pytest.approx(plain + 4)
+    assert FixedPointIteration(0.5).step_budget(ctx.replace(steps=4)) == pytest.approx(
+        4
+    )  # one phase
 
 
 @pytest.mark.parametrize(

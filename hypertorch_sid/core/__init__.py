@@ -7,6 +7,7 @@ curvature estimation (:mod:`.estimation`), the inner/adjoint solves and hypergra
 
 from .batches import BatchStream
 from .config import Batches, FeasibleSet, SIDConfig
+from .context import SolveContext
 from .cost import Cost
 from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
 from .decay import LogDecay, Parameterization, ProjectedDecay, WeightDecay
@@ -130,6 +131,7 @@ __all__ = [
     "ProximalGradientMap",
     "SIDError",
     "SIDHyperOptimizer",
+    "SolveContext",
     "SolveResult",
     "StepSchedule",
     "TheoryConstants",

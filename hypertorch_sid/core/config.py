@@ -33,15 +33,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from .damping import CurvatureDamping, Damping
 from .divergence import BackOff, DivergencePolicy, RaiseOnDivergence
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DivergenceError
 from .estimation import Curvature, EstimatedCurvature, KnownCurvature
-from .gauss_newton import GaussNewton
+from .gauss_newton import GaussNewton, check_hvp
 from .preconditioning import FisherDiagonal, Preconditioner
-from .schedules import SCHEDULE_NAMES, StepSchedule
+from .schedules import StepSchedule, check_schedule_kind
 from .solvers import AdjointSolver, Automatic, AveragedMomentum, InnerSolver
 
 Tensors = list[Tensor]
@@ -142,6 +143,39 @@ class FeasibleSet:
                     f"{type(value).__name__}."
                 )
 
+    def holds(self, hyperparameters: Sequence[Tensor]) -> bool:
+        """λ ∈ Λ by ``contains`` (always True without a test)."""
+        if self.contains is None:
+            return True
+        with torch.no_grad():
+            return bool(self.contains(list(hyperparameters)))
+
+    def enter(self, hyperparameters: Tensors, before: Tensors, hyper_step: int) -> None:
+        """λ ← P_Λ(λ) after the outer step; λ restored to ``before`` (and an error raised) where
+        the result is not finite or not in Λ."""
+        with torch.no_grad():
+            if self.project is not None:
+                self.project(hyperparameters)
+            if not all(torch.isfinite(h).all() for h in hyperparameters):
+                for h, b in zip(hyperparameters, before):
+                    h.copy_(b)
+                raise DivergenceError(
+                    "hyperparameters",
+                    hyper_step,
+                    math.inf,
+                    "The outer step produced non-finite λ; λ was restored. Lower the outer "
+                    "learning rate.",
+                )
+            if not self.holds(hyperparameters):
+                for h, b in zip(hyperparameters, before):
+                    h.copy_(b)
+                raise ConfigurationError(
+                    f"the outer step {hyper_step} left the feasible set (feasible("
+                    "hyperparameters) returned False); λ was restored. Pass a projection onto the "
+                    "set (e.g. projection=lambda hs: hs[0].clamp_(min=0)) or learn an "
+                    "unconstrained parameterisation such as log λ."
+                )
+
 
 @dataclass(frozen=True)
 class SIDConfig:
@@ -221,11 +255,7 @@ class SIDConfig:
             kind = getattr(self, name)
             if kind is None and name == "adjoint_step_size":
                 continue
-            if not isinstance(kind, StepSchedule) and kind not in SCHEDULE_NAMES:
-                raise ConfigurationError(
-                    f"unknown {name} {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
-                    "StepSchedule instance."
-                )
+            check_schedule_kind(name, kind)
         for name in ("alpha", "eta", "beta", "gamma"):
             set_(self, name, _positive(name, getattr(self, name)))
         set_(self, "switch", _integer("switch", self.switch, 0, allow_none=True))
@@ -255,8 +285,7 @@ class SIDConfig:
             raise ConfigurationError(
                 f"divergence_factor must be a number > 1, got {self.divergence_factor!r}."
             )
-        if not isinstance(self.hvp, GaussNewton):
-            _choice("hvp", self.hvp, ("reverse", "forward"))
+        check_hvp(self.hvp)
         _choice("mode", self.mode, ("train", "eval"))
         if not isinstance(self.warm_start_adjoint, bool):
             raise ConfigurationError(
@@ -264,6 +293,19 @@ class SIDConfig:
             )
 
     # ------------------------------------------------------------------ derived
+    def check_full_batch(self, full_train_batch: Any) -> None:
+        """Raise where a strategy reads the full training batch and none is given."""
+        if self.batches.needs_full and full_train_batch is None:
+            raise ConfigurationError(
+                "full-batch solves (inner_batches/adjoint_batches='full', d2_batches='full' or a "
+                "Batch preset) need full_train_batch=<one batch holding the whole training set>."
+            )
+        if self.curvature.reads_full_batch and full_train_batch is None:
+            raise ConfigurationError(
+                "EstimatedCurvature(batches='full') needs full_train_batch=<one batch holding "
+                "the whole training set>; or give a number of minibatches."
+            )
+
     @property
     def schedule_kinds(self) -> tuple[StepSize | StepSchedule, StepSize | StepSchedule]:
         """The inner and the adjoint schedule."""

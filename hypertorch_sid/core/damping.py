@@ -61,10 +61,59 @@ class Damping:
         assert curvature.lambda_min is not None
         return max(2 * delta, 1.5 * max(0.0, -curvature.lambda_min), 0.01 * curvature.L)
 
+    def remedy(
+        self,
+        delta: float,
+        retries: int,
+        estimate: CurvatureEstimate | None,
+        retry_hint: str,
+    ) -> str:
+        """What to change after the GD map's adjoint solve diverged with this damping at δ.
+
+        "Use damping" is the fix only where the system was undamped (δ = 0); where δ > 0 already
+        (``CurvatureDamping`` on a network, escalated by ``Recover``), the damping was too small
+        for the curvature met since it was estimated. ``retry_hint`` says how to make the
+        divergence policy retry ("" where it already re-estimates).
+        """
+        name = type(self).__name__
+        if delta > 0:
+            tried = f", raised by {retries} retries" if retries else ""
+            return (
+                f"The system was already damped ({name}, δ = {delta:.3g}{tried}) and "
+                "still did not contract: the curvature grew past the estimate. Allow more "
+                "retries (on_divergence=Recover(4)), damp further (damping=CurvatureDamping("
+                "margin=2.0) or FixedDamping(δ)), re-estimate more often (reestimate_every=), "
+                "or use positive semi-definite curvature (hvp=GaussNewton(...))."
+            )
+        seen = (
+            "no curvature was estimated (alpha was given)"
+            if estimate is None or estimate.lambda_min is None
+            else "the curvature estimate saw no negative curvature (λ̂_min = "
+            f"{estimate.lambda_min:.3g})"
+        )
+        return (
+            f"{name} set δ = 0: {seen}, but the map expanded. Pass damping=FixedDamping(δ) or "
+            f"a smaller alpha{retry_hint}."
+        )
+
 
 @dataclass(frozen=True)
 class NoDamping(Damping):
     """δ = 0: the paper's adjoint system, exact when ℓ(·, λ) is strongly convex."""
+
+    def remedy(
+        self,
+        delta: float,
+        retries: int,
+        estimate: CurvatureEstimate | None,
+        retry_hint: str,
+    ) -> str:
+        if delta > 0:  # raised by Recover
+            return super().remedy(delta, retries, estimate, retry_hint)
+        return (
+            "The system was not damped (NoDamping, δ = 0): use damping=CurvatureDamping() (δ "
+            f"past the most negative estimated curvature) or a smaller alpha{retry_hint}."
+        )
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,9 @@ class DivergencePolicy:
         """Change the optimizer before a retry; returns what was changed (for the log)."""
         return "nothing"
 
+    #: how to make a diverged adjoint solve retry with more damping (for the error's remedy)
+    retry_hint: str = "; on_divergence=Recover(2) re-estimates the curvature, raises δ, retries"
+
 
 def _check_retries(retries: Any) -> None:
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -168,6 +171,7 @@ class Recover(DivergencePolicy):
     """Retry up to ``retries`` times after resetting v, re-estimating L, λ_min and raising δ."""
 
     retries: int = 2
+    retry_hint = ""  # it already does
 
     def __post_init__(self) -> None:
         _check_retries(self.retries)

@@ -31,11 +31,15 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .probe import CurvatureProbe
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -215,11 +219,47 @@ def estimate_curvature(
 
 
 class Curvature:
-    """Where L, μ (and λ_min) come from: a strategy passed as ``curvature=``."""
+    """Where L, μ (and λ_min) come from: a strategy passed as ``curvature=``.
+
+    The optimizer asks it for the spectrum that sets α, q and δ (Cor. 4.3 on the damped system)
+    before the first solve (:meth:`estimate`), again at w_t after the first inner solve
+    (:meth:`estimate_at_w_t`) and after a divergence (:meth:`recover`); a
+    :class:`~hypertorch_sid.core.probe.CurvatureProbe` reads the Hessian of ℓ̂ for it.
+    """
+
+    #: μ ≥ mu_floor·L for the schedules
+    mu_floor: float = 1e-4
+
+    @property
+    def reads_full_batch(self) -> bool:
+        """Whether its estimates read ``full_train_batch``."""
+        return False
 
     def needs_refresh(self, hyper_step: int) -> bool:
         """Whether to estimate again before hyper step ``hyper_step`` (> 0)."""
         return False
+
+    def given(self) -> tuple[float | None, float | None]:
+        """(L, μ) as given by the user (None: estimated)."""
+        return None, None
+
+    def estimate(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate:
+        """The spectrum before the solves: ``current`` (constants already known), else read."""
+        raise NotImplementedError  # pragma: no cover
+
+    def estimate_at_w_t(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate | None:
+        """The spectrum at w_t after the first inner solve (None: keep the constants)."""
+        return None
+
+    def recover(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate | None:
+        """The spectrum after a divergence (None: none known, the optimizer assumes one)."""
+        return current
 
 
 @dataclass(frozen=True)
@@ -236,6 +276,23 @@ class KnownCurvature(Curvature):
             isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu <= self.L
         ):
             raise ConfigurationError(f"mu must be a finite number ≤ L, got {self.mu!r}.")
+
+    def given(self) -> tuple[float | None, float | None]:
+        return self.L, self.mu
+
+    def estimate(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate:
+        """L, μ as given; with μ unknown, λ_min by Lanczos (unpreconditioned) and the given L."""
+        if self.mu is not None:
+            return CurvatureEstimate(self.L, max(self.mu, 1e-12 * self.L), self.mu <= 0, 0, self.mu)
+        if current is not None:
+            return current
+        default = EstimatedCurvature()
+        est = probe.lanczos(probe.batches(default), default.iters, None, default.mu_floor)
+        return CurvatureEstimate(
+            self.L, est.mu, est.mu_floored, est.iterations, est.lambda_min, est.lambda_min_error
+        )
 
 
 @dataclass(frozen=True)
@@ -280,3 +337,67 @@ class EstimatedCurvature(Curvature):
 
     def needs_refresh(self, hyper_step: int) -> bool:
         return self.every is not None and hyper_step > 0 and hyper_step % self.every == 0
+
+    def given(self) -> tuple[float | None, float | None]:
+        return None, self.mu
+
+    @property
+    def reads_full_batch(self) -> bool:
+        return self.batches == "full"
+
+    def estimate(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate:
+        """P from the preconditioner, then L, λ_min of S∇²₁₁ℓS on the same batches.
+
+        P only where α, L, μ are all estimated (they are then those of S∇²₁₁ℓS). On a
+        non-convex estimate (λ̂_min ≤ 0) P is dropped and the curvature estimated again
+        unpreconditioned: S amplifies negative curvature (on a CNN with BatchNorm λ̂_min went
+        from −1.5 to −327), and the inner steps w − αP∇ℓ̂, which damping does not reach,
+        then diverge (2 of 3 seeds measured).
+        """
+        if current is not None:
+            return current
+        batches = probe.batches(self)
+        if probe.alpha_given is None and self.mu is None:
+            probe.precondition(batches)
+        return self._in_convex_coordinates(probe, batches)
+
+    def estimate_at_w_t(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate | None:
+        """Re-read at w_t, where the adjoint system (eq. linsystem) is posed.
+
+        The first estimate was taken at the user's starting w₀; on a network the inner steps then
+        move w into sharper regions (measured on a digits MLP: the adjoint solve diverged within
+        20 steps on 4 of 6 runs with the w₀ constants, on none with these). The merged estimate
+        only ever makes the solve safer: L̂ = max(L̂(w₀), L̂(w_t)), λ̂_min = min(...) (so α does
+        not grow past the one the t inner steps just ran stably with, and the damping δ covers
+        the sharper negative curvature). P stays the one the inner solve used.
+        """
+        scale = probe.scale
+        est = self._in_convex_coordinates(probe, probe.batches(self))
+        if current is not None and probe.scale is scale:  # same coordinates
+            est = current.union(est)
+        return est
+
+    def recover(
+        self, probe: CurvatureProbe, current: CurvatureEstimate | None
+    ) -> CurvatureEstimate | None:
+        """Estimate again at the current w (preconditioned as before the first step)."""
+        return self.estimate(probe, None)
+
+    def _in_convex_coordinates(
+        self, probe: CurvatureProbe, batches: list[object]
+    ) -> CurvatureEstimate:
+        """L, λ_min in the map's coordinates; P dropped (and re-estimated) when non-convex."""
+        est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor)
+        if probe.scale is not None and not est.convex:
+            log.info(
+                "hypertorch_sid: lambda_min of the preconditioned Hessian is %.3g (non-convex): "
+                "no preconditioner",
+                est.lambda_min,
+            )
+            probe.set_scale(None)
+            est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor)
+        return est

@@ -140,3 +140,25 @@ class GaussNewton:
                 "the weight decay as penalty= (the proximal map), and make output_loss compute "
                 "the training's loss (same reduction, same targets)."
             )
+
+
+def linearised_note(hvp: object) -> str | None:
+    """What the log says about the hypergradient where ``hvp`` is Gauss–Newton, else None."""
+    if not isinstance(hvp, GaussNewton):
+        return None
+    return (
+        "Gauss-Newton curvature: the linearised model's hypergradient (exact only for a model "
+        "linear in w)"
+    )
+
+
+def check_hvp(hvp: object) -> GaussNewton | None:
+    """``hvp`` is ``"reverse"``, ``"forward"`` or a :class:`GaussNewton`; returns the latter."""
+    if isinstance(hvp, GaussNewton):
+        return hvp
+    if hvp not in ("reverse", "forward"):
+        raise ConfigurationError(
+            "hvp must be 'reverse' or 'forward' (or GaussNewton(outputs, output_loss)), got "
+            f"{hvp!r}."
+        )
+    return None

@@ -30,14 +30,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from .autodiff import grad as _grad
 from .errors import ConfigurationError
-from .gauss_newton import GaussNewton
+from .gauss_newton import GaussNewton, check_hvp
+from .validation import check_contraction, check_dependencies, estimate_contraction
+
+if TYPE_CHECKING:  # the map chooses how its step constants are set (double dispatch)
+    from .constants import StepConstants
+    from .cost import Cost
+    from .damping import Damping
+    from .estimation import CurvatureEstimate
 
 Tensors = list[Tensor]
 
@@ -81,6 +88,68 @@ class FixedPointMap(ABC):
         """The right-hand side of the adjoint system in the map's coordinates: ∇₁E here,
         S∇₁E for a preconditioned map (:mod:`~hypertorch_sid.core.preconditioning`)."""
         return list(grad_w_E)
+
+    # ---------------------------------------------- what the optimizer asks the map (strategy)
+    def set_step(self, alpha: float | None, delta: float) -> None:
+        """Take the step constants: δ of the damped map (a general map has no α)."""
+        self.damping = delta
+
+    def fit_constants(self, constants: StepConstants) -> None:
+        """Set q, δ before the solves: a general map's contraction constant is given."""
+        constants.fit_general_map()
+
+    def back_off(self, constants: StepConstants) -> str:
+        """``BackOff``: halve the schedules' η (a general map has no α to halve)."""
+        return constants.halve_eta()
+
+    def recover(self, constants: StepConstants) -> str:
+        """``Recover``: no curvature to re-estimate for a general map: back off."""
+        return self.back_off(constants)
+
+    def require_gradient_map(self, what: str) -> None:
+        """Raise unless this is a gradient-descent map (``what`` sets its α, L, μ)."""
+        raise ConfigurationError(
+            f"{what} sets α, L, μ of the gradient-descent map; this optimizer uses a general "
+            "fixed_point_map, whose contraction constant is fixed at construction."
+        )
+
+    def check_first_batch(self, batch: Any, cost: Cost) -> None:
+        """Checks of the map on the first batch (none for a general map given as an object)."""
+        return None
+
+    def training_loss(self, batch: Any) -> float | None:
+        """ℓ̂ on ``batch`` where the map has one (a probe of the inner solve's progress)."""
+        return None
+
+    def divergence_remedy(
+        self,
+        damping: Damping,
+        delta: float,
+        retries: int,
+        estimate: CurvatureEstimate | None,
+        retry_hint: str,
+    ) -> str:
+        """What to change when the adjoint solve diverged."""
+        return (
+            "The fixed-point map is not a contraction here: give it a smaller step, or retry "
+            "with smaller step sizes (on_divergence=BackOff(2))."
+        )
+
+    def scale_state(self) -> Tensors | None:
+        """The preconditioner's S to save (None: no preconditioner)."""
+        return None
+
+    def check_scale_state(self, scale: Tensors | None) -> None:
+        """Raise unless a saved S fits this map (a general map has none)."""
+        if scale is not None:
+            raise ConfigurationError(
+                "the saved preconditioner scale must be positive and belongs to a "
+                "gradient-descent map: the checkpoint does not belong to this problem."
+            )
+
+    def load_scale_state(self, scale: Tensors | None) -> None:
+        """Take a saved S (checked by :meth:`check_scale_state`)."""
+        return None
 
 
 class GradientDescentMap(FixedPointMap):
@@ -138,11 +207,8 @@ class GradientDescentMap(FixedPointMap):
         self.inner_parameters = list(inner_parameters)
         self.hyperparameters = list(hyperparameters)
         self.alpha = float(alpha)
-        if not isinstance(hvp, GaussNewton) and hvp not in ("reverse", "forward"):
-            raise ConfigurationError(
-                "hvp must be 'reverse', 'forward' or GaussNewton(outputs, output_loss), got "
-                f"{hvp!r}."
-            )
+        #: the Gauss–Newton products of the adjoint system (None: exact Hessian products)
+        self.gauss_newton = check_hvp(hvp)
         self._gauss_newton_checked = False
         if hvp == "forward":
             if module is None:
@@ -156,6 +222,64 @@ class GradientDescentMap(FixedPointMap):
         self.symmetric = type(self) is GradientDescentMap
         #: S = P^{1/2} of the preconditioned map (None: P = I)
         self.scale: Tensors | None = None
+
+    def set_step(self, alpha: float | None, delta: float) -> None:
+        """Take α (None: keep the current one) and δ."""
+        if alpha is not None:
+            self.alpha = alpha
+        self.damping = delta
+
+    def fit_constants(self, constants: StepConstants) -> None:
+        """α, q, δ from the curvature of ℓ̂ (given, or estimated: Cor. 4.3)."""
+        constants.fit_gradient_map()
+
+    def back_off(self, constants: StepConstants) -> str:
+        """``BackOff``: halve α."""
+        return constants.halve_alpha()
+
+    def recover(self, constants: StepConstants) -> str:
+        """``Recover``: re-estimate L, λ_min at the current w and raise δ."""
+        return constants.recover()
+
+    def require_gradient_map(self, what: str) -> None:
+        """A gradient-descent map: its α, L, μ can be set."""
+
+    def check_first_batch(self, batch: Any, cost: Cost) -> None:
+        """ℓ̂ reads every inner parameter and at least one hyperparameter."""
+        check_dependencies(self.loss, batch, self.inner_parameters, self.hyperparameters)
+
+    def training_loss(self, batch: Any) -> float | None:
+        with torch.no_grad():
+            return float(self.loss(batch))
+
+    def divergence_remedy(
+        self,
+        damping: Damping,
+        delta: float,
+        retries: int,
+        estimate: CurvatureEstimate | None,
+        retry_hint: str,
+    ) -> str:
+        """The damping strategy says (δ, what the curvature estimate saw)."""
+        return damping.remedy(delta, retries, estimate, retry_hint)
+
+    def scale_state(self) -> Tensors | None:
+        return [s.clone() for s in self.scale] if self.scale is not None else None
+
+    def check_scale_state(self, scale: Tensors | None) -> None:
+        if scale is not None and not all(bool((s > 0).all()) for s in scale):
+            raise ConfigurationError(
+                "the saved preconditioner scale must be positive and belongs to a "
+                "gradient-descent map: the checkpoint does not belong to this problem."
+            )
+
+    def load_scale_state(self, scale: Tensors | None) -> None:
+        like = self.inner_parameters
+        self.scale = (
+            [s.to(device=w.device, dtype=w.dtype) for s, w in zip(scale, like)]
+            if scale is not None
+            else None
+        )
 
     def scaled(self, v: Sequence[Tensor]) -> Tensors:
         """S v (v itself when unpreconditioned)."""
@@ -195,12 +319,13 @@ class GradientDescentMap(FixedPointMap):
         """The curvature of the adjoint system: S∇²₁₁ℓ̂S v, or SGS v with Gauss–Newton products G
         (``hvp=GaussNewton``). The curvature estimates (α, δ) keep the exact Hessian: the inner
         solve iterates the true gradient map."""
-        if not isinstance(self.hvp, GaussNewton):
+        gauss_newton = self.gauss_newton
+        if gauss_newton is None:
             return self.hessian_vector_product(batch, v)
         if not self._gauss_newton_checked:
-            self.hvp.check(batch, self.smooth_loss(batch))
+            gauss_newton.check(batch, self.smooth_loss(batch))
             self._gauss_newton_checked = True
-        return self.scaled(self.hvp.product(batch, self.inner_parameters, self.scaled(v)))
+        return self.scaled(gauss_newton.product(batch, self.inner_parameters, self.scaled(v)))
 
     def hessian_vector_product(self, batch: Any, v: Sequence[Tensor]) -> Tensors:
         """S∇²₁₁ℓ̂(w, λ, ζ)S v of :meth:`smooth_loss` (S = I unpreconditioned; symmetric: also
@@ -239,7 +364,7 @@ class GradientDescentMap(FixedPointMap):
             hv = self.curvature_product(batch, v)
             return [keep * vi - self.alpha * h for vi, h in zip(v, hv)], None
         g = _grad(self.loss(batch), self.inner_parameters, create_graph=True)
-        if isinstance(self.hvp, GaussNewton):  # ∂₁ by Gauss–Newton products, ∂₂ exact
+        if self.gauss_newton is not None:  # ∂₁ by Gauss–Newton products, ∂₂ exact
             d2 = _grad(g, self.hyperparameters, grad_outputs=self.scaled(v))
             return self.vjp(batch, v)[0], [-self.alpha * h for h in d2]
         prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=self.scaled(v))
@@ -360,7 +485,7 @@ class ProximalGradientMap(GradientDescentMap):
             for wi, gi, ci in zip(w, g, self._scaled_coefficients())
         ]
         v_w = list(v) if self.scale is None else [x / s for x, s in zip(v, self.scale)]
-        if isinstance(self.hvp, GaussNewton):  # ∂₁ by Gauss–Newton products, ∂₂ exact
+        if self.gauss_newton is not None:  # ∂₁ by Gauss–Newton products, ∂₂ exact
             return self.vjp(batch, v)[0], _grad(out, self.hyperparameters, grad_outputs=v_w)
         prods = _grad(out, self.inner_parameters + self.hyperparameters, grad_outputs=v_w)
         n = len(self.inner_parameters)
@@ -409,6 +534,16 @@ class ContractionMap(FixedPointMap):
 
     def value(self, batch: Any) -> Tensors:
         return [o.detach() for o in self._evaluate(batch)]
+
+    def check_first_batch(self, batch: Any, cost: Cost) -> None:
+        """An undamped user map must contract: q by 10 power iterations on ``batch``."""
+        if self.damping != 0:
+            return
+        q = estimate_contraction(
+            lambda b, v: self.vjp(b, v)[0], self.inner_parameters, [batch], iters=10
+        )
+        check_contraction(q, "fixed_point_map")
+        cost.curvature_products += 10
 
     def vjp(
         self, batch: Any, v: Sequence[Tensor], wrt_hyper: bool = False
@@ -555,3 +690,57 @@ class AveragedMap(FixedPointMap):
     @property  # type: ignore[override]
     def symmetric(self) -> bool:
         return self.phi.symmetric
+
+
+def build_map(
+    fixed_point_map: FixedPointMap | Callable[[Any], Sequence[Tensor]] | None,
+    inner_loss: Callable[[Any], Tensor] | None,
+    penalty: Callable[[], Sequence[Tensor]] | None,
+    regularizer: Callable[[], Tensor] | None,
+    inner_parameters: Sequence[Tensor],
+    hyperparameters: Sequence[Tensor],
+    *,
+    alpha: float | None,
+    hvp: str | GaussNewton,
+    module: torch.nn.Module | None,
+) -> FixedPointMap:
+    """The map of :class:`~hypertorch_sid.SIDHyperOptimizer`'s arguments: the GD map of
+    ``inner_loss`` (proximal with ``penalty``), or ``fixed_point_map`` (an object or a callable).
+
+    α may still be unknown (None): it is fixed (or estimated) at the first hypergradient.
+    """
+    if fixed_point_map is None:
+        if inner_loss is None or not callable(inner_loss):
+            raise ConfigurationError(
+                "give inner_loss(batch) (for the gradient-descent map) or fixed_point_map."
+            )
+        step = alpha if alpha is not None else 1.0
+        if penalty is not None:
+            if regularizer is not None:
+                raise ConfigurationError(
+                    "penalty (the proximal map's c(λ), left out of inner_loss) and regularizer "
+                    "(the λ-dependent part of inner_loss) exclude each other: give one."
+                )
+            return ProximalGradientMap(
+                inner_loss, penalty, inner_parameters, hyperparameters, alpha=step, hvp=hvp,
+                module=module,
+            )  # fmt: skip
+        return GradientDescentMap(
+            inner_loss, inner_parameters, hyperparameters, alpha=step, hvp=hvp, module=module,
+            regularizer=regularizer,
+        )  # fmt: skip
+    if regularizer is not None:
+        raise ConfigurationError(
+            "regularizer is the λ-dependent part of inner_loss (the gradient-descent map); "
+            "it cannot be combined with fixed_point_map."
+        )
+    if penalty is not None:
+        raise ConfigurationError(
+            "penalty builds the proximal gradient map; it cannot be combined with "
+            "fixed_point_map (put the penalty inside your map instead)."
+        )
+    if isinstance(fixed_point_map, FixedPointMap):
+        return fixed_point_map
+    if callable(fixed_point_map):
+        return ContractionMap(fixed_point_map, inner_parameters, hyperparameters)
+    raise ConfigurationError("fixed_point_map must be a FixedPointMap or a callable.")

@@ -22,6 +22,7 @@ Every iteration checks its residual ‖T̂(x) − x‖: non-finite values or gro
 
 from __future__ import annotations
 
+import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,10 +33,13 @@ import torch
 from torch import Tensor
 
 from .batches import BatchStream, batch_size, join
+from .context import SolveContext
 from .cost import Cost
 from .errors import ConfigurationError, DivergenceError
 from .maps import FixedPointMap
 from .schedules import StepSchedule
+
+log = logging.getLogger("hypertorch_sid")
 
 Tensors = list[Tensor]
 
@@ -250,20 +254,14 @@ class InnerSolver(ABC):
     """How the t warm-started inner steps of Algorithm 1 (eq. inneralg) approach w(λ): a
     strategy object. ``solve`` updates ``phi.inner_parameters`` in place."""
 
-    def solve(
-        self,
-        phi: FixedPointMap,
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None = None,
-        divergence_factor: float = 1e4,
-        q: float | None = None,
-    ) -> SolveResult:
-        """t steps on the minibatches of ``batches`` (q: the map's contraction constant where the
-        inner problem is convex, else None); the solve's report."""
-        acceleration = self.acceleration(phi, schedule, steps, q)
-        return inner_solve(phi, batches, steps, schedule, cost, divergence_factor, acceleration)
+    def solve(self, ctx: SolveContext) -> SolveResult:
+        """``ctx.steps`` steps on the minibatches of ``ctx.batches`` (``ctx.q``: the map's
+        contraction constant where the inner problem is convex, else None); the solve's report."""
+        acceleration = self.acceleration(ctx.phi, ctx.schedule, ctx.steps, ctx.q)
+        return inner_solve(
+            ctx.phi, ctx.batches, ctx.steps, ctx.schedule, ctx.cost, ctx.divergence_factor,
+            acceleration,
+        )  # fmt: skip
 
     @abstractmethod
     def acceleration(
@@ -406,33 +404,22 @@ def adjoint_solve(
 class AdjointSolver(ABC):
     """How the adjoint system (I − ∂₁Φᵀ) v = ∇₁E (eq. linsystem) is solved: a strategy object."""
 
-    def plan(
-        self,
-        phi: FixedPointMap,
-        steps: int,
-        batches: BatchStream,
-        full_batch: Any = None,
-        q: float | None = None,
-        distributed: bool = False,
-    ) -> tuple[AdjointSolver, int]:
-        """The solver that runs this solve and its step count: ``(self, steps)`` unless the
-        strategy chooses (:class:`Automatic`)."""
-        return self, steps
+    def plan(self, ctx: SolveContext) -> tuple[AdjointSolver, SolveContext]:
+        """The solver that runs this solve and its context: ``(self, ctx)`` unless the strategy
+        chooses (:class:`Automatic`, which may also change the step count)."""
+        return self, ctx
 
     @abstractmethod
     def solve(
-        self,
-        phi: FixedPointMap,
-        grad_w_E: Sequence[Tensor],
-        v0: Sequence[Tensor],
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None,
-        divergence_factor: float,
-        full_batch: Any = None,
+        self, ctx: SolveContext, grad_w_E: Sequence[Tensor], v0: Sequence[Tensor]
     ) -> tuple[Tensors, SolveResult]:
-        """v_k from v₀ in ``steps`` iterations; ``schedule`` is the KM step size (if used)."""
+        """v_k from v₀ in ``ctx.steps`` iterations; ``ctx.schedule`` is the KM step size (if
+        used)."""
+
+    def step_budget(self, ctx: SolveContext) -> float:
+        """How far v can move in a non-expansive solve, in units of ‖∇₁E‖ (the divergence guard's
+        budget): unbounded for solvers that are not KM iterations (CG's v = A⁻¹∇₁E)."""
+        return math.inf
 
 
 @dataclass(frozen=True)
@@ -474,28 +461,20 @@ class FixedPointIteration(AdjointSolver):
     def acceleration(self, phi: FixedPointMap, schedule: StepSchedule, steps: int) -> Acceleration:
         return Acceleration.two_phase(phi, schedule, steps, self.momentum, self.decay)
 
-    def step_budget(self, phi: FixedPointMap, schedule: StepSchedule, steps: int) -> float:
+    def step_budget(self, ctx: SolveContext) -> float:
         """How far v can move in a non-expansive solve, in units of ‖∇₁E‖: Σ_k η_k, with the
         momentum steps counted 1/(1−m) times (the velocity sums them geometrically)."""
-        momentum = self.acceleration(phi, schedule, steps).momentum
+        schedule = ctx.schedule
+        momentum = self.acceleration(ctx.phi, schedule, ctx.steps).momentum
         t0 = schedule.constant_phase() if momentum else 0
-        return sum(schedule(k) / (1 - momentum if k < t0 else 1) for k in range(steps))
+        return sum(schedule(k) / (1 - momentum if k < t0 else 1) for k in range(ctx.steps))
 
     def solve(
-        self,
-        phi: FixedPointMap,
-        grad_w_E: Sequence[Tensor],
-        v0: Sequence[Tensor],
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None,
-        divergence_factor: float,
-        full_batch: Any = None,
+        self, ctx: SolveContext, grad_w_E: Sequence[Tensor], v0: Sequence[Tensor]
     ) -> tuple[Tensors, SolveResult]:
         return adjoint_solve(
-            phi, grad_w_E, v0, batches, steps, schedule, cost, divergence_factor,
-            self.acceleration(phi, schedule, steps),
+            ctx.phi, grad_w_E, v0, ctx.batches, ctx.steps, ctx.schedule, ctx.cost,
+            ctx.divergence_factor, self.acceleration(ctx.phi, ctx.schedule, ctx.steps),
         )  # fmt: skip
 
 
@@ -585,23 +564,15 @@ class ConjugateGradient(AdjointSolver):
         return batches.take(int(self.batches))
 
     def solve(
-        self,
-        phi: FixedPointMap,
-        grad_w_E: Sequence[Tensor],
-        v0: Sequence[Tensor],
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None,
-        divergence_factor: float,
-        full_batch: Any = None,
+        self, ctx: SolveContext, grad_w_E: Sequence[Tensor], v0: Sequence[Tensor]
     ) -> tuple[Tensors, SolveResult]:
+        phi, steps = ctx.phi, ctx.steps
         if not phi.symmetric:
             raise ConfigurationError(
                 "ConjugateGradient needs a symmetric adjoint system (the gradient-descent map: "
                 f"I − ∂₁Φᵀ = α∇²₁₁ℓ); {type(phi).__name__} is not. Use FixedPointIteration()."
             )
-        A = sampled_operator(phi, self.operator_batches(batches, full_batch), cost)
+        A = sampled_operator(phi, self.operator_batches(ctx.batches, ctx.full_batch), ctx.cost)
         v = [x.detach().clone() for x in v0]
         b_norm = norm(grad_w_E)
         Av = A(v)
@@ -685,27 +656,19 @@ class VarianceReduced(AdjointSolver):
             raise ConfigurationError(f"VarianceReduced eta_scale must be in (0, 1], got {e!r}.")
 
     def solve(
-        self,
-        phi: FixedPointMap,
-        grad_w_E: Sequence[Tensor],
-        v0: Sequence[Tensor],
-        batches: BatchStream,
-        steps: int,
-        schedule: StepSchedule,
-        cost: Cost | None,
-        divergence_factor: float,
-        full_batch: Any = None,
+        self, ctx: SolveContext, grad_w_E: Sequence[Tensor], v0: Sequence[Tensor]
     ) -> tuple[Tensors, SolveResult]:
+        phi, batches, full_batch, cost = ctx.phi, ctx.batches, ctx.full_batch, ctx.cost
         monitor = _DivergenceMonitor(
-            "adjoint solve v_k (variance-reduced)", divergence_factor, _ADJOINT_HINT
+            "adjoint solve v_k (variance-reduced)", ctx.divergence_factor, _ADJOINT_HINT
         )
-        eta = self.eta_scale * schedule(0)
+        eta = self.eta_scale * ctx.schedule(0)
         every = self.anchor_every or self._epoch_minibatches(batches, full_batch)
         v = [x.detach().clone() for x in v0]
         anchor: Tensors = []
         r_anchor: Tensors = []
         residual = math.nan
-        for t in range(steps):
+        for t in range(ctx.steps):
             if t % every == 0:  # a new anchor ṽ = v: the step is the whole residual r̃
                 anchor = [x.clone() for x in v]
                 data = _anchor_batches(
@@ -726,7 +689,7 @@ class VarianceReduced(AdjointSolver):
                 monitor.check(t, residual)
                 for x, d in zip(v, delta):
                     x.add_(d, alpha=eta)
-        return v, SolveResult(steps, monitor.first, residual, eta)
+        return v, SolveResult(ctx.steps, monitor.first, residual, eta)
 
     def _epoch_minibatches(self, batches: BatchStream, full_batch: Any) -> int:
         """Minibatches in an epoch: the source's length, or n/b beside a full batch."""
@@ -799,18 +762,13 @@ class Automatic(AdjointSolver):
                 f"Automatic minibatches_per_sqrt_kappa must be a number > 0, got {m!r}."
             )
 
-    def plan(
-        self,
-        phi: FixedPointMap,
-        steps: int,
-        batches: BatchStream,
-        full_batch: Any = None,
-        q: float | None = None,
-        distributed: bool = False,
-    ) -> tuple[AdjointSolver, int]:
-        if distributed or not phi.symmetric or q is None or not 0 <= q < 1:
-            return FixedPointIteration(), steps
-        kmi = FixedPointIteration(min(self.momentum, q * q), self.decay), steps
+    def plan(self, ctx: SolveContext) -> tuple[AdjointSolver, SolveContext]:
+        """CG or the (accelerated) fixed-point iteration, by the rules above; ``ctx.q`` None (no
+        constant to choose with) or a distributed run: the paper's fixed-point iteration."""
+        q, steps, batches, full_batch = ctx.q, ctx.steps, ctx.batches, ctx.full_batch
+        if ctx.distributed or not ctx.phi.symmetric or q is None or not 0 <= q < 1:
+            return FixedPointIteration(), ctx
+        kmi = FixedPointIteration(min(self.momentum, q * q), self.decay), ctx
         if full_batch is None and batches.batches_per_pass is None:
             return kmi
         if batches.batches_drawn == 0:
@@ -831,7 +789,7 @@ class Automatic(AdjointSolver):
             or iterations < self.min_iterations
         ):
             return kmi
-        return cg, iterations
+        return cg, ctx.replace(steps=iterations)
 
     #: called without :meth:`plan` (no q to choose with): the fixed-point iteration
     solve = FixedPointIteration.solve
@@ -905,3 +863,32 @@ def assemble_hypergradient(
             cost.samples += batch_size(batch)
             cost.jacobian_vector_products += 1
     return total
+
+
+#: a stalled first inner solve: steps shrank this many times, ℓ̂ fell by less than this fraction
+_STALL_SHRINK, _STALL_DROP = 10.0, 0.1
+
+
+def warn_if_stalled(
+    before: float, after: float | None, inner: SolveResult, alpha: float | None
+) -> None:
+    """Warn when the first inner solve's steps shrank ≥ 10× while ℓ̂ on a probe batch fell
+    by < 10 % (``before`` → ``after``): the iteration stopped without fitting, which is not
+    convergence.
+
+    Seen on a CNN with BatchNorm in eval mode (digits, seed 2): at the estimated α = 0.45 the
+    first steps switched off the ReLUs; the residual fell from 2.2 to 0.062 while ℓ̂ went
+    from 2.39 to 2.30 = ln 10 (uniform predictions), and the run ended at that validation
+    loss with no error. Healthy runs fall by 85-97 % there.
+    """
+    if after is None or not (math.isfinite(before) and math.isfinite(after)):
+        return
+    shrank = inner.first_residual / max(inner.residual, 1e-30)
+    if shrank >= _STALL_SHRINK and before - after < _STALL_DROP * abs(before):
+        log.warning(
+            "hypertorch_sid: the inner solve's steps shrank %.0fx but the training loss on a "
+            "probe batch only went from %.4g to %.4g: the inner iteration stalled rather than "
+            "converged (e.g. ReLUs switched off by a step alpha = %.3g too large for this "
+            "network). Pass alpha=<the learning rate your training uses, or smaller>.",
+            shrank, before, after, alpha if alpha is not None else math.nan,
+        )  # fmt: skip

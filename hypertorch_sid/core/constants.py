@@ -1,0 +1,253 @@
+"""``StepConstants``: the one owner of α, L, μ, q, λ_min and δ of Algorithm 1.
+
+The step α of the GD map, its contraction constant q and the damping δ come from the curvature
+of ℓ̂ (Corollary 4.3): with L̂, λ̂_min from the curvature strategy and δ from the damping strategy,
+the damped system has spectrum [λ_min + δ, L + δ] and
+
+    α = 2/(L + λ_min + 2δ),   q = (L − λ_min)/(L + λ_min + 2δ)
+
+(the paper's α = 2/(L+μ), q = (L−μ)/(L+μ) without damping on a convex problem). They are set
+here and nowhere else; every change is handed to the map at once (:meth:`FixedPointMap.set_step
+<hypertorch_sid.core.maps.FixedPointMap.set_step>`). The map chooses how its constants are fitted
+(:meth:`fit_gradient_map` from the curvature, :meth:`fit_general_map` as given) and what a
+divergence halves (α, or the schedules' η).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from typing import Any
+
+from .config import SIDConfig
+from .errors import ConfigurationError
+from .estimation import CurvatureEstimate
+from .gauss_newton import linearised_note
+from .maps import FixedPointMap
+from .probe import CurvatureProbe
+from .schedules import StepSchedule, check_positive, make_schedule, theory_constants
+
+log = logging.getLogger("hypertorch_sid")
+
+NAMES = ("alpha", "L", "mu", "q")
+
+
+class StepConstants:
+    """α, L, μ, q, λ_min, δ and the curvature estimate they came from (module docstring).
+
+    ``probe`` reads the curvature for the curvature strategy; ``first_hypergradient`` says whether
+    the first estimate (at w₀) is to be read again at w_t.
+    """
+
+    def __init__(self, config: SIDConfig) -> None:
+        self.config = config
+        self.alpha, self.L, self.mu, self.q = self.given
+        self.lambda_min: float | None = self.mu
+        self.delta = 0.0
+        self.estimate: CurvatureEstimate | None = None
+        self.step_scale = 1.0  # BackOff's halvings of η for a general map
+        self.resolved = False
+        self.pending_at_w_t = False  # the first estimate was at w₀: read again at w_t
+        self._first = False
+        self.phi: FixedPointMap | None = None
+        self.probe: CurvatureProbe | None = None
+
+    def bind(self, phi: FixedPointMap, probe: CurvatureProbe) -> None:
+        """The map whose constants these are, and the probe reading its curvature."""
+        self.phi, self.probe = phi, probe
+
+    @property
+    def given(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(α, L, μ, q) as configured: what a curvature refresh goes back to."""
+        L, mu = self.config.curvature.given()
+        return self.config.alpha, L, mu, self.config.q
+
+    def _push(self) -> None:
+        assert self.phi is not None
+        self.phi.set_step(self.alpha, self.delta)
+
+    # ------------------------------------------------------------------ before the solves
+    def prepare(self, hyper_step: int, first_hypergradient: bool) -> None:
+        """Go back to the given constants when the curvature strategy refreshes, and fit them
+        where they are not set (before the first solve of a hyper step)."""
+        if self.config.curvature.needs_refresh(hyper_step):
+            self.alpha, self.L, self.mu, self.q = self.given
+            self.resolved = False
+        if not self.resolved:
+            self.resolved = True
+            self._first = first_hypergradient
+            assert self.phi is not None
+            self.phi.fit_constants(self)
+
+    def fit_general_map(self) -> None:
+        """A general map: δ without an estimate; q must be given for decreasing steps."""
+        self.delta = self.config.damping.delta(None)
+        self._push()
+        if self.config.needs_q and self.q is None:
+            raise ConfigurationError(
+                "decreasing step sizes for a general fixed-point map need its contraction "
+                "constant: pass q=... (or beta=... and gamma=...)."
+            )
+
+    def fit_gradient_map(self) -> None:
+        """α, q, δ of the GD map from the given constants or the curvature strategy's estimate."""
+        c = self.config
+        if self.alpha is not None and (self.q is not None or not c.needs_q):
+            self.delta = c.damping.delta(self.estimate)
+            self._push()
+            return
+        current = None
+        if self.L is not None and self.mu is not None:
+            current = CurvatureEstimate(self.L, self.mu, False, 0, self.lambda_min)
+        assert self.probe is not None
+        est = c.curvature.estimate(self.probe, current)
+        self.pending_at_w_t = est is not current and self._first and c.inner_steps > 0
+        self.estimate = est
+        self.delta = c.damping.delta(est)
+        self.set_from_spectrum(est)
+
+    def at_w_t(self) -> bool:
+        """After the first inner solve: the curvature read again at w_t, merged so that α can
+        only shrink and δ only grow (:meth:`Curvature.estimate_at_w_t`). Whether they changed."""
+        if not self.pending_at_w_t:
+            return False
+        self.pending_at_w_t = False
+        assert self.probe is not None
+        est = self.config.curvature.estimate_at_w_t(self.probe, self.estimate)
+        if est is None:
+            return False
+        self.estimate = est
+        self.delta = max(self.delta, self.config.damping.delta(est))
+        self.set_from_spectrum(est)
+        return True
+
+    def set_from_spectrum(self, est: CurvatureEstimate) -> None:
+        """α, q of the (damped) GD map from L̂, λ̂_min and δ (Cor. 4.3 on [λ_min + δ, L + δ])."""
+        delta = self.delta
+        lam_min = est.lambda_min if est.lambda_min is not None else est.mu
+        low = (lam_min if delta > 0 else est.mu) + delta
+        low = max(low, self.config.curvature.mu_floor * (est.L + delta))
+        consts = theory_constants(
+            est.L + delta, min(low, est.L + delta), self.config.sigma2, self.given[0]
+        )
+        self.L, self.mu, self.lambda_min = est.L, est.mu, lam_min
+        self.alpha, self.q = consts.alpha, consts.q
+        self._push()
+        notes = ["the damped hypergradient, not the exact implicit one"] if delta > 0 else []
+        notes += [n for n in [linearised_note(self.config.hvp)] if n]
+        log.info(
+            "hypertorch_sid: alpha = %.4g, q = %.4g (L = %.4g, lambda_min = %.4g, "
+            "damping = %.4g)%s",
+            self.alpha,
+            self.q,
+            self.L,
+            lam_min,
+            delta,
+            "".join(f" - {note}" for note in notes),
+        )
+
+    def schedules(self) -> tuple[StepSchedule, StepSchedule]:
+        """η_t of the inner and the adjoint solve (BackOff's halvings of η applied)."""
+        c = self.config
+        schedules = (
+            make_schedule(kind, q=self.q, steps=steps, **c.schedule_args)
+            for kind, steps in zip(c.schedule_kinds, (c.inner_steps, c.adjoint_steps))
+        )
+        return tuple(  # type: ignore[return-value]
+            s if self.step_scale == 1.0 else s.scaled(self.step_scale) for s in schedules
+        )
+
+    # ------------------------------------------------------------------ after a divergence
+    def halve_alpha(self) -> str:
+        """BackOff on the GD map: α halved."""
+        assert self.phi is not None
+        self.alpha = self.phi.gradient_step_size() / 2  # type: ignore[operator]
+        self._push()
+        return f"backing off: halving alpha to {self.alpha:.3g}"
+
+    def halve_eta(self) -> str:
+        """BackOff on a general map: the schedules' η halved."""
+        self.step_scale /= 2
+        return f"backing off: halving the step sizes eta_t (now x{self.step_scale:.3g})"
+
+    def recover(self) -> str:
+        """Recover on the GD map: the curvature read again at the current w, δ raised."""
+        assert self.phi is not None and self.probe is not None
+        est = self.config.curvature.recover(self.probe, self.estimate)
+        if est is None:
+            alpha = self.phi.gradient_step_size()
+            assert alpha is not None
+            est = CurvatureEstimate(self.L or 1.0 / alpha, self.mu or 1e-4, True, 0)
+        self.estimate = est
+        damping = self.config.damping
+        self.delta = max(damping.escalate(self.delta, est), damping.delta(est))
+        self.set_from_spectrum(est)
+        return f"damping raised to {self.delta:.3g} (alpha {self.alpha:.3g})"
+
+    # ------------------------------------------------------------------ the user's constants
+    def set_user(
+        self, L: float | None, mu: float | None, alpha: float | None, q: float | None
+    ) -> None:
+        """:meth:`SIDHyperOptimizer.set_constants`, checked (see there)."""
+        assert self.phi is not None and self.probe is not None
+        self.phi.require_gradient_map("set_constants")
+        if L is not None and mu is not None:
+            consts = theory_constants(L, mu, self.config.sigma2, alpha)
+            if q is not None and abs(q - consts.q) > 1e-12:
+                raise ConfigurationError(
+                    f"q={q!r} contradicts L, mu and alpha (which give q={consts.q:.6g}); "
+                    "pass L and mu, or alpha and q, not both."
+                )
+            L, mu, alpha, q = consts.L, consts.mu, consts.alpha, consts.q
+        else:
+            for name, value in (("L", L), ("mu", mu), ("alpha", alpha)):
+                if value is not None:
+                    check_positive(name, value)
+            if q is not None and not (isinstance(q, (int, float)) and 0 <= q < 1):
+                raise ConfigurationError(f"q must be a contraction constant in [0, 1), got {q!r}.")
+        self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
+        if alpha is not None:
+            self.phi.set_step(alpha, self.phi.damping)
+        if L is not None or alpha is not None:  # the user's constants: the unpreconditioned map
+            self.probe.set_scale(None)
+        self.resolved = False
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "L": self.L,
+            "mu": self.mu,
+            "q": self.q,
+            "lambda_min": self.lambda_min,
+            "delta": self.delta,
+        }
+
+    @staticmethod
+    def check_state(constants: Any) -> None:
+        """Raise unless ``constants`` is a saved :meth:`state_dict`."""
+        if (
+            not isinstance(constants, dict)
+            or not set(NAMES) <= set(constants)
+            or not all(c is None or (_is_real(c) and math.isfinite(c)) for c in constants.values())
+        ):
+            raise ConfigurationError(
+                f"the saved constants must be a dict of {NAMES} holding finite numbers or None, "
+                f"got {constants!r}."
+            )
+
+    def load_state_dict(self, constants: dict[str, Any]) -> None:
+        """Take checked constants (:meth:`check_state`)."""
+        self.alpha, self.L, self.mu, self.q = (constants[n] for n in NAMES)
+        self.lambda_min = constants.get("lambda_min", self.mu)
+        self.delta = float(constants.get("delta") or 0.0)
+        if self.L is not None and self.mu is not None:
+            self.estimate = CurvatureEstimate(
+                self.L, self.mu, False, 0, self.lambda_min if self.lambda_min is not None else None
+            )
+        self._push()
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)

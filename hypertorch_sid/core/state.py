@@ -1,0 +1,180 @@
+"""Saving and restoring a :class:`~hypertorch_sid.SIDHyperOptimizer` (to resume a run).
+
+The state holds λ, the outer optimizer's state, the warm-start v, the step constants
+(:class:`~hypertorch_sid.core.constants.StepConstants`), the map's preconditioner S, the
+divergence guard and the cost. Every entry is validated before anything changes: a truncated,
+corrupted or foreign state raises :class:`ConfigurationError` and leaves the optimizer as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .constants import StepConstants
+from .cost import Cost
+from .divergence import DivergenceGuard
+from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .optimizer import SIDHyperOptimizer
+
+Tensors = list[Tensor]
+
+
+def state_dict(opt: SIDHyperOptimizer) -> dict[str, Any]:
+    """Everything needed to resume: λ, outer optimizer state, warm-start v, constants, cost."""
+    return {
+        "hyperparameters": [h.detach().clone() for h in opt.hyperparameters],
+        "outer_optimizer": (
+            copy.deepcopy(opt.outer_optimizer.state_dict())
+            if opt.outer_optimizer is not None
+            else None
+        ),
+        "v": [x.clone() for x in opt.v] if opt.v is not None else None,
+        "hyper_step": opt.hyper_step,
+        "constants": opt.constants.state_dict(),
+        "scale": opt.phi.scale_state(),
+        "guard": opt.guard.state_dict(),
+        "cost": opt.cost.as_dict(),
+    }
+
+
+def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
+    """Restore what :func:`state_dict` saved (λ in place, on their current device)."""
+    if not isinstance(state, dict):
+        raise ConfigurationError(
+            f"a SIDHyperOptimizer state is a dict, got {type(state).__name__}."
+        )
+    required = {"hyperparameters", "outer_optimizer", "v", "hyper_step", "constants", "cost"}
+    missing = required - set(state)
+    if missing:
+        raise ConfigurationError(
+            f"not a SIDHyperOptimizer state: keys {sorted(missing)} are missing (truncated or "
+            "foreign checkpoint?)."
+        )
+    saved = _saved_tensors("hyperparameters", state["hyperparameters"], opt.hyperparameters)
+    if not opt.is_feasible(saved):
+        raise ConfigurationError(
+            "the saved hyperparameters are outside the feasible set (feasible() returned "
+            "False): the checkpoint does not belong to this problem."
+        )
+    v = _saved_tensors("v", state["v"], opt.inner_parameters) if state["v"] is not None else None
+    scale = state.get("scale")
+    if scale is not None:
+        scale = _saved_tensors("scale", scale, opt.inner_parameters)
+    opt.phi.check_scale_state(scale)
+    hyper_step = state["hyper_step"]
+    if isinstance(hyper_step, bool) or not isinstance(hyper_step, int) or hyper_step < 0:
+        raise ConfigurationError(
+            f"the saved hyper_step must be an integer ≥ 0, got {hyper_step!r}."
+        )
+    StepConstants.check_state(state["constants"])
+    cost = state["cost"]
+    fields = set(Cost().as_dict())
+    if (
+        not isinstance(cost, dict)
+        or not set(cost) <= fields
+        or not all(isinstance(c, int) and not isinstance(c, bool) for c in cost.values())
+    ):
+        raise ConfigurationError(
+            f"the saved cost must be a dict of integer counters among {sorted(fields)}, got "
+            f"{cost!r}."
+        )
+    if "guard" in state:
+        DivergenceGuard().load_state_dict(state["guard"])  # validates only
+    if state["outer_optimizer"] is not None and opt.outer_optimizer is not None:
+        _load_outer_optimizer(opt.outer_optimizer, state["outer_optimizer"])
+    # ------------------------------------------------ all checked: change the optimizer
+    with torch.no_grad():
+        for h, x in zip(opt.hyperparameters, saved):
+            h.copy_(x)
+    like = opt.inner_parameters
+    opt.v = (
+        [x.to(device=w.device, dtype=w.dtype) for x, w in zip(v, like)] if v is not None else None
+    )
+    opt.hyper_step = hyper_step
+    if "guard" in state:
+        opt.guard.load_state_dict(state["guard"])
+    opt.constants.load_state_dict(state["constants"])
+    opt.phi.load_scale_state(scale)
+    opt.cost.load(cost)
+
+
+def _load_outer_optimizer(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """Load the outer optimizer's state, or raise with the optimizer as it was."""
+    tensors = [
+        x
+        for per_param in (saved.get("state", {}) if isinstance(saved, dict) else {}).values()
+        if isinstance(per_param, dict)
+        for x in per_param.values()
+        if isinstance(x, Tensor)
+    ]
+    if not all(torch.isfinite(x).all() for x in tensors):
+        raise ConfigurationError(
+            "the saved outer_optimizer state holds non-finite values (NaN/Inf); refusing to "
+            "load it."
+        )
+    _check_outer_state_shapes(optimizer, saved)
+    backup = copy.deepcopy(optimizer.state_dict())
+    try:
+        optimizer.load_state_dict(saved)
+    except Exception as err:
+        optimizer.load_state_dict(backup)
+        raise ConfigurationError(
+            f"the saved outer_optimizer state does not fit outer_optimizer "
+            f"({type(optimizer).__name__} over these hyperparameters): {err}"
+        ) from err
+
+
+def _check_outer_state_shapes(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """torch's own optimizers keep scalars or tensors shaped like the parameter per parameter.
+
+    ``Optimizer.load_state_dict`` does not check these shapes: a moment of another shape loads and
+    fails (or broadcasts) only at the next outer step. Optimizers from elsewhere, and torch's
+    ``LBFGS``/``Adafactor`` (other per-parameter shapes), are not checked here.
+    """
+    kind = type(optimizer)
+    if not kind.__module__.startswith("torch.optim.") or kind.__name__ in ("LBFGS", "Adafactor"):
+        return
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        return  # load_state_dict reports it
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return
+    ids = [i for g in groups for i in g.get("params", [])]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if len(ids) != len(params):
+        return  # load_state_dict reports it
+    shapes = dict(zip(ids, (p.shape for p in params)))
+    for i, per_param in saved["state"].items():
+        if i not in shapes or not isinstance(per_param, dict):
+            continue
+        for name, x in per_param.items():
+            if isinstance(x, Tensor) and x.dim() > 0 and x.shape != shapes[i]:
+                raise ConfigurationError(
+                    f"the saved outer_optimizer state {name!r} of hyperparameter {i} has shape "
+                    f"{tuple(x.shape)}, the hyperparameter {tuple(shapes[i])}: the checkpoint is "
+                    "corrupted or belongs to another model."
+                )
+
+
+def _saved_tensors(name: str, saved: Any, like: Sequence[Tensor]) -> Tensors:
+    """``saved`` as a list of finite tensors shaped like ``like``, or ConfigurationError."""
+    if not isinstance(saved, (list, tuple)) or not all(isinstance(x, Tensor) for x in saved):
+        raise ConfigurationError(
+            f"the saved {name} must be a list of tensors, got {type(saved).__name__}."
+        )
+    shapes, expected = [tuple(x.shape) for x in saved], [tuple(x.shape) for x in like]
+    if shapes != expected:
+        raise ConfigurationError(
+            f"the saved {name} have shapes {shapes}, these have {expected}: the checkpoint is "
+            "truncated or belongs to another model."
+        )
+    if not all(torch.isfinite(x).all() for x in saved):
+        raise ConfigurationError(f"the saved {name} hold non-finite values (NaN/Inf).")
+    return list(saved)
