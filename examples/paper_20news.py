@@ -294,7 +294,7 @@ def main() -> None:
         cfg["runs"] = len(args.seeds)
     if args.quick:
         cfg.update(
-            iters=3, epochs=2.0, runs=1, methods=["batch", "stoch_dec", "sid_default", "sid_prox"]
+            iters=2, epochs=2.0, runs=1, methods=["batch", "stoch_dec", "sid_default", "sid_prox"]
         )
     rows = []
     for seed in args.seeds if args.seeds is not None else range(cfg["runs"]):

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-auto}" --dist worksteal "$@"
+exec .venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"

@@ -40,7 +40,7 @@ def _run(script: str, tmp_path: Path, *extra: str) -> dict:
         [sys.executable, str(EXAMPLES / f"{script}.py"), "--quick", "--out", str(out), *extra],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # a hang guard; the quick runs take 1-4 minutes, more on a busy machine
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert out.with_suffix(".png").stat().st_size > 1000
