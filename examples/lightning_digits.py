@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -109,6 +110,8 @@ def train(
     train_loader = DataLoader(data["train"], batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(data["val"], batch_size=len(data["val"]))
     logger = CSVLogger(args.logs, name=name, version="")
+    lightning_log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    lightning_log.setLevel(logging.WARNING)  # no GPU/TPU lines and tips for each training
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         logger=logger,
@@ -119,6 +122,8 @@ def train(
         enable_progress_bar=progress_bar,
         num_sanity_val_steps=0,
     )
+    if progress_bar:  # the learned run: show the callback's plan of hyper steps
+        lightning_log.setLevel(logging.INFO)
     start = time.perf_counter()
     trainer.fit(model, train_loader, val_loader)
     seconds = time.perf_counter() - start
@@ -183,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*LeafSpec.*")
+    warnings.filterwarnings("ignore", ".*exists and is not empty.*")
     data = splits(args.n_train, args.n_val, args.seed)
     print(
         f"digits: {len(data['train'])} train / {len(data['val'])} validation / "

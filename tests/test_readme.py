@@ -26,3 +26,12 @@ def test_readme_has_examples():
 def test_example_runs(page, index, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, f"{page} block {index}", "exec"), {"__name__": "readme"})
+
+
+def test_readme_links_point_to_files_in_the_repository():
+    text = (REPO / "README.md").read_text()
+    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)}
+    local = sorted(t for t in targets if t and "://" not in t)
+    assert local, "the README links its documentation pages"
+    missing = [t for t in local if not (REPO / t).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
