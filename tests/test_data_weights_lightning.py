@@ -170,3 +170,19 @@ def test_a_stream_is_refused_with_the_fix():
 def test_argument_errors(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         LearnedDataWeights(**kwargs)
+
+
+def test_directional_losses_equal_per_sample_gradients_along_v():
+    from hypertorch_sid.lightning.data_weights import directional_losses
+
+    model = Classifier()
+    X, y, _, _ = blobs()
+    x, t = X[:5], y[:5]
+    params = list(model.parameters())
+    v = [torch.randn_like(p) for p in params]
+    u = directional_losses(model, Classifier.training_step.__get__(model), (x, t), params, v)
+    for i in range(5):
+        loss = F.cross_entropy(model.net(x[i : i + 1]), t[i : i + 1])
+        grads = torch.autograd.grad(loss, params)
+        expected = sum((g * vi).sum() for g, vi in zip(grads, v))
+        assert abs(float(u[i]) - float(expected)) < 1e-4 * max(1.0, abs(float(expected)))

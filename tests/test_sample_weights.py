@@ -299,3 +299,16 @@ def test_lazy_adam_moves_only_the_rows_read_and_matches_adam_on_them():
     again = LazyAdam([torch.zeros(6, requires_grad=True)], lr=0.1)
     again.load_state_dict(state)
     assert torch.equal(again.state_dict()["state"][0]["visits"], state["state"][0]["visits"])
+
+
+def test_lazy_adam_takes_sparse_gradients_and_a_shared_scale():
+    w = SampleWeights(5)
+    lazy = LazyAdam(w.hyperparameters, lr=0.1, row_scale=False)
+    w.logits.grad = torch.sparse_coo_tensor(
+        torch.tensor([[1, 3, 3]]), torch.tensor([1.0, 1.0, 1.0]), (5,)
+    )
+    lazy.step()
+    x = w.logits.detach()
+    # one scale for both rows: row 3 (gradient 2, duplicates summed) moves twice as far as row 1
+    assert bool((x[[0, 2, 4]] == 0).all()) and float(x[1]) < 0
+    assert torch.allclose(x[3], 2 * x[1])

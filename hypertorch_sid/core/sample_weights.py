@@ -375,7 +375,9 @@ class LazyAdam(torch.optim.Optimizer):
     per-sample weights means all n rows change at every hyper step; here a row moves only when a
     minibatch reads it, with Adam's bias correction counted per row (its own number of visits).
     The cost is a scan for the non-zero rows plus O(rows read) arithmetic; the state (m, v, the
-    visit counts) is O(n) storage. Works on dense gradients (what ``SIDHyperOptimizer`` writes)
+    visit counts) is O(n) storage. ``row_scale=False`` divides by one running RMS of the
+    gradients of all rows read instead of each row's own (a row visited once then moves by
+    lr·gᵢ/RMS, keeping how large its gradient was, not by ±lr whatever its size). Works on dense gradients (what ``SIDHyperOptimizer`` writes)
     and on sparse ones.
     """
 
@@ -385,10 +387,12 @@ class LazyAdam(torch.optim.Optimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        row_scale: bool = True,
     ) -> None:
         if not lr > 0:
             raise ConfigurationError(f"LazyAdam: lr must be > 0, got {lr!r}.")
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "row_scale": row_scale}
+        super().__init__(params, defaults)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -422,7 +426,23 @@ class LazyAdam(torch.optim.Optimizer):
                 state["visits"].index_copy_(0, rows, t)
                 shape = (-1,) + (1,) * (p.dim() - 1)
                 c1 = (1 - b1**t).to(p.dtype).view(shape)
-                c2 = (1 - b2**t).to(p.dtype).view(shape)
-                update = (m / c1) / ((v / c2).sqrt() + group["eps"])
+                if group.get("row_scale", True):
+                    c2 = (1 - b2**t).to(p.dtype).view(shape)
+                    scale = (v / c2).sqrt()
+                else:  # one scale for all rows: a row's step keeps its gradient's magnitude
+                    scale = self._shared_scale(state, values, b2)
+                update = (m / c1) / (scale + group["eps"])
                 p.index_add_(0, rows, update, alpha=-group["lr"])
         return loss
+
+    @staticmethod
+    def _shared_scale(state: dict[str, Any], values: Tensor, beta2: float) -> Tensor:
+        """√ of a bias-corrected running mean of the squared gradients of all rows read."""
+        mean_sq = values.double().pow(2).mean()
+        if "shared_sq" not in state:
+            state["shared_sq"] = torch.zeros((), dtype=torch.float64, device=values.device)
+            state["shared_steps"] = torch.zeros((), dtype=torch.float64, device=values.device)
+        state["shared_sq"].mul_(beta2).add_(mean_sq, alpha=1 - beta2)
+        state["shared_steps"].add_(1)
+        corrected = state["shared_sq"] / (1 - beta2 ** state["shared_steps"])
+        return corrected.sqrt().to(values.dtype)

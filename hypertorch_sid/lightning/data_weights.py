@@ -125,6 +125,9 @@ class DataWeightsProblem:
             self.weights = SampleWeights(num_classes, parameterization, initial)  # type: ignore[arg-type]
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
+        #: called with (index, data) at every training step before the losses are returned (the
+        #: callback's cross term on the training batch, ``cross_term="training"``)
+        self.on_training_batch: Callable[[Tensor, Any], None] | None = None
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -243,6 +246,8 @@ class DataWeightsProblem:
             out = original(data, batch_idx, *args, **kwargs)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index)  # type: ignore[union-attr]
+            if self.on_training_batch is not None:
+                self.on_training_batch(index, data)
             loss = _weighted(out, index, weights, self.normalize)
             return {**out, "loss": loss} if isinstance(out, Mapping) else loss
 
@@ -253,6 +258,38 @@ class DataWeightsProblem:
         if self._module is not None:
             self._module.__dict__.pop("training_step", None)
         self._module = self._original = None
+
+
+def directional_losses(
+    module: torch.nn.Module,
+    step: Callable[..., Any],
+    data: Any,
+    params: list[Tensor],
+    tangents: list[Tensor],
+) -> Tensor:
+    """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data`` at once: one forward-mode pass (a JVP of
+    the per-sample losses that ``step(data, 0)`` returns along v), no per-sample gradients.
+
+    ``params`` must be parameters of ``module`` (they are swapped for the pass); buffers are
+    swapped for clones, so BatchNorm's running statistics are not updated by it.
+    """
+    from torch.func import jvp
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    names = {id(p): n for n, p in module.named_parameters()}
+    keys = [names[id(p)] for p in params]
+    buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+
+    def losses(*flat: Tensor) -> Tensor:
+        with _reparametrize_module(module, {**buffers, **dict(zip(keys, flat))}):
+            with _muted_logging(module):  # type: ignore[arg-type]
+                out = step(data, 0)
+        out = out.get("loss") if isinstance(out, Mapping) else out
+        return out.reshape(out.shape[0], -1).mean(1) if out.dim() > 1 else out
+
+    primals = tuple(p.detach() for p in params)
+    _, u = jvp(losses, primals, tuple(t.detach() for t in tangents))
+    return u.detach()
 
 
 def _weighted(out: Any, index: Tensor, weights: Tensor, normalize: bool) -> Tensor:
@@ -306,29 +343,82 @@ class LearnedDataWeights(HyperOptimizationCallback):
         normalize: bool = True,
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+        cross_term: Literal["training", "hyper_step"] = "training",
+        row_scale: bool = True,
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
-        kwargs.setdefault("every_n_steps", 10)
+        if cross_term not in ("training", "hyper_step"):
+            raise ConfigurationError(
+                f"LearnedDataWeights: cross_term must be 'training' or 'hyper_step', got "
+                f"{cross_term!r}."
+            )
+        kwargs.setdefault("every_n_steps", 20 if cross_term == "training" else 10)
         kwargs.setdefault("adjoint_steps", 3)
         if not {"d2_batches", "config", "batches"} & set(kwargs):
-            kwargs["d2_batches"] = 4
+            kwargs["d2_batches"] = 1 if cross_term == "training" else 4
         kwargs.setdefault("outer_lr", 1.0)
         if kwargs.get("outer_optimizer") is None:
-            kwargs["outer_optimizer"] = functools.partial(LazyAdam, lr=kwargs["outer_lr"])
+            kwargs["outer_optimizer"] = functools.partial(
+                LazyAdam, lr=kwargs["outer_lr"], row_scale=row_scale
+            )
         problem = DataWeightsProblem(
             per, num_classes, parameterization, initial, normalize, target, validation_loss
         )
         super().__init__(problem=problem, **kwargs)
         self.problem: DataWeightsProblem = problem
         self.per = per
+        self.cross_term = cross_term
+        self._trainer: pl.Trainer | None = None
+        self._module: pl.LightningModule | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Build (see the base class); with ``cross_term="training"`` every training batch also
+        moves its own rows' weights."""
+        super().on_train_start(trainer, pl_module)
+        self._trainer, self._module = trainer, pl_module
+        if self.cross_term == "training":
+            self.problem.on_training_batch = self._training_cross_term
+
+    @torch.no_grad()
+    def _training_cross_term(self, index: Tensor, data: Any) -> None:
+        """Eq. gradestim's cross term on the training batch, with the last hyper step's v:
+
+            ĝᵢ = −α ∂ₓᵢ⟨∇₁ℓ̂(w, x; ζ), v⟩ = −α ∂ₓᵢ (Σⱼ ωⱼ uⱼ / Σⱼ ωⱼ),  uⱼ = ⟨∇ℓⱼ(w), v⟩,
+
+        for the rows i of the batch ζ the training step reads anyway (u by one forward-mode
+        pass, :func:`directional_losses`), then the outer optimizer's step on those rows. Every
+        example is then visited once per epoch at the cost of about one more forward/backward
+        per step, instead of only in the hyper steps' own J minibatches."""
+        sid, weights, problem = self.sid, self.problem.weights, self.problem
+        if sid is None or sid.v is None or sid.alpha is None or weights is None:
+            return
+        if sid.phi.scale is not None or self._module is None or self._active is None:
+            return  # v in preconditioned coordinates: only the hyper steps' own cross term
+        with torch.enable_grad():
+            u = directional_losses(
+                self._module, problem._original, data, self._active.inner_parameters, sid.v
+            )
+            x = weights.logits.detach().index_select(0, index).requires_grad_(True)
+            omega = weights.parameterization.rows(x, weights).to(u.dtype)
+            inner = (omega * u).sum() / omega.sum() if problem.normalize else (omega * u).mean()
+            (g,) = torch.autograd.grad(inner, x)
+        g = -float(sid.alpha) * g.to(weights.logits.dtype)
+        if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
+            index = self._trainer.strategy.all_gather(index).reshape(-1)
+            g = self._trainer.strategy.all_gather(g).reshape(-1)
+        weights.logits.grad = torch.sparse_coo_tensor(index[None], g, (weights.n,))
+        sid.outer_optimizer.step()
+        sid.outer_optimizer.zero_grad(set_to_none=True)
+        weights.projection()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""
         super().teardown(trainer, pl_module, stage)
         if stage == "fit":
             self.problem.unwrap()
+            self.problem.on_training_batch = None
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException

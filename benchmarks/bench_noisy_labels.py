@@ -1,0 +1,417 @@
+"""Deep networks with noisy labels through Lightning: does ``LearnedDataWeights`` close the gap?
+
+For each data set (MNIST, Fashion-MNIST; IDX files in ``../shared/data``) and label noise
+(40 % *symmetric*: the label replaced by a uniformly random other class; 40 % *pair*-flip: class
+c labelled c+1 mod 10), the same small CNN (conv5×5(8)+ReLU+pool, conv5×5(16)+ReLU+pool,
+linear 256→10; no BatchNorm, so every method trains the same network) is trained with
+
+* ``plain``     the ordinary training on the noisy labels (``reduction="mean"``);
+* ``drop_in``   the same module with ``reduction="none"``, the train set in ``IndexedDataset``
+                and ``callbacks=[LearnedDataWeights()]`` — its defaults, nothing tuned here;
+* ``oracle``    plain training on the clean-labelled training examples only (labels known);
+* ``ren``       Ren et al. 2018, "Learning to reweight examples": at every step the weights of
+                the batch are the clipped negative gradient of the validation loss after a
+                one-step look-ahead, normalised to sum 1 (3 passes per step).
+
+Every method may read the same 1,000 clean validation images (``plain`` and ``oracle`` do not).
+Recorded: test accuracy at the end of training, wall time of ``trainer.fit``, and for
+``drop_in`` the learned weights split by clean / corrupted (mean, histogram, precision and recall
+of the flagged examples, flagged = weight below half its start).
+Goal (issue 27): the drop-in recovers ≥ 80 % of the accuracy gap between plain and oracle
+(recovered = (drop_in − plain) / (oracle − plain)) at ≤ 2× the plain wall time.
+
+``--imbalance`` adds the imbalanced-classes example: MNIST with two classes (3 and 8)
+down-sampled 20×, balanced validation data; ``plain`` vs ``inverse_freq`` (class weights
+1/frequency) vs ``per_class`` (``LearnedDataWeights(per="class")``) vs ``drop_in`` (per sample);
+balanced test accuracy and the accuracy on the two minority classes.
+
+Outputs: JSON (``--out``, default ``benchmarks/results/noisy_labels.json``) and a PNG next to it
+(test accuracy against wall time for every method and setting, the weight histogram by clean /
+corrupted).
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_noisy_labels.py --n-train 4000 --epochs 6 --seeds 0 1
+    python benchmarks/bench_noisy_labels.py --quick          # seconds: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+
+NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
+FOLDERS = {"mnist": "mnist", "fashion": "fashion-mnist"}
+FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+MINORITY = (3, 8)  # the imbalance example's down-sampled classes
+
+
+# ---------------------------------------------------------------------------------- data
+def read_idx(path: Path) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = int.from_bytes(raw[:4], "big") & 0xFF
+    shape = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load(name: str, root: Path) -> dict[str, tuple[Tensor, Tensor]]:
+    folder = root / FOLDERS[name]
+    missing = [f for pair in FILES.values() for f in pair if not (folder / f).is_file()]
+    if missing:
+        raise SystemExit(f"bench_noisy_labels: {missing} not found in {folder}; pass --data.")
+    mean, std = NORMALISATION[name]
+    out = {}
+    for split, (images, labels) in FILES.items():
+        x = torch.tensor(read_idx(folder / images), dtype=torch.float32)[:, None] / 255.0
+        out[split] = ((x - mean) / std, torch.tensor(read_idx(folder / labels), dtype=torch.int64))
+    return out
+
+
+def corrupt(y: Tensor, kind: str, rate: float, gen: torch.Generator) -> Tensor:
+    """40 % symmetric (a uniformly random *other* class) or pair-flip (c → c+1 mod 10)."""
+    noisy = y.clone()
+    hit = torch.rand(len(y), generator=gen) < rate
+    if kind == "symmetric":
+        shift = torch.randint(1, 10, (len(y),), generator=gen)
+        noisy[hit] = (y[hit] + shift[hit]) % 10
+    else:
+        noisy[hit] = (y[hit] + 1) % 10
+    return noisy
+
+
+def split(arrays: dict, n_train: int, n_val: int, n_test: int, seed: int) -> dict[str, Any]:
+    X, y = arrays["train"]
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    tr, va = perm[:n_train], perm[n_train : n_train + n_val]
+    Xt, yt = arrays["test"]
+    return {"X": X[tr], "y": y[tr], "Xv": X[va], "yv": y[va], "Xt": Xt[:n_test], "yt": yt[:n_test]}
+
+
+# ---------------------------------------------------------------------------------- model
+def cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(256, 10),
+    )  # fmt: skip
+
+
+class Classifier(pl.LightningModule):
+    """An ordinary classifier; ``reduction="none"`` is the drop-in's one change."""
+
+    def __init__(self, lr: float, reduction: str = "mean", class_weight: Tensor | None = None):
+        super().__init__()
+        self.net, self.lr, self.reduction = cnn(), lr, reduction
+        self.class_weight = class_weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y, weight=self.class_weight, reduction=self.reduction)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class Reweighted(Classifier):
+    """Ren et al. 2018 (L2RW): ω = normalise(max(−∂E(w − η∇Σεᵢℓᵢ)/∂ε, 0)) at ε = 0."""
+
+    def __init__(self, lr: float, Xv: Tensor, yv: Tensor, val_batch: int = 100) -> None:
+        super().__init__(lr)
+        self.Xv, self.yv, self.val_batch = Xv, yv, val_batch
+        self.gen = torch.Generator().manual_seed(0)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        params = dict(self.net.named_parameters())
+        eps = torch.zeros(len(y), requires_grad=True)
+        losses = F.cross_entropy(functional_call(self.net, params, (x,)), y, reduction="none")
+        grads = torch.autograd.grad((eps * losses).sum(), list(params.values()), create_graph=True)
+        ahead = {k: p - self.lr * g for (k, p), g in zip(params.items(), grads)}
+        j = torch.randint(0, len(self.yv), (self.val_batch,), generator=self.gen)
+        val = F.cross_entropy(functional_call(self.net, ahead, (self.Xv[j],)), self.yv[j])
+        (g_eps,) = torch.autograd.grad(val, eps)
+        w = torch.clamp(-g_eps, min=0)
+        w = w / w.sum() if float(w.sum()) > 0 else w
+        return (w.detach() * losses).sum()
+
+
+def accuracy(net: nn.Module, X: Tensor, y: Tensor) -> Tensor:
+    with torch.no_grad():
+        net.eval()
+        pred = torch.cat([net(X[i : i + 1000]).argmax(1) for i in range(0, len(y), 1000)])
+        net.train()
+    return pred == y
+
+
+def trainer(epochs: int, callbacks: list[Any]) -> pl.Trainer:
+    return pl.Trainer(
+        max_epochs=epochs, accelerator="cpu", devices=1, logger=False, callbacks=callbacks,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+
+
+def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """One training; returns test accuracy, wall time and (drop-in) the learned weights."""
+    torch.manual_seed(seed)
+    X, y, clean = d["X"], d["y_noisy"], d["clean"]
+    gen = torch.Generator().manual_seed(seed)
+    callbacks: list[Any] = []
+    class_weight = None
+    if method == "oracle":
+        X, y = X[clean], y[clean]
+    if method == "inverse_freq":
+        counts = torch.bincount(y, minlength=10).float()
+        class_weight = counts.sum() / (10 * counts)
+    data: Any = TensorDataset(X, y)
+    if method == "ren":
+        model: Classifier = Reweighted(args.lr, d["Xv"], d["yv"])
+    elif method in ("drop_in", "per_class"):
+        model = Classifier(args.lr, reduction="none")
+        per = "class" if method == "per_class" else "sample"
+        cb = LearnedDataWeights(per=per, num_classes=10 if per == "class" else None, seed=seed)
+        callbacks.append(cb)
+        data = IndexedDataset(data) if per == "sample" else data
+    else:
+        model = Classifier(args.lr, class_weight=class_weight)
+    loader = DataLoader(data, batch_size=args.batch, shuffle=True, generator=gen)
+    val = DataLoader(TensorDataset(d["Xv"], d["yv"]), batch_size=args.batch)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(args.epochs, callbacks).fit(model, loader, val if callbacks else None)
+    wall = time.perf_counter() - t0
+    correct = accuracy(model.net, d["Xt"], d["yt"])
+    rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall}
+    minority = torch.isin(d["yt"], torch.tensor(MINORITY))
+    rec["minority_acc"] = float(correct[minority].float().mean())
+    if callbacks:
+        w = callbacks[0].data_weights()
+        rec["weights"] = [round(float(v), 4) for v in w]
+        if method == "drop_in":
+            rec.update(weight_stats(w, clean, callbacks[0].flagged()))
+        rec["hyper_steps"] = len(callbacks[0].history)
+    return rec
+
+
+def weight_stats(w: Tensor, clean: Tensor, flagged: Tensor) -> dict[str, float]:
+    corrupted = ~clean
+    is_flagged = torch.zeros(len(w), dtype=torch.bool)
+    is_flagged[flagged] = True
+    tp = int((is_flagged & corrupted).sum())
+    return {
+        "weight_clean_mean": float(w[clean].mean()),
+        "weight_corrupted_mean": float(w[corrupted].mean()) if corrupted.any() else math.nan,
+        "flag_precision": tp / max(int(is_flagged.sum()), 1),
+        "flag_recall": tp / max(int(corrupted.sum()), 1),
+    }
+
+
+# ---------------------------------------------------------------------------------- settings
+def noisy_setting(arrays: dict, kind: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    d = split(arrays, args.n_train, args.n_val, args.n_test, seed)
+    d["y_noisy"] = corrupt(d["y"], kind, args.rate, torch.Generator().manual_seed(100 + seed))
+    d["clean"] = d["y_noisy"] == d["y"]
+    return d
+
+
+def imbalanced_setting(arrays: dict, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Two classes down-sampled 20× in the training set; balanced validation (and test)."""
+    d = split(arrays, args.n_train, 0, args.n_test, seed)
+    keep = torch.ones(len(d["y"]), dtype=torch.bool)
+    gen = torch.Generator().manual_seed(200 + seed)
+    for c in MINORITY:
+        idx = torch.nonzero(d["y"] == c).flatten()
+        drop = idx[torch.randperm(len(idx), generator=gen)[len(idx) // 20 :]]
+        keep[drop] = False
+    X, y = arrays["train"]
+    rest = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[args.n_train :]
+    per = args.n_val // 10
+    val = torch.cat([rest[y[rest] == c][:per] for c in range(10)])
+    return {
+        "X": d["X"][keep], "y": d["y"][keep], "y_noisy": d["y"][keep],
+        "clean": torch.ones(int(keep.sum()), dtype=torch.bool),
+        "Xv": X[val], "yv": y[val], "Xt": d["Xt"], "yt": d["yt"],
+    }  # fmt: skip
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for method, recs in runs.items():
+        acc = [r["test_acc"] for r in recs]
+        wall = [r["wall_s"] for r in recs]
+        out[method] = {
+            "test_acc_mean": float(np.mean(acc)), "test_acc_std": float(np.std(acc)),
+            "wall_s_mean": float(np.mean(wall)),
+            "minority_acc_mean": float(np.mean([r["minority_acc"] for r in recs])),
+        }  # fmt: skip
+    if {"plain", "oracle", "drop_in"} <= set(out):
+        gap = out["oracle"]["test_acc_mean"] - out["plain"]["test_acc_mean"]
+        gain = out["drop_in"]["test_acc_mean"] - out["plain"]["test_acc_mean"]
+        out["gap_recovered"] = gain / gap if gap > 0 else math.nan
+        out["drop_in_time_ratio"] = out["drop_in"]["wall_s_mean"] / out["plain"]["wall_s_mean"]
+        if "ren" in out:
+            out["ren_gap_recovered"] = (
+                (out["ren"]["test_acc_mean"] - out["plain"]["test_acc_mean"]) / gap
+                if gap > 0
+                else math.nan
+            )
+            out["ren_time_ratio"] = out["ren"]["wall_s_mean"] / out["plain"]["wall_s_mean"]
+    return out
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["settings"])
+    fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 7), squeeze=False)
+    colors = {
+        "plain": "gray", "oracle": "black", "drop_in": "tab:green", "ren": "tab:orange",
+        "inverse_freq": "tab:blue", "per_class": "tab:purple",
+    }  # fmt: skip
+    for col, name in enumerate(names):
+        res = results["settings"][name]
+        ax = axes[0, col]
+        for method, recs in res["runs"].items():
+            ax.scatter([r["wall_s"] for r in recs], [100 * (1 - r["test_acc"]) for r in recs],
+                       color=colors.get(method, "red"), label=method)  # fmt: skip
+        ax.set_xlabel("wall time of fit (s)")
+        ax.set_ylabel("test error (%)")
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7)
+        ax = axes[1, col]
+        drop = res["runs"].get("drop_in")
+        if drop and "weights" in drop[0] and "clean" in res:
+            w = np.array(drop[0]["weights"])
+            clean = np.array(res["clean"], dtype=bool)
+            bins = np.linspace(0, 1, 31)
+            ax.hist(w[clean], bins=bins, alpha=0.6, label="clean", color="tab:green")
+            if (~clean).any():
+                ax.hist(w[~clean], bins=bins, alpha=0.6, label="corrupted", color="tab:red")
+            ax.set_xlabel("learned weight σ(x) (seed of the first run)")
+            ax.set_ylabel("examples")
+            ax.legend(fontsize=7)
+        else:
+            ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", type=Path, default=REPO / ".." / "shared" / "data")
+    p.add_argument("--datasets", nargs="+", default=["mnist", "fashion"])
+    p.add_argument("--noise", nargs="+", default=["symmetric", "pair"])
+    p.add_argument("--methods", nargs="+", default=["plain", "drop_in", "oracle", "ren"])
+    p.add_argument("--rate", type=float, default=0.4)
+    p.add_argument("--n-train", type=int, default=2000)
+    p.add_argument("--n-val", type=int, default=1000)
+    p.add_argument("--n-test", type=int, default=5000)
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared CPU)")
+    p.add_argument("--imbalance", action="store_true", help="add the imbalanced-classes example")
+    p.add_argument("--quick", action="store_true", help="a smoke run (seconds)")
+    p.add_argument(
+        "--out", type=Path, default=REPO / "benchmarks" / "results" / "noisy_labels.json"
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_train, args.n_val, args.n_test, args.epochs, args.seeds = 600, 200, 500, 1, [0]
+        args.datasets, args.noise = args.datasets[:1], args.noise[:1]
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {
+        "command": "python benchmarks/bench_noisy_labels.py " + " ".join(argv or sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(),
+                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "settings": {},
+    }  # fmt: skip
+    settings = [(ds, kind) for ds in args.datasets for kind in args.noise]
+    if args.imbalance:
+        settings.append(("mnist", "imbalance"))
+    cache: dict[str, Any] = {}
+    for ds, kind in settings:
+        arrays = cache.setdefault(ds, load(ds, args.data))
+        name = f"{ds}_{kind}" if kind == "imbalance" else f"{ds}_{kind}{int(100 * args.rate)}"
+        methods = (
+            ["plain", "inverse_freq", "per_class", "drop_in"]
+            if kind == "imbalance"
+            else args.methods
+        )
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+        first_clean = None
+        for seed in args.seeds:
+            d = (
+                imbalanced_setting(arrays, args, seed)
+                if kind == "imbalance"
+                else noisy_setting(arrays, kind, args, seed)
+            )
+            if first_clean is None:
+                first_clean = d["clean"]
+            for method in methods:
+                rec = train(method, d, args, seed)
+                if seed != args.seeds[0]:
+                    rec.pop("weights", None)
+                runs[method].append(rec)
+                print(f"{name} seed {seed} {method:13s} acc {rec['test_acc']:.4f} "
+                      f"minority {rec['minority_acc']:.3f} wall {rec['wall_s']:.1f}s"
+                      + (f" w clean {rec['weight_clean_mean']:.3f} corrupted "
+                         f"{rec['weight_corrupted_mean']:.3f} P {rec['flag_precision']:.2f} "
+                         f"R {rec['flag_recall']:.2f}" if "flag_precision" in rec else ""),
+                      flush=True)  # fmt: skip
+        results["settings"][name] = {
+            "runs": runs,
+            "summary": summarise(runs),
+            "clean": [bool(c) for c in first_clean] if first_clean is not None else None,
+        }
+        print(name, json.dumps(results["settings"][name]["summary"], indent=1), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""What does a hyper step cost as the number n of per-sample weights grows (10³ … 10⁶)?
+
+One ``SIDHyperOptimizer`` step on a weighted logistic model (784 → 10, batch 64; a data set of n
+examples, sample i = a fixed pool's sample i mod 1000 with its own weight xᵢ): t = 5 inner steps,
+k = 5 adjoint steps, J = 1 batch for the cross term ∂₂Φ̂ᵀv, α fixed (no curvature estimate), then
+the outer step with
+
+* ``sgd``        ``torch.optim.SGD`` on the (dense) hypergradient: rows outside the batch get a
+                 zero gradient and do not move, but every step passes over all n;
+* ``adam``       ``torch.optim.Adam``: every row keeps moving by its momentum after its batch
+                 (n rows change per step) and its update passes over all n several times;
+* ``lazy_adam``  :class:`~hypertorch_sid.core.sample_weights.LazyAdam`: only the rows with a
+                 non-zero hypergradient move (one scan for them, then O(rows) arithmetic).
+
+Measured per n and optimizer (median over ``--steps`` steps after 3 warm-up steps): the
+hypergradient's time (inner + adjoint + cross term: the rows are gathered with ``index_select``,
+whose backward ``index_add``s into an n-vector), the outer step's time (``apply``: optimizer and
+SIDHyperOptimizer's own checks), and the storage of the weights + optimizer state (bytes). Each n
+runs in its own process, which also reports its peak resident memory.
+
+Outputs: JSON (``--out``, default ``benchmarks/results/sample_weight_cost.json``) and a PNG next
+to it.
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_sample_weight_cost.py                 # n = 1e3, 1e4, 1e5, 1e6
+    python benchmarks/bench_sample_weight_cost.py --sizes 1000 1000000 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hypertorch_sid import Indexed, LazyAdam, SampleWeights, SIDHyperOptimizer  # noqa: E402
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=1.0),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.1),
+    "lazy_adam": lambda params: LazyAdam(params, lr=0.1),
+}
+
+
+def measure(n: int, optimizer: str, steps: int, batch: int = 64) -> dict[str, Any]:
+    torch.manual_seed(0)
+    pool_X, pool_y = torch.randn(1000, 784), torch.randint(0, 10, (1000,))
+    weights = SampleWeights(n)
+    W = torch.zeros(784, 10, requires_grad=True)
+    gen = torch.Generator().manual_seed(1)
+
+    def batches():
+        while True:
+            idx = torch.randint(0, n, (batch,), generator=gen)
+            yield Indexed(idx, (pool_X[idx % 1000], pool_y[idx % 1000]))
+
+    def inner(b):
+        idx, (X, y) = b
+        losses = F.cross_entropy(X @ W, y, reduction="none")
+        return weights.weighted_mean(losses, idx) + 1e-3 * (W**2).sum()
+
+    def outer(b):
+        X, y = b
+        return F.cross_entropy(X @ W, y)
+
+    hopt = SIDHyperOptimizer(
+        weights.hyperparameters, [W], inner, outer, OPTIMIZERS[optimizer](weights.hyperparameters),
+        inner_steps=5, adjoint_steps=5, alpha=0.01, step_size="constant", eta=1.0,
+        projection=weights.projection,
+    )  # fmt: skip
+    stream, val = batches(), (pool_X[:256], pool_y[:256])
+    grad_s, apply_s = [], []
+    for step in range(steps + 3):
+        t0 = time.perf_counter()
+        g = hopt.hypergradient(stream, val)
+        t1 = time.perf_counter()
+        hopt.apply(g)
+        t2 = time.perf_counter()
+        if step >= 3:
+            grad_s.append(t1 - t0)
+            apply_s.append(t2 - t1)
+    state = [x for s in hopt.outer_optimizer.state.values() for x in s.values()]
+    storage = weights.logits.element_size() * n + sum(
+        x.numel() * x.element_size() for x in state if isinstance(x, torch.Tensor)
+    )
+    moved = int((weights.logits.detach() != 0).sum())
+    return {
+        "n": n, "optimizer": optimizer,
+        "hypergradient_ms": 1e3 * statistics.median(grad_s),
+        "outer_step_ms": 1e3 * statistics.median(apply_s),
+        "hyper_step_ms": 1e3 * statistics.median(a + b for a, b in zip(grad_s, apply_s)),
+        "storage_bytes": storage, "rows_moved": moved,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }  # fmt: skip
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name in OPTIMIZERS:
+        rows = [r for r in results["runs"] if r["optimizer"] == name]
+        ns = [r["n"] for r in rows]
+        axes[0].plot(ns, [r["hyper_step_ms"] for r in rows], "o-", label=name)
+        axes[1].plot(ns, [r["outer_step_ms"] for r in rows], "o-", label=name)
+        axes[2].plot(ns, [r["storage_bytes"] / 2**20 for r in rows], "o-", label=name)
+    titles = ("hyper step (ms)", "of which the outer step (ms)", "weights + optimizer state (MiB)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log")
+        ax.set_xlabel("n (per-sample weights)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    axes[2].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
+    p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # n optimizer: in a child process
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sample_weight_cost.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.one:
+        print(json.dumps(measure(int(args.one[0]), args.one[1], args.steps)))
+        return {}
+    runs = []
+    for name in args.optimizers:
+        for n in args.sizes:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", str(n), name, "--steps", str(args.steps)],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            r = runs[-1]
+            print(f"{name:9s} n={n:>8d} hyper step {r['hyper_step_ms']:7.2f} ms (outer "
+                  f"{r['outer_step_ms']:6.2f} ms) storage {r['storage_bytes'] / 2**20:7.2f} MiB "
+                  f"rows moved {r['rows_moved']} peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+    results = {
+        "command": "python benchmarks/bench_sample_weight_cost.py "
+        + " ".join(argv or sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": 1},
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
