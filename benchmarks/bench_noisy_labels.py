@@ -25,9 +25,9 @@ down-sampled 20×, balanced validation data; ``plain`` vs ``inverse_freq`` (clas
 1/frequency) vs ``per_class`` (``LearnedDataWeights(per="class")``) vs ``drop_in`` (per sample);
 balanced test accuracy and the accuracy on the two minority classes.
 
-Outputs: JSON (``--out``, default ``benchmarks/results/noisy_labels.json``) and a PNG next to it
-(test accuracy against wall time for every method and setting, the weight histogram by clean /
-corrupted).
+Outputs: JSON (``--out``, default ``benchmarks/results/noisy_labels/noisy_labels.json``) and a
+PNG next to it (test accuracy against wall time for every method and setting, the weight
+histogram by clean / corrupted).
 
 Usage (from the repository root)::
 

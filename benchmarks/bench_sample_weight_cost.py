@@ -18,7 +18,8 @@ whose backward ``index_add``s into an n-vector), the outer step's time (``apply`
 SIDHyperOptimizer's own checks), and the storage of the weights + optimizer state (bytes). Each n
 runs in its own process, which also reports its peak resident memory.
 
-Outputs: JSON (``--out``, default ``benchmarks/results/sample_weight_cost.json``) and a PNG next
+Outputs: JSON (``--out``, default
+``benchmarks/results/sample_weight_cost/sample_weight_cost.json``) and a PNG next
 to it.
 
 Usage (from the repository root)::
@@ -138,7 +139,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # n optimizer: in a child process
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sample_weight_cost.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "benchmarks/results/sample_weight_cost/sample_weight_cost.json",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
@@ -153,9 +158,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )  # fmt: skip
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             r = runs[-1]
+            mib = r["storage_bytes"] / 2**20
             print(f"{name:9s} n={n:>8d} hyper step {r['hyper_step_ms']:7.2f} ms (outer "
-                  f"{r['outer_step_ms']:6.2f} ms) storage {r['storage_bytes'] / 2**20:7.2f} MiB "
-                  f"rows moved {r['rows_moved']} peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+                  f"{r['outer_step_ms']:6.2f} ms) storage {mib:7.2f} MiB "
+                  f"rows moved {r['rows_moved']} peak RSS {r['peak_rss_mb']:.0f} MB",
+                  flush=True)  # fmt: skip
     results = {
         "command": "python benchmarks/bench_sample_weight_cost.py "
         + " ".join(argv or sys.argv[1:]),

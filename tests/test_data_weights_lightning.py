@@ -3,6 +3,11 @@ resume, and the refusals (a reduced loss, a dataset without indices, a stream)."
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,3 +191,33 @@ def test_directional_losses_equal_per_sample_gradients_along_v():
         grads = torch.autograd.grad(loss, params)
         expected = sum((g * vi).sum() for g, vi in zip(grads, v))
         assert abs(float(u[i]) - float(expected)) < 1e-4 * max(1.0, abs(float(expected)))
+
+
+def _ddp_worker(out: Path) -> None:
+    """Fit the drop-in on 2 CPU processes (Lightning's DDP; its DistributedSampler shards the
+    IndexedDataset); each rank saves its learned weights."""
+    torch.set_num_threads(1)
+    cb = callback(val_batch_size=30)
+    t = trainer([cb], devices=2, strategy="ddp", max_epochs=6)
+    t.fit(Classifier(), datamodule=Data())
+    torch.save(cb.data_weights(), out / f"rank{t.global_rank}.pt")
+
+
+@pytest.mark.ddp
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+def test_ddp_ranks_learn_identical_weights(tmp_path):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", str(tmp_path)],
+        capture_output=True, text=True, timeout=420, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert torch.equal(w0, w1)  # every rank moved every row (all-gathered), identically
+    assert w0[:NOISY].mean() < w0[NOISY:].mean() - 0.1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
+    _ddp_worker(parser.parse_args().worker)

@@ -377,8 +377,8 @@ class LazyAdam(torch.optim.Optimizer):
     The cost is a scan for the non-zero rows plus O(rows read) arithmetic; the state (m, v, the
     visit counts) is O(n) storage. ``row_scale=False`` divides by one running RMS of the
     gradients of all rows read instead of each row's own (a row visited once then moves by
-    lr·gᵢ/RMS, keeping how large its gradient was, not by ±lr whatever its size). Works on dense gradients (what ``SIDHyperOptimizer`` writes)
-    and on sparse ones.
+    lr·gᵢ/RMS, keeping how large its gradient was, not by ±lr whatever its size). Works on dense
+    gradients (what ``SIDHyperOptimizer`` writes) and on sparse ones.
     """
 
     def __init__(
