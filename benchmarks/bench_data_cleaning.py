@@ -1,0 +1,534 @@
+"""SID against the stochastic bilevel solvers on their own benchmark: benchopt's data cleaning.
+
+The peers' code is ``benchopt/benchmark_bilevel`` (pinned, obtained and prepared by
+``benchmarks/benchopt/get_benchmark.sh``; never copied here). Its MNIST data-cleaning problem:
+20,000 training images, a fraction p of them given uniformly random labels, 5,000 clean validation
+images, the 10,000 test images, standardised pixels, multinomial logistic regression
+z ∈ R^{784×10} with the L2 term reg‖z‖² (reg = 0.2) and one weight σ(xᵢ) per training example:
+
+    g(z, x) = (1/n) Σᵢ σ(xᵢ) CE(Xᵢ z, ỹᵢ) + reg ‖z‖²,   f(z) = (1/m) Σⱼ CE(X'ⱼ z, y'ⱼ).
+
+Subcommands (run in the environment of ``benchmarks/benchopt/setup_env.sh``):
+
+``config``     the benchopt YAML: the chosen peers with the benchmark's best parameters for each p
+               (``config/datacleaning0_{5,7,9}_best_params.yml``), our SID solver, the seeds.
+``run``        ``benchopt run`` of that YAML (one run: every method, same machine, same budget),
+               single-threaded JAX and torch, then the L-BFGS baselines.
+``baselines``  unweighted and perfect weights (1 clean, 0 corrupted), L-BFGS on g, test error.
+``summarise``  JSON + figure (test error against wall time and against samples read, median and
+               range over seeds) + a markdown table under ``benchmarks/results/data_cleaning/``.
+
+Timing: the benchmark's clock (benchopt's callback timer) with the patch of ``get_benchmark.sh``
+that blocks on each JAX epoch's results before the clock stops (JAX dispatches asynchronously);
+SID's torch work is synchronous on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("BENCH_DC_OUT", ROOT / "benchmarks" / "results" / "data_cleaning"))
+BENCH_DIR = Path(os.environ.get("BENCH_BILEVEL_DIR", "/work/benchmark_bilevel"))
+RATIOS = (0.5, 0.7, 0.9)
+PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO", "MRBO")
+#: minibatches (of ``batch_size``) each peer draws per outer iteration, counted in its solver file
+#: at the pinned commit: inner + outer gradient (SOBA, SABA, SRBA), + n_inner_steps inner SGD and
+#: n_shia_steps / linear-system steps (StocBiO, AmIGO: 10 + 10), n_shia_steps (MRBO: 10).
+BATCHES_PER_ITER = {"SOBA": 2, "SABA": 2, "SRBA": 2, "StocBiO": 22, "AmIGO": 22, "MRBO": 12}
+#: parameters renamed in the solvers since the best-parameter files were written (same values)
+RENAMED = {"init_memory": "mode_init_memory"}
+N_TRAIN, N_VAL, REG, DATA_SEED = 20_000, 5_000, 0.2, 32
+
+
+# ------------------------------------------------------------------ the problem as they build it
+def load_problem(mnist_pkl: Path | dict, ratio: float, random_state: int = DATA_SEED) -> dict:
+    """The split, corruption and scaling of benchmark_bilevel's ``datasets/mnist.py`` (same calls
+    in the same order on the same ``RandomState``), plus the clean labels it throws away."""
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    if isinstance(mnist_pkl, dict):
+        mnist = mnist_pkl
+    else:
+        with open(mnist_pkl, "rb") as f:
+            mnist = pickle.load(f)
+    rng = np.random.RandomState(random_state)
+    n_train = min(N_TRAIN, len(mnist["training_labels"]) // 2)
+    n_val = min(N_VAL, len(mnist["training_labels"]) - n_train)
+    X_train, X_val, y_train, y_val = train_test_split(
+        mnist["training_images"],
+        mnist["training_labels"],
+        test_size=n_val,
+        train_size=n_train,
+        random_state=rng,
+    )
+    y_clean = np.array(y_train, copy=True)
+    y_noisy = np.array(y_train, copy=True)
+    resampled = rng.rand(n_train) < ratio
+    y_noisy[resampled] = rng.randint(0, 10, np.sum(resampled))
+    scaler = StandardScaler()
+    X_train = scaler.fit_transform(X_train)
+    return dict(
+        X_train=X_train,
+        y_train=y_noisy,
+        y_clean=y_clean,
+        resampled=resampled,
+        corrupted=y_noisy != y_clean,
+        X_val=scaler.transform(X_val),
+        y_val=np.asarray(y_val),
+        X_test=scaler.transform(mnist["test_images"]),
+        y_test=np.asarray(mnist["test_labels"]),
+    )
+
+
+def _weighted_objective(z_flat, X, y, w, reg, n_classes=10):
+    """g(z) = (1/n) Σ wᵢ CE(Xᵢ z, yᵢ) + reg‖z‖² and its gradient (float64)."""
+    z = z_flat.reshape(X.shape[1], n_classes)
+    logits = X @ z
+    logits -= logits.max(1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    n = len(y)
+    value = -(w * log_p[np.arange(n), y]).sum() / n + reg * (z**2).sum()
+    p = np.exp(log_p)
+    p[np.arange(n), y] -= 1.0
+    grad = X.T @ (w[:, None] * p) / n + 2 * reg * z
+    return value, grad.reshape(-1)
+
+
+def fit_weighted(X, y, w, reg: float = REG, n_classes: int = 10) -> np.ndarray:
+    """argmin_z g(z) for fixed weights, by L-BFGS (the baselines)."""
+    from scipy.optimize import minimize
+
+    z0 = np.zeros(X.shape[1] * n_classes)
+    res = minimize(
+        _weighted_objective,
+        z0,
+        args=(X, y, w, reg, n_classes),
+        jac=True,
+        method="L-BFGS-B",
+        options=dict(maxiter=1000, gtol=1e-8),
+    )
+    return res.x.reshape(X.shape[1], n_classes)
+
+
+def error(z, X, y) -> float:
+    return float(np.mean((X @ z).argmax(1) != y))
+
+
+def baselines(problem: dict) -> dict:
+    """Test error of the unweighted fit (all wᵢ = 1) and of perfect weights (1 clean, 0 wrong)."""
+    X = problem["X_train"].astype(np.float64)
+    out = {}
+    for name, w in (
+        ("unweighted", np.ones(len(X))),
+        ("perfect weights", (~problem["corrupted"]).astype(np.float64)),
+    ):
+        t0 = time.perf_counter()
+        z = fit_weighted(X, problem["y_train"], w)
+        out[name] = dict(
+            test_error=error(z, problem["X_test"], problem["y_test"]),
+            val_error=error(z, problem["X_val"], problem["y_val"]),
+            seconds=time.perf_counter() - t0,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- flagging corrupted examples
+def flagging(weights: np.ndarray, corrupted: np.ndarray) -> dict:
+    """How well low weights flag the corrupted examples: precision/recall of 'ω < mean ω', the
+    precision at k = #corrupted lowest weights (= recall there), and average precision."""
+    weights, corrupted = np.asarray(weights, float), np.asarray(corrupted, bool)
+    flagged = weights < weights.mean()
+    tp = int((flagged & corrupted).sum())
+    k = int(corrupted.sum())
+    lowest = np.argsort(weights, kind="stable")[:k]
+    order = np.argsort(weights, kind="stable")
+    hits = corrupted[order]
+    precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+    ap = float((precision_at * hits).sum() / max(k, 1))
+    return dict(
+        precision=tp / max(int(flagged.sum()), 1),
+        recall=tp / max(k, 1),
+        precision_at_k=float(corrupted[lowest].mean()) if k else float("nan"),
+        average_precision=ap,
+        mean_weight_clean=float(weights[~corrupted].mean()),
+        mean_weight_corrupted=float(weights[corrupted].mean()) if k else float("nan"),
+    )
+
+
+# ---------------------------------------------------------------------- the benchopt configuration
+def best_params(ratio: float, peers: Sequence[str], bench_dir: Path = BENCH_DIR) -> list[str]:
+    """The peers' entries of ``config/datacleaning0_X_best_params.yml``, as written there, minus
+    ``framework=none`` (not a parameter of these solvers at the pinned commit) and the seeds, with
+    SABA's ``init_memory`` under its current name ``mode_init_memory``."""
+    text = bench_dir / "config" / f"datacleaning{str(ratio).replace('.', '_')}_best_params.yml"
+    entries = {}
+    for line in text.read_text().splitlines():
+        m = re.match(r"\s*-\s*(\w+)\[(.*)\]\s*$", line)
+        if m and m.group(1) in peers:
+            params = [
+                RENAMED.get(p.split("=")[0], p.split("=")[0]) + p[len(p.split("=")[0]) :]
+                for p in re.split(r",(?![^\[]*\])", m.group(2))
+                if p and not p.startswith(("framework", "random_state"))
+            ]
+            entries[m.group(1)] = f"{m.group(1)}[{','.join(params)}]"
+    missing = [p for p in peers if p not in entries]
+    if missing:
+        raise SystemExit(f"no best parameters for {missing} at p={ratio} in {text}")
+    return [entries[p] for p in peers]
+
+
+def write_config(
+    path: Path,
+    ratios: Sequence[float],
+    peers: Sequence[str],
+    sid: Sequence[str],
+    seeds: Sequence[int],
+    timeout: float,
+    bench_dir: Path = BENCH_DIR,
+) -> Path:
+    """One YAML per p is what benchopt's best-parameter files are; we write one per p too."""
+    seeds_txt = "[" + ", ".join(str(s) for s in seeds) + "]"
+    lines = [
+        "objective:",
+        "  - Bilevel Optimization",
+        "dataset:",
+        f"  - mnist[ratio={ratios[0]}]",
+        "solver:",
+    ]
+    for entry in best_params(ratios[0], peers, bench_dir):
+        lines.append(f"  - {entry[:-1]},random_state={seeds_txt}]")
+    for variant in sid:
+        lines.append(f"  - SID[d2={variant},random_state={seeds_txt}]")
+    lines += [
+        "n-repetitions: 1",
+        "max-runs: 1000000",
+        f"timeout: {int(timeout)}",
+        f"output: {path.stem}",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------- summarising the runs
+def method_of(solver_name: str) -> str:
+    """'SOBA[batch_size=64,...]' -> 'SOBA'; 'SID[..d2=full..]' -> 'SID (d2=full)'."""
+    base = solver_name.split("[")[0]
+    m = re.search(r"d2=(\w+)", solver_name)
+    return f"{base} (d2={m.group(1)})" if base == "SID" and m else base
+
+
+def seed_of(solver_name: str) -> int:
+    m = re.search(r"random_state=(\d+)", solver_name)
+    return int(m.group(1)) if m else 0
+
+
+def curves(records: Iterable[dict]) -> dict:
+    """{(p, method): {seed: (time, samples, test_error) arrays}} from benchopt result rows
+    (``solver_name``, ``p_dataset_ratio``, ``stop_val``, ``time``, ``objective_test_accuracy``
+    — the benchmark's 'accuracy' metric is the error rate — and optional ``samples``)."""
+    out: dict = {}
+    for r in records:
+        key = (float(r["p_dataset_ratio"]), method_of(r["solver_name"]))
+        out.setdefault(key, {}).setdefault(seed_of(r["solver_name"]), []).append(r)
+    for seeds in out.values():
+        for seed, rows in seeds.items():
+            rows.sort(key=lambda r: r["stop_val"])
+            seeds[seed] = dict(
+                time=np.array([r["time"] for r in rows], float),
+                samples=np.array([r.get("samples", np.nan) for r in rows], float),
+                test_error=np.array([r["objective_test_accuracy"] for r in rows], float),
+                val_error=np.array([r["objective_value"] for r in rows], float),
+            )
+    return out
+
+
+def at_budget(curve: dict, budget: float) -> float:
+    """Test error of the last evaluation within the budget (wall time of the work)."""
+    inside = curve["time"] <= budget
+    return float(curve["test_error"][inside][-1]) if inside.any() else float("nan")
+
+
+def time_to_reach(curve: dict, target: float) -> float:
+    """First time the test error is ≤ target (inf if never)."""
+    hit = np.nonzero(curve["test_error"] <= target + 1e-12)[0]
+    return float(curve["time"][hit[0]]) if len(hit) else float("inf")
+
+
+def summarise(
+    runs: dict, budget: float, baselines_: dict | None = None, flags: dict | None = None
+) -> dict:
+    """Per p: final test error at the common budget (median, min, max over seeds) for every
+    method, the best peer, each method's time to reach the best peer's final error, the gap to
+    perfect weights and the flagging quality."""
+    table: dict = {}
+    for (p, method), seeds in sorted(runs.items()):
+        finals = [at_budget(c, budget) for c in seeds.values()]
+        table.setdefault(p, {})[method] = dict(
+            seeds=sorted(seeds),
+            final_median=float(np.median(finals)),
+            final_min=float(np.min(finals)),
+            final_max=float(np.max(finals)),
+        )
+    for p, methods in table.items():
+        peers = {m: v for m, v in methods.items() if not m.startswith("SID")}
+        if peers:
+            best = min(peers, key=lambda m: peers[m]["final_median"])
+            target = peers[best]["final_median"]
+            methods_meta = dict(best_peer=best, target=target)
+            for m, v in methods.items():
+                times = [time_to_reach(c, target) for c in runs[(p, m)].values()]
+                v["time_to_best_peer_median"] = float(np.median(times))
+            table[p] = dict(methods=methods, **methods_meta)
+        else:
+            table[p] = dict(methods=methods)
+        key = str(p)
+        if baselines_ and key in baselines_:
+            table[p]["baselines"] = baselines_[key]
+            perfect = baselines_[key]["perfect weights"]["test_error"]
+            for v in methods.values():
+                v["gap_to_perfect_points"] = 100 * (v["final_median"] - perfect)
+        if flags and key in flags:
+            table[p]["flagging"] = flags[key]
+    return {str(p): v for p, v in table.items()}
+
+
+def markdown(summary: dict, budget: float) -> str:
+    lines = [
+        f"Test error at a common budget of {budget:g} s (median [min, max] over seeds); "
+        "time to reach the best peer's final error (median over seeds; ∞: never).",
+        "",
+    ]
+    for p, s in summary.items():
+        lines += [
+            f"### p = {p}",
+            "",
+            "| method | test error | gap to perfect (points) | time to best peer's error (s) |",
+            "|---|---:|---:|---:|",
+        ]
+        for m, v in sorted(s["methods"].items(), key=lambda kv: kv[1]["final_median"]):
+            gap = v.get("gap_to_perfect_points")
+            ttr = v.get("time_to_best_peer_median", float("nan"))
+            lines.append(
+                f"| {m} | {v['final_median']:.4f} [{v['final_min']:.4f}, {v['final_max']:.4f}] | "
+                f"{'' if gap is None else f'{gap:+.2f}'} | {ttr:.1f} |"
+            )
+        for name, b in s.get("baselines", {}).items():
+            lines.append(f"| *{name}* (L-BFGS) | {b['test_error']:.4f} | | |")
+        if "best_peer" in s:
+            lines += ["", f"Best peer: {s['best_peer']} ({s['target']:.4f})."]
+        for m, f in s.get("flagging", {}).items():
+            lines.append(
+                f"Flagging by {m}: precision {f['precision']:.3f}, recall {f['recall']:.3f} "
+                f"(ω < mean ω), precision@#corrupted {f['precision_at_k']:.3f}, average "
+                f"precision {f['average_precision']:.3f}; mean ω clean "
+                f"{f['mean_weight_clean']:.3f}, corrupted {f['mean_weight_corrupted']:.3f}."
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(runs: dict, summary: dict, path: Path, budget: float) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = sorted({p for p, _ in runs})
+    fig, axes = plt.subplots(2, len(ratios), figsize=(5 * len(ratios), 8), squeeze=False)
+    methods = sorted({m for _, m in runs})
+    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    for j, p in enumerate(ratios):
+        for row, xkey in enumerate(("time", "samples")):
+            ax = axes[row, j]
+            for m in methods:
+                seeds = runs.get((p, m))
+                if not seeds:
+                    continue
+                for k, c in enumerate(seeds.values()):
+                    x = c[xkey]
+                    keep = np.isfinite(x) & (c["time"] <= budget)
+                    if xkey == "samples":
+                        keep &= x > 0
+                    ax.plot(
+                        x[keep],
+                        c["test_error"][keep],
+                        color=colors[m],
+                        lw=1.2,
+                        alpha=0.85,
+                        label=m if k == 0 else None,
+                    )
+            base = summary.get(str(p), {}).get("baselines", {})
+            for name, ls in (("unweighted", ":"), ("perfect weights", "--")):
+                if name in base:
+                    ax.axhline(base[name]["test_error"], color="k", ls=ls, lw=1, label=name)
+            ax.set_xscale("log")
+            ax.set_ylim(bottom=min(0.12, ax.get_ylim()[0]), top=0.4)
+            ax.set_xlabel("wall time of the work (s)" if xkey == "time" else "samples read")
+            ax.set_ylabel("test error")
+            ax.set_title(f"p = {p}")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# ---------------------------------------------------------------------- reading the run's files
+def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
+    """benchopt's parquet rows, with ``samples`` (examples read) added: for a peer
+    iterations × batches per iteration × batch size (the benchmark's ``eval_freq`` iterations per
+    evaluation), for SID what its solver counted (saved in ``sid_dir``)."""
+    import pandas as pd
+
+    rows = pd.concat([pd.read_parquet(p) for p in parquets]).to_dict("records")
+    for r in rows:
+        method = method_of(r["solver_name"])
+        if method in BATCHES_PER_ITER:
+            m = re.search(r"eval_freq=(\d+)", r["solver_name"])
+            b = re.search(r"batch_size=(\d+)", r["solver_name"])
+            r["samples"] = (
+                r["stop_val"] * int(m.group(1)) * BATCHES_PER_ITER[method] * int(b.group(1))
+            )
+        elif method.startswith("SID"):
+            d2 = re.search(r"d2=(\w+)", r["solver_name"]).group(1)
+            f = sid_dir / f"sid_{d2}_p{r['p_dataset_ratio']}_seed{seed_of(r['solver_name'])}.npz"
+            if f.exists():
+                samples = np.load(f)["samples"]
+                r["samples"] = float(samples[min(int(r["stop_val"]), len(samples) - 1)])
+    return rows
+
+
+def sid_flagging(sid_dir: Path, problems: dict) -> dict:
+    out: dict = {}
+    for f in sorted(sid_dir.glob("sid_*_p*_seed*.npz")):
+        m = re.match(r"sid_(\w+)_p([\d.]+)_seed(\d+)", f.stem)
+        d2, p, seed = m.group(1), m.group(2), int(m.group(3))
+        if p not in problems:
+            continue
+        weights = 1 / (1 + np.exp(-np.load(f)["logits"]))
+        out.setdefault(p, {})[f"SID (d2={d2}), seed {seed}"] = flagging(
+            weights, problems[p]["corrupted"]
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- commands
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+        JAX_PLATFORMS="cpu",
+        SID_BENCH_OUT=str(OUT / "sid"),
+    )
+    return env
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for p in args.ratios:
+        cfg = write_config(
+            OUT / f"config_p{p}.yml", [p], args.peers, args.sid, args.seeds, args.timeout
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchopt",
+            "run",
+            str(BENCH_DIR),
+            "--config",
+            str(cfg),
+            "--no-plot",
+            "--no-html",
+            "--output",
+            str((OUT / f"runs_p{str(p).replace('.', '_')}").resolve()),
+        ]
+        print("$", " ".join(cmd), flush=True)
+        t0 = time.time()
+        subprocess.run(cmd, cwd=BENCH_DIR, env=_env(), check=True)
+        print(f"p={p}: {time.time() - t0:.0f} s", flush=True)
+    cmd_baselines(args)
+
+
+def cmd_baselines(args: argparse.Namespace) -> None:
+    out = {}
+    for p in args.ratios:
+        out[str(p)] = baselines(load_problem(BENCH_DIR / "mnist.pkl", p))
+        print(p, json.dumps(out[str(p)]), flush=True)
+    path = OUT / "baselines.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    old.update(out)
+    path.write_text(json.dumps(old, indent=1))
+
+
+def cmd_summarise(args: argparse.Namespace) -> None:
+    parquets = sorted(OUT.glob("runs_p*.parquet"))
+    runs = curves(read_results(parquets, OUT / "sid"))
+    base_path = OUT / "baselines.json"
+    base = json.loads(base_path.read_text()) if base_path.exists() else None
+    problems = {str(p): load_problem(BENCH_DIR / "mnist.pkl", p) for p in args.ratios}
+    summary = summarise(runs, args.timeout, base, sid_flagging(OUT / "sid", problems))
+    summary_all = dict(
+        budget_s=args.timeout,
+        peers=list(args.peers),
+        sid=list(args.sid),
+        seeds=list(args.seeds),
+        per_ratio=summary,
+        curves={
+            f"{p}|{m}|{s}": {k: v.tolist() for k, v in c.items()}
+            for (p, m), seeds in runs.items()
+            for s, c in seeds.items()
+        },
+    )
+    (OUT / "summary.json").write_text(json.dumps(summary_all, indent=1))
+    (OUT / "summary.md").write_text(markdown(summary, args.timeout))
+    plot(runs, summary, OUT / "test_error_vs_time.png", args.timeout)
+    print(markdown(summary, args.timeout))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("run", "baselines", "summarise", "config"))
+    parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
+    parser.add_argument("--peers", nargs="+", default=list(PEERS))
+    parser.add_argument(
+        "--sid",
+        nargs="+",
+        default=["minibatch", "full"],
+        help="SID variants: the d2 source ('minibatch' = library default)",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="wall-clock budget per method and seed (s)"
+    )
+    args = parser.parse_args(argv)
+    if args.command == "config":
+        for p in args.ratios:
+            print(
+                write_config(
+                    OUT / f"config_p{p}.yml", [p], args.peers, args.sid, args.seeds, args.timeout
+                ).read_text()
+            )
+    else:
+        {"run": cmd_run, "baselines": cmd_baselines, "summarise": cmd_summarise}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""SID (Grazzi, Pontil, Salzo, AISTATS 2021) through ``hypertorch_sid``, as a benchopt solver of
+``benchopt/benchmark_bilevel`` (data-cleaning problem).
+
+Copied next to the peers' solvers by ``benchmarks/benchopt/get_benchmark.sh`` so that one
+``benchopt run`` times every method the same way. The data are read from the closures of the
+benchmark's own ``f_inner`` / ``f_outer`` (``datasets/mnist.py``), so the split, corruption,
+scaling and regulariser are theirs; the model is the same multinomial logistic regression,
+
+    g(z, x) = (1/|B|) Σ_{i∈B} σ(xᵢ) CE(Xᵢ z, yᵢ) + reg ‖z‖²,    f(z) = mean CE on validation,
+
+in torch (float32, CPU), with z₀, x₀ the objective's initial point. Test/validation errors are
+computed by the benchmark's own ``metrics`` on the returned (z, x).
+
+Parameters: ``d2`` — ``"minibatch"`` (library default, J = 1: the ∂₂Φ̂ term reads one fresh
+minibatch, so a hyper step moves only that minibatch's weights) or ``"full"`` (the documented
+option ``d2_batches="full"`` with ``full_train_batch``: every weight each hyper step). Everything
+else is ``SIDHyperOptimizer``'s default ``SIDConfig()``; the outer optimizer is Adam(lr=0.1) on
+the logits, the choice the library's per-sample weights docs recommend.
+
+With ``SID_BENCH_OUT`` set, the final logits and the samples read after each hyper step are
+saved there (``sid_<d2>_p<ratio>_seed<r>.npz``) for the precision/recall summary.
+"""
+
+from pathlib import Path
+
+from benchopt import BaseSolver, safe_import_context
+from benchopt.stopping_criterion import SufficientProgressCriterion
+
+with safe_import_context() as import_ctx:
+    import inspect
+    import os
+
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from hypertorch_sid import SIDHyperOptimizer
+    from hypertorch_sid.core.errors import DivergenceError
+
+
+def _closure(f, names):
+    """The arrays a jitted benchmark function closes over (its data)."""
+    cells = inspect.getclosurevars(getattr(f, "__wrapped__", f)).nonlocals
+    missing = [n for n in names if n not in cells]
+    if missing:
+        raise ValueError(
+            f"the SID solver reads the data from the closure of datasets/mnist.py's f_inner/"
+            f"f_outer; {missing} not found: only the data-cleaning dataset is supported."
+        )
+    return [cells[n] for n in names]
+
+
+class _Counter:
+    """Counts the examples each loss evaluation reads (samples read)."""
+
+    def __init__(self):
+        self.samples = 0
+
+    def __call__(self, n):
+        self.samples += int(n)
+
+
+class Solver(BaseSolver):
+    """SID: stochastic implicit differentiation (hypertorch_sid, PyTorch)."""
+
+    name = "SID"
+    stopping_criterion = SufficientProgressCriterion(patience=100_000, strategy="callback")
+    parameters = {"d2": ["minibatch"], "batch_size": [64], "random_state": [1]}
+    requirements = []  # torch and hypertorch_sid come from the project's environment
+
+    def set_objective(
+        self, f_inner, f_outer, n_inner_samples, n_outer_samples, inner_var0, outer_var0
+    ):
+        X_train, y_train, dataset = _closure(f_inner, ["X_train", "y_train", "self"])
+        X_val, y_val = _closure(f_outer, ["X_val", "y_val"])
+        self.reg = float(dataset.reg)
+        self.tag = f"sid_{self.d2}_p{dataset.ratio}_seed{self.random_state}"
+        self.n_features, self.n_classes = dataset.n_features, dataset.n_classes
+        t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
+        self.X_train, self.X_val = t(X_train), t(X_val)
+        self.y_train = torch.as_tensor(np.asarray(y_train).argmax(1))
+        self.y_val = torch.as_tensor(np.asarray(y_val).argmax(1))
+        self.z0 = t(inner_var0).reshape(self.n_features, self.n_classes)
+        self.x0 = t(outer_var0)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.inner_var, self.outer_var = inner_var0, outer_var0
+
+    def _problem(self, counter):
+        z = self.z0.clone().requires_grad_(True)
+        x = self.x0.clone().requires_grad_(True)
+        reg = self.reg
+
+        def inner_loss(batch):  # g on a minibatch (datasets/mnist.py::f_inner)
+            i, X, y = batch
+            counter(len(i))
+            losses = F.cross_entropy(X @ z, y, reduction="none")
+            return (torch.sigmoid(x[i]) * losses).mean() + reg * (z**2).sum()
+
+        def outer_loss(batch):  # f: mean CE on validation (f_outer)
+            X, y = batch
+            counter(len(y))
+            return F.cross_entropy(X @ z, y)
+
+        return z, x, inner_loss, outer_loss
+
+    def run(self, callback):
+        torch.manual_seed(self.random_state)
+        counter = _Counter()
+        z, x, inner_loss, outer_loss = self._problem(counter)
+        index = torch.arange(len(self.y_train))
+        train = torch.utils.data.TensorDataset(index, self.X_train, self.y_train)
+        # minibatches by index lists (one tensor gather per batch, not one per sample): the torch
+        # idiom for in-memory tensors, as the peers slice their in-memory arrays in JAX
+        sampler = torch.utils.data.BatchSampler(
+            torch.utils.data.RandomSampler(
+                train, generator=torch.Generator().manual_seed(self.random_state)
+            ),
+            self.batch_size,
+            drop_last=False,
+        )
+        loader = torch.utils.data.DataLoader(train, sampler=sampler, batch_size=None)
+        options = {}
+        if self.d2 == "full":
+            options = dict(full_train_batch=(index, self.X_train, self.y_train), d2_batches="full")
+        hopt = SIDHyperOptimizer(
+            [x], [z], inner_loss, outer_loss, torch.optim.Adam([x], lr=0.1), **options
+        )
+        val = (self.X_val, self.y_val)
+        self._z, self._x = z, x
+        samples, divergences = [0], 0
+        while callback():
+            try:
+                hopt.step(loader, val)
+            except DivergenceError:
+                divergences += 1  # λ untouched, v reset by the library: go on
+            samples.append(counter.samples)
+        self._save(samples, divergences)
+
+    def _save(self, samples, divergences):
+        out = os.environ.get("SID_BENCH_OUT")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            np.savez(
+                Path(out) / f"{self.tag}.npz",
+                logits=self._x.detach().numpy(),
+                samples=np.array(samples),
+                divergences=divergences,
+            )
+
+    def get_result(self):
+        if hasattr(self, "_z"):
+            self.inner_var = jnp.asarray(self._z.detach().numpy().reshape(-1))
+            self.outer_var = jnp.asarray(self._x.detach().numpy())
+        return dict(inner_var=self.inner_var, outer_var=self.outer_var)
