@@ -11,14 +11,20 @@ scaling and regulariser are theirs; the model is the same multinomial logistic r
 in torch (float32, CPU), with z₀, x₀ the objective's initial point. Test/validation errors are
 computed by the benchmark's own ``metrics`` on the returned (z, x).
 
+The weights are the library's per-sample family: ``SampleWeights`` (sigmoid, x₀ = the objective's
+start), minibatches carry their example ids (``Indexed``), the outer optimizer is ``LazyAdam``
+(moves only the rows a hypergradient touched), as ``docs/data_weights.md`` recommends.
+
 Parameters: ``d2`` — ``"minibatch"`` (library default, J = 1: the ∂₂Φ̂ term reads one fresh
 minibatch, so a hyper step moves only that minibatch's weights) or ``"full"`` (the documented
-option ``d2_batches="full"`` with ``full_train_batch``: every weight each hyper step). Everything
-else is ``SIDHyperOptimizer``'s default ``SIDConfig()``; the outer optimizer is Adam(lr=0.1) on
-the logits, the choice the library's per-sample weights docs recommend.
+option ``d2_batches="full"`` with ``full_train_batch``: every weight each hyper step); ``lr`` —
+LazyAdam's step on the logits (0.1 as in the library's docs); ``on_divergence`` — ``"raise"``
+(the library default; a diverged hyper step leaves x untouched and the solver goes on) or
+``"recover"`` (``Recover(2)``: re-estimate the curvature and retry). Everything else is
+``SIDHyperOptimizer``'s default ``SIDConfig()``.
 
 With ``SID_BENCH_OUT`` set, the final logits and the samples read after each hyper step are
-saved there (``sid_<d2>_p<ratio>_seed<r>.npz``) for the precision/recall summary.
+saved there (``<tag>.npz``) for the precision/recall summary.
 """
 
 from pathlib import Path
@@ -36,7 +42,9 @@ with safe_import_context() as import_ctx:
     import torch.nn.functional as F
 
     from hypertorch_sid import SIDHyperOptimizer
+    from hypertorch_sid.core.divergence import Recover
     from hypertorch_sid.core.errors import DivergenceError
+    from hypertorch_sid.core.sample_weights import Indexed, LazyAdam, SampleWeights
 
 
 def _closure(f, names):
@@ -49,6 +57,21 @@ def _closure(f, names):
             f"f_outer; {missing} not found: only the data-cleaning dataset is supported."
         )
     return [cells[n] for n in names]
+
+
+class _Rows:
+    """A map-style dataset of in-memory tensors read a minibatch at a time: ``rows[ids]`` is one
+    ``Indexed(ids, (X, y))`` (one gather per batch, as the peers slice their arrays in JAX)."""
+
+    def __init__(self, X, y):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, ids):
+        ids = torch.as_tensor(ids)
+        return Indexed(ids, (self.X[ids], self.y[ids]))
 
 
 class _Counter:
@@ -66,7 +89,13 @@ class Solver(BaseSolver):
 
     name = "SID"
     stopping_criterion = SufficientProgressCriterion(patience=100_000, strategy="callback")
-    parameters = {"d2": ["minibatch"], "batch_size": [64], "random_state": [1]}
+    parameters = {
+        "d2": ["minibatch"],
+        "lr": [0.1],
+        "on_divergence": ["raise"],
+        "batch_size": [64],
+        "random_state": [1],
+    }
     requirements = []  # torch and hypertorch_sid come from the project's environment
 
     def set_objective(
@@ -75,7 +104,10 @@ class Solver(BaseSolver):
         X_train, y_train, dataset = _closure(f_inner, ["X_train", "y_train", "self"])
         X_val, y_val = _closure(f_outer, ["X_val", "y_val"])
         self.reg = float(dataset.reg)
-        self.tag = f"sid_{self.d2}_p{dataset.ratio}_seed{self.random_state}"
+        self.tag = (
+            f"sid_{self.d2}_lr{self.lr}_{self.on_divergence}_p{dataset.ratio}"
+            f"_seed{self.random_state}"
+        )
         self.n_features, self.n_classes = dataset.n_features, dataset.n_classes
         t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
         self.X_train, self.X_val = t(X_train), t(X_val)
@@ -88,30 +120,29 @@ class Solver(BaseSolver):
 
     def _problem(self, counter):
         z = self.z0.clone().requires_grad_(True)
-        x = self.x0.clone().requires_grad_(True)
+        weights = SampleWeights(len(self.y_train))
+        with torch.no_grad():
+            weights.logits.copy_(self.x0)  # the objective's start, x₀ = -2
         reg = self.reg
 
         def inner_loss(batch):  # g on a minibatch (datasets/mnist.py::f_inner)
-            i, X, y = batch
-            counter(len(i))
+            index, (X, y) = batch
+            counter(len(index))
             losses = F.cross_entropy(X @ z, y, reduction="none")
-            return (torch.sigmoid(x[i]) * losses).mean() + reg * (z**2).sum()
+            return weights.weighted_mean(losses, index) + reg * (z**2).sum()
 
         def outer_loss(batch):  # f: mean CE on validation (f_outer)
             X, y = batch
             counter(len(y))
             return F.cross_entropy(X @ z, y)
 
-        return z, x, inner_loss, outer_loss
+        return z, weights, inner_loss, outer_loss
 
     def run(self, callback):
         torch.manual_seed(self.random_state)
         counter = _Counter()
-        z, x, inner_loss, outer_loss = self._problem(counter)
-        index = torch.arange(len(self.y_train))
-        train = torch.utils.data.TensorDataset(index, self.X_train, self.y_train)
-        # minibatches by index lists (one tensor gather per batch, not one per sample): the torch
-        # idiom for in-memory tensors, as the peers slice their in-memory arrays in JAX
+        z, weights, inner_loss, outer_loss = self._problem(counter)
+        train = _Rows(self.X_train, self.y_train)
         sampler = torch.utils.data.BatchSampler(
             torch.utils.data.RandomSampler(
                 train, generator=torch.Generator().manual_seed(self.random_state)
@@ -122,18 +153,26 @@ class Solver(BaseSolver):
         loader = torch.utils.data.DataLoader(train, sampler=sampler, batch_size=None)
         options = {}
         if self.d2 == "full":
-            options = dict(full_train_batch=(index, self.X_train, self.y_train), d2_batches="full")
+            options = dict(full_train_batch=train[range(len(train))], d2_batches="full")
+        if self.on_divergence == "recover":
+            options["on_divergence"] = Recover(2)
         hopt = SIDHyperOptimizer(
-            [x], [z], inner_loss, outer_loss, torch.optim.Adam([x], lr=0.1), **options
+            weights.hyperparameters,
+            [z],
+            inner_loss,
+            outer_loss,
+            LazyAdam(weights.hyperparameters, lr=float(self.lr)),
+            projection=weights.projection,
+            **options,
         )
         val = (self.X_val, self.y_val)
-        self._z, self._x = z, x
+        self._z, self._x = z, weights.logits
         samples, divergences = [0], 0
         while callback():
             try:
                 hopt.step(loader, val)
             except DivergenceError:
-                divergences += 1  # λ untouched, v reset by the library: go on
+                divergences += 1  # x untouched, v reset by the library: go on
             samples.append(counter.samples)
         self._save(samples, divergences)
 
