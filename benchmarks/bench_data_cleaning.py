@@ -427,6 +427,64 @@ def sid_flagging(sid_dir: Path, problems: dict) -> dict:
     return out
 
 
+def _load_class(path: Path, attr: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_bb_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, attr)
+
+
+def peer_weights(entry: str, ratio: float, seed: int, budget: float) -> np.ndarray:
+    """The final weights σ(x) of one peer (their solver class, their objective and dataset,
+    in this process) after ``budget`` seconds of its work: for the flagging columns only (the
+    benchopt run does not keep x)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    cwd = os.getcwd()
+    os.chdir(BENCH_DIR)  # datasets/mnist.py reads ./mnist.pkl
+    try:
+        dataset = _load_class(BENCH_DIR / "datasets" / "mnist.py", "Dataset").get_instance(
+            ratio=ratio, random_state=DATA_SEED, reg=REG
+        )
+        objective = _load_class(BENCH_DIR / "objective.py", "Objective").get_instance()
+        objective.set_data(**dataset.get_data())
+        name, params = re.match(r"(\w+)\[(.*)\]", entry).groups()
+        kwargs = {}
+        for item in params.split(","):
+            key, value = item.split("=")
+            kwargs[key] = value if value.isalpha() else float(value)
+            if isinstance(kwargs[key], float) and kwargs[key].is_integer() and key != "step_size":
+                kwargs[key] = int(kwargs[key])
+        solver_file = {s.lower(): s for s in PEERS}[name.lower()].lower()
+        cls = _load_class(BENCH_DIR / "solvers" / f"{solver_file}.py", "Solver")
+        solver = cls.get_instance(**kwargs, random_state=seed)
+        solver.set_objective(**objective.get_objective())
+        start = time.perf_counter()
+        solver.run(lambda: time.perf_counter() - start < budget)
+        outer = np.asarray(solver.get_result()["outer_var"])
+    finally:
+        os.chdir(cwd)
+        sys.path.remove(str(BENCH_DIR))
+    return 1 / (1 + np.exp(-outer))
+
+
+def cmd_peer_weights(args: argparse.Namespace) -> None:
+    """Flagging quality of each peer's weights (one seed, ``--timeout`` seconds each)."""
+    path = OUT / "peer_flagging.json"
+    OUT.mkdir(parents=True, exist_ok=True)
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for p in args.ratios:
+        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
+        for entry in best_params(p, args.peers):
+            weights = peer_weights(entry, p, args.seeds[0], args.timeout)
+            out.setdefault(str(p), {})[f"{entry.split('[')[0]}, seed {args.seeds[0]}"] = flagging(
+                weights, problem["corrupted"]
+            )
+            print(p, entry, out[str(p)], flush=True)
+            path.write_text(json.dumps(out, indent=1))
+
+
 # ---------------------------------------------------------------------- commands
 def _env() -> dict:
     env = dict(os.environ)
@@ -505,7 +563,9 @@ def cmd_summarise(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("run", "baselines", "summarise", "config"))
+    parser.add_argument(
+        "command", choices=("run", "baselines", "summarise", "config", "peer_weights")
+    )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
     parser.add_argument("--peers", nargs="+", default=list(PEERS))
     parser.add_argument(
@@ -527,7 +587,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ).read_text()
             )
     else:
-        {"run": cmd_run, "baselines": cmd_baselines, "summarise": cmd_summarise}[args.command](args)
+        commands = dict(
+            run=cmd_run,
+            baselines=cmd_baselines,
+            summarise=cmd_summarise,
+            peer_weights=cmd_peer_weights,
+        )
+        commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -14,17 +14,24 @@ if [ ! -d "$DEST/.git" ]; then
 fi
 git -C "$DEST" checkout -q "$COMMIT"
 git -C "$DEST" checkout -q -- .   # undo an earlier patch before re-applying it
-# The one change to their code: block on the epoch's results before benchopt's callback stops the
-# clock (JAX dispatches asynchronously, so otherwise the epoch's work is timed as evaluation).
+# The one change to their code: every solver's epoch blocks on its results before benchopt's
+# callback stops the clock (JAX dispatches asynchronously, so otherwise the epoch's work is timed
+# as evaluation). Wrapping self.one_epoch where the base class builds it covers the solvers that
+# override run() (SABA, SRBA, VRBO) as well as those that inherit it.
 python3 - "$DEST/benchmark_utils/stochastic_jax_solver.py" <<'PY'
 import sys
 p = sys.argv[1]
 s = open(p).read()
-old = "carry = self.one_epoch(carry, self.eval_freq)\n"
-new = "carry = jax.block_until_ready(self.one_epoch(carry, self.eval_freq))\n"
+old = """        self.one_epoch = self.get_one_epoch_jitted(
+            inner_sampler, outer_sampler
+        )
+"""
+new = old + """        _epoch = self.one_epoch  # timing patch: wait for the epoch's results
+        self.one_epoch = lambda *args: jax.block_until_ready(_epoch(*args))
+"""
 assert s.count(old) == 1, "upstream changed: review the timing patch"
 open(p, "w").write(s.replace(old, new))
 PY
 # Our solver (SID through hypertorch_sid) next to theirs, so one benchopt run holds all methods.
 cp "$HERE/solvers/sid.py" "$DEST/solvers/sid.py"
-echo "benchmark_bilevel at $(git -C "$DEST" rev-parse HEAD) in $DEST (patched: block_until_ready; + solvers/sid.py)"
+echo "benchmark_bilevel at $(git -C "$DEST" rev-parse HEAD) in $DEST (patched: epochs block_until_ready; + solvers/sid.py)"
