@@ -43,6 +43,7 @@ OUT = Path(os.environ.get("BENCH_DC_OUT", ROOT / "benchmarks" / "results" / "dat
 BENCH_DIR = Path(os.environ.get("BENCH_BILEVEL_DIR", "/work/benchmark_bilevel"))
 RATIOS = (0.5, 0.7, 0.9)
 PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO", "MRBO")
+DEFAULT_PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO")
 #: minibatches (of ``batch_size``) each peer draws per outer iteration, counted in its solver file
 #: at the pinned commit: inner + outer gradient (SOBA, SABA, SRBA), + n_inner_steps inner SGD and
 #: n_shia_steps / linear-system steps (StocBiO, AmIGO: 10 + 10), n_shia_steps (MRBO: 10).
@@ -211,7 +212,7 @@ def write_config(
     for entry in best_params(ratios[0], peers, bench_dir):
         lines.append(f"  - {entry[:-1]},random_state={seeds_txt}]")
     for variant in sid:
-        lines.append(f"  - SID[d2={variant},random_state={seeds_txt}]")
+        lines.append(f"  - SID[{variant},random_state={seeds_txt}]")
     lines += [
         "n-repetitions: 1",
         "max-runs: 1000000",
@@ -224,11 +225,25 @@ def write_config(
 
 
 # ---------------------------------------------------------------------- summarising the runs
+def _sid_params(solver_name: str) -> tuple[str, str, str]:
+    """(d2, lr, on_divergence) of a SID entry, the solver's defaults where not written."""
+    get = lambda key, default: (re.search(rf"{key}=([\w.]+)", solver_name) or [0, default])[1]  # noqa: E731
+    return get("d2", "minibatch"), get("lr", "0.1"), get("on_divergence", "raise")
+
+
+def sid_label(d2: str, lr: str, on_divergence: str) -> str:
+    """'SID (defaults)', 'SID (d2=full)', or the tuned settings spelled out."""
+    changed = [f"d2={d2}"] if d2 != "minibatch" else []
+    changed += [f"lr={lr}"] if float(lr) != 0.1 else []
+    changed += ["Recover(2)"] if on_divergence == "recover" else []
+    tuned = " [tuned]" if len(changed) > 1 else ""
+    return f"SID ({', '.join(changed) or 'defaults'}){tuned}"
+
+
 def method_of(solver_name: str) -> str:
-    """'SOBA[batch_size=64,...]' -> 'SOBA'; 'SID[..d2=full..]' -> 'SID (d2=full)'."""
+    """'SOBA[batch_size=64,...]' -> 'SOBA'; SID entries -> :func:`sid_label`."""
     base = solver_name.split("[")[0]
-    m = re.search(r"d2=(\w+)", solver_name)
-    return f"{base} (d2={m.group(1)})" if base == "SID" and m else base
+    return sid_label(*_sid_params(solver_name)) if base == "SID" else base
 
 
 def seed_of(solver_name: str) -> int:
@@ -405,8 +420,9 @@ def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
                 r["stop_val"] * int(m.group(1)) * BATCHES_PER_ITER[method] * int(b.group(1))
             )
         elif method.startswith("SID"):
-            d2 = re.search(r"d2=(\w+)", r["solver_name"]).group(1)
-            f = sid_dir / f"sid_{d2}_p{r['p_dataset_ratio']}_seed{seed_of(r['solver_name'])}.npz"
+            d2, lr, policy = _sid_params(r["solver_name"])
+            seed = seed_of(r["solver_name"])
+            f = sid_dir / f"sid_{d2}_lr{lr}_{policy}_p{r['p_dataset_ratio']}_seed{seed}.npz"
             if f.exists():
                 samples = np.load(f)["samples"]
                 r["samples"] = float(samples[min(int(r["stop_val"]), len(samples) - 1)])
@@ -416,13 +432,13 @@ def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
 def sid_flagging(sid_dir: Path, problems: dict) -> dict:
     out: dict = {}
     for f in sorted(sid_dir.glob("sid_*_p*_seed*.npz")):
-        m = re.match(r"sid_(\w+)_p([\d.]+)_seed(\d+)", f.stem)
-        d2, p, seed = m.group(1), m.group(2), int(m.group(3))
-        if p not in problems:
+        m = re.match(r"sid_(\w+)_lr([\d.]+)_(\w+)_p([\d.]+)_seed(\d+)$", f.stem)
+        if not m or m.group(4) not in problems:
             continue
+        label = sid_label(m.group(1), m.group(2), m.group(3))
         weights = 1 / (1 + np.exp(-np.load(f)["logits"]))
-        out.setdefault(p, {})[f"SID (d2={d2}), seed {seed}"] = flagging(
-            weights, problems[p]["corrupted"]
+        out.setdefault(m.group(4), {})[f"{label}, seed {m.group(5)}"] = flagging(
+            weights, problems[m.group(4)]["corrupted"]
         )
     return out
 
@@ -567,16 +583,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "command", choices=("run", "baselines", "summarise", "config", "peer_weights")
     )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
-    parser.add_argument("--peers", nargs="+", default=list(PEERS))
+    parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS))
     parser.add_argument(
         "--sid",
         nargs="+",
-        default=["minibatch", "full"],
-        help="SID variants: the d2 source ('minibatch' = library default)",
+        default=["d2=minibatch", "d2=full", "d2=full,lr=0.3,on_divergence=recover"],
+        help="SID entries (benchopt parameters; d2=minibatch,lr=0.1,on_divergence=raise are the "
+        "defaults)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="wall-clock budget per method and seed (s)"
+        "--timeout", type=float, default=35.0, help="wall-clock budget per method and seed (s)"
     )
     args = parser.parse_args(argv)
     if args.command == "config":

@@ -151,7 +151,12 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
         + _rows(
             "SOBA[batch_size=64,eval_freq=512,random_state=2]", 0.9, [0, 1, 2], [0.9, 0.3, 0.22]
         )
-        + _rows("SID[batch_size=64,d2=full,random_state=1]", 0.9, [0, 1.5, 3], [0.9, 0.25, 0.19])
+        + _rows(
+            "SID[batch_size=64,d2=full,lr=0.1,on_divergence=raise,random_state=1]",
+            0.9,
+            [0, 1.5, 3],
+            [0.9, 0.25, 0.19],
+        )
         + _rows("SID[batch_size=64,d2=full,random_state=2]", 0.9, [0, 0.5, 3], [0.9, 0.2, 0.18])
     )
     runs = dc.curves(records)
@@ -172,6 +177,17 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
     assert png.stat().st_size > 1000
 
 
+def test_sid_labels(dc) -> None:
+    assert dc.method_of("SID[batch_size=64,d2=minibatch,lr=0.1,on_divergence=raise]") == (
+        "SID (defaults)"
+    )
+    assert dc.method_of("SID[d2=full,random_state=1]") == "SID (d2=full)"
+    assert dc.method_of("SID[d2=full,lr=0.3,on_divergence=recover,random_state=2]") == (
+        "SID (d2=full, lr=0.3, Recover(2)) [tuned]"
+    )
+    assert dc.method_of("SOBA[batch_size=64,step_size=1.0]") == "SOBA"
+
+
 def test_best_params_are_read_renamed_and_seeded(dc, tmp_path) -> None:
     config = tmp_path / "config"
     config.mkdir()
@@ -186,7 +202,7 @@ def test_best_params_are_read_renamed_and_seeded(dc, tmp_path) -> None:
         "SABA[batch_size=64,eval_freq=512,mode_init_memory=zero,outer_ratio=0.0001,step_size=0.01]"
     ]
     text = dc.write_config(
-        tmp_path / "c.yml", [0.7], ["SOBA"], ["minibatch"], [1, 2], 40, tmp_path
+        tmp_path / "c.yml", [0.7], ["SOBA"], ["d2=minibatch"], [1, 2], 40, tmp_path
     ).read_text()
     assert (
         "  - SOBA[batch_size=64,eval_freq=512,outer_ratio=0.0001,step_size=1.0,random_state=[1, 2]]"
