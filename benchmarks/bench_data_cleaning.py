@@ -553,12 +553,17 @@ def cmd_baselines(args: argparse.Namespace) -> None:
 
 
 def cmd_summarise(args: argparse.Namespace) -> None:
-    parquets = sorted(OUT.glob("runs_p*.parquet"))
-    runs = curves(read_results(parquets, OUT / "sid"))
+    raw = OUT / "runs" if (OUT / "runs").is_dir() else OUT  # raw files moved under runs/
+    parquets = sorted(raw.glob("runs_p*.parquet"))
+    runs = curves(read_results(parquets, raw / "sid"))
     base_path = OUT / "baselines.json"
     base = json.loads(base_path.read_text()) if base_path.exists() else None
     problems = {str(p): load_problem(BENCH_DIR / "mnist.pkl", p) for p in args.ratios}
-    summary = summarise(runs, args.timeout, base, sid_flagging(OUT / "sid", problems))
+    flags = sid_flagging(raw / "sid", problems)
+    peer_path = OUT / "peer_flagging.json"
+    for p, entries in (json.loads(peer_path.read_text()) if peer_path.exists() else {}).items():
+        flags.setdefault(p, {}).update(entries)
+    summary = summarise(runs, args.timeout, base, flags)
     summary_all = dict(
         budget_s=args.timeout,
         peers=list(args.peers),
