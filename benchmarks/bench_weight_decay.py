@@ -5,7 +5,7 @@ For each *setting* (data + model + optimizer + epochs, all fixed), the same trai
 * ``no_wd``      no weight decay (the "plain" training every wall time is compared to);
 * ``grid``       the optimizer's own ``weight_decay=`` at 6 log-spaced values (one training each);
 * ``optuna``     Optuna's TPE sampler over log weight decay in the grid's range, one full training
-                 per trial (``--optuna-trials``, default 20; optional dependency ``optuna``);
+                 per trial (``--optuna-trials``, default 10; optional dependency ``optuna``);
 * ``learned_*``  ``LearnedWeightDecay(1e-4, granularity=g)`` for g = global, per_layer,
                  per_element, one training each, with the optimizer's ``weight_decay=0``.
                  Only the public API is used: extra callback settings come from
@@ -77,6 +77,21 @@ batch order): mean ± standard error and a 95 % Student-t interval. An interval 
 the miss or gain is within the seed-to-seed noise. The grid's best is the minimum of 6 trainings:
 where the grid's values are as good as each other (the CNNs, digits), one more training just as
 good is at or below that minimum with probability 1/7.
+
+Below it, the summary judges what a user *deploys* (``deployment`` in the JSON, the second
+table of the .md): per seed no weight decay; the grid's pick and Optuna's pick, each the one
+training its search selects on the validation loss; each learned run, all scored on the
+held-out *test* loss and accuracy (the test set took part in no choice). Per method: the mean
+test loss / accuracy, the mean cost in plain trainings (a search: its total wall time over the
+median of its own trainings; a learned run: its wall time over the median fixed-decay training
+of the run that timed it), the paired test-loss differences to the grid's pick, Optuna's pick
+and no weight decay (mean ± s.e. [95 %], with the number of seeds), for learned runs on each
+seed how many Optuna trials it took until Optuna's pick-so-far had a test loss at or below the
+learned run's, and the goal of issue 28: a lower mean test loss than each search's pick where
+that search's choice beats no weight decay, never significantly worse than a pick, ≤ 1.5× one
+plain training. It is computed from stored per-seed files as well (``--summarise``): each
+holds every trial's test loss. A file that added Optuna's trials to another with ``--reuse``
+may be given after it: its settings replace the earlier file's.
 
 Each setting starts with an untimed one-epoch warm-up training (the first training of a process
 pays one-off start-up costs that would otherwise inflate the plain time).
@@ -633,7 +648,11 @@ def reuse_runs(
     except (OSError, KeyError, ValueError) as err:
         raise SystemExit(f"--reuse: no result of {setting} in {path} ({err}).") from None
     before = {"accelerator": "cpu"}  # files from before a field existed: its only value then
-    differ = [k for k in _SAME_TRAINING if stored["config"].get(k, before.get(k)) != cfg.get(k)]
+    differ = [
+        k
+        for k in _SAME_TRAINING
+        if not _same_value(stored["config"].get(k, before.get(k)), cfg.get(k))
+    ]
     if differ:
         raise SystemExit(f"--reuse: {path} trained {setting} otherwise ({', '.join(differ)}).")
     taken = [m for m in stored["runs"] if m not in methods]
@@ -643,6 +662,16 @@ def reuse_runs(
     if "no_wd" in taken:
         plain = stored["runs"]["no_wd"]["wall_s"]
     return {"from": path, "methods": taken, "plain_wall_s": plain}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Config values agree; floats to 1e-9 relative (numpy versions round ``logspace`` in the
+    last bit: 9.999999999999999e-06 against 1e-05)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
 
 
 def fixed_median_time(
@@ -946,7 +975,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    f"{DEFAULT_SETTINGS} (--quick: digits_mlp)")  # fmt: skip
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--optuna-trials", type=int, default=None,
-                   help="trials per setting (default 20, --quick 2); 0 skips Optuna")  # fmt: skip
+                   help="trials per setting (default 10, --quick 2); 0 skips Optuna")  # fmt: skip
     p.add_argument("--learned-kwargs", type=json.loads, default={},
                    help="JSON dict of extra LearnedWeightDecay/callback settings")  # fmt: skip
     p.add_argument("--granularity-kwargs", type=json.loads, default={},
@@ -993,7 +1022,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     except KeyError as err:
         p.error(f"unknown setting {err}; choose from {list(SETTINGS)} or {', '.join(ALIASES)}")
     if args.optuna_trials is None:
-        args.optuna_trials = 2 if args.quick else 20
+        args.optuna_trials = 2 if args.quick else 10
     args.out = out_path(args.out, args.quick, DEFAULT_OUT)
     return args
 
@@ -1024,11 +1053,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = seed_summary(per_seed)
     summary["command"] = command
     path = args.out.with_name(f"{args.out.stem}_seeds.json")
-    path.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False))
-    path.with_suffix(".md").write_text(summary["table_markdown"] + "\n")
-    print("\n" + summary["table_markdown"])
-    print(f"\nwrote {path} and {path.with_suffix('.md').name}")
+    write_summary(summary, path)
     return summary
+
+
+#: the heading of the deployment table in a summary's Markdown
+DEPLOYMENT_HEADING = (
+    "What a user deploys: held-out test loss of the model each search selects on validation "
+    "data, paired by seed"
+)
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> None:
+    """A summary over seeds as JSON and Markdown (the seeds table, then the deployment table),
+    and printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False))
+    text = summary["table_markdown"]
+    text += f"\n\n{DEPLOYMENT_HEADING}\n\n{summary['deployment']['table_markdown']}"
+    out.with_suffix(".md").write_text(text + "\n")
+    print("\n" + text)
+    print(f"\nwrote {out} and {out.with_suffix('.md').name}")
 
 
 def replace_args(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
@@ -1259,28 +1304,239 @@ def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
                 f"{_paired_text(row['minus_grid'])} | {_paired_text(row['minus_hindsight'])} |"
             )
     return dict(benchmark="weight_decay_seeds", seeds=seeds, settings=table,
+                table_markdown="\n".join(lines),
+                deployment=deployment_summary(per_seed))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- deployment
+#: the granularity LearnedWeightDecay uses when none is given: the one the goal is about
+DEFAULT_GRANULARITY = "per_layer"
+
+
+def _nan(v: Any) -> float:
+    """A recorded number, nan where it is missing (None in strict JSON) or not a number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def search_pick(trials: list[dict[str, Any]], n: int | None = None) -> dict[str, Any] | None:
+    """The training a search deploys after its first ``n`` trainings (all by default): the one of
+    lowest best validation loss (failed or non-finite ones never win); None if none finished."""
+    done = [t for t in trials[:n] if math.isfinite(_nan(t["best_val_loss"]))]
+    return min(done, key=lambda t: t["best_val_loss"]) if done else None
+
+
+def _same_run_fixed_median(
+    runs: dict[str, Any], reused: dict[str, Any] | None, method: str
+) -> float:
+    """The median wall time of the fixed-decay trainings (no weight decay, the grid) timed in the
+    same run as ``method``'s training: the yardstick of "× one plain training" for it. A result
+    file whose learned runs were reused together with the grid (``--reuse`` to add Optuna) still
+    has its ratios."""
+    taken = set(reused["methods"]) if reused else set()
+    fixed = [runs["no_wd"]] if "no_wd" in runs and ("no_wd" in taken) == (method in taken) else []
+    if ("grid" in taken) == (method in taken):
+        fixed += runs.get("grid") or []
+    times = [_nan(r["wall_s"]) for r in fixed if r["finished"]]
+    return float(np.median(times)) if times else math.nan
+
+
+def _search_cost(trials: list[dict[str, Any]]) -> float:
+    """A search's total wall time over the median of its own trainings (each a plain training
+    with another fixed decay): ≈ its number of trainings, steady under machine load."""
+    times = [_nan(t["wall_s"]) for t in trials if t["finished"]]
+    return sum(times) / float(np.median(times)) if times else math.nan
+
+
+def deployment_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One setting's result as a user deploys it: per method the deployed model's held-out test
+    loss / accuracy and the total cost in plain trainings. The grid's and Optuna's rows are the
+    training each search *selects* on the validation loss (its pick), scored on the test set,
+    which no choice was made on. Optuna's row also keeps its trials (for "trials to match")."""
+    runs, reused = res["runs"], res.get("reused")
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(rec: dict[str, Any] | None, cost: float, **extra: Any) -> dict[str, Any]:
+        keys = dict(test_loss="test_loss", test_acc="test_acc", val="best_val_loss")
+        return {k: _nan(rec[key]) if rec else math.nan for k, key in keys.items()} | dict(
+            cost=cost, **extra
+        )
+
+    if "no_wd" in runs:
+        rows["no WD"] = row(runs["no_wd"], 1.0)
+    if runs.get("grid"):
+        pick = search_pick(runs["grid"])
+        rows["grid pick"] = row(pick, _search_cost(runs["grid"]), n=len(runs["grid"]),
+                                weight_decay=pick["weight_decay"] if pick else None)  # fmt: skip
+    opt = runs.get("optuna") or {}
+    if opt.get("trials"):
+        trials = opt["trials"]
+        pick = search_pick(trials)
+        slim = [{k: t[k] for k in ("best_val_loss", "test_loss", "test_acc")} for t in trials]
+        rows["Optuna pick"] = row(pick, _search_cost(trials), n=len(trials), trials=slim,
+                                  weight_decay=pick["weight_decay"] if pick else None)  # fmt: skip
+    for g in GRANULARITIES:
+        rec = runs.get(f"learned_{g}")
+        if rec is None:
+            continue
+        method = f"learned_{g}"
+        cost = _nan(rec["wall_s"]) / _same_run_fixed_median(runs, reused, method)
+        rows[f"learned {g}"] = row(rec if rec["finished"] else None,
+                                   cost if rec["finished"] else math.nan)  # fmt: skip
+    return rows
+
+
+def optuna_trials_to_match(trials: list[dict[str, Any]], test_loss: float) -> int | None:
+    """How many Optuna trials (in trial order) it takes until the model Optuna would deploy (its
+    pick so far, chosen on validation loss) has a held-out test loss ≤ ``test_loss``; None if
+    not within the trials run."""
+    if not math.isfinite(test_loss):
+        return None
+    for n in range(1, len(trials) + 1):
+        pick = search_pick(trials, n)
+        if pick is not None and _nan(pick["test_loss"]) <= test_loss:
+            return n
+    return None
+
+
+def _paired_on(row: dict[str, Any], ref: dict[str, Any], key: str) -> dict[str, float]:
+    """The paired difference ``row − ref`` of ``key`` over the seeds both have a number for."""
+    both = [s for s in row["seeds"] if s in ref["seeds"]]
+    both = [s for s in both if all(math.isfinite(r["seeds"][s][key]) for r in (row, ref))]
+    return paired_difference([row["seeds"][s][key] for s in both],
+                             [ref["seeds"][s][key] for s in both])  # fmt: skip
+
+
+def deployment_verdict(row: dict[str, Any], refs: dict[str, dict[str, Any]],
+                       max_cost: float = 1.5) -> str:  # fmt: skip
+    """The issue's goal for one learned row: a lower mean test loss than each search's pick where
+    that search's own choice beats no weight decay (its mean paired test-loss difference to no WD
+    is negative), never significantly worse (the 95 % interval of the difference lies above 0)
+    than any pick, and a mean cost ≤ ``max_cost`` plain trainings."""
+    misses = []
+    for name, ref in refs.items():
+        d = row[f"minus_{ref['key']}"]
+        if d is None or d["n"] == 0:
+            continue
+        if math.isfinite(d["low"]) and d["low"] > 0:
+            misses.append(f"significantly worse than the {name}")
+        elif ref["beats_no_wd"] and d["mean"] >= 0:
+            misses.append(f"not below the {name}")
+    if not row["mean_cost"] <= max_cost:
+        misses.append(f"costs {row['mean_cost']:.2f}× > {max_cost}×")
+    return "met" if not misses else "missed: " + "; ".join(misses)
+
+
+def deployment_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """What a user deploys, over the seeds: per setting and method the mean held-out test loss
+    and accuracy of the deployed model, its mean cost in plain trainings, and the paired
+    differences (mean ± s.e. [95 %]) of its test loss to the grid's pick, Optuna's pick and no
+    weight decay; for learned rows how many Optuna trials it took to match them on each seed and
+    the goal's verdict (:func:`deployment_verdict`). Seeds without Optuna trials pair only with
+    the grid (the table says how many seeds each difference has)."""
+    order = ["no WD", "grid pick", "Optuna pick", *(f"learned {g}" for g in GRANULARITIES)]
+    table: dict[str, dict[str, Any]] = {}
+    for seed, results in per_seed.items():
+        for name, res in results["settings"].items():
+            for method, rec in deployment_records(res).items():
+                table.setdefault(name, {}).setdefault(method, {"seeds": {}})["seeds"][seed] = rec
+    table = {n: {m: ms[m] for m in order if m in ms} for n, ms in table.items()}
+    lines = [
+        "| setting | method | seeds | mean test loss | mean test acc | cost × plain (mean) | "
+        "test loss − grid pick: mean ± s.e. [95 %] (n) | − Optuna pick (n) | − no WD (n) | "
+        "Optuna trials to match, per seed | goal |",
+        "|---|---|---:|---:|---:|---:|---|---|---|---|---|",
+    ]
+    for name, methods in table.items():
+        _deployment_rows(methods)
+        lines += [_deployment_line(name, method, row) for method, row in methods.items()]
+    return dict(benchmark="weight_decay_deployment", seeds=list(per_seed), settings=table,
                 table_markdown="\n".join(lines))  # fmt: skip
+
+
+#: the references every deployed model is paired with: method row -> key of the difference
+_REFERENCES = {"grid pick": "grid", "Optuna pick": "optuna", "no WD": "no_wd"}
+
+
+def _deployment_rows(methods: dict[str, dict[str, Any]]) -> None:
+    """One setting's rows over the seeds, in place: means, paired differences to the references,
+    and for learned rows Optuna's trials to match and the goal's verdict."""
+    for row in methods.values():
+        recs = list(row["seeds"].values())
+        for key in ("test_loss", "test_acc", "cost"):
+            vals = [r[key] for r in recs if math.isfinite(r[key])]
+            row[f"mean_{key}"] = float(np.mean(vals)) if vals else math.nan
+    for method, key in _REFERENCES.items():
+        ref = methods.get(method)
+        for row in methods.values():
+            row[f"minus_{key}"] = (
+                None if ref is None or row is ref else _paired_on(row, ref, "test_loss")
+            )
+    refs = {}
+    for method, key in _REFERENCES.items():
+        if method in methods and method != "no WD":
+            d = methods[method]["minus_no_wd"]
+            refs[method] = dict(key=key, beats_no_wd=bool(d and d["n"] and d["mean"] < 0))
+    optuna = methods.get("Optuna pick")
+    for method, row in methods.items():
+        row["goal"] = ""
+        if not method.startswith("learned"):
+            continue
+        if optuna is not None:
+            row["optuna_trials_to_match"] = {
+                s: optuna_trials_to_match(optuna["seeds"][s]["trials"], rec["test_loss"])
+                for s, rec in row["seeds"].items()
+                if s in optuna["seeds"]
+            }
+        row["goal"] = deployment_verdict(row, refs)
+
+
+def _deployment_line(name: str, method: str, row: dict[str, Any]) -> str:
+    first = next(iter(row["seeds"].values()))
+    label = method
+    if method in ("grid pick", "Optuna pick"):
+        label += f" ({first['n']} {'values' if method == 'grid pick' else 'trials'})"
+    if method == f"learned {DEFAULT_GRANULARITY}":
+        label += " (default)"
+    match = row.get("optuna_trials_to_match") or {}
+    match_text = ", ".join("not in the trials" if v is None else str(v) for v in match.values())
+    diffs = " | ".join(_paired_n(row[f"minus_{k}"]) for k in _REFERENCES.values())
+    return (
+        f"| {name} | {label} | {len(row['seeds'])} | {_f(row['mean_test_loss'], '.4f')} | "
+        f"{_f(row['mean_test_acc'], '.4f')} | {_f(row['mean_cost'], '.2f')} | {diffs} | "
+        f"{match_text} | {row['goal']} |"
+    )
+
+
+def _paired_n(d: dict[str, float] | None) -> str:
+    text = _paired_text(d)
+    return f"{text} ({d['n']})" if text else ""
 
 
 def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
     """The seeds summary of earlier per-seed result files (``--summarise``), e.g. two draws of
-    seeds run at different times; written to ``out`` (JSON and .md). A seed given twice is an
-    error: its trainings would count twice."""
+    seeds run at different times; written to ``out`` (JSON and .md). A setting of a seed given
+    twice is an error (its trainings would count twice), except where the later file was made
+    from the earlier one with ``--reuse`` (e.g. it added Optuna's trials): it replaces it."""
     per_seed: dict[int, dict[str, Any]] = {}
-    for path in paths:
-        res = json.loads(Path(path).read_text())
+    source: dict[tuple[int, str], Path] = {}
+    for path in map(Path, paths):
+        res = json.loads(path.read_text())
         seed = int(res["seed"])
-        if seed in per_seed:
-            raise SystemExit(f"--summarise: seed {seed} is in two files (the second: {path})")
-        per_seed[seed] = res
+        merged = per_seed.setdefault(seed, {**res, "settings": {}})
+        for name, setting in res["settings"].items():
+            earlier = source.get((seed, name))
+            made_from = Path((setting.get("reused") or {}).get("from") or "").name
+            if earlier is not None and made_from != earlier.name:
+                raise SystemExit(
+                    f"--summarise: seed {seed} is in two files (the second: {path}) with "
+                    f"{name}, and {path.name} was not made from {earlier.name} with --reuse"
+                )
+            merged["settings"][name] = setting
+            source[(seed, name)] = path
     summary = seed_summary(dict(sorted(per_seed.items())))
     summary["command"] = command
     summary["sources"] = [str(p) for p in paths]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_clean(summary), indent=1, allow_nan=False))
-    out.with_suffix(".md").write_text(summary["table_markdown"] + "\n")
-    print(summary["table_markdown"])
-    print(f"\nwrote {out} and {out.with_suffix('.md').name}")
+    write_summary(summary, out)
     return summary
 
 

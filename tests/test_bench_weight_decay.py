@@ -386,3 +386,139 @@ def test_orders_reuse_retrains_only_the_learned_runs(tmp_path: Path) -> None:
     other = run([*base, "--orders", "3", "--methods", "learned_global",
                  "--out", str(tmp_path / "c.json"), "--reuse", str(first)])  # fmt: skip
     assert other.returncode != 0 and "on other orders" in other.stderr
+
+
+def _fake_setting(seed: int) -> dict:
+    """A tiny result of one seed: the grid's and Optuna's validation losses pick a training whose
+    test loss is *not* the lowest of the search (what a user deploys is the validation pick)."""
+
+    def fixed(wd: float, val: float, test: float, wall: float = 2.0) -> dict:
+        return dict(weight_decay=wd, best_val_loss=val, test_loss=test, test_acc=None if test is None else 1 - test,
+                    wall_s=wall, finished=True)  # fmt: skip
+
+    bump = 0.01 * seed
+    grid = [fixed(1e-4, 0.50, 0.40 + bump), fixed(1e-3, 0.45, 0.48 + bump, 3.0),
+            fixed(1e-2, 0.60, 0.30 + bump)]  # fmt: skip
+    optuna = [fixed(3e-4, 0.55, 0.50 + bump), fixed(2e-3, None, None),  # a failed trial
+              fixed(5e-3, 0.44, 0.44 + bump)]  # fmt: skip
+    optuna[1]["finished"] = False
+    return {"runs": {
+        "no_wd": fixed(0.0, 0.70, 0.60 + bump),
+        "grid": grid,
+        "optuna": {"trials": optuna},
+        "learned_per_layer": dict(finished=True, best_val_loss=0.46, test_loss=0.45 + bump,
+                                  test_acc=0.55, wall_s=3.0),
+        "learned_global": dict(finished=True, best_val_loss=0.47, test_loss=0.52 + 2 * bump,
+                               test_acc=0.5, wall_s=5.0)},
+        "derived": {}}  # fmt: skip
+
+
+def test_deployment_summary_by_hand() -> None:
+    """What a search deploys is its pick on validation data, scored on the test set; the learned
+    rows are paired with it seed by seed, timed against the fixed-decay trainings of their run,
+    and "Optuna trials to match" counts trials until Optuna's pick-so-far has a test loss at or
+    below the learned run's."""
+    bench = _bench_module()
+    trials = _fake_setting(0)["runs"]["optuna"]["trials"]
+    assert bench.search_pick(trials)["weight_decay"] == 5e-3
+    assert bench.search_pick(trials, 2)["weight_decay"] == 3e-4  # the failed trial never wins
+    assert bench.optuna_trials_to_match(trials, 0.50) == 1
+    assert bench.optuna_trials_to_match(trials, 0.45) == 3
+    assert bench.optuna_trials_to_match(trials, 0.43) is None
+
+    per_seed = {s: {"settings": {"s": _fake_setting(s)}} for s in (0, 1, 2)}
+    summary = bench.deployment_summary(per_seed)
+    rows = summary["settings"]["s"]
+    assert list(rows) == [
+        "no WD",
+        "grid pick",
+        "Optuna pick",
+        "learned global",
+        "learned per_layer",
+    ]
+    grid, opt = rows["grid pick"], rows["Optuna pick"]
+    assert [grid["seeds"][s]["test_loss"] for s in (0, 1, 2)] == [0.48, 0.49, 0.50]
+    assert grid["seeds"][0]["weight_decay"] == 1e-3 and opt["seeds"][0]["weight_decay"] == 5e-3
+    assert math.isclose(grid["mean_cost"], 7.0 / 2.0)  # 2 + 3 + 2 s over their median, 2 s
+    assert math.isclose(opt["mean_cost"], 2.0)  # two finished trials of 2 s
+    # the median fixed-decay training of the run (no WD and the grid: 2, 2, 3, 2 s) is 2 s
+    layer, glob = rows["learned per_layer"], rows["learned global"]
+    assert math.isclose(layer["mean_cost"], 1.5) and math.isclose(glob["mean_cost"], 2.5)
+    d = layer["minus_grid"]
+    assert d["n"] == 3 and math.isclose(d["mean"], -0.03) and d["se"] < 1e-12
+    assert math.isclose(layer["minus_optuna"]["mean"], 0.01)
+    assert math.isclose(glob["minus_grid"]["mean"], 0.04 + 0.01)  # 0.52 - 0.48, + seed bumps
+    assert layer["optuna_trials_to_match"] == {0: 3, 1: 3, 2: 3}  # Optuna's pick: 0.44 (+bump)
+    assert glob["optuna_trials_to_match"] == {0: 1, 1: 1, 2: 1}
+    assert rows["no WD"]["minus_grid"]["mean"] > 0  # the searches' picks beat no weight decay
+    # per layer: below the grid's pick, above Optuna's (by 0.01 on every seed: significant)
+    assert layer["goal"] == "missed: significantly worse than the Optuna pick"
+    assert glob["goal"].startswith("missed: significantly worse than the grid pick")
+    assert glob["goal"].endswith("costs 2.50× > 1.5×")
+    assert "| s | learned per_layer (default) | 3 |" in summary["table_markdown"]
+    assert "| 3, 3, 3 |" in summary["table_markdown"]
+    del per_seed[2]["settings"]["s"]["runs"]["optuna"]["trials"][2]  # Optuna not matched on seed 2
+    match = bench.deployment_summary(per_seed)["settings"]["s"]["learned per_layer"]
+    assert match["optuna_trials_to_match"][2] is None
+
+
+def test_deployment_verdict_where_searches_do_not_pay() -> None:
+    """Where the searches' own choice does not beat no weight decay, the goal asks only "never
+    significantly worse, and cheap": a tie meets it."""
+    bench = _bench_module()
+    tie = dict(n=3, mean=0.001, se=0.002, low=-0.005, high=0.007)
+    row = {"minus_grid": tie, "minus_optuna": None, "mean_cost": 1.4}
+    refs = {"grid pick": dict(key="grid", beats_no_wd=False),
+            "Optuna pick": dict(key="optuna", beats_no_wd=False)}  # fmt: skip
+    assert bench.deployment_verdict(row, refs) == "met"
+    refs["grid pick"]["beats_no_wd"] = True
+    assert bench.deployment_verdict(row, refs) == "missed: not below the grid pick"
+
+
+def test_summarise_takes_a_file_made_from_another_with_reuse(tmp_path: Path) -> None:
+    """A per-seed file that added Optuna's trials to an earlier one (``--reuse``) replaces that
+    setting of the earlier file; the same setting from an unrelated file is refused."""
+    bench = _bench_module()
+
+    def complete(res: dict) -> dict:  # the fields the seeds table reads, as a run writes them
+        runs = res["runs"]
+        for rec in [
+            runs["no_wd"],
+            *runs["grid"],
+            runs["learned_global"],
+            runs["learned_per_layer"],
+        ]:
+            rec.setdefault("finite", True)
+        opt = runs.get("optuna")
+        if opt:
+            pick = bench.search_pick(opt["trials"])
+            opt.update(n_trials=len(opt["trials"]), best_so_far=[1.0] * len(opt["trials"]),
+                       total_wall_s=6.0, **{k: pick[k] for k in ("best_val_loss", "test_loss",
+                                                                  "test_acc")})  # fmt: skip
+        setting = bench.replace(bench.SETTINGS["digits_mlp"], grid=[1e-4, 1e-3, 1e-2])
+        res["derived"] = bench.derive(setting, runs, res.get("reused"))
+        return res
+
+    base = _fake_setting(0)
+    del base["runs"]["optuna"]
+    base = complete(base)
+    first = tmp_path / "wd_seed0.json"
+    first.write_text(json.dumps({"seed": 0, "settings": {"s": base, "t": base}}))
+    added = complete({**_fake_setting(0), "reused": {"from": f"elsewhere/{first.name}",
+                                                      "methods": ["no_wd", "grid"],
+                                                      "plain_wall_s": 2.0}})  # fmt: skip
+    second = tmp_path / "wd_optuna_seed0.json"
+    second.write_text(json.dumps({"seed": 0, "settings": {"s": added}}))
+    summary = bench.summarise([first, second], tmp_path / "sum.json", "test")
+    rows = summary["deployment"]["settings"]
+    assert "Optuna pick" in rows["s"] and "Optuna pick" not in rows["t"]
+    md = (tmp_path / "sum.md").read_text()
+    assert md.startswith("| setting |") and bench.DEPLOYMENT_HEADING in md
+    other = tmp_path / "other_seed0.json"
+    other.write_text(json.dumps({"seed": 0, "settings": {"s": base}}))
+    try:
+        bench.summarise([first, other], tmp_path / "sum.json", "test")
+    except SystemExit as err:
+        assert "seed 0 is in two files" in str(err) and "with s," in str(err)
+    else:
+        raise AssertionError("the same setting of a seed twice was not refused")
