@@ -618,7 +618,9 @@ def run_setting(
         if f"learned_{g}" in methods:
             rec = train_once(
                 s, data, args.seed, granularity=g, learned_init=args.learned_init,
-                learned_kwargs={**args.learned_kwargs, **args.granularity_kwargs.get(g, {})},
+                learned_kwargs=_with_strategies(
+                    {**args.learned_kwargs, **args.granularity_kwargs.get(g, {})}, args.damping
+                ),
             )  # fmt: skip
             runs[f"learned_{g}"] = rec
             lam = rec["lambda_summary"]
@@ -628,6 +630,17 @@ def run_setting(
             log(f"  learned_{g}: {_brief(rec)}{lam_s}")
     out["derived"] = derive(s, runs, out.get("reused"))
     return out
+
+
+def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
+    """The callback's keywords with the damping strategy of ``--damping`` (JSON cannot hold a
+    strategy object): ``horizon`` is :class:`~hypertorch_sid.HorizonDamping` (δ from the steps
+    that remain and the measured step size, added to the default curvature damping)."""
+    if damping == "default":
+        return kwargs
+    from hypertorch_sid import HorizonDamping
+
+    return {**kwargs, "damping": HorizonDamping()}
 
 
 #: config fields that must agree for a stored training to stand for one of this run
@@ -981,6 +994,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--granularity-kwargs", type=json.loads, default={},
                    help="JSON dict granularity -> settings overriding --learned-kwargs for it, "
                    "e.g. '{\"per_element\": {\"outer_lr\": 1.0}}'")  # fmt: skip
+    p.add_argument("--damping", choices=("default", "horizon"), default="default",
+                   help="damping strategy of the learned runs: the callback's default or "
+                   "HorizonDamping() (the remaining training length)")  # fmt: skip
     p.add_argument("--learned-init", type=float, default=1e-4, help="initial λ (default 1e-4)")
     p.add_argument("--epochs", type=int, default=None, help="override every setting's epochs")
     p.add_argument("--grid", type=float, nargs="+", default=None,
@@ -1121,6 +1137,7 @@ def run_seed(args: argparse.Namespace, command: str) -> dict[str, Any]:
         learned_init=args.learned_init,
         learned_kwargs=args.learned_kwargs,
         granularity_kwargs=args.granularity_kwargs,
+        damping=args.damping,
         environment=dict(platform=platform.platform(), processor=platform.processor(), **versions),
         settings={},
     )

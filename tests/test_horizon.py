@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import math
 
+import lightning_problems
 import pytest
+import pytorch_lightning as pl
 import torch
+from lightning_problems import D as D_RIDGE
+from lightning_problems import RidgeData
 
-from hypertorch_sid import EstimatedCurvature, FixedDamping, NoDamping, SIDHyperOptimizer
+from hypertorch_sid import (
+    EstimatedCurvature,
+    FixedDamping,
+    LearnedWeightDecay,
+    NoDamping,
+    SIDHyperOptimizer,
+)
 from hypertorch_sid.core.errors import ConfigurationError
 from hypertorch_sid.core.horizon import HorizonDamping, horizon_delta, horizon_filter
 
@@ -140,3 +150,55 @@ def test_horizon_damping_observes_adds_to_its_base_and_caps() -> None:
         HorizonDamping(0.1)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="scale"):
         HorizonDamping(scale=-1.0)
+
+
+class _Net(pl.LightningModule):
+    """A user's module: a tanh MLP on the ridge data, plain SGD (its step size is its lr)."""
+
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(D_RIDGE, 8, dtype=D), torch.nn.Tanh(), torch.nn.Linear(8, 1, dtype=D)
+        )
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return 0.5 * ((self.net(x).squeeze(-1) - y) ** 2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_the_callback_tells_the_horizon_the_remaining_steps_and_the_measured_step_size():
+    """max_steps = 30, a hyper step every 10: the damping sees T = 20, 10, 0 and η̂ = lr (plain
+    SGD moves w by exactly lr·g, the decay's term included), and δ anneals upward."""
+    seen: list[tuple[int | None, float | None]] = []
+
+    class Recording(HorizonDamping):
+        def observe(self, remaining_steps, step_size):
+            seen.append((remaining_steps, step_size))
+            super().observe(remaining_steps, step_size)
+
+    damping = Recording(FixedDamping(0.0))
+    cb = LearnedWeightDecay(1e-2, every_n_steps=10, damping=damping)
+    deltas = []
+    trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
+    original = cb._hyper_step
+
+    def hyper_step(trainer, module):
+        original(trainer, module)
+        deltas.append(cb.sid.delta)
+
+    cb._hyper_step = hyper_step
+    trainer.fit(_Net(lr=0.05), datamodule=RidgeData())
+    assert [r for r, _ in seen] == [20, 10, 0]
+    for _, eta in seen:
+        assert math.isclose(eta, 0.05, rel_tol=1e-9)
+    assert math.isclose(deltas[0], 1.0 / (0.05 * 20), rel_tol=1e-9)
+    assert math.isclose(deltas[1], 1.0 / (0.05 * 10), rel_tol=1e-9)
+    assert deltas[2] == damping.max_delta  # the last step: nothing left to look ahead to

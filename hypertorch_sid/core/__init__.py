@@ -28,6 +28,7 @@ from .estimation import (
     lanczos_extremes,
 )
 from .gauss_newton import GaussNewton
+from .horizon import HorizonDamping
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
@@ -103,6 +104,7 @@ __all__ = [
     "DivergencePolicy",
     "EstimatedCurvature",
     "FixedDamping",
+    "HorizonDamping",
     "FixedPointIteration",
     "VarianceReduced",
     "GaussNewton",

@@ -122,6 +122,18 @@ class StepConstants:
         self.set_from_spectrum(est)
         return True
 
+    def refresh_damping(self) -> None:
+        """δ from the damping strategy again, for one whose δ follows the training
+        (:class:`~.horizon.HorizonDamping`): as at :meth:`at_w_t` it only grows (an escalation by
+        ``Recover`` is kept) and α, q follow it. Nothing before the first estimate."""
+        est = self.estimate
+        if est is None or not self.resolved:
+            return
+        delta = max(self.delta, self.config.damping.delta(est))
+        if delta != self.delta:
+            self.delta = delta
+            self.set_from_spectrum(est)
+
     def set_from_spectrum(self, est: CurvatureEstimate) -> None:
         """α, q of the (damped) GD map from L̂, λ̂_min and δ (Cor. 4.3 on [λ_min + δ, L + δ])."""
         delta = self.delta

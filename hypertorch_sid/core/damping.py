@@ -53,6 +53,11 @@ class Damping:
         """δ for the current curvature estimate (None when no estimate exists)."""
         return 0.0
 
+    def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
+        """The training's state before each hyper step: the optimizer steps that remain (None:
+        unknown) and its step size η (None: not measured). Ignored here;
+        :class:`~.horizon.HorizonDamping` derives δ from it."""
+
     def escalate(self, delta: float, curvature: CurvatureEstimate | None) -> float:
         """A larger δ after a detected divergence (``Recover``): past the estimated negative
         curvature, max(2δ, 1.5·max(0, −λ̂_min), 0.01·L̂)."""

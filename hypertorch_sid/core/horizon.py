@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
+
 from .damping import CurvatureDamping, Damping, _check_nonnegative
 from .errors import ConfigurationError
 from .estimation import CurvatureEstimate
@@ -111,3 +113,30 @@ class HorizonDamping(Damping):
 
     def escalate(self, delta: float, curvature: CurvatureEstimate | None) -> float:
         return self.base.escalate(delta, curvature)
+
+
+class StepSizeProbe:
+    """η̂ = ⟨w_before − w_after, g⟩ / ‖g‖²: how far one optimizer update went along its gradient
+    g, in the units of eq. horizondelta (SGD: its lr; momentum μ: about lr/(1 − μ); Adam: lr
+    over the typical √v̂). Two float64 dot products per probe, no copy of the weights; the
+    gradients must be the ones the update used (read before the optimizer step, unchanged by it).
+    """
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = [p for p in params if p.grad is not None]
+        self.grads = [p.grad for p in self.params]
+        self.before = self._dot()
+        self.grad_sq = sum(float(g.double().pow(2).sum()) for g in self.grads)
+
+    def _dot(self) -> float:
+        with torch.no_grad():
+            return sum(
+                float((p.double() * g.double()).sum()) for p, g in zip(self.params, self.grads)
+            )
+
+    def step_size(self) -> float | None:
+        """η̂ after the update (None without gradients, or a non-positive measurement)."""
+        if not self.params or self.grad_sq <= 0:
+            return None
+        eta = (self.before - self._dot()) / self.grad_sq
+        return eta if math.isfinite(eta) and eta > 0 else None

@@ -206,6 +206,11 @@ class SIDHyperOptimizer:
     q = property(lambda self: self.constants.q, doc="q: the map's contraction constant.")
     lambda_min = property(lambda self: self.constants.lambda_min, doc="λ_min (estimated).")
     delta = property(lambda self: self.constants.delta, doc="δ of the damped adjoint system.")
+
+    def refresh_damping(self) -> None:
+        """δ from the damping strategy again (a strategy whose δ follows the training, e.g.
+        :class:`~.horizon.HorizonDamping`); see :meth:`StepConstants.refresh_damping`."""
+        self.constants.refresh_damping()
     curvature_estimate = property(
         lambda self: self.constants.estimate, doc="The curvature estimate α, q, δ came from."
     )

@@ -45,6 +45,7 @@ from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
 from ..core.gauss_newton import GaussNewton
+from ..core.horizon import StepSizeProbe
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
@@ -241,6 +242,7 @@ class HyperOptimizationCallback(Callback):
             "step_size" in settings
         )
         self.every_n_steps = int(every_n_steps)
+        self._step_probe: StepSizeProbe | None = None
         self.adjoint_steps = None if adjoint_steps is None else int(adjoint_steps)
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -313,6 +315,15 @@ class HyperOptimizationCallback(Callback):
         """Every ``every_n_steps`` optimizer steps: one hyper step on λ."""
         if self._due(trainer):
             self._hyper_step(trainer, pl_module)
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        """Before the update a hyper step follows: start measuring the training's step size."""
+        step = trainer.global_step + 1
+        due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
+        if self.sid is not None and due:
+            self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its ``requires_grad`` back."""
@@ -775,6 +786,7 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None and self._train_stream is not None
         self._check_weights(trainer, pl_module)
         self.problem.before_hyper_step(trainer, pl_module)
+        self._observe_horizon(trainer)
         with (
             self._hyperparameters_require_grad(),
             self._private_rng(pl_module.device),
@@ -790,6 +802,17 @@ class HyperOptimizationCallback(Callback):
             self.sid.apply(hypergrad)
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
+
+    def _observe_horizon(self, trainer: pl.Trainer) -> None:
+        """Tell the damping strategy the steps that remain and the measured step size."""
+        assert self.sid is not None
+        total = trainer.estimated_stepping_batches
+        remaining = (
+            int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
+        )
+        probe, self._step_probe = self._step_probe, None
+        self.sid.config.damping.observe(remaining, probe.step_size() if probe else None)
+        self.sid.refresh_damping()
 
     # ================================================================== logging
     def _metrics(self, trainer: pl.Trainer, summary: dict[str, Tensor]) -> dict[str, float]:

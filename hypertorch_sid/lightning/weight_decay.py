@@ -500,6 +500,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     ) -> None:
         """Apply the decay: ``grad += λ w`` (coupled) or ``w *= 1 − lr λ`` (decoupled)."""
         self.problem.apply(optimizer)
+        super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     @property
     def rho(self) -> list[Tensor]:
