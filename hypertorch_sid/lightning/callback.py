@@ -40,6 +40,7 @@ from torchmetrics import Metric
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
+from ..core.budget import Budget, make_budget
 from ..core.config import SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
@@ -150,6 +151,12 @@ class HyperOptimizationCallback(Callback):
         the randomness (dropout) inside hyper steps; the training's own RNG streams are left
         untouched. The same on every process: under DDP each rank keeps its shard of one global
         minibatch.
+    max_overhead:
+        A compute budget: the hyper steps cost at most this fraction of the training's own
+        compute (0.5: ≤ 1.5× a plain training), measured on this model and device as the fit
+        runs; a due hyper step waits until the budget covers it
+        (:class:`~hypertorch_sid.core.budget.OverheadBudget`; logged as ``hyper/overhead``).
+        ``None`` (default): every due hyper step runs.
     log_to_loggers:
         Send every hyper step's ``hyper/*`` metrics to ``trainer.loggers`` (bypassing
         ``log_every_n_steps``, so no hyper step is dropped).
@@ -204,6 +211,7 @@ class HyperOptimizationCallback(Callback):
         on_divergence: Literal["raise", "skip"] = "skip",
         seed: int = 0,
         log_to_loggers: bool = True,
+        max_overhead: float | None = None,
         config: SIDConfig = CALLBACK_CONFIG,
         problem: ProblemSource | None = None,
         **settings: Any,
@@ -243,6 +251,9 @@ class HyperOptimizationCallback(Callback):
         )
         self.every_n_steps = int(every_n_steps)
         self._step_probe: StepSizeProbe | None = None
+        self._step_size: float | None = None
+        self.budget: Budget = make_budget(max_overhead)
+        self._waiting = False  # a due hyper step the budget has not yet allowed
         self.adjoint_steps = None if adjoint_steps is None else int(adjoint_steps)
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -312,9 +323,19 @@ class HyperOptimizationCallback(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """Every ``every_n_steps`` optimizer steps: one hyper step on λ."""
-        if self._due(trainer):
-            self._hyper_step(trainer, pl_module)
+        """Every ``every_n_steps`` optimizer steps: one hyper step on λ (when the budget allows
+        it: else at the first step after that it does)."""
+        if self._step_probe is not None:
+            self._step_size, self._step_probe = self._step_probe.step_size(), None
+        self.budget.training_step_done()
+        self._waiting = self._due(trainer) or self._waiting
+        if self._waiting and self.budget.allows():
+            self._waiting = False
+            self.budget.start_hyper_step()
+            try:
+                self._hyper_step(trainer, pl_module)
+            finally:
+                self.budget.end_hyper_step()
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
@@ -810,8 +831,8 @@ class HyperOptimizationCallback(Callback):
         remaining = (
             int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
         )
-        probe, self._step_probe = self._step_probe, None
-        self.sid.config.damping.observe(remaining, probe.step_size() if probe else None)
+        self.sid.config.damping.observe(remaining, self._step_size)
+        self._step_size = None
         self.sid.refresh_damping()
 
     # ================================================================== logging
@@ -836,6 +857,8 @@ class HyperOptimizationCallback(Callback):
             "hyper/val_samples": float(self._val_samples),
             "hyper/step": float(self.sid.hyper_step),
         }
+        if math.isfinite(self.budget.overhead):  # with a budget: its spending before this step
+            metrics["hyper/overhead"] = self.budget.overhead
         for name, value in summary.items():
             v = value.detach().double().flatten()
             metrics[f"hyper/{name}_mean"] = float(v.mean())

@@ -1,0 +1,152 @@
+"""A compute budget for hyper steps: at most ``max_overhead`` × the plain training's cost.
+
+A hyper step (adjoint solve, ∂₂Φ̂ᵀv, outer step, now and then a curvature estimate) costs a
+multiple of a training step that depends on the model and the device: measured here, 2.5–4× a
+step for an adjoint product on an MLP and a CNN, more on an LSTM (its Hessian–vector products are
+dear). A fixed "every n steps" therefore gives a different overhead on every network. The budget
+measures instead, and spaces the hyper steps so that
+
+    Σ cost(hyper steps) ≤ max_overhead · Σ cost(training steps)                    (eq. budget)
+
+holds at every hyper step it allows: a hyper step runs when it is due *and* the credit
+``max_overhead · spent_training − spent_hyper`` covers the predicted cost of the next hyper step
+(the mean of the ones measured, which include their curvature refreshes; the first hyper step
+runs unpredicted, and is then paid back). The credit is re-measured at every step, so a hyper step
+dearer than predicted (a curvature refresh, a Recover retry) delays the next ones until the
+budget holds again. ``max_overhead=None`` (:class:`NoBudget`) runs every due hyper step.
+
+The cost is whatever the ``clock`` reads: wall time by default (``time.perf_counter``), a count of
+products in tests (CI asserts the plan against counted products, never against timings).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import ConfigurationError
+
+
+class Budget:
+    """When a due hyper step may run, and what the hyper steps have cost so far."""
+
+    def training_step_done(self) -> None:
+        """The training ran one more step (called once per optimizer step)."""
+
+    def allows(self) -> bool:
+        """Whether a due hyper step fits the budget now."""
+        return True
+
+    def start_hyper_step(self) -> None:
+        """A hyper step begins (its cost is measured until :meth:`end_hyper_step`)."""
+
+    def end_hyper_step(self) -> None:
+        """The hyper step ended."""
+
+    @property
+    def overhead(self) -> float:
+        """Σ cost(hyper steps) / Σ cost(training steps) so far (nan before any training)."""
+        return math.nan
+
+    def state_dict(self) -> dict[str, float]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore a checkpointed budget."""
+
+
+class NoBudget(Budget):
+    """Every due hyper step runs (the callback's default)."""
+
+
+@dataclass
+class OverheadBudget(Budget):
+    """Hyper steps within ``max_overhead`` × the training's cost (eq. budget).
+
+    Parameters
+    ----------
+    max_overhead: the largest ratio Σ hyper-step cost / Σ training cost (0.5: a training with
+        learned λ costs at most 1.5 plain ones, the hyper steps' own share).
+    clock: a monotonic reading of cost (seconds by default).
+    """
+
+    max_overhead: float = 0.5
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    #: cost of the training steps so far (the time between steps, hyper steps excluded)
+    spent_training: float = field(default=0.0, init=False)
+    #: cost of the hyper steps so far
+    spent_hyper: float = field(default=0.0, init=False)
+    hyper_steps: int = field(default=0, init=False)
+    skipped: int = field(default=0, init=False)
+    _mark: float | None = field(default=None, init=False, repr=False)
+    _hyper_start: float | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        value = self.max_overhead
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigurationError(
+                f"max_overhead must be a number > 0 (0.5: at most 50 % more compute than the "
+                f"plain training), got {value!r}; pass max_overhead=None for no budget."
+            )
+        if not callable(self.clock):
+            raise ConfigurationError("OverheadBudget: clock must be a callable () -> float.")
+
+    def training_step_done(self) -> None:
+        now = self.clock()
+        if self._mark is not None:
+            self.spent_training += now - self._mark
+        self._mark = now
+
+    @property
+    def predicted(self) -> float:
+        """The cost of the next hyper step: the mean of those measured (0 before the first)."""
+        return self.spent_hyper / self.hyper_steps if self.hyper_steps else 0.0
+
+    @property
+    def credit(self) -> float:
+        """max_overhead · Σ training cost − Σ hyper-step cost (eq. budget's slack)."""
+        return self.max_overhead * self.spent_training - self.spent_hyper
+
+    def allows(self) -> bool:
+        ok = self.credit >= self.predicted
+        self.skipped += not ok
+        return ok
+
+    def start_hyper_step(self) -> None:
+        self._hyper_start = self.clock()
+
+    def end_hyper_step(self) -> None:
+        if self._hyper_start is None:
+            return
+        now = self.clock()
+        self.spent_hyper += now - self._hyper_start
+        self.hyper_steps += 1
+        self._hyper_start = None
+        self._mark = now  # the time of the hyper step is not the training's
+
+    @property
+    def overhead(self) -> float:
+        return self.spent_hyper / self.spent_training if self.spent_training > 0 else math.nan
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
+                    hyper_steps=self.hyper_steps, skipped=self.skipped)  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.spent_training = float(state.get("spent_training", 0.0))
+        self.spent_hyper = float(state.get("spent_hyper", 0.0))
+        self.hyper_steps = int(state.get("hyper_steps", 0))
+        self.skipped = int(state.get("skipped", 0))
+        self._mark = None
+
+
+def make_budget(max_overhead: float | None | Budget) -> Budget:
+    """``max_overhead`` as a :class:`Budget`: None → :class:`NoBudget`, a number →
+    :class:`OverheadBudget`, a Budget as it is."""
+    if max_overhead is None:
+        return NoBudget()
+    if isinstance(max_overhead, Budget):
+        return max_overhead
+    return OverheadBudget(max_overhead)

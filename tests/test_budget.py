@@ -1,0 +1,152 @@
+"""The overhead budget (eq. budget) holds, counted in products against the plan, never timed.
+
+The budget reads cost from a clock; here the clock counts work: one unit per training step, and
+in the Lightning fit two per Hessian–vector product (adjoint and curvature) and one per
+validation gradient, read from the core's own counters (``sid.cost``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning_problems
+import pytest
+import pytorch_lightning as pl
+import torch
+from lightning_problems import D, RidgeData
+
+from hypertorch_sid import ConfigurationError, LearnedWeightDecay
+from hypertorch_sid.core.budget import NoBudget, OverheadBudget, make_budget
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _simulate(budget: OverheadBudget, clock: _Clock, steps: int, costs) -> list[int]:
+    """A training loop: each step costs 1, a hyper step is due after every step and costs
+    ``costs(i)`` (the i-th hyper step). The steps at which hyper steps ran."""
+    ran = []
+    for step in range(1, steps + 1):
+        clock.now += 1.0
+        budget.training_step_done()
+        if budget.allows():
+            budget.start_hyper_step()
+            clock.now += costs(len(ran))
+            budget.end_hyper_step()
+            ran.append(step)
+    return ran
+
+
+def test_the_budget_spaces_hyper_steps_to_its_share_of_the_training():
+    clock = _Clock()
+    budget = OverheadBudget(0.5, clock=clock)
+    ran = _simulate(budget, clock, 400, lambda i: 4.0)
+    assert ran[0] == 1  # the first runs unpredicted, then is paid back
+    assert budget.spent_training == 399.0 and budget.spent_hyper == 4.0 * len(ran)
+    # eq. budget before every hyper step, so at the end: at most one hyper step over the share
+    assert budget.spent_hyper <= 0.5 * budget.spent_training + 4.0
+    assert len(ran) >= 0.5 * 399 / 4 - 1  # and it spends what it may (≈ one every 8 steps)
+    gaps = [b - a for a, b in zip(ran, ran[1:])]
+    assert gaps[0] == 16 and set(gaps[1:]) == {8}  # the first paid back, then 4 / 0.5 each
+    assert math.isclose(budget.overhead, 4.0 * len(ran) / 399)
+
+
+def test_a_dearer_hyper_step_delays_the_next_ones():
+    """A curvature refresh every 10th hyper step (20 units instead of 4): the credit it overdrew
+    is paid back before the next hyper step; the share still holds."""
+    clock = _Clock()
+    budget = OverheadBudget(0.25, clock=clock)
+    ran = _simulate(budget, clock, 2000, lambda i: 20.0 if i % 10 == 0 else 4.0)
+    assert budget.spent_hyper <= 0.25 * budget.spent_training + 20.0
+    assert budget.overhead > 0.2
+    i = 10  # the 11th hyper step is dear: the gap after it is longer than the one before it
+    assert ran[i + 1] - ran[i] > ran[i] - ran[i - 1]
+
+
+def test_no_budget_and_bad_values():
+    assert isinstance(make_budget(None), NoBudget) and NoBudget().allows()
+    assert math.isnan(NoBudget().overhead)
+    assert make_budget(0.3).max_overhead == 0.3
+    custom = OverheadBudget(1.0)
+    assert make_budget(custom) is custom
+    for bad in (0, -0.5, float("nan"), "0.5", True):
+        with pytest.raises(ConfigurationError, match="max_overhead must be a number > 0"):
+            OverheadBudget(bad)  # type: ignore[arg-type]
+
+
+class _Net(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(D, 8, dtype=torch.float64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(8, 1, dtype=torch.float64),
+        )
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return 0.5 * ((self.net(x).squeeze(-1) - y) ** 2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def _fit_counting(max_overhead: float | None) -> tuple[LearnedWeightDecay, float, float, float]:
+    """A fit with a hyper step due after every optimizer step; returns the callback, the
+    counted units of the training, of the hyper steps, and of the dearest hyper step."""
+    state: dict = {}
+
+    def hyper_units() -> float:
+        sid = state["cb"].sid
+        if sid is None:
+            return 0.0
+        c = sid.cost
+        return 2.0 * (c.jacobian_vector_products + c.curvature_products) + c.hypergradients
+
+    def clock() -> float:
+        return float(state["trainer"].global_step) + hyper_units()
+
+    budget = None if max_overhead is None else OverheadBudget(max_overhead, clock=clock)
+    cb = LearnedWeightDecay(1e-2, every_n_steps=1, max_overhead=budget)
+    trainer = lightning_problems.trainer([cb], max_epochs=40, limit_val_batches=0)
+    state.update(cb=cb, trainer=trainer)
+    dearest = [0.0]
+    original = cb._hyper_step
+
+    def hyper_step(trainer, module):
+        before = hyper_units()
+        original(trainer, module)
+        dearest[0] = max(dearest[0], hyper_units() - before)
+
+    cb._hyper_step = hyper_step
+    trainer.fit(_Net(), datamodule=RidgeData())
+    return cb, float(trainer.global_step), hyper_units(), dearest[0]
+
+
+def test_the_callback_keeps_the_budget_counted_in_products():
+    """max_overhead=0.5 on a small MLP, a hyper step due at every step (unbudgeted: several
+    times the training's own products): the products of the hyper steps stay within half of
+    the training's, give or take the one hyper step the budget pays back, and the budget's own
+    accounting agrees with the counters."""
+    cb, train, hyper, dearest = _fit_counting(0.5)
+    assert cb.sid.cost.hypergradients >= 3
+    assert hyper <= 0.5 * train + dearest
+    assert hyper >= 0.5 * train - 2 * dearest  # it spends its budget, not much less
+    budget = cb.budget
+    assert math.isclose(budget.spent_hyper, hyper) and budget.spent_training == train - 1
+    assert budget.skipped > 0 and budget.hyper_steps == cb.sid.cost.hypergradients
+    assert "hyper/overhead" in cb.history[-1]
+
+    free, train_free, hyper_free, _ = _fit_counting(None)
+    assert hyper_free > 2 * train_free  # what the budget saved
+    assert free.sid.cost.hypergradients == train_free
+    assert "hyper/overhead" not in free.history[-1]
