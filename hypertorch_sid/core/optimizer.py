@@ -211,6 +211,7 @@ class SIDHyperOptimizer:
         """δ from the damping strategy again (a strategy whose δ follows the training, e.g.
         :class:`~.horizon.HorizonDamping`); see :meth:`StepConstants.refresh_damping`."""
         self.constants.refresh_damping()
+
     curvature_estimate = property(
         lambda self: self.constants.estimate, doc="The curvature estimate α, q, δ came from."
     )
