@@ -1438,7 +1438,9 @@ def deployment_verdict(row: dict[str, Any], refs: dict[str, dict[str, Any]],
             misses.append(f"significantly worse than the {name}")
         elif ref["beats_no_wd"] and d["mean"] >= 0:
             misses.append(f"not below the {name}")
-    if not row["mean_cost"] <= max_cost:
+    if not math.isfinite(row["mean_cost"]):
+        misses.append("cost unknown (no fixed-decay training timed in its run)")
+    elif row["mean_cost"] > max_cost:
         misses.append(f"costs {row['mean_cost']:.2f}× > {max_cost}×")
     return "met" if not misses else "missed: " + "; ".join(misses)
 
