@@ -511,6 +511,9 @@ def _record_learned(rec: dict[str, Any], cb: Any) -> None:
     else:
         rec["lambda_finite"] = None
     rec["every_n_steps"] = cb.every_n_steps
+    budget = getattr(cb, "budget", None)  # max_overhead: what the budget measured and ran
+    if budget is not None and math.isfinite(budget.overhead):
+        rec["budget"] = {**budget.state_dict(), "overhead": budget.overhead}
     sid = getattr(cb, "sid", None)
     cost = getattr(sid, "cost", None)
     if cost is not None and hasattr(cost, "as_dict"):
