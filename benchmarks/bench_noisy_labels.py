@@ -14,7 +14,8 @@ linear 256→10; no BatchNorm, so every method trains the same network) is train
                 one-step look-ahead, normalised to sum 1 (3 passes per step).
 
 Every method may read the same 1,000 clean validation images (``plain`` and ``oracle`` do not).
-Recorded: test accuracy at the end of training, wall time of ``trainer.fit``, and for
+Recorded: test accuracy at the end of training, wall time (and CPU time of this process: on a
+shared machine the steadier of the two) of ``trainer.fit``, and for
 ``drop_in`` the learned weights split by clean / corrupted (mean, histogram, precision and recall
 of the flagged examples, flagged = weight below half its start).
 Goal (issue 27): the drop-in recovers ≥ 80 % of the accuracy gap between plain and oracle
@@ -204,13 +205,13 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         model = Classifier(args.lr, class_weight=class_weight)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, generator=gen)
     val = DataLoader(TensorDataset(d["Xv"], d["yv"]), batch_size=args.batch)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer(args.epochs, callbacks).fit(model, loader, val if callbacks else None)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     correct = accuracy(model.net, d["Xt"], d["yt"])
-    rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall}
+    rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall, "cpu_s": cpu}
     minority = torch.isin(d["yt"], torch.tensor(MINORITY))
     rec["minority_acc"] = float(correct[minority].float().mean())
     if callbacks:
@@ -273,6 +274,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "wall_s_mean": float(np.mean(wall)),
             "minority_acc_mean": float(np.mean([r["minority_acc"] for r in recs])),
         }  # fmt: skip
+        if all("cpu_s" in r for r in recs):
+            out[method]["cpu_s_mean"] = float(np.mean([r["cpu_s"] for r in recs]))
     if {"plain", "oracle", "drop_in"} <= set(out):
         gap = out["oracle"]["test_acc_mean"] - out["plain"]["test_acc_mean"]
         gain = out["drop_in"]["test_acc_mean"] - out["plain"]["test_acc_mean"]
