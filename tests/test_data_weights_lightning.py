@@ -193,6 +193,46 @@ def test_directional_losses_equal_per_sample_gradients_along_v():
         assert abs(float(u[i]) - float(expected)) < 1e-4 * max(1.0, abs(float(expected)))
 
 
+def test_sample_weights_in_a_bilevel_module():
+    """The core family as a BilevelModule's hyperparameter (HyperOptimizationCallback)."""
+    import functools
+
+    from hypertorch_sid import BilevelModule, HyperOptimizationCallback, LazyAdam, SampleWeights
+    from hypertorch_sid.core.sample_weights import split_indexed
+
+    class Weighted(BilevelModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+            )
+            self.weights = SampleWeights(
+                N, logits=self.register_hyperparameter("x", torch.zeros(N))
+            )
+
+        def inner_loss(self, batch: Any) -> Tensor:
+            index, (x, y) = split_indexed(batch)
+            losses = F.cross_entropy(self.net(x), y, reduction="none")
+            return self.weights.weighted_mean(losses, index, normalize=True)
+
+        def outer_loss(self, batch: Any) -> Tensor:
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.inner_parameters(), lr=0.2)
+
+    model = Weighted()
+    cb = HyperOptimizationCallback(
+        every_n_steps=1, adjoint_steps=3, d2_batches=4, seed=0,
+        outer_optimizer=functools.partial(LazyAdam, lr=1.0),
+    )  # fmt: skip
+    trainer([cb], max_epochs=8).fit(model, datamodule=Data())
+    w = model.weights.values()
+    assert w[:NOISY].mean() < w[NOISY:].mean() - 0.1
+
+
 def _ddp_worker(out: Path) -> None:
     """Fit the drop-in on 2 CPU processes (Lightning's DDP; its DistributedSampler shards the
     IndexedDataset); each rank saves its learned weights."""

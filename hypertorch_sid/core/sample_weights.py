@@ -220,6 +220,10 @@ class SampleWeights:
         softmax.
     dtype, device:
         Of the logits (float32 on the CPU by default).
+    logits:
+        An existing leaf tensor of shape ``(n,)`` to use as x (its values are kept), e.g. a
+        hyperparameter registered on a :class:`~hypertorch_sid.BilevelModule`:
+        ``SampleWeights(n, logits=self.register_hyperparameter("x", torch.zeros(n)))``.
 
     Attributes
     ----------
@@ -236,6 +240,7 @@ class SampleWeights:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        logits: Tensor | None = None,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigurationError(f"SampleWeights needs a number of rows n ≥ 1, got {n!r}.")
@@ -245,7 +250,16 @@ class SampleWeights:
             initial = 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
         self._initial = float(initial)
         x0 = self.parameterization.logit(self._initial, n)
-        self.logits = torch.full((n,), x0, dtype=dtype, device=device, requires_grad=True)
+        if logits is None:
+            logits = torch.full((n,), x0, dtype=dtype, device=device, requires_grad=True)
+        elif not isinstance(logits, Tensor) or logits.shape != (n,) or not logits.is_leaf:
+            raise ConfigurationError(
+                f"SampleWeights(logits=...) takes a leaf tensor of shape ({n},), e.g. "
+                "self.register_hyperparameter('x', torch.zeros(n)) in a BilevelModule."
+            )
+        else:
+            dtype, device = logits.dtype, logits.device
+        self.logits = logits
         self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
         self.parameterization.refresh(self)
 
