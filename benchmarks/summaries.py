@@ -123,6 +123,16 @@ def residual_figure(d: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def runs_table(d: dict[str, Any]) -> str:
+    """A row per run of the JSON's ``runs`` list, its numeric and short fields as columns."""
+    keys = [k for k, v in d["runs"][0].items() if isinstance(v, (int, float, str))]
+    rows = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for run in d["runs"]:
+        cells = [f"{run[k]:.4g}" if isinstance(run[k], float) else str(run[k]) for k in keys]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 #: summary JSON (relative to benchmarks/results) -> (table writer, figure writer or None)
 SUMMARIES: dict[str, tuple[Callable[[dict], str] | None, Callable[[dict, Path], None] | None]] = {
     "weight_decay/weight_decay_9seeds.json": (seeds_table, seeds_figure),
@@ -135,6 +145,7 @@ SUMMARIES: dict[str, tuple[Callable[[dict], str] | None, Callable[[dict, Path], 
     "step_cost/step_cost.json": (step_cost_table, step_cost_figure),
     "callback_overhead/callback_overhead.json": (overhead_table, overhead_figure),
     "residual_norm/residual_norm.json": (residual_table, residual_figure),
+    "sample_weight_cost/sample_weight_cost.json": (runs_table, None),
 }
 
 
