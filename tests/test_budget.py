@@ -150,3 +150,24 @@ def test_the_callback_keeps_the_budget_counted_in_products():
     assert hyper_free > 2 * train_free  # what the budget saved
     assert free.sid.cost.hypergradients == train_free
     assert "hyper/overhead" not in free.history[-1]
+
+
+def test_under_ddp_rank_0_decides_for_every_rank():
+    """Each rank measures its own times; a hyper step has collectives, so every rank must run it
+    or none: the decision is rank 0's, broadcast."""
+
+    class Strategy:
+        def broadcast(self, obj, src=0):
+            assert src == 0
+            return True  # rank 0's budget allowed it
+
+    class Trainer:
+        strategy = Strategy()
+
+    cb = LearnedWeightDecay(1e-2, max_overhead=0.5)
+    clock = _Clock()
+    cb.budget = OverheadBudget(0.5, clock=clock)
+    cb.budget.spent_hyper, cb.budget.hyper_steps = 10.0, 1  # this rank's credit is overdrawn
+    assert not cb._budget_allows(Trainer())  # one process: its own decision
+    cb._world_size = 2
+    assert cb._budget_allows(Trainer())

@@ -329,13 +329,20 @@ class HyperOptimizationCallback(Callback):
             self._step_size, self._step_probe = self._step_probe.step_size(), None
         self.budget.training_step_done()
         self._waiting = self._due(trainer) or self._waiting
-        if self._waiting and self.budget.allows():
+        if self._waiting and self._budget_allows(trainer):
             self._waiting = False
             self.budget.start_hyper_step()
             try:
                 self._hyper_step(trainer, pl_module)
             finally:
                 self.budget.end_hyper_step()
+
+    def _budget_allows(self, trainer: pl.Trainer) -> bool:
+        """The budget's decision; under DDP rank 0's (every rank runs the hyper step or none)."""
+        allowed = self.budget.allows()
+        if self._world_size > 1:
+            allowed = bool(trainer.strategy.broadcast(allowed, src=0))
+        return allowed
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
