@@ -336,7 +336,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, default=REPO / ".." / "shared" / "data")
     p.add_argument("--datasets", nargs="+", default=["mnist", "fashion"])
-    p.add_argument("--noise", nargs="+", default=["symmetric", "pair"])
+    p.add_argument("--noise", nargs="*", default=["symmetric", "pair"])
     p.add_argument("--methods", nargs="+", default=["plain", "drop_in", "oracle", "ren"])
     p.add_argument("--rate", type=float, default=0.4)
     p.add_argument("--n-train", type=int, default=2000)

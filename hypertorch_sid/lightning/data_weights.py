@@ -326,12 +326,21 @@ class LearnedDataWeights(HyperOptimizationCallback):
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: E (default: ``training_step``'s per-sample
         losses on the validation batch, averaged).
+    cross_term:
+        ``"training"`` (default): every training batch's rows also get their hypergradient, from
+        the last hyper step's v by one forward-mode pass (``_training_cross_term``);
+        ``"hyper_step"``: only the hyper steps' own minibatches (Algorithm 1 as written).
+    row_scale:
+        :class:`LazyAdam`'s ``row_scale`` (each row's own second moment, default; ``False``: one
+        shared scale). Ignored when ``outer_optimizer`` is given.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
-        defaults differ from the callback's: ``every_n_steps=10``, ``adjoint_steps=3``,
-        ``d2_batches=4`` (the cross term, the only place a weight gets its gradient, read on four
-        minibatches per hyper step), and the outer optimizer :class:`LazyAdam` at ``outer_lr=1.0``
-        (each visit of an example moves its logit by about 1).
+        defaults differ from the callback's: ``every_n_steps=20``, ``adjoint_steps=3``,
+        ``d2_batches=1`` (with ``cross_term="hyper_step"``: every 10 steps, ``d2_batches=4``, the
+        hyper steps' minibatches being then the only place a weight gets its gradient), and the
+        outer optimizer :class:`LazyAdam` at ``outer_lr=1.0``
+        (each visit of an example moves its logit by about 1; ``0.02`` per class, whose rows
+        every step reads).
     """
 
     def __init__(
@@ -358,7 +367,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         kwargs.setdefault("adjoint_steps", 3)
         if not {"d2_batches", "config", "batches"} & set(kwargs):
             kwargs["d2_batches"] = 1 if cross_term == "training" else 4
-        kwargs.setdefault("outer_lr", 1.0)
+        # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
+        # class every row is read at every step, so each step moves it by ~0.02
+        kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
         if kwargs.get("outer_optimizer") is None:
             kwargs["outer_optimizer"] = functools.partial(
                 LazyAdam, lr=kwargs["outer_lr"], row_scale=row_scale
