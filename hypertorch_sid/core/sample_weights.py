@@ -302,10 +302,7 @@ class SampleWeights:
         ``reduction="none"``.
         """
         losses = check_per_sample(losses, index)
-        weights = self.weights(index).to(losses.dtype)
-        if normalize:
-            return (weights * losses).sum() / weights.sum().clamp_min(1e-12)
-        return (weights * losses).mean()
+        return weighted_loss(losses, self.weights(index), normalize)
 
     def values(self) -> Tensor:
         """Every ω (detached, shape ``(n,)``)."""
@@ -356,6 +353,14 @@ def class_weights(
     """One weight per class (imbalance): a :class:`SampleWeights` indexed by the labels
     (``weights.weighted_mean(losses, y)``)."""
     return SampleWeights(num_classes, parameterization, **kwargs)
+
+
+def weighted_loss(losses: Tensor, weights: Tensor, normalize: bool = False) -> Tensor:
+    """Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ (``normalize``) or (1/b) Σᵢ ωᵢℓᵢ (eq. weighted) of per-sample losses."""
+    weights = weights.to(losses.dtype)
+    if normalize:
+        return (weights * losses).sum() / weights.sum().clamp_min(1e-12)
+    return (weights * losses).mean()
 
 
 def check_per_sample(losses: Any, index: Tensor) -> Tensor:

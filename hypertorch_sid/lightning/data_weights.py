@@ -59,6 +59,7 @@ from ..core.sample_weights import (
     as_weight_parameterization,
     check_per_sample,
     split_indexed,
+    weighted_loss,
 )
 from .callback import HyperOptimizationCallback
 from .problem import BilevelProblem
@@ -295,11 +296,7 @@ def directional_losses(
 def _weighted(out: Any, index: Tensor, weights: Tensor, normalize: bool) -> Tensor:
     """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output."""
     losses = out.get("loss") if isinstance(out, Mapping) else out
-    losses = check_per_sample(losses, index)
-    weights = weights.to(losses.dtype)
-    if normalize:
-        return (weights * losses).sum() / weights.sum().clamp_min(1e-12)
-    return (weights * losses).mean()
+    return weighted_loss(check_per_sample(losses, index), weights, normalize)
 
 
 class LearnedDataWeights(HyperOptimizationCallback):
@@ -412,8 +409,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 self._module, problem._original, data, self._active.inner_parameters, sid.v
             )
             x = weights.logits.detach().index_select(0, index).requires_grad_(True)
-            omega = weights.parameterization.rows(x, weights).to(u.dtype)
-            inner = (omega * u).sum() / omega.sum() if problem.normalize else (omega * u).mean()
+            omega = weights.parameterization.rows(x, weights)
+            inner = weighted_loss(u, omega, problem.normalize)  # ⟨∇₁ℓ̂, v⟩ as a function of x
             (g,) = torch.autograd.grad(inner, x)
         g = -float(sid.alpha) * g.to(weights.logits.dtype)
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
