@@ -3,9 +3,10 @@ max_overhead=0.25 against today's default, paired by seed on the held-out test l
 
 Reads ``benchmarks/results/weight_decay/runs/issue28_small/*.json`` (each made by the
 ``bench_weight_decay.py`` command stored in it, with ``--reuse`` of
-``runs/weight_decay_rerun_seed*`` for the grid) and prints one Markdown table. ``default_measured``: the default schedule with
-``max_overhead=100`` (never binding), so the budget records the hyper steps' share of the
-training's time; its λ and losses equal the default's.
+``runs/weight_decay_rerun_seed*`` for the grid) and prints one Markdown table.
+``default_measured``: the default schedule with ``max_overhead=100`` (never binding), so the
+budget records the hyper steps' share of the training's time; its λ and losses equal the
+default's.
 """
 
 from __future__ import annotations
