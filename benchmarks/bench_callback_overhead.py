@@ -56,7 +56,13 @@ from pytorch_lightning.callbacks import Callback
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import BilevelModule, HyperOptimizationCallback, SIDHyperOptimizer
+from hypertorch_sid import (
+    Batches,
+    BilevelModule,
+    HyperOptimizationCallback,
+    SIDConfig,
+    SIDHyperOptimizer,
+)
 
 RESULTS = (
     Path(__file__).resolve().parent / "results" / "callback_overhead" / "callback_overhead.json"
@@ -136,9 +142,8 @@ def hand_loop(
             model.inner_loss,
             model.outer_loss,
             torch.optim.Adam(model.hyperparameters(), lr=args.outer_lr),
-            inner_steps=0,
             module=model,
-            **sid_settings(args),
+            config=SIDConfig(inner_steps=0, **sid_settings(args)),
         )
         train_stream = _sampled(train, args.batch_size, args.seed)
         val_stream = _sampled(val, args.batch_size, args.seed + 1)
@@ -173,7 +178,7 @@ def sid_settings(args: argparse.Namespace) -> dict[str, Any]:
         step_size="constant",
         eta=1.0,
         alpha=args.alpha,
-        d2_batches=1,
+        batches=Batches(d2=1),
     )
 
 

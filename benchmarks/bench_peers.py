@@ -84,6 +84,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hypertorch_sid import Batches, EstimatedCurvature, FeasibleSet, KnownCurvature, SIDConfig
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO / ".." / "shared" / "data" / "mnist"
 RESULTS = REPO / "benchmarks" / "results" / "peers"  # n = 5000 is the summary; others in runs/
@@ -312,15 +314,18 @@ def _sid(
         counter.add(batch)
         return inner_loss(w, lam, batch)
 
-    full = kw.get("inner_batches") == "full"
+    full_batch = kw.pop("full_train_batch", None)
+    batches = kw.get("batches", Batches())
+    full = batches.inner == "full"
     kw.setdefault("inner_steps", ctx.steps(epochs / 2, ctx.n if full else None))
-    adj_full = kw.get("adjoint_batches") == "full"
+    adj_full = batches.adjoint == "full"
     kw.setdefault(
         "adjoint_steps", ctx.steps(adjoint_epochs or epochs / 2, ctx.n if adj_full else None)
     )
     opt = SIDHyperOptimizer(
-        [lam], [w], inner_loss=loss, outer_loss=lambda b: outer_loss(w, b), **kw
-    )
+        [lam], [w], inner_loss=loss, outer_loss=lambda b: outer_loss(w, b),
+        full_train_batch=full_batch, config=SIDConfig(**kw),
+    )  # fmt: skip
     (g,) = opt.hypergradient(endless(ctx.loader()) if one_shot else ctx.loader(), ctx.val)
     return {"g": g.detach(), "samples": counter.samples, "library_cost_samples": opt.cost.samples}
 
@@ -350,8 +355,7 @@ def _sid_with_solver(solver: Any) -> Factory:
             adjoint_solver=solver,
             adjoint_steps=k,
             full_train_batch=ctx.train if full else None,
-            L=ctx.L if given else None,
-            mu=ctx.mu if given else None,
+            curvature=KnownCurvature(ctx.L, ctx.mu) if given else EstimatedCurvature(),
         )
 
     return run
@@ -437,10 +441,9 @@ def library_methods() -> list[tuple[str, Factory]]:
                 ctx,
                 E - 1,
                 step_size="two_phase",
-                d2_batches="full",
+                curvature=KnownCurvature(ctx.L, ctx.mu),
+                batches=Batches(d2="full"),
                 full_train_batch=ctx.train,
-                L=ctx.L,
-                mu=ctx.mu,
                 adjoint_solver=_fixed_point_iteration(),
             ),
         ),
@@ -451,12 +454,9 @@ def library_methods() -> list[tuple[str, Factory]]:
                 E,
                 step_size="constant",
                 eta=1.0,
-                inner_batches="full",
-                adjoint_batches="full",
-                d2_batches="full",
+                curvature=KnownCurvature(ctx.L, ctx.mu),
+                batches=Batches(inner="full", adjoint="full", d2="full"),
                 full_train_batch=ctx.train,
-                L=ctx.L,
-                mu=ctx.mu,
                 adjoint_epochs=E / 2 - 1,
             ),
         ),
@@ -808,12 +808,18 @@ def _hyper_row(cfg: dict, seed: int, h: int) -> dict[str, Any]:
             return 0.5 * ((b[0] @ W - b[1]) ** 2).sum(1).mean() + 0.5 * (lam * W * W).sum()
 
         opt = SIDHyperOptimizer(
-            [log_lam], [W], inner_loss=inner,
+            [log_lam],
+            [W],
+            inner_loss=inner,
             outer_loss=lambda b: 0.5 * ((b[0] @ W - b[1]) ** 2).sum(1).mean(),
             outer_optimizer=torch.optim.SGD([log_lam], lr=1e-3),
-            inner_steps=cfg["scaling_steps"], adjoint_steps=cfg["scaling_steps"],
-            step_size="two_phase", L=2.0, mu=1e-2,
-        )  # fmt: skip
+            config=SIDConfig(
+                inner_steps=cfg["scaling_steps"],
+                adjoint_steps=cfg["scaling_steps"],
+                step_size="two_phase",
+                curvature=KnownCurvature(2.0, 1e-2),
+            ),
+        )
         return lambda: opt.step(batches, (X[:256], Y[:256]))
 
     return {"hyperparameters": h, "inner_parameters": m * m,
@@ -850,20 +856,29 @@ def _n_train_row(cfg: dict, seed: int, n: int, name: str, batch_size: int) -> di
         kw: dict[str, Any] = dict(step_size="two_phase")
         steps = cfg["scaling_n_steps"][0]
     else:
-        kw = dict(step_size="constant", eta=1.0, inner_batches="full", adjoint_batches="full",
-                  d2_batches="full")  # fmt: skip
+        kw = dict(
+            step_size="constant", eta=1.0, batches=Batches(inner="full", adjoint="full", d2="full")
+        )
         steps = cfg["scaling_n_steps"][1]
 
     def make() -> Callable[[], Any]:
         w = torch.zeros(SYNTH_FEATURES, dtype=torch.float64, requires_grad=True)
         lam = torch.full((SYNTH_FEATURES,), 1e-2, dtype=torch.float64, requires_grad=True)
         opt = SIDHyperOptimizer(
-            [lam], [w], inner_loss=lambda b: inner_loss(w, lam, b),
+            [lam],
+            [w],
+            inner_loss=lambda b: inner_loss(w, lam, b),
             outer_loss=lambda b: outer_loss(w, b),
             outer_optimizer=torch.optim.SGD([lam], lr=1e-4),
-            inner_steps=steps, adjoint_steps=steps, L=L, mu=1e-2,
-            full_train_batch=train, projection=lambda hs: hs[0].clamp_(min=1e-4), **kw,
-        )  # fmt: skip
+            full_train_batch=train,
+            config=SIDConfig(
+                **kw,
+                inner_steps=steps,
+                adjoint_steps=steps,
+                curvature=KnownCurvature(L, 1e-2),
+                feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=1e-4)),
+            ),
+        )
         loader = Minibatches(*train, batch_size, seed)
         return lambda: opt.step(loader, val)
 

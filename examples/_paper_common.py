@@ -30,8 +30,11 @@ from torch import Tensor
 from hypertorch_sid import (
     FixedPointIteration,
     GradientDescentMap,
+    KnownCurvature,
+    SIDConfig,
     SIDHyperOptimizer,
     estimate_curvature,
+    get_preset,
     theory_constants,
 )
 
@@ -248,8 +251,8 @@ def sid_estimate(
     """One hypergradient of Algorithm 1 from w = ``w_init``, v = 0 with a budget of ``epochs``.
 
     ``preset`` names one of the paper's variants (t, k from the appendix's epoch rule); with
-    ``preset=None`` the caller's ``kwargs`` (e.g. ``inner_steps``, ``step_size``) configure
-    :class:`SIDHyperOptimizer` directly.
+    ``preset=None`` the caller's ``kwargs`` (e.g. ``inner_steps``, ``step_size``) are the
+    :class:`SIDConfig`; with a preset they change its config.
     """
     w = w_init.detach().clone().requires_grad_(True)
     lam = lam.detach().clone().requires_grad_(True)
@@ -264,11 +267,10 @@ def sid_estimate(
         # the paper's fixed-point adjoint iteration: with full_train_batch given, the library's
         # default (Automatic) may run conjugate gradients instead, which is not the paper's SID
         kwargs.setdefault("adjoint_solver", FixedPointIteration())
-        opt = SIDHyperOptimizer(**common, **kwargs)
+        opt = SIDHyperOptimizer(**common, config=SIDConfig(**kwargs))
     else:
-        opt = SIDHyperOptimizer.from_preset(
-            preset, total_epochs=epochs, n_train=n_train, batch_size=batch_size, **common, **kwargs
-        )
+        config = get_preset(preset).config(epochs, n_train, batch_size).replace(**kwargs)
+        opt = SIDHyperOptimizer(**common, config=config)
     (g,) = opt.hypergradient(train_loader, val)
     return g.detach(), opt
 
@@ -338,12 +340,13 @@ def error_ladder(
                     inner_steps=steps,
                     adjoint_steps=steps,
                     step_size="two_phase",  # switch: auto_switch, min(t/2, ⌈7β⌉)
-                    L=est.L,
-                    mu=est.mu,
+                    curvature=KnownCurvature(est.L, est.mu),
                     **kw,
                 )
             else:
-                g, opt = sid_estimate(method, budget, train_loader=loader, L=L, mu=mu, **kw)
+                g, opt = sid_estimate(
+                    method, budget, train_loader=loader, curvature=KnownCurvature(L, mu), **kw
+                )
             seconds[method] += time.perf_counter() - start
             errors[method].append(squared_error(g, truth))
             used[method].append(opt.cost.epochs(n))
@@ -363,7 +366,9 @@ def error_ladder(
     }
     if reference_epochs is not None:
         start = time.perf_counter()
-        ref, _ = sid_estimate("batch", reference_epochs, train_loader=[train], L=L, mu=mu, **kw)
+        ref, _ = sid_estimate(
+            "batch", reference_epochs, train_loader=[train], curvature=KnownCurvature(L, mu), **kw
+        )
         row["reference_sq_error"] = squared_error(ref, truth)
         row["reference_seconds"] = time.perf_counter() - start
     return {**row, "errors": errors, "epochs_used": used, "seconds": seconds}

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from datasets import Split, load_digits_odd_even, to_loader  # examples/datasets.py
 
-from hypertorch_sid import SIDHyperOptimizer
+from hypertorch_sid import Batches, EstimatedCurvature, SIDConfig, SIDHyperOptimizer
 
 
 def _loss(w: torch.Tensor, b: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -80,16 +80,15 @@ def sid_tuning(data: Split, outer_steps: int, seed: int) -> dict[str, float]:
         inner_loss,
         outer_loss,
         torch.optim.Adam([rho], lr=0.1),
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size="decreasing",
-        # σ₂ of Assumption 4.1(iii): a 50-sample minibatch map is noisy where w is far from w(λ),
-        # so the steps start at η₀ = 1/(1+σ₂) = 0.5 (Thm 4.2's γ = β(1+σ₂)). With σ₂ = 0 (η₀ = 1)
-        # the last iterate is noisy: val loss 0.343 instead of 0.188 (seed 0, 60 hyper steps).
-        sigma2=1.0,
-        reestimate_every=10,
-        d2_batches="full",
         full_train_batch=(data.X_train, data.y_train),
+        config=SIDConfig(
+            inner_steps=steps,
+            adjoint_steps=steps,
+            step_size="decreasing",
+            sigma2=1.0,
+            curvature=EstimatedCurvature(every=10),
+            batches=Batches(d2="full"),
+        ),
     )
     hopt.step(train, (data.X_val, data.y_val))
     first_val_loss = hopt.last["outer_loss"]

@@ -42,7 +42,16 @@ import scipy.sparse.linalg
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid import DivergenceError, FixedPointIteration, SIDHyperOptimizer
+from hypertorch_sid import (
+    BackOff,
+    DivergenceError,
+    EstimatedCurvature,
+    FixedPointIteration,
+    KnownCurvature,
+    SIDConfig,
+    SIDHyperOptimizer,
+    get_preset,
+)
 
 BATCH_SIZE = 50
 OUTER_LR = 1e3
@@ -198,21 +207,25 @@ def run_method(spec: str, seed: int, split: datasets.Split, cfg: dict) -> dict:
         steps = round(epochs / 2 * n / BATCH_SIZE)
         opt = SIDHyperOptimizer(
             **common_kw,
-            inner_steps=steps,
-            adjoint_steps=steps,
-            backoff=6,
-            adjoint_solver=FixedPointIteration(),  # the paper's SID (not CG on the full batch)
-            estimate_batches="full",  # L, μ of the whole training set, as the presets' are
+            config=SIDConfig(
+                inner_steps=steps,
+                adjoint_steps=steps,
+                adjoint_solver=FixedPointIteration(),
+                curvature=EstimatedCurvature(batches="full"),
+                on_divergence=BackOff(6),
+            ),
         )
     elif method == "sid_prox":
         steps = round(epochs / 2 * n / BATCH_SIZE)
         opt = SIDHyperOptimizer(
-            **{**common_kw, "inner_loss": lambda b: outer_loss(W, lam, b)},  # CE only
+            **{**common_kw, "inner_loss": lambda b: outer_loss(W, lam, b)},
             penalty=lambda: penalty(W, lam),
-            inner_steps=steps,
-            adjoint_steps=steps,
-            backoff=6,
-            estimate_batches="full",
+            config=SIDConfig(
+                inner_steps=steps,
+                adjoint_steps=steps,
+                curvature=EstimatedCurvature(batches="full"),
+                on_divergence=BackOff(6),
+            ),
         )
     else:
         X = scipy.sparse.csr_matrix(
@@ -224,15 +237,14 @@ def run_method(spec: str, seed: int, split: datasets.Split, cfg: dict) -> dict:
             shape=tuple(split.X_train.shape),
         )
         data_L = 0.5 * scipy.sparse.linalg.svds(X, k=1, return_singular_vectors=False)[0] ** 2 / n
-        opt = SIDHyperOptimizer.from_preset(
-            method,
-            total_epochs=epochs,
-            n_train=n,
-            batch_size=BATCH_SIZE,
-            L=data_L + 1.0 / (d * c),
-            mu=1.0 / (d * c),
-            warm_start_adjoint=False,  # the paper warm-starts the inner problem only
+        opt = SIDHyperOptimizer(
             **common_kw,
+            config=get_preset(method)
+            .config(total_epochs=epochs, n_train=n, batch_size=BATCH_SIZE)
+            .replace(
+                warm_start_adjoint=False,  # the paper warm-starts the inner problem only
+                curvature=KnownCurvature(data_L + 1.0 / (d * c), 1.0 / (d * c)),
+            ),
         )
     batches = SparseMinibatches(split.X_train, split.y_train, BATCH_SIZE, seed)
     history: dict[str, list[float]] = {

@@ -47,7 +47,11 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torchmetrics import MeanMetric  # noqa: E402
 from torchmetrics.classification import MulticlassAccuracy  # noqa: E402
 
-from hypertorch_sid import LearnedWeightDecay  # noqa: E402
+from hypertorch_sid import (
+    BackOff,
+    LearnedWeightDecay,  # noqa: E402
+)
+from hypertorch_sid.lightning.callback import CALLBACK_CONFIG
 
 
 # ---------------------------------------------------------------------------------- data
@@ -230,8 +234,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         adjoint_steps=args.adjoint_steps,
         outer_optimizer=functools.partial(torch.optim.Adam, lr=args.outer_lr),
         val="batch",
-        backoff=2,
         on_divergence="skip",
+        config=CALLBACK_CONFIG.replace(on_divergence=BackOff(2)),
         seed=args.seed,
     )
     model, seconds = train_once(data, args, 0.0, cb)

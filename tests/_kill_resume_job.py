@@ -32,7 +32,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from hypertorch_sid import BilevelModule, HyperOptimizationCallback
+from hypertorch_sid import Batches, BilevelModule, EstimatedCurvature, HyperOptimizationCallback
 
 D, HIDDEN, N, N_VAL, BATCH = 6, 8, 80, 40, 16  # 5 optimizer steps per epoch
 EPOCHS = 6  # 30 optimizer steps
@@ -41,11 +41,9 @@ SETTINGS = dict(
     every_n_steps=2,  # hyper steps at 2, 4, ..., 30 (15 of them)
     adjoint_steps=6,
     step_size="decreasing",
-    d2_batches=2,
+    curvature=EstimatedCurvature(batches=2, iters=5, every=3),
+    batches=Batches(d2=2),
     outer_lr=0.05,
-    estimate_batches=2,
-    estimate_iters=5,
-    reestimate_every=3,
     batch_size=12,
     val_batch_size=10,
     seed=7,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import SIDHyperOptimizer
+from hypertorch_sid import Batches, SIDConfig, SIDHyperOptimizer
 
 
 @dataclass
@@ -97,21 +98,33 @@ def relative_error(estimate: Tensor, exact: Tensor) -> float:
     return float((estimate - exact).norm() / exact.norm())
 
 
+SETTINGS = frozenset(f.name for f in dataclasses.fields(SIDConfig))
+
+
+def split_settings(kwargs: dict) -> tuple[dict, dict]:
+    """A test helper's keywords: (the problem's, for SIDHyperOptimizer; SIDConfig fields)."""
+    settings = {k: v for k, v in kwargs.items() if k in SETTINGS}
+    return {k: v for k, v in kwargs.items() if k not in SETTINGS}, settings
+
+
 def full_batch_sid(problem: Ridge, steps: int = 400, **kwargs) -> SIDHyperOptimizer:
     """Deterministic SID on ``problem``: full-batch solves with η = 1 and the exact ∂₂Φ; the
-    inner loss is the ridge's own unless ``inner_loss=`` is given."""
+    inner loss is the ridge's own unless ``inner_loss=`` is given; SIDConfig fields in
+    ``kwargs`` change the config."""
     kwargs.setdefault("inner_loss", problem.inner_loss)
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        outer_loss=problem.outer_loss,
+    kwargs, settings = split_settings(kwargs)
+    config = SIDConfig(
         inner_steps=steps,
         adjoint_steps=steps,
         step_size="constant",
         eta=1.0,
+        batches=Batches(inner="full", adjoint="full", d2="full"),
+    )
+    return SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        outer_loss=problem.outer_loss,
         full_train_batch=problem.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
         **kwargs,
+        config=config.replace(**settings),
     )

@@ -14,31 +14,38 @@ import math
 import numpy as np
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import make_ridge, relative_error, split_settings
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
     AveragedMomentum,
+    BackOff,
+    Batches,
     ConfigurationError,
     ConstantStep,
     DivergenceError,
+    EstimatedCurvature,
+    FeasibleSet,
+    KnownCurvature,
     LastIterate,
+    SIDConfig,
     SIDHyperOptimizer,
+    get_preset,
     theory_constants,
 )
 
 
 def ridge_sid(problem, outer=None, steps=20, **kwargs):
+    kwargs, settings = split_settings(kwargs)
     return SIDHyperOptimizer(
         [problem.log_lam],
         [problem.w],
         problem.inner_loss,
         problem.outer_loss,
         outer,
-        inner_steps=steps,
-        adjoint_steps=steps,
         **kwargs,
+        config=SIDConfig(inner_steps=steps, adjoint_steps=steps).replace(**settings),
     )
 
 
@@ -50,9 +57,7 @@ def full_batch_sid(problem, steps, **kwargs):
         problem,
         steps=steps,
         full_train_batch=problem.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
+        batches=Batches(inner="full", adjoint="full", d2="full"),
         **kwargs,
     )
 
@@ -125,7 +130,7 @@ def test_gd_step_above_two_over_l_raises_inner_divergence_and_restores_w(solver,
 def test_backoff_halves_alpha_and_then_matches_closed_form(caplog):
     problem = make_ridge()
     L, _ = curvature(problem)
-    hopt = full_batch_sid(problem, 1500, alpha=3.5 / L, backoff=3)
+    hopt = full_batch_sid(problem, 1500, alpha=3.5 / L, on_divergence=BackOff(3))
     with caplog.at_level(logging.WARNING, logger="hypertorch_sid"):
         g = hopt.hypergradient([problem.train()], problem.val())
     assert math.isclose(hopt.alpha, 1.75 / L)  # halved once: |1 − αL| = 0.75 < 1
@@ -136,7 +141,9 @@ def test_backoff_halves_alpha_and_then_matches_closed_form(caplog):
 def test_backoff_that_is_not_enough_still_raises():
     problem = make_ridge()
     L, _ = curvature(problem)
-    hopt = full_batch_sid(problem, 60, alpha=20.0 / L, backoff=2)  # 20 → 10 → 5: never < 2
+    hopt = full_batch_sid(
+        problem, 60, alpha=20.0 / L, on_divergence=BackOff(2)
+    )  # 20 → 10 → 5: never < 2
     with pytest.raises(DivergenceError, match="inner solve"):
         hopt.hypergradient([problem.train()], problem.val())
     assert math.isclose(hopt.alpha, 5.0 / L)
@@ -202,10 +209,7 @@ def test_nan_inner_loss_midway_raises_at_that_step():
         inner,
         problem.outer_loss,
         None,
-        inner_steps=10,
-        adjoint_steps=10,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=10, adjoint_steps=10, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(DivergenceError, match="inner solve w_t diverged at step 4") as e:
         hopt.hypergradient(problem.loader(10), problem.val())
@@ -221,10 +225,7 @@ def test_nan_outer_loss_raises():
         problem.inner_loss,
         lambda b: problem.outer_loss(b) + torch.tensor(math.nan, dtype=torch.float64),
         None,
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(DivergenceError, match=r"outer gradient.*not finite"):
         hopt.hypergradient(problem.loader(10), problem.val())
@@ -247,10 +248,7 @@ def test_nan_hypergradient_from_the_d2_term_leaves_lambda_w_v_and_optimizer():
         inner,
         problem.outer_loss,
         torch.optim.Adam([problem.log_lam], lr=0.1),
-        inner_steps=3,
-        adjoint_steps=3,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=3, adjoint_steps=3, alpha=0.3, step_size="constant"),
     )
     hopt.step([good], problem.val())
     snap = Snapshot(problem, hopt)
@@ -301,8 +299,15 @@ def build(hyper, inner, outer_optimizer=None, **kwargs):
     def loss(_):
         return sum((w**2).sum() for w in inner_list) + sum(h.sum() for h in hyper_list)
 
+    kwargs, settings = split_settings(kwargs)
     return SIDHyperOptimizer(
-        hyper, inner, loss, loss, outer_optimizer, inner_steps=5, adjoint_steps=5, **kwargs
+        hyper,
+        inner,
+        loss,
+        loss,
+        outer_optimizer,
+        **kwargs,
+        config=SIDConfig(inner_steps=5, adjoint_steps=5).replace(**settings),
     )
 
 
@@ -373,10 +378,7 @@ def test_inner_loss_not_depending_on_an_inner_parameter():
         problem.inner_loss,
         problem.outer_loss,
         None,
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(
         ConfigurationError, match=r"inner parameters at positions \[1\]: leave them out"
@@ -392,10 +394,7 @@ def test_inner_loss_not_depending_on_lambda():
         lambda b: problem.outer_loss(b),
         problem.outer_loss,
         None,
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(ConfigurationError, match=r"none of the hyperparameters.*Use λ inside"):
         hopt.hypergradient(problem.loader(10), problem.val())
@@ -416,10 +415,7 @@ def test_outer_loss_depending_on_neither_w_nor_lambda(foreign):
         problem.inner_loss,
         outer,
         None,
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(ConfigurationError, match=r"depends on neither.*computed from w and/or λ"):
         hopt.hypergradient(problem.loader(10), problem.val())
@@ -453,13 +449,14 @@ def test_projection_keeps_weight_decay_nonnegative_under_a_huge_outer_step():
         inner,
         problem.outer_loss,
         torch.optim.SGD([lam], lr=1e6),
-        inner_steps=50,
-        adjoint_steps=50,
-        step_size="constant",
         full_train_batch=problem.train(),
-        reestimate_every=1,  # α = 2/(L+μ) follows λ, however large the step made it
-        projection=lambda hs: hs[0].clamp_(min=0),
-        feasible=nonnegative,
+        config=SIDConfig(
+            inner_steps=50,
+            adjoint_steps=50,
+            step_size="constant",
+            curvature=EstimatedCurvature(every=1),
+            feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=0), contains=nonnegative),
+        ),
     )
     clamped = []
     for _ in range(3):
@@ -482,9 +479,9 @@ def test_infeasible_initial_value_is_refused():
             inner,
             problem.outer_loss,
             None,
-            inner_steps=5,
-            adjoint_steps=5,
-            feasible=nonnegative,
+            config=SIDConfig(
+                inner_steps=5, adjoint_steps=5, feasible_set=FeasibleSet(contains=nonnegative)
+            ),
         )
 
 
@@ -496,11 +493,13 @@ def test_step_leaving_the_feasible_set_without_projection_restores_lambda():
         inner,
         problem.outer_loss,
         torch.optim.SGD([lam], lr=1.0),
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.5,
-        step_size="constant",
-        feasible=nonnegative,
+        config=SIDConfig(
+            inner_steps=5,
+            adjoint_steps=5,
+            alpha=0.5,
+            step_size="constant",
+            feasible_set=FeasibleSet(contains=nonnegative),
+        ),
     )
     before = lam.detach().clone()
     with pytest.raises(
@@ -571,15 +570,18 @@ def test_training_data_that_is_not_iterable():
         (dict(inner_steps=10.0), r"inner_steps \(t\) must be an integer ≥ 0, got 10.0"),
         (dict(adjoint_steps="10"), r"adjoint_steps \(k\) must be an integer ≥ 1, got '10'"),
         (dict(inner_steps=True), r"inner_steps \(t\) must be an integer ≥ 0, got True"),
-        (dict(backoff=-1), r"backoff must be an integer ≥ 0"),
-        (dict(d2_batches=0), r"d2_batches \(J\) must be an integer ≥ 1"),
+        (lambda: dict(on_divergence=BackOff(-1)), r"retries must be an integer ≥ 0"),
+        (lambda: dict(batches=Batches(d2=0)), r"d2_batches \(J\) must be an integer ≥ 1"),
         (dict(step_size="decaying"), r"unknown step_size 'decaying'.*'constant', 'decreasing'"),
         (dict(adjoint_step_size="adam"), r"unknown adjoint_step_size 'adam'.*StepSchedule"),
         (dict(hvp="backward"), r"hvp must be 'reverse' or 'forward'"),
         (dict(hvp="forward"), r"hvp='forward' needs module="),
         (dict(mode="test"), r"mode must be 'train' or 'eval'"),
-        (dict(inner_batches="minibatch"), r"inner_batches must be 'stochastic' or 'full'"),
-        (dict(d2_batches="full"), r"need full_train_batch=<one batch holding the whole"),
+        (
+            lambda: dict(batches=Batches(inner="minibatch")),
+            r"inner_batches must be 'stochastic' or 'full'",
+        ),
+        (dict(batches=Batches(d2="full")), r"need full_train_batch=<one batch holding the whole"),
         (dict(divergence_factor=1.0), r"divergence_factor must be a number > 1"),
         (dict(outer_loss=None), r"outer_loss must be a callable"),
         (dict(inner_loss=None), r"give inner_loss\(batch\).*or fixed_point_map"),
@@ -595,9 +597,10 @@ def test_bad_configuration_is_refused_at_construction(kwargs, match):
         inner_steps=5,
         adjoint_steps=5,
     )
-    args.update(kwargs)
     with pytest.raises(ConfigurationError, match=match):
-        SIDHyperOptimizer(**args)
+        args.update(kwargs() if callable(kwargs) else kwargs)  # a bad strategy refuses itself
+        args, settings = split_settings(args)
+        SIDHyperOptimizer(**args, config=SIDConfig(**settings))
 
 
 def test_numpy_integer_steps_are_accepted():
@@ -608,9 +611,7 @@ def test_numpy_integer_steps_are_accepted():
         problem.inner_loss,
         problem.outer_loss,
         None,
-        inner_steps=np.int64(5),
-        adjoint_steps=np.int32(3),
-        alpha=0.3,
+        config=SIDConfig(inner_steps=np.int64(5), adjoint_steps=np.int32(3), alpha=0.3),
     )
     assert (hopt.inner_steps, hopt.adjoint_steps) == (5, 3)
     assert type(hopt.inner_steps) is int and type(hopt.adjoint_steps) is int
@@ -619,11 +620,8 @@ def test_numpy_integer_steps_are_accepted():
 def test_unknown_preset_name():
     problem = make_ridge()
     with pytest.raises(ConfigurationError, match=r"unknown preset 'stoch'; choose one of batch, "):
-        SIDHyperOptimizer.from_preset(
-            "stoch",
-            total_epochs=1,
-            n_train=200,
-            batch_size=10,
+        SIDHyperOptimizer(
+            config=get_preset("stoch").config(total_epochs=1, n_train=200, batch_size=10),
             hyperparameters=[problem.log_lam],
             inner_parameters=[problem.w],
             inner_loss=problem.inner_loss,
@@ -639,9 +637,7 @@ def test_decreasing_steps_for_a_general_map_without_q():
         [w],
         outer_loss=lambda _: (w**2).sum(),
         fixed_point_map=lambda _: [0.5 * w + lam],
-        inner_steps=5,
-        adjoint_steps=5,
-        step_size="decreasing",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, step_size="decreasing"),
     )
     with pytest.raises(ConfigurationError, match=r"general fixed-point map need.*pass q=\.\.\."):
         hopt.hypergradient([None], None)
@@ -655,9 +651,7 @@ def test_general_map_returning_the_wrong_shapes():
         [w],
         outer_loss=lambda _: (w**2).sum(),
         fixed_point_map=lambda _: [torch.cat([w, lam])],
-        inner_steps=5,
-        adjoint_steps=5,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, step_size="constant"),
     )
     with pytest.raises(ConfigurationError, match=r"shapes \[\(4,\)\].*\[\(2,\)\].*one tensor per"):
         hopt.hypergradient([None], None)
@@ -671,7 +665,11 @@ def test_theory_constants_reject_mu_above_l_and_alpha_above_two_over_l():
     with pytest.raises(ConfigurationError, match="mu must be a finite positive number"):
         theory_constants(L=10.0, mu=0.0)
     problem = make_ridge()
-    hopt = ridge_sid(problem, alpha=0.5, L=10.0, mu=1.0)  # decreasing steps need q(α, L, μ)
+    hopt = ridge_sid(
+        problem,
+        alpha=0.5,
+        curvature=KnownCurvature(10.0, 1.0),
+    )  # decreasing steps need q(α, L, μ)
     with pytest.raises(ConfigurationError, match="not a contraction"):
         hopt.hypergradient(problem.loader(10), problem.val())
 
@@ -693,10 +691,7 @@ def test_losses_that_are_not_scalars():
         lambda b: problem.w * problem.log_lam,
         problem.outer_loss,
         None,
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(ConfigurationError, match="inner_loss.*must return a scalar tensor"):
         hopt.hypergradient(problem.loader(10), problem.val())
@@ -706,10 +701,7 @@ def test_losses_that_are_not_scalars():
         problem.inner_loss,
         lambda b: b[0] @ problem.w,
         None,
-        inner_steps=5,
-        adjoint_steps=5,
-        alpha=0.3,
-        step_size="constant",
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, alpha=0.3, step_size="constant"),
     )
     with pytest.raises(ConfigurationError, match="outer_loss.*must return a scalar tensor"):
         hopt.hypergradient(problem.loader(10), problem.val())
@@ -768,15 +760,17 @@ def test_adjoint_solve_keeps_batchnorm_statistics_and_uses_one_mode(mode, hvp):
         inner,
         outer,
         None,
-        inner_steps=0,
-        adjoint_steps=6,
-        step_size="constant",
-        eta=0.5,
         module=net,
-        mode=mode,
-        hvp=hvp,
-        estimate_iters=5,
-        d2_batches=2,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=6,
+            step_size="constant",
+            eta=0.5,
+            mode=mode,
+            hvp=hvp,
+            curvature=EstimatedCurvature(iters=5),
+            batches=Batches(d2=2),
+        ),
     )
     net.train(mode == "eval")  # the opposite mode: the solve must switch, then switch back
     buffers = {n: b.clone() for n, b in net.named_buffers()}
@@ -807,14 +801,16 @@ def test_eval_mode_makes_the_adjoint_map_deterministic_despite_dropout():
             inner,
             outer,
             None,
-            inner_steps=0,
-            adjoint_steps=5,
-            step_size="constant",
-            eta=0.5,
-            alpha=0.1,
             module=net,
-            mode=mode,
-            warm_start_adjoint=False,
+            config=SIDConfig(
+                inner_steps=0,
+                adjoint_steps=5,
+                step_size="constant",
+                eta=0.5,
+                alpha=0.1,
+                mode=mode,
+                warm_start_adjoint=False,
+            ),
         )
         return hopt.hypergradient(batches, val)[0]
 

@@ -19,12 +19,16 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hypertorch_sid import (
+    BackOff,
+    Batches,
     BilevelModule,
     ConfigurationError,
     DivergenceError,
+    EstimatedCurvature,
     HyperOptimizationCallback,
     LearnedWeightDecay,
 )
+from hypertorch_sid.lightning.callback import CALLBACK_CONFIG
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -88,10 +92,10 @@ NEGATIVE = [
     (dict(every_n_steps=-1), "every_n_steps"),
     (dict(adjoint_steps=-3), "adjoint_steps"),
     (dict(start_step=-1), "start_step"),
-    (dict(reestimate_every=-2), "reestimate_every"),
+    (lambda: dict(curvature=EstimatedCurvature(every=-2)), "every"),
     (dict(val_batch_size=-5), "val_batch_size"),
-    (dict(estimate_iters=0), "estimate_iters"),
-    (dict(backoff=-1), "backoff"),
+    (lambda: dict(curvature=EstimatedCurvature(iters=0)), "iters"),
+    (lambda: dict(config=CALLBACK_CONFIG.replace(on_divergence=BackOff(-1))), "retries"),
 ]
 
 
@@ -99,7 +103,7 @@ NEGATIVE = [
 @pytest.mark.parametrize("callback", [HyperOptimizationCallback, LearnedWeightDecay])
 def test_negative_step_counts_are_refused(callback, kwargs, match):
     with pytest.raises(ConfigurationError, match=rf"{match} must be an integer ≥"):
-        callback(**kwargs)
+        callback(**(kwargs() if callable(kwargs) else kwargs))  # a bad strategy refuses itself
 
 
 def test_learned_weight_decay_refuses_zero_adjoint_steps():
@@ -175,7 +179,7 @@ def test_training_data_without_random_access_is_read_through_the_loader():
     assert cb.history and all(math.isfinite(h["hyper/hypergradient_norm"]) for h in cb.history)
     for settings, match in [
         (dict(preset="batch"), "preset='batch' sizes its solves by the training set's size"),
-        (dict(d2_batches="full"), "whole training set at once"),
+        (dict(batches=Batches(d2="full")), "whole training set at once"),
     ]:
         model = Ridge()
         before = _snapshot(model)
@@ -350,7 +354,7 @@ def test_hyper_steps_keep_batchnorm_statistics_modes_and_training_rng(mode):
     and batch counter, every module's train/eval flag and the global RNG (the training's dropout
     stream) exactly as they were; its Jacobian products all run in ``mode``."""
     train, val = _loaders()
-    cb = Spy(every_n_steps=2, adjoint_steps=4, d2_batches=2, outer_lr=0.05, mode=mode)
+    cb = Spy(every_n_steps=2, adjoint_steps=4, batches=Batches(d2=2), outer_lr=0.05, mode=mode)
     pl.seed_everything(3, verbose=False)
     _trainer([cb], max_steps=8).fit(BNDropout(), train, val)
     assert len(cb.around) == 4

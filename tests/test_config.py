@@ -1,5 +1,6 @@
-"""One configuration, validated once: SIDConfig shared by the core and the callback, the flat 0.1
-names translated into strategies in one place, and the core WeightDecay container."""
+"""One configuration, validated once: SIDConfig shared by the core and the callback, one name for
+each setting (the flat 0.1 names refused with what replaces them), and the core WeightDecay
+container."""
 
 from __future__ import annotations
 
@@ -32,29 +33,42 @@ from hypertorch_sid.lightning import CALLBACK_CONFIG
 
 
 # ------------------------------------------------------------------------------ SIDConfig
-def test_flat_names_become_strategies():
-    c = SIDConfig.from_settings(L=4.0, mu=0.5, backoff=2, d2_batches="full", projection=print)
-    assert c.curvature == KnownCurvature(4.0, 0.5)
-    assert c.on_divergence == BackOff(2)
-    assert c.batches == Batches(d2="full")
-    assert c.feasible_set == FeasibleSet(project=print)
-    est = SIDConfig.from_settings(estimate_batches=3, estimate_iters=7, reestimate_every=5, mu=0.1)
-    assert est.curvature == EstimatedCurvature(batches=3, iters=7, every=5, mu=0.1)
+@pytest.mark.parametrize(
+    "name, replacement",
+    [
+        ("L", "KnownCurvature"),
+        ("mu", "KnownCurvature"),
+        ("estimate_batches", r"EstimatedCurvature\(batches="),
+        ("estimate_iters", r"EstimatedCurvature\(iters="),
+        ("reestimate_every", r"EstimatedCurvature\(every="),
+        ("backoff", r"on_divergence=BackOff"),
+        ("projection", r"FeasibleSet\(project="),
+        ("feasible", r"FeasibleSet\(contains="),
+        ("inner_batches", r"Batches\(inner="),
+        ("adjoint_batches", r"Batches\(adjoint="),
+        ("d2_batches", r"Batches\(d2="),
+    ],
+)
+def test_the_flat_names_of_0_1_are_refused_with_their_replacement(name, replacement):
+    with pytest.raises(ConfigurationError, match=rf"\['{name}'\] were removed.*{replacement}"):
+        SIDConfig.from_settings(**{name: 1})
+    with pytest.raises(ConfigurationError, match=replacement):
+        HyperOptimizationCallback(**{name: 1})
+    with pytest.raises(TypeError):  # the optimizer takes its settings as config= only
+        SIDHyperOptimizer([], [], outer_loss=print, **{name: 1})
 
 
-def test_flat_names_refine_the_base_strategy():
-    c = CALLBACK_CONFIG.replace(estimate_iters=30)
+def test_strategies_are_refined_by_replacing_their_fields():
+    c = CALLBACK_CONFIG.replace(curvature=dataclasses.replace(CALLBACK_CONFIG.curvature, iters=30))
     assert c.curvature == EstimatedCurvature(batches=2, iters=30, every=10)
     assert c.on_divergence == Recover(retries=2)  # untouched
+    c = SIDConfig(curvature=KnownCurvature(4.0, 0.5), on_divergence=BackOff(2))
+    assert c.replace(batches=Batches(d2="full")).curvature == KnownCurvature(4.0, 0.5)
 
 
 @pytest.mark.parametrize(
     "settings, match",
     [
-        (dict(L=1.0, curvature=EstimatedCurvature()), r"give curvature=\.\.\. or the flat"),
-        (dict(backoff=1, on_divergence=Recover()), r"give backoff=N or on_divergence"),
-        (dict(d2_batches=2, batches=Batches()), r"give batches=Batches"),
-        (dict(projection=print, feasible_set=FeasibleSet()), r"give feasible_set="),
         (dict(warm_start=True), r"unknown setting\(s\) \['warm_start'\]"),
         (dict(damping="curvature"), r"damping must be a Damping object"),
         (dict(adjoint_solver=ConjugateGradient), r"adjoint_solver must be a AdjointSolver"),
@@ -62,12 +76,12 @@ def test_flat_names_refine_the_base_strategy():
         (dict(sigma2=-1.0), r"sigma2 must be a number ≥ 0"),
         (dict(q=1.0), r"q must be a contraction constant in \[0, 1\)"),
         (dict(hvp="backward"), r"hvp must be 'reverse' or 'forward'"),
-        (dict(d2_batches=0), r"d2_batches \(J\) must be an integer ≥ 1"),
+        (lambda: dict(batches=Batches(d2=0)), r"d2_batches \(J\) must be an integer ≥ 1"),
     ],
 )
 def test_bad_settings_are_refused_in_one_place(settings, match):
     with pytest.raises(ConfigurationError, match=match):
-        SIDConfig.from_settings(**settings)
+        SIDConfig.from_settings(**(settings() if callable(settings) else settings))
 
 
 def test_the_config_is_frozen_and_replace_validates_again():
@@ -84,7 +98,8 @@ def test_numpy_integers_pass_the_core_and_the_callback_alike():
     assert (c.inner_steps, c.adjoint_steps) == (5, 3) and type(c.inner_steps) is int
     cb = HyperOptimizationCallback(every_n_steps=np.int64(4), adjoint_steps=np.int64(3))
     assert (cb.every_n_steps, cb.adjoint_steps) == (4, 3)
-    assert HyperOptimizationCallback(estimate_batches=np.int64(3)).config.curvature.batches == 3
+    curvature = EstimatedCurvature(batches=np.int64(3))
+    assert HyperOptimizationCallback(curvature=curvature).config.curvature.batches == 3
 
 
 def test_the_callback_refuses_bad_settings_at_construction_not_at_train_start():
@@ -100,9 +115,8 @@ def test_the_callback_and_the_core_share_one_config():
     )
     assert cb.config.damping == FixedDamping(0.1) and cb.config.step_size == "constant"
     assert HyperOptimizationCallback().config == CALLBACK_CONFIG
-    assert HyperOptimizationCallback(divergence_policy=BackOff(1)).config.on_divergence == BackOff(
-        1
-    )
+    config = CALLBACK_CONFIG.replace(on_divergence=BackOff(1))
+    assert HyperOptimizationCallback(config=config).config.on_divergence == BackOff(1)
 
 
 def test_config_and_flat_keywords_give_the_same_hypergradient():
@@ -139,8 +153,7 @@ def test_settings_override_the_given_config():
         [problem.w],
         problem.inner_loss,
         problem.outer_loss,
-        config=SIDConfig(inner_steps=7),
-        adjoint_steps=3,
+        config=SIDConfig(inner_steps=7).replace(adjoint_steps=3),
     )
     assert (hopt.inner_steps, hopt.adjoint_steps) == (7, 3)
 
@@ -217,5 +230,10 @@ def test_the_drop_in_defaults_are_the_benchmarked_ones():
     assert cb.config.curvature.every == 10
     per_element = LearnedWeightDecay(1e-4, granularity="per_element")
     assert per_element.outer_lr == 1.0 and per_element.config.curvature.every is None
-    mine = LearnedWeightDecay(1e-4, granularity="per_element", every_n_steps=5, reestimate_every=4)
+    mine = LearnedWeightDecay(
+        1e-4,
+        granularity="per_element",
+        every_n_steps=5,
+        curvature=EstimatedCurvature(batches=2, iters=10, every=4),
+    )
     assert mine.every_n_steps == 5 and mine.config.curvature.every == 4

@@ -6,14 +6,18 @@ import math
 
 import pytest
 import torch
-from problems import full_batch_sid, make_ridge, relative_error
+from problems import full_batch_sid, make_ridge, relative_error, split_settings
 
 from hypertorch_sid import (
     PRESETS,
+    Batches,
     BatchStream,
     ConfigurationError,
+    EstimatedCurvature,
     GradientDescentMap,
+    KnownCurvature,
     NoPreconditioner,
+    SIDConfig,
     SIDHyperOptimizer,
     estimate_curvature,
     get_preset,
@@ -21,15 +25,15 @@ from hypertorch_sid import (
 
 
 def ridge_sid(problem, steps=20, outer=None, **kwargs):
+    kwargs, settings = split_settings(kwargs)
     return SIDHyperOptimizer(
         [problem.log_lam],
         [problem.w],
         problem.inner_loss,
         problem.outer_loss,
         outer,
-        inner_steps=steps,
-        adjoint_steps=steps,
         **kwargs,
+        config=SIDConfig(inner_steps=steps, adjoint_steps=steps).replace(**settings),
     )
 
 
@@ -71,16 +75,13 @@ def test_presets_follow_the_appendix_rule():
 
 def test_from_preset_configures_schedules_and_batches():
     problem = make_ridge()
-    hopt = SIDHyperOptimizer.from_preset(
-        "stoch_batch",
-        total_epochs=4,
-        n_train=200,
-        batch_size=10,
+    hopt = SIDHyperOptimizer(
         hyperparameters=[problem.log_lam],
         inner_parameters=[problem.w],
         inner_loss=problem.inner_loss,
         outer_loss=problem.outer_loss,
         full_train_batch=problem.train(),
+        config=get_preset("stoch_batch").config(total_epochs=4, n_train=200, batch_size=10),
     )
     assert (hopt.inner_steps, hopt.adjoint_steps) == (40, 2)
     assert (hopt.inner_batches, hopt.adjoint_batches) == ("stochastic", "full")
@@ -110,8 +111,7 @@ def test_estimated_step_is_two_over_l_plus_mu_and_logged(caplog):
     hopt = ridge_sid(
         problem,
         full_train_batch=problem.train(),
-        estimate_iters=200,
-        estimate_batches="full",
+        curvature=EstimatedCurvature(batches="full", iters=200),
         preconditioner=NoPreconditioner(),
     )
     with caplog.at_level("INFO", logger="hypertorch_sid"):
@@ -127,19 +127,25 @@ def test_curvature_estimate_reads_minibatches_even_with_a_full_batch_given():
     problem = make_ridge(n=300, d=6, seed=4)
     for batches, per_product in ((4, 10), (40, 300), ("full", 300)):
         hopt = ridge_sid(
-            problem, steps=5, full_train_batch=problem.train(), estimate_batches=batches,
+            problem, steps=5, full_train_batch=problem.train(), curvature=EstimatedCurvature(batches=batches),
             preconditioner=NoPreconditioner(),
         )  # fmt: skip
         hopt.hypergradient(problem.loader(10), problem.val())
         c = hopt.cost
         assert c.curvature_samples == per_product * c.curvature_products, batches
     with pytest.raises(ConfigurationError, match=r"batches='full'.*needs full_train_batch"):
-        ridge_sid(problem, steps=5, estimate_batches="full")
+        ridge_sid(problem, steps=5, curvature=EstimatedCurvature(batches="full"))
 
 
 def test_cost_accounting_counts_samples_and_products():
     problem = make_ridge()
-    hopt = ridge_sid(problem, steps=7, alpha=0.5, L=3.0, mu=0.1, d2_batches=3)
+    hopt = ridge_sid(
+        problem,
+        steps=7,
+        alpha=0.5,
+        curvature=KnownCurvature(3.0, 0.1),
+        batches=Batches(d2=3),
+    )
     hopt.hypergradient(problem.loader(10), problem.val())
     c = hopt.cost
     assert c.inner_samples == 70 and c.adjoint_samples == 70
@@ -164,11 +170,9 @@ def test_inner_and_adjoint_draw_different_batches():
         inner_loss,
         problem.outer_loss,
         None,
-        inner_steps=4,
-        adjoint_steps=4,
-        alpha=0.5,
-        L=3.0,
-        mu=0.1,
+        config=SIDConfig(
+            inner_steps=4, adjoint_steps=4, alpha=0.5, curvature=KnownCurvature(3.0, 0.1)
+        ),
     )
     hopt.hypergradient(batches, problem.val())
     # one dependency check (batch 0; the stall probe re-reads it before and after the inner
@@ -269,13 +273,14 @@ def test_module_parameters_and_forward_hvp_agree_with_reverse():
             inner,
             outer,
             None,
-            inner_steps=5,
-            adjoint_steps=5,
-            alpha=0.1,
-            L=5.0,
-            mu=0.5,
-            hvp=hvp,
             module=net,
+            config=SIDConfig(
+                inner_steps=5,
+                adjoint_steps=5,
+                alpha=0.1,
+                hvp=hvp,
+                curvature=KnownCurvature(5.0, 0.5),
+            ),
         )
         results.append(hopt.hypergradient([(X, y)], (X, y))[0])
     assert torch.allclose(results[0], results[1], rtol=1e-4, atol=1e-6)
@@ -304,9 +309,7 @@ def test_cuda_tensors_stay_on_cuda():
         step_size="constant",
         eta=1.0,
         full_train_batch=problem_cpu.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
+        batches=Batches(inner="full", adjoint="full", d2="full"),
     )
     g_cpu = hopt.hypergradient([problem_cpu.train()], problem_cpu.val())
     assert relative_error(g_cpu[0], problem_cpu.exact_hypergradient()) < 1e-8
@@ -317,9 +320,8 @@ def test_reestimate_every_tracks_curvature_as_lambda_grows():
     hopt = ridge_sid(
         problem,
         outer=torch.optim.SGD([problem.log_lam], lr=1.0),
-        reestimate_every=1,
+        curvature=EstimatedCurvature(iters=100, every=1),
         full_train_batch=problem.train(),
-        estimate_iters=100,
         preconditioner=NoPreconditioner(),
     )
     hopt.step([problem.train()], problem.val())
@@ -359,7 +361,7 @@ def test_set_constants_without_values_reestimates_at_current_lambda():
     hopt = ridge_sid(
         problem,
         full_train_batch=problem.train(),
-        estimate_iters=200,
+        curvature=EstimatedCurvature(iters=200),
         preconditioner=NoPreconditioner(),
     )
     hopt.hypergradient([problem.train()], problem.val())
@@ -374,7 +376,10 @@ def test_set_constants_without_values_reestimates_at_current_lambda():
 
 def test_set_constants_alpha_and_q_used_as_given():
     problem = make_ridge(n=200, d=5)
-    hopt = ridge_sid(problem, L=10.0, mu=0.1)
+    hopt = ridge_sid(
+        problem,
+        curvature=KnownCurvature(10.0, 0.1),
+    )
     hopt.set_constants(alpha=0.05, q=0.9)
     hopt.hypergradient([problem.train()], problem.val())
     assert (hopt.alpha, hopt.q, hopt.phi.alpha) == (0.05, 0.9, 0.05)
@@ -396,7 +401,10 @@ def test_set_constants_rejects_bad_values_and_keeps_old_ones(kwargs, match):
     from hypertorch_sid import ConfigurationError
 
     problem = make_ridge(n=200, d=5)
-    hopt = ridge_sid(problem, L=10.0, mu=0.1)
+    hopt = ridge_sid(
+        problem,
+        curvature=KnownCurvature(10.0, 0.1),
+    )
     hopt.hypergradient([problem.train()], problem.val())
     before = (hopt.alpha, hopt.L, hopt.mu, hopt.q, hopt.phi.alpha)
     with pytest.raises(ConfigurationError, match=match):
@@ -429,7 +437,7 @@ def test_set_constants_needs_a_gradient_map():
         [problem.w],
         outer_loss=problem.outer_loss,
         fixed_point_map=lambda b: [problem.w - 0.1 * problem.w],
-        step_size="constant",
+        config=SIDConfig(step_size="constant"),
     )
     with pytest.raises(ConfigurationError, match="general fixed_point_map"):
         hopt.set_constants(L=1.0, mu=0.1)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 
 import torch
+from problems import split_settings
 
 from hypertorch_sid import (
     ConstantStep,
     ContractionMap,
     DecreasingStep,
     FixedPointIteration,
+    SIDConfig,
     SIDHyperOptimizer,
     VarianceReduced,
     inner_solve,
@@ -54,15 +56,16 @@ def sid_for(A, B, c, target, lam, w, steps, step_size, **kw):
     def outer(_):
         return 0.5 * ((w - target) ** 2).sum() + 0.1 * (lam**2).sum()
 
+    kw, settings = split_settings(kw)
     return SIDHyperOptimizer(
         [lam],
         [w],
         outer_loss=outer,
         fixed_point_map=phi,
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size=step_size,
         **kw,
+        config=SIDConfig(inner_steps=steps, adjoint_steps=steps, step_size=step_size).replace(
+            **settings
+        ),
     )
 
 
@@ -187,10 +190,18 @@ def test_variance_reduced_adjoint_of_a_noisy_non_symmetric_contraction_is_exact(
     for solver in (VarianceReduced(chunk=1), FixedPointIteration()):  # one map per "batch"
         w.data.copy_(w_star)
         hopt = SIDHyperOptimizer(
-            [lam], [w], outer_loss=lambda _: 0.5 * ((w - target) ** 2).sum() + 0.1 * (lam**2).sum(),
-            fixed_point_map=lambda b: [(A + b[1]) @ w + B @ lam + c + b[0]], inner_steps=0,
-            adjoint_steps=600, step_size="constant", eta=0.5, adjoint_solver=solver,
-        )  # fmt: skip
+            [lam],
+            [w],
+            outer_loss=lambda _: 0.5 * ((w - target) ** 2).sum() + 0.1 * (lam**2).sum(),
+            fixed_point_map=lambda b: [(A + b[1]) @ w + B @ lam + c + b[0]],
+            config=SIDConfig(
+                inner_steps=0,
+                adjoint_steps=600,
+                step_size="constant",
+                eta=0.5,
+                adjoint_solver=solver,
+            ),
+        )
         g = hopt.hypergradient(data, None)[0]
         errors[type(solver).__name__] = float((g - exact).norm() / exact.norm())
     assert errors["VarianceReduced"] < 1e-8

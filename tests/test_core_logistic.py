@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid import SIDHyperOptimizer
+from hypertorch_sid import Batches, SIDConfig, SIDHyperOptimizer
 
 
 def data(seed=0, n=300, d=6):
@@ -51,14 +51,14 @@ def test_hypergradient_matches_finite_differences_of_converged_solve():
         [w],
         inner_loss=lambda b: train_loss(w, lam_t, *b),
         outer_loss=lambda b: F.binary_cross_entropy_with_logits(b[0] @ w, b[1]),
-        inner_steps=3000,
-        adjoint_steps=3000,
-        step_size="constant",
-        eta=1.0,
         full_train_batch=(X, y),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
+        config=SIDConfig(
+            inner_steps=3000,
+            adjoint_steps=3000,
+            step_size="constant",
+            eta=1.0,
+            batches=Batches(inner="full", adjoint="full", d2="full"),
+        ),
     )
     g = hopt.hypergradient([(X, y)], (Xv, yv))[0]
     assert torch.allclose(g, fd, rtol=1e-5, atol=1e-8), (g, fd)
@@ -95,9 +95,7 @@ def test_stochastic_hypergradient_approaches_finite_differences():
         [w],
         inner_loss=lambda b: train_loss(w, lam_t, *b),
         outer_loss=lambda b: F.binary_cross_entropy_with_logits(b[0] @ w, b[1]),
-        inner_steps=4000,
-        adjoint_steps=4000,
-        step_size="decreasing",
+        config=SIDConfig(inner_steps=4000, adjoint_steps=4000, step_size="decreasing"),
     )
     g = hopt.hypergradient(loader, (Xv, yv))[0]
     assert float((g - fd).norm() / fd.norm()) < 0.1

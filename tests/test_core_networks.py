@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import AveragedMomentum, LastIterate, SIDHyperOptimizer, VarianceReduced
+from hypertorch_sid import (
+    AveragedMomentum,
+    LastIterate,
+    SIDConfig,
+    SIDHyperOptimizer,
+    VarianceReduced,
+)
 
 sklearn = pytest.importorskip("sklearn.datasets")
 
@@ -88,10 +94,8 @@ def _fit(
         lambda batch: F.cross_entropy(net(batch[0]), batch[1]),
         outer_optimizer([log_lam]),
         module=net,
-        inner_steps=100,
-        adjoint_steps=adjoint_steps,
         full_train_batch=(Xtr, ytr) if full_batch else None,
-        **config,
+        config=SIDConfig(inner_steps=100, adjoint_steps=adjoint_steps, **config),
     )
     stream = (
         DataLoader(TensorDataset(Xtr, ytr), batch_size, shuffle=True,
@@ -171,7 +175,9 @@ def test_the_estimate_at_w_t_never_raises_alpha():
         return F.softplus(-t * (x @ w)).mean()
 
     batches = [(X[i : i + 40], y[i : i + 40]) for i in range(0, 400, 40)]
-    hopt = SIDHyperOptimizer([log_lam], [w], inner, outer, inner_steps=200, adjoint_steps=50)
+    hopt = SIDHyperOptimizer(
+        [log_lam], [w], inner, outer, config=SIDConfig(inner_steps=200, adjoint_steps=50)
+    )
     estimates = []
     original = hopt.probe.lanczos
     hopt.probe.lanczos = lambda *a, **k: estimates.append(original(*a, **k)) or estimates[-1]
@@ -196,9 +202,13 @@ def _cnn_first_step(seed: int, mode: str, caplog) -> list[str]:
         return F.cross_entropy(net(batch[0]), batch[1]) + 0.5 * decay
 
     hopt = SIDHyperOptimizer(
-        [log_lam], params, inner, lambda b: F.cross_entropy(net(b[0]), b[1]), module=net,
-        inner_steps=100, adjoint_steps=50, mode=mode,
-    )  # fmt: skip
+        [log_lam],
+        params,
+        inner,
+        lambda b: F.cross_entropy(net(b[0]), b[1]),
+        module=net,
+        config=SIDConfig(inner_steps=100, adjoint_steps=50, mode=mode),
+    )
     with caplog.at_level("WARNING", logger="hypertorch_sid"):
         hopt.hypergradient(_minibatches(Xtr, ytr, seed), (Xva, yva))
     return [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from problems import full_batch_sid, make_ridge, relative_error
+from problems import full_batch_sid, make_ridge, relative_error, split_settings
 
-from hypertorch_sid import SIDHyperOptimizer
+from hypertorch_sid import Batches, SIDConfig, SIDHyperOptimizer
 
 
 @pytest.mark.parametrize("per_feature", [False, True])
@@ -33,17 +33,17 @@ def test_full_batch_error_falls_linearly_with_steps():
 
 def stochastic_error(steps, step_size, seed, per_feature=True, **kwargs):
     problem = make_ridge(per_feature=per_feature, seed=seed)
+    kwargs, settings = split_settings(kwargs)
     hopt = SIDHyperOptimizer(
         [problem.log_lam],
         [problem.w],
         problem.inner_loss,
         problem.outer_loss,
         None,
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size=step_size,
-        eta=1.0,
         **kwargs,
+        config=SIDConfig(
+            inner_steps=steps, adjoint_steps=steps, step_size=step_size, eta=1.0
+        ).replace(**settings),
     )
     g = hopt.hypergradient(problem.loader(10, seed=seed), problem.val())
     return relative_error(g[0], problem.exact_hypergradient()) ** 2
@@ -93,14 +93,14 @@ def test_d2_full_and_j_batches_reduce_error_when_lambda_couples_with_data():
             inner,
             outer,
             None,
-            inner_steps=300,
-            adjoint_steps=300,
-            step_size="constant",
-            eta=1.0,
             full_train_batch=(X, y),
-            inner_batches="full",
-            adjoint_batches="full",
-            d2_batches=d2,
+            config=SIDConfig(
+                inner_steps=300,
+                adjoint_steps=300,
+                step_size="constant",
+                eta=1.0,
+                batches=Batches(inner="full", adjoint="full", d2=d2),
+            ),
         )
         data = [(X[i : i + 5], y[i : i + 5]) for i in range(0, n, 5)]
         return hopt.hypergradient(data, (Xv, yv))[0]

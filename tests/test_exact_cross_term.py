@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from problems import full_batch_sid, make_ridge, relative_error
 from torch import nn
 
-from hypertorch_sid import ConfigurationError, LearnedWeightDecay, SIDHyperOptimizer
+from hypertorch_sid import ConfigurationError, LearnedWeightDecay, SIDConfig, SIDHyperOptimizer
 from hypertorch_sid.core.maps import GradientDescentMap
 
 pytestmark = [
@@ -145,10 +145,15 @@ def test_networks_get_the_sampled_hypergradient_without_its_forward_pass(kind, s
             return F.cross_entropy(net(batch[0]), batch[1]) + reg()
 
         hopt = SIDHyperOptimizer(
-            [log_lam], params, inner, lambda b, net=net: F.cross_entropy(net(b[0]), b[1]),
-            torch.optim.Adam([log_lam], lr=0.1), module=net, inner_steps=20, adjoint_steps=20,
+            [log_lam],
+            params,
+            inner,
+            lambda b, net=net: F.cross_entropy(net(b[0]), b[1]),
+            torch.optim.Adam([log_lam], lr=0.1),
+            module=net,
             regularizer=reg if use_r else None,
-        )  # fmt: skip
+            config=SIDConfig(inner_steps=20, adjoint_steps=20),
+        )
         stream = _minibatches(X, y, seed)
         g = hopt.hypergradient(stream, (Xv, yv))
         results.append((g[0], hopt.cost, hopt.phi.hyper_vjp_is_exact))

@@ -23,7 +23,13 @@ import torch
 from problems import make_ridge
 from torch import nn
 
-from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
+from hypertorch_sid import (
+    ConfigurationError,
+    EstimatedCurvature,
+    FeasibleSet,
+    SIDConfig,
+    SIDHyperOptimizer,
+)
 
 # ====================================================================== memory
 
@@ -93,10 +99,7 @@ def test_memory_stays_flat_over_1000_hypersteps():
         inner,
         outer,
         torch.optim.Adam([log_lam], lr=1e-3),
-        inner_steps=1,
-        adjoint_steps=1,
-        step_size="constant",
-        alpha=0.01,
+        config=SIDConfig(inner_steps=1, adjoint_steps=1, step_size="constant", alpha=0.01),
     )
     tracker = SavedTensorTracker()
     held_after_step = []
@@ -154,11 +157,13 @@ def dropout_sid(net, log_lam, inner, outer):
         inner,
         outer,
         torch.optim.Adam([log_lam], lr=0.05),
-        inner_steps=10,
-        adjoint_steps=10,
-        step_size="decreasing",  # α, q, β, γ from estimated L, μ
         module=net,
-        estimate_iters=10,
+        config=SIDConfig(
+            inner_steps=10,
+            adjoint_steps=10,
+            step_size="decreasing",
+            curvature=EstimatedCurvature(iters=10),
+        ),
     )
 
 
@@ -213,11 +218,13 @@ def ridge_sid(problem):
         problem.inner_loss,
         problem.outer_loss,
         torch.optim.Adam([problem.log_lam], lr=0.1),
-        inner_steps=10,
-        adjoint_steps=10,
-        step_size="constant",
-        alpha=0.3,
-        feasible=lambda hs: bool((hs[0] > -10).all()),
+        config=SIDConfig(
+            inner_steps=10,
+            adjoint_steps=10,
+            step_size="constant",
+            alpha=0.3,
+            feasible_set=FeasibleSet(contains=lambda hs: bool((hs[0] > -10).all())),
+        ),
     )
 
 

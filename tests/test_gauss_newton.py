@@ -14,16 +14,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from problems import make_ridge
+from problems import make_ridge, split_settings
 from torch import nn
 
 from hypertorch_sid import (
+    Batches,
     ConfigurationError,
     ConjugateGradient,
     GaussNewton,
     GradientDescentMap,
+    KnownCurvature,
     NoDamping,
     NoPreconditioner,
+    SIDConfig,
     SIDHyperOptimizer,
     VarianceReduced,
 )
@@ -69,14 +72,24 @@ def test_ridge_hypergradient_is_exact_with_gauss_newton_products(map_kind):
     else:
         kw = dict(
             inner_loss=_ridge_data_loss(p), penalty=_ridge_penalty(p), adjoint_steps=400,
-            hvp=_ridge_gauss_newton(p, regularized=False), adjoint_batches="full",
+            hvp=_ridge_gauss_newton(p, regularized=False), batches=Batches(adjoint="full"),
             step_size="constant", eta=1.0,
         )  # fmt: skip
+    kw, settings = split_settings(kw)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], outer_loss=p.outer_loss, inner_steps=0, full_train_batch=p.train(),
-        d2_batches="full", damping=NoDamping(), preconditioner=NoPreconditioner(), L=5.0, mu=0.1,
+        [p.log_lam],
+        [p.w],
+        outer_loss=p.outer_loss,
+        full_train_batch=p.train(),
         **kw,
-    )  # fmt: skip
+        config=SIDConfig(
+            inner_steps=0,
+            damping=NoDamping(),
+            preconditioner=NoPreconditioner(),
+            curvature=KnownCurvature(5.0, 0.1),
+            batches=Batches(d2="full"),
+        ).replace(**settings),
+    )
     (g,) = hopt.hypergradient(p.loader(50), p.val())
     torch.testing.assert_close(g, p.exact_hypergradient(), rtol=1e-7, atol=1e-12)
 
@@ -152,9 +165,18 @@ def test_gauss_newton_refuses_a_loss_it_does_not_reproduce():
     would drop its Hessian; the first product says so and names the fixes."""
     p = make_ridge(n=100, d=4, seed=1)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=5, adjoint_steps=5,
-        hvp=_ridge_gauss_newton(p, regularized=False), L=5.0, mu=0.1,
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        config=SIDConfig(
+            inner_steps=5,
+            adjoint_steps=5,
+            hvp=_ridge_gauss_newton(p, regularized=False),
+            curvature=KnownCurvature(5.0, 0.1),
+        ),
+    )
     with pytest.raises(ConfigurationError, match="GaussNewton.*regularizer=.*penalty="):
         hopt.hypergradient(p.loader(20), p.val())
 
@@ -162,9 +184,13 @@ def test_gauss_newton_refuses_a_loss_it_does_not_reproduce():
 def test_the_log_says_the_hypergradient_is_the_linearised_models(caplog):
     p = make_ridge(n=100, d=4, seed=1)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=5, adjoint_steps=5,
-        hvp=_ridge_gauss_newton(p),
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        config=SIDConfig(inner_steps=5, adjoint_steps=5, hvp=_ridge_gauss_newton(p)),
+    )
     with caplog.at_level("INFO", logger="hypertorch_sid"):
         hopt.hypergradient(p.loader(20), p.val())
     assert "Gauss-Newton curvature: the linearised model's hypergradient" in caplog.text
@@ -222,11 +248,18 @@ def test_core_trains_networks_with_gauss_newton_products(kind, seed):
     ce = lambda b: F.cross_entropy(net(b[0]), b[1])  # noqa: E731
     decay = lambda: 0.5 * sum(l.exp() * (p**2).sum() for l, p in zip(log_lam, params))  # noqa: E731
     hopt = SIDHyperOptimizer(
-        [log_lam], params, lambda b: ce(b) + decay(), ce,
-        functools.partial(torch.optim.Adam, lr=0.1)([log_lam]), module=net, inner_steps=100,
-        adjoint_steps=50,
-        hvp=GaussNewton(lambda b: net(b[0]), lambda z, b: F.cross_entropy(z, b[1]), decay),
-    )  # fmt: skip
+        [log_lam],
+        params,
+        lambda b: ce(b) + decay(),
+        ce,
+        functools.partial(torch.optim.Adam, lr=0.1)([log_lam]),
+        module=net,
+        config=SIDConfig(
+            inner_steps=100,
+            adjoint_steps=50,
+            hvp=GaussNewton(lambda b: net(b[0]), lambda z, b: F.cross_entropy(z, b[1]), decay),
+        ),
+    )
     net.eval()
     with torch.no_grad():
         untrained = float(F.cross_entropy(net(Xva), yva))

@@ -18,7 +18,9 @@ from torch import nn
 from hypertorch_sid import (
     ConfigurationError,
     ConstantStep,
+    EstimatedCurvature,
     GradientDescentMap,
+    SIDConfig,
     SIDHyperOptimizer,
     adjoint_solve,
     assemble_hypergradient,
@@ -225,10 +227,22 @@ def _bn_sid(model, log_lam, hvp, mode, estimate=False):
 
     constants = {} if estimate else {"alpha": 0.1, "eta": 0.5}  # estimate: power iteration for L, μ
     return SIDHyperOptimizer(
-        log_lam, model.parameters(), inner, outer, None,
-        inner_steps=0, adjoint_steps=3, step_size="constant",
-        hvp=hvp, module=model, mode=mode, estimate_iters=5, **constants,
-    )  # fmt: skip
+        log_lam,
+        model.parameters(),
+        inner,
+        outer,
+        None,
+        module=model,
+        config=SIDConfig(
+            **constants,
+            inner_steps=0,
+            adjoint_steps=3,
+            step_size="constant",
+            hvp=hvp,
+            mode=mode,
+            curvature=EstimatedCurvature(iters=5),
+        ),
+    )
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from hypertorch_sid import (
     ConstantStep,
     DecreasingStep,
     GradientDescentMap,
+    KnownCurvature,
     LastIterate,
     ProximalGradientMap,
     SIDConfig,
@@ -130,9 +131,17 @@ def test_averaged_momentum_is_closer_to_ridge_closed_form_from_minibatches(seed)
     for solver in (LastIterate(), AveragedMomentum()):
         p = make_ridge(n=400, d=6, seed=seed)
         hopt = SIDHyperOptimizer(
-            [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=400, adjoint_steps=5,
-            L=8.0, mu=0.05, inner_solver=solver,
-        )  # fmt: skip
+            [p.log_lam],
+            [p.w],
+            p.inner_loss,
+            p.outer_loss,
+            config=SIDConfig(
+                inner_steps=400,
+                adjoint_steps=5,
+                inner_solver=solver,
+                curvature=KnownCurvature(8.0, 0.05),
+            ),
+        )
         hopt.hypergradient(p.loader(10, seed=seed), p.val())
         errors.append(relative_error(p.w.detach(), p.w_star()))
     last, averaged = errors

@@ -21,11 +21,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
+    Batches,
     BilevelModule,
     ConfigurationError,
+    EstimatedCurvature,
     FixedDamping,
     HyperOptimizationCallback,
     Recover,
+    SIDConfig,
     SIDHyperOptimizer,
 )
 
@@ -135,8 +138,8 @@ def test_callback_needs_a_bilevel_module():
         (dict(every_n_steps=1.5), "every_n_steps"),
         (dict(adjoint_steps=0), "adjoint_steps"),
         (dict(val="all"), "val"),
-        (dict(d2_batches=0), "d2_batches"),
-        (dict(d2_batches="half"), "d2_batches"),
+        (lambda: dict(batches=Batches(d2=0)), "d2_batches"),
+        (lambda: dict(batches=Batches(d2="half")), "d2_batches"),
         (dict(step_size="fast"), "step_size"),
         (dict(preset="quick"), "preset"),
         (dict(outer_lr=-1.0), "outer_lr"),
@@ -154,14 +157,16 @@ def test_callback_needs_a_bilevel_module():
 )
 def test_callback_argument_errors(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
-        HyperOptimizationCallback(**kwargs)
+        HyperOptimizationCallback(**(kwargs() if callable(kwargs) else kwargs))
 
 
 # ------------------------------------------------------------------------------ agreement with the core
 def test_callback_hypergradient_equals_core_on_same_batches():
     """Replay every hyper step with a hand-built SIDHyperOptimizer(inner_steps=0) on the same
     batches (the sampler re-implemented here) and the same (w, λ): equal up to rounding."""
-    settings = dict(adjoint_steps=12, step_size="constant", eta=0.7, alpha=0.3, d2_batches=2)
+    settings = dict(
+        adjoint_steps=12, step_size="constant", eta=0.7, alpha=0.3, batches=Batches(d2=2)
+    )
     cb = Recording(every_n_steps=4, seed=5, **settings)
     dm = RidgeData(batch_size=20, val_batch_size=30)
     model = Ridge()
@@ -171,7 +176,13 @@ def test_callback_hypergradient_equals_core_on_same_batches():
     ref = Ridge()
     w, log_lam = ref.lin.weight, ref.log_lam
     sid = SIDHyperOptimizer(
-        [log_lam], [w], ref.inner_loss, ref.outer_loss, None, inner_steps=0, module=ref, **settings
+        [log_lam],
+        [w],
+        ref.inner_loss,
+        ref.outer_loss,
+        None,
+        module=ref,
+        config=SIDConfig(inner_steps=0, **settings),
     )
     train = _sampled_batches(dm.X, dm.y, 20, seed=5)
     val = _sampled_batches(dm.Xv, dm.yv, 30, seed=6)  # the val sampler uses seed + 1
@@ -199,10 +210,14 @@ def _closed_form_ridge(model: Ridge, dm: RidgeData) -> Tensor:
     "settings, rtol",
     [
         # the paper's "Batch": GD adjoint on the whole training set, exact ∂₂Φ, all of val
-        (dict(preset="batch", adjoint_steps=400, d2_batches="full", val="full"), 1e-7),
+        (dict(preset="batch", adjoint_steps=400, batches=Batches(d2="full"), val="full"), 1e-7),
         (
             dict(
-                preset="batch", adjoint_steps=400, d2_batches="full", val="full", val_batch_size=15
+                preset="batch",
+                adjoint_steps=400,
+                batches=Batches(d2="full"),
+                val="full",
+                val_batch_size=15,
             ),
             1e-7,
         ),
@@ -213,7 +228,7 @@ def _closed_form_ridge(model: Ridge, dm: RidgeData) -> Tensor:
                 step_size="decreasing",
                 adjoint_steps=1500,
                 batch_size=10,
-                d2_batches="full",
+                batches=Batches(d2="full"),
                 val="full",
             ),
             2e-2,
@@ -237,7 +252,12 @@ def test_callback_curvature_estimate_on_the_full_batch():
     """EstimatedCurvature(batches='full') through the callback: it builds the full training batch
     (120 samples) and every Lanczos product reads all of it."""
     dm = RidgeData(batch_size=20)
-    cb = HyperOptimizationCallback(every_n_steps=3, outer_lr=0.05, seed=3, estimate_batches="full")
+    cb = HyperOptimizationCallback(
+        every_n_steps=3,
+        outer_lr=0.05,
+        seed=3,
+        curvature=EstimatedCurvature(batches="full", iters=10, every=10),
+    )
     lp.trainer([cb], max_steps=6, limit_val_batches=0).fit(Ridge(), datamodule=dm)
     cost = cb.sid.cost
     assert cost.curvature_products > 0

@@ -31,7 +31,7 @@ from lightning_problems import ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from hypertorch_sid import BilevelModule, HyperOptimizationCallback, LearnedWeightDecay
+from hypertorch_sid import Batches, BilevelModule, HyperOptimizationCallback, LearnedWeightDecay
 from hypertorch_sid.lightning.callback import runs_in_new_processes
 
 D, N, N_VAL = 4, 96, 48
@@ -42,7 +42,7 @@ SETTINGS = dict(
     step_size="constant",
     eta=0.8,
     alpha=0.3,
-    d2_batches=2,
+    batches=Batches(d2=2),
     outer_lr=0.05,
     seed=11,
 )
@@ -247,7 +247,9 @@ def test_ddp_hypergradient_equals_single_process_on_global_batches(tmp_path):
             torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-12)
         # and λ moved: the test would not notice a callback that does nothing otherwise
         assert any(h["hyper/hypergradient_norm"] > 0 for h in r0["history"])
-        assert not torch.allclose(r0["lambda"][0], torch.full_like(r0["lambda"][0], r0["lambda"][0].flatten()[0]))  # fmt: skip
+        assert not torch.allclose(
+            r0["lambda"][0], torch.full_like(r0["lambda"][0], r0["lambda"][0].flatten()[0])
+        )
 
 
 @pytest.mark.parametrize(

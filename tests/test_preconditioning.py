@@ -10,16 +10,19 @@ from collections import namedtuple
 
 import pytest
 import torch
-from problems import full_batch_sid, make_ridge, relative_error
+from problems import full_batch_sid, make_ridge, relative_error, split_settings
 
 from hypertorch_sid import (
     ConfigurationError,
     ConjugateGradient,
     FisherDiagonal,
     GradientDescentMap,
+    KnownCurvature,
     NoPreconditioner,
     ProximalGradientMap,
+    SIDConfig,
     SIDHyperOptimizer,
+    get_preset,
 )
 from hypertorch_sid.core.batches import split_samples
 
@@ -39,7 +42,11 @@ def ridge_hessian(p) -> torch.Tensor:
 def test_fisher_diagonal_cuts_the_condition_number_of_a_badly_scaled_ridge():
     p = scaled_ridge()
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=1, adjoint_steps=1
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        config=SIDConfig(inner_steps=1, adjoint_steps=1),
     )
     hopt.hypergradient(p.loader(50), p.val())
     S = hopt.phi.scale[0]
@@ -69,7 +76,11 @@ def test_preconditioning_makes_the_stochastic_default_accurate_on_a_badly_scaled
     for seed in range(3):
         p = scaled_ridge(seed=seed)
         hopt = SIDHyperOptimizer(
-            [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=400, adjoint_steps=400
+            [p.log_lam],
+            [p.w],
+            p.inner_loss,
+            p.outer_loss,
+            config=SIDConfig(inner_steps=400, adjoint_steps=400),
         )
         torch.manual_seed(seed)
         (g,) = hopt.hypergradient(p.loader(20, seed), p.val())
@@ -130,21 +141,29 @@ def test_preconditioned_map_products_match_autograd_in_z_coordinates(prox):
 
 def test_given_constants_and_presets_keep_the_unpreconditioned_map():
     for kwargs in (
-        dict(L=5.0, mu=0.1),
+        dict(
+            curvature=KnownCurvature(5.0, 0.1),
+        ),
         dict(alpha=0.1, q=0.9),
         dict(preconditioner=NoPreconditioner()),
     ):
         p = make_ridge()
+        kwargs, settings = split_settings(kwargs)
         hopt = SIDHyperOptimizer(
-            [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=2, adjoint_steps=2, **kwargs
+            [p.log_lam],
+            [p.w],
+            p.inner_loss,
+            p.outer_loss,
+            **kwargs,
+            config=SIDConfig(inner_steps=2, adjoint_steps=2).replace(**settings),
         )
         hopt.hypergradient(p.loader(20), p.val())
         assert hopt.phi.scale is None, kwargs
     p = make_ridge()
-    hopt = SIDHyperOptimizer.from_preset(
-        "stoch_dec", hyperparameters=[p.log_lam], inner_parameters=[p.w],
+    hopt = SIDHyperOptimizer(
+        hyperparameters=[p.log_lam], inner_parameters=[p.w],
         inner_loss=p.inner_loss, outer_loss=p.outer_loss,
-        total_epochs=2, n_train=200, batch_size=20,
+        config=get_preset("stoch_dec").config(total_epochs=2, n_train=200, batch_size=20),
     )  # fmt: skip
     assert hopt.config.preconditioner == NoPreconditioner()
 
@@ -152,7 +171,11 @@ def test_given_constants_and_presets_keep_the_unpreconditioned_map():
 def test_set_constants_returns_to_the_unpreconditioned_map_and_carries_v():
     p = scaled_ridge()
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=50, adjoint_steps=50
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        config=SIDConfig(inner_steps=50, adjoint_steps=50),
     )
     hopt.hypergradient(p.loader(50), p.val())
     S, v_z = hopt.phi.scale[0].clone(), hopt.v[0].clone()
@@ -164,12 +187,20 @@ def test_set_constants_returns_to_the_unpreconditioned_map_and_carries_v():
 def test_scale_survives_a_state_dict_round_trip():
     p = scaled_ridge()
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=5, adjoint_steps=5
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
     )
     hopt.hypergradient(p.loader(50), p.val())
     state = hopt.state_dict()
     other = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=5, adjoint_steps=5
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
     )
     other.load_state_dict(state)
     torch.testing.assert_close(other.phi.scale[0], hopt.phi.scale[0])
@@ -201,8 +232,7 @@ def test_unsplittable_batches_leave_the_map_unpreconditioned():
         [p.w],
         lambda o: p.inner_loss(o.b),
         p.outer_loss,
-        inner_steps=2,
-        adjoint_steps=2,
+        config=SIDConfig(inner_steps=2, adjoint_steps=2),
     )
     hopt.hypergradient(data, p.val())
     assert hopt.phi.scale is None
@@ -214,8 +244,13 @@ def test_bad_fisher_settings_are_named():
     with pytest.raises(ConfigurationError, match="floor"):
         FisherDiagonal(floor=2.0)
     with pytest.raises(ConfigurationError, match="preconditioner"):
-        SIDHyperOptimizer([torch.zeros(1, requires_grad=True)], [torch.zeros(1, requires_grad=True)],
-                          lambda b: b, lambda b: b, preconditioner="fisher")  # fmt: skip
+        SIDHyperOptimizer(
+            [torch.zeros(1, requires_grad=True)],
+            [torch.zeros(1, requires_grad=True)],
+            lambda b: b,
+            lambda b: b,
+            config=SIDConfig(preconditioner="fisher"),
+        )
 
 
 def test_a_non_convex_network_falls_back_to_the_unpreconditioned_map():
@@ -246,9 +281,7 @@ def test_a_non_convex_network_falls_back_to_the_unpreconditioned_map():
         lambda b: torch.nn.functional.cross_entropy(net(b[0]), b[1]),
         torch.optim.Adam([log_lam], lr=0.1),
         module=net,
-        inner_steps=20,
-        adjoint_steps=10,
-        mode="eval",
+        config=SIDConfig(inner_steps=20, adjoint_steps=10, mode="eval"),
     )
     batches = [(X[i : i + 32], y[i : i + 32]) for i in range(0, 256, 32)]
     for _ in range(3):

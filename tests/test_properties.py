@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from problems import make_ridge
 
-from hypertorch_sid import DivergenceError, SIDHyperOptimizer
+from hypertorch_sid import Batches, DivergenceError, KnownCurvature, SIDConfig, SIDHyperOptimizer
 
 
 def equal(a, b) -> bool:
@@ -67,10 +67,7 @@ def test_full_batch_sid_matches_exact_hypergradient_of_random_linear_contraction
         [w],
         outer_loss=lambda _: 0.5 * ((w - target) ** 2).sum() + 0.5 * s * (lam**2).sum(),
         fixed_point_map=lambda _: [A @ w + B @ lam + c],
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size="constant",
-        eta=eta,
+        config=SIDConfig(inner_steps=steps, adjoint_steps=steps, step_size="constant", eta=eta),
     )
     g = hopt.hypergradient([None], None)[0]
     torch.testing.assert_close(w.detach(), w_star, rtol=1e-9, atol=1e-10)
@@ -98,16 +95,15 @@ def test_full_batch_sid_matches_closed_form_of_random_ridge(n, d, per_feature, l
         problem.inner_loss,
         problem.outer_loss,
         None,
-        inner_steps=steps,
-        adjoint_steps=steps,
-        step_size="constant",
-        eta=1.0,
-        L=L,
-        mu=mu,
         full_train_batch=problem.train(),
-        inner_batches="full",
-        adjoint_batches="full",
-        d2_batches="full",
+        config=SIDConfig(
+            inner_steps=steps,
+            adjoint_steps=steps,
+            step_size="constant",
+            eta=1.0,
+            curvature=KnownCurvature(L, mu),
+            batches=Batches(inner="full", adjoint="full", d2="full"),
+        ),
     )
     exact = problem.exact_hypergradient()
     g = hopt.hypergradient([problem.train()], problem.val())[0]
@@ -134,8 +130,7 @@ def test_outer_step_never_writes_non_finite_lambda(values, adam):
         lambda _: ((w - lam) ** 2).sum(),
         lambda _: (w**2).sum(),
         opt,
-        alpha=0.5,
-        step_size="constant",
+        config=SIDConfig(alpha=0.5, step_size="constant"),
     )
     hopt.apply([torch.ones(3, dtype=torch.float64)])  # optimizer state exists
     before, state = lam.detach().clone(), copy.deepcopy(opt.state_dict())

@@ -8,11 +8,14 @@ import torch
 from problems import full_batch_sid, make_ridge, relative_error
 
 from hypertorch_sid import (
+    Batches,
     ConfigurationError,
     ContractionMap,
     DivergenceError,
+    EstimatedCurvature,
     NoPreconditioner,
     ProximalGradientMap,
+    SIDConfig,
     SIDHyperOptimizer,
 )
 
@@ -74,7 +77,7 @@ def test_full_batch_hypergradient_matches_closed_form(per_feature):
         800,
         inner_loss=data_loss(problem),
         penalty=penalty(problem),
-        estimate_iters=300,
+        curvature=EstimatedCurvature(iters=300),
         preconditioner=NoPreconditioner(),
     )
     g = hopt.hypergradient([problem.train()], problem.val())
@@ -110,10 +113,8 @@ def test_stochastic_prox_sid_converges_to_closed_form():
         inner_loss=data_loss(problem),
         outer_loss=problem.outer_loss,
         penalty=penalty(problem),
-        inner_steps=3000,
-        adjoint_steps=3000,
-        d2_batches="full",
         full_train_batch=problem.train(),
+        config=SIDConfig(inner_steps=3000, adjoint_steps=3000, batches=Batches(d2="full")),
     )
     g = hopt.hypergradient(problem.loader(10), problem.val())
     assert relative_error(g[0], problem.exact_hypergradient()) < 0.05

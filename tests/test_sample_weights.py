@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from problems import split_settings
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
+from hypertorch_sid import Batches, ConfigurationError, SIDConfig, SIDHyperOptimizer
 from hypertorch_sid.core.sample_weights import (
     Indexed,
     IndexedDataset,
@@ -91,6 +92,7 @@ class WeightedRidge:
 
     def sid(self, **kwargs):
         kwargs.setdefault("full_train_batch", self.full())
+        kwargs, settings = split_settings(kwargs)
         return SIDHyperOptimizer(
             self.weights.hyperparameters,
             [self.w],
@@ -98,6 +100,7 @@ class WeightedRidge:
             self.outer_loss,
             None,
             **kwargs,
+            config=SIDConfig(**settings),
         )
 
 
@@ -110,7 +113,7 @@ def test_weighted_ridge_full_batch_matches_closed_form(parameterization):
     p = WeightedRidge(parameterization=parameterization)
     hopt = p.sid(
         inner_steps=600, adjoint_steps=600, step_size="constant", eta=1.0,
-        inner_batches="full", adjoint_batches="full", d2_batches="full",
+        batches=Batches(inner="full", adjoint="full", d2="full"),
     )  # fmt: skip
     g = hopt.hypergradient([p.full()], (p.Av, p.bv))[0]
     assert g.dtype == torch.float64 and g.shape == (p.n,)
@@ -126,7 +129,7 @@ def test_weighted_ridge_minibatch_cross_term_is_unbiased_over_a_partition():
     order = torch.randperm(p.n, generator=torch.Generator().manual_seed(1))
     hopt = p.sid(
         inner_steps=0, adjoint_steps=600, step_size="constant", eta=1.0,
-        adjoint_batches="full", d2_batches=p.n // 8,
+        batches=Batches(adjoint="full", d2=p.n // 8),
     )  # fmt: skip
     g = hopt.hypergradient(list(p.batches(8, order)) * 3, (p.Av, p.bv))[0]
     assert rel(g, p.exact()) < 1e-7
@@ -135,7 +138,7 @@ def test_weighted_ridge_minibatch_cross_term_is_unbiased_over_a_partition():
 def test_weighted_ridge_minibatch_term_touches_only_its_rows():
     p = WeightedRidge()
     batch = next(p.batches(6, torch.arange(p.n).flip(0)))
-    hopt = p.sid(inner_steps=0, adjoint_steps=50, alpha=0.2, adjoint_batches="full")
+    hopt = p.sid(inner_steps=0, adjoint_steps=50, alpha=0.2, batches=Batches(adjoint="full"))
     g = hopt.hypergradient([batch] * 3, (p.Av, p.bv))[0]
     outside = torch.ones(p.n, dtype=torch.bool)
     outside[batch.index] = False
@@ -200,10 +203,20 @@ def test_finite_differences_on_a_small_logistic_model():
     x0 = 0.3 * torch.randn(n, generator=gen, dtype=torch.float64)
     f_at(x0)
     hopt = SIDHyperOptimizer(
-        weights.hyperparameters, [w], inner, outer, None, inner_steps=300, adjoint_steps=300,
-        step_size="constant", eta=1.0, full_train_batch=full, inner_batches="full",
-        adjoint_batches="full", d2_batches="full",
-    )  # fmt: skip
+        weights.hyperparameters,
+        [w],
+        inner,
+        outer,
+        None,
+        full_train_batch=full,
+        config=SIDConfig(
+            inner_steps=300,
+            adjoint_steps=300,
+            step_size="constant",
+            eta=1.0,
+            batches=Batches(inner="full", adjoint="full", d2="full"),
+        ),
+    )
     g = hopt.hypergradient([full], (Xv, yv))[0]
     h = 1e-5
     for i in (0, 3, 17, 39):

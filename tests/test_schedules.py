@@ -9,7 +9,10 @@ import torch
 from problems import make_ridge, relative_error
 
 from hypertorch_sid import (
+    Batches,
     FixedPointIteration,
+    KnownCurvature,
+    SIDConfig,
     SIDHyperOptimizer,
     TwoPhaseStep,
     auto_switch,
@@ -40,11 +43,9 @@ def test_optimizer_switches_each_solve_by_its_own_length():
         [problem.w],
         problem.inner_loss,
         problem.outer_loss,
-        inner_steps=400,
-        adjoint_steps=30,
-        step_size="two_phase",
-        q=0.99,
-        alpha=0.1,
+        config=SIDConfig(
+            inner_steps=400, adjoint_steps=30, step_size="two_phase", q=0.99, alpha=0.1
+        ),
     )
     inner, adjoint = opt._schedules()
     beta = 2 / (1 - 0.99**2)
@@ -62,14 +63,15 @@ def _stochastic_ridge_error(step_size: str, seed: int) -> float:
         [problem.w],
         problem.inner_loss,
         problem.outer_loss,
-        inner_steps=600,
-        adjoint_steps=600,
-        step_size=step_size,
-        d2_batches="full",
         full_train_batch=problem.train(),
-        L=float(eig[-1]),
-        mu=float(eig[0]),
-        adjoint_solver=FixedPointIteration(),  # the schedules of the KM iteration, not CG
+        config=SIDConfig(
+            inner_steps=600,
+            adjoint_steps=600,
+            step_size=step_size,
+            adjoint_solver=FixedPointIteration(),
+            curvature=KnownCurvature(float(eig[-1]), float(eig[0])),
+            batches=Batches(d2="full"),
+        ),
     )
     g = opt.hypergradient(problem.loader(50, seed=seed), problem.val())
     return relative_error(g[0], problem.exact_hypergradient())

@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import make_ridge, relative_error, split_settings
 
 from hypertorch_sid import (
     Automatic,
+    Batches,
     ConjugateGradient,
     CurvatureDamping,
     DivergenceError,
@@ -17,9 +18,11 @@ from hypertorch_sid import (
     FixedDamping,
     FixedPointIteration,
     GradientDescentMap,
+    KnownCurvature,
     NoDamping,
     NoPreconditioner,
     Recover,
+    SIDConfig,
     SIDHyperOptimizer,
     VarianceReduced,
     estimate_curvature,
@@ -85,11 +88,21 @@ class _Quadratic:
 def test_curvature_damping_is_zero_on_a_convex_problem_and_exact():
     p = make_ridge(n=300, d=6, seed=4)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=200,
-        adjoint_steps=200, step_size="constant", full_train_batch=p.train(),
-        inner_batches="full", adjoint_batches="full", d2_batches="full",
-        damping=CurvatureDamping(), estimate_iters=50,
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        full_train_batch=p.train(),
+        config=SIDConfig(
+            inner_steps=200,
+            adjoint_steps=200,
+            step_size="constant",
+            damping=CurvatureDamping(),
+            curvature=EstimatedCurvature(iters=50),
+            batches=Batches(inner="full", adjoint="full", d2="full"),
+        ),
+    )
     g = hopt.hypergradient([p.train()], p.val())
     assert hopt.delta == 0.0 and hopt.last["damping"] == 0.0
     torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-6, atol=1e-10)
@@ -99,22 +112,48 @@ def test_curvature_damping_is_zero_on_a_convex_problem_and_exact():
 def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
     """λ_min(H) = −2: the undamped system diverges, the damped one gives its exact answer."""
     q = _Quadratic(low=-2.0)
-    kwargs = dict(full_train_batch=0, adjoint_batches="full", d2_batches="full")
+    kwargs = dict(
+        full_train_batch=0,
+        batches=Batches(adjoint="full", d2="full"),
+    )
+    kwargs, settings = split_settings(kwargs)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=400,
-        step_size="constant", damping=CurvatureDamping(margin=0.5),
-        curvature=EstimatedCurvature(iters=12), adjoint_solver=solver, **kwargs,
-    )  # fmt: skip
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        **kwargs,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=400,
+            step_size="constant",
+            damping=CurvatureDamping(margin=0.5),
+            curvature=EstimatedCurvature(iters=12),
+            adjoint_solver=solver,
+        ).replace(**settings),
+    )
     g = hopt.hypergradient([0], None)
     assert hopt.lambda_min < -1.9 and hopt.delta > 2.0
     assert 0 < hopt.q < 1
     torch.testing.assert_close(g[0], q.damped_hypergradient(hopt.delta), rtol=1e-6, atol=1e-9)
     # the undamped paper system is not a contraction here: it must fail loudly, not return garbage
+    kwargs, settings = split_settings(kwargs)
     plain = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=400,
-        step_size="constant", damping=NoDamping(), curvature=EstimatedCurvature(iters=12),
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
         **kwargs,
-    )  # fmt: skip
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=400,
+            step_size="constant",
+            damping=NoDamping(),
+            curvature=EstimatedCurvature(iters=12),
+        ).replace(**settings),
+    )
     with pytest.raises(DivergenceError, match="not a contraction|expansive|diverged"):
         plain.hypergradient([0], None)
 
@@ -122,10 +161,21 @@ def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
 def test_fixed_damping_matches_its_closed_form():
     q = _Quadratic(low=0.5)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=500,
-        step_size="constant", damping=FixedDamping(0.7), curvature=EstimatedCurvature(iters=12),
-        full_train_batch=0, adjoint_batches="full", d2_batches="full",
-    )  # fmt: skip
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        full_train_batch=0,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=500,
+            step_size="constant",
+            damping=FixedDamping(0.7),
+            curvature=EstimatedCurvature(iters=12),
+            batches=Batches(adjoint="full", d2="full"),
+        ),
+    )
     g = hopt.hypergradient([0], None)
     torch.testing.assert_close(g[0], q.damped_hypergradient(0.7), rtol=1e-6, atol=1e-9)
 
@@ -135,10 +185,20 @@ def test_conjugate_gradient_matches_ridge_closed_form_in_few_steps():
     with torch.no_grad():
         p.w.copy_(p.w_star())
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=6,
-        full_train_batch=p.train(), d2_batches="full",
-        adjoint_solver=ConjugateGradient(batches="full"), alpha=0.1,
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        full_train_batch=p.train(),
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=6,
+            adjoint_solver=ConjugateGradient(batches="full"),
+            alpha=0.1,
+            batches=Batches(d2="full"),
+        ),
+    )
     g = hopt.hypergradient([p.train()], p.val())
     torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-8, atol=1e-12)
     assert hopt.cost.jacobian_vector_products <= 6 + 1 + 1
@@ -149,16 +209,32 @@ def test_conjugate_gradient_refuses_a_non_symmetric_map_and_an_indefinite_system
 
     p = make_ridge(n=100, d=4)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], outer_loss=p.outer_loss, inner_steps=0, adjoint_steps=5,
-        fixed_point_map=lambda b: [p.w - 0.1 * p.w], q=0.9, adjoint_solver=ConjugateGradient(2),
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        outer_loss=p.outer_loss,
+        fixed_point_map=lambda b: [p.w - 0.1 * p.w],
+        config=SIDConfig(
+            inner_steps=0, adjoint_steps=5, q=0.9, adjoint_solver=ConjugateGradient(2)
+        ),
+    )
     with pytest.raises(ConfigurationError, match="symmetric"):
         hopt.hypergradient([p.train()], p.val())
     q = _Quadratic(low=-2.0)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=50,
-        full_train_batch=0, adjoint_solver=ConjugateGradient("full"), alpha=0.1, q=0.5,
-    )  # fmt: skip
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        full_train_batch=0,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=50,
+            adjoint_solver=ConjugateGradient("full"),
+            alpha=0.1,
+            q=0.5,
+        ),
+    )
     with pytest.raises(DivergenceError, match="positive definite"):
         hopt.hypergradient([0], None)
 
@@ -169,9 +245,20 @@ def test_slow_divergence_across_hyper_steps_is_caught_and_never_reaches_lambda()
     L = float(torch.linalg.eigvalsh(p.X.T @ p.X / 200 + torch.diag(p.lam()))[-1])
     opt = torch.optim.SGD([p.log_lam], lr=0.01)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, opt, inner_steps=10, adjoint_steps=10,
-        step_size="constant", alpha=2.5 / L, q=0.5, divergence_factor=1e6,
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        opt,
+        config=SIDConfig(
+            inner_steps=10,
+            adjoint_steps=10,
+            step_size="constant",
+            alpha=2.5 / L,
+            q=0.5,
+            divergence_factor=1e6,
+        ),
+    )
     before = p.log_lam.detach().clone()
     with pytest.raises(DivergenceError, match="non-expansive|expansive|not a contraction"):
         for _ in range(12):
@@ -185,11 +272,22 @@ def test_recover_resets_v_and_raises_damping_then_continues():
     q = _Quadratic(low=-2.0)
     opt = torch.optim.SGD([q.log_lam], lr=1e-3)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, opt, inner_steps=0, adjoint_steps=30,
-        step_size="constant", damping=FixedDamping(0.0), curvature=EstimatedCurvature(iters=12),
-        on_divergence=Recover(retries=4), full_train_batch=0, adjoint_batches="full",
-        d2_batches="full",
-    )  # fmt: skip
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        opt,
+        full_train_batch=0,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=30,
+            step_size="constant",
+            damping=FixedDamping(0.0),
+            curvature=EstimatedCurvature(iters=12),
+            on_divergence=Recover(retries=4),
+            batches=Batches(adjoint="full", d2="full"),
+        ),
+    )
     for _ in range(3):
         hopt.step([0], None)
     assert hopt.delta > 2.0  # raised past −λ_min = 2 by the retries
@@ -200,8 +298,18 @@ def test_recover_resets_v_and_raises_damping_then_continues():
 def test_curvature_cost_is_counted():
     p = make_ridge(n=300, d=6, seed=4)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=3, adjoint_steps=3,
-        curvature=EstimatedCurvature(batches=2, iters=5), preconditioner=NoPreconditioner())  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        config=SIDConfig(
+            inner_steps=3,
+            adjoint_steps=3,
+            curvature=EstimatedCurvature(batches=2, iters=5),
+            preconditioner=NoPreconditioner(),
+        ),
+    )
     hopt.hypergradient(p.loader(10), p.val())
     c = hopt.cost
     assert c.curvature_products == 2 * c.curvature_samples // 20 > 0
@@ -271,10 +379,20 @@ def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_fo
     with torch.no_grad():
         p.w.copy_(p.w_star())
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=30,
-        full_train_batch=p.train(), d2_batches="full", L=3.0, mu=0.05,
-        preconditioner=NoPreconditioner(),
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        full_train_batch=p.train(),
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=30,
+            preconditioner=NoPreconditioner(),
+            curvature=KnownCurvature(3.0, 0.05),
+            batches=Batches(d2="full"),
+        ),
+    )
     g = hopt.hypergradient(p.loader(100), p.val())
     assert isinstance(hopt.config.adjoint_solver, Automatic)
     assert hopt.adjoint_solver_used == ConjugateGradient(batches="full")
@@ -290,9 +408,19 @@ def test_automatic_reads_an_epoch_of_a_data_loader_and_matches_ridge_closed_form
     with torch.no_grad():
         p.w.copy_(p.w_star())
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=300,
-        d2_batches=3, L=3.0, mu=0.05, preconditioner=NoPreconditioner(),
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=300,
+            preconditioner=NoPreconditioner(),
+            curvature=KnownCurvature(3.0, 0.05),
+            batches=Batches(d2=3),
+        ),
+    )
     loader = p.loader(10)
     g = hopt.hypergradient(loader, p.val())
     assert hopt.adjoint_solver_used == ConjugateGradient(batches="epoch")
@@ -305,9 +433,18 @@ def test_automatic_reads_an_epoch_of_a_data_loader_and_matches_ridge_closed_form
 def test_conjugate_gradient_epoch_needs_a_reiterable_source():
     p = make_ridge(n=300, d=6, seed=4)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=0, adjoint_steps=5,
-        adjoint_solver=ConjugateGradient(batches="epoch"), L=3.0, mu=0.05,
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=5,
+            adjoint_solver=ConjugateGradient(batches="epoch"),
+            curvature=KnownCurvature(3.0, 0.05),
+        ),
+    )
     with pytest.raises(ConfigurationError, match="one-shot iterator.*re-iterable"):
         hopt.hypergradient(iter(list(p.loader(10)) * 3), p.val())
 
@@ -333,7 +470,9 @@ def test_conjugate_gradient_rejects_bad_batches_and_chunk(bad):
     "settings",
     [
         dict(one_shot=True),  # minibatches from a one-shot stream: no epoch to run CG on
-        dict(full=True, adjoint_batches="full"),  # a full-batch (GD) fixed-point adjoint asked for
+        dict(
+            full=True, batches=Batches(adjoint="full")
+        ),  # a full-batch (GD) fixed-point adjoint asked for
         dict(full=True, adjoint_step_size="constant", eta=1.0),  # a scheduled KM adjoint asked for
     ],
 )
@@ -341,10 +480,19 @@ def test_automatic_keeps_the_fixed_point_iteration_where_it_was_asked_for(settin
     p = make_ridge(n=300, d=6, seed=4)
     full = settings.pop("full", False)
     one_shot = settings.pop("one_shot", False)
+    settings, settings = split_settings(settings)
     hopt = SIDHyperOptimizer(
-        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, None, inner_steps=5, adjoint_steps=30,
-        full_train_batch=p.train() if full else None, L=3.0, mu=0.05, **settings,
-    )  # fmt: skip
+        [p.log_lam],
+        [p.w],
+        p.inner_loss,
+        p.outer_loss,
+        None,
+        full_train_batch=p.train() if full else None,
+        **settings,
+        config=SIDConfig(
+            inner_steps=5, adjoint_steps=30, curvature=KnownCurvature(3.0, 0.05)
+        ).replace(**settings),
+    )
     hopt.hypergradient(iter(list(p.loader(100)) * 20) if one_shot else p.loader(100), p.val())
     # where Automatic chose it (a symmetric system, q = 0.967 known): accelerated, m = 0.5, c = 3;
     # where the user asked for a full-batch or scheduled adjoint: the paper's, as asked
@@ -362,11 +510,14 @@ def _ridge_at_solution(seed: int = 4):
 def _adjoint_only(p, solver, **kw):
     """The adjoint solve alone (t = 0 at w*), constant steps η = 1, the exact ∂₂ term."""
     kw = dict(
-        inner_loss=p.inner_loss, inner_steps=0, adjoint_steps=600, d2_batches="full",
-        full_train_batch=p.train(), step_size="constant", eta=1.0, L=3.0, mu=0.05,
+        inner_loss=p.inner_loss, inner_steps=0, adjoint_steps=600, curvature=KnownCurvature(3.0, 0.05), batches=Batches(d2="full"),
+        full_train_batch=p.train(), step_size="constant", eta=1.0,
         adjoint_solver=solver,
     ) | kw  # fmt: skip
-    return SIDHyperOptimizer([p.log_lam], [p.w], outer_loss=p.outer_loss, **kw)
+    kw, settings = split_settings(kw)
+    return SIDHyperOptimizer(
+        [p.log_lam], [p.w], outer_loss=p.outer_loss, **kw, config=SIDConfig(**settings)
+    )
 
 
 @pytest.mark.parametrize("anchor", ["epoch", "full"])
@@ -404,7 +555,9 @@ def test_variance_reduced_needs_all_the_data_as_an_operator():
     one_shot = iter(list(p.loader(10)) * 3)
     with pytest.raises(ConfigurationError, match="VarianceReduced.*DataLoader or a list"):
         _adjoint_only(p, VarianceReduced(), adjoint_steps=5).hypergradient(one_shot, p.val())
-    no_full = _adjoint_only(p, VarianceReduced(batches="full"), full_train_batch=None, d2_batches=3)
+    no_full = _adjoint_only(
+        p, VarianceReduced(batches="full"), full_train_batch=None, batches=Batches(d2=3)
+    )
     with pytest.raises(ConfigurationError, match="needs full_train_batch"):
         no_full.hypergradient(p.loader(10), p.val())
 
@@ -435,7 +588,12 @@ def test_accelerated_fixed_point_iteration_is_closer_to_ridge_closed_form(seed):
     for solver in (FixedPointIteration(), FixedPointIteration(momentum=0.5, decay=3.0)):
         p = _ridge_at_solution(seed)
         hopt = _adjoint_only(
-            p, solver, step_size="two_phase", eta=None, adjoint_steps=600, L=8.0, mu=0.05
+            p,
+            solver,
+            step_size="two_phase",
+            eta=None,
+            adjoint_steps=600,
+            curvature=KnownCurvature(8.0, 0.05),
         )
         (g,) = hopt.hypergradient(p.loader(10, seed=seed), p.val())
         errors.append(relative_error(g, p.exact_hypergradient()))
@@ -477,11 +635,18 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     """Say "use damping" only where the system was undamped; with δ > 0 already, what else to do."""
     q = _Quadratic(low=-2.0)
     common = dict(
-        inner_steps=0, adjoint_steps=50, full_train_batch=0, adjoint_batches="full",
-        d2_batches="full", step_size="constant", alpha=0.3, q=0.5,
+        inner_steps=0, adjoint_steps=50, full_train_batch=0, batches=Batches(adjoint="full", d2="full"),
+         step_size="constant", alpha=0.3, q=0.5,
     )  # fmt: skip
+    common, settings = split_settings(common)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, damping=NoDamping(), **common
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        **common,
+        config=SIDConfig(damping=NoDamping()).replace(**settings),
     )
     with pytest.raises(DivergenceError) as undamped:
         hopt.hypergradient([0], None)
@@ -493,7 +658,10 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert any(entry.path.name == "solvers.py" for entry in undamped.traceback)
 
     q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
-    hopt = SIDHyperOptimizer([q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common)
+    common, settings = split_settings(common)
+    hopt = SIDHyperOptimizer(
+        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common, config=SIDConfig(**settings)
+    )
     with pytest.raises(DivergenceError) as not_estimated:
         hopt.hypergradient([0], None)
     text = str(not_estimated.value)
@@ -501,10 +669,16 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert "use damping=CurvatureDamping()" not in text and "FixedDamping(δ)" in text
 
     q = _Quadratic(low=-2.0)  # δ = 0.5 does not cover λ_min = −2 (Recover(1) fixes it: 2.97)
+    common, settings = split_settings(common)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, damping=FixedDamping(0.5),
-        on_divergence=Recover(0), **common,
-    )  # fmt: skip
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        **common,
+        config=SIDConfig(damping=FixedDamping(0.5), on_divergence=Recover(0)).replace(**settings),
+    )
     with pytest.raises(DivergenceError) as damped:
         hopt.hypergradient([0], None)
     text = str(damped.value)
@@ -519,10 +693,23 @@ def test_a_recovered_divergence_is_logged_as_a_retry_not_as_a_skipped_step(caplo
     what was retried and changed — not "λ was not updated", which the final error says."""
     q = _Quadratic(low=-2.0)
     hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=50,
-        full_train_batch=0, adjoint_batches="full", d2_batches="full", step_size="constant",
-        alpha=0.3, q=0.5, damping=FixedDamping(0.5), on_divergence=Recover(1),
-    )  # fmt: skip
+        [q.log_lam],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        full_train_batch=0,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=50,
+            step_size="constant",
+            alpha=0.3,
+            q=0.5,
+            damping=FixedDamping(0.5),
+            on_divergence=Recover(1),
+            batches=Batches(adjoint="full", d2="full"),
+        ),
+    )
     with caplog.at_level("WARNING", logger="hypertorch_sid"):
         g = hopt.hypergradient([0], None)
     assert torch.isfinite(g[0]).all()

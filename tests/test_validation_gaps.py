@@ -15,7 +15,7 @@ from problems import full_batch_sid, make_ridge, relative_error
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, SIDHyperOptimizer
+from hypertorch_sid import ConfigurationError, KnownCurvature, SIDConfig, SIDHyperOptimizer
 from hypertorch_sid.core.outer import _validation_batches, outer_gradients
 from hypertorch_sid.core.second_order import check_second_derivatives
 from hypertorch_sid.core.validation import (
@@ -34,7 +34,7 @@ def build(hyper, inner, outer_optimizer=None):
         return sum((w**2).sum() for w in inner) + sum(h.sum() for h in hyper)
 
     return SIDHyperOptimizer(
-        hyper, inner, loss, loss, outer_optimizer, inner_steps=5, adjoint_steps=5
+        hyper, inner, loss, loss, outer_optimizer, config=SIDConfig(inner_steps=5, adjoint_steps=5)
     )
 
 
@@ -374,7 +374,11 @@ def test_an_op_without_a_second_derivative_is_said_as_such():
         return 0.5 * ((bag - batch[1]) ** 2).mean() + 0.5 * log_lam.exp() * (w**2).sum()
 
     sid = SIDHyperOptimizer(
-        [log_lam], [w], inner_loss, lambda b: 0.5 * (w**2).sum(), inner_steps=2, adjoint_steps=2
+        [log_lam],
+        [w],
+        inner_loss,
+        lambda b: 0.5 * (w**2).sum(),
+        config=SIDConfig(inner_steps=2, adjoint_steps=2),
     )
     with pytest.raises(
         ConfigurationError, match=r"not twice differentiable.*_embedding_bag_backward"
@@ -388,7 +392,11 @@ def test_an_op_without_a_second_derivative_is_said_as_such():
         return fit**2 / 100 + 0.5 * log_lam.exp() * (w**2).sum()
 
     sid = SIDHyperOptimizer(
-        [log_lam], [w], checkpointed, lambda b: 0.5 * (w**2).sum(), inner_steps=2, adjoint_steps=2
+        [log_lam],
+        [w],
+        checkpointed,
+        lambda b: 0.5 * (w**2).sum(),
+        config=SIDConfig(inner_steps=2, adjoint_steps=2),
     )
     with pytest.raises(ConfigurationError, match=r"not twice differentiable.*use_reentrant"):
         sid.hypergradient([(ids, y)], (ids, y))
@@ -414,9 +422,18 @@ def test_attention_takes_second_derivatives_in_the_hyper_step():
             return fit(batch) + 0.5 * log_lam.exp() * (w**2).sum()
 
         sid = SIDHyperOptimizer(
-            [log_lam], [w], inner_loss, fit, inner_steps=5, adjoint_steps=5, alpha=0.5,
-            step_size="constant", L=1.0, mu=0.1,
-        )  # fmt: skip
+            [log_lam],
+            [w],
+            inner_loss,
+            fit,
+            config=SIDConfig(
+                inner_steps=5,
+                adjoint_steps=5,
+                alpha=0.5,
+                step_size="constant",
+                curvature=KnownCurvature(1.0, 0.1),
+            ),
+        )
         batches = [(X[i : i + 10], y[i : i + 10]) for i in range(0, 40, 10)]
         return sid.hypergradient(batches, (X, y))[0]
 
@@ -458,9 +475,19 @@ def test_hardsigmoid_takes_second_derivatives_in_the_hyper_step():
             return fit(batch) + 0.5 * log_lam.exp() * sum((p**2).sum() for p in params)
 
         sid = SIDHyperOptimizer(
-            [log_lam], params, inner_loss, fit, inner_steps=5, adjoint_steps=5, alpha=0.2,
-            step_size="constant", L=1.0, mu=0.1, module=net,
-        )  # fmt: skip
+            [log_lam],
+            params,
+            inner_loss,
+            fit,
+            module=net,
+            config=SIDConfig(
+                inner_steps=5,
+                adjoint_steps=5,
+                alpha=0.2,
+                step_size="constant",
+                curvature=KnownCurvature(1.0, 0.1),
+            ),
+        )
         return sid.hypergradient(batches, (X, y.double()))[0]
 
     got = hypergradient(nn.Hardsigmoid)

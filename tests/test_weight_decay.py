@@ -19,7 +19,7 @@ import torch
 from lightning_problems import D, RidgeData
 from torch import Tensor
 
-from hypertorch_sid import ConfigurationError, LearnedWeightDecay, ProximalGradientMap
+from hypertorch_sid import Batches, ConfigurationError, LearnedWeightDecay, ProximalGradientMap
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -220,7 +220,7 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, 
         every_n_steps=steps,
         preset="batch",
         adjoint_steps=400,
-        d2_batches="full",
+        batches=Batches(d2="full"),
         val="full",
         outer_lr=1e-12,
     )

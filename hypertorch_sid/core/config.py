@@ -19,9 +19,9 @@ flags:
 
 The same value configures the Lightning callback (which keeps only what is Lightning's: when to
 step, which data, logging, state), and LightningCLI can configure it as a nested ``config:``.
-:meth:`SIDConfig.from_settings` also reads the flat keyword names of version 0.1 (``L=``, ``mu=``,
-``estimate_batches=``, ``backoff=``, ``projection=``, ``d2_batches=`` ...) and turns each into the
-strategy it stands for — the only place that translation happens.
+Each setting has one name, the field's; the flat keyword names of version 0.1 (``L=``, ``mu=``,
+``estimate_batches=``, ``backoff=``, ``projection=``, ``d2_batches=`` ...) are refused with the
+strategy that replaces them (:data:`REMOVED`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 
 from .damping import CurvatureDamping, Damping
-from .divergence import BackOff, DivergencePolicy, RaiseOnDivergence
+from .divergence import DivergencePolicy, RaiseOnDivergence
 from .errors import ConfigurationError, DivergenceError
-from .estimation import Curvature, EstimatedCurvature, KnownCurvature
+from .estimation import Curvature, EstimatedCurvature
 from .gauss_newton import GaussNewton, check_hvp
 from .preconditioning import FisherDiagonal, Preconditioner
 from .schedules import StepSchedule, check_schedule_kind
@@ -172,8 +172,8 @@ class FeasibleSet:
                 raise ConfigurationError(
                     f"the outer step {hyper_step} left the feasible set (feasible("
                     "hyperparameters) returned False); λ was restored. Pass a projection onto the "
-                    "set (e.g. projection=lambda hs: hs[0].clamp_(min=0)) or learn an "
-                    "unconstrained parameterisation such as log λ."
+                    "set (e.g. feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=0))) "
+                    "or learn an unconstrained parameterisation such as log λ."
                 )
 
 
@@ -297,8 +297,9 @@ class SIDConfig:
         """Raise where a strategy reads the full training batch and none is given."""
         if self.batches.needs_full and full_train_batch is None:
             raise ConfigurationError(
-                "full-batch solves (inner_batches/adjoint_batches='full', d2_batches='full' or a "
-                "Batch preset) need full_train_batch=<one batch holding the whole training set>."
+                "full-batch solves (Batches(inner='full'), Batches(adjoint='full'), "
+                "Batches(d2='full') or a Batch preset) need full_train_batch=<one batch holding "
+                "the whole training set>."
             )
         if self.curvature.reads_full_batch and full_train_batch is None:
             raise ConfigurationError(
@@ -326,44 +327,32 @@ class SIDConfig:
 
     # ------------------------------------------------------------------ construction
     def replace(self, **settings: Any) -> SIDConfig:
-        """A copy with ``settings`` changed (flat 0.1 names accepted), validated again."""
+        """A copy with ``settings`` (field names) changed, validated again."""
         return SIDConfig.from_settings(self, **settings)
 
     @classmethod
     def from_settings(cls, base: SIDConfig | None = None, **settings: Any) -> SIDConfig:
-        """``base`` (default: ``SIDConfig()``) with ``settings`` applied.
-
-        ``settings`` are field names, or the flat names of version 0.1 each turned into the
-        strategy it stands for:
-
-        * ``L``, ``mu``, ``estimate_batches``, ``estimate_iters``, ``reestimate_every`` →
-          ``curvature`` (:class:`KnownCurvature` when ``L`` is given, else
-          :class:`EstimatedCurvature`);
-        * ``backoff=n`` → ``on_divergence=BackOff(n)`` (``0``: :class:`RaiseOnDivergence`);
-        * ``projection``, ``feasible`` → ``feasible_set``;
-        * ``inner_batches``, ``adjoint_batches``, ``d2_batches`` → ``batches``.
-
-        Giving a strategy together with the flat names that describe it is an error.
-        """
+        """``base`` (default: ``SIDConfig()``) with ``settings`` (field names) applied; a
+        strategy given as None keeps the base's. A removed 0.1 name says what replaces it."""
         base = base if base is not None else cls()
         if not isinstance(base, SIDConfig):
             raise ConfigurationError(f"config must be a SIDConfig, got {type(base).__name__}.")
         if not settings:
             return base
         fields = {f.name for f in dataclasses.fields(cls)}
-        flat = {k: settings.pop(k) for k in list(settings) if k in _FLAT}
+        removed = sorted(set(settings) & set(REMOVED))
+        if removed:
+            raise ConfigurationError(
+                f"the settings {removed} were removed in 0.2 (one name for each setting): "
+                + "; ".join(f"{name}= → {REMOVED[name]}" for name in removed)
+                + "."
+            )
         unknown = set(settings) - fields
         if unknown:
             raise ConfigurationError(
-                f"unknown setting(s) {sorted(unknown)}; SIDConfig takes {sorted(fields)} "
-                f"(and the flat names {sorted(_FLAT)})."
+                f"unknown setting(s) {sorted(unknown)}; SIDConfig takes {sorted(fields)}."
             )
-        # a strategy given as None keeps the base's (the 0.1 keywords defaulted to None)
         changes = {k: v for k, v in settings.items() if not (v is None and k in _STRATEGIES)}
-        _translate_curvature(base, flat, changes)
-        _translate_backoff(flat, changes)
-        _translate_feasible(base, flat, changes)
-        _translate_batches(base, flat, changes)
         return dataclasses.replace(base, **changes)
 
 
@@ -379,91 +368,18 @@ _STRATEGIES = frozenset(
         "batches",
     }
 )
-_FLAT = frozenset(
-    {
-        "L",
-        "mu",
-        "estimate_batches",
-        "estimate_iters",
-        "reestimate_every",
-        "backoff",
-        "projection",
-        "feasible",
-        "inner_batches",
-        "adjoint_batches",
-        "d2_batches",
-    }
-)
 
-
-def _given(flat: dict[str, Any], *names: str) -> dict[str, Any]:
-    return {n: flat[n] for n in names if n in flat}
-
-
-def _translate_curvature(base: SIDConfig, flat: dict[str, Any], changes: dict[str, Any]) -> None:
-    given = _given(flat, "L", "mu", "estimate_batches", "estimate_iters", "reestimate_every")
-    if not given:
-        return
-    if "curvature" in changes:
-        raise ConfigurationError(
-            f"give curvature=... or the flat settings {sorted(given)}, not both."
-        )
-    L, mu = given.get("L"), given.get("mu")
-    if L is not None:
-        _positive("L", L)
-        if mu is not None:
-            _positive("mu", mu)
-        changes["curvature"] = KnownCurvature(float(L), None if mu is None else float(mu))
-        return
-    current = base.curvature if isinstance(base.curvature, EstimatedCurvature) else None
-    old = current or EstimatedCurvature()
-    est = dict(
-        batches=given.get("estimate_batches", old.batches),
-        iters=given.get("estimate_iters", old.iters),
-        every=given.get("reestimate_every", old.every),
-        mu_floor=old.mu_floor,
-        mu=_positive("mu", mu) if mu is not None else old.mu,
-    )
-    for name, key, minimum in (("estimate_batches", "batches", 1), ("estimate_iters", "iters", 1)):
-        if not (key == "batches" and est[key] == "full"):
-            est[key] = _integer(name, est[key], minimum)
-    est["every"] = _integer("reestimate_every", est["every"], 1, allow_none=True)
-    changes["curvature"] = EstimatedCurvature(**est)
-
-
-def _translate_backoff(flat: dict[str, Any], changes: dict[str, Any]) -> None:
-    if "backoff" not in flat:
-        return
-    retries = _integer("backoff", flat["backoff"], 0)
-    if retries and "on_divergence" in changes:
-        raise ConfigurationError("give backoff=N or on_divergence=..., not both.")
-    if retries:
-        changes["on_divergence"] = BackOff(retries)
-
-
-def _translate_feasible(base: SIDConfig, flat: dict[str, Any], changes: dict[str, Any]) -> None:
-    given = _given(flat, "projection", "feasible")
-    if not given:
-        return
-    if "feasible_set" in changes:
-        raise ConfigurationError("give feasible_set=... or projection=/feasible=, not both.")
-    old = base.feasible_set
-    changes["feasible_set"] = FeasibleSet(
-        project=given.get("projection", old.project), contains=given.get("feasible", old.contains)
-    )
-
-
-def _translate_batches(base: SIDConfig, flat: dict[str, Any], changes: dict[str, Any]) -> None:
-    given = _given(flat, "inner_batches", "adjoint_batches", "d2_batches")
-    if not given:
-        return
-    if "batches" in changes:
-        raise ConfigurationError(
-            "give batches=Batches(...) or inner_batches=/adjoint_batches=/d2_batches=, not both."
-        )
-    old = base.batches
-    changes["batches"] = Batches(
-        inner=given.get("inner_batches", old.inner),
-        adjoint=given.get("adjoint_batches", old.adjoint),
-        d2=given.get("d2_batches", old.d2),
-    )
+#: the flat keyword names of version 0.1 and what replaces each
+REMOVED = {
+    "L": "curvature=KnownCurvature(L, mu)",
+    "mu": "curvature=KnownCurvature(L, mu) or EstimatedCurvature(mu=...)",
+    "estimate_batches": "curvature=EstimatedCurvature(batches=...)",
+    "estimate_iters": "curvature=EstimatedCurvature(iters=...)",
+    "reestimate_every": "curvature=EstimatedCurvature(every=...)",
+    "backoff": "on_divergence=BackOff(retries)",
+    "projection": "feasible_set=FeasibleSet(project=...)",
+    "feasible": "feasible_set=FeasibleSet(contains=...)",
+    "inner_batches": "batches=Batches(inner=...)",
+    "adjoint_batches": "batches=Batches(adjoint=...)",
+    "d2_batches": "batches=Batches(d2=...)",
+}

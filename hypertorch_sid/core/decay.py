@@ -12,7 +12,7 @@ usable from a plain ``SIDHyperOptimizer`` as from :class:`~hypertorch_sid.Learne
         decay.hyperparameters, model.parameters(),
         inner_loss=lambda b: F.cross_entropy(model(b[0]), b[1]) + decay.penalty(),
         outer_loss=..., outer_optimizer=torch.optim.Adam(decay.hyperparameters, lr=0.05),
-        projection=lambda hs: decay.project(),
+        config=SIDConfig(feasible_set=FeasibleSet(project=lambda hs: decay.project())),
     )
 
 Granularity (which tensors share a λ): ``"global"`` (one λ), ``"per_group"`` (one per group key

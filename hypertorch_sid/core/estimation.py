@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -321,9 +322,10 @@ class EstimatedCurvature(Curvature):
             value = getattr(self, name)
             if name == "batches" and value == "full":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 also = " or 'full'" if name == "batches" else ""
                 raise ConfigurationError(f"{name} must be an integer ≥ 1{also}, got {value!r}.")
+            object.__setattr__(self, name, int(value))
         if self.every is not None and (
             isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
         ):

@@ -11,8 +11,9 @@ For every outer step, with w warm-started from the previous step:
 4. outer step   — λ.grad ← ∇̂f(λ); ``outer_optimizer.step()``; λ ← P_Λ(λ).
 
 Nothing non-finite is ever written to λ: a diverging solve raises :class:`DivergenceError` (or,
-with ``backoff > 0``, is retried from its starting point with halved step sizes). A hypergradient
-that fails for any reason (divergence, a bad batch, an interrupt) leaves w where it started.
+with ``on_divergence=BackOff(n)``, is retried from its starting point with halved step sizes). A
+hypergradient that fails for any reason (divergence, a bad batch, an interrupt) leaves w where it
+started.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from .errors import ConfigurationError, DivergenceError
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
 from .outer import outer_gradients
-from .presets import get_preset
 from .probe import CurvatureProbe
 from .schedules import StepSchedule
 from .second_order import (
@@ -89,7 +89,8 @@ class SIDHyperOptimizer:
     config:
         A :class:`~hypertorch_sid.core.config.SIDConfig`: how Algorithm 1 runs (t, k, schedules,
         constants, and the strategies ``curvature``, ``damping``, ``adjoint_solver``,
-        ``on_divergence``, ``feasible_set``, ``batches``). Default: ``SIDConfig()``.
+        ``on_divergence``, ``feasible_set``, ``batches``). Default: ``SIDConfig()``; one of the
+        paper's variants: ``get_preset("stoch_dec").config(total_epochs, n_train, batch_size)``.
     fixed_point_map:
         A :class:`FixedPointMap` or a callable ``phi(batch) -> list of tensors`` (a general
         contraction) to use instead of the GD map.
@@ -102,24 +103,18 @@ class SIDHyperOptimizer:
         ``regularizer() -> scalar``: R(w, λ), the part of ``inner_loss`` through which λ enters,
         when the rest of it does not read λ (ℓ̂ = ℓ(w; ζ) + R(w, λ): weight decay). The cross
         term of eq. gradestim is then exact from R alone, ∂₂Φ̂ᵀv = −α∇²₂₁R v: no minibatch is
-        read for it and ``d2_batches`` are not used. Checked against one minibatch at the first
-        hypergradient (a :class:`ConfigurationError` if the data term reads λ after all).
+        read for it and ``config.batches.d2`` is not used. Checked against one minibatch at the
+        first hypergradient (a :class:`ConfigurationError` if the data term reads λ after all).
     module:
         The ``nn.Module`` owning w, if any: the solves then run in ``config.mode`` with its
         buffers restored (see :mod:`hypertorch_sid.core.modes`), and ``hvp="forward"`` works.
     full_train_batch:
         One batch holding the whole training set: the deterministic map Φ for GD ("Batch")
-        solves, ``d2_batches="full"`` and the curvature estimate.
+        solves, ``Batches(d2="full")`` and the curvature estimate.
     mean_across_processes:
         For data parallel runs, a function averaging a tensor over processes (an all-reduce
         mean). Every Φ̂, Jacobian product and ∇E is averaged, so each process's minibatch is a
         shard of one global batch and λ stays identical everywhere.
-    **settings:
-        Fields of :class:`SIDConfig` changed from ``config`` — the short path of the README:
-        ``inner_steps=``, ``adjoint_steps=``, ``step_size=``, ``alpha=`` ... — and the flat names
-        of version 0.1 (``L``, ``mu``, ``backoff``, ``projection``, ``feasible``,
-        ``d2_batches``, ``estimate_batches`` ...), each turned into its strategy by
-        :meth:`SIDConfig.from_settings`. Validated once, at construction.
 
     Divergence is detected within each solve and across hyper steps (:class:`DivergenceGuard`);
     λ is never written from a diverged step and the warm-start v is reset.
@@ -140,9 +135,8 @@ class SIDHyperOptimizer:
         module: torch.nn.Module | None = None,
         full_train_batch: Any = None,
         mean_across_processes: Callable[[Tensor], Tensor] | None = None,
-        **settings: Any,
     ) -> None:
-        self.config = SIDConfig.from_settings(config, **settings)
+        self.config = SIDConfig.from_settings(config)  # checks that it is a SIDConfig
         self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
         self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
         check_parameters(self.inner_parameters, self.hyperparameters)
@@ -235,28 +229,6 @@ class SIDHyperOptimizer:
     def adjoint_batches(self) -> str:
         """Where the adjoint solve draws its batches (``config.batches.adjoint``)."""
         return self.config.batches.adjoint
-
-    # ------------------------------------------------------------------ construction helpers
-    @classmethod
-    def from_preset(
-        cls,
-        preset: str,
-        *,
-        total_epochs: float,
-        n_train: int,
-        batch_size: int,
-        **kwargs: Any,
-    ) -> SIDHyperOptimizer:
-        """One of the paper's variants (``"batch"``, ``"stoch_dec"``, ... see ``PRESETS``).
-
-        t and k follow the appendix's rule for ``total_epochs`` epochs of the hypergradient
-        budget; full-batch (GD) phases need ``full_train_batch`` in ``kwargs``. Settings in
-        ``kwargs`` override the preset's.
-        """
-        settings = get_preset(preset).settings(total_epochs, n_train, batch_size)
-        for name, value in settings.items():
-            kwargs.setdefault(name, value)
-        return cls(**kwargs)
 
     # ------------------------------------------------------------------ data
     def _stream(self, train_batches: Iterable[Any]) -> BatchStream:

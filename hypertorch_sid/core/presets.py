@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .config import Batches, SIDConfig
 from .errors import ConfigurationError
 from .preconditioning import NoPreconditioner
 from .solvers import FixedPointIteration, LastIterate
@@ -65,15 +66,20 @@ class Preset:
 
         return count(self.inner_share, self.inner), count(1 - self.inner_share, self.adjoint)
 
-    def settings(self, total_epochs: float, n_train: int, batch_size: int) -> dict[str, object]:
-        """The :class:`~hypertorch_sid.core.config.SIDConfig` settings this preset stands for.
+    def config(
+        self, total_epochs: float, n_train: int, batch_size: int, base: SIDConfig | None = None
+    ) -> SIDConfig:
+        """The :class:`~hypertorch_sid.core.config.SIDConfig` this preset stands for (on
+        ``base``'s other settings; change any with ``.replace(...)``).
 
         t, k by :meth:`steps`; each solve's schedule and batch source; η = 1 for constant steps;
         the paper's (unpreconditioned) map, its last inner iterate and its fixed-point iteration
         for the adjoint.
         """
         t, k = self.steps(total_epochs, n_train, batch_size)
-        settings: dict[str, object] = dict(
+        base = base if base is not None else SIDConfig()
+        constant = "constant" in (self.inner.step_size, self.adjoint.step_size)
+        return base.replace(
             preconditioner=NoPreconditioner(),
             inner_solver=LastIterate(),
             adjoint_solver=FixedPointIteration(),
@@ -81,12 +87,13 @@ class Preset:
             adjoint_steps=k,
             step_size=self.inner.step_size,
             adjoint_step_size=self.adjoint.step_size,
-            inner_batches="full" if self.inner.full_batch else "stochastic",
-            adjoint_batches="full" if self.adjoint.full_batch else "stochastic",
+            batches=Batches(
+                inner="full" if self.inner.full_batch else "stochastic",
+                adjoint="full" if self.adjoint.full_batch else "stochastic",
+                d2=base.batches.d2,
+            ),
+            eta=1.0 if constant else base.eta,
         )
-        if "constant" in (self.inner.step_size, self.adjoint.step_size):
-            settings["eta"] = 1.0
-        return settings
 
 
 PRESETS: dict[str, Preset] = {

@@ -29,7 +29,8 @@ Usage with a plain :class:`~hypertorch_sid.SIDHyperOptimizer`::
         return weights.weighted_mean(losses, index)
     hopt = SIDHyperOptimizer(
         weights.hyperparameters, model.parameters(), inner_loss, outer_loss,
-        LazyAdam(weights.hyperparameters, lr=0.1), projection=weights.projection,
+        LazyAdam(weights.hyperparameters, lr=0.1),
+        config=SIDConfig(feasible_set=FeasibleSet(project=weights.projection)),
     )
 
 Per class (imbalance): ``SampleWeights(num_classes)`` indexed by the labels
@@ -323,7 +324,7 @@ class SampleWeights:
 
     # ------------------------------------------------------------------ after an outer step
     def projection(self, hyperparameters: Iterable[Tensor] | None = None) -> None:
-        """P_Λ for :class:`SIDHyperOptimizer` (``projection=weights.projection``): the logits
+        """P_Λ for :class:`SIDHyperOptimizer` (``FeasibleSet(project=weights.projection)``): the logits
         are unconstrained, but a normaliser (softmax) follows them."""
         self.parameterization.refresh(self)
 

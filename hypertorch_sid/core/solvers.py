@@ -236,7 +236,7 @@ def inner_solve(
         "inner solve w_t",
         divergence_factor,
         "The fixed-point map is probably not a contraction: lower the inner step size (alpha "
-        "< 2/L for a gradient map) or eta, or enable backoff.",
+        "< 2/L for a gradient map) or eta, or enable backoff (on_divergence=BackOff(2)).",
     )
     return km_iteration(
         lambda batch, w: phi.value(batch),

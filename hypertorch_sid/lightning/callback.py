@@ -41,7 +41,7 @@ from torchmetrics import Metric
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.batches import BatchStream
 from ..core.budget import Budget, make_budget
-from ..core.config import SIDConfig
+from ..core.config import FeasibleSet, SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
@@ -171,9 +171,9 @@ class HyperOptimizationCallback(Callback):
         :class:`BilevelModule` being trained.
     **settings:
         :class:`SIDConfig` fields changed from ``config`` (``step_size=``, ``alpha=``,
-        ``damping=`` ...) and the flat names of version 0.1 (``d2_batches``, ``backoff``,
-        ``estimate_batches``, ``reestimate_every``, ``hvp``, ``mode``, ...;
-        ``divergence_policy=`` is ``config.on_divergence``). Validated here, at construction.
+        ``damping=``, ``curvature=``, ``batches=``, ``hvp=``, ``mode=`` ...; the divergence
+        policy: ``config=CALLBACK_CONFIG.replace(on_divergence=...)``). Validated here, at
+        construction.
 
     Notes
     -----
@@ -235,8 +235,6 @@ class HyperOptimizationCallback(Callback):
         _check_int("start_step", start_step, 0)
         _check_choice("on_divergence", on_divergence, ("raise", "skip"))
         _check_int("seed", seed, 0)
-        if "divergence_policy" in settings:
-            settings["on_divergence"] = settings.pop("divergence_policy")
         if problem is not None and not isinstance(problem, ProblemSource):
             raise ConfigurationError(
                 "HyperOptimizationCallback: problem must be a ProblemSource (an object with "
@@ -606,15 +604,17 @@ class HyperOptimizationCallback(Callback):
                     f"preset={self.preset!r} sizes its solves by the training set's size, which "
                     "a streamed train dataloader does not have: set adjoint_steps instead."
                 )
-            settings = get_preset(self.preset).settings(
+            preset = get_preset(self.preset).config(
                 self.preset_epochs, self._n_train, self._train.sampler.global_batch
             )
-            changes["adjoint_batches"] = settings["adjoint_batches"]
+            changes["batches"] = dataclasses.replace(
+                self.config.batches, adjoint=preset.batches.adjoint
+            )
             if self.adjoint_steps is None:
-                changes["adjoint_steps"] = settings["adjoint_steps"]
+                changes["adjoint_steps"] = preset.adjoint_steps
             if not self._schedule_given:
-                changes["step_size"] = settings["adjoint_step_size"]
-            if settings["adjoint_step_size"] == "constant" and self.config.eta is None:
+                changes["step_size"] = preset.adjoint_step_size
+            if preset.adjoint_step_size == "constant" and self.config.eta is None:
                 changes["eta"] = 1.0
         return self.config.replace(**changes)
 
@@ -629,7 +629,9 @@ class HyperOptimizationCallback(Callback):
                 return trainer.strategy.reduce(t.clone(), reduce_op="mean")
 
         if problem.projection is not None:
-            config = config.replace(projection=problem.projection)
+            config = config.replace(
+                feasible_set=FeasibleSet(problem.projection, config.feasible_set.contains)
+            )
         if (
             isinstance(config.hvp, GaussNewton)
             and config.hvp.regularizer is None

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from ..core.config import Batches
 from ..core.errors import ConfigurationError
 from ..core.sample_weights import (
     Indexed,
@@ -333,9 +334,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
         defaults differ from the callback's: ``every_n_steps=20``, ``adjoint_steps=3``,
-        ``d2_batches=1`` (with ``cross_term="hyper_step"``: every 10 steps, ``d2_batches=4``, the
-        hyper steps' minibatches being then the only place a weight gets its gradient), and the
-        outer optimizer :class:`LazyAdam` at ``outer_lr=1.0``
+        ``batches=Batches(d2=1)`` (with ``cross_term="hyper_step"``: every 10 steps,
+        ``Batches(d2=4)``, the hyper steps' minibatches being then the only place a weight gets
+        its gradient), and the outer optimizer :class:`LazyAdam` at ``outer_lr=1.0``
         (each visit of an example moves its logit by about 1; ``0.02`` per class, whose rows
         every step reads).
     """
@@ -362,8 +363,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
             )
         kwargs.setdefault("every_n_steps", 20 if cross_term == "training" else 10)
         kwargs.setdefault("adjoint_steps", 3)
-        if not {"d2_batches", "config", "batches"} & set(kwargs):
-            kwargs["d2_batches"] = 1 if cross_term == "training" else 4
+        if not {"config", "batches"} & set(kwargs):
+            kwargs["batches"] = Batches(d2=1 if cross_term == "training" else 4)
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)

@@ -59,6 +59,7 @@ side effects (appending to lists, manual optimisation) needs ``training_loss=``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -71,7 +72,7 @@ from torch import Tensor
 
 from ..core.decay import GRANULARITIES, WeightDecay, as_parameterization
 from ..core.errors import ConfigurationError
-from .callback import HyperOptimizationCallback
+from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .problem import BilevelProblem
 
 __all__ = ["LearnedWeightDecay", "WeightDecayProblem"]
@@ -402,9 +403,8 @@ def _defaults(granularity: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         defaults["adjoint_steps"] = 3
     if "outer_optimizer" not in kwargs:
         defaults["outer_lr"] = 1.0 if granularity == "per_element" else 0.3
-    estimate = {"config", "curvature", "reestimate_every", "L", "mu"}
-    if granularity == "per_element" and not estimate & set(kwargs):
-        defaults["reestimate_every"] = None
+    if granularity == "per_element" and not {"config", "curvature"} & set(kwargs):
+        defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
     return defaults
 
 
@@ -448,7 +448,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         (``every_n_steps``, ``adjoint_steps``, ``outer_lr``, ``val``, ``config``, ...). The
         drop-in's own defaults differ from the callback's (measured on weight decay, see
         ``_defaults``): ``every_n_steps=20``, ``adjoint_steps=3``, ``outer_lr=0.3`` (``1.0`` per
-        element), and per element one curvature estimate (``reestimate_every=None``).
+        element), and per element one curvature estimate (``EstimatedCurvature(every=None)``).
 
     The weight-decay problem itself is :attr:`problem`, a :class:`WeightDecayProblem` (the
     callback is the Lightning scheduling around it); λ lives in ``problem.decay``, a core
