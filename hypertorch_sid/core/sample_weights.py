@@ -324,8 +324,8 @@ class SampleWeights:
 
     # ------------------------------------------------------------------ after an outer step
     def projection(self, hyperparameters: Iterable[Tensor] | None = None) -> None:
-        """P_Λ for :class:`SIDHyperOptimizer` (``FeasibleSet(project=weights.projection)``): the logits
-        are unconstrained, but a normaliser (softmax) follows them."""
+        """P_Λ for :class:`SIDHyperOptimizer` (``FeasibleSet(project=weights.projection)``): the
+        logits are unconstrained, but a normaliser (softmax) follows them."""
         self.parameterization.refresh(self)
 
     def state_dict(self) -> dict[str, Any]:
