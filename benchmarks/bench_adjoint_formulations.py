@@ -11,7 +11,7 @@ negative eigenvalues. Each candidate is a strategy the core already has, passed 
   or not;
 * **truncated** — ``warm_start_adjoint=False``, undamped: each hyper step sums k = 3 terms of the
   Neumann series Σ (I − α∇²ℓ)ʲ α∇₁E from v = 0 (bounded by construction, biased);
-* **re-estimated every hyper step** — the default, with ``reestimate_every=1`` (follows the
+* **re-estimated every hyper step** — the default, with ``EstimatedCurvature(every=1)`` (follows the
   sharpness, 10× the estimates);
 * **Gauss–Newton** — ``hvp=GaussNewton(outputs, output_loss)``: the adjoint system's curvature is
   Jᵀ∇²_zL J (positive semi-definite) plus the decay's exact Hessian, with α and δ from the exact
@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_weight_decay as wd  # noqa: E402  (the settings, data and training loop)
 
 from hypertorch_sid import CurvatureDamping, GaussNewton, NoDamping  # noqa: E402
+from hypertorch_sid.lightning import CALLBACK_CONFIG  # noqa: E402
 
 OUT = wd.REPO / "benchmarks" / "results" / "adjoint_formulations" / "adjoint_formulations.json"
 
@@ -71,7 +72,7 @@ def formulations(lr: float) -> dict[str, Any]:
             "damping": NoDamping(),
             "warm_start_adjoint": False,
         },
-        "re-estimated every hyper step": {"reestimate_every": 1},
+        "re-estimated every hyper step": {"curvature": replace(CALLBACK_CONFIG.curvature, every=1)},
         "Gauss-Newton products (damped as the default)": _gauss_newton,
     }
 

@@ -15,7 +15,7 @@ hypergradient from a budget of 20 epochs (minibatch 50), inner problem warm-star
 "SID default" is our attempt to beat the table with the library's defaults: no L, μ given (the
 library estimates them by power iteration at w = 0, which gives a ~10× larger α than the global
 bound), decreasing steps, warm-started adjoint v (the presets start v from 0, as the paper
-warm-starts only the inner problem), and ``backoff=6`` (a diverging solve is retried
+warm-starts only the inner problem), and ``on_divergence=BackOff(6)`` (a diverging solve is retried
 with α halved).
 
 ``--remove-headers`` strips headers, footers and quotes (``fetch_20newsgroups_vectorized(remove=

@@ -31,6 +31,7 @@ from hypertorch_sid import (
     SIDConfig,
     SIDHyperOptimizer,
 )
+from hypertorch_sid.lightning import CALLBACK_CONFIG
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -415,7 +416,7 @@ def test_divergence_can_be_skipped():
 
     cb = HyperOptimizationCallback(
         every_n_steps=2, adjoint_steps=60, alpha=50.0, step_size="constant", on_divergence="skip",
-        divergence_policy=RaiseOnDivergence(),
+        config=CALLBACK_CONFIG.replace(on_divergence=RaiseOnDivergence()),
     )  # fmt: skip
     model = Ridge()
     before = model.log_lam.detach().clone()
