@@ -178,8 +178,7 @@ def test_schedules_report_their_constant_phase():
 
 def test_the_default_is_averaged_momentum_and_the_presets_keep_the_paper():
     assert SIDConfig().inner_solver == AveragedMomentum()
-    settings = get_preset("stoch_dec").settings(10, 1000, 10)
-    assert SIDConfig.from_settings(**settings).inner_solver == LastIterate()
+    assert get_preset("stoch_dec").config(10, 1000, 10).inner_solver == LastIterate()
 
 
 @pytest.mark.parametrize(
