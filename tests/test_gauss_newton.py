@@ -72,7 +72,7 @@ def test_ridge_hypergradient_is_exact_with_gauss_newton_products(map_kind):
     else:
         kw = dict(
             inner_loss=_ridge_data_loss(p), penalty=_ridge_penalty(p), adjoint_steps=400,
-            hvp=_ridge_gauss_newton(p, regularized=False), batches=Batches(adjoint="full"),
+            hvp=_ridge_gauss_newton(p, regularized=False), batches=Batches(adjoint="full", d2="full"),
             step_size="constant", eta=1.0,
         )  # fmt: skip
     kw, settings = split_settings(kw)

@@ -138,7 +138,6 @@ def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
     assert 0 < hopt.q < 1
     torch.testing.assert_close(g[0], q.damped_hypergradient(hopt.delta), rtol=1e-6, atol=1e-9)
     # the undamped paper system is not a contraction here: it must fail loudly, not return garbage
-    kwargs, settings = split_settings(kwargs)
     plain = SIDHyperOptimizer(
         [q.log_lam],
         [q.w],
@@ -480,7 +479,7 @@ def test_automatic_keeps_the_fixed_point_iteration_where_it_was_asked_for(settin
     p = make_ridge(n=300, d=6, seed=4)
     full = settings.pop("full", False)
     one_shot = settings.pop("one_shot", False)
-    settings, settings = split_settings(settings)
+    problem, settings = split_settings(settings)
     hopt = SIDHyperOptimizer(
         [p.log_lam],
         [p.w],
@@ -488,7 +487,7 @@ def test_automatic_keeps_the_fixed_point_iteration_where_it_was_asked_for(settin
         p.outer_loss,
         None,
         full_train_batch=p.train() if full else None,
-        **settings,
+        **problem,
         config=SIDConfig(
             inner_steps=5, adjoint_steps=30, curvature=KnownCurvature(3.0, 0.05)
         ).replace(**settings),
@@ -658,7 +657,6 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert any(entry.path.name == "solvers.py" for entry in undamped.traceback)
 
     q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
-    common, settings = split_settings(common)
     hopt = SIDHyperOptimizer(
         [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common, config=SIDConfig(**settings)
     )
@@ -669,7 +667,6 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert "use damping=CurvatureDamping()" not in text and "FixedDamping(δ)" in text
 
     q = _Quadratic(low=-2.0)  # δ = 0.5 does not cover λ_min = −2 (Recover(1) fixes it: 2.97)
-    common, settings = split_settings(common)
     hopt = SIDHyperOptimizer(
         [q.log_lam],
         [q.w],
