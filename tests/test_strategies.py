@@ -130,8 +130,7 @@ def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
             step_size="constant",
             damping=CurvatureDamping(margin=0.5),
             curvature=EstimatedCurvature(iters=12),
-            adjoint_solver=solver,
-        ).replace(**settings),
+        ).replace(adjoint_solver=solver, **settings),  # None: the default
     )
     g = hopt.hypergradient([0], None)
     assert hopt.lambda_min < -1.9 and hopt.delta > 2.0
