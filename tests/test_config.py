@@ -12,13 +12,18 @@ import torch
 from problems import full_batch_sid, make_ridge, relative_error
 
 from hypertorch_sid import (
+    Automatic,
+    AveragedMomentum,
     BackOff,
     Batches,
     ConfigurationError,
     ConjugateGradient,
+    CurvatureDamping,
     EstimatedCurvature,
     FeasibleSet,
+    FisherDiagonal,
     FixedDamping,
+    FixedPointIteration,
     HyperOptimizationCallback,
     KnownCurvature,
     LearnedWeightDecay,
@@ -27,6 +32,7 @@ from hypertorch_sid import (
     Recover,
     SIDConfig,
     SIDHyperOptimizer,
+    VarianceReduced,
     WeightDecay,
 )
 from hypertorch_sid.lightning import CALLBACK_CONFIG
@@ -237,3 +243,42 @@ def test_the_drop_in_defaults_are_the_benchmarked_ones():
         curvature=EstimatedCurvature(batches=2, iters=10, every=4),
     )
     assert mine.every_n_steps == 5 and mine.config.curvature.every == 4
+
+
+# ------------------------------------------------------------------------------ one rule
+_NUMBERS = [  # (strategy, its field, a NumPy value it accepts, a bool of the right size)
+    (lambda v: SIDConfig(alpha=v), "alpha", np.float32(0.5), True),
+    (lambda v: SIDConfig(sigma2=v), "sigma2", np.float64(0.5), True),
+    (lambda v: SIDConfig(inner_steps=v), "inner_steps", np.int64(3), True),
+    (lambda v: SIDConfig(q=v), "q", np.float32(0.5), False),
+    (lambda v: Batches(d2=v), "d2", np.int32(2), True),
+    (lambda v: KnownCurvature(v), "L", np.float32(2.0), True),
+    (lambda v: EstimatedCurvature(iters=v), "iters", np.int64(5), True),
+    (lambda v: EstimatedCurvature(mu=v), "mu", np.float32(0.5), True),
+    (lambda v: FixedDamping(v), "value", np.float32(0.5), True),
+    (lambda v: CurvatureDamping(margin=v), "margin", np.float64(0.5), True),
+    (lambda v: BackOff(v), "retries", np.int64(2), True),
+    (lambda v: AveragedMomentum(momentum=v), "momentum", np.float32(0.25), False),
+    (lambda v: FixedPointIteration(momentum=v), "momentum", np.float32(0.25), False),
+    (lambda v: VarianceReduced(eta_scale=v), "eta_scale", np.float32(0.5), True),
+    (lambda v: Automatic(chunk=v), "chunk", np.int64(4), True),
+    (lambda v: FisherDiagonal(samples=v), "samples", np.int64(8), True),
+]
+
+
+@pytest.mark.parametrize("build, field, numpy_value, boolean", _NUMBERS)
+def test_a_bool_is_not_a_number_and_numpy_scalars_are(build, field, numpy_value, boolean):
+    """One rule in every module: NumPy scalars are accepted (stored as Python numbers), a bool
+    is refused naming the setting."""
+    value = getattr(build(numpy_value), field)
+    assert value == numpy_value and type(value) in (int, float)
+    with pytest.raises(ConfigurationError, match=rf"{field}.* must be .*got {boolean}"):
+        build(boolean)
+
+
+def test_the_callback_follows_the_same_rule():
+    cb = HyperOptimizationCallback(every_n_steps=np.int64(4), outer_lr=np.float32(0.5))
+    assert type(cb.every_n_steps) is int and type(cb.outer_lr) is float
+    for bad in (dict(every_n_steps=True), dict(outer_lr=True), dict(val=True)):
+        with pytest.raises(ConfigurationError, match="HyperOptimizationCallback: .* must be"):
+            HyperOptimizationCallback(**bad)

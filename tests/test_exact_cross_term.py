@@ -198,7 +198,7 @@ def test_the_drop_in_computes_the_cross_term_from_its_decay(
     # k products per adjoint solve, one from R per hypergradient, one for the first check
     gen = torch.Generator().manual_seed(0)
     v = [torch.randn(w.shape, generator=gen, dtype=w.dtype) for w in phi.inner_parameters]
-    batch = next(iter(cb._train_stream.take(1)))
+    batch = next(iter(cb.data.train_stream.take(1)))
     sampled = phi.vjp(batch, v, wrt_hyper=True)[1]
     exact = phi.exact_hyper_vjp(v)
     assert sampled is not None and exact is not None

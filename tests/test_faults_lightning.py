@@ -279,8 +279,8 @@ def _assert_nothing_loaded(run: Run, ckpt: dict[str, Any] | None) -> None:
     assert hyper.sid.outer_optimizer.state_dict()["state"] == {}
     assert torch.equal(model.log_lam.detach(), ckpt["state_dict"]["log_lam"])  # the module's λ
     fresh = torch.Generator().manual_seed(job.SETTINGS["seed"]).get_state()
-    assert torch.equal(hyper._train.sampler.generator.get_state(), fresh)
-    assert hyper._train.sampler.perm is None and hyper._train.sampler.pos == 0
+    assert torch.equal(hyper.data.train.sampler.generator.get_state(), fresh)
+    assert hyper.data.train.sampler.perm is None and hyper.data.train.sampler.pos == 0
 
 
 @pytest.mark.parametrize("keep", [0.0, 0.5, 0.99])

@@ -271,7 +271,7 @@ def test_drop_in_on_streamed_data(kind):
     assert not any("barely move" in str(w.message) for w in caught)  # the length is unknown
     _assert_healthy(model, cb)
     assert len(cb.history) == trainer.global_step // 5
-    assert cb._train.sampler.global_batch == (BATCH if kind == "iterable" else len(y[::n]))
+    assert cb.data.train.sampler.global_batch == (BATCH if kind == "iterable" else len(y[::n]))
     lam = next(iter(cb.decay_values().values()))
     assert not torch.allclose(lam, torch.full_like(lam, 1e-3))  # λ was learned
     with pytest.raises(ConfigurationError, match="val='full'.*streamed validation dataloader"):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,39 +43,11 @@ from .gauss_newton import GaussNewton, check_hvp
 from .preconditioning import FisherDiagonal, Preconditioner
 from .schedules import StepSchedule, check_schedule_kind
 from .solvers import AdjointSolver, Automatic, AveragedMomentum, InnerSolver
+from .validation import check_bool, check_choice, check_integer, check_positive, check_real
 
 Tensors = list[Tensor]
 BatchSource = Literal["stochastic", "full"]
 StepSize = Literal["constant", "decreasing", "two_phase"]
-
-
-def _integer(name: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= minimum:
-        return int(value)
-    none = " or None" if allow_none else ""
-    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}{none}, got {value!r}.")
-
-
-def _positive(name: str, value: Any, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if (
-        not isinstance(value, bool)
-        and isinstance(value, numbers.Real)
-        and math.isfinite(value)
-        and value > 0
-    ):
-        return float(value)
-    raise ConfigurationError(f"{name} must be a finite positive number, got {value!r}.")
-
-
-def _choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
-    if isinstance(value, str) and value in choices:
-        return value
-    options = " or ".join(repr(c) for c in choices)
-    raise ConfigurationError(f"{name} must be {options}, got {value!r}.")
 
 
 def _strategy(name: str, value: Any, kind: type, example: str) -> Any:
@@ -106,10 +77,10 @@ class Batches:
     d2: int | Literal["full"] = 1
 
     def __post_init__(self) -> None:
-        _choice("inner_batches", self.inner, ("stochastic", "full"))
-        _choice("adjoint_batches", self.adjoint, ("stochastic", "full"))
+        check_choice("inner_batches", self.inner, ("stochastic", "full"))
+        check_choice("adjoint_batches", self.adjoint, ("stochastic", "full"))
         if self.d2 != "full":
-            object.__setattr__(self, "d2", _integer("d2_batches (J)", self.d2, 1))
+            object.__setattr__(self, "d2", check_integer("d2_batches (J)", self.d2, 1))
 
     @property
     def needs_full(self) -> bool:
@@ -249,26 +220,20 @@ class SIDConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "inner_steps", _integer("inner_steps (t)", self.inner_steps, 0))
-        set_(self, "adjoint_steps", _integer("adjoint_steps (k)", self.adjoint_steps, 1))
+        set_(self, "inner_steps", check_integer("inner_steps (t)", self.inner_steps, 0))
+        set_(self, "adjoint_steps", check_integer("adjoint_steps (k)", self.adjoint_steps, 1))
         for name in ("step_size", "adjoint_step_size"):
             kind = getattr(self, name)
             if kind is None and name == "adjoint_step_size":
                 continue
             check_schedule_kind(name, kind)
         for name in ("alpha", "eta", "beta", "gamma"):
-            set_(self, name, _positive(name, getattr(self, name)))
-        set_(self, "switch", _integer("switch", self.switch, 0, allow_none=True))
-        if self.q is not None and not (
-            isinstance(self.q, numbers.Real) and not isinstance(self.q, bool) and 0 <= self.q < 1
-        ):
-            raise ConfigurationError(f"q must be a contraction constant in [0, 1), got {self.q!r}.")
-        if (
-            isinstance(self.sigma2, bool)
-            or not isinstance(self.sigma2, numbers.Real)
-            or not (math.isfinite(self.sigma2) and self.sigma2 >= 0)
-        ):
-            raise ConfigurationError(f"sigma2 must be a number ≥ 0, got {self.sigma2!r}.")
+            set_(self, name, check_positive(name, getattr(self, name), allow_none=True))
+        set_(self, "switch", check_integer("switch", self.switch, 0, allow_none=True))
+        contraction = "a contraction constant in [0, 1)"
+        set_(self, "q", check_real("q", self.q, lambda q: 0 <= q < 1, contraction, True))
+        at_least_0 = "a number ≥ 0"
+        set_(self, "sigma2", check_real("sigma2", self.sigma2, _finite_nonnegative, at_least_0))
         _strategy("curvature", self.curvature, Curvature, "EstimatedCurvature()")
         _strategy("inner_solver", self.inner_solver, InnerSolver, "LastIterate()")
         _strategy("damping", self.damping, Damping, "CurvatureDamping()")
@@ -277,20 +242,13 @@ class SIDConfig:
         _strategy("on_divergence", self.on_divergence, DivergencePolicy, "Recover()")
         _strategy("feasible_set", self.feasible_set, FeasibleSet, "FeasibleSet(project=...)")
         _strategy("batches", self.batches, Batches, "Batches(d2='full')")
-        if not (
-            isinstance(self.divergence_factor, numbers.Real)
-            and not isinstance(self.divergence_factor, bool)
-            and self.divergence_factor > 1
-        ):
-            raise ConfigurationError(
-                f"divergence_factor must be a number > 1, got {self.divergence_factor!r}."
-            )
+        factor = check_real(
+            "divergence_factor", self.divergence_factor, lambda x: x > 1, "a number > 1"
+        )
+        set_(self, "divergence_factor", factor)
         check_hvp(self.hvp)
-        _choice("mode", self.mode, ("train", "eval"))
-        if not isinstance(self.warm_start_adjoint, bool):
-            raise ConfigurationError(
-                f"warm_start_adjoint must be True or False, got {self.warm_start_adjoint!r}."
-            )
+        check_choice("mode", self.mode, ("train", "eval"))
+        check_bool("warm_start_adjoint", self.warm_start_adjoint)
 
     # ------------------------------------------------------------------ derived
     def check_full_batch(self, full_train_batch: Any) -> None:
@@ -354,6 +312,10 @@ class SIDConfig:
             )
         changes = {k: v for k, v in settings.items() if not (v is None and k in _STRATEGIES)}
         return dataclasses.replace(base, **changes)
+
+
+def _finite_nonnegative(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
 
 
 _STRATEGIES = frozenset(

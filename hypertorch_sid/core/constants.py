@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 from typing import Any
 
 from .config import SIDConfig
@@ -26,7 +25,8 @@ from .estimation import CurvatureEstimate
 from .gauss_newton import linearised_note
 from .maps import FixedPointMap
 from .probe import CurvatureProbe
-from .schedules import StepSchedule, check_positive, make_schedule, theory_constants
+from .schedules import StepSchedule, make_schedule, theory_constants
+from .validation import check_positive, check_real, is_real
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -216,8 +216,8 @@ class StepConstants:
             for name, value in (("L", L), ("mu", mu), ("alpha", alpha)):
                 if value is not None:
                     check_positive(name, value)
-            if q is not None and not (isinstance(q, (int, float)) and 0 <= q < 1):
-                raise ConfigurationError(f"q must be a contraction constant in [0, 1), got {q!r}.")
+            contraction = "a contraction constant in [0, 1)"
+            q = check_real("q", q, lambda x: 0 <= x < 1, contraction, allow_none=True)
         self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
         if alpha is not None:
             self.phi.set_step(alpha, self.phi.damping)
@@ -242,7 +242,7 @@ class StepConstants:
         if (
             not isinstance(constants, dict)
             or not set(NAMES) <= set(constants)
-            or not all(c is None or (_is_real(c) and math.isfinite(c)) for c in constants.values())
+            or not all(c is None or (is_real(c) and math.isfinite(c)) for c in constants.values())
         ):
             raise ConfigurationError(
                 f"the saved constants must be a dict of {NAMES} holding finite numbers or None, "
@@ -259,7 +259,3 @@ class StepConstants:
                 self.L, self.mu, False, 0, self.lambda_min if self.lambda_min is not None else None
             )
         self._push()
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)

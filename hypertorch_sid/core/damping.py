@@ -30,20 +30,10 @@ said in :attr:`SIDHyperOptimizer.last`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .errors import ConfigurationError
 from .estimation import CurvatureEstimate
-
-
-def _check_nonnegative(name: str, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and value >= 0)
-    ):
-        raise ConfigurationError(f"{name} must be a finite number ≥ 0, got {value!r}.")
+from .validation import check_nonnegative
 
 
 class Damping:
@@ -128,7 +118,7 @@ class FixedDamping(Damping):
     value: float
 
     def __post_init__(self) -> None:
-        _check_nonnegative("damping value", self.value)
+        object.__setattr__(self, "value", check_nonnegative("FixedDamping.value", self.value))
 
     def delta(self, curvature: CurvatureEstimate | None) -> float:
         return float(self.value)
@@ -150,8 +140,9 @@ class CurvatureDamping(Damping):
     relative: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_nonnegative("margin", self.margin)
-        _check_nonnegative("relative", self.relative)
+        for name in ("margin", "relative"):
+            value = check_nonnegative(f"CurvatureDamping.{name}", getattr(self, name))
+            object.__setattr__(self, name, value)
 
     def delta(self, curvature: CurvatureEstimate | None) -> float:
         if curvature is None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError, DivergenceError
+from .validation import check_integer, is_real
 
 
 @dataclass
@@ -117,9 +118,9 @@ class DivergenceGuard:
     def load_state_dict(self, state: Any) -> None:
         if (
             not isinstance(state, dict)
-            or not isinstance(state.get("budget"), (int, float))
+            or not is_real(state.get("budget"))
             or not isinstance(state.get("norms"), list)
-            or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in state["norms"])
+            or not all(is_real(x) and math.isfinite(x) for x in state["norms"])
         ):
             raise ConfigurationError(
                 f"the saved divergence-guard state must be {{'budget': number, 'norms': [numbers]}}"
@@ -141,9 +142,9 @@ class DivergencePolicy:
     retry_hint: str = "; on_divergence=Recover(2) re-estimates the curvature, raises δ, retries"
 
 
-def _check_retries(retries: Any) -> None:
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ConfigurationError(f"retries must be an integer ≥ 0, got {retries!r}.")
+def _check_retries(policy: DivergencePolicy) -> None:
+    retries = check_integer(f"{type(policy).__name__}.retries", policy.retries, 0)
+    object.__setattr__(policy, "retries", retries)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class BackOff(DivergencePolicy):
     retries: int = 1
 
     def __post_init__(self) -> None:
-        _check_retries(self.retries)
+        _check_retries(self)
 
     def adapt(self, optimizer: Any, err: DivergenceError) -> str:
         return optimizer.back_off()
@@ -174,7 +175,7 @@ class Recover(DivergencePolicy):
     retry_hint = ""  # it already does
 
     def __post_init__(self) -> None:
-        _check_retries(self.retries)
+        _check_retries(self)
 
     def adapt(self, optimizer: Any, err: DivergenceError) -> str:
         return optimizer.recover()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .validation import check_integer, check_positive, check_real, is_integer
 
 if TYPE_CHECKING:
     from .probe import CurvatureProbe
@@ -271,12 +271,11 @@ class KnownCurvature(Curvature):
     mu: float | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.L, (int, float)) and math.isfinite(self.L) and self.L > 0):
-            raise ConfigurationError(f"L must be a finite positive number, got {self.L!r}.")
-        if self.mu is not None and not (
-            isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu <= self.L
-        ):
-            raise ConfigurationError(f"mu must be a finite number ≤ L, got {self.mu!r}.")
+        L = check_positive("KnownCurvature.L", self.L)
+        below_L = f"a finite number ≤ L = {L:g}"
+        mu = check_real("KnownCurvature.mu", self.mu, lambda m: m <= L, below_L, allow_none=True)
+        object.__setattr__(self, "L", L)
+        object.__setattr__(self, "mu", mu)
 
     def given(self) -> tuple[float | None, float | None]:
         return self.L, self.mu
@@ -318,24 +317,19 @@ class EstimatedCurvature(Curvature):
     mu: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("batches", "iters"):
-            value = getattr(self, name)
-            if name == "batches" and value == "full":
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                also = " or 'full'" if name == "batches" else ""
-                raise ConfigurationError(f"{name} must be an integer ≥ 1{also}, got {value!r}.")
-            object.__setattr__(self, name, int(value))
-        if self.every is not None and (
-            isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
-        ):
-            raise ConfigurationError(f"every must be an integer ≥ 1 or None, got {self.every!r}.")
-        if not (isinstance(self.mu_floor, (int, float)) and 0 < self.mu_floor < 1):
-            raise ConfigurationError(f"mu_floor must be in (0, 1), got {self.mu_floor!r}.")
-        if self.mu is not None and not (
-            isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu > 0
-        ):
-            raise ConfigurationError(f"mu must be a finite positive number, got {self.mu!r}.")
+        set_ = object.__setattr__
+        if self.batches != "full":
+            if not is_integer(self.batches) or self.batches < 1:
+                raise ConfigurationError(
+                    "EstimatedCurvature.batches must be an integer ≥ 1 or 'full', got "
+                    f"{self.batches!r}."
+                )
+            set_(self, "batches", int(self.batches))
+        set_(self, "iters", check_integer("EstimatedCurvature.iters", self.iters, 1))
+        set_(self, "every", check_integer("EstimatedCurvature.every", self.every, 1, True))
+        floor = check_real("mu_floor", self.mu_floor, lambda x: 0 < x < 1, "in (0, 1)")
+        set_(self, "mu_floor", floor)
+        set_(self, "mu", check_positive("EstimatedCurvature.mu", self.mu, allow_none=True))
 
     def needs_refresh(self, hyper_step: int) -> bool:
         return self.every is not None and hyper_step > 0 and hyper_step % self.every == 0

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .batches import batch_size, split_samples
-from .errors import ConfigurationError
+from .validation import check_fraction, check_integer
 
 Tensors = list[Tensor]
 
@@ -85,14 +85,10 @@ class FisherDiagonal(Preconditioner):
     floor: float = 1e-6
 
     def __post_init__(self) -> None:
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise ConfigurationError(
-                f"FisherDiagonal samples must be an integer ≥ 1, got {self.samples!r}."
-            )
+        set_ = object.__setattr__
+        set_(self, "samples", check_integer("FisherDiagonal samples", self.samples, 1))
         for name in ("null", "floor"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 <= value < 1):
-                raise ConfigurationError(f"FisherDiagonal {name} must be in [0, 1), got {value!r}.")
+            set_(self, name, check_fraction(f"FisherDiagonal {name}", getattr(self, name)))
 
     def diagonal(self, phi: Any, batches: Sequence[Any]) -> Diagonal | None:
         samples: list[Any] = []

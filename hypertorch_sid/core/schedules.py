@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .validation import check_positive
 
 #: the schedules :func:`make_schedule` builds by name
 SCHEDULE_NAMES = ("constant", "decreasing", "two_phase")
@@ -224,8 +225,3 @@ def check_schedule_kind(name: str, kind: object) -> None:
             f"unknown {name} {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
             "StepSchedule instance."
         )
-
-
-def check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigurationError(f"{name} must be a finite positive number, got {value!r}.")

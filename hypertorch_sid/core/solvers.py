@@ -38,6 +38,7 @@ from .cost import Cost
 from .errors import ConfigurationError, DivergenceError
 from .maps import FixedPointMap
 from .schedules import StepSchedule
+from .validation import check_choice, check_fraction, check_integer, check_real, is_integer
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -328,20 +329,14 @@ class AveragedMomentum(InnerSolver):
 
     def __post_init__(self) -> None:
         for name in ("momentum", "decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigurationError(
-                    f"AveragedMomentum.{name} must be a number, got {value!r}."
-                )
-        if not 0 <= self.momentum < 1:
-            raise ConfigurationError(
-                f"AveragedMomentum.momentum must be in [0, 1), got {self.momentum!r}."
-            )
-        if not (math.isfinite(self.decay) and self.decay >= 0):
-            raise ConfigurationError(
-                f"AveragedMomentum.decay (c of the polynomial-decay average; 0: the uniform "
-                f"mean) must be a finite number ≥ 0, got {self.decay!r}."
-            )
+            check_real(f"AveragedMomentum.{name}", getattr(self, name), _any, "a number")
+        momentum = check_real("AveragedMomentum.momentum", self.momentum, _fraction, "in [0, 1)")
+        decay = check_real(
+            "AveragedMomentum.decay (c of the polynomial-decay average; 0: the uniform mean)",
+            self.decay, _finite_nonnegative, "a finite number ≥ 0",
+        )  # fmt: skip
+        object.__setattr__(self, "momentum", momentum)
+        object.__setattr__(self, "decay", decay)
 
     def acceleration(
         self, phi: FixedPointMap, schedule: StepSchedule, steps: int, q: float | None
@@ -445,18 +440,13 @@ class FixedPointIteration(AdjointSolver):
     decay: float | None = None
 
     def __post_init__(self) -> None:
-        m, c = self.momentum, self.decay
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
-            raise ConfigurationError(
-                f"FixedPointIteration momentum must be a number in [0, 1), got {m!r}."
-            )
-        if c is not None and (
-            isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf
-        ):
-            raise ConfigurationError(
-                f"FixedPointIteration decay must be None (no averaging) or a finite number ≥ 0, "
-                f"got {c!r}."
-            )
+        momentum = check_fraction("FixedPointIteration momentum", self.momentum)
+        decay = check_real(
+            "FixedPointIteration decay", self.decay, _finite_nonnegative,
+            "None (no averaging) or a finite number ≥ 0", allow_none=True,
+        )  # fmt: skip
+        object.__setattr__(self, "momentum", momentum)
+        object.__setattr__(self, "decay", decay)
 
     def acceleration(self, phi: FixedPointMap, schedule: StepSchedule, steps: int) -> Acceleration:
         return Acceleration.two_phase(phi, schedule, steps, self.momentum, self.decay)
@@ -550,10 +540,7 @@ class ConjugateGradient(AdjointSolver):
                 "ConjugateGradient batches must be an integer ≥ 1, 'full' or 'epoch', got "
                 f"{self.batches!r}."
             )
-        if not _is_count(self.chunk):
-            raise ConfigurationError(
-                f"ConjugateGradient chunk must be an integer ≥ 1, got {self.chunk!r}."
-            )
+        object.__setattr__(self, "chunk", check_integer("ConjugateGradient chunk", self.chunk, 1))
 
     def operator_batches(self, batches: BatchStream, full_batch: Any = None) -> list[Any]:
         """The batches whose mean product is A for this solve."""
@@ -642,18 +629,15 @@ class VarianceReduced(AdjointSolver):
     eta_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.batches not in ("full", "epoch"):
-            raise ConfigurationError(
-                f"VarianceReduced batches must be 'epoch' or 'full', got {self.batches!r}."
-            )
-        for name in ("chunk",) + (("anchor_every",) if self.anchor_every is not None else ()):
-            if not _is_count(getattr(self, name)):
-                raise ConfigurationError(
-                    f"VarianceReduced {name} must be an integer ≥ 1, got {getattr(self, name)!r}."
-                )
-        e = self.eta_scale
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e <= 1:
-            raise ConfigurationError(f"VarianceReduced eta_scale must be in (0, 1], got {e!r}.")
+        set_ = object.__setattr__
+        check_choice("VarianceReduced batches", self.batches, ("epoch", "full"))
+        set_(self, "chunk", check_integer("VarianceReduced chunk", self.chunk, 1))
+        every = check_integer("VarianceReduced anchor_every", self.anchor_every, 1, True)
+        set_(self, "anchor_every", every)
+        eta = check_real(
+            "VarianceReduced eta_scale", self.eta_scale, lambda e: 0 < e <= 1, "in (0, 1]"
+        )
+        set_(self, "eta_scale", eta)
 
     def solve(
         self, ctx: SolveContext, grad_w_E: Sequence[Tensor], v0: Sequence[Tensor]
@@ -750,17 +734,13 @@ class Automatic(AdjointSolver):
     decay: float = 3.0
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__
         for name in ("min_iterations", "max_epoch_bytes", "chunk"):
-            if not _is_count(getattr(self, name)):
-                raise ConfigurationError(
-                    f"Automatic {name} must be an integer ≥ 1, got {getattr(self, name)!r}."
-                )
+            set_(self, name, check_integer(f"Automatic {name}", getattr(self, name), 1))
         FixedPointIteration(self.momentum, self.decay)  # checks both
         m = self.minibatches_per_sqrt_kappa
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
-            raise ConfigurationError(
-                f"Automatic minibatches_per_sqrt_kappa must be a number > 0, got {m!r}."
-            )
+        m = check_real("Automatic minibatches_per_sqrt_kappa", m, lambda x: x > 0, "a number > 0")
+        set_(self, "minibatches_per_sqrt_kappa", m)
 
     def plan(self, ctx: SolveContext) -> tuple[AdjointSolver, SolveContext]:
         """CG or the (accelerated) fixed-point iteration, by the rules above; ``ctx.q`` None (no
@@ -796,7 +776,23 @@ class Automatic(AdjointSolver):
 
 
 def _is_count(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    return is_integer(x) and x >= 1  # type: ignore[operator]
+
+
+def _any(x: float) -> bool:
+    return True
+
+
+def _unit(x: float) -> bool:
+    return 0 < x <= 1
+
+
+def _fraction(x: float) -> bool:
+    return 0 <= x < 1
+
+
+def _finite_nonnegative(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
 
 
 def _dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:

@@ -1,4 +1,11 @@
-"""Input checks with errors that say what is wrong and how to fix it."""
+"""Input checks with errors that say what is wrong and how to fix it.
+
+Scalar and choice settings are checked here, by one rule everywhere (the config, the strategies,
+the schedules, the callback): a **bool is not a number** (``True`` is refused where a count or a
+step size is expected), and **NumPy scalars are numbers** (``np.int64(5)``, ``np.float32(0.1)``
+are accepted and stored as Python ``int``/``float``). Each check names the setting and what it
+must be: ``"{name} must be {requirement}, got {value!r}."``.
+"""
 
 from __future__ import annotations
 
@@ -257,11 +264,79 @@ def check_inner_optimizers(
                     )
 
 
+def is_integer(value: Any) -> bool:
+    """An integer: a Python or NumPy int, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A real number: a Python or NumPy int or float, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_integer(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
+    """``value`` as an ``int`` ≥ ``minimum`` (None passes where ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    if is_integer(value) and value >= minimum:
+        return int(value)
+    none = " or None" if allow_none else ""
+    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}{none}, got {value!r}.")
+
+
 def check_steps(name: str, value: int, minimum: int) -> int:
     """A step count that is an integer ≥ ``minimum`` (a Python or NumPy int, not a bool)."""
-    if not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= minimum:
-        return int(value)
-    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
+    return int(check_integer(name, value, minimum))
+
+
+def check_real(
+    name: str,
+    value: Any,
+    holds: Callable[[float], bool],
+    requirement: str,
+    allow_none: bool = False,
+) -> Any:
+    """``value`` as a ``float`` where ``holds(value)`` (None passes where ``allow_none``);
+    ``requirement`` completes "must be ..." in the error."""
+    if value is None and allow_none:
+        return None
+    if is_real(value) and not math.isnan(value) and holds(float(value)):
+        return float(value)
+    raise ConfigurationError(f"{name} must be {requirement}, got {value!r}.")
+
+
+def check_positive(name: str, value: Any, allow_none: bool = False) -> Any:
+    """A finite number > 0."""
+    return check_real(
+        name, value, lambda x: math.isfinite(x) and x > 0, "a finite positive number", allow_none
+    )
+
+
+def check_nonnegative(name: str, value: Any) -> float:
+    """A finite number ≥ 0."""
+    return float(
+        check_real(name, value, lambda x: math.isfinite(x) and x >= 0, "a finite number ≥ 0")
+    )
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A number in [0, 1) (a momentum, a contraction constant)."""
+    return float(check_real(name, value, lambda x: 0 <= x < 1, "a number in [0, 1)"))
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    """One of the strings ``choices``."""
+    if isinstance(value, str) and value in choices:
+        return value
+    options = " or ".join(repr(c) for c in choices)
+    raise ConfigurationError(f"{name} must be {options}, got {value!r}.")
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """True or False (not 0/1, not a NumPy bool)."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigurationError(f"{name} must be True or False, got {value!r}.")
 
 
 def check_dependencies(

@@ -23,49 +23,34 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.cli import OptimizerCallable
-from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
-from torchmetrics import Metric
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
-from ..core.batches import BatchStream
 from ..core.budget import Budget, make_budget
 from ..core.config import FeasibleSet, SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
-from ..core.gauss_newton import GaussNewton
+from ..core.gauss_newton import check_hvp
 from ..core.horizon import StepSizeProbe
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
-from ..core.schedules import check_positive
+from ..core.validation import check_choice, check_integer, check_positive
+from .isolation import hyperparameters_require_grad, metric_states_kept, private_rng
+from .metrics import FEW_HYPER_STEPS, few_hyper_steps, hyper_metrics, lambda_mean
 from .module import BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
-from .sampling import (
-    LoaderBatches,
-    SampledBatches,
-    ShardedSampler,
-    draws_by_index,
-    fetch,
-    first_loader,
-    loader_parts,
-    shard_indices,
-    validation_loader,
-)
+from .sources import HyperData
 
-__all__ = ["HyperOptimizationCallback"]
+__all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
 
 Tensors = list[Tensor]
 
@@ -84,31 +69,6 @@ CALLBACK_CONFIG = SIDConfig(
     preconditioner=NoPreconditioner(),  # per-sample passes: not yet measured on networks
     on_divergence=Recover(retries=2),
 )
-
-
-#: a fit planned with fewer hyper steps than this gets a warning (λ can barely move)
-FEW_HYPER_STEPS = 10
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ConfigurationError(
-            f"HyperOptimizationCallback: {name} must be an integer ≥ {minimum}"
-            f"{' or None' if allow_none else ''}, got {value!r}."
-        )
-
-
-def _check_positive(name: str, value: Any) -> None:
-    check_positive(f"HyperOptimizationCallback: {name}", value)
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        raise ConfigurationError(
-            f"HyperOptimizationCallback: {name} must be one of {list(choices)}, got {value!r}."
-        )
 
 
 class HyperOptimizationCallback(Callback):
@@ -217,24 +177,25 @@ class HyperOptimizationCallback(Callback):
         **settings: Any,
     ) -> None:
         super().__init__()
-        _check_int("every_n_steps", every_n_steps, 1)
-        _check_int("adjoint_steps", adjoint_steps, 1, allow_none=True)
+        who = "HyperOptimizationCallback: "
+        every_n_steps = check_integer(who + "every_n_steps", every_n_steps, 1)
+        adjoint_steps = check_integer(who + "adjoint_steps", adjoint_steps, 1, allow_none=True)
         if outer_optimizer is not None and not callable(outer_optimizer):
             raise ConfigurationError(
                 "HyperOptimizationCallback: outer_optimizer must be a callable params -> "
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
-        _check_positive("outer_lr", outer_lr)
-        _check_choice("val", val, ("batch", "full"))
-        _check_int("batch_size", batch_size, 1, allow_none=True)
-        _check_int("val_batch_size", val_batch_size, 1, allow_none=True)
+        outer_lr = check_positive(who + "outer_lr", outer_lr)
+        check_choice(who + "val", val, ("batch", "full"))
+        batch_size = check_integer(who + "batch_size", batch_size, 1, allow_none=True)
+        val_batch_size = check_integer(who + "val_batch_size", val_batch_size, 1, allow_none=True)
         if preset is not None:
-            _check_choice("preset", preset, list(PRESETS))
-        _check_positive("preset_epochs", preset_epochs)
-        _check_int("start_step", start_step, 0)
-        _check_choice("on_divergence", on_divergence, ("raise", "skip"))
-        _check_int("seed", seed, 0)
+            check_choice(who + "preset", preset, list(PRESETS))
+        preset_epochs = check_positive(who + "preset_epochs", preset_epochs)
+        start_step = check_integer(who + "start_step", start_step, 0)
+        check_choice(who + "on_divergence", on_divergence, ("raise", "skip"))
+        seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):
             raise ConfigurationError(
                 "HyperOptimizationCallback: problem must be a ProblemSource (an object with "
@@ -247,12 +208,12 @@ class HyperOptimizationCallback(Callback):
         self._schedule_given = config.step_size != CALLBACK_CONFIG.step_size or (
             "step_size" in settings
         )
-        self.every_n_steps = int(every_n_steps)
+        self.every_n_steps = every_n_steps
         self._step_probe: StepSizeProbe | None = None
         self._step_size: float | None = None
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
-        self.adjoint_steps = None if adjoint_steps is None else int(adjoint_steps)
+        self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
         self.val = val
@@ -260,9 +221,9 @@ class HyperOptimizationCallback(Callback):
         self.val_batch_size = val_batch_size
         self.preset = preset
         self.preset_epochs = preset_epochs
-        self.start_step = int(start_step)
+        self.start_step = start_step
         self.on_divergence = on_divergence
-        self.seed = int(seed)
+        self.seed = seed
         self.log_to_loggers = log_to_loggers
 
         #: the core object doing Algorithm 1 (built at ``on_train_start``)
@@ -272,15 +233,8 @@ class HyperOptimizationCallback(Callback):
         #: the ``hyper/*`` metrics of every hyper step (also in checkpoints)
         self.history: list[dict[str, float]] = []
         self._active: BilevelProblem | None = None
-        self._train: SampledBatches | LoaderBatches | None = None
-        self._train_stream: BatchStream | None = None
-        self._val: SampledBatches | LoaderBatches | None = None
-        self._val_full: Any = None
-        self._val_samples = 0
-        self._n_train = 0
-        self._n_val = 0
-        self._device = torch.device("cpu")
-        self._train_parts: tuple[Dataset, Callable[[list[Any]], Any]] | None = None
+        #: the training stream and validation source of the hyper steps (built at train start)
+        self.data: HyperData | None = None
         self._world_size = 1
         self._rank = 0
         self._last_step = -1
@@ -377,11 +331,10 @@ class HyperOptimizationCallback(Callback):
         """SID state (λ, outer optimizer, warm-start v, counters, constants, cost), samplers."""
         if self.sid is None:
             return dict(self._pending) if self._pending is not None else {}
+        assert self.data is not None
         return {
             "sid": self.sid.state_dict(),
-            "train_sampler": self._train.sampler.state_dict() if self._train else None,
-            "val_sampler": self._val.sampler.state_dict() if self._val else None,
-            "val_samples": self._val_samples,
+            **self.data.state_dict(),
             "history": [dict(h) for h in self.history],
         }
 
@@ -433,12 +386,13 @@ class HyperOptimizationCallback(Callback):
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._before_build = False
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
-        self._device = pl_module.device
         problem = self.problem.build(trainer, pl_module)
         self._active = problem
-        self._build_train_source(trainer)
-        self._build_val_source(trainer)
-        with self._hyperparameters_require_grad():
+        self.data = HyperData(
+            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
+            val=self.val, seed=self.seed,
+        )  # fmt: skip
+        with hyperparameters_require_grad([h for h, _ in self._frozen]):
             self.sid = self._make_sid(trainer, pl_module, problem)
         self._sync_hyperparameters(trainer)
         if self._pending is not None:
@@ -454,132 +408,13 @@ class HyperOptimizationCallback(Callback):
         self._warn_if_few_hyper_steps(trainer)
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
-        """Say so when the fit is too short for λ to move: fewer than :data:`FEW_HYPER_STEPS`.
-
-        The outer optimizer moves λ a bounded amount per hyper step (Adam: about ``outer_lr``
-        in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
-        silently. Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
-        """
-        total = trainer.estimated_stepping_batches
-        if not math.isfinite(total) or total < 0:  # unknown (e.g. a stream, no max_steps): -1
-            return
-        total, n = int(total), self.every_n_steps
-        first = max(self.start_step, trainer.global_step + 1, 1)
-        planned = max(0, total // n - (first - 1) // n)
-        if planned >= FEW_HYPER_STEPS:
-            return
-        remaining = total - first + 1
-        suggest = max(1, remaining // (2 * FEW_HYPER_STEPS))
-        advice = "Train longer (more optimizer steps)"
-        if suggest < n:
-            advice += (
-                f", or pass every_n_steps={suggest} for {remaining // suggest} hyper steps (each "
-                "costs its k adjoint products and a validation gradient)"
-            )
-        rank_zero_warn(
-            f"{type(self).__name__}: this fit runs {total} optimizer steps, so only {planned} "
-            f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
-            f"steps{f', from start_step={self.start_step}' if self.start_step else ''}): λ will "
-            f"barely move from where it starts. {advice}."
-        )
-
-    def _to_device(self, trainer: pl.Trainer, validation: bool = False) -> Callable[[Any], Any]:
-        """What Lightning's loops do to each batch before a step sees it: the precision's dtype
-        conversion (e.g. to float64 under ``precision="64-true"``), the module's
-        ``on_before_batch_transfer``, then the strategy's ``batch_to_device`` (which runs
-        ``transfer_batch_to_device`` and ``on_after_batch_transfer``). Validation batches are
-        prepared with the trainer in its validating stage, so hooks that augment only while
-        ``self.trainer.training`` leave them alone, as in Lightning's validation loop."""
-
-        def prepare(batch: Any) -> Any:
-            with _stage(trainer, RunningStage.VALIDATING if validation else None):
-                batch = trainer.precision_plugin.convert_input(batch)
-                batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
-                return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
-
-        return prepare
-
-    def _build_train_source(self, trainer: pl.Trainer) -> None:
-        loader = first_loader(trainer.train_dataloader, "train dataloader")
-        if not draws_by_index(loader):  # a stream: read from the loader itself
-            self._train = LoaderBatches(
-                loader, self._to_device(trainer), self._world_size, self.batch_size,
-                "train dataloader",
-            )  # fmt: skip
-            self._train_stream = BatchStream(self._train, "the callback's training stream")
-            self._train_parts = None
-            return
-        dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
-        batch_size = self.batch_size or loader_bs
-        if batch_size is None:
-            raise ConfigurationError(
-                "HyperOptimizationCallback cannot tell the training batch size: pass batch_size."
-            )
-        self._n_train = len(dataset)
-        sampler = ShardedSampler(self._n_train, batch_size, self.seed, self._rank, self._world_size)
-        self._train = SampledBatches(dataset, collate, sampler, self._to_device(trainer))
-        self._train_stream = BatchStream(self._train, "the callback's training sampler")
-        self._train_parts = (dataset, collate)
-
-    def _full_train_batch(self, trainer: pl.Trainer) -> Any:  # this process's shard of it
-        if self._train_parts is None:
-            raise ConfigurationError(
-                "these settings read the whole training set at once (batches='full'), which a "
-                "streamed train dataloader (an IterableDataset, or batch_size=None) cannot give: "
-                "use minibatch settings, or a map-style dataset."
-            )
-        dataset, collate = self._train_parts
-        idx = shard_indices(len(dataset), self._rank, self._world_size)
-        return self._to_device(trainer)(fetch(dataset, collate, idx))
-
-    def _build_val_source(self, trainer: pl.Trainer) -> None:
-        loader = validation_loader(trainer)
-        if loader is None:
-            raise ConfigurationError(
-                "HyperOptimizationCallback needs validation data for the outer objective E: "
-                "pass val_dataloaders to trainer.fit, or define val_dataloader() in the module "
-                "or the datamodule."
-            )
-        to_device = self._to_device(trainer, validation=True)
-        loader = first_loader(loader, "validation dataloader")
-        if not draws_by_index(loader):  # a stream: read from the loader itself
-            if self.val == "full":
-                raise ConfigurationError(
-                    "val='full' reads the whole validation set by index, which a streamed "
-                    "validation dataloader (an IterableDataset, or batch_size=None) cannot give: "
-                    "use val='batch', or a map-style dataset."
-                )
-            self._val = LoaderBatches(
-                loader, to_device, self._world_size, self.val_batch_size,
-                "validation dataloader", "val_batch_size",
-            )  # fmt: skip
-            return
-        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
-        self._n_val = len(dataset)
-        if self.val == "full":
-            idx = shard_indices(len(dataset), self._rank, self._world_size)
-            if self.val_batch_size is None:
-                self._val_full = to_device(fetch(dataset, collate, idx))
-            else:
-                shard = torch.utils.data.Subset(dataset, idx.tolist())
-                self._val_full = DataLoader(
-                    shard,
-                    batch_size=self.val_batch_size,
-                    shuffle=False,
-                    collate_fn=lambda items: to_device(collate(items)),
-                )
-            self._val = None
-            return
-        batch_size = self.val_batch_size or loader_bs
-        if batch_size is None:
-            raise ConfigurationError(
-                "HyperOptimizationCallback cannot tell the validation batch size: pass "
-                "val_batch_size."
-            )
-        sampler = ShardedSampler(
-            len(dataset), batch_size, self.seed + 1, self._rank, self._world_size
-        )
-        self._val = SampledBatches(dataset, collate, sampler, to_device)
+        """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""
+        said = few_hyper_steps(
+            trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
+            trainer.global_step,
+        )  # fmt: skip
+        if said is not None:
+            rank_zero_warn(f"{type(self).__name__}: {said}")
 
     def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
         if self.outer_optimizer is None:
@@ -598,14 +433,14 @@ class HyperOptimizationCallback(Callback):
         if self.adjoint_steps is not None:
             changes["adjoint_steps"] = self.adjoint_steps
         if self.preset is not None:
-            assert self._train is not None
-            if self._train_parts is None:
+            assert self.data is not None
+            if self.data.train_parts is None:
                 raise ConfigurationError(
                     f"preset={self.preset!r} sizes its solves by the training set's size, which "
                     "a streamed train dataloader does not have: set adjoint_steps instead."
                 )
             preset = get_preset(self.preset).config(
-                self.preset_epochs, self._n_train, self._train.sampler.global_batch
+                self.preset_epochs, self.data.n_train, self.data.train.sampler.global_batch
             )
             changes["batches"] = dataclasses.replace(
                 self.config.batches, adjoint=preset.batches.adjoint
@@ -632,14 +467,12 @@ class HyperOptimizationCallback(Callback):
             config = config.replace(
                 feasible_set=FeasibleSet(problem.projection, config.feasible_set.contains)
             )
-        if (
-            isinstance(config.hvp, GaussNewton)
-            and config.hvp.regularizer is None
-            and problem.regularizer is not None
-        ):  # the drop-in's weight decay is inside ℓ̂: its Hessian stays exact
-            config = config.replace(
-                hvp=dataclasses.replace(config.hvp, regularizer=problem.regularizer)
-            )
+        gauss_newton = check_hvp(config.hvp)
+        reg = problem.regularizer
+        if gauss_newton is not None and gauss_newton.regularizer is None and reg is not None:
+            # the drop-in's weight decay is inside ℓ̂: its Hessian stays exact
+            hvp = dataclasses.replace(gauss_newton, regularizer=reg)
+            config = config.replace(hvp=hvp)
         return SIDHyperOptimizer(
             problem.hyperparameters,
             problem.inner_parameters,
@@ -648,7 +481,7 @@ class HyperOptimizationCallback(Callback):
             self._outer_optimizer(problem.hyperparameters),
             config=config,
             module=pl_module,
-            full_train_batch=self._full_train_batch(trainer) if _needs_full(config) else None,
+            full_train_batch=self.data.full_train_batch() if _needs_full(config) else None,
             penalty=problem.penalty,
             regularizer=problem.regularizer if problem.exact_cross_term else None,
             mean_across_processes=mean,
@@ -665,27 +498,10 @@ class HyperOptimizationCallback(Callback):
 
     def _restore(self) -> None:
         """Load the pending state: everything is checked first, so a bad state changes nothing."""
-        assert self.sid is not None and self._pending is not None
+        assert self.sid is not None and self.data is not None and self._pending is not None
         state, self._pending = self._pending, None
-        samplers = [
-            ("train_sampler", self._train.sampler if self._train is not None else None),
-            ("val_sampler", self._val.sampler if self._val is not None else None),
-        ]
-        for key, sampler in samplers:
-            if (state[key] is None) != (sampler is None):
-                raise ConfigurationError(
-                    f"the checkpoint {'has no' if state[key] is None else 'has a'} "
-                    f"{key.replace('_', ' ')} state but this run "
-                    f"{'has no' if sampler is None else 'has'} "
-                    "such sampler: resume with the same val / val_batch_size settings."
-                )
-            if sampler is not None:
-                sampler.check_state(state[key], key.replace("_", " "))
-        val_samples, history = state["val_samples"], state["history"]
-        if isinstance(val_samples, bool) or not isinstance(val_samples, int) or val_samples < 0:
-            raise ConfigurationError(
-                f"the checkpoint's val_samples must be an integer ≥ 0, got {val_samples!r}."
-            )
+        self.data.check_state(state)
+        history = state["history"]
         if not isinstance(history, list) or not all(
             isinstance(h, dict) and all(isinstance(x, (int, float)) for x in h.values())
             for h in history
@@ -694,14 +510,11 @@ class HyperOptimizationCallback(Callback):
                 "the checkpoint's history must be a list of dicts of numbers: it is corrupted."
             )
         self.sid.load_state_dict(state["sid"])  # validates everything before changing anything
-        for key, sampler in samplers:
-            if sampler is not None:
-                sampler.load_state_dict(state[key])
-        self._val_samples = val_samples
+        self.data.load_state_dict(state)
         self.history = [dict(h) for h in history]
 
     def _describe(self) -> str:
-        assert self.sid is not None and self._train is not None
+        assert self.sid is not None and self.data is not None
         n_hyper = sum(h.numel() for h in self.sid.hyperparameters)
         alpha = (
             f"alpha = {self.sid.alpha:.4g}"
@@ -713,7 +526,7 @@ class HyperOptimizationCallback(Callback):
             f"{len(self.sid.hyperparameters)} tensors; a hyper step every {self.every_n_steps} "
             f"optimizer steps: k = {self.sid.adjoint_steps} adjoint steps "
             f"({self.sid.adjoint_batches}), J = {self.sid.config.batches.d2}, val = {self.val!r}, "
-            f"sampler batch {self._train.sampler.batch_size} per process × {self._world_size}; "
+            f"sampler batch {self.data.train.sampler.batch_size} per process × {self._world_size}; "
             f"{alpha}."
         )
 
@@ -724,68 +537,6 @@ class HyperOptimizationCallback(Callback):
             return False
         self._last_step = step
         return step >= max(self.start_step, 1) and step % self.every_n_steps == 0
-
-    @contextmanager
-    def _hyperparameters_require_grad(self) -> Iterator[None]:
-        """λ living in the module needs ``requires_grad`` inside the hyper step only."""
-        frozen = [h for h, _ in self._frozen]
-        for h in frozen:
-            h.requires_grad_(True)
-            h.grad = None  # never reuse a gradient from the training backward
-        try:
-            yield
-        finally:
-            for h in frozen:
-                h.grad = None
-                h.requires_grad_(False)
-
-    @contextmanager
-    def _private_rng(self, device: torch.device) -> Iterator[None]:
-        """Seeded randomness (dropout) inside hyper steps; the training's RNG is untouched."""
-        assert self.sid is not None
-        seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)
-        devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, device_type="cuda"):
-            torch.default_generator.manual_seed(seed)
-            if device.type == "cuda":
-                torch.cuda.manual_seed(seed)
-            yield
-
-    @staticmethod
-    @contextmanager
-    def _metric_states_kept(module: pl.LightningModule) -> Iterator[None]:
-        """The module's torchmetrics states are what the training made them, after a hyper step.
-
-        A hyper step evaluates ℓ on its own minibatches, by calling ``training_step`` in the
-        drop-in: a ``Metric`` updated there (``self.train_acc(logits, y)``) would otherwise count
-        those batches too (measured: 58 updates in an epoch of 32 training batches). Restored:
-        every registered state, the update count and the cached values. (Running statistics of
-        BatchNorm are kept by the core's ``frozen_mode``; logging is muted by the drop-in.)
-        """
-        saved = []
-        for m in module.modules():
-            if isinstance(m, Metric):
-                try:
-                    saved.append(
-                        (m, m._copy_state_dict(), m._update_count, m._computed, m._forward_cache)
-                    )
-                except AttributeError:  # a torchmetrics without these internals: not restored
-                    continue
-        try:
-            yield
-        finally:
-            for m, states, count, computed, cache in saved:
-                for name, value in states.items():
-                    setattr(m, name, value)
-                m._update_count, m._computed, m._forward_cache = count, computed, cache
-
-    def _validation_batch(self) -> Any:
-        if self._val is None:
-            self._val_samples += self._n_val
-            return self._val_full
-        batch = next(self._val)
-        self._val_samples += self._val.sampler.global_batch
-        return batch
 
     def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Never go on (or end a fit) with non-finite weights: the training itself diverged."""
@@ -813,17 +564,19 @@ class HyperOptimizationCallback(Callback):
             self._check_weights(trainer, pl_module)
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        assert self.sid is not None and self._train_stream is not None
+        assert self.sid is not None and self.data is not None
         self._check_weights(trainer, pl_module)
         self.problem.before_hyper_step(trainer, pl_module)
         self._observe_horizon(trainer)
+        seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)
         with (
-            self._hyperparameters_require_grad(),
-            self._private_rng(pl_module.device),
-            self._metric_states_kept(pl_module),
+            hyperparameters_require_grad([h for h, _ in self._frozen]),
+            private_rng(seed, pl_module.device),
+            metric_states_kept(pl_module),
         ):
             try:
-                hypergrad = self.sid.hypergradient(self._train_stream, self._validation_batch())
+                data = self.data
+                hypergrad = self.sid.hypergradient(data.train_stream, data.validation_batch())
             except DivergenceError as err:
                 if self.on_divergence == "raise":
                     raise
@@ -845,53 +598,13 @@ class HyperOptimizationCallback(Callback):
         self.sid.refresh_damping()
 
     # ================================================================== logging
-    def _metrics(self, trainer: pl.Trainer, summary: dict[str, Tensor]) -> dict[str, float]:
-        assert self.sid is not None
-        last = self.sid.last
-        lr = self.sid.outer_optimizer.param_groups[0].get("lr", math.nan)
-        metrics = {
-            "hyper/outer_loss": last["outer_loss"],  # averaged over processes by the core
-            "hyper/hypergradient_norm": last["hypergradient_norm"],
-            "hyper/adjoint_residual": last["adjoint_residual"],
-            "hyper/adjoint_eta": last["adjoint_eta"],
-            "hyper/alpha": last["alpha"],
-            "hyper/damping": last["damping"],
-            "hyper/relative_adjoint_residual": last["relative_adjoint_residual"],
-            "hyper/v_norm": last["v_norm"],
-            "hyper/L": last["L"],
-            "hyper/lambda_min": last["lambda_min"],
-            "hyper/retries": float(last.get("retries", 0)),
-            "hyper/outer_lr": float(lr),
-            "hyper/train_samples": float(self.sid.cost.samples * self._world_size),
-            "hyper/val_samples": float(self._val_samples),
-            "hyper/step": float(self.sid.hyper_step),
-        }
-        if math.isfinite(self.budget.overhead):  # with a budget: its spending before this step
-            metrics["hyper/overhead"] = self.budget.overhead
-        for name, value in summary.items():
-            v = value.detach().double().flatten()
-            metrics[f"hyper/{name}_mean"] = float(v.mean())
-            metrics[f"hyper/{name}_min"] = float(v.min())
-            metrics[f"hyper/{name}_max"] = float(v.max())
-            if v.numel() > 2:  # quantile bands for many values (per-element λ)
-                for q in (10, 25, 50, 75, 90):
-                    k = min(v.numel(), max(1, round(q / 100 * v.numel())))
-                    metrics[f"hyper/{name}_q{q}"] = float(v.kthvalue(k).values)
-        return metrics
-
-    @staticmethod
-    def _lambda_mean(summary: dict[str, Tensor]) -> float:
-        """The mean of every logged λ value (the progress bar's ``lam``). A name with a ``/``
-        is a part of a total logged under its prefix (``weight_decay/fc1``) and not counted."""
-        totals = [v for name, v in summary.items() if "/" not in name]
-        total = sum(float(v.detach().double().sum()) for v in totals)
-        count = sum(v.numel() for v in totals)
-        return total / count if count else math.nan
-
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._active is not None
         summary = self._active.summary()  # once: per element it holds every λ
-        metrics = self._metrics(trainer, summary)
+        assert self.sid is not None and self.data is not None
+        metrics = hyper_metrics(
+            self.sid, summary, self._world_size, self.data.val_samples, self.budget.overhead
+        )
         self.history.append({"global_step": float(trainer.global_step), **metrics})
         if self.log_to_loggers and trainer.is_global_zero:
             for logger in trainer.loggers:
@@ -903,26 +616,13 @@ class HyperOptimizationCallback(Callback):
             logger=False,
         )  # fmt: skip
         pl_module.log(
-            "lam", self._lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
+            "lam", lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
             logger=False,
         )  # fmt: skip
         pl_module.log(
             "hg", metrics["hyper/hypergradient_norm"], prog_bar=True, on_step=True,
             on_epoch=False, logger=False,
         )  # fmt: skip
-
-
-@contextmanager
-def _stage(trainer: pl.Trainer, stage: RunningStage | None) -> Iterator[None]:
-    """The trainer in ``stage`` for the duration (None: unchanged)."""
-    if stage is None:
-        yield
-        return
-    before, trainer.state.stage = trainer.state.stage, stage
-    try:
-        yield
-    finally:
-        trainer.state.stage = before
 
 
 def runs_in_new_processes(trainer: pl.Trainer) -> bool:

@@ -1,0 +1,66 @@
+"""What a hyper step must leave as it found it: λ's ``requires_grad``, the training's random
+streams, and the module's torchmetrics states (BatchNorm statistics are the core's
+``frozen_mode``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+
+@contextmanager
+def hyperparameters_require_grad(frozen: Sequence[Tensor]) -> Iterator[None]:
+    """λ living in the module needs ``requires_grad`` inside the hyper step only."""
+    for h in frozen:
+        h.requires_grad_(True)
+        h.grad = None  # never reuse a gradient from the training backward
+    try:
+        yield
+    finally:
+        for h in frozen:
+            h.grad = None
+            h.requires_grad_(False)
+
+
+@contextmanager
+def private_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seeded randomness (dropout) inside hyper steps; the training's RNG is untouched."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+        yield
+
+
+@contextmanager
+def metric_states_kept(module: pl.LightningModule) -> Iterator[None]:
+    """The module's torchmetrics states are what the training made them, after a hyper step.
+
+    A hyper step evaluates ℓ on its own minibatches, by calling ``training_step`` in the
+    drop-in: a ``Metric`` updated there (``self.train_acc(logits, y)``) would otherwise count
+    those batches too (measured: 58 updates in an epoch of 32 training batches). Restored:
+    every registered state, the update count and the cached values. (Running statistics of
+    BatchNorm are kept by the core's ``frozen_mode``; logging is muted by the drop-in.)
+    """
+    saved = []
+    for m in module.modules():
+        if isinstance(m, Metric):
+            try:
+                saved.append(
+                    (m, m._copy_state_dict(), m._update_count, m._computed, m._forward_cache)
+                )
+            except AttributeError:  # a torchmetrics without these internals: not restored
+                continue
+    try:
+        yield
+    finally:
+        for m, states, count, computed, cache in saved:
+            for name, value in states.items():
+                setattr(m, name, value)
+            m._update_count, m._computed, m._forward_cache = count, computed, cache

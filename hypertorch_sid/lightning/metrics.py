@@ -1,0 +1,98 @@
+"""What the callback reports: the ``hyper/*`` metrics of a hyper step (logged, kept in its
+history), and the warning for a fit too short for λ to move."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from ..core.optimizer import SIDHyperOptimizer
+
+
+def hyper_metrics(
+    sid: SIDHyperOptimizer,
+    summary: dict[str, Tensor],
+    world_size: int,
+    val_samples: int,
+    overhead: float = math.nan,
+) -> dict[str, float]:
+    """The core's report of the last hyper step, the outer learning rate, the samples read, the
+    budget's spending before this step (``overhead``, where there is a budget), and
+    ``<name>_mean/_min/_max`` (and quantiles for many values) of each entry of the λ summary."""
+    last = sid.last
+    assert sid.outer_optimizer is not None
+    lr = sid.outer_optimizer.param_groups[0].get("lr", math.nan)
+    metrics = {
+        "hyper/outer_loss": last["outer_loss"],  # averaged over processes by the core
+        "hyper/hypergradient_norm": last["hypergradient_norm"],
+        "hyper/adjoint_residual": last["adjoint_residual"],
+        "hyper/adjoint_eta": last["adjoint_eta"],
+        "hyper/alpha": last["alpha"],
+        "hyper/damping": last["damping"],
+        "hyper/relative_adjoint_residual": last["relative_adjoint_residual"],
+        "hyper/v_norm": last["v_norm"],
+        "hyper/L": last["L"],
+        "hyper/lambda_min": last["lambda_min"],
+        "hyper/retries": float(last.get("retries", 0)),
+        "hyper/outer_lr": float(lr),
+        "hyper/train_samples": float(sid.cost.samples * world_size),
+        "hyper/val_samples": float(val_samples),
+        "hyper/step": float(sid.hyper_step),
+    }
+    if math.isfinite(overhead):  # with a budget: its spending before this step
+        metrics["hyper/overhead"] = overhead
+    for name, value in summary.items():
+        v = value.detach().double().flatten()
+        metrics[f"hyper/{name}_mean"] = float(v.mean())
+        metrics[f"hyper/{name}_min"] = float(v.min())
+        metrics[f"hyper/{name}_max"] = float(v.max())
+        if v.numel() > 2:  # quantile bands for many values (per-element λ)
+            for q in (10, 25, 50, 75, 90):
+                k = min(v.numel(), max(1, round(q / 100 * v.numel())))
+                metrics[f"hyper/{name}_q{q}"] = float(v.kthvalue(k).values)
+    return metrics
+
+
+def lambda_mean(summary: dict[str, Tensor]) -> float:
+    """The mean of every logged λ value (the progress bar's ``lam``). A name with a ``/``
+    is a part of a total logged under its prefix (``weight_decay/fc1``) and not counted."""
+    totals = [v for name, v in summary.items() if "/" not in name]
+    total = sum(float(v.detach().double().sum()) for v in totals)
+    count = sum(v.numel() for v in totals)
+    return total / count if count else math.nan
+
+
+#: a fit planned with fewer hyper steps than this gets a warning (λ can barely move)
+FEW_HYPER_STEPS = 10
+
+
+def few_hyper_steps(total: float, every: int, start_step: int, global_step: int) -> str | None:
+    """The warning for a fit of ``total`` optimizer steps with fewer than
+    :data:`FEW_HYPER_STEPS` hyper steps (None: enough, or the length is unknown).
+
+    The outer optimizer moves λ a bounded amount per hyper step (Adam: about ``outer_lr``
+    in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
+    silently. Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
+    """
+    if not math.isfinite(total) or total < 0:  # unknown (e.g. a stream, no max_steps): -1
+        return None
+    total, n = int(total), every
+    first = max(start_step, global_step + 1, 1)
+    planned = max(0, total // n - (first - 1) // n)
+    if planned >= FEW_HYPER_STEPS:
+        return None
+    remaining = total - first + 1
+    suggest = max(1, remaining // (2 * FEW_HYPER_STEPS))
+    advice = "Train longer (more optimizer steps)"
+    if suggest < n:
+        advice += (
+            f", or pass every_n_steps={suggest} for {remaining // suggest} hyper steps (each "
+            "costs its k adjoint products and a validation gradient)"
+        )
+    return (
+        f"this fit runs {total} optimizer steps, so only {planned} "
+        f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
+        f"steps{f', from start_step={start_step}' if start_step else ''}): λ will "
+        f"barely move from where it starts. {advice}."
+    )

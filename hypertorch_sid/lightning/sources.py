@@ -1,0 +1,224 @@
+"""``HyperData``: the data the callback's hyper steps read, apart from Lightning's training.
+
+The adjoint solve and the ∂₂Φ̂ term of Algorithm 1 need *fresh* training minibatches ζ̂ (eq.
+backalg), independent of the ones the training just used, and E needs validation data. The
+callback draws them itself: from a seeded :class:`ShardedSampler` over the training (validation)
+data set where the loader reads a map-style data set by index, or by iterating a worker-less copy
+of the loader (:class:`LoaderBatches`) for a stream. Every batch goes through what Lightning's
+loops do to a batch (precision, the module's transfer hooks, the device). Under DDP each rank
+reads its shard of one global minibatch. The samplers' places are part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.trainer.states import RunningStage
+from torch.utils.data import DataLoader, Dataset
+
+from ..core.batches import BatchStream
+from ..core.errors import ConfigurationError
+from .sampling import (
+    LoaderBatches,
+    SampledBatches,
+    ShardedSampler,
+    draws_by_index,
+    fetch,
+    first_loader,
+    loader_parts,
+    shard_indices,
+    validation_loader,
+)
+
+SAMPLERS = ("train_sampler", "val_sampler")
+
+
+class HyperData:
+    """The training stream and the validation source of the callback's hyper steps.
+
+    Parameters
+    ----------
+    trainer: the fit's trainer (its loaders, precision, strategy, world size and rank).
+    batch_size, val_batch_size: the samplers' minibatch sizes per process (None: the loaders').
+    val: ``"batch"`` (one validation minibatch per hyper step) or ``"full"`` (all of it).
+    seed: the training sampler's seed (the validation sampler uses ``seed + 1``).
+    """
+
+    def __init__(
+        self,
+        trainer: pl.Trainer,
+        *,
+        batch_size: int | None,
+        val_batch_size: int | None,
+        val: str,
+        seed: int,
+    ) -> None:
+        self.trainer = trainer
+        self.world_size, self.rank = trainer.world_size, trainer.global_rank
+        self.n_train = self.n_val = 0
+        #: validation samples read so far (all processes)
+        self.val_samples = 0
+        self.train_parts: tuple[Dataset, Callable[[list[Any]], Any]] | None = None
+        self.val: SampledBatches | LoaderBatches | None = None
+        self.val_full: Any = None
+        self.train = self._train_source(batch_size, seed)
+        kind = "stream" if self.train_parts is None else "sampler"
+        self.train_stream = BatchStream(self.train, f"the callback's training {kind}")
+        self._build_val(val, val_batch_size, seed + 1)
+
+    # ------------------------------------------------------------------ reading
+    def full_train_batch(self) -> Any:
+        """This process's shard of the whole training set as one batch."""
+        if self.train_parts is None:
+            raise ConfigurationError(
+                "these settings read the whole training set at once (batches='full'), which a "
+                "streamed train dataloader (an IterableDataset, or batch_size=None) cannot give: "
+                "use minibatch settings, or a map-style dataset."
+            )
+        dataset, collate = self.train_parts
+        idx = shard_indices(len(dataset), self.rank, self.world_size)
+        return self._prepare()(fetch(dataset, collate, idx))
+
+    def validation_batch(self) -> Any:
+        """The next validation minibatch, or the whole (sharded) validation set."""
+        if self.val is None:
+            self.val_samples += self.n_val
+            return self.val_full
+        batch = next(self.val)
+        self.val_samples += self.val.sampler.global_batch
+        return batch
+
+    # ------------------------------------------------------------------ state
+    def samplers(self) -> dict[str, Any]:
+        """The samplers whose places are checkpointed (None where there is none)."""
+        return {
+            "train_sampler": self.train.sampler,
+            "val_sampler": self.val.sampler if self.val is not None else None,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        states = {k: s.state_dict() if s else None for k, s in self.samplers().items()}
+        return {**states, "val_samples": self.val_samples}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise unless ``state`` (a checkpoint's) fits these samplers; changes nothing."""
+        for key, sampler in self.samplers().items():
+            if (state[key] is None) != (sampler is None):
+                raise ConfigurationError(
+                    f"the checkpoint {'has no' if state[key] is None else 'has a'} "
+                    f"{key.replace('_', ' ')} state but this run "
+                    f"{'has no' if sampler is None else 'has'} "
+                    "such sampler: resume with the same val / val_batch_size settings."
+                )
+            if sampler is not None:
+                sampler.check_state(state[key], key.replace("_", " "))
+        val_samples = state["val_samples"]
+        if isinstance(val_samples, bool) or not isinstance(val_samples, int) or val_samples < 0:
+            raise ConfigurationError(
+                f"the checkpoint's val_samples must be an integer ≥ 0, got {val_samples!r}."
+            )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a checked state (:meth:`check_state`)."""
+        for key, sampler in self.samplers().items():
+            if sampler is not None:
+                sampler.load_state_dict(state[key])
+        self.val_samples = state["val_samples"]
+
+    # ------------------------------------------------------------------ building
+    def _prepare(self, validation: bool = False) -> Callable[[Any], Any]:
+        """What Lightning's loops do to each batch before a step sees it: the precision's dtype
+        conversion (e.g. to float64 under ``precision="64-true"``), the module's
+        ``on_before_batch_transfer``, then the strategy's ``batch_to_device`` (which runs
+        ``transfer_batch_to_device`` and ``on_after_batch_transfer``). Validation batches are
+        prepared with the trainer in its validating stage, so hooks that augment only while
+        ``self.trainer.training`` leave them alone, as in Lightning's validation loop."""
+        trainer = self.trainer
+
+        def prepare(batch: Any) -> Any:
+            with _stage(trainer, RunningStage.VALIDATING if validation else None):
+                batch = trainer.precision_plugin.convert_input(batch)
+                batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
+                return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+
+        return prepare
+
+    def _train_source(self, batch_size: int | None, seed: int) -> SampledBatches | LoaderBatches:
+        loader = first_loader(self.trainer.train_dataloader, "train dataloader")
+        if not draws_by_index(loader):  # a stream: read from the loader itself
+            return LoaderBatches(
+                loader, self._prepare(), self.world_size, batch_size, "train dataloader"
+            )
+        dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
+        batch_size = batch_size or loader_bs
+        if batch_size is None:
+            raise ConfigurationError(
+                "HyperOptimizationCallback cannot tell the training batch size: pass batch_size."
+            )
+        self.n_train = len(dataset)
+        sampler = ShardedSampler(self.n_train, batch_size, seed, self.rank, self.world_size)
+        self.train_parts = (dataset, collate)
+        return SampledBatches(dataset, collate, sampler, self._prepare())
+
+    def _build_val(self, val: str, batch_size: int | None, seed: int) -> None:
+        loader = validation_loader(self.trainer)
+        if loader is None:
+            raise ConfigurationError(
+                "HyperOptimizationCallback needs validation data for the outer objective E: "
+                "pass val_dataloaders to trainer.fit, or define val_dataloader() in the module "
+                "or the datamodule."
+            )
+        to_device = self._prepare(validation=True)
+        loader = first_loader(loader, "validation dataloader")
+        if not draws_by_index(loader):  # a stream: read from the loader itself
+            if val == "full":
+                raise ConfigurationError(
+                    "val='full' reads the whole validation set by index, which a streamed "
+                    "validation dataloader (an IterableDataset, or batch_size=None) cannot give: "
+                    "use val='batch', or a map-style dataset."
+                )
+            self.val = LoaderBatches(
+                loader, to_device, self.world_size, batch_size,
+                "validation dataloader", "val_batch_size",
+            )  # fmt: skip
+            return
+        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
+        self.n_val = len(dataset)
+        if val == "full":
+            idx = shard_indices(len(dataset), self.rank, self.world_size)
+            if batch_size is None:
+                self.val_full = to_device(fetch(dataset, collate, idx))
+            else:
+                shard = torch.utils.data.Subset(dataset, idx.tolist())
+                self.val_full = DataLoader(
+                    shard,
+                    batch_size=batch_size,
+                    shuffle=False,
+                    collate_fn=lambda items: to_device(collate(items)),
+                )
+            return
+        batch_size = batch_size or loader_bs
+        if batch_size is None:
+            raise ConfigurationError(
+                "HyperOptimizationCallback cannot tell the validation batch size: pass "
+                "val_batch_size."
+            )
+        sampler = ShardedSampler(len(dataset), batch_size, seed, self.rank, self.world_size)
+        self.val = SampledBatches(dataset, collate, sampler, to_device)
+
+
+@contextmanager
+def _stage(trainer: pl.Trainer, stage: RunningStage | None) -> Iterator[None]:
+    """The trainer in ``stage`` for the duration (None: unchanged)."""
+    if stage is None:
+        yield
+        return
+    before, trainer.state.stage = trainer.state.stage, stage
+    try:
+        yield
+    finally:
+        trainer.state.stage = before
