@@ -21,10 +21,9 @@ from typing import Any
 
 from .config import SIDConfig
 from .errors import ConfigurationError
-from .estimation import CurvatureEstimate
+from .estimation import CurvatureEstimate, CurvatureProbe
 from .gauss_newton import linearised_note
 from .maps import FixedPointMap
-from .probe import CurvatureProbe
 from .schedules import StepSchedule, make_schedule, theory_constants
 from .validation import check_positive, check_real, is_real
 

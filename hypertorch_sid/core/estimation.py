@@ -23,6 +23,12 @@ Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimize
 * :class:`EstimatedCurvature` — Lanczos on ``batches`` minibatches (or the full batch), re-estimated
   every ``every`` hyper steps (the sharpness of a network grows during training), and whenever a
   divergence guard asks for it. Its products are counted in ``cost``.
+
+The strategies decide *when* and *what* to estimate (before the first solve, at w_t, after a
+divergence); a :class:`CurvatureProbe` does the reading for them, on the optimizer's data and with
+its bookkeeping: the batches an estimate reads, Lanczos in the module's solve mode (averaged
+across processes, counted in the cost), and the diagonal P = S² of the GD map from the
+preconditioner strategy (a change of S moves the warm-start v into the new coordinates).
 """
 
 from __future__ import annotations
@@ -31,16 +37,20 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from .batches import BatchStream, batch_size
 from .errors import ConfigurationError
+from .modes import frozen_mode
 from .validation import check_integer, check_positive, check_real, is_integer
 
 if TYPE_CHECKING:
-    from .probe import CurvatureProbe
+    from .config import SIDConfig
+    from .cost import Cost
+    from .maps import GradientDescentMap
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -225,7 +235,7 @@ class Curvature:
     The optimizer asks it for the spectrum that sets α, q and δ (Cor. 4.3 on the damped system)
     before the first solve (:meth:`estimate`), again at w_t after the first inner solve
     (:meth:`estimate_at_w_t`) and after a divergence (:meth:`recover`); a
-    :class:`~hypertorch_sid.core.probe.CurvatureProbe` reads the Hessian of ℓ̂ for it.
+    :class:`CurvatureProbe` reads the Hessian of ℓ̂ for it.
     """
 
     #: μ ≥ mu_floor·L for the schedules
@@ -397,3 +407,123 @@ class EstimatedCurvature(Curvature):
             probe.set_scale(None)
             est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor)
         return est
+
+
+# ---------------------------------------------------------------------- reading the curvature
+class CurvatureProbe:
+    """Reads the curvature of the GD map ``phi`` for a curvature strategy (module docstring).
+
+    ``stream`` (the training minibatches) and ``hyper_step`` (the Lanczos seed) are set by the
+    optimizer at each hypergradient.
+    """
+
+    def __init__(
+        self,
+        phi: GradientDescentMap,
+        config: SIDConfig,
+        cost: Cost,
+        *,
+        module: torch.nn.Module | None,
+        full_batch: Any,
+        mean: Callable[[Tensor], Tensor] | None,
+        on_rescale: Callable[[Tensors | None, Tensors | None], None],
+    ) -> None:
+        self.phi, self.config, self.cost = phi, config, cost
+        self.module, self.full_batch, self.mean = module, full_batch, mean
+        self.on_rescale = on_rescale
+        self.stream: BatchStream | None = None
+        self.hyper_step = 0
+
+    @property
+    def alpha_given(self) -> float | None:
+        """α as configured (P applies only where α, L, μ are all estimated)."""
+        return self.config.alpha
+
+    @property
+    def scale(self) -> Tensors | None:
+        """S of the preconditioned map (None: P = I)."""
+        return self.phi.scale
+
+    def batches(self, curvature: EstimatedCurvature) -> list[Any]:
+        """The batches an estimate reads: ``curvature.batches`` fresh minibatches, or the full
+        batch where those would read as many samples or ``batches="full"`` asks for it (20
+        Lanczos products on the full batch cost 20 epochs: more than a whole solve at n = 5000
+        in ``benchmarks/bench_peers.py``)."""
+        if curvature.batches == "full":
+            return [self.full_batch]
+        assert self.stream is not None
+        full = self.full_batch
+        batches: list[Any] = []
+        samples = 0
+        for _ in range(int(curvature.batches)):
+            batches.append(next(self.stream))
+            samples += batch_size(batches[-1])
+            if full is not None and samples >= batch_size(full):
+                return [full]
+        return batches
+
+    def lanczos(
+        self, batches: list[Any], iters: int, mu: float | None, mu_floor: float
+    ) -> CurvatureEstimate:
+        """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted."""
+        phi: Any = self.phi
+        if self.mean is not None:  # Lanczos on the global (averaged) Hessian
+            phi = _GlobalHessian(self.phi, self.mean)
+        with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
+            est = estimate_curvature(
+                phi, batches, iters, mu=mu, mu_floor=mu_floor, seed=self.hyper_step
+            )
+        n = sum(batch_size(b) for b in batches)
+        self.cost.curvature_samples += n * est.iterations
+        self.cost.curvature_products += len(batches) * est.iterations
+        self.cost.samples += n * est.iterations
+        if est.uncertain and not est.convex:
+            log.warning(
+                "hypertorch_sid: the sign of lambda_min is uncertain (%.3g ± %.2g after %d Lanczos "
+                "steps); raise EstimatedCurvature(iters=...) for a firmer estimate.",
+                est.lambda_min,
+                est.lambda_min_error,
+                est.iterations,
+            )
+        return est
+
+    def precondition(self, batches: list[Any]) -> None:
+        """P = D⁻¹ of the GD map from the preconditioner strategy, on the estimate's batches."""
+        self.set_scale(None)
+        if self.config.mode == "train" and _has_batchnorm(self.module):
+            log.info(
+                "hypertorch_sid: no preconditioner: BatchNorm in train mode has no per-sample map"
+            )
+            return
+        with frozen_mode(self.module, self.config.mode):
+            D = self.config.preconditioner.diagonal(self.phi, batches)
+        if D is None:
+            return
+        values = D.values
+        if self.mean is not None:  # one P on every process
+            values = [self.mean(d) for d in values]
+        self.cost.curvature_samples += D.samples
+        self.cost.samples += D.samples
+        self.set_scale([d.rsqrt() for d in values])
+
+    def set_scale(self, scale: Tensors | None) -> None:
+        """S of the preconditioned map; the warm-start v follows (``on_rescale(old, new)``)."""
+        self.on_rescale(self.phi.scale, scale)
+        self.phi.scale = scale
+
+
+def _has_batchnorm(module: torch.nn.Module | None) -> bool:
+    return module is not None and any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules()
+    )
+
+
+class _GlobalHessian:
+    """Hessian–vector products averaged across processes: one curvature estimate everywhere."""
+
+    def __init__(self, phi: GradientDescentMap, mean: Callable[[Tensor], Tensor]) -> None:
+        self.phi, self.mean = phi, mean
+        self.inner_parameters = phi.inner_parameters
+
+    def hessian_vector_product(self, batch: Any, v: Any) -> Tensors:
+        return [self.mean(h) for h in self.phi.hessian_vector_product(batch, v)]

@@ -35,10 +35,10 @@ from .context import SolveContext
 from .cost import Cost
 from .divergence import DivergenceGuard
 from .errors import ConfigurationError, DivergenceError
+from .estimation import CurvatureProbe
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
 from .outer import outer_gradients
-from .probe import CurvatureProbe
 from .schedules import StepSchedule
 from .second_order import (
     NO_SECOND_DERIVATIVE,
@@ -406,7 +406,7 @@ class SIDHyperOptimizer:
         self.adjoint_solver_used = solver
         with frozen_mode(self.module, c.mode):
             v, result = solver.solve(ctx, target, v0)
-        return _Adjoint(v, v0, target, g_lam, value, result, solver, ctx)
+        return _Adjoint(v, v0, target, g_lam, value, result, solver.step_budget(ctx))
 
     def _assemble(self, stream: BatchStream, adjoint: _Adjoint) -> Tensors:
         """Step 3: ∇̂f(λ) = ∇₂E(w_t, λ) + mean_j ∂₂Φ̂(w_t, λ, ζ_j)ᵀ v_k on J fresh minibatches (or
@@ -437,7 +437,7 @@ class SIDHyperOptimizer:
             v_norm=norm(adjoint.v),
             v0_norm=norm(adjoint.v0),
             grad_norm=norm(adjoint.target),
-            etas=adjoint.solver.step_budget(adjoint.ctx),
+            etas=adjoint.budget,
             residual=adjoint.result.residual,
             first_residual=adjoint.result.first_residual,
             hypergradient_norm=norm(hypergrad),
@@ -584,7 +584,8 @@ class SIDHyperOptimizer:
 @dataclass(frozen=True)
 class _Adjoint:
     """What step 2 hands to step 3 and the checks: v_k from v₀, the right-hand side S∇₁E, ∇₂E
-    and E at w_t, the solve's report, the solver that ran it and its context."""
+    and E at w_t, the solve's report and how far a non-expansive solve could move v (Σ η‖∇₁E‖
+    in units of ‖∇₁E‖: the solver's ``step_budget``)."""
 
     v: Tensors
     v0: Tensors
@@ -592,5 +593,4 @@ class _Adjoint:
     g_lam: Tensors
     value: float
     result: SolveResult
-    solver: AdjointSolver
-    ctx: SolveContext
+    budget: float
