@@ -47,7 +47,14 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hypertorch_sid import Indexed, LazyAdam, SampleWeights, SIDHyperOptimizer  # noqa: E402
+from hypertorch_sid import (  # noqa: E402
+    FeasibleSet,
+    Indexed,
+    LazyAdam,
+    SampleWeights,
+    SIDConfig,
+    SIDHyperOptimizer,
+)
 
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=1.0),
@@ -78,10 +85,20 @@ def measure(n: int, optimizer: str, steps: int, batch: int = 64) -> dict[str, An
         return F.cross_entropy(X @ W, y)
 
     hopt = SIDHyperOptimizer(
-        weights.hyperparameters, [W], inner, outer, OPTIMIZERS[optimizer](weights.hyperparameters),
-        inner_steps=5, adjoint_steps=5, alpha=0.01, step_size="constant", eta=1.0,
-        projection=weights.projection,
-    )  # fmt: skip
+        weights.hyperparameters,
+        [W],
+        inner,
+        outer,
+        OPTIMIZERS[optimizer](weights.hyperparameters),
+        config=SIDConfig(
+            inner_steps=5,
+            adjoint_steps=5,
+            alpha=0.01,
+            step_size="constant",
+            eta=1.0,
+            feasible_set=FeasibleSet(project=weights.projection),
+        ),
+    )
     stream, val = batches(), (pool_X[:256], pool_y[:256])
     grad_s, apply_s = [], []
     for step in range(steps + 3):

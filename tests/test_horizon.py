@@ -18,10 +18,12 @@ from lightning_problems import D as D_RIDGE
 from lightning_problems import RidgeData
 
 from hypertorch_sid import (
+    Batches,
     EstimatedCurvature,
     FixedDamping,
     LearnedWeightDecay,
     NoDamping,
+    SIDConfig,
     SIDHyperOptimizer,
 )
 from hypertorch_sid.core.errors import ConfigurationError
@@ -120,10 +122,21 @@ def test_horizon_damping_through_the_adjoint_solver() -> None:
     q, eta = _Quadratic(low=0.05), 0.2
     damping = HorizonDamping(NoDamping(), step_size=eta)
     hopt = SIDHyperOptimizer(
-        [q.rho], [q.w], q.inner_loss, q.outer_loss, None, inner_steps=0, adjoint_steps=3000,
-        step_size="constant", damping=damping, curvature=EstimatedCurvature(iters=10),
-        full_train_batch=0, adjoint_batches="full", d2_batches="full",
-    )  # fmt: skip
+        [q.rho],
+        [q.w],
+        q.inner_loss,
+        q.outer_loss,
+        None,
+        full_train_batch=0,
+        config=SIDConfig(
+            inner_steps=0,
+            adjoint_steps=3000,
+            step_size="constant",
+            damping=damping,
+            curvature=EstimatedCurvature(iters=10),
+            batches=Batches(adjoint="full", d2="full"),
+        ),
+    )
     damping.observe(remaining_steps=40, step_size=None)
     assert damping.delta(None) == horizon_delta(eta, 40)
     g = hopt.hypergradient([0], None)

@@ -77,8 +77,9 @@ class Damping:
                 f"The system was already damped ({name}, δ = {delta:.3g}{tried}) and "
                 "still did not contract: the curvature grew past the estimate. Allow more "
                 "retries (on_divergence=Recover(4)), damp further (damping=CurvatureDamping("
-                "margin=2.0) or FixedDamping(δ)), re-estimate more often (reestimate_every=), "
-                "or use positive semi-definite curvature (hvp=GaussNewton(...))."
+                "margin=2.0) or FixedDamping(δ)), re-estimate more often "
+                "(EstimatedCurvature(every=...)), or use positive semi-definite curvature "
+                "(hvp=GaussNewton(...))."
             )
         seen = (
             "no curvature was estimated (alpha was given)"

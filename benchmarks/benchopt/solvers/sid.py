@@ -17,7 +17,7 @@ start), minibatches carry their example ids (``Indexed``), the outer optimizer i
 
 Parameters: ``d2`` — ``"minibatch"`` (library default, J = 1: the ∂₂Φ̂ term reads one fresh
 minibatch, so a hyper step moves only that minibatch's weights) or ``"full"`` (the documented
-option ``d2_batches="full"`` with ``full_train_batch``: every weight each hyper step); ``lr`` —
+option ``Batches(d2="full")`` with ``full_train_batch``: every weight each hyper step); ``lr`` —
 LazyAdam's step on the logits (0.1 as in the library's docs); ``on_divergence`` — ``"raise"``
 (the library default; a diverged hyper step leaves x untouched and the solver goes on) or
 ``"recover"`` (``Recover(2)``: re-estimate the curvature and retry). Everything else is
@@ -41,7 +41,7 @@ with safe_import_context() as import_ctx:
     import torch
     import torch.nn.functional as F
 
-    from hypertorch_sid import SIDHyperOptimizer
+    from hypertorch_sid import Batches, FeasibleSet, SIDConfig, SIDHyperOptimizer
     from hypertorch_sid.core.divergence import Recover
     from hypertorch_sid.core.errors import DivergenceError
     from hypertorch_sid.core.sample_weights import Indexed, LazyAdam, SampleWeights
@@ -151,19 +151,21 @@ class Solver(BaseSolver):
             drop_last=False,
         )
         loader = torch.utils.data.DataLoader(train, sampler=sampler, batch_size=None)
-        options = {}
+        config = SIDConfig(feasible_set=FeasibleSet(project=weights.projection))
+        full_train_batch = None
         if self.d2 == "full":
-            options = dict(full_train_batch=train[range(len(train))], d2_batches="full")
+            full_train_batch = train[range(len(train))]
+            config = config.replace(batches=Batches(d2="full"))
         if self.on_divergence == "recover":
-            options["on_divergence"] = Recover(2)
+            config = config.replace(on_divergence=Recover(2))
         hopt = SIDHyperOptimizer(
             weights.hyperparameters,
             [z],
             inner_loss,
             outer_loss,
             LazyAdam(weights.hyperparameters, lr=float(self.lr)),
-            projection=weights.projection,
-            **options,
+            config=config,
+            full_train_batch=full_train_batch,
         )
         val = (self.X_val, self.y_val)
         self._z, self._x = z, weights.logits
