@@ -251,6 +251,11 @@ class SIDConfig:
         check_bool("warm_start_adjoint", self.warm_start_adjoint)
 
     # ------------------------------------------------------------------ derived
+    @property
+    def needs_full_batch(self) -> bool:
+        """Whether the solves or the curvature estimate read the full training batch."""
+        return self.batches.needs_full or self.curvature.reads_full_batch
+
     def check_full_batch(self, full_train_batch: Any) -> None:
         """Raise where a strategy reads the full training batch and none is given."""
         if self.batches.needs_full and full_train_batch is None:

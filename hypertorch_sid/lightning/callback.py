@@ -44,8 +44,13 @@ from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
 from ..core.validation import check_choice, check_integer, check_positive
-from .isolation import hyperparameters_require_grad, metric_states_kept, private_rng
-from .metrics import FEW_HYPER_STEPS, few_hyper_steps, hyper_metrics, lambda_mean
+from .isolation import (
+    check_weights,
+    hyperparameters_require_grad,
+    metric_states_kept,
+    private_rng,
+)
+from .metrics import FEW_HYPER_STEPS, describe, few_hyper_steps, hyper_metrics, lambda_mean
 from .module import BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .sources import HyperData
@@ -137,14 +142,9 @@ class HyperOptimizationCallback(Callback):
 
     Notes
     -----
-    Logged (``hyper/*``): ``outer_loss`` (E on the validation data), ``hypergradient_norm``,
-    ``adjoint_residual`` ‖Ψ̂(v) − v‖, ``adjoint_eta``, ``alpha``, ``outer_lr``, ``retries`` (the
-    divergences this hyper step recovered from, ``config.on_divergence``),
-    ``train_samples``/``val_samples`` (cumulative, all processes), ``step``, and
-    ``<name>_mean/_min/_max`` for each entry of the λ summary; all are also kept in
-    :attr:`history`. The progress bar shows ``lam`` (the mean of the λ summary), and
-    ``trainer.callback_metrics`` holds ``hyper/outer_loss`` (for monitors such as
-    ``ModelCheckpoint``).
+    Logged: the ``hyper/*`` metrics of :func:`~hypertorch_sid.lightning.metrics.hyper_metrics`,
+    also kept in :attr:`history`; the progress bar shows ``lam`` (the mean of the λ summary) and
+    ``hg``; ``trainer.callback_metrics`` holds ``hyper/outer_loss`` (for ``ModelCheckpoint``).
 
     Checkpoints: :meth:`state_dict` holds λ, the outer optimizer, v, the counters, the constants
     and both samplers (plain tensors and numbers: ``torch.load(weights_only=True)`` reads it).
@@ -404,7 +404,9 @@ class HyperOptimizationCallback(Callback):
                 "adjoint warm start and samplers."
             )
         self._last_step = trainer.global_step
-        rank_zero_info(self._describe())
+        rank_zero_info(
+            describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
+        )
         self._warn_if_few_hyper_steps(trainer)
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
@@ -481,7 +483,7 @@ class HyperOptimizationCallback(Callback):
             self._outer_optimizer(problem.hyperparameters),
             config=config,
             module=pl_module,
-            full_train_batch=self.data.full_train_batch() if _needs_full(config) else None,
+            full_train_batch=self.data.full_train_batch() if config.needs_full_batch else None,
             penalty=problem.penalty,
             regularizer=problem.regularizer if problem.exact_cross_term else None,
             mean_across_processes=mean,
@@ -513,23 +515,6 @@ class HyperOptimizationCallback(Callback):
         self.data.load_state_dict(state)
         self.history = [dict(h) for h in history]
 
-    def _describe(self) -> str:
-        assert self.sid is not None and self.data is not None
-        n_hyper = sum(h.numel() for h in self.sid.hyperparameters)
-        alpha = (
-            f"alpha = {self.sid.alpha:.4g}"
-            if self.sid.alpha is not None
-            else "alpha = 2/(L+mu) estimated at the first hyper step"
-        )
-        return (
-            f"{type(self).__name__}: {n_hyper} hyperparameter values in "
-            f"{len(self.sid.hyperparameters)} tensors; a hyper step every {self.every_n_steps} "
-            f"optimizer steps: k = {self.sid.adjoint_steps} adjoint steps "
-            f"({self.sid.adjoint_batches}), J = {self.sid.config.batches.d2}, val = {self.val!r}, "
-            f"sampler batch {self.data.train.sampler.batch_size} per process × {self._world_size}; "
-            f"{alpha}."
-        )
-
     # ================================================================== the hyper step
     def _due(self, trainer: pl.Trainer) -> bool:
         step = trainer.global_step
@@ -538,34 +523,14 @@ class HyperOptimizationCallback(Callback):
         self._last_step = step
         return step >= max(self.start_step, 1) and step % self.every_n_steps == 0
 
-    def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Never go on (or end a fit) with non-finite weights: the training itself diverged."""
-        bad = [n for n, p in pl_module.named_parameters() if not bool(torch.isfinite(p).all())]
-        if not bad:
-            return
-        lam = ""
-        if self._active is not None:
-            lam = ", ".join(
-                f"{k} in [{float(v.min()):.3g}, {float(v.max()):.3g}]"
-                for k, v in self._active.summary().items()
-            )
-        raise DivergenceError(
-            "training (weights w)",
-            trainer.global_step,
-            math.nan,
-            f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...). The training "
-            f"optimizer diverged with the current hyperparameters ({lam or 'n/a'}): lower its "
-            "learning rate or bound the hyperparameters.",
-        )
-
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit never ends silently with NaN weights."""
         if self.sid is not None:
-            self._check_weights(trainer, pl_module)
+            check_weights(pl_module, self._active, trainer.global_step)
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None
-        self._check_weights(trainer, pl_module)
+        check_weights(pl_module, self._active, trainer.global_step)
         self.problem.before_hyper_step(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)
@@ -630,9 +595,3 @@ def runs_in_new_processes(trainer: pl.Trainer) -> bool:
     ``ddp_notebook``: Lightning's multiprocessing launcher), not in the calling one."""
     launcher = getattr(trainer.strategy, "launcher", None)
     return type(launcher).__name__ == "_MultiProcessingLauncher"
-
-
-def _needs_full(config: SIDConfig) -> bool:
-    """Whether the solves or the curvature estimate (``EstimatedCurvature(batches="full")``) read
-    the full training batch."""
-    return config.batches.needs_full or getattr(config.curvature, "batches", None) == "full"

@@ -1,16 +1,20 @@
 """What a hyper step must leave as it found it: λ's ``requires_grad``, the training's random
 streams, and the module's torchmetrics states (BatchNorm statistics are the core's
-``frozen_mode``)."""
+``frozen_mode``); and what it must not start from: non-finite weights."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+
+from ..core.errors import DivergenceError
 
 
 @contextmanager
@@ -64,3 +68,25 @@ def metric_states_kept(module: pl.LightningModule) -> Iterator[None]:
             for name, value in states.items():
                 setattr(m, name, value)
             m._update_count, m._computed, m._forward_cache = count, computed, cache
+
+
+def check_weights(module: pl.LightningModule, problem: Any, step: int) -> None:
+    """Never go on (or end a fit) with non-finite weights: the training itself diverged
+    (``problem``: the active bilevel problem, whose λ summary the error reports, or None)."""
+    bad = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
+    if not bad:
+        return
+    lam = ""
+    if problem is not None:
+        lam = ", ".join(
+            f"{k} in [{float(v.min()):.3g}, {float(v.max()):.3g}]"
+            for k, v in problem.summary().items()
+        )
+    raise DivergenceError(
+        "training (weights w)",
+        step,
+        math.nan,
+        f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...). The training "
+        f"optimizer diverged with the current hyperparameters ({lam or 'n/a'}): lower its "
+        "learning rate or bound the hyperparameters.",
+    )

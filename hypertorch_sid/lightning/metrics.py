@@ -1,9 +1,18 @@
 """What the callback reports: the ``hyper/*`` metrics of a hyper step (logged, kept in its
-history), and the warning for a fit too short for λ to move."""
+history), its plan at the start of a fit, and the warning for a fit too short for λ to move.
+
+The metrics: ``outer_loss`` (E on the validation data), ``hypergradient_norm``,
+``adjoint_residual`` ‖Ψ̂(v) − v‖, ``adjoint_eta``, ``alpha``, ``damping``, ``L``, ``lambda_min``,
+``v_norm``, ``outer_lr``, ``retries`` (the divergences this hyper step recovered from,
+``config.on_divergence``), ``train_samples``/``val_samples`` (cumulative, all processes),
+``step``, ``overhead`` (with a budget), and ``<name>_mean/_min/_max`` (and quantiles for many
+values) for each entry of the λ summary.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torch import Tensor
 
@@ -95,4 +104,21 @@ def few_hyper_steps(total: float, every: int, start_step: int, global_step: int)
         f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
         f"steps{f', from start_step={start_step}' if start_step else ''}): λ will "
         f"barely move from where it starts. {advice}."
+    )
+
+
+def describe(callback: Any, sid: SIDHyperOptimizer, batch_size: int, world_size: int) -> str:
+    """The callback's plan, logged when a fit starts."""
+    n_hyper = sum(h.numel() for h in sid.hyperparameters)
+    alpha = (
+        f"alpha = {sid.alpha:.4g}"
+        if sid.alpha is not None
+        else "alpha = 2/(L+mu) estimated at the first hyper step"
+    )
+    return (
+        f"{type(callback).__name__}: {n_hyper} hyperparameter values in "
+        f"{len(sid.hyperparameters)} tensors; a hyper step every {callback.every_n_steps} "
+        f"optimizer steps: k = {sid.adjoint_steps} adjoint steps "
+        f"({sid.adjoint_batches}), J = {sid.config.batches.d2}, val = {callback.val!r}, "
+        f"sampler batch {batch_size} per process × {world_size}; {alpha}."
     )
