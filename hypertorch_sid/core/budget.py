@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
+from .validation import is_real
 
 
 class Budget:
@@ -88,7 +89,7 @@ class OverheadBudget(Budget):
 
     def __post_init__(self) -> None:
         value = self.max_overhead
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if not is_real(value) or not value > 0:
             raise ConfigurationError(
                 f"max_overhead must be a number > 0 (0.5: at most 50 % more compute than the "
                 f"plain training), got {value!r}; pass max_overhead=None for no budget."

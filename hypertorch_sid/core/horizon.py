@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .damping import CurvatureDamping, Damping, _check_nonnegative
+from .damping import CurvatureDamping, Damping
 from .errors import ConfigurationError
 from .estimation import CurvatureEstimate
+from .validation import check_nonnegative
 
 
 def horizon_filter(h: float, step_size: float, steps: int) -> float:
@@ -84,10 +85,10 @@ class HorizonDamping(Damping):
                 f"HorizonDamping: base must be a Damping strategy (e.g. CurvatureDamping()), got "
                 f"{type(self.base).__name__}."
             )
-        _check_nonnegative("HorizonDamping scale", self.scale)
-        _check_nonnegative("HorizonDamping max_delta", self.max_delta)
+        check_nonnegative("HorizonDamping scale", self.scale)
+        check_nonnegative("HorizonDamping max_delta", self.max_delta)
         if self.step_size is not None:
-            _check_nonnegative("HorizonDamping step_size", self.step_size)
+            check_nonnegative("HorizonDamping step_size", self.step_size)
 
     def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
         """The training's state: steps still to run (None: unknown) and its step size η (the
