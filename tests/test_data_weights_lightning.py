@@ -18,7 +18,7 @@ from lightning_problems import trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
+from hypertorch_sid import Batches, ConfigurationError, IndexedDataset, LearnedDataWeights
 
 N, NOISY = 240, 72  # training examples, the first NOISY have flipped labels
 
@@ -225,7 +225,7 @@ def test_sample_weights_in_a_bilevel_module():
 
     model = Weighted()
     cb = HyperOptimizationCallback(
-        every_n_steps=1, adjoint_steps=3, d2_batches=4, seed=0,
+        every_n_steps=1, adjoint_steps=3, batches=Batches(d2=4), seed=0,
         outer_optimizer=functools.partial(LazyAdam, lr=1.0),
     )  # fmt: skip
     trainer([cb], max_epochs=8).fit(model, datamodule=Data())

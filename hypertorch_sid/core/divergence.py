@@ -20,7 +20,7 @@ the numbers; λ is never written (the optimizer says so, and what to change, whe
 Policies (``on_divergence=``) decide what a detected divergence does inside the optimizer:
 
 * :class:`RaiseOnDivergence` — raise at once (v is reset, so the next call starts clean);
-* :class:`BackOff` — halve α (or η), reset v, retry (``backoff=N``);
+* :class:`BackOff` — halve α (or η), reset v, retry (``BackOff(n)``);
 * :class:`Recover` — reset v, re-estimate the curvature, raise the damping δ, retry; after
   ``retries`` failures raise.
 """
