@@ -39,8 +39,6 @@ import datasets  # examples/datasets.py
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid import KnownCurvature
-
 FULL = dict(
     n=5000,
     lambdas=[1e-3, 1e-2, 1e-1, 1.0],
@@ -96,7 +94,8 @@ def one_run(lam: torch.Tensor, seed: int, cfg: dict) -> dict:
         epochs=cfg["epochs"],
         batch_size=BATCH_SIZE,
         seed=seed,
-        curvature=KnownCurvature(L + float(lam.max()), float(lam.min())),
+        L=L + float(lam.max()),
+        mu=float(lam.min()),
         hessian=hessian,
         reference_epochs=cfg["reference_epochs"],
     )

@@ -30,8 +30,6 @@ import datasets  # examples/datasets.py
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid import KnownCurvature
-
 FULL = dict(n=None, lambdas=[1e-3, 1e-2, 1e-1, 1.0], seeds=[0, 1], per_feature_seeds=[0, 1])
 FULL["epochs"] = [4, 8, 16, 32]
 QUICK = dict(n=1200, lambdas=[1e-1], seeds=[0], per_feature_seeds=[], epochs=[4, 16])
@@ -68,7 +66,8 @@ def one_run(lam: torch.Tensor, seed: int, cfg: dict) -> dict:
         epochs=cfg["epochs"],
         batch_size=BATCH_SIZE,
         seed=seed,
-        curvature=KnownCurvature(L + float(lam.max()), float(lam.min())),
+        L=L + float(lam.max()),
+        mu=float(lam.min()),
     )
 
 
