@@ -391,6 +391,8 @@ def plot(runs: dict, summary: dict, path: Path, budget: float) -> Path:
                 if name in base:
                     ax.axhline(base[name]["test_error"], color="k", ls=ls, lw=1, label=name)
             ax.set_xscale("log")
+            if xkey == "time":
+                ax.set_xlim(left=0.05)
             ax.set_ylim(bottom=min(0.12, ax.get_ylim()[0]), top=0.4)
             ax.set_xlabel("wall time of the work (s)" if xkey == "time" else "samples read")
             ax.set_ylabel("test error")
