@@ -344,10 +344,10 @@ def markdown(summary: dict, budget: float) -> str:
         for name, b in s.get("baselines", {}).items():
             lines.append(f"| *{name}* (L-BFGS) | {b['test_error']:.4f} | | |")
         if "best_peer" in s:
-            lines += ["", f"Best peer: {s['best_peer']} ({s['target']:.4f})."]
+            lines += ["", f"Best peer: {s['best_peer']} ({s['target']:.4f}).", ""]
         for m, f in s.get("flagging", {}).items():
             lines.append(
-                f"Flagging by {m}: precision {f['precision']:.3f}, recall {f['recall']:.3f} "
+                f"- Flagging by {m}: precision {f['precision']:.3f}, recall {f['recall']:.3f} "
                 f"(ω < mean ω), precision@#corrupted {f['precision_at_k']:.3f}, average "
                 f"precision {f['average_precision']:.3f}; mean ω clean "
                 f"{f['mean_weight_clean']:.3f}, corrupted {f['mean_weight_corrupted']:.3f}."
