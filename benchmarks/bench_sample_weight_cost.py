@@ -5,16 +5,22 @@ examples, sample i = a fixed pool's sample i mod 1000 with its own weight xᵢ):
 k = 5 adjoint steps, J = 1 batch for the cross term ∂₂Φ̂ᵀv, α fixed (no curvature estimate), then
 the outer step with
 
-* ``sgd``        ``torch.optim.SGD`` on the (dense) hypergradient: rows outside the batch get a
-                 zero gradient and do not move, but every step passes over all n;
-* ``adam``       ``torch.optim.Adam``: every row keeps moving by its momentum after its batch
-                 (n rows change per step) and its update passes over all n several times;
-* ``lazy_adam``  :class:`~hypertorch_sid.core.sample_weights.LazyAdam`: only the rows with a
-                 non-zero hypergradient move (one scan for them, then O(rows) arithmetic).
+* ``sgd``        ``torch.optim.SGD`` on the row-sparse hypergradient (``SampleWeights(n,
+                 sparse_grad=True)``): only the batch's rows move;
+* ``adam``       ``torch.optim.Adam`` on the dense hypergradient (it refuses sparse ones): every
+                 row keeps moving by its momentum after its batch (n rows change per step) and
+                 its update passes over all n several times;
+* ``lazy_adam``  :class:`~hypertorch_sid.core.sample_weights.LazyAdam` on the row-sparse
+                 hypergradient: only the rows read move, O(rows) arithmetic.
+
+``--dense`` gives every optimizer the dense n-vector hypergradient (``sparse_grad=False``, the
+family's default): ``sgd`` and ``lazy_adam`` then pass over n (LazyAdam scans for the non-zero
+rows) and ``SIDHyperOptimizer``'s checks read all n rows.
 
 Measured per n and optimizer (median over ``--steps`` steps after 3 warm-up steps): the
 hypergradient's time (inner + adjoint + cross term: the rows are gathered with ``index_select``,
-whose backward ``index_add``s into an n-vector), the outer step's time (``apply``: optimizer and
+whose backward is sparse, or with ``--dense`` an ``index_add`` into an n-vector), the outer
+step's time (``apply``: optimizer and
 SIDHyperOptimizer's own checks), and the storage of the weights + optimizer state (bytes). Each n
 runs in its own process, which also reports its peak resident memory.
 
@@ -56,6 +62,9 @@ from hypertorch_sid import (  # noqa: E402
     SIDHyperOptimizer,
 )
 
+#: optimizers that take the row-sparse hypergradient (the others get the dense one)
+SPARSE = {"sgd", "lazy_adam"}
+
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=1.0),
     "adam": lambda params: torch.optim.Adam(params, lr=0.1),
@@ -63,10 +72,12 @@ OPTIMIZERS = {
 }
 
 
-def measure(n: int, optimizer: str, steps: int, batch: int = 64) -> dict[str, Any]:
+def measure(
+    n: int, optimizer: str, steps: int, batch: int = 64, dense: bool = False
+) -> dict[str, Any]:
     torch.manual_seed(0)
     pool_X, pool_y = torch.randn(1000, 784), torch.randint(0, 10, (1000,))
-    weights = SampleWeights(n)
+    weights = SampleWeights(n, sparse_grad=optimizer in SPARSE and not dense)
     W = torch.zeros(784, 10, requires_grad=True)
     gen = torch.Generator().manual_seed(1)
 
@@ -116,7 +127,7 @@ def measure(n: int, optimizer: str, steps: int, batch: int = 64) -> dict[str, An
     )
     moved = int((weights.logits.detach() != 0).sum())
     return {
-        "n": n, "optimizer": optimizer,
+        "n": n, "optimizer": optimizer, "sparse_grad": weights.sparse_grad,
         "hypergradient_ms": 1e3 * statistics.median(grad_s),
         "outer_step_ms": 1e3 * statistics.median(apply_s),
         "hyper_step_ms": 1e3 * statistics.median(a + b for a, b in zip(grad_s, apply_s)),
@@ -155,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--dense", action="store_true", help="dense hypergradients for every optimizer")
     p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # n optimizer: in a child process
     p.add_argument(
         "--out",
@@ -164,13 +176,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
-        print(json.dumps(measure(int(args.one[0]), args.one[1], args.steps)))
+        print(json.dumps(measure(int(args.one[0]), args.one[1], args.steps, dense=args.dense)))
         return {}
     runs = []
     for name in args.optimizers:
         for n in args.sizes:
             out = subprocess.run(
-                [sys.executable, __file__, "--one", str(n), name, "--steps", str(args.steps)],
+                [sys.executable, __file__, "--one", str(n), name, "--steps", str(args.steps)]
+                + ["--dense"] * args.dense,
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))

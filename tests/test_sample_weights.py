@@ -14,7 +14,14 @@ from problems import split_settings
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from hypertorch_sid import Batches, ConfigurationError, SIDConfig, SIDHyperOptimizer
+from hypertorch_sid import (
+    Batches,
+    ConfigurationError,
+    DivergenceError,
+    SIDConfig,
+    SIDHyperOptimizer,
+)
+from hypertorch_sid.core.rows import RowSnapshot
 from hypertorch_sid.core.sample_weights import (
     Indexed,
     IndexedDataset,
@@ -35,7 +42,9 @@ class WeightedRidge:
         ∂f/∂xᵢ = −(1/n) T'(xᵢ) rᵢ aᵢᵀ H⁻¹ ∇E(w*)        (sigmoid: T' = ω(1 − ω))
     """
 
-    def __init__(self, n: int = 48, d: int = 5, seed: int = 0, parameterization="sigmoid"):
+    def __init__(
+        self, n: int = 48, d: int = 5, seed: int = 0, parameterization="sigmoid", sparse_grad=False
+    ):
         gen = torch.Generator().manual_seed(seed)
         self.A = torch.randn(n, d, generator=gen, dtype=torch.float64)
         self.b = self.A @ torch.randn(d, generator=gen, dtype=torch.float64)
@@ -44,7 +53,9 @@ class WeightedRidge:
         self.Av = torch.randn(30, d, generator=gen, dtype=torch.float64)
         clean_fit = torch.linalg.lstsq(self.A[n // 4 :], self.b[n // 4 :]).solution
         self.bv = self.Av @ clean_fit  # validation: the clean rows' model
-        self.weights = SampleWeights(n, parameterization, dtype=torch.float64)
+        self.weights = SampleWeights(
+            n, parameterization, dtype=torch.float64, sparse_grad=sparse_grad
+        )
         with torch.no_grad():
             self.weights.logits.copy_(0.5 * torch.randn(n, generator=gen, dtype=torch.float64))
         self.weights.projection()
@@ -92,13 +103,14 @@ class WeightedRidge:
 
     def sid(self, **kwargs):
         kwargs.setdefault("full_train_batch", self.full())
+        outer_optimizer = kwargs.pop("outer_optimizer", None)
         kwargs, settings = split_settings(kwargs)
         return SIDHyperOptimizer(
             self.weights.hyperparameters,
             [self.w],
             self.inner_loss,
             self.outer_loss,
-            None,
+            outer_optimizer,
             **kwargs,
             config=SIDConfig(**settings),
         )
@@ -108,14 +120,18 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("parameterization", ["sigmoid", "softmax"])
-def test_weighted_ridge_full_batch_matches_closed_form(parameterization):
-    p = WeightedRidge(parameterization=parameterization)
+@pytest.mark.parametrize(
+    ("parameterization", "sparse_grad"), [("sigmoid", False), ("softmax", False), ("sigmoid", True)]
+)
+def test_weighted_ridge_full_batch_matches_closed_form(parameterization, sparse_grad):
+    p = WeightedRidge(parameterization=parameterization, sparse_grad=sparse_grad)
     hopt = p.sid(
         inner_steps=600, adjoint_steps=600, step_size="constant", eta=1.0,
         batches=Batches(inner="full", adjoint="full", d2="full"),
     )  # fmt: skip
     g = hopt.hypergradient([p.full()], (p.Av, p.bv))[0]
+    assert g.is_sparse == sparse_grad
+    g = g.to_dense()
     assert g.dtype == torch.float64 and g.shape == (p.n,)
     assert rel(g, p.exact()) < 1e-7
 
@@ -143,6 +159,45 @@ def test_weighted_ridge_minibatch_term_touches_only_its_rows():
     outside = torch.ones(p.n, dtype=torch.bool)
     outside[batch.index] = False
     assert bool((g[outside] == 0).all()) and bool((g[batch.index] != 0).all())
+
+
+@pytest.mark.parametrize("outer", ["sgd", "lazy_adam"])
+def test_sparse_grad_hyper_step_reads_and_moves_only_the_batch_rows(outer):
+    """sparse_grad=True: the hypergradient is a sparse tensor holding the minibatch's rows (the
+    same values as the dense one), the outer step moves those rows and no other, and the
+    snapshot kept to restore λ holds those rows only (counts, not timings)."""
+    dense, sparse = WeightedRidge(), WeightedRidge(sparse_grad=True)
+    batch = next(dense.batches(6, torch.arange(dense.n).flip(0)))
+    settings = dict(inner_steps=0, adjoint_steps=50, alpha=0.2, batches=Batches(adjoint="full"))
+    g_dense = dense.sid(**settings).hypergradient([batch] * 3, (dense.Av, dense.bv))[0]
+    make = {"sgd": lambda hs: torch.optim.SGD(hs, lr=1.0), "lazy_adam": lambda hs: LazyAdam(hs)}
+    hs = sparse.weights.hyperparameters
+    hopt = sparse.sid(outer_optimizer=make[outer](hs), **settings)
+    g = hopt.hypergradient([batch] * 3, (sparse.Av, sparse.bv))[0]
+    assert g.is_sparse and g.coalesce().indices()[0].sort().values.tolist() == sorted(
+        batch.index.tolist()
+    )
+    assert torch.allclose(g.to_dense(), g_dense, rtol=1e-12, atol=1e-15)
+    snapshot = RowSnapshot(hs[0], g)
+    assert snapshot.values.numel() == batch.index.numel()
+    before = hs[0].detach().clone()
+    hopt.apply([g])
+    moved = torch.nonzero(hs[0].detach() != before).flatten()
+    assert sorted(moved.tolist()) == sorted(batch.index.tolist())
+    assert hs[0].grad is None
+
+
+def test_sparse_grad_non_finite_hypergradient_leaves_the_weights_unchanged():
+    p = WeightedRidge(sparse_grad=True)
+    hs = p.weights.hyperparameters
+    hopt = p.sid(outer_optimizer=LazyAdam(hs), alpha=0.2)
+    before = hs[0].detach().clone()
+    bad = torch.sparse_coo_tensor(
+        torch.tensor([[1, 4]]), torch.tensor([0.5, float("nan")], dtype=torch.float64), (p.n,)
+    )
+    with pytest.raises(DivergenceError):
+        hopt.apply([bad])
+    assert torch.equal(hs[0].detach(), before) and not hopt.outer_optimizer.state
 
 
 def test_weighted_ridge_stochastic_average_approaches_closed_form():

@@ -41,6 +41,7 @@ from .errors import ConfigurationError, DivergenceError
 from .estimation import Curvature, EstimatedCurvature
 from .gauss_newton import GaussNewton, check_hvp
 from .preconditioning import FisherDiagonal, Preconditioner
+from .rows import RowSnapshot
 from .schedules import StepSchedule, check_schedule_kind
 from .solvers import AdjointSolver, Automatic, AveragedMomentum, InnerSolver
 from .validation import check_bool, check_choice, check_integer, check_positive, check_real
@@ -121,15 +122,18 @@ class FeasibleSet:
         with torch.no_grad():
             return bool(self.contains(list(hyperparameters)))
 
-    def enter(self, hyperparameters: Tensors, before: Tensors, hyper_step: int) -> None:
-        """λ ← P_Λ(λ) after the outer step; λ restored to ``before`` (and an error raised) where
-        the result is not finite or not in Λ."""
+    def enter(
+        self, hyperparameters: Tensors, before: Sequence[RowSnapshot], hyper_step: int
+    ) -> None:
+        """λ ← P_Λ(λ) after the outer step; λ restored from ``before`` (the rows the step may
+        change, :class:`~.rows.RowSnapshot`) and an error raised where they are not finite or λ
+        is not in Λ."""
         with torch.no_grad():
             if self.project is not None:
                 self.project(hyperparameters)
-            if not all(torch.isfinite(h).all() for h in hyperparameters):
+            if not all(torch.isfinite(b.changed(h)).all() for h, b in zip(hyperparameters, before)):
                 for h, b in zip(hyperparameters, before):
-                    h.copy_(b)
+                    b.restore(h)
                 raise DivergenceError(
                     "hyperparameters",
                     hyper_step,
@@ -139,7 +143,7 @@ class FeasibleSet:
                 )
             if not self.holds(hyperparameters):
                 for h, b in zip(hyperparameters, before):
-                    h.copy_(b)
+                    b.restore(h)
                 raise ConfigurationError(
                     f"the outer step {hyper_step} left the feasible set (feasible("
                     "hyperparameters) returned False); λ was restored. Pass a projection onto the "

@@ -39,6 +39,7 @@ from .estimation import CurvatureProbe
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
 from .outer import outer_gradients
+from .rows import RowSnapshot, all_finite
 from .schedules import StepSchedule
 from .second_order import (
     NO_SECOND_DERIVATIVE,
@@ -425,7 +426,7 @@ class SIDHyperOptimizer:
 
     def _check_divergence(self, hypergrad: Tensors, adjoint: _Adjoint) -> None:
         """A non-finite ∇̂f, or growth past what a non-expansive adjoint map allows (the guard)."""
-        if not all(torch.isfinite(g).all() for g in hypergrad):
+        if not all_finite(hypergrad):
             raise DivergenceError(
                 "hypergradient",
                 None,
@@ -543,14 +544,14 @@ class SIDHyperOptimizer:
         """
         if self.outer_optimizer is None:
             raise ConfigurationError("apply() needs outer_optimizer (the optimizer over λ).")
-        if not all(torch.isfinite(g).all() for g in hypergrad):
+        if not all_finite(hypergrad):
             raise DivergenceError(
                 "hypergradient",
                 self.hyper_step,
                 norm(hypergrad),
                 "λ and the outer optimizer were left unchanged. Check the losses for NaN/Inf.",
             )
-        before = [h.detach().clone() for h in self.hyperparameters]
+        before = [RowSnapshot(h, g) for h, g in zip(self.hyperparameters, hypergrad)]
         for h, g in zip(self.hyperparameters, hypergrad):
             h.grad = g.detach().clone()
         self.outer_optimizer.step()

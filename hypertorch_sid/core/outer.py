@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from . import rows
 from .errors import ConfigurationError, DivergenceError
 from .solvers import norm
 
@@ -99,7 +100,7 @@ def outer_gradients(
     """
     batches, _ = _validation_batches(val_batch)
     params = list(inner_parameters) + list(hyperparameters)
-    total = [torch.zeros_like(p) for p in params]
+    total: list[Tensor | None] = [None] * len(params)
     value = 0.0
     used = [False] * len(params)
     for batch in batches:
@@ -117,7 +118,9 @@ def outer_gradients(
         for i, g in enumerate(grads):
             if g is not None:
                 used[i] = True
-                total[i].add_(g, alpha=1.0 / len(batches))
+                acc = total[i]
+                scale = 1.0 / len(batches)
+                total[i] = g * scale if acc is None else rows.add(acc, g, scale)
         value += float(loss.detach()) / len(batches)
     if not any(used):
         raise ConfigurationError(
@@ -134,8 +137,9 @@ def outer_gradients(
             UserWarning,
             stacklevel=2,
         )
+    total = [rows.zero_gradient(p) if g is None else g for p, g in zip(params, total)]
     g1, g2 = total[:n], total[n:]
-    if not torch.isfinite(torch.tensor(value)) or not all(torch.isfinite(g).all() for g in total):
+    if not torch.isfinite(torch.tensor(value)) or not rows.all_finite(total):
         raise DivergenceError(
             "outer gradient ∇E",
             None,

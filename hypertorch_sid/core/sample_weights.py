@@ -49,6 +49,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
 from .errors import ConfigurationError
+from .rows import mark_row_sparse
 
 Tensors = list[Tensor]
 
@@ -225,6 +226,15 @@ class SampleWeights:
         An existing leaf tensor of shape ``(n,)`` to use as x (its values are kept), e.g. a
         hyperparameter registered on a :class:`~hypertorch_sid.BilevelModule`:
         ``SampleWeights(n, logits=self.register_hyperparameter("x", torch.zeros(n)))``.
+    sparse_grad:
+        ``True``: the rows are gathered with a sparse backward, so the gradient of the
+        logits (the hypergradient of ``SIDHyperOptimizer``, ``logits.grad``) is a sparse COO
+        tensor holding only the rows read, and a hyper step costs the same for any n (its
+        checks read the rows, :mod:`~hypertorch_sid.core.rows`). The outer optimizer must then
+        accept sparse gradients and move only their rows: :class:`LazyAdam` or ``SGD`` without
+        momentum (``torch.optim.Adam`` refuses them), in one process (a sparse tensor is not
+        averaged across DDP ranks). ``False`` (default): a dense n-vector gradient (any
+        optimizer, DDP), a few passes over n per hyper step.
 
     Attributes
     ----------
@@ -242,6 +252,7 @@ class SampleWeights:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         logits: Tensor | None = None,
+        sparse_grad: bool = False,
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigurationError(f"SampleWeights needs a number of rows n ≥ 1, got {n!r}.")
@@ -261,6 +272,9 @@ class SampleWeights:
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
+        self.sparse_grad = bool(sparse_grad)
+        if self.sparse_grad:
+            mark_row_sparse(logits)
         self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
         self.parameterization.refresh(self)
 
@@ -289,8 +303,8 @@ class SampleWeights:
 
     def weights(self, index: Tensor) -> Tensor:
         """ω of the rows ``index`` (differentiable in the logits; only these rows get a
-        gradient: ``index_select``'s backward is an ``index_add``)."""
-        x = self.logits.index_select(0, self.check_index(index))
+        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector)."""
+        x = torch.gather(self.logits, 0, self.check_index(index), sparse_grad=self.sparse_grad)
         return self.parameterization.rows(x, self)
 
     def weighted_mean(self, losses: Tensor, index: Tensor, normalize: bool = False) -> Tensor:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import rows
 from .batches import BatchStream, batch_size, join
 from .context import SolveContext
 from .cost import Cost
@@ -841,20 +842,19 @@ def assemble_hypergradient(
     in ℓ̂ reads λ, as with weight decay) it is computed once from R and ``batches`` are not read:
     the same value as any J, without J forward passes.
     """
-    total = [g.detach().clone() for g in grad_lam_E]
+    total = [g.detach() for g in grad_lam_E]  # sums below are new tensors (row-sparse: .rows)
     exact = phi.exact_hyper_vjp(v)
     if exact is not None:
         if cost is not None:
             cost.jacobian_vector_products += 1
-        return [acc.add_(d) for acc, d in zip(total, exact)]
+        return [rows.add(acc, d) for acc, d in zip(total, exact)]
     batches = list(batches)
     if not batches:
-        return total
+        return [g.clone() for g in total]
     for batch in batches:
         _, d2 = phi.vjp(batch, v, wrt_hyper=True)
         assert d2 is not None
-        for acc, d in zip(total, d2):
-            acc.add_(d.detach(), alpha=1.0 / len(batches))
+        total = [rows.add(acc, d.detach(), 1.0 / len(batches)) for acc, d in zip(total, d2)]
         if cost is not None:
             cost.samples += batch_size(batch)
             cost.jacobian_vector_products += 1
