@@ -15,14 +15,16 @@ A minibatch reads only its own rows of x, so the cross term of eq. gradestim,
 
     ∂₂Φ̂(w, x; ζ)ᵀv = −α ∂ₓ⟨∇₁ℓ̂(w, x; ζ), v⟩,   row i: −(α/|ζ|) T'(xᵢ) ⟨∇ℓᵢ(w), v⟩ for i ∈ ζ,
 
-is zero outside ζ: the rows are gathered (``index_select``, whose backward is an ``index_add``
-into the full tensor) and :class:`LazyAdam` moves only the rows whose hypergradient is non-zero.
+is zero outside ζ: the rows are gathered (``torch.gather``; with ``sparse_grad=True`` its
+backward is a sparse COO tensor of the rows read, else an ``index_add`` into the full tensor) and
+:class:`LazyAdam` moves only the rows whose hypergradient is non-zero. With ``sparse_grad=True``
+the whole hyper step (cross term, checks, outer step) costs the same for any n.
 :class:`IndexedDataset` adds the index to each sample so that a batch says which rows it reads.
 
 Usage with a plain :class:`~hypertorch_sid.SIDHyperOptimizer`::
 
     train = IndexedDataset(train_set)                 # each sample: Indexed(index, data)
-    weights = SampleWeights(len(train))               # x = 0: ω = σ(0) = ½ everywhere
+    weights = SampleWeights(len(train), sparse_grad=True)   # x = 0: ω = σ(0) = ½ everywhere
     def inner_loss(batch):
         index, (X, y) = batch
         losses = F.cross_entropy(model(X), y, reduction="none")
