@@ -18,7 +18,7 @@ from .divergence import (
     RaiseOnDivergence,
     Recover,
 )
-from .errors import ConfigurationError, DivergenceError, SIDError
+from .errors import ConfigurationError, ConvergenceWarning, DivergenceError, SIDError
 from .estimation import (
     Curvature,
     CurvatureEstimate,
@@ -122,6 +122,7 @@ __all__ = [
     "BatchStream",
     "ConfigurationError",
     "ConstantStep",
+    "ConvergenceWarning",
     "ContractionMap",
     "Cost",
     "CurvatureEstimate",

@@ -46,3 +46,9 @@ class DivergenceError(SIDError):
 
 class ConfigurationError(SIDError, ValueError):
     """Bad arguments or inputs: the message says which and how to fix them."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A result that is finite but visibly not what was asked: a solve that has not converged
+    (its residual barely fell), or λ that the outer optimizer cannot move. The message names the
+    setting to change; filter it with ``warnings.filterwarnings("ignore", category=...)``."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -29,9 +29,17 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
     - anything else is one batch: a tensor, a dict, ``(X, y)``, ``[X, y]``, and also a nested
       batch such as ``((X_img, X_txt), (y1, y2))`` whose parts differ in shape.
 
-    A nested batch whose parts *do* agree in shape and dtype (``((X1, X2), (Y1, Y2))`` with X1
-    shaped like X2) reads as two batches: wrap it as ``[batch]`` to pass it as one.
+    A *tuple* of two or more such items (``((X1, X2), (Y1, Y2))`` with every part shaped alike)
+    is ambiguous — one nested batch or several batches — and raises :class:`ConfigurationError`
+    asking for ``[batch]`` (one) or a list ``[b1, b2]`` (several); a list is never ambiguous.
+    A one-shot iterator (a generator) raises too: it would be read once, then be empty.
     """
+    if isinstance(val_batch, Iterator) and not isinstance(val_batch, Tensor):
+        raise ConfigurationError(
+            f"val_batch is a one-shot iterator ({type(val_batch).__name__}): it would be "
+            "exhausted after the first hyper step. Pass a batch such as (X_val, y_val), a list "
+            "of batches (list(generator)), or a DataLoader over the validation set."
+        )
     if isinstance(val_batch, DataLoader):
         batches = list(val_batch)
         if not batches:
@@ -44,6 +52,13 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
                 "batches, or a DataLoader over the validation set."
             )
         if _several_batches(val_batch):
+            if isinstance(val_batch, tuple) and len(val_batch) > 1:
+                raise ConfigurationError(
+                    f"val_batch is a tuple of {len(val_batch)} parts with the same structure "
+                    "and shapes: it could be one nested batch (e.g. ((X1, X2), (Y1, Y2))) or "
+                    f"{len(val_batch)} batches. Pass [val_batch] for one batch, or a list "
+                    "[batch1, batch2, ...] for several (averaged like a DataLoader)."
+                )
             return list(val_batch), True
     return [val_batch], False
 
@@ -79,6 +94,65 @@ def _several_batches(items: list[Any] | tuple[Any, ...]) -> bool:
         return False
     first = _signature(items[0])
     return all(_signature(b) == first for b in items[1:])
+
+
+#: (id of outer_loss, unused pattern) already probed: the probe reruns E once per pattern
+_PROBED: set[tuple[int, tuple[bool, ...]]] = set()
+
+
+class _GradientlessReads(torch.overrides.TorchFunctionMode):
+    """Records which of ``watched`` an op reads without a gradient path: through ``.detach()``,
+    ``.data`` or under ``torch.no_grad()``."""
+
+    _DETACH = {Tensor.detach, Tensor.detach_, Tensor.data.__get__}  # type: ignore[attr-defined]
+
+    def __init__(self, watched: Sequence[Tensor]) -> None:
+        super().__init__()
+        self.index = {id(w): i for i, w in enumerate(watched)}
+        self.found: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        cut = func in self._DETACH or not torch.is_grad_enabled()
+        if cut:
+            for a in list(args) + list(kwargs.values()):
+                i = self.index.get(id(a))
+                if i is not None:
+                    self.found.add(i)
+        return func(*args, **kwargs)
+
+
+def _warn_if_read_without_gradient(
+    outer_loss: Callable[[Any], Tensor],
+    batch: Any,
+    inner_parameters: Sequence[Tensor],
+    used: list[bool],
+) -> None:
+    """E reads some w tensors but gives them no gradient: say which when it reads them detached.
+
+    A tensor E never reads (a head used only in training) legitimately has ∇₁E = 0; one that E
+    reads through ``.detach()``, ``.data`` or ``no_grad`` loses its part of the hypergradient
+    silently. E is run once more on one batch, under a mode that watches those reads, once per
+    ``outer_loss`` and pattern of unused tensors.
+    """
+    key = (id(outer_loss), tuple(used))
+    if key in _PROBED:
+        return
+    _PROBED.add(key)
+    mode = _GradientlessReads(inner_parameters)
+    with torch.enable_grad(), mode:
+        outer_loss(batch)
+    cut = sorted(i for i in mode.found if not used[i])
+    if cut:
+        which = ", ".join(f"{i} (shape {tuple(inner_parameters[i].shape)})" for i in cut)
+        warnings.warn(
+            f"outer_loss reads inner parameter{'s' if len(cut) > 1 else ''} {which} without a "
+            "gradient (through .detach(), .data or torch.no_grad()): ∇₁E of "
+            f"{'them' if len(cut) > 1 else 'it'} is taken as 0, so the hypergradient misses "
+            "their part. Compute E from w without .detach().",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def outer_gradients(
@@ -128,6 +202,8 @@ def outer_gradients(
             "be computed from w and/or λ."
         )
     n = len(inner_parameters)
+    if any(used[:n]) and not all(used[:n]):
+        _warn_if_read_without_gradient(outer_loss, batches[0], inner_parameters, used[:n])
     if not any(used[:n]):
         warnings.warn(
             "outer_loss does not depend on the inner parameters w (every ∇₁E is unused, e.g. E "
