@@ -57,6 +57,21 @@ from ..core.validation import check_inner_optimizers
 __all__ = ["BilevelModule"]
 
 
+class _Reads(torch.overrides.TorchFunctionMode):
+    """Records whether any torch operation reads one of ``watched`` (by identity)."""
+
+    def __init__(self, watched: list[Tensor]) -> None:
+        super().__init__()
+        self.ids = {id(t) for t in watched}
+        self.found = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if not self.found:
+            self.found = any(id(a) in self.ids for a in (*args, *kwargs.values()))
+        return func(*args, **kwargs)
+
+
 class BilevelModule(pl.LightningModule):
     """A ``LightningModule`` with hyperparameters λ kept apart from its parameters w.
 
@@ -74,6 +89,9 @@ class BilevelModule(pl.LightningModule):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._hyperparameter_names: list[str] = []
+        #: set by the callback at fit start: check that the first training step reads λ
+        self._check_lambda_read = False
+        self._lambda_reads: _Reads | None = None
 
     # ------------------------------------------------------------------ declaring λ
     def register_hyperparameter(self, name: str, value: Tensor | float) -> nn.Parameter:
@@ -195,3 +213,34 @@ class BilevelModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         """Validates the training optimizers (see :meth:`check_optimizers`)."""
         self.check_optimizers()
+
+    # ------------------------------------------------------------------ λ reaches the training
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """At the first batch of a fit tuned by a hyper-optimization callback: watch which λ the
+        training step reads (a ``TorchFunctionMode`` for this one forward; no extra pass)."""
+        if self.__dict__.get("_check_lambda_read") and self._lambda_reads is None:
+            self._lambda_reads = _Reads(list(self.hyperparameters()))
+            self._lambda_reads.__enter__()
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        """The first training step's forward is done: refuse a training that ignores λ."""
+        self._end_lambda_check()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._end_lambda_check()
+
+    def _end_lambda_check(self) -> None:
+        reads = self.__dict__.get("_lambda_reads")
+        if reads is None or not self._check_lambda_read:
+            return
+        reads.__exit__(None, None, None)
+        self._check_lambda_read = False
+        if not reads.found:
+            names = ", ".join(self._hyperparameter_names)
+            raise ConfigurationError(
+                f"{type(self).__name__}.training_step does not read any hyperparameter ({names}), "
+                "while the hypergradient differentiates inner_loss, which reads them: λ would "
+                "move although the training it tunes does not depend on it. Make training_step "
+                "return self.inner_loss(batch) (the default training_step does), or use λ in it "
+                "as inner_loss does."
+            )

@@ -41,6 +41,7 @@ __all__ = [
     "SampledBatches",
     "ShardedSampler",
     "StreamPosition",
+    "TrainingOrder",
     "draws_by_index",
     "first_loader",
     "fetch",
@@ -412,3 +413,74 @@ def validation_loader(trainer: pl.Trainer) -> Any:
     if module is not None and is_overridden("val_dataloader", module):
         return module.val_dataloader()
     return None
+
+
+class TrainingOrder:
+    """The random state that orders the training loader's next epoch, checkpointable.
+
+    A shuffling ``DataLoader`` draws each epoch's permutation when the epoch's iterator is made:
+    from its ``generator`` (``DataLoader(generator=...)`` or the sampler's own), or else from
+    torch's global RNG. Lightning's checkpoints hold neither, so a fit resumed from an
+    end-of-epoch checkpoint shuffled its next epochs differently from the uninterrupted fit
+    (measured: λ 4.108e-4 against 4.141e-4). :meth:`state_dict` captures both states where the
+    checkpoint is written and :meth:`load_state_dict` puts them back when the resumed fit
+    starts, before its first epoch's iterator exists, so the resumed epochs see the same
+    permutations. What it cannot restore is said in :data:`RESUME_LIMITS`.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.generators = _loader_generators(loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "torch": torch.get_rng_state(),
+            "generators": [g.get_state() for g in self.generators],
+        }
+
+    def check_state(self, state: Any) -> None:
+        ok = (
+            isinstance(state, dict)
+            and isinstance(state.get("torch"), Tensor)
+            and state["torch"].dtype == torch.uint8
+            and isinstance(state.get("generators"), list)
+            and all(isinstance(s, Tensor) and s.dtype == torch.uint8 for s in state["generators"])
+        )
+        if not ok:
+            raise ConfigurationError(
+                "the checkpoint's training-order state (the RNG states that shuffle the training "
+                "loader) is corrupted: it must hold uint8 RNG state tensors."
+            )
+        if len(state["generators"]) != len(self.generators):
+            raise ConfigurationError(
+                f"the checkpoint's training loader had {len(state['generators'])} generators, "
+                f"this one has {len(self.generators)}: resume with the same training DataLoader "
+                "(shuffle=, generator=) to reproduce its order."
+            )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state)
+        torch.set_rng_state(state["torch"])
+        for g, s in zip(self.generators, state["generators"]):
+            g.set_state(s)
+
+
+#: what :class:`TrainingOrder` cannot make reproduce (said in the docs and warned at resume)
+RESUME_LIMITS = (
+    "a mid-epoch checkpoint (Lightning restarts an ordinary DataLoader at the start of the "
+    "epoch), CUDA and worker-process RNG used inside the training step, and samplers that keep "
+    "their own random state elsewhere"
+)
+
+
+def _loader_generators(loader: Any) -> list[torch.Generator]:
+    """The torch Generators that order ``loader``'s epochs (its own and its sampler's)."""
+    try:
+        loader = first_loader(loader, "train dataloader")
+    except ConfigurationError:
+        return []
+    found: list[torch.Generator] = []
+    for owner in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator) and g.device.type == "cpu" and g not in found:
+            found.append(g)
+    return found

@@ -73,7 +73,7 @@ from torch import Tensor
 from ..core.decay import GRANULARITIES, WeightDecay, as_parameterization
 from ..core.errors import ConfigurationError
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
-from .problem import BilevelProblem
+from .problem import BilevelProblem, check_module_not_compiled
 
 __all__ = ["LearnedWeightDecay", "WeightDecayProblem"]
 
@@ -171,6 +171,13 @@ class WeightDecayProblem:
         self._inner: list[Tensor] = []
         self._scales: list[Tensor | float] | None = None
         self._warned_new_tensors = False
+        self._checked_gradients = False
+        #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
+        #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
+        self.data_curvature: Callable[[], float | None] = lambda: None
+        #: the smallest λ when the current hyper step began (a curvature estimate of ℓ̂ made in
+        #: it includes at least this much decay)
+        self.lambda_min_at_step = 0.0
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -180,7 +187,21 @@ class WeightDecayProblem:
                 "LearnedWeightDecay: with manual optimization, training_step cannot be called to "
                 "evaluate the training loss: pass training_loss=lambda module, batch: ..."
             )
+        check_module_not_compiled(module)
+        decays = [
+            type(cb).__name__
+            for cb in trainer.callbacks
+            if isinstance(getattr(cb, "problem", None), WeightDecayProblem)
+        ]
+        if len(decays) > 1:
+            raise ConfigurationError(
+                f"{len(decays)} LearnedWeightDecay callbacks on one Trainer ({', '.join(decays)}): "
+                "each would add its decay before every optimizer step, so the training would be "
+                "decayed twice while each tunes its λ as if alone. Keep one (choose its "
+                "granularity: per_layer, per_tensor, per_element ...)."
+            )
         self._collect(trainer, module)
+        self._checked_gradients = False
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         if self.decay is None:
@@ -217,6 +238,8 @@ class WeightDecayProblem:
         when the optimizers now train tensors the fit did not start with."""
         if self.decoupled and self.decay is not None:
             self._scales = [self._preconditioner(i) for i in range(len(self.decay.entries))]
+        if self.decay is not None:
+            self.lambda_min_at_step = float(self.decay.summary().min())
         if not self._warned_new_tensors:
             self._warn_if_new_tensors(trainer, module)
 
@@ -300,6 +323,23 @@ class WeightDecayProblem:
                 self.decay.carry_from(old)
 
     # ------------------------------------------------------------------ decay in training
+    def check_gradients(self, module: pl.LightningModule) -> None:
+        """At the first optimizer step: every tensor the optimizers train got a gradient.
+
+        A layer the training never uses (built but not called in ``forward``) has no fixed point
+        for the hypergradient to differentiate: name it, and say how to leave it out.
+        """
+        self._checked_gradients = True
+        names = {id(p): n for n, p in module.named_parameters()}
+        unused = [names.get(id(p), f"tensor {i}") for i, p in enumerate(self._inner) if p.grad is None]
+        if unused:
+            raise ConfigurationError(
+                f"LearnedWeightDecay: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} "
+                "got no gradient from the training loss (a layer the training never uses), so "
+                "it has no trained value for the hypergradient to differentiate. Freeze it "
+                "(requires_grad_(False)), leave it out of the optimizer, or remove the layer."
+            )
+
     @torch.no_grad()
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         """Add the decay before ``optimizer`` steps: ``grad += λ w`` or ``w *= 1 − lr λ``."""
@@ -344,9 +384,16 @@ class WeightDecayProblem:
         """The largest λ the training optimizer can train decayed tensor ``i`` with, halved.
 
         Coupled decay adds λw to the gradient: SGD with learning rate η and momentum m is stable
-        on the quadratic ½λw² only for λ < 2(1 + m)/η, so λ ≤ (1 + m)/η; other optimizers
-        (Adam: the decay is preconditioned, the step bounded by η) λ ≤ 1/η. Decoupled decay
-        multiplies w by 1 − ηλ each step, so λ ≤ 0.5/η keeps that factor in [0.5, 1].
+        on ℓ + ½λw² only while L + λ < 2(1 + m)/η, L the data term's curvature. With L̂ estimated
+        (:attr:`data_curvature`, from the hyper steps' curvature estimate) the bound is half the
+        room left, λ ≤ (2(1 + m)/η − L̂)/2 (with a data curvature of 15 and SGD at lr 0.1 λ rose
+        to 10 under the old (1 + m)/η, past the limit 5, and the weights grew from 6 to 2.6e6).
+        Only on a convex data term (λ̂_min > 0): a network trains at the edge of stability
+        (its sharpness rises to about 2/η and SGD stays stable), where the subtraction would pin
+        λ at 0. Before an estimate, on networks, or where L̂ alone reaches the limit (minibatch
+        estimates overshoot), (1 + m)/η. Other optimizers (Adam: the decay is preconditioned,
+        the step bounded by η) λ ≤ 1/η. Decoupled decay multiplies w by 1 − ηλ each step, so
+        λ ≤ 0.5/η keeps that factor in [0.5, 1].
         """
         group = self._group(i)
         lr = float(group.get("lr", 0.0) or 0.0)
@@ -356,7 +403,11 @@ class WeightDecayProblem:
             return 0.5 / lr
         momentum = float(group.get("momentum", 0.0) or 0.0)
         if "momentum" in group and not group.get("nesterov", False):
-            return (1 + momentum) / lr
+            limit = 2 * (1 + momentum) / lr
+            L = self.data_curvature()
+            if L is None or not math.isfinite(L) or not 0 < L < limit:
+                return limit / 2
+            return (limit - L) / 2
         return 1.0 / lr
 
     def stable_bounds(self) -> list[float]:
@@ -371,19 +422,25 @@ class WeightDecayProblem:
 
     # ------------------------------------------------------------------ ℓ and E
     def _data_loss(self, module: pl.LightningModule, batch: Any, which: str) -> Tensor:
-        fn = self.validation_loss if which == "validation" else None
-        fn = fn or self.training_loss
-        if fn is not None:
-            out = fn(module, batch)
+        if which == "validation" and self.validation_loss is not None:
+            source, out = "validation_loss", self.validation_loss(module, batch)
+        elif self.training_loss is not None:
+            source, out = "training_loss", self.training_loss(module, batch)
         else:
             with _muted_logging(module):
-                out = module.training_step(batch, 0)
+                source, out = "training_step", module.training_step(batch, 0)
         if isinstance(out, Mapping):
             out = out.get("loss")
         if not isinstance(out, Tensor) or out.numel() != 1:
+            fix = (
+                "return a scalar tensor computed from the module (not a Python float or "
+                ".item(): λ's hypergradient flows through it)"
+                if source != "training_step"
+                else "pass training_loss=lambda module, batch: <scalar tensor>"
+            )
             raise ConfigurationError(
-                "LearnedWeightDecay: the training loss must be a scalar tensor (training_step "
-                "returned " + type(out).__name__ + "); pass training_loss=lambda module, batch: ..."
+                f"LearnedWeightDecay: {source} returned {type(out).__name__}, not a scalar "
+                f"tensor ({which} loss): {fix}."
             )
         return out.reshape(())
 
@@ -488,6 +545,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         )
         super().__init__(problem=problem, **kwargs)
         self.problem: WeightDecayProblem = problem
+        problem.data_curvature = self._data_curvature
+        self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
         self.weight_decay = problem.weight_decay
         self.granularity = granularity
         self.decoupled = decoupled
@@ -499,8 +558,26 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Apply the decay: ``grad += λ w`` (coupled) or ``w *= 1 − lr λ`` (decoupled)."""
+        if not self.problem._checked_gradients and trainer.global_step == 0:
+            self.problem.check_gradients(pl_module)
         self.problem.apply(optimizer)
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
+
+    def _data_curvature(self) -> float | None:
+        """L̂ of the data term ℓ alone: the estimate of ℓ̂'s curvature less the smallest λ (ℓ̂ =
+        ℓ + ½Σλw², so L(ℓ) ≥ L̂ − max λ and ≤ L̂ − min λ; the larger, safer value is taken).
+        With ``proximal=True`` the estimate is of ℓ alone. None before the first estimate and
+        where it found negative curvature (a network)."""
+        sid = self.sid
+        if sid is None or sid.L is None or self.problem.decay is None:
+            return None
+        if sid.lambda_min is None or sid.lambda_min <= 0:  # not convex: no stability theory
+            return None
+        if self.proximal:
+            return float(sid.L)
+        if sid.L != self._estimate_seen[0]:  # a new estimate, made at the λ of this hyper step
+            self._estimate_seen = (sid.L, self.problem.lambda_min_at_step)
+        return float(sid.L) - self._estimate_seen[1]
 
     @property
     def rho(self) -> list[Tensor]:
