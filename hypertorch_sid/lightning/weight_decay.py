@@ -331,7 +331,9 @@ class WeightDecayProblem:
         """
         self._checked_gradients = True
         names = {id(p): n for n, p in module.named_parameters()}
-        unused = [names.get(id(p), f"tensor {i}") for i, p in enumerate(self._inner) if p.grad is None]
+        unused = [
+            names.get(id(p), f"tensor {i}") for i, p in enumerate(self._inner) if p.grad is None
+        ]
         if unused:
             raise ConfigurationError(
                 f"LearnedWeightDecay: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} "

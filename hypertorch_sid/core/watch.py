@@ -1,0 +1,347 @@
+"""Never a silent wrong answer: what is watched while Algorithm 1 runs, and what is checked once.
+
+The paper's guarantees rest on assumptions (a contraction Φ̂, solves long enough to approach w(λ)
+and v(λ), a feasible λ) that the first checks can test only where they look: one minibatch, the
+starting w. These helpers watch them where they can fail, for the price of a few scalar
+operations per solver step:
+
+* :class:`ResidualWatch` — every residual ‖T̂(x) − x‖ of a solve: a residual that grows 10× past
+  the first ones, or grows steadily (≥ 80 % of steps, 2× overall), is a map that is not a
+  contraction on these batches (eq. inneralgo needs ‖∂₁Φ̂‖ < 1 on average; one minibatch checked
+  at the start cannot say so), so the hyper step raises :class:`DivergenceError` and λ is not
+  written. At the end of a solve it says whether the solve visibly has not converged: its steps
+  still point one way (‖Σ δ_t‖ ≥ ½ Σ ‖δ_t‖, a drift rather than minibatch noise) and its residual
+  did not halve (:class:`ConvergenceWarning`, naming the setting);
+* :func:`check_loaded_constants` — α, L, μ, q, δ of a loaded state, validated like given ones and
+  against each other (q must be the contraction factor α gives on [μ + δ, L + δ]);
+* :func:`warn_if_lambda_stuck` — an outer step that left λ bitwise unchanged although ∇̂f ≠ 0
+  (Adam's ε above the hypergradient, λ₀ = 1e-30 on log λ);
+* :func:`check_initial_projection`, :func:`check_map_output`, :func:`check_full_batch`,
+  :func:`check_penalty_not_in_loss` — inputs that contradict each other or the solve;
+* :class:`Buffers` — the buffers (BatchNorm statistics) of modules the losses call when no
+  ``module=`` was given, restored after each hyper step.
+
+What cannot be checked is said in ``docs/failures.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import ConfigurationError, ConvergenceWarning, DivergenceError
+
+Tensors = list[Tensor]
+
+#: a residual this many times the first two of its solve: expansion, not noise
+GROWTH = 10.0
+#: steady growth: this fraction of steps increased the residual, and it ended 2× the first
+STEADY, STEADY_GROWTH, STEADY_MIN_STEPS = 0.8, 2.0, 6
+#: not converged: the steps' directions agree this much (‖Σδ‖/Σ‖δ‖) and the residual did not halve
+DRIFT, NOT_HALVED = 0.5, 0.5
+
+
+def _norm(xs: Sequence[Tensor]) -> float:
+    return math.sqrt(sum(float(torch.linalg.vector_norm(x.detach().double())) ** 2 for x in xs))
+
+
+class ResidualWatch:
+    """Watches the residuals δ_t = T̂(x_t) − x_t of one solve (see the module docstring).
+
+    :meth:`see` is called with each step's residual norm (and, to measure drift, the residual
+    itself); :meth:`converged` at the end says whether the solve visibly converged.
+    """
+
+    def __init__(self, quantity: str, hint: str) -> None:
+        self.quantity, self.hint = quantity, hint
+        self.first: list[float] = []
+        self.steps = 0
+        self.rises = 0
+        self.previous = math.nan
+        self.last = math.nan
+        self.sum: Tensors | None = None
+        self.lengths = 0.0
+
+    def see(self, step: int, residual: float, delta: Sequence[Tensor] | None = None) -> None:
+        """One step's residual ‖δ_t‖; raises :class:`DivergenceError` on growth."""
+        if not math.isfinite(residual):
+            return  # the divergence monitor names non-finite values
+        self.steps += 1
+        if len(self.first) < 2:
+            self.first.append(residual)
+        elif residual > GROWTH * max(self.first) and residual > 1e-8:
+            raise DivergenceError(
+                self.quantity,
+                step,
+                residual,
+                f"The residual grew {residual / max(max(self.first), 1e-300):.3g}× within the "
+                f"solve (from {max(self.first):.3g}): the map is not a contraction on these "
+                f"batches, although it may have been where it was checked. {self.hint}",
+            )
+        if residual > self.previous:
+            self.rises += 1
+        self.previous = self.last = residual
+        if delta is not None:
+            if self.sum is None:
+                self.sum = [d.detach().clone() for d in delta]
+            else:
+                for s, d in zip(self.sum, delta):
+                    s.add_(d)
+            self.lengths += residual
+
+    def finish(self) -> None:
+        """At the end of the solve: raise on steady growth."""
+        n = self.steps
+        if n < STEADY_MIN_STEPS or not self.first:
+            return
+        if self.rises >= STEADY * (n - 1) and self.last > STEADY_GROWTH * self.first[0] > 0:
+            raise DivergenceError(
+                self.quantity,
+                n - 1,
+                self.last,
+                f"The residual grew steadily within the solve (in {self.rises} of {n - 1} steps, "
+                f"from {self.first[0]:.3g} to {self.last:.3g}): the map expands on these "
+                f"batches, although it may have contracted where it was checked. {self.hint}",
+            )
+
+    def drift(self) -> float:
+        """‖Σ δ_t‖ / Σ ‖δ_t‖: 1 when every step pushed the same way, ~1/√k for noise."""
+        if self.sum is None or self.lengths <= 0:
+            return 0.0
+        return _norm(self.sum) / self.lengths
+
+    def converged(self) -> bool:
+        """False when the solve visibly has not converged: its steps drift one way and its
+        residual did not halve."""
+        if self.steps < 2 or not self.first:
+            return True
+        return not (self.drift() >= DRIFT and self.last > NOT_HALVED * self.first[0])
+
+
+def warn_not_converged(what: str, watch: ResidualWatch, fix: str) -> None:
+    """The :class:`ConvergenceWarning` for a solve that :meth:`ResidualWatch.converged` denies."""
+    warnings.warn(
+        f"hypertorch_sid: the {what} has not converged: its residual went only from "
+        f"{watch.first[0]:.3g} to {watch.last:.3g} in {watch.steps} steps while its steps kept "
+        f"one direction ({watch.drift():.0%} aligned): the hypergradient is that of an "
+        f"unconverged solve. {fix}",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
+
+
+def check_unsolved_start(phi: Any, batch: Any, w: Sequence[Tensor]) -> None:
+    """With no inner steps (t = 0), w must already be near a fixed point: warn when one step of
+    the map would move it by more than its own size (w = 0 untrained: an exact zero ∂₂Φ̂ term)."""
+    with torch.no_grad():
+        moved = _norm([p - x for p, x in zip(phi.value(batch), w)])
+    size = _norm(w)
+    if moved > size:
+        warnings.warn(
+            f"hypertorch_sid: inner_steps=0, but w is far from a fixed point of the map: one step "
+            f"would move it by {moved:.3g}, more than its size {size:.3g}. The hypergradient "
+            "holds only at w = w(λ) (an untrained w = 0 gives exactly 0 for ridge). Run inner "
+            "steps (inner_steps=...), train w first, or under Lightning start the hyper steps "
+            "later (start_step=...).",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
+
+
+def check_loaded_constants(constants: dict[str, Any]) -> None:
+    """α, L, μ, q, δ of a loaded state: in range, and consistent with each other.
+
+    Given constants are checked at construction; loaded ones must pass the same checks, and
+    since q, α are derived from L, μ, δ (Cor. 4.3), an edited α (1e-9 loaded, giving a result
+    2e8× too small) shows as a q that α does not give.
+    """
+    alpha, L, mu, q = (constants.get(k) for k in ("alpha", "L", "mu", "q"))
+    delta = constants.get("delta") or 0.0
+    for name, value, low in (("alpha", alpha, 0.0), ("L", L, 0.0)):
+        if value is not None and not value > low:
+            raise ConfigurationError(
+                f"the saved constant {name} = {value!r} must be > 0: the checkpoint is corrupted "
+                "or was edited."
+            )
+    if q is not None and not 0 <= q < 1:
+        raise ConfigurationError(
+            f"the saved contraction constant q = {q!r} must be in [0, 1): the checkpoint is "
+            "corrupted or was edited."
+        )
+    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta >= 0):
+        raise ConfigurationError(f"the saved damping delta = {delta!r} must be a number ≥ 0.")
+    if mu is not None and L is not None and not mu <= L * (1 + 1e-9):
+        raise ConfigurationError(f"the saved constants have mu = {mu!r} > L = {L!r}.")
+    if alpha is not None and L is not None and q is not None:
+        factor = abs(1 - alpha * (L + delta))  # what α does to the top of the spectrum
+        if factor > q + 1e-6:
+            raise ConfigurationError(
+                f"the saved alpha = {alpha:.6g} does not fit the saved L = {L:.6g} and q = "
+                f"{q:.6g}: a step α on curvature L + δ contracts by {factor:.6g}, not by q "
+                f"(α(L + δ) = {alpha * (L + delta):.3g}; α = 2/(L + μ) gives q). The checkpoint "
+                "is corrupted or was edited."
+            )
+
+
+def warn_if_lambda_stuck(
+    before: Sequence[Tensor],
+    after: Sequence[Tensor],
+    hypergrad: Sequence[Tensor],
+    optimizer: torch.optim.Optimizer,
+) -> bool:
+    """An outer step that left λ bitwise unchanged although ∇̂f ≠ 0: say why. True if stuck."""
+    g = _norm(hypergrad)
+    if g == 0 or not all(torch.equal(b, a) for b, a in zip(before, after)):
+        return False
+    eps = [grp.get("eps") for grp in optimizer.param_groups if isinstance(grp.get("eps"), float)]
+    why = (
+        f"{type(optimizer).__name__}'s eps = {max(eps):.3g} is above the hypergradient, so its "
+        "step m/(√v + eps) is ~0. Lower eps (eps=1e-30 or 0 in the optimizer), or start λ where "
+        "the hypergradient is not vanishing (on log λ it scales with λ: λ₀ = 1e-30 gives ~1e-31)"
+        if eps and max(eps) > g
+        else "the step is below the floating-point resolution of λ. Raise the outer learning "
+        "rate, or learn log λ from a λ₀ where the hypergradient is not vanishing"
+    )
+    warnings.warn(
+        f"hypertorch_sid: the outer step left λ exactly unchanged although the hypergradient "
+        f"is {g:.3g}: {why}.",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
+    return True
+
+
+def check_initial_projection(
+    hyperparameters: Sequence[Tensor], project: Callable[[Tensors], Any] | None
+) -> None:
+    """λ₀ must be a fixed point of the projection P_Λ (else it starts outside Λ, and the first
+    solve runs at an infeasible λ: a negative decay made it fail as an 'inner divergence')."""
+    if project is None:
+        return
+    copies = [h.detach().clone() for h in hyperparameters]
+    with torch.no_grad():
+        project(copies)
+    moved = [i for i, (h, c) in enumerate(zip(hyperparameters, copies)) if not torch.equal(h, c)]
+    if moved:
+        i = moved[0]
+        raise ConfigurationError(
+            f"the initial hyperparameters are outside the feasible set: the projection moves "
+            f"hyperparameter {i} from {_brief(hyperparameters[i])} to {_brief(copies[i])}. "
+            "Initialise λ inside it (e.g. a weight decay ≥ 0), or learn an unconstrained "
+            "parameterisation such as log λ."
+        )
+
+
+def _brief(x: Tensor) -> str:
+    x = x.detach()
+    if x.numel() == 1:
+        return f"{float(x):.4g}"
+    return f"[{float(x.min()):.4g}, {float(x.max()):.4g}]"
+
+
+def check_map_output(outputs: Any, where: str) -> None:
+    """Φ̂(w) must be differentiable in w: a map computed under ``torch.no_grad()`` (or from
+    detached tensors) returns values that do not require grad, and autograd's bare error would
+    come from inside the adjoint solve."""
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    if not all(isinstance(o, Tensor) for o in outputs):
+        raise ConfigurationError(f"{where} must return a list of tensors shaped like w.")
+    if not any(o.requires_grad for o in outputs):
+        raise ConfigurationError(
+            f"{where} returned tensors that do not require grad: it was computed under "
+            "torch.no_grad() or from detached tensors, so its Jacobians (the adjoint solve, "
+            "∂₂Φ̂ᵀv) cannot be taken. Compute it with autograd enabled, from w and λ themselves."
+        )
+
+
+def check_full_batch(full_batch: Any, source: Any, size: Callable[[Any], int]) -> None:
+    """``full_train_batch`` must hold the training set: compared by size with the training
+    source's dataset where it has one (a DataLoader)."""
+    dataset = getattr(source, "dataset", None)
+    try:
+        n = len(dataset) if dataset is not None else None  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if n is None:
+        return
+    m = size(full_batch)
+    if m != n:
+        raise ConfigurationError(
+            f"full_train_batch holds {m} samples but the training DataLoader's dataset has {n}: "
+            "the deterministic map Φ (full-batch solves, d2_batches='full', the curvature "
+            "estimate) would be that of other data than the minibatches. Pass the whole "
+            "training set as full_train_batch (e.g. dataset.tensors)."
+        )
+
+
+def check_penalty_not_in_loss(
+    data_loss: Callable[[Any], Tensor],
+    penalty: Callable[[], Sequence[Tensor]],
+    batch: Any,
+    inner: Sequence[Tensor],
+    hyper: Sequence[Tensor],
+) -> None:
+    """With ``penalty=`` (the proximal map), ``inner_loss`` must leave the penalty out: where
+    ∂ℓ̂/∂λ of ``inner_loss`` equals that of ½Σ⟨c(λ), w²⟩, the penalty is in both (the answer was
+    that of a doubled penalty)."""
+    loss = data_loss(batch)
+    if not loss.requires_grad:
+        return
+    g_loss = torch.autograd.grad(loss, list(hyper), allow_unused=True)
+    if all(g is None for g in g_loss):
+        return
+    c = penalty()
+    c = [c] if isinstance(c, Tensor) else list(c)
+    reg = 0.5 * sum((ci * w.detach() ** 2).sum() for ci, w in zip(c, inner))
+    if not isinstance(reg, Tensor) or not reg.requires_grad:
+        return
+    g_pen = torch.autograd.grad(reg, list(hyper), allow_unused=True)
+    a = [x if x is not None else torch.zeros_like(h) for x, h in zip(g_loss, hyper)]
+    b = [x if x is not None else torch.zeros_like(h) for x, h in zip(g_pen, hyper)]
+    scale = max(_norm(a), _norm(b))
+    if scale > 0 and _norm([x - y for x, y in zip(a, b)]) <= 1e-6 * scale:
+        raise ConfigurationError(
+            "the penalty is both inside inner_loss and given as penalty=: inner_loss's ∂/∂λ "
+            "equals the penalty's ½Σ c(λ) w², so the problem solved would be that of a doubled "
+            "penalty. With penalty=, inner_loss is the data term alone; or drop penalty= and "
+            "keep the penalty in inner_loss."
+        )
+
+
+class Buffers:
+    """Buffers of the modules the losses call (BatchNorm running statistics), found by a
+    forward pre-hook during the first checks, restored after each hyper step when no
+    ``module=`` was given (with ``module=`` :func:`~hypertorch_sid.core.modes.frozen_mode`
+    restores them)."""
+
+    def __init__(self) -> None:
+        self.modules: list[torch.nn.Module] = []
+
+    def discover(self, run: Callable[[], Any]) -> None:
+        """Run ``run()`` and remember the modules with buffers it calls."""
+        seen: dict[int, torch.nn.Module] = {}
+
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            if next(module.buffers(recurse=False), None) is not None:
+                seen.setdefault(id(module), module)
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+        try:
+            run()
+        finally:
+            handle.remove()
+        self.modules = list(seen.values())
+
+    def snapshot(self) -> list[tuple[Tensor, Tensor]]:
+        return [(b, b.detach().clone()) for m in self.modules for b in m.buffers(recurse=False)]
+
+    @staticmethod
+    def restore(saved: list[tuple[Tensor, Tensor]]) -> None:
+        with torch.no_grad():
+            for b, copy in saved:
+                b.copy_(copy)
