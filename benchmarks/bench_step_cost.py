@@ -37,6 +37,8 @@ It prints a table and writes ``benchmarks/results/step_cost/step_cost.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import itertools
 import json
 import math
@@ -417,7 +419,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON output path")
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="instead: the cost of the per-step checks of issue 29 in a whole hyper step",
+    )
     args = parser.parse_args(argv)
+    if args.watch:
+        return watch_cost(args)
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -490,6 +499,108 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out} ({report['config']['wall_seconds']:.0f} s)")
+    return report
+
+
+# ---------------------------------------------------------------- the checks' cost (issue 29)
+WATCH_STEPS = 10  # t = k of the timed hyper step
+WATCH_GOAL = 0.05  # the checks may cost at most 5 % of a hyper step
+WATCH_RESULTS = Path(__file__).resolve().parent / "results" / "watch_cost.json"
+
+
+@contextlib.contextmanager
+def unwatched() -> Any:
+    """The hyper step without the checks that run at every step (``core/watch.py``): the
+    residual watch of each solver step, the buffer snapshot, the λ-unchanged test."""
+    import sys
+
+    from hypertorch_sid.core import watch
+
+    stubs = {
+        (watch.ResidualWatch, "see"): lambda self, step, residual, delta=None: None,
+        (watch.ResidualWatch, "finish"): lambda self: None,
+        (watch.ResidualWatch, "converged"): lambda self: True,
+        (watch.Buffers, "snapshot"): lambda self: [],
+        (watch.Buffers, "restore"): staticmethod(lambda saved: None),
+    }
+    stuck = watch.warn_if_lambda_stuck
+    holders = [
+        m for m in list(sys.modules.values()) if getattr(m, "warn_if_lambda_stuck", None) is stuck
+    ]
+    saved = {key: key[0].__dict__[key[1]] for key in stubs}
+    try:
+        for (owner, name), stub in stubs.items():
+            setattr(owner, name, stub)
+        for m in holders:
+            m.warn_if_lambda_stuck = lambda *args, **kwargs: False
+        yield
+    finally:
+        for (owner, name), fn in saved.items():
+            setattr(owner, name, fn)
+        for m in holders:
+            m.warn_if_lambda_stuck = stuck
+
+
+def watch_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds per ``SIDHyperOptimizer.step`` (t = k = 10, one ∂₂Φ̂ batch, Adam on log λ, no
+    ``module=`` so the buffer snapshot runs too) with and without the per-step checks, timed in
+    interleaved rounds; the checks' cost is the median over rounds of (with − without)/without."""
+    from hypertorch_sid import SIDHyperOptimizer
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    results: dict[str, Any] = {}
+    for name in args.models:
+        s = make_setup(name, args.batch_size, device, args.seed)
+        outer = make_inner_loss(s.model, s.log_lam, detach_lam=True)
+        sid = SIDHyperOptimizer(
+            s.log_lam, s.params, make_inner_loss(s.model, s.log_lam), outer,
+            torch.optim.Adam(s.log_lam, lr=1e-3), alpha=ALPHA, inner_steps=WATCH_STEPS,
+            adjoint_steps=WATCH_STEPS, step_size="constant", eta=0.5,
+        )  # fmt: skip
+        step = functools.partial(sid.step, s.stream, s.pool[0])
+        step()  # the first step's one-off checks, untimed
+
+        def bare(step: Callable[[], Any] = step) -> None:
+            with unwatched():
+                step()
+
+        ops = {"watched": step, "unwatched": bare}
+        samples = measure(ops, args.rounds, args.block_seconds, 2, sync)
+        overhead = statistics.median(
+            w / u - 1 for w, u in zip(samples["watched"], samples["unwatched"])
+        )
+        results[name] = {
+            "watched_ms": 1e3 * statistics.median(samples["watched"]),
+            "unwatched_ms": 1e3 * statistics.median(samples["unwatched"]),
+            "overhead": overhead,
+            "met": overhead < WATCH_GOAL,
+        }
+        r = results[name]
+        print(
+            f"{name}: hyper step {r['watched_ms']:.1f} ms with the checks, "
+            f"{r['unwatched_ms']:.1f} ms without: {100 * overhead:+.2f} % "
+            f"(goal < {100 * WATCH_GOAL:.0f} %)",
+            flush=True,
+        )
+    report = {
+        "config": {
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "batch_size": args.batch_size,
+            "rounds": args.rounds,
+            "block_seconds": args.block_seconds,
+            "inner_steps": WATCH_STEPS,
+            "adjoint_steps": WATCH_STEPS,
+            "torch": torch.__version__,
+        },  # fmt: skip
+        "models": results,
+    }
+    out = args.out if args.out != RESULTS else WATCH_RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
     return report
 
 

@@ -98,7 +98,7 @@ def test_map_contracting_on_first_batch_only_is_caught():
 
 def test_alpha_far_too_small_warns():
     p = make_ridge(per_feature=False)
-    sid = _sid(p, steps=50, alpha=0.02 / _top_curvature(p))
+    sid = _sid(p, steps=50, alpha=0.01 / _top_curvature(p))  # 100× too small
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         sid.hypergradient([p.train()], p.val())
@@ -207,7 +207,7 @@ def test_loaded_constants_are_validated(edit, named):
         fresh.load_state_dict(_state_with(sid, **edit))
 
 
-def test_batchnorm_statistics_untouched_without_module():
+def _bn_run(with_module: bool):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1)).double()
     lam = torch.tensor(-2.0, dtype=f64, requires_grad=True)
@@ -223,12 +223,23 @@ def test_batchnorm_statistics_untouched_without_module():
         xb, yb = batch
         return ((net(xb).squeeze(-1) - yb) ** 2).mean()
 
-    buffers = {k: v.clone() for k, v in net.named_buffers()}
-    sid = SIDHyperOptimizer([lam], params, inner, outer, inner_steps=5, adjoint_steps=5, alpha=0.05)
+    sid = SIDHyperOptimizer(
+        [lam], params, inner, outer, inner_steps=5, adjoint_steps=5, alpha=0.05,
+        module=net if with_module else None,
+    )  # fmt: skip
     batches = [(X[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)] * 10
-    sid.hypergradient(iter(batches), (X, y))
-    for k, v in net.named_buffers():
-        assert torch.equal(v, buffers[k]), k
+    g = sid.hypergradient(iter(batches), (X, y))
+    return g, dict(net.named_buffers())
+
+
+def test_batchnorm_statistics_without_module_are_those_of_the_inner_steps():
+    """Without module=, hypergradient() also moved the statistics in its checks, adjoint and
+    cross-term passes (num_batches_tracked 0 → 13): now only the inner steps do, as with it."""
+    g_module, expected = _bn_run(True)
+    g, buffers = _bn_run(False)
+    assert int(expected["1.num_batches_tracked"]) == 5
+    for name, b in buffers.items():
+        assert torch.equal(b, expected[name]), name
 
 
 # ====================================================================== 5. λ out of reach

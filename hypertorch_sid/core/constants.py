@@ -26,6 +26,7 @@ from .gauss_newton import linearised_note
 from .maps import FixedPointMap
 from .schedules import StepSchedule, make_schedule, theory_constants
 from .validation import check_positive, check_real, is_real
+from .watch import check_loaded_constants
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -247,6 +248,7 @@ class StepConstants:
                 f"the saved constants must be a dict of {NAMES} holding finite numbers or None, "
                 f"got {constants!r}."
             )
+        check_loaded_constants(constants)  # in range and consistent, like given ones
 
     def load_state_dict(self, constants: dict[str, Any]) -> None:
         """Take checked constants (:meth:`check_state`)."""

@@ -21,13 +21,25 @@ class DivergenceError(SIDError):
         The last residual norm ‖T̂(x) − x‖ seen (``nan``/``inf`` for non-finite values).
     hint:
         The cause, and what to change (see :meth:`with_remedy`).
+    data:
+        True where the cause is non-finite data (NaN/Inf in a batch or a loss from the first
+        iteration), not the solver: retrying with other step sizes or damping cannot help, so
+        the divergence policies do not retry, and the solver state is left as it was.
     """
 
-    def __init__(self, quantity: str, step: int | None, residual: float, hint: str = "") -> None:
+    def __init__(
+        self,
+        quantity: str,
+        step: int | None,
+        residual: float,
+        hint: str = "",
+        data: bool = False,
+    ) -> None:
         self.quantity = quantity
         self.step = step
         self.residual = residual
         self.hint = hint
+        self.data = data
         where = f" at step {step}" if step is not None else ""
         msg = f"the {quantity} diverged{where} (residual norm {residual:.3g})."
         if hint:
@@ -41,7 +53,7 @@ class DivergenceError(SIDError):
         optimizer, which knows it, adds the fix (e.g. not "use damping" when damping is on).
         """
         hint = f"{self.hint} {remedy}".strip()
-        return DivergenceError(self.quantity, self.step, self.residual, hint)
+        return DivergenceError(self.quantity, self.step, self.residual, hint, self.data)
 
 
 class ConfigurationError(SIDError, ValueError):

@@ -39,6 +39,7 @@ from .autodiff import grad as _grad
 from .errors import ConfigurationError
 from .gauss_newton import GaussNewton, check_hvp
 from .validation import check_contraction, check_dependencies, estimate_contraction
+from .watch import check_map_output, check_penalty_not_in_loss
 
 if TYPE_CHECKING:  # the map chooses how its step constants are set (double dispatch)
     from .constants import StepConstants
@@ -444,6 +445,13 @@ class ProximalGradientMap(GradientDescentMap):
         reg = sum((c * w * w).sum() for c, w in zip(self.coefficients(), self.inner_parameters))
         return self.smooth_loss(batch) + 0.5 * reg
 
+    def check_first_batch(self, batch: Any, cost: Cost) -> None:
+        """As the GD map's, and the penalty is not inside ĝ too (a doubled penalty)."""
+        super().check_first_batch(batch, cost)
+        check_penalty_not_in_loss(
+            self.smooth_loss, self.penalty, batch, self.inner_parameters, self.hyperparameters
+        )
+
     def smooth_loss(self, batch: Any) -> Tensor:
         """ĝ(w, λ; ζ), the data term: gradients and Hessian products (what α must contract)
         are of ĝ alone."""
@@ -536,7 +544,9 @@ class ContractionMap(FixedPointMap):
         return [o.detach() for o in self._evaluate(batch)]
 
     def check_first_batch(self, batch: Any, cost: Cost) -> None:
-        """An undamped user map must contract: q by 10 power iterations on ``batch``."""
+        """The map differentiates (not computed under ``no_grad``); an undamped user map must
+        contract: q by 10 power iterations on ``batch``."""
+        check_map_output(self._evaluate(batch), "fixed_point_map(batch)")
         if self.damping != 0:
             return
         q = estimate_contraction(

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import state
-from .batches import BatchStream, head, repeat
+from .batches import BatchStream, batch_size, head, repeat
 from .config import SIDConfig
 from .constants import StepConstants
 from .context import SolveContext
@@ -61,6 +61,13 @@ from .validation import (
     check_not_compiled,
     check_outer_optimizer,
     check_parameters,
+)
+from .watch import (
+    Buffers,
+    check_full_batch,
+    check_initial_projection,
+    check_unsolved_start,
+    warn_if_lambda_stuck,
 )
 
 log = logging.getLogger("hypertorch_sid")
@@ -166,6 +173,7 @@ class SIDHyperOptimizer:
         )
         self.config.check_full_batch(full_train_batch)
         self.full_train_batch = full_train_batch
+        check_initial_projection(self.hyperparameters, self.config.feasible_set.project)
         if not self.is_feasible(self.hyperparameters):
             raise ConfigurationError(
                 "the initial hyperparameters are outside the feasible set: "
@@ -190,6 +198,12 @@ class SIDHyperOptimizer:
         self._checked = False
         self._probe_batch: Any = None  # the first checks' batch: ℓ̂ before/after the first solve
         self._streams: dict[int, BatchStream] = {}
+        #: buffers of the modules the losses call, found at the first checks and restored after
+        #: each hyper step when no ``module=`` was given (as ``frozen_mode`` does with it)
+        self._buffers = Buffers()
+        self._buffers_at_start: list[tuple[Tensor, Tensor]] = []
+        self._buffers_after_inner: list[tuple[Tensor, Tensor]] = []
+        self._warned_stuck = False  # said once that the outer step cannot move λ
         #: the solver that ran the last adjoint solve (``config.adjoint_solver`` or, for
         #: ``Automatic``, the one it chose)
         self.adjoint_solver_used: AdjointSolver | None = None
@@ -299,6 +313,7 @@ class SIDHyperOptimizer:
         -------
         A list of tensors shaped like the hyperparameters.
         """
+        self._buffers_at_start, self._buffers_after_inner = self._buffers.snapshot(), []
         try:
             with twice_differentiable(self.module):
                 return self._hypergradient(self._stream(train_batches), val_batch)
@@ -306,6 +321,10 @@ class SIDHyperOptimizer:
             if not any(s in str(err) for s in NO_SECOND_DERIVATIVE):
                 raise
             raise not_twice_differentiable(err) from err
+        finally:  # as with module=: changed by the inner steps only
+            Buffers.restore(
+                self._buffers_after_inner or self._buffers_at_start or self._buffers.initial
+            )
 
     def _hypergradient(self, stream: BatchStream, val_batch: Any) -> Tensors:
         """Algorithm 1 with the divergence policy's retries."""
@@ -325,7 +344,8 @@ class SIDHyperOptimizer:
                 adjoint = "adjoint" in err.quantity
                 if adjoint:  # a diverged v must not warm-start the next solve
                     self._reset_adjoint()
-                if attempt == attempts - 1:
+                if attempt == attempts - 1 or err.data:  # NaN/Inf data: no retry can help, and
+                    # none may ratchet α or δ (NaN labels raised δ from 0 to 1130 over skips)
                     done = "v was reset; λ was not updated." if adjoint else "λ was not updated."
                     remedy = self._adjoint_remedy(policy.retries) if adjoint else ""
                     said = err.with_remedy(f"{done} {remedy}".strip())
@@ -361,6 +381,11 @@ class SIDHyperOptimizer:
         """Step 1: t warm-started steps w ← w + η_t (Φ̂(w, λ, ζ_t) − w), w updated in place."""
         c = self.config
         probe = self._probe_loss() if self.cost.hypergradients == 0 else None
+        if c.inner_steps == 0 and self.cost.hypergradients == 0 and self._probe_batch is not None:
+            with frozen_mode(self.module, c.mode):  # w must already be near w(λ)
+                check_unsolved_start(self._solver_map, self._probe_batch, self.inner_parameters)
+        # buffers as the hyper step found them (the checks and estimates ran forward passes)
+        Buffers.restore(self._buffers_at_start or self._buffers.initial)
         inner = c.inner_solver.solve(
             SolveContext(
                 self._solver_map,
@@ -372,6 +397,7 @@ class SIDHyperOptimizer:
                 q=self._inner_contraction(),
             )  # fmt: skip
         )
+        self._buffers_after_inner = self._buffers.snapshot()
         if probe is not None:
             warn_if_stalled(probe, self._probe_loss(), inner, self.alpha)
         return inner
@@ -456,9 +482,14 @@ class SIDHyperOptimizer:
         else:
             first = stream.take(1)[0]
         check_batch_dtype(first, self.inner_parameters)
+        if self.full_train_batch is not None:
+            check_full_batch(self.full_train_batch, stream.source, batch_size)
         self._probe_batch = first
         with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
-            self.phi.check_first_batch(first, self.cost)
+            if self.module is None:  # the modules the losses call: their buffers are kept
+                self._buffers.discover(lambda: self.phi.check_first_batch(first, self.cost))
+            else:
+                self.phi.check_first_batch(first, self.cost)
 
     def _probe_loss(self) -> float | None:
         """ℓ̂ on the batch of the first checks (the GD map's inner loss), else None."""
@@ -556,6 +587,10 @@ class SIDHyperOptimizer:
             h.grad = g.detach().clone()
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad(set_to_none=True)
+        if not self._warned_stuck:  # Adam's eps above a 1e-31 hypergradient: λ never moves
+            self._warned_stuck = warn_if_lambda_stuck(
+                before, self.hyperparameters, hypergrad, self.outer_optimizer
+            )
         self.config.feasible_set.enter(self.hyperparameters, before, self.hyper_step)
         self.hyper_step += 1
 

@@ -222,5 +222,6 @@ def outer_gradients(
             norm(total),
             "The validation loss or its gradient is not finite: check the validation data for "
             "NaN/Inf and that w has not diverged.",
+            data=bool(all(torch.isfinite(w).all() for w in inner_parameters)),
         )
     return g1, g2, value

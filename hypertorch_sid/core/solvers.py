@@ -16,8 +16,10 @@ the decreasing phase (an :class:`Acceleration` of the kernel); so is the adjoint
 Then (eq. gradestim) ∇̂f(λ) = ∇₂E(w_t, λ) + ∂₂Φ̂(w_t, λ, ζ)ᵀ v_k, where the last term may average
 J batches (or all the data) to remove the floor 2 m₂ B²/(1−q)² of Thm 3.4.
 
-Every iteration checks its residual ‖T̂(x) − x‖: non-finite values or growth by more than
-``divergence_factor`` over the first residuals raise :class:`DivergenceError`.
+Every iteration checks its residual ‖T̂(x) − x‖: non-finite values, growth by more than
+``divergence_factor`` over the first residuals, 10× growth past the first two or steady growth
+(:class:`~hypertorch_sid.core.watch.ResidualWatch`) raise :class:`DivergenceError`; a solve that
+ends visibly unconverged warns (:class:`~hypertorch_sid.core.errors.ConvergenceWarning`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .errors import ConfigurationError, DivergenceError
 from .maps import FixedPointMap
 from .schedules import StepSchedule
 from .validation import check_choice, check_fraction, check_integer, check_real, is_integer
+from .watch import ResidualWatch, warn_not_converged
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -51,12 +54,14 @@ _REFERENCE_STEPS = 5
 
 @dataclass
 class SolveResult:
-    """What a solve reports: steps taken, the first and last residual ‖T̂(x) − x‖, last η."""
+    """What a solve reports: steps taken, the first and last residual ‖T̂(x) − x‖, last η, and
+    whether it visibly converged (:meth:`~hypertorch_sid.core.watch.ResidualWatch.converged`)."""
 
     steps: int
     first_residual: float
     residual: float
     eta: float
+    converged: bool = True
 
 
 def norm(xs: Sequence[Tensor]) -> float:
@@ -90,13 +95,25 @@ class _DivergenceMonitor:
     the data, the losses or the starting point.
     """
 
-    def __init__(self, quantity: str, factor: float, hint: str) -> None:
+    def __init__(self, quantity: str, factor: float, hint: str, fix: str = "") -> None:
         self.quantity, self.factor, self.hint = quantity, factor, hint
         self.reference = 0.0
         self.first = math.nan
         self.largest = 0.0
+        #: growth and drift of the residuals (:mod:`~hypertorch_sid.core.watch`); ``fix`` is
+        #: what the not-converged warning tells the user to change
+        self.watch, self.fix = ResidualWatch(quantity, hint), fix
 
-    def check(self, step: int, residual: float) -> None:
+    def finish(self) -> bool:
+        """End of the solve: raise on steady growth; warn (and return False) where the solve
+        visibly has not converged."""
+        self.watch.finish()
+        converged = self.watch.converged()
+        if not converged and self.fix:
+            warn_not_converged(self.quantity, self.watch, self.fix)
+        return converged
+
+    def check(self, step: int, residual: float, delta: Sequence[Tensor] | None = None) -> None:
         if step == 0:
             self.first = residual
         if not math.isfinite(residual):
@@ -105,13 +122,15 @@ class _DivergenceMonitor:
                     f"The residual grew from {self.first:.3g} to {self.largest:.3g} before turning "
                     "non-finite: the map is not a contraction here (not a data problem). "
                 )
-            else:
+            else:  # data, not the solver: retries cannot help (DivergenceError.data)
                 hint = (
                     "Non-finite values from the first iteration: check the training data, the "
                     "losses and the starting point for NaN/Inf. "
                 )
+                raise DivergenceError(self.quantity, step, residual, hint + self.hint, True)
             raise DivergenceError(self.quantity, step, residual, hint + self.hint)
         self.largest = max(self.largest, residual)
+        self.watch.see(step, residual, delta)
         if step < _REFERENCE_STEPS:
             self.reference = max(self.reference, residual)
         elif residual > self.factor * max(self.reference, 1e-30) and residual > 1e-8:
@@ -203,7 +222,7 @@ def km_iteration(
         with torch.no_grad():
             delta = [p - xi for p, xi in zip(target, x)]
             residual = norm(delta)
-            monitor.check(t, residual)
+            monitor.check(t, residual, delta)
             if t < heavy_ball:
                 for xi, d, u in zip(x, delta, velocity):
                     xi.add_(u.mul_(momentum).add_(d, alpha=eta))
@@ -217,10 +236,11 @@ def km_iteration(
                 for m, xi in zip(mean, x):
                     m.lerp_(xi, (decay + 1) / (j + decay + 1))
         count(batch)
+    converged = monitor.finish()
     with torch.no_grad():
         for xi, m in zip(x, mean):
             xi.copy_(m)
-    return SolveResult(steps, monitor.first, residual, eta)
+    return SolveResult(steps, monitor.first, residual, eta, converged)
 
 
 def inner_solve(
@@ -239,6 +259,7 @@ def inner_solve(
         divergence_factor,
         "The fixed-point map is probably not a contraction: lower the inner step size (alpha "
         "< 2/L for a gradient map) or eta, or enable backoff (on_divergence=BackOff(2)).",
+        "Raise inner_steps, or the step size (alpha, eta) if it is far below 2/L.",
     )
     return km_iteration(
         lambda batch, w: phi.value(batch),
@@ -347,6 +368,7 @@ class AveragedMomentum(InnerSolver):
         return Acceleration.two_phase(phi, schedule, steps, min(self.momentum, q * q), self.decay)
 
 
+_ADJOINT_FIX = "Raise adjoint_steps (or the adjoint step size, eta)."
 _ADJOINT_HINT = (
     "The adjoint iteration inherits the contraction constant of the map: it is not a contraction "
     "at this w (negative curvature of a non-convex model, or alpha above 2/L)."
@@ -382,7 +404,9 @@ def adjoint_solve(
     Solves (I − ∂₁Φ(w, λ)ᵀ) v = ∇₁E(w, λ) (eq. linsystem). Returns v_k and the solve's report;
     the residual is ‖Ψ̂_w(v) − v‖.
     """
-    monitor = _DivergenceMonitor("adjoint solve v_k", divergence_factor, _ADJOINT_HINT)
+    monitor = _DivergenceMonitor(
+        "adjoint solve v_k", divergence_factor, _ADJOINT_HINT, _ADJOINT_FIX
+    )
     v = [x.detach().clone() for x in v0]
     result = km_iteration(
         adjoint_map(phi, grad_w_E),
@@ -645,7 +669,10 @@ class VarianceReduced(AdjointSolver):
     ) -> tuple[Tensors, SolveResult]:
         phi, batches, full_batch, cost = ctx.phi, ctx.batches, ctx.full_batch, ctx.cost
         monitor = _DivergenceMonitor(
-            "adjoint solve v_k (variance-reduced)", ctx.divergence_factor, _ADJOINT_HINT
+            "adjoint solve v_k (variance-reduced)",
+            ctx.divergence_factor,
+            _ADJOINT_HINT,
+            _ADJOINT_FIX,
         )
         eta = self.eta_scale * ctx.schedule(0)
         every = self.anchor_every or self._epoch_minibatches(batches, full_batch)
@@ -671,10 +698,11 @@ class VarianceReduced(AdjointSolver):
                 _count(cost, batch, "adjoint")
             with torch.no_grad():
                 residual = norm(delta)
-                monitor.check(t, residual)
+                monitor.check(t, residual, delta)
                 for x, d in zip(v, delta):
                     x.add_(d, alpha=eta)
-        return v, SolveResult(ctx.steps, monitor.first, residual, eta)
+        converged = monitor.finish()
+        return v, SolveResult(ctx.steps, monitor.first, residual, eta, converged)
 
     def _epoch_minibatches(self, batches: BatchStream, full_batch: Any) -> int:
         """Minibatches in an epoch: the source's length, or n/b beside a full batch."""

@@ -42,7 +42,8 @@ Tensors = list[Tensor]
 GROWTH = 10.0
 #: steady growth: this fraction of steps increased the residual, and it ended 2× the first
 STEADY, STEADY_GROWTH, STEADY_MIN_STEPS = 0.8, 2.0, 6
-#: not converged: the steps' directions agree this much (‖Σδ‖/Σ‖δ‖) and the residual did not halve
+#: not converged: the steps' directions agree this much (‖Σδ‖/Σ‖δ‖) and, at the rate the
+#: residual fell, at least this fraction of the distance moved is left to go
 DRIFT, NOT_HALVED = 0.5, 0.5
 
 
@@ -115,12 +116,23 @@ class ResidualWatch:
             return 0.0
         return _norm(self.sum) / self.lengths
 
+    def remaining(self) -> float:
+        """The distance still to go relative to the distance moved, for a linearly converging
+        iteration: rate ρ = (r_last/r_first)^(1/(n−1)) per step, so Σ_{s>n} r_s ≈ r_last/(1−ρ),
+        against ‖Σ δ_t‖ moved (both in units of the step size)."""
+        moved = self.drift() * self.lengths
+        if moved <= 0 or self.first[0] <= 0:
+            return 0.0
+        rate = (self.last / self.first[0]) ** (1.0 / max(self.steps - 1, 1))
+        return self.last / max(1.0 - rate, 1e-12) / moved
+
     def converged(self) -> bool:
-        """False when the solve visibly has not converged: its steps drift one way and its
-        residual did not halve."""
+        """False when the solve visibly has not converged: its steps drift one way (not
+        minibatch noise) and, at the rate its residual fell, at least half as far again is left
+        to go as it moved."""
         if self.steps < 2 or not self.first:
             return True
-        return not (self.drift() >= DRIFT and self.last > NOT_HALVED * self.first[0])
+        return not (self.drift() >= DRIFT and self.remaining() >= NOT_HALVED)
 
 
 def warn_not_converged(what: str, watch: ResidualWatch, fix: str) -> None:
@@ -128,8 +140,9 @@ def warn_not_converged(what: str, watch: ResidualWatch, fix: str) -> None:
     warnings.warn(
         f"hypertorch_sid: the {what} has not converged: its residual went only from "
         f"{watch.first[0]:.3g} to {watch.last:.3g} in {watch.steps} steps while its steps kept "
-        f"one direction ({watch.drift():.0%} aligned): the hypergradient is that of an "
-        f"unconverged solve. {fix}",
+        f"one direction ({watch.drift():.0%} aligned); at that rate about "
+        f"{watch.remaining():.2g}× the distance it moved is left: the hypergradient is that "
+        f"of an unconverged solve. {fix}",
         ConvergenceWarning,
         stacklevel=4,
     )
@@ -138,8 +151,7 @@ def warn_not_converged(what: str, watch: ResidualWatch, fix: str) -> None:
 def check_unsolved_start(phi: Any, batch: Any, w: Sequence[Tensor]) -> None:
     """With no inner steps (t = 0), w must already be near a fixed point: warn when one step of
     the map would move it by more than its own size (w = 0 untrained: an exact zero ∂₂Φ̂ term)."""
-    with torch.no_grad():
-        moved = _norm([p - x for p, x in zip(phi.value(batch), w)])
+    moved = _norm([p.detach() - x.detach() for p, x in zip(phi.value(batch), w)])
     size = _norm(w)
     if moved > size:
         warnings.warn(
@@ -289,18 +301,29 @@ def check_penalty_not_in_loss(
     """With ``penalty=`` (the proximal map), ``inner_loss`` must leave the penalty out: where
     ∂ℓ̂/∂λ of ``inner_loss`` equals that of ½Σ⟨c(λ), w²⟩, the penalty is in both (the answer was
     that of a doubled penalty)."""
-    loss = data_loss(batch)
-    if not loss.requires_grad:
-        return
-    g_loss = torch.autograd.grad(loss, list(hyper), allow_unused=True)
-    if all(g is None for g in g_loss):
-        return
-    c = penalty()
-    c = [c] if isinstance(c, Tensor) else list(c)
-    reg = 0.5 * sum((ci * w.detach() ** 2).sum() for ci, w in zip(c, inner))
-    if not isinstance(reg, Tensor) or not reg.requires_grad:
-        return
-    g_pen = torch.autograd.grad(reg, list(hyper), allow_unused=True)
+    saved = [w.detach().clone() for w in inner]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # at w = 0 both are 0: compare at w + u, u random (w restored after)
+        for w in inner:
+            u = torch.randn(w.shape, generator=gen, dtype=torch.float64).to(w)
+            w.add_(u, alpha=max(float(w.detach().abs().max()) if w.numel() else 0.0, 1.0) * 0.1)
+    try:
+        loss = data_loss(batch)
+        if not loss.requires_grad:
+            return
+        g_loss = torch.autograd.grad(loss, list(hyper), allow_unused=True)
+        if all(g is None for g in g_loss):
+            return
+        c = penalty()
+        c = [c] if isinstance(c, Tensor) else list(c)
+        reg = 0.5 * sum((ci * w.detach() ** 2).sum() for ci, w in zip(c, inner))
+        if not isinstance(reg, Tensor) or not reg.requires_grad:
+            return
+        g_pen = torch.autograd.grad(reg, list(hyper), allow_unused=True)
+    finally:
+        with torch.no_grad():
+            for w, x in zip(inner, saved):
+                w.copy_(x)
     a = [x if x is not None else torch.zeros_like(h) for x, h in zip(g_loss, hyper)]
     b = [x if x is not None else torch.zeros_like(h) for x, h in zip(g_pen, hyper)]
     scale = max(_norm(a), _norm(b))
@@ -317,27 +340,36 @@ class Buffers:
     """Buffers of the modules the losses call (BatchNorm running statistics), found by a
     forward pre-hook during the first checks, restored after each hyper step when no
     ``module=`` was given (with ``module=`` :func:`~hypertorch_sid.core.modes.frozen_mode`
-    restores them)."""
+    restores them): ``num_batches_tracked`` went 0 → 13 in one ``hypergradient()``."""
 
     def __init__(self) -> None:
         self.modules: list[torch.nn.Module] = []
+        #: the buffers as they were before the first call of each module (the first checks')
+        self.initial: list[tuple[Tensor, Tensor]] = []
 
-    def discover(self, run: Callable[[], Any]) -> None:
-        """Run ``run()`` and remember the modules with buffers it calls."""
+    def discover(self, run: Callable[[], Any]) -> Any:
+        """Run ``run()``, remembering the modules with buffers it calls (and their buffers
+        before the call); returns what ``run`` returns."""
         seen: dict[int, torch.nn.Module] = {}
+        initial: list[tuple[Tensor, Tensor]] = []
 
         def hook(module: torch.nn.Module, args: Any) -> None:
-            if next(module.buffers(recurse=False), None) is not None:
-                seen.setdefault(id(module), module)
+            if id(module) in seen:
+                return
+            buffers = list(module.buffers(recurse=False))
+            if buffers:
+                seen[id(module)] = module
+                initial.extend((b, b.detach().clone()) for b in buffers)
 
         handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
         try:
-            run()
+            return run()
         finally:
             handle.remove()
-        self.modules = list(seen.values())
+            self.modules, self.initial = list(seen.values()), initial
 
     def snapshot(self) -> list[tuple[Tensor, Tensor]]:
+        """The buffers now (empty before :meth:`discover`)."""
         return [(b, b.detach().clone()) for m in self.modules for b in m.buffers(recurse=False)]
 
     @staticmethod

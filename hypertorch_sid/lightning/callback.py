@@ -369,6 +369,11 @@ class HyperOptimizationCallback(Callback):
             # a new core object at on_train_start and applies it then
             self._restore()
 
+    def _train_dataset(self) -> Any:
+        """The training dataset where the callback samples it by index (else None)."""
+        parts = self.data.train_parts if self.data is not None else None
+        return parts[0] if parts is not None else None
+
     # ================================================================== the problem
     def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
         if isinstance(pl_module, BilevelModule):
@@ -526,11 +531,11 @@ class HyperOptimizationCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit never ends silently with NaN weights."""
         if self.sid is not None:
-            check_weights(pl_module, self._active, trainer.global_step)
+            check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None
-        check_weights(pl_module, self._active, trainer.global_step)
+        check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
         self.problem.before_hyper_step(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)

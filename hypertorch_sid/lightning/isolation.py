@@ -70,12 +70,43 @@ def metric_states_kept(module: pl.LightningModule) -> Iterator[None]:
             m._update_count, m._computed, m._forward_cache = count, computed, cache
 
 
-def check_weights(module: pl.LightningModule, problem: Any, step: int) -> None:
+def non_finite_data(dataset: Any) -> str | None:
+    """Where a dataset of tensors (``TensorDataset``) holds NaN/Inf, or None."""
+    tensors = getattr(dataset, "tensors", None)
+    if not isinstance(tensors, (list, tuple)):
+        return None
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            continue
+        if not bool(torch.isfinite(t).all()):
+            rows = (~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero().flatten()
+            return (
+                f"tensor {i} of the training dataset has NaN/Inf in {len(rows)} sample(s) "
+                f"(index {', '.join(str(int(r)) for r in rows[:5])})"
+            )
+    return None
+
+
+def check_weights(
+    module: pl.LightningModule, problem: Any, step: int, train_dataset: Any = None
+) -> None:
     """Never go on (or end a fit) with non-finite weights: the training itself diverged
-    (``problem``: the active bilevel problem, whose λ summary the error reports, or None)."""
+    (``problem``: the active bilevel problem, whose λ summary the error reports, or None), or
+    the training data holds NaN/Inf (``train_dataset``, read only then, names it)."""
     bad = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
     if not bad:
         return
+    data = non_finite_data(train_dataset)
+    if data is not None:
+        raise DivergenceError(
+            "training (weights w)",
+            step,
+            math.nan,
+            f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...) because the "
+            f"training data does: {data}. Clean or drop those samples (the learning rate and "
+            "the hyperparameters are not the cause).",
+            data=True,
+        )
     lam = ""
     if problem is not None:
         lam = ", ".join(

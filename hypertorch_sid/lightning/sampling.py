@@ -430,6 +430,10 @@ class TrainingOrder:
 
     def __init__(self, loader: Any) -> None:
         self.generators = _loader_generators(loader)
+        try:
+            self.loader_generator = first_loader(loader, "train dataloader").generator
+        except ConfigurationError:
+            self.loader_generator = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -457,11 +461,17 @@ class TrainingOrder:
                 "(shuffle=, generator=) to reproduce its order."
             )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], iterator_made: bool = True) -> None:
+        """Put the states back. ``iterator_made``: the resumed fit already made its first
+        epoch's iterator (Lightning does, before ``on_train_start``), which drew the workers'
+        base seed from the RNG the uninterrupted fit draws it from at that epoch's start: that
+        one draw is replayed, so the permutation drawn next is the uninterrupted fit's."""
         self.check_state(state)
         torch.set_rng_state(state["torch"])
         for g, s in zip(self.generators, state["generators"]):
             g.set_state(s)
+        if iterator_made:  # DataLoader's iterator: torch.empty(()).random_(generator=...)
+            torch.empty((), dtype=torch.int64).random_(generator=self.loader_generator)
 
 
 #: what :class:`TrainingOrder` cannot make reproduce (said in the docs and warned at resume)

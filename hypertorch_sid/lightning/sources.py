@@ -18,11 +18,13 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import RunningStage
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError
 from .sampling import (
+    TrainingOrder,
     LoaderBatches,
     SampledBatches,
     ShardedSampler,
@@ -69,6 +71,8 @@ class HyperData:
         kind = "stream" if self.train_parts is None else "sampler"
         self.train_stream = BatchStream(self.train, f"the callback's training {kind}")
         self._build_val(val, val_batch_size, seed + 1)
+        #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
+        self.order = TrainingOrder(trainer.train_dataloader)
 
     # ------------------------------------------------------------------ reading
     def full_train_batch(self) -> Any:
@@ -102,7 +106,14 @@ class HyperData:
 
     def state_dict(self) -> dict[str, Any]:
         states = {k: s.state_dict() if s else None for k, s in self.samplers().items()}
+        if states["train_sampler"] is not None:  # beside the sampler: the state's keys are kept
+            states["train_sampler"]["loader_order"] = self.order.state_dict()
         return {**states, "val_samples": self.val_samples}
+
+    @staticmethod
+    def _order_state(state: dict[str, Any]) -> Any:
+        train = state["train_sampler"]
+        return train.get("loader_order") if isinstance(train, dict) else None
 
     def check_state(self, state: dict[str, Any]) -> None:
         """Raise unless ``state`` (a checkpoint's) fits these samplers; changes nothing."""
@@ -116,6 +127,8 @@ class HyperData:
                 )
             if sampler is not None:
                 sampler.check_state(state[key], key.replace("_", " "))
+        if self._order_state(state) is not None:
+            self.order.check_state(self._order_state(state))
         val_samples = state["val_samples"]
         if isinstance(val_samples, bool) or not isinstance(val_samples, int) or val_samples < 0:
             raise ConfigurationError(
@@ -128,6 +141,15 @@ class HyperData:
             if sampler is not None:
                 sampler.load_state_dict(state[key])
         self.val_samples = state["val_samples"]
+        order = self._order_state(state)
+        if order is not None:
+            self.order.load_state_dict(order)
+        else:
+            rank_zero_warn(
+                "HyperOptimizationCallback: the checkpoint holds no training-order state "
+                "(written by an older version): a shuffling train loader will not repeat the "
+                "uninterrupted fit's order after this resume."
+            )
 
     # ------------------------------------------------------------------ building
     def _prepare(self, validation: bool = False) -> Callable[[Any], Any]:
