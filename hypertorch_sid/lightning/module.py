@@ -91,7 +91,6 @@ class BilevelModule(pl.LightningModule):
         self._hyperparameter_names: list[str] = []
         #: set by the callback at fit start: check that the first training step reads λ
         self._check_lambda_read = False
-        self._lambda_reads: _Reads | None = None
 
     # ------------------------------------------------------------------ declaring λ
     def register_hyperparameter(self, name: str, value: Tensor | float) -> nn.Parameter:
@@ -216,25 +215,19 @@ class BilevelModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ λ reaches the training
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """At the first batch of a fit tuned by a hyper-optimization callback: watch which λ the
-        training step reads (a ``TorchFunctionMode`` for this one forward; no extra pass)."""
-        if self.__dict__.get("_check_lambda_read") and self._lambda_reads is None:
-            self._lambda_reads = _Reads(list(self.hyperparameters()))
-            self._lambda_reads.__enter__()
+        """At the first batch of a fit tuned by a hyper-optimization callback: the training step
+        runs once under a ``TorchFunctionMode`` that records whether it reads λ (no extra pass),
+        and a training that ignores λ is refused (see :meth:`_first_training_step`)."""
+        if self.__dict__.get("_check_lambda_read"):
+            self._check_lambda_read = False
+            self.__dict__["training_step"] = self._first_training_step
 
-    def on_before_backward(self, loss: Tensor) -> None:
-        """The first training step's forward is done: refuse a training that ignores λ."""
-        self._end_lambda_check()
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._end_lambda_check()
-
-    def _end_lambda_check(self) -> None:
-        reads = self.__dict__.get("_lambda_reads")
-        if reads is None or not self._check_lambda_read:
-            return
-        reads.__exit__(None, None, None)
-        self._check_lambda_read = False
+    def _first_training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``training_step`` once, watching which λ it reads; then the method is itself again."""
+        del self.__dict__["training_step"]
+        reads = _Reads(list(self.hyperparameters()))
+        with reads:
+            out = self.training_step(*args, **kwargs)
         if not reads.found:
             names = ", ".join(self._hyperparameter_names)
             raise ConfigurationError(
@@ -244,3 +237,4 @@ class BilevelModule(pl.LightningModule):
                 "return self.inner_loss(batch) (the default training_step does), or use λ in it "
                 "as inner_loss does."
             )
+        return out
