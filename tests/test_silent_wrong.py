@@ -122,7 +122,13 @@ def test_too_few_adjoint_steps_warns():
     sid = _sid(p, steps=400, adjoint_steps=2, eta=0.5)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        sid.hypergradient([p.train()], p.val())
+        sid.hypergradient([p.train()], p.val())  # cold start: said at once
+    said = _convergence_warnings(rec)
+    assert said and "adjoint" in said[0] and "adjoint_steps" in said[0], said
+    with warnings.catch_warnings(record=True) as rec:  # warm-started: said when it persists
+        warnings.simplefilter("always")
+        for _ in range(3):
+            sid.hypergradient([p.train()], p.val())
     said = _convergence_warnings(rec)
     assert said and "adjoint" in said[0] and "adjoint_steps" in said[0], said
 

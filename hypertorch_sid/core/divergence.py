@@ -34,6 +34,7 @@ from typing import Any
 
 from .errors import ConfigurationError, DivergenceError
 from .validation import check_integer, is_real
+from .watch import warn_not_converged
 
 
 @dataclass
@@ -55,6 +56,19 @@ class DivergenceGuard:
     window: int = 5
     budget: float = 0.0
     norms: list[float] = field(default_factory=list)
+    #: consecutive hyper steps whose warm-started adjoint solve has not converged
+    unconverged: int = 0
+    #: that many in a row warn (a warm start continues the solve at the next hyper step)
+    patience: int = 3
+
+    def note_convergence(self, message: str, warm: bool) -> None:
+        """Warn (:class:`~hypertorch_sid.core.errors.ConvergenceWarning`) where the adjoint solve
+        visibly has not converged (``message``, see :func:`~hypertorch_sid.core.watch.
+        unconverged_message`): at once without a warm start, else after ``patience`` hyper steps
+        in a row (SID's warm start carries v on; one short solve is not a failure)."""
+        self.unconverged = self.unconverged + 1 if message else 0
+        if message and (not warm or self.unconverged >= self.patience):
+            warn_not_converged(message, stacklevel=5)
 
     def reset(self) -> None:
         """v was reset to 0: its budget starts again."""

@@ -460,6 +460,8 @@ class SIDHyperOptimizer:
                 "λ was left unchanged. The solves' residuals were finite, so ∂₂Φ̂ᵀv or ∇₂E "
                 "overflowed: check the losses and the training data for NaN/Inf.",
             )
+        warm = any(bool(x.any()) for x in adjoint.v0)
+        self.guard.note_convergence(adjoint.result.unconverged, warm)
         self.guard.check(
             v_norm=norm(adjoint.v),
             v0_norm=norm(adjoint.v0),

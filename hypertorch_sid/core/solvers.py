@@ -42,7 +42,7 @@ from .errors import ConfigurationError, DivergenceError
 from .maps import FixedPointMap
 from .schedules import StepSchedule
 from .validation import check_choice, check_fraction, check_integer, check_real, is_integer
-from .watch import ResidualWatch, warn_not_converged
+from .watch import ResidualWatch, rounding_floor, unconverged_message, warn_not_converged
 
 log = logging.getLogger("hypertorch_sid")
 
@@ -55,13 +55,14 @@ _REFERENCE_STEPS = 5
 @dataclass
 class SolveResult:
     """What a solve reports: steps taken, the first and last residual ‖T̂(x) − x‖, last η, and
-    whether it visibly converged (:meth:`~hypertorch_sid.core.watch.ResidualWatch.converged`)."""
+    where it visibly has not converged, what to say (:func:`~hypertorch_sid.core.watch.
+    unconverged_message`; "" where it has)."""
 
     steps: int
     first_residual: float
     residual: float
     eta: float
-    converged: bool = True
+    unconverged: str = ""
 
 
 def norm(xs: Sequence[Tensor]) -> float:
@@ -104,14 +105,13 @@ class _DivergenceMonitor:
         #: what the not-converged warning tells the user to change
         self.watch, self.fix = ResidualWatch(quantity, hint), fix
 
-    def finish(self) -> bool:
-        """End of the solve: raise on steady growth; warn (and return False) where the solve
-        visibly has not converged."""
+    def finish(self, x: Sequence[Tensor]) -> str:
+        """End of the solve at ``x``: raise on steady growth; what to say where the solve
+        visibly has not converged ("" where it has)."""
         self.watch.finish()
-        converged = self.watch.converged()
-        if not converged and self.fix:
-            warn_not_converged(self.quantity, self.watch, self.fix)
-        return converged
+        if not self.fix or self.watch.converged():
+            return ""
+        return unconverged_message(self.quantity, self.watch, self.fix, rounding_floor(x))
 
     def check(self, step: int, residual: float, delta: Sequence[Tensor] | None = None) -> None:
         if step == 0:
@@ -236,11 +236,11 @@ def km_iteration(
                 for m, xi in zip(mean, x):
                     m.lerp_(xi, (decay + 1) / (j + decay + 1))
         count(batch)
-    converged = monitor.finish()
+    unconverged = monitor.finish(x)
     with torch.no_grad():
         for xi, m in zip(x, mean):
             xi.copy_(m)
-    return SolveResult(steps, monitor.first, residual, eta, converged)
+    return SolveResult(steps, monitor.first, residual, eta, unconverged)
 
 
 def inner_solve(
@@ -281,10 +281,12 @@ class InnerSolver(ABC):
         """``ctx.steps`` steps on the minibatches of ``ctx.batches`` (``ctx.q``: the map's
         contraction constant where the inner problem is convex, else None); the solve's report."""
         acceleration = self.acceleration(ctx.phi, ctx.schedule, ctx.steps, ctx.q)
-        return inner_solve(
+        result = inner_solve(
             ctx.phi, ctx.batches, ctx.steps, ctx.schedule, ctx.cost, ctx.divergence_factor,
             acceleration,
         )  # fmt: skip
+        warn_not_converged(result.unconverged)  # w is where this solve left it: say so now
+        return result
 
     @abstractmethod
     def acceleration(
@@ -701,8 +703,8 @@ class VarianceReduced(AdjointSolver):
                 monitor.check(t, residual, delta)
                 for x, d in zip(v, delta):
                     x.add_(d, alpha=eta)
-        converged = monitor.finish()
-        return v, SolveResult(ctx.steps, monitor.first, residual, eta, converged)
+        unconverged = monitor.finish(v)
+        return v, SolveResult(ctx.steps, monitor.first, residual, eta, unconverged)
 
     def _epoch_minibatches(self, batches: BatchStream, full_batch: Any) -> int:
         """Minibatches in an epoch: the source's length, or n/b beside a full batch."""

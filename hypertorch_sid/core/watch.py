@@ -126,26 +126,42 @@ class ResidualWatch:
         rate = (self.last / self.first[0]) ** (1.0 / max(self.steps - 1, 1))
         return self.last / max(1.0 - rate, 1e-12) / moved
 
-    def converged(self) -> bool:
+    def converged(self, floor: float = 0.0) -> bool:
         """False when the solve visibly has not converged: its steps drift one way (not
         minibatch noise) and, at the rate its residual fell, at least half as far again is left
-        to go as it moved."""
-        if self.steps < 2 or not self.first:
+        to go as it moved. A residual at the rounding floor (``floor``: a few ulps of ‖x‖) is
+        converged, however its rounding errors line up."""
+        if self.steps < 2 or not self.first or self.last <= floor:
             return True
         return not (self.drift() >= DRIFT and self.remaining() >= NOT_HALVED)
 
 
-def warn_not_converged(what: str, watch: ResidualWatch, fix: str) -> None:
-    """The :class:`ConvergenceWarning` for a solve that :meth:`ResidualWatch.converged` denies."""
-    warnings.warn(
+def rounding_floor(x: Sequence[Tensor]) -> float:
+    """A residual this small is rounding: 64 ulps of ‖x‖ in x's precision."""
+    if not x:
+        return 0.0
+    return 64 * torch.finfo(x[0].dtype).eps * _norm(x)
+
+
+def unconverged_message(what: str, watch: ResidualWatch, fix: str, floor: float = 0.0) -> str:
+    """What a :class:`ConvergenceWarning` says of a solve :meth:`ResidualWatch.converged`
+    denies ("" where it converged)."""
+    if watch.converged(floor):
+        return ""
+    left = watch.remaining()
+    left_text = f"about {left:.2g}×" if left < 100 else "more than 100×"
+    return (
         f"hypertorch_sid: the {what} has not converged: its residual went only from "
         f"{watch.first[0]:.3g} to {watch.last:.3g} in {watch.steps} steps while its steps kept "
-        f"one direction ({watch.drift():.0%} aligned); at that rate about "
-        f"{watch.remaining():.2g}× the distance it moved is left: the hypergradient is that "
-        f"of an unconverged solve. {fix}",
-        ConvergenceWarning,
-        stacklevel=4,
+        f"one direction ({watch.drift():.0%} aligned); at that rate {left_text} the distance "
+        f"it moved is left: the hypergradient is that of an unconverged solve. {fix}"
     )
+
+
+def warn_not_converged(message: str, stacklevel: int = 4) -> None:
+    """Warn with ``message`` (from :func:`unconverged_message`), if any."""
+    if message:
+        warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel)
 
 
 def check_unsolved_start(phi: Any, batch: Any, w: Sequence[Tensor]) -> None:
