@@ -35,6 +35,9 @@ class SolveContext:
         adjoint solver), else None.
     full_batch: the whole training set as one batch, for full-batch operators (CG, SVRG anchors).
     distributed: whether products are averaged across processes (no fixed operator then).
+    watch_growth: whether residual growth within the solve means expansion (10× growth, steady
+        growth: :class:`~hypertorch_sid.core.watch.ResidualWatch`): not for the inner solve of
+        a non-convex problem, where the gradient grows as w leaves a flat start.
     """
 
     phi: FixedPointMap
@@ -46,6 +49,7 @@ class SolveContext:
     q: float | None = None
     full_batch: Any = None
     distributed: bool = False
+    watch_growth: bool = True
 
     def replace(self, **changes: Any) -> SolveContext:
         """A copy with ``changes`` (e.g. the step count a chosen solver runs)."""

@@ -395,6 +395,8 @@ class SIDHyperOptimizer:
                 self.cost,
                 c.divergence_factor,
                 q=self._inner_contraction(),
+                # growth means expansion, a drift no convergence, on a convex problem only
+                watch_growth=self.lambda_min is None or self.lambda_min > 0,
             )  # fmt: skip
         )
         self._buffers_after_inner = self._buffers.snapshot()

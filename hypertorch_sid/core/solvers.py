@@ -96,14 +96,16 @@ class _DivergenceMonitor:
     the data, the losses or the starting point.
     """
 
-    def __init__(self, quantity: str, factor: float, hint: str, fix: str = "") -> None:
+    def __init__(
+        self, quantity: str, factor: float, hint: str, fix: str = "", growth: bool = True
+    ) -> None:
         self.quantity, self.factor, self.hint = quantity, factor, hint
         self.reference = 0.0
         self.first = math.nan
         self.largest = 0.0
         #: growth and drift of the residuals (:mod:`~hypertorch_sid.core.watch`); ``fix`` is
         #: what the not-converged warning tells the user to change
-        self.watch, self.fix = ResidualWatch(quantity, hint), fix
+        self.watch, self.fix = ResidualWatch(quantity, hint, growth), fix
 
     def finish(self, x: Sequence[Tensor]) -> str:
         """End of the solve at ``x``: raise on steady growth; what to say where the solve
@@ -251,15 +253,19 @@ def inner_solve(
     cost: Cost | None = None,
     divergence_factor: float = 1e4,
     acceleration: Acceleration = Acceleration(),
+    watch: bool = True,
 ) -> SolveResult:
     """t steps of eq. inneralg, w ← w + η_t (Φ̂(w, λ, ζ_t) − w), updating w in place (with
-    ``acceleration`` as in :func:`km_iteration`)."""
+    ``acceleration`` as in :func:`km_iteration`). ``watch``: residual growth means expansion
+    and a drift means an unconverged solve (a convex problem; not a network, whose gradient
+    grows as w leaves a flat start and whose training drifts for long)."""
     monitor = _DivergenceMonitor(
         "inner solve w_t",
         divergence_factor,
         "The fixed-point map is probably not a contraction: lower the inner step size (alpha "
         "< 2/L for a gradient map) or eta, or enable backoff (on_divergence=BackOff(2)).",
-        "Raise inner_steps, or the step size (alpha, eta) if it is far below 2/L.",
+        "Raise inner_steps, or the step size (alpha, eta) if it is far below 2/L." if watch else "",
+        growth=watch,
     )
     return km_iteration(
         lambda batch, w: phi.value(batch),
@@ -283,7 +289,7 @@ class InnerSolver(ABC):
         acceleration = self.acceleration(ctx.phi, ctx.schedule, ctx.steps, ctx.q)
         result = inner_solve(
             ctx.phi, ctx.batches, ctx.steps, ctx.schedule, ctx.cost, ctx.divergence_factor,
-            acceleration,
+            acceleration, ctx.watch_growth,
         )  # fmt: skip
         warn_not_converged(result.unconverged)  # w is where this solve left it: say so now
         return result

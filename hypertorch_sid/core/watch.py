@@ -58,8 +58,8 @@ class ResidualWatch:
     itself); :meth:`converged` at the end says whether the solve visibly converged.
     """
 
-    def __init__(self, quantity: str, hint: str) -> None:
-        self.quantity, self.hint = quantity, hint
+    def __init__(self, quantity: str, hint: str, growth: bool = True) -> None:
+        self.quantity, self.hint, self.growth = quantity, hint, growth
         self.first: list[float] = []
         self.steps = 0
         self.rises = 0
@@ -75,7 +75,7 @@ class ResidualWatch:
         self.steps += 1
         if len(self.first) < 2:
             self.first.append(residual)
-        elif residual > GROWTH * max(self.first) and residual > 1e-8:
+        elif self.growth and residual > GROWTH * max(self.first) and residual > 1e-8:
             raise DivergenceError(
                 self.quantity,
                 step,
@@ -98,7 +98,7 @@ class ResidualWatch:
     def finish(self) -> None:
         """At the end of the solve: raise on steady growth."""
         n = self.steps
-        if n < STEADY_MIN_STEPS or not self.first:
+        if n < STEADY_MIN_STEPS or not self.first or not self.growth:
             return
         if self.rises >= STEADY * (n - 1) and self.last > STEADY_GROWTH * self.first[0] > 0:
             raise DivergenceError(
