@@ -601,7 +601,7 @@ def watch_cost(args: argparse.Namespace) -> dict[str, Any]:
     (the median over rounds of (with − without)/without: on a loaded machine its noise is a few
     %), and the time spent inside the checks, clocked around each of them during whole hyper
     steps (the number the 5 % goal is judged on)."""
-    from hypertorch_sid import SIDHyperOptimizer
+    from hypertorch_sid import SIDConfig, SIDHyperOptimizer
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -610,10 +610,13 @@ def watch_cost(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.models:
         s = make_setup(name, args.batch_size, device, args.seed)
         outer = make_inner_loss(s.model, s.log_lam, detach_lam=True)
+        config = SIDConfig(
+            inner_steps=WATCH_STEPS, adjoint_steps=WATCH_STEPS,
+            damping=CurvatureDamping(margin=2.0, relative=0.1),
+        )  # fmt: skip
         sid = SIDHyperOptimizer(
             s.log_lam, s.params, make_inner_loss(s.model, s.log_lam), outer,
-            torch.optim.Adam(s.log_lam, lr=1e-3), inner_steps=WATCH_STEPS,
-            adjoint_steps=WATCH_STEPS, damping=CurvatureDamping(margin=2.0, relative=0.1),
+            torch.optim.Adam(s.log_lam, lr=1e-3), config=config,
         )  # fmt: skip
         step = functools.partial(sid.step, s.stream, s.pool[0])
         step()  # the first step's one-off checks, untimed

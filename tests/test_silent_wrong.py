@@ -21,26 +21,40 @@ import warnings
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import make_ridge, relative_error, split_settings
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, DivergenceError, SIDHyperOptimizer
+from hypertorch_sid.core.config import Batches, FeasibleSet, SIDConfig
 from hypertorch_sid.core.divergence import Recover
 from hypertorch_sid.core.errors import ConvergenceWarning
 
 f64 = torch.float64
 
 
+def _make(*args, **kwargs) -> SIDHyperOptimizer:
+    """``SIDHyperOptimizer`` with the :class:`SIDConfig` fields among ``kwargs`` (and the batch
+    sources ``inner_batches``/``adjoint_batches``/``d2_batches``, ``projection``) in its config."""
+    batches = {k[: -len("_batches")]: kwargs.pop(k) for k in list(kwargs) if k.endswith("_batches")}
+    if batches:
+        kwargs["batches"] = Batches(**batches)
+    if "projection" in kwargs:
+        kwargs["feasible_set"] = FeasibleSet(project=kwargs.pop("projection"))
+    kwargs, settings = split_settings(kwargs)
+    return SIDHyperOptimizer(*args, config=SIDConfig(**settings), **kwargs)
+
+
 def _sid(p, steps: int = 400, **kwargs) -> SIDHyperOptimizer:
-    """:func:`full_batch_sid` whose settings (``inner_steps``, ``outer_loss`` ...) may be changed."""
+    """Full-batch solves with η = 1 (``problems.full_batch_sid``) whose settings (``inner_steps``,
+    ``outer_loss`` ...) may be changed."""
     settings = dict(
         inner_loss=p.inner_loss, outer_loss=p.outer_loss, inner_steps=steps, adjoint_steps=steps,
-        step_size="constant", eta=1.0, full_train_batch=p.train(), inner_batches="full",
-        adjoint_batches="full", d2_batches="full",
+        step_size="constant", eta=1.0, inner_batches="full", adjoint_batches="full",
+        d2_batches="full", full_train_batch=p.train(),
     )  # fmt: skip
     settings.update(kwargs)
-    return SIDHyperOptimizer([p.log_lam], [p.w], **settings)
+    return _make([p.log_lam], [p.w], **settings)
 
 
 def _top_curvature(p) -> float:
@@ -79,7 +93,7 @@ def test_map_contracting_on_first_batch_only_is_caught():
         return [factor * w + lam * x]
 
     batches = [(0.5, ones)] + [(1.1, ones)] * 200
-    sid = SIDHyperOptimizer(
+    sid = _make(
         [lam],
         [w],
         outer_loss=lambda b: ((w - 1) ** 2).sum(),
@@ -171,7 +185,7 @@ def test_outer_loss_detaching_part_of_w_warns():
         X, y = batch
         return 0.5 * ((X @ torch.cat([w1, w2.detach()]) - y) ** 2).mean()
 
-    sid = SIDHyperOptimizer(
+    sid = _make(
         [p.log_lam], [w1, w2], inner, outer, inner_steps=20, adjoint_steps=20,
         step_size="constant", eta=1.0, full_train_batch=p.train(), inner_batches="full",
         adjoint_batches="full", d2_batches="full",
@@ -183,7 +197,7 @@ def test_outer_loss_detaching_part_of_w_warns():
 def test_full_train_batch_that_is_not_the_training_set_is_refused():
     p = make_ridge()
     loader = DataLoader(TensorDataset(p.X, p.y), batch_size=20)
-    sid = SIDHyperOptimizer(
+    sid = _make(
         [p.log_lam], [p.w], p.inner_loss, p.outer_loss, inner_steps=5, adjoint_steps=5,
         full_train_batch=(p.X[:50], p.y[:50]), d2_batches="full",
     )  # fmt: skip
@@ -229,7 +243,7 @@ def _bn_run(with_module: bool):
         xb, yb = batch
         return ((net(xb).squeeze(-1) - yb) ** 2).mean()
 
-    sid = SIDHyperOptimizer(
+    sid = _make(
         [lam], params, inner, outer, inner_steps=5, adjoint_steps=5, alpha=0.05,
         module=net if with_module else None,
     )  # fmt: skip
@@ -273,7 +287,7 @@ def test_negative_initial_lambda_with_projection_names_lambda():
         return 0.5 * ((X @ p.w - y) ** 2).mean() + 0.5 * (lam * p.w**2).sum()
 
     with pytest.raises(ConfigurationError, match="initial"):
-        SIDHyperOptimizer(
+        _make(
             [lam], [p.w], inner, p.outer_loss, torch.optim.SGD([lam], lr=0.1),
             projection=lambda hs: hs[0].clamp_(min=0), inner_steps=5, adjoint_steps=5,
         )  # fmt: skip
@@ -313,7 +327,7 @@ def test_fixed_point_map_under_no_grad_is_named():
         with torch.no_grad():
             return [0.5 * w + lam]
 
-    sid = SIDHyperOptimizer(
+    sid = _make(
         [lam], [w], outer_loss=lambda b: ((w - 1) ** 2).sum(), fixed_point_map=phi,
         inner_steps=5, adjoint_steps=5, q=0.5,
     )  # fmt: skip
