@@ -24,10 +24,10 @@ from torch.utils.data import DataLoader, Dataset
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError
 from .sampling import (
-    TrainingOrder,
     LoaderBatches,
     SampledBatches,
     ShardedSampler,
+    TrainingOrder,
     draws_by_index,
     fetch,
     first_loader,
