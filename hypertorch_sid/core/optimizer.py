@@ -39,7 +39,7 @@ from .estimation import CurvatureProbe
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
 from .outer import outer_gradients
-from .rows import RowSnapshot, all_finite
+from .rows import RowSnapshot, all_finite, stored
 from .schedules import StepSchedule
 from .second_order import (
     NO_SECOND_DERIVATIVE,
@@ -593,7 +593,10 @@ class SIDHyperOptimizer:
         self.outer_optimizer.zero_grad(set_to_none=True)
         if not self._warned_stuck:  # Adam's eps above a 1e-31 hypergradient: λ never moves
             self._warned_stuck = warn_if_lambda_stuck(
-                before, self.hyperparameters, hypergrad, self.outer_optimizer
+                [b.values for b in before],
+                [b.changed(h) for b, h in zip(before, self.hyperparameters)],
+                [stored(g) for g in hypergrad],
+                self.outer_optimizer,
             )
         self.config.feasible_set.enter(self.hyperparameters, before, self.hyper_step)
         self.hyper_step += 1
