@@ -40,7 +40,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(os.environ.get("BENCH_DC_OUT", ROOT / "benchmarks" / "results" / "data_cleaning"))
-BENCH_DIR = Path(os.environ.get("BENCH_BILEVEL_DIR", "/work/benchmark_bilevel"))
+#: the peers' benchmark, fetched beside the repository by benchopt/get_benchmark.sh
+BENCH_DIR = Path(os.environ.get("BENCH_BILEVEL_DIR", ROOT.parent / "benchmark_bilevel"))
 RATIOS = (0.5, 0.7, 0.9)
 PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO", "MRBO")
 DEFAULT_PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Obtain the peers' benchmark at the pinned commit, outside our repository, and prepare it to run
 # offline. Their code is never committed here.
-#   bash benchmarks/benchopt/get_benchmark.sh [DEST]     (default /work/benchmark_bilevel)
+#   bash benchmarks/benchopt/get_benchmark.sh [DEST]     (default: benchmark_bilevel beside the repository)
 # Source: https://github.com/benchopt/benchmark_bilevel, commit below (2025-05-22, "ENH improve
 # benchmark documentation (#40)"). Set BENCH_SRC to a local git clone/mirror when offline.
 set -euo pipefail
 COMMIT=3ad65dccff5cce27a656630a4f98be52920850b4
-DEST=${1:-/work/benchmark_bilevel}
+DEST=${1:-$(cd "$(dirname "$0")/../../.." && pwd)/benchmark_bilevel}
 SRC=${BENCH_SRC:-https://github.com/benchopt/benchmark_bilevel}
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ ! -d "$DEST/.git" ]; then

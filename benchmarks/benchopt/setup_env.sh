@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Build the CPU-only environment for the benchopt bilevel benchmark (issue 27, part 4).
-#   bash benchmarks/benchopt/setup_env.sh [VENV_DIR]      (default /work/venv-benchopt)
+#   bash benchmarks/benchopt/setup_env.sh [VENV_DIR]      (default: venv-benchopt beside the repository)
 # Installs benchopt, jax, jaxlib (CPU) and the benchmark's requirements (scikit-learn) from PyPI.
 # torch and hypertorch_sid are NOT reinstalled: a .pth file appends the project venv's site-packages
 # (torch CPU) and the repository root, so the SID solver imports the same library as the tests.
 set -euo pipefail
-VENV=${1:-/work/venv-benchopt}
 REPO_ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PROJECT_VENV=${PROJECT_VENV:-$REPO_ROOT/../main/.venv}
+VENV=${1:-$REPO_ROOT/../venv-benchopt}
+PROJECT_VENV=${PROJECT_VENV:-$REPO_ROOT/.venv}
 PY=${PYTHON:-python3.11}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -229,7 +230,7 @@ def estimate_curvature(
     return est
 
 
-class Curvature:
+class Curvature(ABC):
     """Where L, μ (and λ_min) come from: a strategy passed as ``curvature=``.
 
     The optimizer asks it for the spectrum that sets α, q and δ (Cor. 4.3 on the damped system)
@@ -254,11 +255,11 @@ class Curvature:
         """(L, μ) as given by the user (None: estimated)."""
         return None, None
 
+    @abstractmethod
     def estimate(
         self, probe: CurvatureProbe, current: CurvatureEstimate | None
     ) -> CurvatureEstimate:
         """The spectrum before the solves: ``current`` (constants already known), else read."""
-        raise NotImplementedError  # pragma: no cover
 
     def estimate_at_w_t(
         self, probe: CurvatureProbe, current: CurvatureEstimate | None
