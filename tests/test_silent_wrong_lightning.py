@@ -117,6 +117,26 @@ def test_decay_cap_counts_the_data_curvature():
     assert float(model.lin.weight.norm()) < 10.0
 
 
+def test_decay_cap_when_the_estimate_reaches_the_stability_limit():
+    """Data curvature 18, SGD lr 0.1 (limit 2/lr = 20, room 2): the minibatch estimate overshoots
+    the limit (L̂ ≈ 26 ≥ 20), which left the plain cap 1/lr = 10 in force: λ rose and the weights
+    grew to 1.3e6 with no warning. Now λ stays inside the room, and the user is told."""
+    X, y, Xv, _ = ridge_data(n=120, n_val=60)
+    X = X / torch.linalg.eigvalsh(X.T @ X / len(X)).max().sqrt() * math.sqrt(18.0)
+    train = DataLoader(TensorDataset(X, y), batch_size=20)
+    val = DataLoader(TensorDataset(Xv, torch.zeros(len(Xv), dtype=f64)), batch_size=30)
+    model = Plain(lr=0.1)
+    cb = LearnedWeightDecay(
+        1.0, granularity="global", every_n_steps=2, adjoint_steps=5,
+        outer_optimizer=functools.partial(torch.optim.Adam, lr=1.0),
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="stability limit"):
+        _trainer([cb], max_epochs=8).fit(model, train, val)
+    lam = float(cb.decay_values()["lin.weight"])
+    assert lam < 2.0, lam  # 2/lr − 18: the true room
+    assert float(model.lin.weight.norm()) < 10.0
+
+
 # ====================================================================== 6. resume
 
 

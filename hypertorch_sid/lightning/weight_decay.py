@@ -171,6 +171,7 @@ class WeightDecayProblem:
         self._inner: list[Tensor] = []
         self._scales: list[Tensor | float] | None = None
         self._warned_new_tensors = False
+        self._warned_at_limit = False
         self._checked_gradients = False
         #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
         #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
@@ -392,10 +393,10 @@ class WeightDecayProblem:
         to 10 under the old (1 + m)/η, past the limit 5, and the weights grew from 6 to 2.6e6).
         Only on a convex data term (λ̂_min > 0): a network trains at the edge of stability
         (its sharpness rises to about 2/η and SGD stays stable), where the subtraction would pin
-        λ at 0. Before an estimate, on networks, or where L̂ alone reaches the limit (minibatch
-        estimates overshoot), (1 + m)/η. Other optimizers (Adam: the decay is preconditioned,
-        the step bounded by η) λ ≤ 1/η. Decoupled decay multiplies w by 1 − ηλ each step, so
-        λ ≤ 0.5/η keeps that factor in [0.5, 1].
+        λ at 0. Before an estimate, or on networks, (1 + m)/η; where L̂ alone reaches the limit
+        (minibatch estimates overshoot) λ is held under 1 % of it, with a warning. Other
+        optimizers (Adam: the decay is preconditioned, the step bounded by η) λ ≤ 1/η. Decoupled
+        decay multiplies w by 1 − ηλ each step, so λ ≤ 0.5/η keeps that factor in [0.5, 1].
         """
         group = self._group(i)
         lr = float(group.get("lr", 0.0) or 0.0)
@@ -407,10 +408,26 @@ class WeightDecayProblem:
         if "momentum" in group and not group.get("nesterov", False):
             limit = 2 * (1 + momentum) / lr
             L = self.data_curvature()
-            if L is None or not math.isfinite(L) or not 0 < L < limit:
+            if L is None or not math.isfinite(L) or L <= 0:
                 return limit / 2
+            if L >= limit:
+                return self._at_the_limit(L, limit)
             return (limit - L) / 2
         return 1.0 / lr
+
+    def _at_the_limit(self, L: float, limit: float) -> float:
+        """L̂ alone reaches SGD's limit 2(1 + m)/η: any λ adds to a curvature the training can
+        barely take (a minibatch estimate may overshoot the true L, but no room is measured),
+        so λ is held below 1 % of the plain cap, and the user is told once."""
+        if not self._warned_at_limit:
+            self._warned_at_limit = True
+            rank_zero_warn(
+                f"LearnedWeightDecay: the data term's estimated curvature L̂ = {L:.3g} reaches "
+                f"the training optimizer's stability limit 2(1 + momentum)/lr = {limit:.3g}; "
+                f"λ is capped at {0.005 * limit:.3g} so that the decay cannot make the training "
+                "diverge. Lower the learning rate of the training optimizer to give λ room."
+            )
+        return 0.005 * limit
 
     def stable_bounds(self) -> list[float]:
         """:meth:`stable_bound` of every decayed tensor."""
