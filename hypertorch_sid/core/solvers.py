@@ -17,7 +17,7 @@ Then (eq. gradestim) ∇̂f(λ) = ∇₂E(w_t, λ) + ∂₂Φ̂(w_t, λ, ζ)ᵀ 
 J batches (or all the data) to remove the floor 2 m₂ B²/(1−q)² of Thm 3.4.
 
 Every iteration checks its residual ‖T̂(x) − x‖: non-finite values, growth by more than
-``divergence_factor`` over the first residuals, 10× growth past the first two or steady growth
+``divergence_factor`` over the first residuals, 100× growth past the first two or steady growth
 (:class:`~hypertorch_sid.core.watch.ResidualWatch`) raise :class:`DivergenceError`; a solve that
 ends visibly unconverged warns (:class:`~hypertorch_sid.core.errors.ConvergenceWarning`).
 """
