@@ -98,12 +98,11 @@ def test_two_weight_decay_callbacks_are_refused():
 # ====================================================================== 5. λ past stability
 
 
-def test_decay_cap_counts_the_data_curvature():
-    """Data curvature 12, SGD lr 0.1: SGD is stable for λ < 2/lr − 12 = 8, but λ rose to the old
-    cap 10 and the weights grew (at curvature 15: from 6 to 2.6e6). The validation set (targets
-    0) pushes λ up."""
+def _fit_with_data_curvature(curvature: float) -> tuple[float, float]:
+    """SGD at lr 0.1 (stability limit 2/lr = 20) on ridge data whose curvature is ``curvature``;
+    the validation set (targets 0) pushes λ up. Returns (learned λ, ‖w‖) after 8 epochs."""
     X, y, Xv, _ = ridge_data(n=120, n_val=60)
-    X = X / torch.linalg.eigvalsh(X.T @ X / len(X)).max().sqrt() * math.sqrt(12.0)
+    X = X / torch.linalg.eigvalsh(X.T @ X / len(X)).max().sqrt() * math.sqrt(curvature)
     train = DataLoader(TensorDataset(X, y), batch_size=20)
     val = DataLoader(TensorDataset(Xv, torch.zeros(len(Xv), dtype=f64)), batch_size=30)
     model = Plain(lr=0.1)
@@ -112,29 +111,25 @@ def test_decay_cap_counts_the_data_curvature():
         outer_optimizer=functools.partial(torch.optim.Adam, lr=1.0),
     )  # fmt: skip
     _trainer([cb], max_epochs=8).fit(model, train, val)
-    lam = float(cb.decay_values()["lin.weight"])
+    return float(cb.decay_values()["lin.weight"]), float(model.lin.weight.norm())
+
+
+def test_decay_cap_counts_the_data_curvature():
+    """Data curvature 12: SGD is stable for λ < 2/lr − 12 = 8, but λ rose to the old cap 10 and
+    the weights grew (at curvature 15: from 6 to 2.6e6)."""
+    lam, w_norm = _fit_with_data_curvature(12.0)
     assert lam < 8.0, lam
-    assert float(model.lin.weight.norm()) < 10.0
+    assert w_norm < 10.0
 
 
 def test_decay_cap_when_the_estimate_reaches_the_stability_limit():
-    """Data curvature 18, SGD lr 0.1 (limit 2/lr = 20, room 2): the minibatch estimate overshoots
-    the limit (L̂ ≈ 26 ≥ 20), which left the plain cap 1/lr = 10 in force: λ rose and the weights
-    grew to 1.3e6 with no warning. Now λ stays inside the room, and the user is told."""
-    X, y, Xv, _ = ridge_data(n=120, n_val=60)
-    X = X / torch.linalg.eigvalsh(X.T @ X / len(X)).max().sqrt() * math.sqrt(18.0)
-    train = DataLoader(TensorDataset(X, y), batch_size=20)
-    val = DataLoader(TensorDataset(Xv, torch.zeros(len(Xv), dtype=f64)), batch_size=30)
-    model = Plain(lr=0.1)
-    cb = LearnedWeightDecay(
-        1.0, granularity="global", every_n_steps=2, adjoint_steps=5,
-        outer_optimizer=functools.partial(torch.optim.Adam, lr=1.0),
-    )  # fmt: skip
+    """Data curvature 18 (room 2 below the limit 20): the minibatch estimate overshoots the limit
+    (L̂ ≈ 26 ≥ 20), which left the plain cap 1/lr = 10 in force: λ rose and the weights grew to
+    1.3e6 with no warning. Now λ stays inside the room, and the user is told."""
     with pytest.warns(UserWarning, match="stability limit"):
-        _trainer([cb], max_epochs=8).fit(model, train, val)
-    lam = float(cb.decay_values()["lin.weight"])
+        lam, w_norm = _fit_with_data_curvature(18.0)
     assert lam < 2.0, lam  # 2/lr − 18: the true room
-    assert float(model.lin.weight.norm()) < 10.0
+    assert w_norm < 10.0
 
 
 # ====================================================================== 6. resume

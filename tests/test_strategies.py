@@ -69,6 +69,25 @@ class _Quadratic:
         self.w = torch.randn(d, generator=g, dtype=torch.float64).requires_grad_()
         self.log_lam = torch.full((d,), -4.0, dtype=torch.float64, requires_grad=True)
 
+    def hopt(self, outer_optimizer=None, **config) -> SIDHyperOptimizer:
+        """The full-batch optimizer of these tests: no inner steps (w is where it is), constant
+        steps, Lanczos curvature, exact adjoint and cross term; ``config`` adds to that."""
+        return SIDHyperOptimizer(
+            [self.log_lam],
+            [self.w],
+            self.inner_loss,
+            self.outer_loss,
+            outer_optimizer,
+            full_train_batch=0,
+            config=SIDConfig(
+                inner_steps=0,
+                step_size="constant",
+                curvature=EstimatedCurvature(iters=12),
+                batches=Batches(adjoint="full", d2="full"),
+                **config,
+            ),
+        )
+
     def inner_loss(self, batch):
         w = self.w
         return 0.5 * w @ self.H @ w - self.b @ w + 0.5 * (self.log_lam.exp() * w**2).sum()
@@ -158,21 +177,9 @@ def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
 
 def test_fixed_damping_matches_its_closed_form():
     q = _Quadratic(low=0.5)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        full_train_batch=0,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=500,
-            step_size="constant",
-            damping=FixedDamping(0.7),
-            curvature=EstimatedCurvature(iters=12),
-            batches=Batches(adjoint="full", d2="full"),
-        ),
+    hopt = q.hopt(
+        adjoint_steps=500,
+        damping=FixedDamping(0.7),
     )
     g = hopt.hypergradient([0], None)
     torch.testing.assert_close(g[0], q.damped_hypergradient(0.7), rtol=1e-6, atol=1e-9)
@@ -269,22 +276,11 @@ def test_slow_divergence_across_hyper_steps_is_caught_and_never_reaches_lambda()
 def test_recover_resets_v_and_raises_damping_then_continues():
     q = _Quadratic(low=-2.0)
     opt = torch.optim.SGD([q.log_lam], lr=1e-3)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
+    hopt = q.hopt(
         opt,
-        full_train_batch=0,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=30,
-            step_size="constant",
-            damping=FixedDamping(0.0),
-            curvature=EstimatedCurvature(iters=12),
-            on_divergence=Recover(retries=4),
-            batches=Batches(adjoint="full", d2="full"),
-        ),
+        adjoint_steps=30,
+        damping=FixedDamping(0.0),
+        on_divergence=Recover(retries=4),
     )
     for _ in range(3):
         hopt.step([0], None)
