@@ -2,6 +2,7 @@
 nav's files, an API reference that does not resolve, a missing snippet: all fail), offline."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,4 +35,8 @@ def test_documentation_builds_strict(tmp_path):
     assert "assets/katex/katex.min.js" in core
     api = (site / "api" / "core" / "index.html").read_text()
     assert "SIDHyperOptimizer" in api and "hypergradient" in api
+    for page in ("core", "lightning"):  # numpy sections parsed, Sphinx roles shown as code
+        html = (site / "api" / page / "index.html").read_text()
+        assert "doc-section-title" in html and "<table" in html, page
+        assert not re.search(r":(class|func|meth|mod|data|attr|exc):<code>", html), page
     assert (site / "results" / "lightning_digits.png").is_file()

@@ -124,6 +124,8 @@ class SIDHyperOptimizer:
         mean). Every Φ̂, Jacobian product and ∇E is averaged, so each process's minibatch is a
         shard of one global batch and λ stays identical everywhere.
 
+    Notes
+    -----
     Divergence is detected within each solve and across hyper steps (:class:`DivergenceGuard`);
     λ is never written from a diverged step and the warm-start v is reset.
     """

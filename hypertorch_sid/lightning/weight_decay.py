@@ -526,6 +526,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         ``_defaults``): ``every_n_steps=20``, ``adjoint_steps=3``, ``outer_lr=0.3`` (``1.0`` per
         element), and per element one curvature estimate (``EstimatedCurvature(every=None)``).
 
+    Notes
+    -----
     The weight-decay problem itself is :attr:`problem`, a :class:`WeightDecayProblem` (the
     callback is the Lightning scheduling around it); λ lives in ``problem.decay``, a core
     :class:`~hypertorch_sid.core.decay.WeightDecay`.
