@@ -42,8 +42,10 @@ from .sample_weights import (
     SampleWeights,
     SigmoidWeights,
     SoftmaxWeights,
+    TrainingCrossTerm,
     WeightParameterization,
     class_weights,
+    directional_losses,
     split_indexed,
 )
 from .schedules import (
@@ -78,6 +80,8 @@ __all__ = [
     "IndexedDataset",
     "LazyAdam",
     "SampleWeights",
+    "TrainingCrossTerm",
+    "directional_losses",
     "SigmoidWeights",
     "SoftmaxWeights",
     "WeightParameterization",

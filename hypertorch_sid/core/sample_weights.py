@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -62,8 +62,10 @@ __all__ = [
     "SampleWeights",
     "SigmoidWeights",
     "SoftmaxWeights",
+    "TrainingCrossTerm",
     "WeightParameterization",
     "class_weights",
+    "directional_losses",
     "split_indexed",
 ]
 
@@ -482,3 +484,73 @@ class LazyAdam(torch.optim.Optimizer):
         state["shared_steps"].add_(1)
         corrected = state["shared_sq"] / (1 - beta2 ** state["shared_steps"])
         return corrected.sqrt().to(values.dtype)
+
+
+# ---------------------------------------------------------------------- the training's cross term
+def directional_losses(
+    losses: Callable[..., Tensor], params: Sequence[Tensor], tangents: Sequence[Tensor]
+) -> Tensor:
+    """uᵢ = ⟨∇_w ℓᵢ(w), v⟩ for every sample at once: one forward-mode pass (a JVP of the
+    per-sample losses ``losses(*params) -> (b,)`` along ``tangents`` = v), no per-sample
+    gradients. ``losses`` must be a pure function of the tensors it is given."""
+    from torch.func import jvp
+
+    primals = tuple(p.detach() for p in params)
+    _, u = jvp(losses, primals, tuple(t.detach() for t in tangents))
+    return u.detach()
+
+
+class TrainingCrossTerm:
+    """Eq. gradestim's cross term on a *training* minibatch ζ, from the last adjoint v:
+
+        ĝᵢ = −α ∂ₓᵢ ⟨∇₁ℓ̂(w, x; ζ), v⟩ = −α ∂ₓᵢ ℓ̂ᵤ(x),   ℓ̂ᵤ = weighted_loss(u, ω(x_ζ)),
+        uⱼ = ⟨∇ℓⱼ(w), v⟩,
+
+    for the rows i ∈ ζ only (zero elsewhere), then the outer optimizer's step on those rows.
+
+    Where the training's own SGD steps are the warm-started inner solve (inner_steps = 0, the
+    Lightning drop-in, or a loop of the user's), every training batch thus moves the weights of
+    the examples it reads, at the cost of one forward-mode pass (u) per batch, and every example
+    is visited once per epoch instead of only in the hyper steps' own J minibatches; the hyper
+    steps (a few warm-started adjoint steps) only refresh v. Its cost is O(batch): the gradient
+    is a sparse COO tensor of the batch's rows, which :class:`LazyAdam` (or SGD without
+    momentum) applies to those rows only.
+
+    ``weights``: the family; ``optimizer``: the outer optimizer over ``weights.logits`` (that of
+    the :class:`~hypertorch_sid.SIDHyperOptimizer`); ``normalize``: as in
+    :func:`weighted_loss` (the training's loss).
+    """
+
+    def __init__(
+        self, weights: SampleWeights, optimizer: torch.optim.Optimizer, normalize: bool = False
+    ) -> None:
+        self.weights, self.optimizer, self.normalize = weights, optimizer, bool(normalize)
+
+    def gradient(self, index: Tensor, u: Tensor, alpha: float) -> Tensor:
+        """ĝ on the rows ``index`` as a sparse COO tensor of shape ``(n,)`` (duplicates summed)."""
+        w = self.weights
+        index = w.check_index(index)
+        with torch.enable_grad():
+            x = w.logits.detach().index_select(0, index).requires_grad_(True)
+            omega = w.parameterization.rows(x, w)
+            inner = weighted_loss(check_per_sample(u, index), omega, self.normalize)
+            (g,) = torch.autograd.grad(inner, x)
+        g = -float(alpha) * g.to(w.logits.dtype)
+        return torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)
+
+    @torch.no_grad()
+    def apply(self, gradient: Tensor) -> None:
+        """The outer step on the rows of ``gradient`` (sparse): x.grad ← ĝ, step, projection."""
+        x = self.weights.logits
+        x.grad = gradient
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.weights.projection()
+
+    def step(self, index: Tensor, u: Tensor, alpha: float | None) -> bool:
+        """:meth:`gradient` then :meth:`apply`; nothing (False) before the first adjoint solve
+        gave α."""
+        if alpha is None:
+            return False
+        self.apply(self.gradient(index, u, alpha))
+        return True

@@ -57,11 +57,13 @@ from ..core.sample_weights import (
     IndexedDataset,
     LazyAdam,
     SampleWeights,
+    TrainingCrossTerm,
     as_weight_parameterization,
     check_per_sample,
     split_indexed,
     weighted_loss,
 )
+from ..core.sample_weights import directional_losses as core_directional_losses
 from .callback import HyperOptimizationCallback
 from .problem import BilevelProblem
 from .sampling import first_loader
@@ -269,13 +271,11 @@ def directional_losses(
     params: list[Tensor],
     tangents: list[Tensor],
 ) -> Tensor:
-    """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data`` at once: one forward-mode pass (a JVP of
-    the per-sample losses that ``step(data, 0)`` returns along v), no per-sample gradients.
-
-    ``params`` must be parameters of ``module`` (they are swapped for the pass); buffers are
-    swapped for clones, so BatchNorm's running statistics are not updated by it.
+    """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data``: the core
+    :func:`~hypertorch_sid.core.sample_weights.directional_losses` of the per-sample losses that
+    ``step(data, 0)`` returns, with ``params`` (parameters of ``module``) swapped in for the pass;
+    buffers are swapped for clones, so BatchNorm's running statistics are not updated by it.
     """
-    from torch.func import jvp
     from torch.nn.utils.stateless import _reparametrize_module
 
     names = {id(p): n for n, p in module.named_parameters()}
@@ -289,9 +289,7 @@ def directional_losses(
         out = out.get("loss") if isinstance(out, Mapping) else out
         return out.reshape(out.shape[0], -1).mean(1) if out.dim() > 1 else out
 
-    primals = tuple(p.detach() for p in params)
-    _, u = jvp(losses, primals, tuple(t.detach() for t in tangents))
-    return u.detach()
+    return core_directional_losses(losses, params, tangents)
 
 
 def _weighted(out: Any, index: Tensor, weights: Tensor, normalize: bool) -> Tensor:
@@ -381,6 +379,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self.cross_term = cross_term
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
+        self._cross: TrainingCrossTerm | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build (see the base class); with ``cross_term="training"`` every training batch also
@@ -390,37 +389,34 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if self.cross_term == "training":
             self.problem.on_training_batch = self._training_cross_term
 
-    @torch.no_grad()
     def _training_cross_term(self, index: Tensor, data: Any) -> None:
-        """Eq. gradestim's cross term on the training batch, with the last hyper step's v:
-
-            ĝᵢ = −α ∂ₓᵢ⟨∇₁ℓ̂(w, x; ζ), v⟩ = −α ∂ₓᵢ (Σⱼ ωⱼ uⱼ / Σⱼ ωⱼ),  uⱼ = ⟨∇ℓⱼ(w), v⟩,
-
-        for the rows i of the batch ζ the training step reads anyway (u by one forward-mode
-        pass, :func:`directional_losses`), then the outer optimizer's step on those rows. Every
-        example is then visited once per epoch at the cost of about one more forward/backward
-        per step, instead of only in the hyper steps' own J minibatches."""
+        """Eq. gradestim's cross term on the training batch ζ with the last hyper step's v, and
+        the outer step on ζ's rows: the core
+        :class:`~hypertorch_sid.core.sample_weights.TrainingCrossTerm`, with
+        uⱼ = ⟨∇ℓⱼ(w), v⟩ by one forward-mode pass (:func:`directional_losses`). Every example is
+        then visited once per epoch at the cost of about one more forward/backward per step,
+        instead of only in the hyper steps' own J minibatches."""
         sid, weights, problem = self.sid, self.problem.weights, self.problem
         if sid is None or sid.v is None or sid.alpha is None or weights is None:
             return
         if sid.phi.scale is not None or self._module is None or self._active is None:
             return  # v in preconditioned coordinates: only the hyper steps' own cross term
-        with torch.enable_grad():
-            u = directional_losses(
-                self._module, problem._original, data, self._active.inner_parameters, sid.v
-            )
-            x = weights.logits.detach().index_select(0, index).requires_grad_(True)
-            omega = weights.parameterization.rows(x, weights)
-            inner = weighted_loss(u, omega, problem.normalize)  # ⟨∇₁ℓ̂, v⟩ as a function of x
-            (g,) = torch.autograd.grad(inner, x)
-        g = -float(sid.alpha) * g.to(weights.logits.dtype)
+        cross = self._cross
+        if (
+            cross is None
+            or cross.optimizer is not sid.outer_optimizer
+            or cross.weights is not weights
+        ):
+            self._cross = TrainingCrossTerm(weights, sid.outer_optimizer, problem.normalize)
+        u = directional_losses(
+            self._module, problem._original, data, self._active.inner_parameters, sid.v
+        )
+        g = self._cross.gradient(index, u, float(sid.alpha)).coalesce()
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
-            index = self._trainer.strategy.all_gather(index).reshape(-1)
-            g = self._trainer.strategy.all_gather(g).reshape(-1)
-        weights.logits.grad = torch.sparse_coo_tensor(index[None], g, (weights.n,))
-        sid.outer_optimizer.step()
-        sid.outer_optimizer.zero_grad(set_to_none=True)
-        weights.projection()
+            rows = self._trainer.strategy.all_gather(g.indices()[0]).reshape(-1)
+            values = self._trainer.strategy.all_gather(g.values()).reshape(-1)
+            g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
+        self._cross.apply(g)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""
