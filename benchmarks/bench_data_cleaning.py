@@ -226,19 +226,23 @@ def write_config(
 
 
 # ---------------------------------------------------------------------- summarising the runs
-def _sid_params(solver_name: str) -> tuple[str, str, str]:
-    """(d2, lr, on_divergence) of a SID entry, the solver's defaults where not written."""
-    get = lambda key, default: (re.search(rf"{key}=([\w.]+)", solver_name) or [0, default])[1]  # noqa: E731
-    return get("d2", "minibatch"), get("lr", "0.1"), get("on_divergence", "raise")
+#: the SID solver's defaults (benchmarks/benchopt/solvers/sid.py ``parameters``)
+SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "1.0"}
 
 
-def sid_label(d2: str, lr: str, on_divergence: str) -> str:
-    """'SID (defaults)', 'SID (d2=full)', or the tuned settings spelled out."""
-    changed = [f"d2={d2}"] if d2 != "minibatch" else []
-    changed += [f"lr={lr}"] if float(lr) != 0.1 else []
-    changed += ["Recover(2)"] if on_divergence == "recover" else []
-    tuned = " [tuned]" if len(changed) > 1 else ""
-    return f"SID ({', '.join(changed) or 'defaults'}){tuned}"
+def _sid_params(solver_name: str) -> tuple[str, str]:
+    """(regime, inner_lr) of a SID entry, the solver's defaults where not written."""
+    get = lambda key: (re.search(rf"{key}=([\w.]+)", solver_name) or [0, SID_DEFAULTS[key]])[1]  # noqa: E731
+    return get("regime"), str(float(get("inner_lr")))
+
+
+def sid_label(regime: str, inner_lr: str) -> str:
+    """'SID (defaults)': the drop-in's regime and defaults (``LearnedDataWeights``);
+    'SID (Algorithm 1, SIDConfig())': one ``SIDHyperOptimizer.step`` per hyper step; the
+    training's SGD step (a user's choice, one value for every p) is written where not 1.0."""
+    name = "defaults" if regime == "drop_in" else "Algorithm 1, SIDConfig()"
+    lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 1.0 else ""
+    return f"SID ({name}{lr})"
 
 
 def method_of(solver_name: str) -> str:
@@ -423,9 +427,9 @@ def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
                 r["stop_val"] * int(m.group(1)) * BATCHES_PER_ITER[method] * int(b.group(1))
             )
         elif method.startswith("SID"):
-            d2, lr, policy = _sid_params(r["solver_name"])
+            regime, lr = _sid_params(r["solver_name"])
             seed = seed_of(r["solver_name"])
-            f = sid_dir / f"sid_{d2}_lr{lr}_{policy}_p{r['p_dataset_ratio']}_seed{seed}.npz"
+            f = sid_dir / f"sid_{regime}_lr{lr}_p{r['p_dataset_ratio']}_seed{seed}.npz"
             if f.exists():
                 samples = np.load(f)["samples"]
                 r["samples"] = float(samples[min(int(r["stop_val"]), len(samples) - 1)])
@@ -435,13 +439,13 @@ def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
 def sid_flagging(sid_dir: Path, problems: dict) -> dict:
     out: dict = {}
     for f in sorted(sid_dir.glob("sid_*_p*_seed*.npz")):
-        m = re.match(r"sid_(\w+)_lr([\d.]+)_(\w+)_p([\d.]+)_seed(\d+)$", f.stem)
-        if not m or m.group(4) not in problems:
+        m = re.match(r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)_p([\d.]+)_seed(\d+)$", f.stem)
+        if not m or m.group(3) not in problems:
             continue
-        label = sid_label(m.group(1), m.group(2), m.group(3))
+        label = sid_label(m.group(1), m.group(2))
         weights = 1 / (1 + np.exp(-np.load(f)["logits"]))
-        out.setdefault(m.group(4), {})[f"{label}, seed {m.group(5)}"] = flagging(
-            weights, problems[m.group(4)]["corrupted"]
+        out.setdefault(m.group(3), {})[f"{label}, seed {m.group(4)}"] = flagging(
+            weights, problems[m.group(3)]["corrupted"]
         )
     return out
 
@@ -595,9 +599,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sid",
         nargs="+",
-        default=["d2=minibatch", "d2=full", "d2=full,lr=0.3,on_divergence=recover"],
-        help="SID entries (benchopt parameters; d2=minibatch,lr=0.1,on_divergence=raise are the "
-        "defaults)",
+        default=["regime=drop_in"],
+        help="SID entries (benchopt parameters of benchmarks/benchopt/solvers/sid.py; "
+        "regime=drop_in,inner_lr=1.0 are its defaults)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument(

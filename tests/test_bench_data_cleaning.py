@@ -152,18 +152,18 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
             "SOBA[batch_size=64,eval_freq=512,random_state=2]", 0.9, [0, 1, 2], [0.9, 0.3, 0.22]
         )
         + _rows(
-            "SID[batch_size=64,d2=full,lr=0.1,on_divergence=raise,random_state=1]",
+            "SID[batch_size=64,regime=algorithm1,inner_lr=1.0,random_state=1]",
             0.9,
             [0, 1.5, 3],
             [0.9, 0.25, 0.19],
         )
-        + _rows("SID[batch_size=64,d2=full,random_state=2]", 0.9, [0, 0.5, 3], [0.9, 0.2, 0.18])
+        + _rows("SID[batch_size=64,regime=algorithm1,random_state=2]", 0.9, [0, 0.5, 3], [0.9, 0.2, 0.18])
     )
     runs = dc.curves(records)
-    assert set(runs) == {(0.9, "SOBA"), (0.9, "SID (d2=full)")}
+    assert set(runs) == {(0.9, "SOBA"), (0.9, "SID (Algorithm 1, SIDConfig())")}
     base = {"0.9": {"perfect weights": {"test_error": 0.17}, "unweighted": {"test_error": 0.24}}}
     s = dc.summarise(runs, budget=10.0, baselines_=base)["0.9"]
-    soba, sid = s["methods"]["SOBA"], s["methods"]["SID (d2=full)"]
+    soba, sid = s["methods"]["SOBA"], s["methods"]["SID (Algorithm 1, SIDConfig())"]
     assert soba["final_median"] == pytest.approx(0.21)  # the t = 50 point is over budget
     assert (soba["final_min"], soba["final_max"]) == (0.2, 0.22)
     assert s["best_peer"] == "SOBA" and s["target"] == pytest.approx(0.21)
@@ -171,19 +171,18 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
     assert sid["gap_to_perfect_points"] == pytest.approx(1.5)
     assert dc.time_to_reach(runs[(0.9, "SOBA")][2], 0.1) == float("inf")
     md = dc.markdown({"0.9": s}, 10.0)
-    assert "| SID (d2=full) | 0.1850 [0.1800, 0.1900] | +1.50 | 1.8 |" in md
+    assert "| SID (Algorithm 1, SIDConfig()) | 0.1850 [0.1800, 0.1900] | +1.50 | 1.8 |" in md
     pytest.importorskip("matplotlib")
     png = dc.plot(runs, {"0.9": s}, tmp_path / "fig.png", 10.0)
     assert png.stat().st_size > 1000
 
 
 def test_sid_labels(dc) -> None:
-    assert dc.method_of("SID[batch_size=64,d2=minibatch,lr=0.1,on_divergence=raise]") == (
-        "SID (defaults)"
-    )
-    assert dc.method_of("SID[d2=full,random_state=1]") == "SID (d2=full)"
-    assert dc.method_of("SID[d2=full,lr=0.3,on_divergence=recover,random_state=2]") == (
-        "SID (d2=full, lr=0.3, Recover(2)) [tuned]"
+    assert dc.method_of("SID[batch_size=64,inner_lr=1.0,regime=drop_in]") == "SID (defaults)"
+    assert dc.method_of("SID[random_state=1]") == "SID (defaults)"
+    assert dc.method_of("SID[inner_lr=0.1,random_state=2]") == "SID (defaults, SGD lr=0.1)"
+    assert dc.method_of("SID[regime=algorithm1,random_state=2]") == (
+        "SID (Algorithm 1, SIDConfig())"
     )
     assert dc.method_of("SOBA[batch_size=64,step_size=1.0]") == "SOBA"
 
@@ -202,12 +201,12 @@ def test_best_params_are_read_renamed_and_seeded(dc, tmp_path) -> None:
         "SABA[batch_size=64,eval_freq=512,mode_init_memory=zero,outer_ratio=0.0001,step_size=0.01]"
     ]
     text = dc.write_config(
-        tmp_path / "c.yml", [0.7], ["SOBA"], ["d2=minibatch"], [1, 2], 40, tmp_path
+        tmp_path / "c.yml", [0.7], ["SOBA"], ["regime=drop_in"], [1, 2], 40, tmp_path
     ).read_text()
     assert (
         "  - SOBA[batch_size=64,eval_freq=512,outer_ratio=0.0001,step_size=1.0,random_state=[1, 2]]"
         in text
     )
-    assert "  - SID[d2=minibatch,random_state=[1, 2]]" in text and "timeout: 40" in text
+    assert "  - SID[regime=drop_in,random_state=[1, 2]]" in text and "timeout: 40" in text
     with pytest.raises(SystemExit, match="MRBO"):
         dc.best_params(0.7, ["MRBO"], tmp_path)

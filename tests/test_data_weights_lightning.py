@@ -100,6 +100,18 @@ def test_weights_of_corrupted_examples_fall_below_the_clean_ones():
     assert len(flagged) > NOISY // 3 and precision > 0.7
 
 
+def test_sparse_by_default_learns_the_same_weights_as_dense():
+    """The default single-process fit uses row-sparse gradients (O(batch) outer steps) and
+    learns the weights a dense fit learns."""
+    sparse, dense = callback(), callback(sparse_grad=False)
+    for cb in (sparse, dense):
+        torch.manual_seed(0)
+        fit(cb, 3)
+    assert sparse.weights.sparse_grad and not dense.weights.sparse_grad
+    assert torch.allclose(sparse.data_weights(), dense.data_weights(), atol=1e-5)
+    assert float((sparse.data_weights() - sparse.weights.initial_weight).abs().max()) > 0.05
+
+
 def test_the_module_gets_its_own_training_step_back_after_fit():
     cb = callback()
     model = fit(cb, 1)

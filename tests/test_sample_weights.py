@@ -27,7 +27,9 @@ from hypertorch_sid.core.sample_weights import (
     IndexedDataset,
     LazyAdam,
     SampleWeights,
+    TrainingCrossTerm,
     class_weights,
+    directional_losses,
     split_indexed,
 )
 
@@ -380,3 +382,42 @@ def test_lazy_adam_takes_sparse_gradients_and_a_shared_scale():
     # one scale for both rows: row 3 (gradient 2, duplicates summed) moves twice as far as row 1
     assert bool((x[[0, 2, 4]] == 0).all()) and float(x[1]) < 0
     assert torch.allclose(x[3], 2 * x[1])
+
+
+# ---------------------------------------------------------------------- the training's cross term
+@pytest.mark.parametrize(("parameterization", "sparse_grad"), [("sigmoid", True), ("softmax", False)])
+def test_training_cross_term_is_eq_gradestim_minibatch_cross_term(parameterization, sparse_grad):
+    """TrainingCrossTerm on a minibatch ζ equals ∂₂Φ̂(w, x; ζ)ᵀv = −α ∂ₓ⟨∇₁ℓ̂(w, x; ζ), v⟩ of the
+    weighted ridge (float64, by double backward through ℓ̂), zero outside ζ's rows, and its
+    outer step (LazyAdam) moves only those rows."""
+    p = WeightedRidge(parameterization=parameterization, sparse_grad=sparse_grad)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        p.w.copy_(torch.randn(p.w.shape, generator=gen, dtype=torch.float64))
+    v = torch.randn(p.w.shape, generator=gen, dtype=torch.float64)
+    alpha, index = 0.37, torch.tensor([3, 17, 40, 8, 29])
+    batch = Indexed(index, (p.A[index], p.b[index]))
+    # the reference: eq. gradestim's cross term through the library's weighted ℓ̂ (dense x)
+    x = p.weights.logits.detach().clone().requires_grad_(True)
+    ref_weights = SampleWeights(p.n, parameterization, dtype=torch.float64, logits=x)
+    losses = 0.5 * (p.A[index] @ p.w - p.b[index]) ** 2
+    inner = ref_weights.weighted_mean(losses, index) + 0.5 * RHO * (p.w**2).sum()
+    (grad_w,) = torch.autograd.grad(inner, p.w, create_graph=True)
+    (expected,) = torch.autograd.grad(-alpha * (grad_w * v).sum(), x)
+
+    def per_sample(w):
+        return 0.5 * (p.A[index] @ w - p.b[index]) ** 2
+
+    u = directional_losses(per_sample, [p.w], [v])
+    assert torch.allclose(u, (p.A[index] @ v) * (p.A[index] @ p.w - p.b[index]), rtol=1e-12)
+    outer = LazyAdam(p.weights.hyperparameters, lr=0.5)
+    cross = TrainingCrossTerm(p.weights, outer)
+    g = cross.gradient(batch.index, u, alpha)
+    assert g.is_sparse and set(g.coalesce().indices()[0].tolist()) == set(index.tolist())
+    assert torch.allclose(g.to_dense(), expected, rtol=1e-10, atol=1e-14)
+    assert float(expected.abs().sum()) > 0
+    before = p.weights.logits.detach().clone()
+    assert cross.step(index, u, alpha)
+    moved = torch.nonzero(p.weights.logits.detach() != before).flatten()
+    assert set(moved.tolist()) == set(index.tolist())
+    assert not cross.step(index, u, None)  # no α (no adjoint solve yet): nothing moves

@@ -51,7 +51,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
 from .errors import ConfigurationError
-from .rows import mark_row_sparse
+from .rows import ROW_SPARSE, mark_row_sparse
 
 Tensors = list[Tensor]
 
@@ -276,11 +276,17 @@ class SampleWeights:
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
-        self.sparse_grad = bool(sparse_grad)
-        if self.sparse_grad:
-            mark_row_sparse(logits)
+        self.use_sparse_grad(sparse_grad)
         self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
         self.parameterization.refresh(self)
+
+    def use_sparse_grad(self, sparse_grad: bool) -> None:
+        """Switch between row-sparse and dense gradients of the logits (see ``sparse_grad``)."""
+        self.sparse_grad = bool(sparse_grad)
+        if self.sparse_grad:
+            mark_row_sparse(self.logits)
+        elif hasattr(self.logits, ROW_SPARSE):
+            delattr(self.logits, ROW_SPARSE)
 
     @property
     def hyperparameters(self) -> Tensors:

@@ -129,6 +129,8 @@ class DataWeightsProblem:
             self.weights = SampleWeights(num_classes, parameterization, initial)  # type: ignore[arg-type]
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
+        #: row-sparse gradients of the logits (set by the callback before ``build``)
+        self.sparse_grad = False
         #: called with (index, data) at every training step before the losses are returned (the
         #: callback's cross term on the training batch, ``cross_term="training"``)
         self.on_training_batch: Callable[[Tensor, Any], None] | None = None
@@ -148,6 +150,7 @@ class DataWeightsProblem:
             n = len(dataset)
             if self.weights is None or self.weights.n != n:
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
+            self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
         with torch.no_grad():
@@ -329,6 +332,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
     row_scale:
         :class:`LazyAdam`'s ``row_scale`` (each row's own second moment, default; ``False``: one
         shared scale). Ignored when ``outer_optimizer`` is given.
+    sparse_grad:
+        Row-sparse gradients of the logits (``SampleWeights(sparse_grad=...)``: an outer step
+        costs O(batch), not O(n)). Default ``None``: on per sample with the default
+        :class:`LazyAdam` in a single-process fit, off otherwise (DDP averages dense gradients;
+        a user's ``outer_optimizer`` may not take sparse ones). ``True`` needs an outer
+        optimizer that moves only the rows given (``LazyAdam``, ``SGD`` without momentum).
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
         defaults differ from the callback's: ``every_n_steps=20``, ``adjoint_steps=3``,
@@ -350,6 +359,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         cross_term: Literal["training", "hyper_step"] = "training",
         row_scale: bool = True,
+        sparse_grad: bool | None = None,
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
@@ -366,7 +376,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
-        if kwargs.get("outer_optimizer") is None:
+        self._own_outer = kwargs.get("outer_optimizer") is None
+        if self._own_outer:
             kwargs["outer_optimizer"] = functools.partial(
                 LazyAdam, lr=kwargs["outer_lr"], row_scale=row_scale
             )
@@ -377,13 +388,24 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self.problem: DataWeightsProblem = problem
         self.per = per
         self.cross_term = cross_term
+        self.sparse_grad = sparse_grad
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
         self._cross: TrainingCrossTerm | None = None
 
+    def sparse_grad_for(self, world_size: int) -> bool:
+        """Whether the per-sample logits get row-sparse gradients in a fit on ``world_size``
+        processes: as given (``sparse_grad=``), else where that is safe and O(batch): per
+        sample, with the drop-in's own outer optimizer (:class:`LazyAdam`, which moves only
+        the rows given), in one process (a sparse tensor is not averaged across DDP ranks)."""
+        if self.sparse_grad is not None:
+            return bool(self.sparse_grad)
+        return self.per == "sample" and self._own_outer and world_size == 1
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""
+        self.problem.sparse_grad = self.sparse_grad_for(trainer.world_size)
         super().on_train_start(trainer, pl_module)
         self._trainer, self._module = trainer, pl_module
         if self.cross_term == "training":

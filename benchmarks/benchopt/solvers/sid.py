@@ -11,17 +11,20 @@ scaling and regulariser are theirs; the model is the same multinomial logistic r
 in torch (float32, CPU), with z₀, x₀ the objective's initial point. Test/validation errors are
 computed by the benchmark's own ``metrics`` on the returned (z, x).
 
-The weights are the library's per-sample family: ``SampleWeights`` (sigmoid, x₀ = the objective's
-start), minibatches carry their example ids (``Indexed``), the outer optimizer is ``LazyAdam``
-(moves only the rows a hypergradient touched), as ``docs/data_weights.md`` recommends.
+``regime="drop_in"`` (default) runs exactly what ``LearnedDataWeights`` (the Lightning drop-in)
+does inside a fit, on tensors, with the drop-in's own defaults read from a
+``LearnedDataWeights(normalize=False)`` instance (``normalize=False``: the benchmark's objective
+g above, not the self-normalised loss): the training's minibatch SGD steps on z are the
+warm-started inner solve (t = 0); every ``every_n_steps`` steps a hyper step of
+``adjoint_steps`` warm-started adjoint steps refreshes v and moves the weights of its ∂₂Φ̂
+minibatch; and every training batch moves its own rows by eq. gradestim's cross term from the
+last v (core ``TrainingCrossTerm``, u by one forward-mode pass), all through the drop-in's outer
+optimizer (``LazyAdam``) on row-sparse gradients (``SampleWeights(sparse_grad=...)`` as the
+drop-in chooses). The one setting that is not the library's is the training's own optimizer, a
+user's choice: SGD at ``inner_lr`` (the peers' inner step, SOBA's 1.0 being the largest).
 
-Parameters: ``d2`` — ``"minibatch"`` (library default, J = 1: the ∂₂Φ̂ term reads one fresh
-minibatch, so a hyper step moves only that minibatch's weights) or ``"full"`` (the documented
-option ``Batches(d2="full")`` with ``full_train_batch``: every weight each hyper step); ``lr`` —
-LazyAdam's step on the logits (0.1 as in the library's docs); ``on_divergence`` — ``"raise"``
-(the library default; a diverged hyper step leaves x untouched and the solver goes on) or
-``"recover"`` (``Recover(2)``: re-estimate the curvature and retry). Everything else is
-``SIDHyperOptimizer``'s default ``SIDConfig()``.
+``regime="algorithm1"``: ``SIDHyperOptimizer.step`` with its default ``SIDConfig()`` (t = k = 100
+minibatches per hyper step; the previous session's "SID defaults").
 
 With ``SID_BENCH_OUT`` set, the final logits and the samples read after each hyper step are
 saved there (``<tag>.npz``) for the precision/recall summary.
@@ -41,10 +44,16 @@ with safe_import_context() as import_ctx:
     import torch
     import torch.nn.functional as F
 
-    from hypertorch_sid import Batches, FeasibleSet, SIDConfig, SIDHyperOptimizer
-    from hypertorch_sid.core.divergence import Recover
+    from hypertorch_sid import FeasibleSet, SIDConfig, SIDHyperOptimizer
     from hypertorch_sid.core.errors import DivergenceError
-    from hypertorch_sid.core.sample_weights import Indexed, LazyAdam, SampleWeights
+    from hypertorch_sid.core.sample_weights import (
+        Indexed,
+        LazyAdam,
+        SampleWeights,
+        TrainingCrossTerm,
+        directional_losses,
+    )
+    from hypertorch_sid.lightning.data_weights import LearnedDataWeights
 
 
 def _closure(f, names):
@@ -59,29 +68,123 @@ def _closure(f, names):
     return [cells[n] for n in names]
 
 
-class _Rows:
-    """A map-style dataset of in-memory tensors read a minibatch at a time: ``rows[ids]`` is one
-    ``Indexed(ids, (X, y))`` (one gather per batch, as the peers slice their arrays in JAX)."""
-
-    def __init__(self, X, y):
-        self.X, self.y = X, y
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, ids):
-        ids = torch.as_tensor(ids)
-        return Indexed(ids, (self.X[ids], self.y[ids]))
+def _batches(n, batch_size, generator):
+    """Endless shuffled epochs of index minibatches (a DataLoader's RandomSampler)."""
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        yield from perm.split(batch_size)
 
 
-class _Counter:
-    """Counts the examples each loss evaluation reads (samples read)."""
+class DropIn:
+    """``LearnedDataWeights``'s regime on in-memory tensors (see the module docstring).
 
-    def __init__(self):
-        self.samples = 0
+    ``step()`` is one training step (cross term on its batch, SGD on z, a hyper step when due);
+    ``samples`` counts the examples read (training batches, the hyper steps' reads, validation).
+    """
 
-    def __call__(self, n):
-        self.samples += int(n)
+    def __init__(self, X, y, Xv, yv, z0, x0, reg, batch_size, inner_lr, seed, **drop_in_kwargs):
+        # what a user of the drop-in gets (``drop_in_kwargs``: what a user would change)
+        drop_in = LearnedDataWeights(normalize=False, **drop_in_kwargs)
+        self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
+        self.z = z0.clone().requires_grad_(True)
+        self.weights = SampleWeights(len(y), sparse_grad=drop_in.sparse_grad_for(world_size=1))
+        with torch.no_grad():
+            self.weights.logits.copy_(x0)
+        outer = drop_in.outer_optimizer(self.weights.hyperparameters)
+        config = drop_in._sid_config().replace(
+            feasible_set=FeasibleSet(project=self.weights.projection)
+        )
+        self.sid = SIDHyperOptimizer(
+            self.weights.hyperparameters, [self.z], self.inner_loss, self.outer_loss, outer,
+            config=config,
+        )  # fmt: skip
+        self.cross = TrainingCrossTerm(self.weights, outer, normalize=False)
+        self.every, self.batch_size = drop_in.every_n_steps, batch_size
+        self.inner = torch.optim.SGD([self.z], lr=inner_lr)
+        g = torch.Generator().manual_seed(seed)
+        self.train = _batches(len(y), batch_size, g)
+        self.hyper_train = (self.train_batch(i) for i in _batches(len(y), batch_size, g))
+        self.val = _batches(len(yv), batch_size, g)
+        self.steps, self.reads, self.divergences = 0, 0, 0
+
+    def train_batch(self, index):
+        return Indexed(index, (self.X[index], self.y[index]))
+
+    def losses(self, z, X, y):
+        return F.cross_entropy(X @ z, y, reduction="none")
+
+    def inner_loss(self, batch):  # g on a minibatch (datasets/mnist.py::f_inner)
+        index, (X, y) = batch
+        return (
+            self.weights.weighted_mean(self.losses(self.z, X, y), index)
+            + self.reg * (self.z**2).sum()
+        )
+
+    def outer_loss(self, batch):  # f: mean CE on validation (f_outer)
+        X, y = batch
+        return self.losses(self.z, X, y).mean()
+
+    @property
+    def samples(self):
+        return self.reads + self.sid.cost.samples + self.sid.cost.validation_samples
+
+    def step(self):
+        index = next(self.train)
+        X, y = self.X[index], self.y[index]
+        self.reads += len(index)
+        with torch.no_grad():
+            omega = self.weights.weights(index)
+        sid = self.sid
+        if sid.v is not None and sid.alpha is not None:  # the drop-in's training cross term
+            u = directional_losses(lambda z: self.losses(z, X, y), [self.z], sid.v)
+            self.cross.step(index, u, float(sid.alpha))
+        loss = (omega * self.losses(self.z, X, y)).mean() + self.reg * (self.z**2).sum()
+        self.inner.zero_grad(set_to_none=True)
+        loss.backward()
+        self.inner.step()
+        self.steps += 1
+        if self.steps % self.every == 0:
+            v_index = next(self.val)
+            try:
+                sid.step(self.hyper_train, (self.Xv[v_index], self.yv[v_index]))
+            except DivergenceError:
+                self.divergences += 1  # λ untouched, v reset by the library: go on
+
+
+class Algorithm1:
+    """``SIDHyperOptimizer.step`` with the default ``SIDConfig()`` (t = k = 100)."""
+
+    def __init__(self, X, y, Xv, yv, z0, x0, reg, batch_size, inner_lr, seed):
+        self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
+        self.z = z0.clone().requires_grad_(True)
+        self.weights = SampleWeights(len(y), sparse_grad=True)
+        with torch.no_grad():
+            self.weights.logits.copy_(x0)
+        self.sid = SIDHyperOptimizer(
+            self.weights.hyperparameters, [self.z], DropIn.inner_loss.__get__(self),
+            DropIn.outer_loss.__get__(self), LazyAdam(self.weights.hyperparameters, lr=0.1),
+            config=SIDConfig(feasible_set=FeasibleSet(project=self.weights.projection)),
+        )  # fmt: skip
+        g = torch.Generator().manual_seed(seed)
+        self.train = (DropIn.train_batch(self, i) for i in _batches(len(y), batch_size, g))
+        self.val = _batches(len(yv), batch_size, g)
+        self.divergences = 0
+
+    losses = DropIn.losses
+
+    @property
+    def samples(self):
+        return self.sid.cost.samples + self.sid.cost.validation_samples
+
+    def step(self):
+        v_index = next(self.val)
+        try:
+            self.sid.step(self.train, (self.Xv[v_index], self.yv[v_index]))
+        except DivergenceError:
+            self.divergences += 1
+
+
+REGIMES = {"drop_in": DropIn, "algorithm1": Algorithm1}
 
 
 class Solver(BaseSolver):
@@ -90,9 +193,8 @@ class Solver(BaseSolver):
     name = "SID"
     stopping_criterion = SufficientProgressCriterion(patience=100_000, strategy="callback")
     parameters = {
-        "d2": ["minibatch"],
-        "lr": [0.1],
-        "on_divergence": ["raise"],
+        "regime": ["drop_in"],
+        "inner_lr": [1.0],
         "batch_size": [64],
         "random_state": [1],
     }
@@ -104,10 +206,7 @@ class Solver(BaseSolver):
         X_train, y_train, dataset = _closure(f_inner, ["X_train", "y_train", "self"])
         X_val, y_val = _closure(f_outer, ["X_val", "y_val"])
         self.reg = float(dataset.reg)
-        self.tag = (
-            f"sid_{self.d2}_lr{self.lr}_{self.on_divergence}_p{dataset.ratio}"
-            f"_seed{self.random_state}"
-        )
+        self.tag = f"sid_{self.regime}_lr{self.inner_lr}_p{dataset.ratio}_seed{self.random_state}"
         self.n_features, self.n_classes = dataset.n_features, dataset.n_classes
         t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
         self.X_train, self.X_val = t(X_train), t(X_val)
@@ -118,65 +217,19 @@ class Solver(BaseSolver):
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.inner_var, self.outer_var = inner_var0, outer_var0
 
-    def _problem(self, counter):
-        z = self.z0.clone().requires_grad_(True)
-        weights = SampleWeights(len(self.y_train))
-        with torch.no_grad():
-            weights.logits.copy_(self.x0)  # the objective's start, x₀ = -2
-        reg = self.reg
-
-        def inner_loss(batch):  # g on a minibatch (datasets/mnist.py::f_inner)
-            index, (X, y) = batch
-            counter(len(index))
-            losses = F.cross_entropy(X @ z, y, reduction="none")
-            return weights.weighted_mean(losses, index) + reg * (z**2).sum()
-
-        def outer_loss(batch):  # f: mean CE on validation (f_outer)
-            X, y = batch
-            counter(len(y))
-            return F.cross_entropy(X @ z, y)
-
-        return z, weights, inner_loss, outer_loss
-
     def run(self, callback):
         torch.manual_seed(self.random_state)
-        counter = _Counter()
-        z, weights, inner_loss, outer_loss = self._problem(counter)
-        train = _Rows(self.X_train, self.y_train)
-        sampler = torch.utils.data.BatchSampler(
-            torch.utils.data.RandomSampler(
-                train, generator=torch.Generator().manual_seed(self.random_state)
-            ),
-            self.batch_size,
-            drop_last=False,
-        )
-        loader = torch.utils.data.DataLoader(train, sampler=sampler, batch_size=None)
-        config = SIDConfig(feasible_set=FeasibleSet(project=weights.projection))
-        full_train_batch = None
-        if self.d2 == "full":
-            full_train_batch = train[range(len(train))]
-            config = config.replace(batches=Batches(d2="full"))
-        if self.on_divergence == "recover":
-            config = config.replace(on_divergence=Recover(2))
-        hopt = SIDHyperOptimizer(
-            weights.hyperparameters,
-            [z],
-            inner_loss,
-            outer_loss,
-            LazyAdam(weights.hyperparameters, lr=float(self.lr)),
-            config=config,
-            full_train_batch=full_train_batch,
-        )
-        val = (self.X_val, self.y_val)
-        self._z, self._x = z, weights.logits
-        samples, divergences = [0], 0
+        method = REGIMES[self.regime](
+            self.X_train, self.y_train, self.X_val, self.y_val, self.z0, self.x0, self.reg,
+            self.batch_size, float(self.inner_lr), self.random_state,
+        )  # fmt: skip
+        self._z, self._x = method.z, method.weights.logits
+        samples = [0]
         while callback():
-            try:
-                hopt.step(loader, val)
-            except DivergenceError:
-                divergences += 1  # x untouched, v reset by the library: go on
-            samples.append(counter.samples)
-        self._save(samples, divergences)
+            for _ in range(getattr(method, "every", 1)):  # one evaluation per hyper step
+                method.step()
+            samples.append(method.samples)
+        self._save(samples, method.divergences)
 
     def _save(self, samples, divergences):
         out = os.environ.get("SID_BENCH_OUT")
