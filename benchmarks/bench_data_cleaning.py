@@ -43,14 +43,24 @@ OUT = Path(os.environ.get("BENCH_DC_OUT", ROOT / "benchmarks" / "results" / "dat
 #: the peers' benchmark, fetched beside the repository by benchopt/get_benchmark.sh
 BENCH_DIR = Path(os.environ.get("BENCH_BILEVEL_DIR", ROOT.parent / "benchmark_bilevel"))
 RATIOS = (0.5, 0.7, 0.9)
-PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO", "MRBO")
+PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO", "MRBO", "F2SA")
 DEFAULT_PEERS = ("SOBA", "SABA", "SRBA", "StocBiO", "AmIGO")
 #: minibatches (of ``batch_size``) each peer draws per outer iteration, counted in its solver file
 #: at the pinned commit: inner + outer gradient (SOBA, SABA, SRBA), + n_inner_steps inner SGD and
 #: n_shia_steps / linear-system steps (StocBiO, AmIGO: 10 + 10), n_shia_steps (MRBO: 10).
-BATCHES_PER_ITER = {"SOBA": 2, "SABA": 2, "SRBA": 2, "StocBiO": 22, "AmIGO": 22, "MRBO": 12}
+BATCHES_PER_ITER = {
+    "SOBA": 2,
+    "SABA": 2,
+    "SRBA": 2,
+    "StocBiO": 22,
+    "AmIGO": 22,
+    "MRBO": 12,
+    "F2SA": 33,
+}
 #: parameters renamed in the solvers since the best-parameter files were written (same values)
 RENAMED = {"init_memory": "mode_init_memory"}
+#: F2SA's only tuned parameters on this problem (p = 0.5): used at every p
+F2SA_PARAMS = "datacleaning0_5_021424_best_params.yml"
 N_TRAIN, N_VAL, REG, DATA_SEED = 20_000, 5_000, 0.2, 32
 
 
@@ -177,15 +187,20 @@ def best_params(ratio: float, peers: Sequence[str], bench_dir: Path = BENCH_DIR)
     SABA's ``init_memory`` under its current name ``mode_init_memory``."""
     text = bench_dir / "config" / f"datacleaning{str(ratio).replace('.', '_')}_best_params.yml"
     entries = {}
-    for line in text.read_text().splitlines():
-        m = re.match(r"\s*-\s*(\w+)\[(.*)\]\s*$", line)
+    lines = text.read_text().splitlines()
+    if "F2SA" in peers:  # tuned only at p = 0.5, in the February 2024 file: used at every p
+        f2sa = (bench_dir / "config" / F2SA_PARAMS).read_text().splitlines()
+        lines += [line for line in f2sa if line.strip().startswith("- F2SA[")]
+    for line in lines:
+        line = re.sub(r",?random_state=\[[^\]]*\]?", "", line)  # some lack their "]"
+        m = re.match(r"\s*-\s*(\w+)\[(.*?)\]?\s*$", line)
         if m and m.group(1) in peers:
             params = [
                 RENAMED.get(p.split("=")[0], p.split("=")[0]) + p[len(p.split("=")[0]) :]
                 for p in re.split(r",(?![^\[]*\])", m.group(2))
                 if p and not p.startswith(("framework", "random_state"))
             ]
-            entries[m.group(1)] = f"{m.group(1)}[{','.join(params)}]"
+            entries.setdefault(m.group(1), f"{m.group(1)}[{','.join(params)}]")
     missing = [p for p in peers if p not in entries]
     if missing:
         raise SystemExit(f"no best parameters for {missing} at p={ratio} in {text}")
@@ -227,7 +242,7 @@ def write_config(
 
 # ---------------------------------------------------------------------- summarising the runs
 #: the SID solver's defaults (benchmarks/benchopt/solvers/sid.py ``parameters``)
-SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "1.0"}
+SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "0.1"}
 
 
 def _sid_params(solver_name: str) -> tuple[str, str]:
@@ -241,7 +256,7 @@ def sid_label(regime: str, inner_lr: str) -> str:
     'SID (Algorithm 1, SIDConfig())': one ``SIDHyperOptimizer.step`` per hyper step; the
     training's SGD step (a user's choice, one value for every p) is written where not 1.0."""
     name = "defaults" if regime == "drop_in" else "Algorithm 1, SIDConfig()"
-    lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 1.0 else ""
+    lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 0.1 else ""
     return f"SID ({name}{lr})"
 
 
@@ -518,6 +533,8 @@ def _env() -> dict:
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
         JAX_PLATFORMS="cpu",
         SID_BENCH_OUT=str(OUT / "sid"),
+        # the SID solver imports this checkout's hypertorch_sid (not another installed copy)
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     )
     return env
 
@@ -601,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="+",
         default=["regime=drop_in"],
         help="SID entries (benchopt parameters of benchmarks/benchopt/solvers/sid.py; "
-        "regime=drop_in,inner_lr=1.0 are its defaults)",
+        "regime=drop_in,inner_lr=0.1 are its defaults)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument(

@@ -385,7 +385,9 @@ def test_lazy_adam_takes_sparse_gradients_and_a_shared_scale():
 
 
 # ---------------------------------------------------------------------- the training's cross term
-@pytest.mark.parametrize(("parameterization", "sparse_grad"), [("sigmoid", True), ("softmax", False)])
+@pytest.mark.parametrize(
+    ("parameterization", "sparse_grad"), [("sigmoid", True), ("softmax", False)]
+)
 def test_training_cross_term_is_eq_gradestim_minibatch_cross_term(parameterization, sparse_grad):
     """TrainingCrossTerm on a minibatch ζ equals ∂₂Φ̂(w, x; ζ)ᵀv = −α ∂ₓ⟨∇₁ℓ̂(w, x; ζ), v⟩ of the
     weighted ridge (float64, by double backward through ℓ̂), zero outside ζ's rows, and its

@@ -496,13 +496,19 @@ class LazyAdam(torch.optim.Optimizer):
 def directional_losses(
     losses: Callable[..., Tensor], params: Sequence[Tensor], tangents: Sequence[Tensor]
 ) -> Tensor:
-    """uᵢ = ⟨∇_w ℓᵢ(w), v⟩ for every sample at once: one forward-mode pass (a JVP of the
-    per-sample losses ``losses(*params) -> (b,)`` along ``tangents`` = v), no per-sample
-    gradients. ``losses`` must be a pure function of the tensors it is given."""
-    from torch.func import jvp
+    """uᵢ = ⟨∇_w ℓᵢ(w), v⟩ for every sample at once: one forward-mode pass (dual numbers w + εv
+    through the per-sample losses ``losses(*params) -> (b,)``), no per-sample gradients.
+    ``losses`` must compute from the tensors it is given (not from captured parameters)."""
+    import torch.autograd.forward_ad as fwAD
 
-    primals = tuple(p.detach() for p in params)
-    _, u = jvp(losses, primals, tuple(t.detach() for t in tangents))
+    with torch.no_grad(), fwAD.dual_level():
+        duals = [fwAD.make_dual(p.detach(), t.detach()) for p, t in zip(params, tangents)]
+        u = fwAD.unpack_dual(losses(*duals)).tangent
+    if u is None:  # the losses do not read the parameters
+        raise ConfigurationError(
+            "directional_losses: the per-sample losses do not depend on the parameters given: "
+            "compute them from the tensors passed to the function."
+        )
     return u.detach()
 
 
