@@ -22,14 +22,17 @@ ratio x / ((1 + x)(1 − e^{−x})) stays in [0.77, 1] (its minimum 0.770 near x
 :class:`~.damping.CurvatureDamping`, which covers negative curvature), with T the training steps
 that remain and η the training's step size, both set by whoever runs the training
 (:meth:`HorizonDamping.observe`; the Lightning callback knows ``max_epochs``/``max_steps`` and
-measures η). As training ends, T → 0 and δ_T grows: the hypergradient anneals to the short-horizon
-one, because a change of λ has fewer steps left to act. Before anything is observed (or with an
+reads η from the training optimizers, :func:`effective_step_size`: with momentum μ a persistent
+force moves w by lr/(1 − μ) per step, not lr, and the horizon is about such forces). As training
+ends, T → 0 and δ_T grows: the hypergradient anneals to the short-horizon one, because a change of
+λ has fewer steps left to act. Before anything is observed (or with an
 unknown length) δ is the base strategy's alone.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -66,7 +69,7 @@ class HorizonDamping(Damping):
         past negative curvature, 0 on convex problems).
     scale: a multiplier of δ_T (1: the horizon of eq. horizondelta; < 1 looks further ahead).
     step_size: η fixed by the user; ``None``: the one :meth:`observe` reports (the Lightning
-        callback measures it from the optimizer's updates).
+        callback reads it from the optimizers, :func:`effective_step_size`, else measures it).
     max_delta: an upper bound of the horizon term (at the last steps δ_T → ∞; the hypergradient
         then goes to ∇₂E, the damped system to v → 0).
     """
@@ -114,6 +117,52 @@ class HorizonDamping(Damping):
 
     def escalate(self, delta: float, curvature: CurvatureEstimate | None) -> float:
         return self.base.escalate(delta, curvature)
+
+
+def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | None:
+    """η of eq. horizondelta read from the training optimizers: how far the weights move per step
+    under a force that persists (the flat directions the horizon is about), not one step's reach.
+
+    * SGD with momentum μ and dampening d (heavy ball): a constant gradient's steps grow to
+      lr·(1 − d)/(1 − μ) each (eq. heavyball: b_t = μ b_{t−1} + (1 − d) g → (1 − d) g/(1 − μ)),
+      ten times lr at μ = 0.9. Plain SGD: lr.
+    * Adam/AdamW (and any optimizer keeping ``exp_avg_sq``): per coordinate lr/(√v̂ + ε), v̂ the
+      bias-corrected second moment (β₁'s average adds no gain: m̂ → g); one η as the mean weighted
+      by v̂ (≈ g²), lr·Σ v̂/(√v̂ + ε) / Σ v̂.
+
+    Parameter groups and optimizers are pooled by their number of elements (SGD) or v̂ (Adam).
+    Tensors an optimizer has no reading for are left out; None where none could be read (another
+    optimizer, e.g. RMSprop; Adam before its first step): the callback then uses the measured
+    one-step response (:class:`StepSizeProbe`).
+    """
+    num = den = 0.0
+    for optimizer in optimizers:
+        heavy_ball = isinstance(optimizer, torch.optim.SGD)
+        for group in optimizer.param_groups:
+            lr = float(group.get("lr", 0.0) or 0.0)
+            mu = float(group.get("momentum", 0.0) or 0.0)
+            damp = float(group.get("dampening", 0.0) or 0.0) if mu > 0 else 0.0
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                if heavy_ball:
+                    d = float(p.numel())
+                    n = d * lr * (1.0 - damp) / (1.0 - mu)
+                elif "exp_avg_sq" in state and "step" in state:
+                    n, d = _adam_step(state, group, lr)
+                else:
+                    continue  # not stepped yet, or an optimizer whose step is not read here
+                num, den = num + n, den + d
+    eta = num / den if den > 0 else math.nan
+    return eta if math.isfinite(eta) and eta > 0 else None
+
+
+def _adam_step(state: dict, group: dict, lr: float) -> tuple[float, float]:
+    """(Σ v̂·lr/(√v̂ + ε), Σ v̂) of one Adam tensor (``max_exp_avg_sq`` with amsgrad)."""
+    v = state["max_exp_avg_sq"] if group.get("amsgrad") and "max_exp_avg_sq" in state else None
+    v = state["exp_avg_sq"] if v is None else v
+    step = float(state["step"])
+    v_hat = v.detach().double() / (1.0 - float(group["betas"][1]) ** step)
+    return float((v_hat * lr / (v_hat.sqrt() + float(group["eps"]))).sum()), float(v_hat.sum())
 
 
 class StepSizeProbe:

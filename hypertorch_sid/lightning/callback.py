@@ -39,7 +39,7 @@ from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
 from ..core.gauss_newton import check_hvp
-from ..core.horizon import StepSizeProbe
+from ..core.horizon import StepSizeProbe, effective_step_size
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
@@ -557,13 +557,16 @@ class HyperOptimizationCallback(Callback):
         self._log(trainer, pl_module)
 
     def _observe_horizon(self, trainer: pl.Trainer) -> None:
-        """Tell the damping strategy the steps that remain and the measured step size."""
+        """Tell the damping strategy the steps that remain and the training's step size: read
+        from its optimizers (momentum's and Adam's gain included: :func:`effective_step_size`),
+        else the one-step response measured on the last update."""
         assert self.sid is not None
         total = trainer.estimated_stepping_batches
         remaining = (
             int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
         )
-        self.sid.config.damping.observe(remaining, self._step_size)
+        eta = effective_step_size(trainer.optimizers)
+        self.sid.config.damping.observe(remaining, self._step_size if eta is None else eta)
         self._step_size = None
         self.sid.refresh_damping()
 
