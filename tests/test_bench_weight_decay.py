@@ -432,6 +432,7 @@ def test_deployment_summary_by_hand() -> None:
     assert list(rows) == [
         "no WD",
         "grid pick",
+        bench.ORACLE,
         "Optuna pick",
         "learned global",
         "learned per_layer",
@@ -457,6 +458,14 @@ def test_deployment_summary_by_hand() -> None:
     assert glob["goal"].endswith("costs 2.50× > 1.5×")
     assert "| s | learned per_layer (default) | 3 |" in summary["table_markdown"]
     assert "| 3, 3, 3 |" in summary["table_markdown"]
+    # the best constant λ on the test set (1e-2: 0.30 + bump) against the grid's pick (0.48 + bump)
+    oracle = rows[bench.ORACLE]
+    assert {r["weight_decay"] for r in oracle["seeds"].values()} == {1e-2}
+    assert math.isclose(oracle["minus_grid"]["mean"], -0.18) and oracle["goal"] == ""
+    goal = summary["goal_markdown"].splitlines()
+    assert len(goal) == 3 and goal[2].startswith("| s | -0.0300 ± 0.0000")
+    assert "-0.1800 ± 0.0000 [-0.1800, -0.1800] (3) (λ = 1.0e-02)" in goal[2]
+    assert goal[2].endswith("| 3, 3, 3 | missed: significantly worse than the Optuna pick |")
     del per_seed[2]["settings"]["s"]["runs"]["optuna"]["trials"][2]  # Optuna not matched on seed 2
     match = bench.deployment_summary(per_seed)["settings"]["s"]["learned per_layer"]
     assert match["optuna_trials_to_match"][2] is None
