@@ -61,6 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
 FOLDERS = {"mnist": "mnist", "fashion": "fashion-mnist"}
@@ -141,6 +142,20 @@ class Classifier(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
+class GCE(Classifier):
+    """The generalised cross entropy of Zhang & Sabuncu 2018, ℓ = (1 − p_y^q)/q (q → 0: CE,
+    q = 1: MAE), a robust loss a user would try first: no validation data, no extra pass."""
+
+    def __init__(self, lr: float, q: float = 0.7) -> None:
+        super().__init__(lr)
+        self.q = q
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        p_y = F.softmax(self(x), dim=1).gather(1, y[:, None]).squeeze(1)
+        return ((1 - p_y.clamp_min(1e-7) ** self.q) / self.q).mean()
+
+
 class Reweighted(Classifier):
     """Ren et al. 2018 (L2RW): ω = normalise(max(−∂E(w − η∇Σεᵢℓᵢ)/∂ε, 0)) at ε = 0."""
 
@@ -194,12 +209,20 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         class_weight = counts.sum() / (10 * counts)
     data: Any = TensorDataset(X, y)
     if method == "ren":
-        model: Classifier = Reweighted(args.lr, d["Xv"], d["yv"])
+        model: Classifier = Reweighted(args.ren_lr or args.lr, d["Xv"], d["yv"])
+    elif method == "gce":
+        model = GCE(args.lr, args.gce_q)
     elif method in ("drop_in", "per_class"):
         model = Classifier(args.lr, reduction="none")
         per = "class" if method == "per_class" else "sample"
-        cb = LearnedDataWeights(per=per, num_classes=10 if per == "class" else None, seed=seed)
+        kwargs = dict(args.drop_in_kwargs)
+        if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
+            kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
+        cb = LearnedDataWeights(
+            per=per, num_classes=10 if per == "class" else None, seed=seed, **kwargs
+        )
         callbacks.append(cb)
+        timers = time_phases(cb)
         data = IndexedDataset(data) if per == "sample" else data
     else:
         model = Classifier(args.lr, class_weight=class_weight)
@@ -220,7 +243,28 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         if method == "drop_in":
             rec.update(weight_stats(w, clean, callbacks[0].flagged()))
         rec["hyper_steps"] = len(callbacks[0].history)
+        rec["phase_s"] = {k: round(v, 3) for k, v in timers.items()}
     return rec
+
+
+def time_phases(cb: LearnedDataWeights) -> dict[str, float]:
+    """Wall and CPU seconds spent in the hyper steps and in the training batches' cross term."""
+    timers = {"hyper_steps": 0.0, "cross_term": 0.0, "hyper_steps_cpu": 0.0, "cross_term_cpu": 0.0}
+
+    def timed(name: str, fn: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                timers[name] += time.perf_counter() - t
+                timers[name + "_cpu"] += time.process_time() - c
+
+        return run
+
+    cb._hyper_step = timed("hyper_steps", cb._hyper_step)  # type: ignore[method-assign]
+    cb._training_cross_term = timed("cross_term", cb._training_cross_term)  # type: ignore[method-assign]
+    return timers
 
 
 def weight_stats(w: Tensor, clean: Tensor, flagged: Tensor) -> dict[str, float]:
@@ -301,7 +345,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 7), squeeze=False)
     colors = {
         "plain": "gray", "oracle": "black", "drop_in": "tab:green", "ren": "tab:orange",
-        "inverse_freq": "tab:blue", "per_class": "tab:purple",
+        "inverse_freq": "tab:blue", "per_class": "tab:purple", "gce": "tab:cyan",
     }  # fmt: skip
     for col, name in enumerate(names):
         res = results["settings"][name]
@@ -337,7 +381,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=REPO / ".." / "shared" / "data")
     p.add_argument("--datasets", nargs="+", default=["mnist", "fashion"])
     p.add_argument("--noise", nargs="*", default=["symmetric", "pair"])
-    p.add_argument("--methods", nargs="+", default=["plain", "drop_in", "oracle", "ren"])
+    p.add_argument("--methods", nargs="+", default=["plain", "drop_in", "oracle", "gce", "ren"])
     p.add_argument("--rate", type=float, default=0.4)
     p.add_argument("--n-train", type=int, default=2000)
     p.add_argument("--n-val", type=int, default=1000)
@@ -347,11 +391,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared CPU)")
+    p.add_argument("--ren-lr", type=float, default=None, help="lr of method ren (default --lr)")
+    p.add_argument("--gce-q", type=float, default=0.7, help="q of the GCE loss (method gce)")
+    p.add_argument(
+        "--drop-in-kwargs", type=json.loads, default={},
+        help='JSON keyword arguments for LearnedDataWeights (default: none, its defaults)',
+    )  # fmt: skip
     p.add_argument("--imbalance", action="store_true", help="add the imbalanced-classes example")
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds)")
     p.add_argument(
-        "--out", type=Path, default=REPO / "benchmarks" / "results" / "noisy_labels.json"
-    )
+        "--out", type=Path,
+        default=REPO / "benchmarks" / "results" / "noisy_labels" / "noisy_labels.json",
+    )  # fmt: skip
+    p.add_argument(
+        "--combine", type=Path, nargs="+",
+        help="merge the settings of these JSON files (runs split by data set) into --out",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.n_train, args.n_val, args.n_test, args.epochs, args.seeds = 600, 200, 500, 1, [0]
@@ -359,8 +414,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def combine(paths: list[Path], out: Path) -> dict[str, Any]:
+    """One result file (and figure) from runs split by data set."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    results = {**parts[0], "command": [p["command"] for p in parts], "settings": {}}
+    for part in parts:
+        results["settings"].update(part["settings"])
+    out.write_text(json.dumps(results))
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
     torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
         "command": "python benchmarks/bench_noisy_labels.py " + " ".join(argv or sys.argv[1:]),
@@ -401,7 +470,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"minority {rec['minority_acc']:.3f} wall {rec['wall_s']:.1f}s"
                       + (f" w clean {rec['weight_clean_mean']:.3f} corrupted "
                          f"{rec['weight_corrupted_mean']:.3f} P {rec['flag_precision']:.2f} "
-                         f"R {rec['flag_recall']:.2f}" if "flag_precision" in rec else ""),
+                         f"R {rec['flag_recall']:.2f}" if "flag_precision" in rec else "")
+                      + (f" cpu {rec['cpu_s']:.1f}s phases {rec['phase_s']}" if "phase_s" in rec
+                         else f" cpu {rec['cpu_s']:.1f}s"),
                       flush=True)  # fmt: skip
         results["settings"][name] = {
             "runs": runs,
