@@ -78,6 +78,7 @@ class Data(pl.LightningDataModule):
 
 def callback(**kwargs: Any) -> LearnedDataWeights:
     kwargs.setdefault("every_n_steps", 2)
+    kwargs.setdefault("start_step", 0)  # the tests' fits are short: no plain warm-up
     kwargs.setdefault("seed", 0)
     return LearnedDataWeights(**kwargs)
 
@@ -110,6 +111,22 @@ def test_sparse_by_default_learns_the_same_weights_as_dense():
     assert sparse.weights.sparse_grad and not dense.weights.sparse_grad
     assert torch.allclose(sparse.data_weights(), dense.data_weights(), atol=1e-5)
     assert float((sparse.data_weights() - sparse.weights.initial_weight).abs().max()) > 0.05
+
+
+def test_the_defaults_separate_corrupted_from_clean_after_their_warm_up():
+    """``LearnedDataWeights()`` as a user writes it: 100 plain steps, then a hyper step every 40
+    and the cross term on every training batch."""
+    cb = LearnedDataWeights(seed=0)
+    fit(cb, 30)  # 300 optimizer steps
+    w = cb.data_weights()
+    assert cb.history and len(cb.history) <= 6
+    assert w[:NOISY].mean() < w[NOISY:].mean() - 0.2, (
+        float(w[:NOISY].mean()),
+        float(w[NOISY:].mean()),
+    )
+    flagged = set(cb.flagged().tolist())
+    precision = len(flagged & set(range(NOISY))) / max(len(flagged), 1)
+    assert len(flagged) > NOISY // 3 and precision > 0.7
 
 
 def test_the_module_gets_its_own_training_step_back_after_fit():
