@@ -142,7 +142,7 @@ def test_the_callback_keeps_the_budget_counted_in_products():
     assert hyper <= 0.5 * train + dearest
     assert hyper >= 0.5 * train - 2 * dearest  # it spends its budget, not much less
     budget = cb.budget
-    assert math.isclose(budget.spent_hyper, hyper) and budget.spent_training == train - 1
+    assert math.isclose(budget.spent_hyper, hyper) and budget.spent_training == train  # from step 0
     assert budget.skipped > 0 and budget.hyper_steps == cb.sid.cost.hypergradients
     assert "hyper/overhead" in cb.history[-1]
 
@@ -171,3 +171,70 @@ def test_under_ddp_rank_0_decides_for_every_rank():
     assert not cb._budget_allows(Trainer())  # one process: its own decision
     cb._world_size = 2
     assert cb._budget_allows(Trainer())
+
+
+def test_the_callbacks_own_work_is_charged_to_it_not_to_the_training():
+    """Work the callback adds between training steps (applying λ, the step-size probe) counts as
+    overhead and is taken out of the training's time."""
+    clock = _Clock()
+    budget = OverheadBudget(0.5, clock=clock)
+    budget.training_step_done()
+    clock.now += 1.0  # training
+    with budget.added_work():
+        clock.now += 0.25  # the callback's
+    clock.now += 1.0  # training
+    budget.training_step_done()
+    assert budget.spent_training == 2.0 and budget.spent_hyper == budget.spent_added == 0.25
+    assert budget.hyper_steps == 0 and budget.overhead == 0.125
+
+
+def _counting_fit(cb: LearnedWeightDecay, epochs: int, ckpt=None) -> pl.Trainer:
+    """A fit whose budget clock counts products (as in :func:`_fit_counting`), those made in
+    this fit: the core's counters come back from the checkpoint at the build."""
+    offset: list[float] = []
+
+    def clock() -> float:
+        if cb.sid is None:
+            return float(trainer.global_step)
+        c = cb.sid.cost
+        products = 2.0 * (c.jacobian_vector_products + c.curvature_products)
+        if not offset:
+            offset.append(products)
+        return float(trainer.global_step) + products - offset[0]
+
+    cb.budget = OverheadBudget(0.5, clock=clock)
+    trainer = lightning_problems.trainer([cb], max_epochs=epochs, limit_val_batches=0)
+    trainer.fit(_Net(), datamodule=RidgeData(), ckpt_path=ckpt)
+    return trainer
+
+
+def test_a_resumed_fit_keeps_the_budgets_accounting(tmp_path):
+    """The budget's accounting is in the callback's checkpointed state: a resumed fit continues
+    it (it used to start afresh, and so could spend the budget twice)."""
+    first = LearnedWeightDecay(1e-2, every_n_steps=1)
+    trainer = _counting_fit(first, 20)
+    saved = first.budget.state_dict()
+    assert saved["hyper_steps"] >= 3 and saved["spent_training"] > 0
+    assert first.state_dict()["budget"] == saved
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+
+    resumed = LearnedWeightDecay(1e-2, every_n_steps=1)
+    _counting_fit(resumed, 40, ckpt=tmp_path / "half.ckpt")
+    budget = resumed.budget
+    assert budget.hyper_steps > saved["hyper_steps"]  # continued, not restarted
+    assert budget.spent_training > saved["spent_training"]
+    assert budget.spent_hyper > saved["spent_hyper"]
+    assert budget.hyper_steps == resumed.sid.cost.hypergradients  # the same count as the core's
+
+
+@pytest.mark.parametrize(
+    "bad", [{"spent_hyper": -1.0}, {"spent_training": float("nan")}, {"foreign": 1.0}, [1.0]]
+)
+def test_a_corrupted_budget_state_is_refused(bad):
+    with pytest.raises(ConfigurationError, match="budget state must be a dict of finite"):
+        OverheadBudget(0.5).load_state_dict(bad)
+
+
+def test_a_bad_max_overhead_names_the_fix():
+    with pytest.raises(ConfigurationError, match=r"max_overhead must be a number > 0.*None"):
+        LearnedWeightDecay(1e-2, max_overhead=-1)

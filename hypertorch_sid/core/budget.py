@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
@@ -49,12 +50,19 @@ class Budget:
     def end_hyper_step(self) -> None:
         """The hyper step ended."""
 
+    @contextmanager
+    def added_work(self) -> Iterator[None]:
+        """Work the callback adds outside its hyper steps (applying λ to the gradients, the step
+        size probe, building at train start): charged to the hyper steps, not the training."""
+        yield
+
     @property
     def overhead(self) -> float:
         """Σ cost(hyper steps) / Σ cost(training steps) so far (nan before any training)."""
         return math.nan
 
     def state_dict(self) -> dict[str, float]:
+        """The accounting so far (kept in the callback's checkpoints)."""
         return {}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
@@ -84,7 +92,10 @@ class OverheadBudget(Budget):
     spent_hyper: float = field(default=0.0, init=False)
     hyper_steps: int = field(default=0, init=False)
     skipped: int = field(default=0, init=False)
+    #: the part of ``spent_hyper`` spent outside hyper steps (:meth:`added_work`)
+    spent_added: float = field(default=0.0, init=False)
     _mark: float | None = field(default=None, init=False, repr=False)
+    _added_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,8 +111,8 @@ class OverheadBudget(Budget):
     def training_step_done(self) -> None:
         now = self.clock()
         if self._mark is not None:
-            self.spent_training += now - self._mark
-        self._mark = now
+            self.spent_training += max(now - self._mark - self._added_since_mark, 0.0)
+        self._mark, self._added_since_mark = now, 0.0
 
     @property
     def mean_hyper_step(self) -> float:
@@ -128,7 +139,18 @@ class OverheadBudget(Budget):
         self.spent_hyper += now - self._hyper_start
         self.hyper_steps += 1
         self._hyper_start = None
-        self._mark = now  # the time of the hyper step is not the training's
+        self._mark, self._added_since_mark = now, 0.0  # the hyper step's time is not training
+
+    @contextmanager
+    def added_work(self) -> Iterator[None]:
+        start = self.clock()
+        try:
+            yield
+        finally:
+            spent = self.clock() - start
+            self.spent_hyper += spent
+            self.spent_added += spent
+            self._added_since_mark += spent
 
     @property
     def overhead(self) -> float:
@@ -136,14 +158,34 @@ class OverheadBudget(Budget):
 
     def state_dict(self) -> dict[str, float]:
         return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
-                    hyper_steps=self.hyper_steps, skipped=self.skipped)  # fmt: skip
+                    hyper_steps=self.hyper_steps, skipped=self.skipped,
+                    spent_added=self.spent_added)  # fmt: skip
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Continue the accounting of a checkpoint (a resumed fit keeps what it spent); an
+        entry that is not a finite number ≥ 0 raises ConfigurationError, changing nothing."""
+        check_budget_state(state)
         self.spent_training = float(state.get("spent_training", 0.0))
         self.spent_hyper = float(state.get("spent_hyper", 0.0))
         self.hyper_steps = int(state.get("hyper_steps", 0))
         self.skipped = int(state.get("skipped", 0))
-        self._mark = None
+        self.spent_added = float(state.get("spent_added", 0.0))
+        self._mark, self._added_since_mark = None, 0.0
+
+
+_BUDGET_KEYS = ("spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added")
+
+
+def check_budget_state(state: object) -> None:
+    """A budget's saved accounting: a dict of finite numbers ≥ 0 under the known keys."""
+    if not isinstance(state, dict) or any(
+        key not in _BUDGET_KEYS or not is_real(value) or not math.isfinite(value) or value < 0
+        for key, value in state.items()
+    ):
+        raise ConfigurationError(
+            f"the checkpoint's budget state must be a dict of finite numbers >= 0 under "
+            f"{list(_BUDGET_KEYS)}, got {state!r}: it is corrupted."
+        )
 
 
 def make_budget(max_overhead: float | None | Budget) -> Budget:

@@ -33,7 +33,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
-from ..core.budget import Budget, make_budget
+from ..core.budget import Budget, check_budget_state, make_budget
 from ..core.config import FeasibleSet, SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
@@ -121,6 +121,8 @@ class HyperOptimizationCallback(Callback):
         compute (0.5: ≤ 1.5× a plain training), measured on this model and device as the fit
         runs; a due hyper step waits until the budget covers it
         (:class:`~hypertorch_sid.core.budget.OverheadBudget`; logged as ``hyper/overhead``).
+        Counted as overhead: the hyper steps (their batches, curvature estimates, retries) and
+        the callback's work around them; the accounting is kept in checkpoints.
         ``None`` (default): every due hyper step runs.
     log_to_loggers:
         Send every hyper step's ``hyper/*`` metrics to ``trainer.loggers`` (bypassing
@@ -265,7 +267,9 @@ class HyperOptimizationCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
-        self._build(trainer, pl_module)
+        with self.budget.added_work():
+            self._build(trainer, pl_module)
+        self.budget.training_step_done()  # the training's time is counted from here
 
     def on_train_batch_end(
         self,
@@ -278,7 +282,8 @@ class HyperOptimizationCallback(Callback):
         """Every ``every_n_steps`` optimizer steps: one hyper step on λ (when the budget allows
         it: else at the first step after that it does)."""
         if self._step_probe is not None:
-            self._step_size, self._step_probe = self._step_probe.step_size(), None
+            with self.budget.added_work():
+                self._step_size, self._step_probe = self._step_probe.step_size(), None
         self.budget.training_step_done()
         self._waiting = self._due(trainer) or self._waiting
         if self._waiting and self._budget_allows(trainer):
@@ -303,7 +308,8 @@ class HyperOptimizationCallback(Callback):
         step = trainer.global_step + 1
         due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
         if self.sid is not None and due:
-            self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
+            with self.budget.added_work():
+                self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its ``requires_grad`` back."""
@@ -328,7 +334,8 @@ class HyperOptimizationCallback(Callback):
                 exception.add_note(f"{type(self).__name__}: {problem}")
 
     def state_dict(self) -> dict[str, Any]:
-        """SID state (λ, outer optimizer, warm-start v, counters, constants, cost), samplers."""
+        """SID state (λ, outer optimizer, warm-start v, counters, constants, cost), samplers,
+        and the budget's accounting (a resumed fit keeps what it spent)."""
         if self.sid is None:
             return dict(self._pending) if self._pending is not None else {}
         assert self.data is not None
@@ -336,6 +343,7 @@ class HyperOptimizationCallback(Callback):
             "sid": self.sid.state_dict(),
             **self.data.state_dict(),
             "history": [dict(h) for h in self.history],
+            "budget": self.budget.state_dict(),
         }
 
     def on_load_checkpoint(
@@ -508,6 +516,8 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None and self.data is not None and self._pending is not None
         state, self._pending = self._pending, None
         self.data.check_state(state)
+        budget = state.get("budget", {})  # absent in checkpoints written before it was kept
+        check_budget_state(budget)
         history = state["history"]
         if not isinstance(history, list) or not all(
             isinstance(h, dict) and all(isinstance(x, (int, float)) for x in h.values())
@@ -519,6 +529,7 @@ class HyperOptimizationCallback(Callback):
         self.sid.load_state_dict(state["sid"])  # validates everything before changing anything
         self.data.load_state_dict(state)
         self.history = [dict(h) for h in history]
+        self.budget.load_state_dict(budget)
 
     # ================================================================== the hyper step
     def _due(self, trainer: pl.Trainer) -> bool:
@@ -531,7 +542,8 @@ class HyperOptimizationCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit never ends silently with NaN weights."""
         if self.sid is not None:
-            check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
+            with self.budget.added_work():
+                check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None

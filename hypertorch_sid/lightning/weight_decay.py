@@ -579,9 +579,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Apply the decay: ``grad += λ w`` (coupled) or ``w *= 1 − lr λ`` (decoupled)."""
-        if not self.problem._checked_gradients and trainer.global_step == 0:
-            self.problem.check_gradients(pl_module)
-        self.problem.apply(optimizer)
+        with self.budget.added_work():  # the decay's own cost is the callback's, not training's
+            if not self.problem._checked_gradients and trainer.global_step == 0:
+                self.problem.check_gradients(pl_module)
+            self.problem.apply(optimizer)
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     def _data_curvature(self) -> float | None:
