@@ -171,7 +171,8 @@ def test_checkpoints_load_weights_only_with_the_complete_callback_state(referenc
     state = ckpt["callbacks"][KEY]
     hyper_steps = LAST_CKPT_STEP // 2
     ref = _lambda_log(reference / "ref.jsonl")
-    assert set(state) == {"sid", "train_sampler", "val_sampler", "val_samples", "history"}
+    assert set(state) == {"sid", "train_sampler", "val_sampler", "val_samples", "history", "budget"}
+    assert state["budget"] == {}  # no max_overhead: no accounting to keep
 
     sid = state["sid"]
     (lam,) = sid["hyperparameters"]
