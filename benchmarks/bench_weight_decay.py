@@ -1381,7 +1381,10 @@ def deployment_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """One setting's result as a user deploys it: per method the deployed model's held-out test
     loss / accuracy and the total cost in plain trainings. The grid's and Optuna's rows are the
     training each search *selects* on the validation loss (its pick), scored on the test set,
-    which no choice was made on. Optuna's row also keeps its trials (for "trials to match")."""
+    which no choice was made on. Optuna's row also keeps its trials (for "trials to match").
+    A learned run with no fixed-decay training timed in its own run (retrained alone with
+    ``--reuse``) costs 1 + the overhead its ``max_overhead`` budget measured in-run (the callback's
+    time over the training's own), where it had one."""
     runs, reused = res["runs"], res.get("reused")
     rows: dict[str, dict[str, Any]] = {}
 
@@ -1410,6 +1413,8 @@ def deployment_records(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         method = f"learned_{g}"
         cost = _nan(rec["wall_s"]) / _same_run_fixed_median(runs, reused, method)
+        if not math.isfinite(cost):  # no plain training timed beside it: the budget's reading
+            cost = 1.0 + _nan((rec.get("budget") or {}).get("overhead"))
         rows[f"learned {g}"] = row(rec if rec["finished"] else None,
                                    cost if rec["finished"] else math.nan)  # fmt: skip
     return rows
@@ -1608,23 +1613,28 @@ def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
     """The seeds summary of earlier per-seed result files (``--summarise``), e.g. two draws of
     seeds run at different times; written to ``out`` (JSON and .md). A setting of a seed given
     twice is an error (its trainings would count twice), except where the later file was made
-    from the earlier one with ``--reuse`` (e.g. it added Optuna's trials): it replaces it."""
+    with ``--reuse`` from one of the earlier ones (e.g. it added Optuna's trials, or retrained
+    the learned runs): its runs replace theirs, and the methods only they have are kept."""
     per_seed: dict[int, dict[str, Any]] = {}
-    source: dict[tuple[int, str], Path] = {}
+    sources: dict[tuple[int, str], list[Path]] = {}
     for path in map(Path, paths):
         res = json.loads(path.read_text())
         seed = int(res["seed"])
         merged = per_seed.setdefault(seed, {**res, "settings": {}})
         for name, setting in res["settings"].items():
-            earlier = source.get((seed, name))
+            earlier = sources.setdefault((seed, name), [])
             made_from = Path((setting.get("reused") or {}).get("from") or "").name
-            if earlier is not None and made_from != earlier.name:
+            if earlier and made_from not in {p.name for p in earlier}:
                 raise SystemExit(
                     f"--summarise: seed {seed} is in two files (the second: {path}) with "
-                    f"{name}, and {path.name} was not made from {earlier.name} with --reuse"
+                    f"{name}, and {path.name} was not made from "
+                    f"{' or '.join(p.name for p in earlier)} with --reuse"
                 )
+            if earlier:  # keep what only the earlier files ran (e.g. Optuna's trials)
+                before = merged["settings"][name]["runs"]
+                setting = {**setting, "runs": {**before, **setting["runs"]}}
             merged["settings"][name] = setting
-            source[(seed, name)] = path
+            earlier.append(path)
     summary = seed_summary(dict(sorted(per_seed.items())))
     summary["command"] = command
     summary["sources"] = [str(p) for p in paths]

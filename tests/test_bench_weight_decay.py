@@ -523,6 +523,19 @@ def test_summarise_takes_a_file_made_from_another_with_reuse(tmp_path: Path) -> 
     assert "Optuna pick" in rows["s"] and "Optuna pick" not in rows["t"]
     md = (tmp_path / "sum.md").read_text()
     assert md.startswith("| setting |") and bench.DEPLOYMENT_HEADING in md
+    # a third file retrained the default alone from the first (a budget: its in-run overhead is
+    # its cost): it replaces that run and keeps the second's Optuna trials
+    retrained = _fake_setting(0)
+    del retrained["runs"]["optuna"]
+    retrained["runs"]["learned_per_layer"].update(test_loss=0.30, budget={"overhead": 0.42})
+    retrained = complete({**retrained, "reused": {"from": first.name, "plain_wall_s": 2.0,
+                                                  "methods": ["no_wd", "grid", "learned_global"]}})  # fmt: skip
+    third = tmp_path / "wd_final_seed0.json"
+    third.write_text(json.dumps({"seed": 0, "settings": {"s": retrained}}))
+    rows = bench.summarise([first, second, third], tmp_path / "sum.json", "test")["deployment"]
+    layer = rows["settings"]["s"]["learned per_layer"]
+    assert "Optuna pick" in rows["settings"]["s"] and layer["seeds"][0]["test_loss"] == 0.30
+    assert math.isclose(layer["mean_cost"], 1.42)
     other = tmp_path / "other_seed0.json"
     other.write_text(json.dumps({"seed": 0, "settings": {"s": base}}))
     try:
