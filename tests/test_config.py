@@ -168,7 +168,7 @@ def test_settings_override_the_given_config():
 def test_weight_decay_container_gives_the_exact_ridge_hypergradient():
     """A per-element LogDecay over w is the ridge's per-feature log λ: same oracle."""
     problem = make_ridge()
-    decay = WeightDecay([("w", problem.w)], 1.0, granularity="per_element")
+    decay = WeightDecay([("w", problem.w)], 1.0, granularity="per_element", elements="untied")
     with torch.no_grad():
         decay.hyperparameters[0].copy_(problem.log_lam)
 
@@ -197,8 +197,8 @@ def test_weight_decay_granularity(granularity, slots):
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1, bias=False))
     named = [(n, p, "decay" if p.dim() > 1 else "bias") for n, p in net.named_parameters()]
     decay = WeightDecay(named, 0.01, granularity)
-    if slots is None:
-        assert [h.shape for h in decay.hyperparameters] == [p.shape for _, p, _ in named]
+    if slots is None:  # tied to the layer: ρ of the 2 layers, then s_e shaped like each tensor
+        assert [h.shape for h in decay.hyperparameters] == [(2,)] + [p.shape for _, p, _ in named]
     else:
         assert decay.hyperparameters[0].shape == (slots,)
     values = decay.values()
@@ -234,8 +234,10 @@ def test_the_drop_in_defaults_are_the_benchmarked_ones():
     cb = LearnedWeightDecay(1e-4, granularity="per_layer")
     assert (cb.every_n_steps, cb.adjoint_steps, cb.outer_lr) == (20, 3, 0.3)
     assert cb.config.curvature.every == 10
-    per_element = LearnedWeightDecay(1e-4, granularity="per_element")
-    assert per_element.outer_lr == 1.0 and per_element.config.curvature.every is None
+    per_element = LearnedWeightDecay(1e-4, granularity="per_element")  # tied: as per layer
+    assert per_element.outer_lr == 0.3 and per_element.config.curvature.every == 10
+    untied = LearnedWeightDecay(1e-4, granularity="per_element", elements="untied")
+    assert untied.outer_lr == 1.0 and untied.config.curvature.every is None
     mine = LearnedWeightDecay(
         1e-4,
         granularity="per_element",

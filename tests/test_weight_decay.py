@@ -158,8 +158,9 @@ def test_decay_groups_are_pointed_to_apply_to_weights():
         ("per_layer", "all", [()] * 2),
         ("per_tensor", "all", [()] * 4),
         ("per_tensor", "weights", [()] * 2),
-        ("per_element", "all", [(8, D), (1, 8), (8,), (1,)]),  # optimizer group order
-        ("per_element", "weights", [(8, D), (1, 8)]),
+        # per element, tied to the layer: ρ of the 2 layers, then s in optimizer group order
+        ("per_element", "all", [(2,), (8, D), (1, 8), (8,), (1,)]),
+        ("per_element", "weights", [(2,), (8, D), (1, 8)]),
     ],
 )
 def test_granularities(granularity, apply_to, expected):
@@ -197,18 +198,22 @@ class Linear(MLP):
 
 
 @pytest.mark.parametrize(
-    "granularity, parameterization, proximal",
+    "granularity, parameterization, proximal, elements",
     [
-        ("global", "log", False),
-        ("per_element", "log", False),
-        ("per_element", "projection", False),
-        ("global", "log", True),
-        ("per_element", "log", True),
+        ("global", "log", False, "untied"),
+        ("per_element", "log", False, "untied"),
+        ("per_element", "projection", False, "untied"),
+        ("global", "log", True, "untied"),
+        ("per_element", "log", True, "untied"),
+        ("per_element", "log", False, "tied"),
+        ("per_element", "projection", False, "tied"),
     ],
 )
-def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, proximal):
+def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, proximal, elements):
     """ℓ̂ = training_step's loss + ½ Σ λ w²: at convergence the hypergradient is the ridge one,
-    with the GD map of ℓ̂ or the proximal map of the loss and the penalty."""
+    with the GD map of ℓ̂ or the proximal map of the loss and the penalty. Tied per element
+    (λ_e = λ_layer exp(s_e), s = 0): the layer's entry is Σ_e ∂f/∂λ_e (· λ_e for log) and each
+    s_e's is λ_e ∂f/∂λ_e (the prior's gradient s_e/(σ²n) is 0 at s = 0)."""
     c, steps = 0.1, 300
     dm = RidgeData(batch_size=120)
     model = Linear()
@@ -217,6 +222,7 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, 
         granularity=granularity,
         parameterization=parameterization,
         proximal=proximal,
+        elements=elements,
         every_n_steps=steps,
         preset="batch",
         adjoint_steps=400,
@@ -227,6 +233,14 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, 
     _trainer([cb], max_steps=steps).fit(model, datamodule=dm)
     lam = torch.full((D,), c, dtype=torch.float64)
     d_lam = _closed_form(model, dm, lam)  # ∂f/∂λ_i
+    if elements == "tied":
+        d_layer = d_lam.sum() * (c if parameterization == "log" else 1.0)
+        torch.testing.assert_close(
+            cb.last_hypergradient[0], d_layer.reshape(1), rtol=1e-7, atol=1e-12
+        )
+        d_s = (d_lam * lam).reshape(1, D)  # ∂f/∂s_e = λ_e ∂f/∂λ_e
+        torch.testing.assert_close(cb.last_hypergradient[1], d_s, rtol=1e-7, atol=1e-12)
+        return
     if parameterization == "log":
         d_lam = d_lam * lam  # ∂f/∂ρ_i with λ = exp(ρ)
     expected = d_lam.sum().reshape(1) if granularity == "global" else d_lam.reshape(1, D)

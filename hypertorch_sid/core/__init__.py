@@ -10,7 +10,15 @@ from .config import Batches, FeasibleSet, SIDConfig
 from .context import SolveContext
 from .cost import Cost
 from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
-from .decay import LogDecay, Parameterization, ProjectedDecay, WeightDecay
+from .decay import (
+    ElementModel,
+    LogDecay,
+    Parameterization,
+    ProjectedDecay,
+    TiedToLayer,
+    Untied,
+    WeightDecay,
+)
 from .divergence import (
     BackOff,
     DivergenceGuard,
@@ -87,9 +95,12 @@ __all__ = [
     "WeightParameterization",
     "class_weights",
     "split_indexed",
+    "ElementModel",
     "LogDecay",
     "Parameterization",
     "ProjectedDecay",
+    "TiedToLayer",
+    "Untied",
     "WeightDecay",
     "Batches",
     "FeasibleSet",

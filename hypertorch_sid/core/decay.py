@@ -20,6 +20,23 @@ given with the tensor, e.g. an optimizer's parameter group), ``"per_layer"`` (on
 module: the name without its last component), ``"per_tensor"``, ``"per_element"`` (λ shaped like
 each tensor). Parameterisation (how λ is learned): :class:`LogDecay` (λ = exp ρ, λ > 0 always) or
 :class:`ProjectedDecay` (λ learned directly and projected onto λ ≥ 0).
+
+Per element, how the λ of one layer relate (``elements=``, an :class:`ElementModel`):
+:class:`TiedToLayer` (the default) learns each layer's λ and a deviation s_e per element,
+
+    λ_e = λ_layer(e) · exp(s_e),                                              (eq. tied)
+
+with a Gaussian prior s_e ~ N(0, σ²) added to the outer objective as the MAP term of a validation
+set of n samples (E is a mean over samples),
+
+    E_prior(w, λ) = E(w) + Σ_e s_e² / (2 σ² n)                                (eq. prior)
+
+(:meth:`WeightDecay.prior`; the drop-in adds it, a plain ``SIDHyperOptimizer`` adds it to its
+``outer_loss``). The layer's λ gets exactly the per-layer hypergradient Σ_e ∂E/∂log λ_e, and a
+deviation moves only as far as n validation samples support it against the prior: with 10⁵
+deviations and 10³–10⁴ validation samples per-element decay stays close to per-layer decay
+unless the validation data say otherwise. :class:`Untied` is one free λ per element (before
+0.2: it fitted the validation set, and its gains mostly did not reach held-out data).
 """
 
 from __future__ import annotations
@@ -118,6 +135,175 @@ class Decayed:
     param: Tensor
     group: str
     slot: int
+    #: index of its layer (the per-layer slot), for per-element models that tie to it
+    layer: int = 0
+
+
+class ElementModel(ABC):
+    """How per-element λ are learned (``granularity="per_element"``): the learned tensors, λ_e
+    from them, the prior on them in the outer objective and their projection.
+
+    ``outer_lr`` and ``refresh_curvature`` are the drop-in's defaults for this model (Adam's
+    learning rate on the learned tensors; whether the curvature estimate is refreshed)."""
+
+    outer_lr: float = 1.0
+    refresh_curvature: bool = False
+
+    @abstractmethod
+    def create(self, decay: WeightDecay, fill: float) -> Tensors:
+        """The learned tensors for ``decay.entries``, every λ_e at T(fill)."""
+
+    @abstractmethod
+    def lambda_of(self, decay: WeightDecay, entry: Decayed) -> Tensor:
+        """λ of one decayed tensor, shaped like it; differentiable."""
+
+    @abstractmethod
+    def clamp(self, decay: WeightDecay, upper: Sequence[float]) -> None:
+        """Keep λ_e of entry i in [0, upper[i]], in place."""
+
+    @abstractmethod
+    def carry(self, new: WeightDecay, old: WeightDecay) -> int:
+        """Copy the learned values of the tensors both decay; the number of tensors carried."""
+
+    def prior(self, decay: WeightDecay, samples: int | None) -> Tensor | None:
+        """The prior's term in the outer objective, or None."""
+        return None
+
+
+class Untied(ElementModel):
+    """One free λ_e = T(ρ_e) per element, learned from the validation loss alone (no prior)."""
+
+    def create(self, decay: WeightDecay, fill: float) -> Tensors:
+        return [_filled(e.param, fill) for e in decay.entries]
+
+    def lambda_of(self, decay: WeightDecay, entry: Decayed) -> Tensor:
+        return decay.parameterization.transform(decay.hyperparameters[entry.slot])
+
+    def clamp(self, decay: WeightDecay, upper: Sequence[float]) -> None:
+        for e, u in zip(decay.entries, upper):
+            decay.parameterization.clamp(decay.hyperparameters[e.slot], u)
+
+    def carry(self, new: WeightDecay, old: WeightDecay) -> int:
+        before = {id(e.param): e.slot for e in old.entries}
+        carried = 0
+        for e in new.entries:
+            if id(e.param) in before:
+                new.hyperparameters[e.slot].copy_(old.hyperparameters[before[id(e.param)]])
+                carried += 1
+        return carried
+
+    def __repr__(self) -> str:
+        return "Untied()"
+
+
+class TiedToLayer(ElementModel):
+    """λ_e = λ_layer · exp(s_e) (eq. tied), with the prior s_e ~ N(0, σ²) (eq. prior).
+
+    Parameters
+    ----------
+    scale:
+        σ, the prior's standard deviation of log(λ_e / λ_layer): 1 says "a weight's decay is
+        typically within a factor e of its layer's". Large σ: the deviations are free (like
+        :class:`Untied`); small σ: per-layer decay.
+    samples:
+        n, the number of validation samples E averages over (None: given to :meth:`prior` —
+        the drop-in passes the size of the validation set).
+
+    Learned tensors: ``[ρ_layers, s_1, ..., s_m]`` (ρ one per layer, λ_layer = T(ρ); s_i shaped
+    like decayed tensor i, starting at 0). The layer's ρ and its deviations learn at the
+    per-layer rate (``outer_lr`` 0.3) with the curvature refreshed, as per-layer decay does.
+    """
+
+    outer_lr = 0.3
+    refresh_curvature = True
+
+    def __init__(self, scale: float = 1.0, samples: int | None = None) -> None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ConfigurationError(f"TiedToLayer: scale must be a number > 0, got {scale!r}.")
+        if scale == math.inf:
+            raise ConfigurationError("TiedToLayer: scale=inf is no prior: use Untied().")
+        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)):
+            raise ConfigurationError(f"TiedToLayer: samples must be an int, got {samples!r}.")
+        self.scale = float(scale)
+        self.samples = samples
+
+    def create(self, decay: WeightDecay, fill: float) -> Tensors:
+        like = decay.entries[0].param
+        layers = torch.full((len(decay.layer_names),), fill, dtype=like.dtype, device=like.device)
+        deviations = [_filled(e.param, 0.0) for e in decay.entries]
+        return [layers.requires_grad_(True), *deviations]
+
+    def lambda_of(self, decay: WeightDecay, entry: Decayed) -> Tensor:
+        layer = decay.parameterization.transform(decay.hyperparameters[0][entry.layer])
+        return layer * decay.hyperparameters[1 + entry.slot].exp()
+
+    def clamp(self, decay: WeightDecay, upper: Sequence[float]) -> None:
+        """λ_layer onto [0, min upper of its tensors], then each s_e ≤ log(upper / λ_layer)."""
+        T, layers = decay.parameterization, decay.hyperparameters[0]
+        bound = [math.inf] * len(layers)
+        for e, u in zip(decay.entries, upper):
+            bound[e.layer] = min(bound[e.layer], u)
+        for i, u in enumerate(bound):
+            T.clamp(layers[i], u)
+        lam = T.transform(layers)
+        for e, u in zip(decay.entries, upper):
+            if math.isfinite(u) and float(lam[e.layer]) > 0:
+                decay.hyperparameters[1 + e.slot].clamp_(max=math.log(u / float(lam[e.layer])))
+
+    def carry(self, new: WeightDecay, old: WeightDecay) -> int:
+        old_layers = {name: i for i, name in enumerate(old.layer_names)}
+        for i, name in enumerate(new.layer_names):
+            if name in old_layers:
+                new.hyperparameters[0][i] = old.hyperparameters[0][old_layers[name]]
+        before = {id(e.param): e.slot for e in old.entries}
+        carried = 0
+        for e in new.entries:
+            if id(e.param) in before:
+                new.hyperparameters[1 + e.slot].copy_(old.hyperparameters[1 + before[id(e.param)]])
+                carried += 1
+        return carried
+
+    def prior(self, decay: WeightDecay, samples: int | None) -> Tensor:
+        """Σ_e s_e² / (2σ²n) (eq. prior): the negative log prior per validation sample."""
+        n = self.samples if self.samples is not None else samples
+        if n is None or n <= 0:
+            raise ConfigurationError(
+                "TiedToLayer: the prior needs the number of validation samples n (E is their "
+                "mean), and it is not known here (a streamed validation set?): pass "
+                "TiedToLayer(samples=n)."
+            )
+        squares = torch.stack([s.pow(2).sum() for s in decay.hyperparameters[1:]]).sum()
+        return squares / (2 * self.scale**2 * n)
+
+    def __repr__(self) -> str:
+        return f"TiedToLayer(scale={self.scale}, samples={self.samples})"
+
+
+#: names of the per-element models (``elements=`` takes a name or an :class:`ElementModel`)
+ELEMENT_MODELS: dict[str, Callable[[], ElementModel]] = {
+    "tied": TiedToLayer,
+    "untied": Untied,
+}
+
+
+def as_element_model(value: str | ElementModel) -> ElementModel:
+    """An :class:`ElementModel` from its name (``"tied"``, ``"untied"``) or itself."""
+    if isinstance(value, ElementModel):
+        return value
+    if isinstance(value, str) and value in ELEMENT_MODELS:
+        return ELEMENT_MODELS[value]()
+    raise ConfigurationError(
+        f"elements must be 'tied', 'untied' or an ElementModel (e.g. TiedToLayer(scale=2.0)), "
+        f"got {value!r}."
+    )
+
+
+def _filled(param: Tensor, value: float) -> Tensor:
+    return (
+        torch.full_like(param, value, memory_format=torch.contiguous_format)
+        .detach()
+        .requires_grad_(True)
+    )
 
 
 class WeightDecay:
@@ -134,6 +320,9 @@ class WeightDecay:
         One of :data:`GRANULARITIES`.
     parameterization:
         ``"log"``, ``"projection"`` or a :class:`Parameterization`.
+    elements:
+        Per element only: ``"tied"`` (:class:`TiedToLayer`, the default: layer λ and deviations
+        under a prior), ``"untied"`` (:class:`Untied`) or an :class:`ElementModel`.
     """
 
     def __init__(
@@ -142,12 +331,14 @@ class WeightDecay:
         weight_decay: float,
         granularity: str = "global",
         parameterization: str | Parameterization = "log",
+        elements: str | ElementModel = "tied",
     ) -> None:
         if granularity not in GRANULARITIES:
             raise ConfigurationError(
                 f"granularity must be one of {list(GRANULARITIES)}, got {granularity!r}."
             )
         self.parameterization = as_parameterization(parameterization)
+        self.elements = as_element_model(elements)
         if (
             isinstance(weight_decay, bool)
             or not isinstance(weight_decay, (int, float))
@@ -158,6 +349,7 @@ class WeightDecay:
         self.granularity = granularity
         key = GRANULARITIES[granularity]
         slots: dict[str, int] = {}
+        layers: dict[str, int] = {}
         self.entries: list[Decayed] = []
         for item in named_parameters:
             name, param = item[0], item[1]
@@ -165,19 +357,17 @@ class WeightDecay:
             slot = (
                 len(self.entries) if key is None else slots.setdefault(key(name, group), len(slots))
             )
-            self.entries.append(Decayed(name, param, group, slot))
+            layer = layers.setdefault(_layer(name, group), len(layers))
+            self.entries.append(Decayed(name, param, group, slot, layer))
         if not self.entries:
             raise ConfigurationError("WeightDecay needs at least one tensor to decay.")
         #: names of the λ slots (all but per-element granularity)
         self.slot_names = list(slots)
+        #: names of the layers (modules owning decayed tensors), in ``Decayed.layer`` order
+        self.layer_names = list(layers)
         like = self.entries[0].param
         if key is None:
-            self.hyperparameters: Tensors = [
-                torch.full_like(e.param, fill, memory_format=torch.contiguous_format)
-                .detach()
-                .requires_grad_(True)
-                for e in self.entries
-            ]
+            self.hyperparameters: Tensors = self.elements.create(self, fill)
         else:
             self.hyperparameters = [
                 torch.full(
@@ -188,22 +378,24 @@ class WeightDecay:
     @torch.no_grad()
     def carry_from(self, old: WeightDecay) -> int:
         """Take the learned values from ``old`` for the tensors both decay (the same tensor
-        objects, the same granularity and parameterisation): a new fit that decays more tensors
-        keeps what the last one learned for the others. Returns the number of values carried."""
-        if old.granularity != self.granularity or type(old.parameterization) is not type(
-            self.parameterization
+        objects, the same granularity, parameterisation and element model): a new fit that
+        decays more tensors keeps what the last one learned for the others. Returns the number
+        of values (tensors per element) carried."""
+        if (
+            old.granularity != self.granularity
+            or type(old.parameterization) is not type(self.parameterization)
+            or (self.per_element and type(old.elements) is not type(self.elements))
         ):
             return 0
+        if self.per_element:
+            return self.elements.carry(self, old)
         before = {id(e.param): e.slot for e in old.entries}
         carried: set[int] = set()
         for e in self.entries:
             slot = before.get(id(e.param))
             if slot is None or e.slot in carried:
                 continue
-            if self.per_element:
-                self.hyperparameters[e.slot].copy_(old.hyperparameters[slot])
-            else:
-                self.hyperparameters[0][e.slot] = old.hyperparameters[0][slot]
+            self.hyperparameters[0][e.slot] = old.hyperparameters[0][slot]
             carried.add(e.slot)
         return len(carried)
 
@@ -213,10 +405,14 @@ class WeightDecay:
 
     def lambda_of(self, entry: Decayed) -> Tensor:
         """λ of one decayed tensor (a scalar, or shaped like it per element); differentiable."""
-        T = self.parameterization.transform
         if self.per_element:
-            return T(self.hyperparameters[entry.slot])
-        return T(self.hyperparameters[0])[entry.slot]
+            return self.elements.lambda_of(self, entry)
+        return self.parameterization.transform(self.hyperparameters[0])[entry.slot]
+
+    def prior(self, samples: int | None = None) -> Tensor | None:
+        """The per-element model's prior term of the outer objective (eq. prior: add it to E),
+        for a validation set of ``samples`` samples; None where there is none."""
+        return self.elements.prior(self, samples) if self.per_element else None
 
     def values(self) -> dict[str, Tensor]:
         """The current λ of every decayed tensor, by name (detached)."""
@@ -227,19 +423,19 @@ class WeightDecay:
         """λ by slot, flattened (detached): one value per layer / group / tensor, or every value
         of a tensor per element; empty for a single global λ (``summary()`` holds it)."""
         with torch.no_grad():
-            T = self.parameterization.transform
             if self.per_element:
-                return {e.name: T(self.hyperparameters[e.slot]).flatten() for e in self.entries}
+                return {e.name: self.lambda_of(e).flatten() for e in self.entries}
             if len(self.slot_names) < 2:
                 return {}
-            lam = T(self.hyperparameters[0])
+            lam = self.parameterization.transform(self.hyperparameters[0])
             return {name: lam[i : i + 1] for i, name in enumerate(self.slot_names)}
 
     def summary(self) -> Tensor:
         """Every λ, flattened (detached)."""
         with torch.no_grad():
-            T = self.parameterization.transform
-            return torch.cat([T(r).flatten() for r in self.hyperparameters])
+            if self.per_element:
+                return torch.cat([self.lambda_of(e).flatten() for e in self.entries])
+            return self.parameterization.transform(self.hyperparameters[0]).flatten()
 
     def coefficients_by_entry(self, scales: Sequence[Tensor | float] | None = None) -> Tensors:
         """c = P ⊙ λ of each decayed tensor (P = ``scales``, default 1)."""
@@ -269,13 +465,15 @@ class WeightDecay:
     @torch.no_grad()
     def project(self, upper: Sequence[float] | None = None) -> None:
         """λ onto [0, upper_e] for each decayed tensor e (default: no upper bound): P_Λ."""
-        bounds: dict[int, float] = {}
-        for i, e in enumerate(self.entries):
-            u = upper[i] if upper is not None else math.inf
-            bounds[e.slot] = min(bounds.get(e.slot, math.inf), u)
-        for slot, bound in bounds.items():
-            rho = self.hyperparameters[slot] if self.per_element else self.hyperparameters[0][slot]
-            self.parameterization.clamp(rho, bound)
+        bounds = list(upper) if upper is not None else [math.inf] * len(self.entries)
+        if self.per_element:
+            self.elements.clamp(self, bounds)
+            return
+        by_slot: dict[int, float] = {}
+        for e, u in zip(self.entries, bounds):
+            by_slot[e.slot] = min(by_slot.get(e.slot, math.inf), u)
+        for slot, bound in by_slot.items():
+            self.parameterization.clamp(self.hyperparameters[0][slot], bound)
 
 
 def as_parameterization(value: str | Parameterization) -> Parameterization:

@@ -70,7 +70,13 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from ..core.decay import GRANULARITIES, WeightDecay, as_parameterization
+from ..core.decay import (
+    GRANULARITIES,
+    ElementModel,
+    WeightDecay,
+    as_element_model,
+    as_parameterization,
+)
 from ..core.errors import ConfigurationError
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .problem import BilevelProblem, check_module_not_compiled
@@ -124,6 +130,7 @@ class WeightDecayProblem:
         training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         proximal: bool = False,
+        elements: str | ElementModel = "tied",
     ) -> None:
         if granularity not in GRANULARITIES:
             raise ConfigurationError(
@@ -132,6 +139,7 @@ class WeightDecayProblem:
             )
         try:
             self.parameterization = as_parameterization(parameterization)
+            self.elements = as_element_model(elements)
         except ConfigurationError as err:
             raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
         if apply_to not in ("all", "weights"):
@@ -179,6 +187,9 @@ class WeightDecayProblem:
         #: the smallest λ when the current hyper step began (a curvature estimate of ℓ̂ made in
         #: it includes at least this much decay)
         self.lambda_min_at_step = 0.0
+        #: ``() -> n``, the number of validation samples E averages over (0: unknown), for the
+        #: per-element prior (set by LearnedWeightDecay)
+        self.validation_size: Callable[[], int] = lambda: 0
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -215,7 +226,9 @@ class WeightDecayProblem:
             return data if self.proximal else data + decay.penalty(self._scales)
 
         def outer_loss(batch: Any) -> Tensor:
-            return self._data_loss(module, batch, "validation")
+            data = self._data_loss(module, batch, "validation")
+            prior = decay.prior(self.validation_size() or None)  # eq. prior, per element
+            return data if prior is None else data + prior
 
         return BilevelProblem(
             hyperparameters=decay.hyperparameters,
@@ -318,7 +331,7 @@ class WeightDecayProblem:
         ]
         if not same:  # a new fit keeps the learned λ of the tensors it still decays
             self.decay = WeightDecay(
-                found, self.weight_decay, self.granularity, self.parameterization
+                found, self.weight_decay, self.granularity, self.parameterization, self.elements
             )
             if old is not None:
                 self.decay.carry_from(old)
@@ -464,13 +477,15 @@ class WeightDecayProblem:
         return out.reshape(())
 
 
-def _defaults(granularity: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _defaults(granularity: str, elements: ElementModel, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The drop-in's callback defaults, chosen by ``benchmarks/bench_weight_decay.py``.
 
-    A hyper step every 20 training steps with k = 3 adjoint steps and Adam on log λ at lr 0.3
-    (1.0 per element, whose many small hypergradients move λ too slowly at 0.3); per element the
-    curvature is estimated once (the damping of a per-element λ does not need refreshing, and the
-    estimate is a third of a hyper step's cost). Measured against the old callback defaults
+    A hyper step every 20 training steps with k = 3 adjoint steps and Adam on log λ at lr 0.3;
+    per element the element model's own (:class:`~hypertorch_sid.core.decay.TiedToLayer`: 0.3
+    with the curvature refreshed, as per layer; :class:`~hypertorch_sid.core.decay.Untied`: 1.0,
+    whose many small hypergradients move λ too slowly at 0.3, and the curvature estimated once —
+    the damping of a per-element λ does not need refreshing, and the estimate is a third of a
+    hyper step's cost). Measured against the old callback defaults
     (every 10, k = 10, lr 0.01) on MNIST MLP: val 0.1699 at 1.5× a plain training, was 0.2282 at
     3.9×. Explicit settings (or ``config=``/``curvature=``) win.
     """
@@ -478,8 +493,9 @@ def _defaults(granularity: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     if "preset" not in kwargs:
         defaults["adjoint_steps"] = 3
     if "outer_optimizer" not in kwargs:
-        defaults["outer_lr"] = 1.0 if granularity == "per_element" else 0.3
-    if granularity == "per_element" and not {"config", "curvature"} & set(kwargs):
+        defaults["outer_lr"] = elements.outer_lr if granularity == "per_element" else 0.3
+    fixed = elements.refresh_curvature or {"config", "curvature"} & set(kwargs)
+    if granularity == "per_element" and not fixed:
         defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
     return defaults
 
@@ -519,12 +535,19 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         (:class:`~hypertorch_sid.ProximalGradientMap`) instead of the GD map of ĝ + ½Σ Pλw²:
         the same hypergradient, with α limited by the data term's curvature only — for decays
         that grow large (per-element λ). Training itself is unchanged.
+    elements:
+        Per element only, how a layer's λ relate: ``"tied"`` (default,
+        :class:`~hypertorch_sid.TiedToLayer`: λ_e = λ_layer · exp(s_e), each deviation s_e under
+        a N(0, 1) prior added to the validation loss as the MAP term of the n validation samples,
+        Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread), ``"untied"``
+        (:class:`~hypertorch_sid.Untied`: one free λ per element, as before 0.2 — it fitted
+        the validation set), or an :class:`~hypertorch_sid.ElementModel`.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`
         (``every_n_steps``, ``adjoint_steps``, ``outer_lr``, ``val``, ``config``, ...). The
         drop-in's own defaults differ from the callback's (measured on weight decay, see
-        ``_defaults``): ``every_n_steps=20``, ``adjoint_steps=3``, ``outer_lr=0.3`` (``1.0`` per
-        element), and per element one curvature estimate (``EstimatedCurvature(every=None)``).
+        ``_defaults``): ``every_n_steps=20``, ``adjoint_steps=3``, ``outer_lr=0.3`` (``1.0``
+        per element untied, with one curvature estimate: ``EstimatedCurvature(every=None)``).
 
     Notes
     -----
@@ -545,6 +568,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         proximal: bool = False,
+        elements: str | ElementModel = "tied",
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
@@ -552,7 +576,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 "LearnedWeightDecay builds its own problem; use HyperOptimizationCallback("
                 "problem=...) for another one."
             )
-        for name, value in _defaults(granularity, kwargs).items():
+        try:
+            model = as_element_model(elements)
+        except ConfigurationError as err:
+            raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
+        for name, value in _defaults(granularity, model, kwargs).items():
             kwargs.setdefault(name, value)
         problem = WeightDecayProblem(
             weight_decay,
@@ -563,10 +591,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             training_loss,
             validation_loss,
             proximal,
+            model,
         )
         super().__init__(problem=problem, **kwargs)
         self.problem: WeightDecayProblem = problem
         problem.data_curvature = self._data_curvature
+        problem.validation_size = lambda: self.data.n_val if self.data is not None else 0
         self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
         self.weight_decay = problem.weight_decay
         self.granularity = granularity
@@ -574,6 +604,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.parameterization = parameterization
         self.apply_to = apply_to
         self.proximal = proximal
+        self.elements = model
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
