@@ -638,7 +638,13 @@ def run_setting(
 def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     """The callback's keywords with the damping strategy of ``--damping`` (JSON cannot hold a
     strategy object): ``horizon`` is :class:`~hypertorch_sid.HorizonDamping` (δ from the steps
-    that remain and the measured step size, added to the default curvature damping)."""
+    that remain and the measured step size, added to the default curvature damping); an
+    ``"elements"`` dict is :class:`~hypertorch_sid.TiedToLayer` with those settings (e.g.
+    ``'{"per_element": {"elements": {"scale": 100}}}'``), a name (``"untied"``) passes as is."""
+    if isinstance(kwargs.get("elements"), dict):
+        from hypertorch_sid import TiedToLayer
+
+        kwargs = {**kwargs, "elements": TiedToLayer(**kwargs["elements"])}
     if damping == "default":
         return kwargs
     from hypertorch_sid import HorizonDamping
