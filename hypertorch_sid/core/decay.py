@@ -199,6 +199,10 @@ class Untied(ElementModel):
 class TiedToLayer(ElementModel):
     """λ_e = λ_layer · exp(s_e) (eq. tied), with the prior s_e ~ N(0, σ²) (eq. prior).
 
+    Learned tensors: ``[ρ_layers, s_1, ..., s_m]`` (ρ one per layer, λ_layer = T(ρ); s_i shaped
+    like decayed tensor i, starting at 0). The layer's ρ and its deviations learn at the
+    per-layer rate (``outer_lr`` 0.3) with the curvature refreshed, as per-layer decay does.
+
     Parameters
     ----------
     scale:
@@ -208,10 +212,6 @@ class TiedToLayer(ElementModel):
     samples:
         n, the number of validation samples E averages over (None: given to :meth:`prior` —
         the drop-in passes the size of the validation set).
-
-    Learned tensors: ``[ρ_layers, s_1, ..., s_m]`` (ρ one per layer, λ_layer = T(ρ); s_i shaped
-    like decayed tensor i, starting at 0). The layer's ρ and its deviations learn at the
-    per-layer rate (``outer_lr`` 0.3) with the curvature refreshed, as per-layer decay does.
     """
 
     outer_lr = 0.3
