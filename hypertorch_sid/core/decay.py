@@ -35,8 +35,8 @@ set of n samples (E is a mean over samples),
 ``outer_loss``). The layer's λ gets exactly the per-layer hypergradient Σ_e ∂E/∂log λ_e, and a
 deviation moves only as far as n validation samples support it against the prior: with 10⁵
 deviations and 10³–10⁴ validation samples per-element decay stays close to per-layer decay
-unless the validation data say otherwise. :class:`Untied` is one free λ per element (before
-0.2: it fitted the validation set, and its gains mostly did not reach held-out data).
+unless the validation data say otherwise. :class:`Untied` is one free λ per element (as in 0.1:
+it fitted the validation set, and its gains mostly did not reach held-out data).
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ class WeightDecayProblem:
         #: the smallest λ when the current hyper step began (a curvature estimate of ℓ̂ made in
         #: it includes at least this much decay)
         self.lambda_min_at_step = 0.0
-        #: ``() -> n``, the number of validation samples E averages over (0: unknown), for the
+        #: ``() -> n``, the number of validation samples behind E (0: unknown), for the
         #: per-element prior (set by LearnedWeightDecay)
         self.validation_size: Callable[[], int] = lambda: 0
 
@@ -540,7 +540,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         :class:`~hypertorch_sid.TiedToLayer`: λ_e = λ_layer · exp(s_e), each deviation s_e under
         a N(0, 1) prior added to the validation loss as the MAP term of the n validation samples,
         Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread), ``"untied"``
-        (:class:`~hypertorch_sid.Untied`: one free λ per element, as before 0.2 — it fitted
+        (:class:`~hypertorch_sid.Untied`: one free λ per element, as in 0.1 — it fitted
         the validation set), or an :class:`~hypertorch_sid.ElementModel`.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`
@@ -596,7 +596,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         super().__init__(problem=problem, **kwargs)
         self.problem: WeightDecayProblem = problem
         problem.data_curvature = self._data_curvature
-        problem.validation_size = lambda: self.data.n_val if self.data is not None else 0
+        problem.validation_size = self._validation_size
         self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
         self.weight_decay = problem.weight_decay
         self.granularity = granularity
@@ -615,6 +615,13 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 self.problem.check_gradients(pl_module)
             self.problem.apply(optimizer)
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
+
+    def _validation_size(self) -> int:
+        """n of the per-element prior: the validation set's size, or for a streamed one (no
+        length) the validation samples the hyper steps have read so far (all processes)."""
+        if self.data is None:
+            return 0
+        return self.data.n_val or self.data.val_samples
 
     def _data_curvature(self) -> float | None:
         """L̂ of the data term ℓ alone: the estimate of ℓ̂'s curvature less the smallest λ (ℓ̂ =
