@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_problems import D, RidgeData
 
-from hypertorch_sid import ConfigurationError, LearnedWeightDecay
+from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
 from hypertorch_sid.core.budget import NoBudget, OverheadBudget, make_budget
 
 
@@ -238,3 +238,79 @@ def test_a_corrupted_budget_state_is_refused(bad):
 def test_a_bad_max_overhead_names_the_fix():
     with pytest.raises(ConfigurationError, match=r"max_overhead must be a number > 0.*None"):
         LearnedWeightDecay(1e-2, max_overhead=-1)
+
+
+class _SmallNet(pl.LightningModule):
+    """A CNN with BatchNorm or an LSTM on 8×8 inputs (rows as a sequence), Adam."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        if kind == "cnn_bn":
+            self.body = torch.nn.Sequential(
+                torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                torch.nn.Flatten(), torch.nn.Linear(4 * 64, 3),
+            )  # fmt: skip
+        else:
+            self.lstm, self.head = torch.nn.LSTM(8, 8, batch_first=True), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        if self.kind == "cnn_bn":
+            return self.body(x)
+        out, _ = self.lstm(x.squeeze(1))
+        return self.head(out[:, -1])
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["cnn_bn", "lstm"])
+def test_the_budget_holds_on_small_networks_counted_in_products(kind):
+    """On a CNN with BatchNorm and an LSTM, a hyper step due at every step and the drop-in's
+    curvature estimates: counted in products (a training step 1, an HVP 2 for the LSTM's dearer
+    double backward, 1.5 for the CNN; a validation gradient 1), what the hyper steps spent stays
+    within max_overhead of the training, give or take the dearest hyper step."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(192, 1, 8, 8, generator=g), torch.randint(0, 3, (192,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), 16)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:], y[128:]), 32)
+    per_hvp = 2.0 if kind == "lstm" else 1.5
+    # a small curvature estimate, refreshed every 3rd hyper step: several hyper steps in 120
+    cb = LearnedWeightDecay(
+        1e-3, every_n_steps=1, curvature=EstimatedCurvature(batches=1, iters=5, every=3)
+    )
+    spent: list[float] = []
+
+    def units() -> float:
+        c = cb.sid.cost if cb.sid is not None else None
+        if c is None:
+            return 0.0
+        return per_hvp * (c.jacobian_vector_products + c.curvature_products) + c.hypergradients
+
+    def clock() -> float:
+        return float(trainer.global_step) + units()
+
+    cb.budget = OverheadBudget(0.3, clock=clock)
+    original = cb._hyper_step
+
+    def hyper_step(trainer, module):
+        before = units()
+        original(trainer, module)
+        spent.append(units() - before)
+
+    cb._hyper_step = hyper_step
+    trainer = lightning_problems.trainer([cb], max_steps=120, limit_val_batches=0)
+    trainer.fit(_SmallNet(kind), loader, val)
+    budget, train = cb.budget, float(trainer.global_step)
+    assert len(spent) >= 3 and budget.skipped > 0  # the budget spaced the due hyper steps
+    assert max(spent) > min(spent)  # curvature estimates made some hyper steps dearer
+    assert math.isclose(budget.spent_hyper, sum(spent)) and budget.spent_training == train
+    assert sum(spent) <= 0.3 * train + max(spent)  # eq. budget, up to the dearest step
+    assert sum(spent) >= 0.3 * train - 2 * max(spent)  # and it spends what it may
