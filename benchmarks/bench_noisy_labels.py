@@ -231,7 +231,8 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer(args.epochs, callbacks).fit(model, loader, val if callbacks else None)
+        tracer = [Trace(d, callbacks[0] if callbacks else None)] if args.trace else []
+        trainer(args.epochs, callbacks + tracer).fit(model, loader, val if callbacks else None)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     correct = accuracy(model.net, d["Xt"], d["yt"])
     rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall, "cpu_s": cpu}
@@ -244,7 +245,36 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             rec.update(weight_stats(w, clean, callbacks[0].flagged()))
         rec["hyper_steps"] = len(callbacks[0].history)
         rec["phase_s"] = {k: round(v, 3) for k, v in timers.items()}
+    if args.trace:
+        rec["trace"] = tracer[0].rows
+        with torch.no_grad():  # each training example's loss under its true label (hardness)
+            rec["true_label_loss"] = F.cross_entropy(
+                model.net(d["X"]), d["y"], reduction="none"
+            ).tolist()
+        if method == "drop_in":
+            rec["flagged"] = callbacks[0].flagged().tolist()
     return rec
+
+
+class Trace(pl.Callback):
+    """``--trace``: after every epoch the test accuracy and (drop-in) the mean weight of the
+    clean and corrupted examples and the flags' precision / recall (the time it adds is inside
+    the fit's wall time: use it for the diagnosis, not for the cost)."""
+
+    def __init__(self, d: dict[str, Any], cb: LearnedDataWeights | None) -> None:
+        self.d, self.cb, self.rows = d, cb, []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        acc = accuracy(module.net, self.d["Xt"], self.d["yt"]).float().mean()
+        row = {
+            "epoch": trainer.current_epoch + 1,
+            "step": trainer.global_step,
+            "test_acc": float(acc),
+        }
+        w = self.cb.data_weights() if self.cb is not None else torch.empty(0)
+        if len(w) == len(self.d["clean"]):
+            row.update(weight_stats(w, self.d["clean"], self.cb.flagged()))
+        self.rows.append(row)
 
 
 def time_phases(cb: LearnedDataWeights) -> dict[str, float]:
@@ -376,6 +406,36 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_trace(results: dict[str, Any], path: Path) -> None:
+    """``--trace`` runs: test accuracy per epoch (every method) and the drop-in's mean weights
+    and flag precision / recall per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, r in results["settings"].items() if "trace" in r["runs"]["plain"][0]]
+    fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 6.5), squeeze=False)
+    for col, name in enumerate(names):
+        runs = results["settings"][name]["runs"]
+        ax = axes[0, col]
+        for method, recs in runs.items():
+            t = recs[0]["trace"]
+            ax.plot([r["epoch"] for r in t], [100 * r["test_acc"] for r in t], "o-", label=method)
+        ax.set(xlabel="epoch", ylabel="test accuracy (%)", title=name)
+        ax.legend(fontsize=7)
+        ax = axes[1, col]
+        t = [r for r in runs["drop_in"][0]["trace"] if "flag_recall" in r]
+        for key, style in (("weight_clean_mean", "g-"), ("weight_corrupted_mean", "r-"),
+                           ("flag_precision", "k--"), ("flag_recall", "b--")):  # fmt: skip
+            ax.plot([r["epoch"] for r in t], [r[key] for r in t], style, label=key)
+        ax.set(xlabel="epoch (weights move from step 100)", ylim=(0, 1))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, default=REPO / ".." / "shared" / "data")
@@ -397,6 +457,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--drop-in-kwargs", type=json.loads, default={},
         help='JSON keyword arguments for LearnedDataWeights (default: none, its defaults)',
     )  # fmt: skip
+    p.add_argument("--trace", action="store_true", help="per-epoch test accuracy and weights")
     p.add_argument("--imbalance", action="store_true", help="add the imbalanced-classes example")
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds)")
     p.add_argument(
@@ -422,6 +483,8 @@ def combine(paths: list[Path], out: Path) -> dict[str, Any]:
         results["settings"].update(part["settings"])
     out.write_text(json.dumps(results))
     plot(results, out.with_suffix(".png"))
+    if any("trace" in r["runs"]["plain"][0] for r in results["settings"].values()):
+        plot_trace(results, out.with_name(out.stem + "_trace.png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return results
 
@@ -483,6 +546,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results))
     plot(results, args.out.with_suffix(".png"))
+    if args.trace and "plain" in args.methods and "drop_in" in args.methods:
+        plot_trace(results, args.out.with_name(args.out.stem + "_trace.png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return results
 
