@@ -406,6 +406,49 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def table(results: dict[str, Any]) -> str:
+    """The markdown table: test accuracy (%) mean ± std over seeds, the gap recovered (from the
+    means, and the range of the per-seed values), wall and CPU time × plain (per-seed ratios of
+    back-to-back runs, mean and range), the flags' precision / recall."""
+
+    def acc(recs: list[dict[str, Any]]) -> str:
+        a = 100 * np.array([r["test_acc"] for r in recs])
+        return f"{a.mean():.1f} ± {a.std():.1f}"
+
+    def ratios(res: dict[str, Any], method: str, key: str) -> str:
+        r = [m[key] / p[key] for m, p in zip(res[method], res["plain"])]
+        return f"{np.mean(r):.2f} ({min(r):.2f}–{max(r):.2f})"
+
+    def recovered(res: dict[str, Any], method: str) -> str:
+        mean = {m: np.mean([r["test_acc"] for r in res[m]]) for m in ("plain", "oracle", method)}
+        gap = mean["oracle"] - mean["plain"]
+        per_seed = [
+            (m["test_acc"] - p["test_acc"]) / (o["test_acc"] - p["test_acc"])
+            for m, p, o in zip(res[method], res["plain"], res["oracle"])
+        ]
+        return (
+            f"{100 * (mean[method] - mean['plain']) / gap:.0f} % "
+            f"({100 * min(per_seed):.0f} to {100 * max(per_seed):.0f})"
+        )
+
+    methods = ["plain", "drop_in", "oracle", "gce", "ren"]
+    head = ["setting", *methods, "gap recovered: drop-in", "GCE", "Ren", "wall ×plain: drop-in",
+            "GCE", "Ren", "CPU ×plain: drop-in", "precision / recall"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, setting in results["settings"].items():
+        res = setting["runs"]
+        if not set(methods) <= set(res):
+            continue
+        pr = [(r["flag_precision"], r["flag_recall"]) for r in res["drop_in"]]
+        cells = [name, *(acc(res[m]) for m in methods)]
+        cells += [recovered(res, m) for m in ("drop_in", "gce", "ren")]
+        cells += [ratios(res, m, "wall_s") for m in ("drop_in", "gce", "ren")]
+        cells += [ratios(res, "drop_in", "cpu_s")]
+        cells += [f"{np.mean([p for p, _ in pr]):.2f} / {np.mean([r for _, r in pr]):.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_trace(results: dict[str, Any], path: Path) -> None:
     """``--trace`` runs: test accuracy per epoch (every method) and the drop-in's mean weights
     and flag precision / recall per epoch."""
@@ -482,6 +525,7 @@ def combine(paths: list[Path], out: Path) -> dict[str, Any]:
     for part in parts:
         results["settings"].update(part["settings"])
     out.write_text(json.dumps(results))
+    out.with_suffix(".md").write_text(table(results))
     plot(results, out.with_suffix(".png"))
     if any("trace" in r["runs"]["plain"][0] for r in results["settings"].values()):
         plot_trace(results, out.with_name(out.stem + "_trace.png"))
