@@ -1620,7 +1620,8 @@ def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
     seeds run at different times; written to ``out`` (JSON and .md). A setting of a seed given
     twice is an error (its trainings would count twice), except where the later file was made
     with ``--reuse`` from one of the earlier ones (e.g. it added Optuna's trials, or retrained
-    the learned runs): its runs replace theirs, and the methods only they have are kept."""
+    the learned runs): the trainings it ran itself replace theirs; the rest (its copies of
+    reused runs, the methods only they have) stays as the earlier files hold it."""
     per_seed: dict[int, dict[str, Any]] = {}
     sources: dict[tuple[int, str], list[Path]] = {}
     for path in map(Path, paths):
@@ -1636,9 +1637,10 @@ def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
                     f"{name}, and {path.name} was not made from "
                     f"{' or '.join(p.name for p in earlier)} with --reuse"
                 )
-            if earlier:  # keep what only the earlier files ran (e.g. Optuna's trials)
-                before = merged["settings"][name]["runs"]
-                setting = {**setting, "runs": {**before, **setting["runs"]}}
+            if earlier:  # its own trainings replace; the rest stays as the earlier files had it
+                taken = set((setting.get("reused") or {}).get("methods") or ())
+                own = {m: r for m, r in setting["runs"].items() if m not in taken}
+                setting = {**setting, "runs": {**merged["settings"][name]["runs"], **own}}
             merged["settings"][name] = setting
             earlier.append(path)
     summary = seed_summary(dict(sorted(per_seed.items())))
