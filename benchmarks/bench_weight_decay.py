@@ -1615,23 +1615,32 @@ def _paired_n(d: dict[str, float] | None) -> str:
     return f"{text} ({d['n']})" if text else ""
 
 
+def _made_from(setting: dict[str, Any]) -> str:
+    """The name of the file a setting's result was made from with ``--reuse`` ("" if none)."""
+    return Path((setting.get("reused") or {}).get("from") or "").name
+
+
 def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
     """The seeds summary of earlier per-seed result files (``--summarise``), e.g. two draws of
     seeds run at different times; written to ``out`` (JSON and .md). A setting of a seed given
     twice is an error (its trainings would count twice), except where the later file was made
-    with ``--reuse`` from one of the earlier ones (e.g. it added Optuna's trials, or retrained
-    the learned runs): the trainings it ran itself replace theirs; the rest (its copies of
-    reused runs, the methods only they have) stays as the earlier files hold it."""
+    with ``--reuse`` from one of the earlier ones or from the file they were made from (e.g. one
+    added Optuna's trials, another retrained the default): the trainings it ran itself replace
+    theirs; the rest (its copies of reused runs, the methods only they have) stays as the earlier
+    files hold it."""
     per_seed: dict[int, dict[str, Any]] = {}
     sources: dict[tuple[int, str], list[Path]] = {}
+    bases: dict[tuple[int, str], set[str]] = {}  # the files the given ones were made from
     for path in map(Path, paths):
         res = json.loads(path.read_text())
         seed = int(res["seed"])
         merged = per_seed.setdefault(seed, {**res, "settings": {}})
         for name, setting in res["settings"].items():
             earlier = sources.setdefault((seed, name), [])
-            made_from = Path((setting.get("reused") or {}).get("from") or "").name
-            if earlier and made_from not in {p.name for p in earlier}:
+            made_from = _made_from(setting)
+            if earlier and made_from not in {p.name for p in earlier} | bases.get(
+                (seed, name), set()
+            ):
                 raise SystemExit(
                     f"--summarise: seed {seed} is in two files (the second: {path}) with "
                     f"{name}, and {path.name} was not made from "
@@ -1643,6 +1652,8 @@ def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
                 setting = {**setting, "runs": {**merged["settings"][name]["runs"], **own}}
             merged["settings"][name] = setting
             earlier.append(path)
+            if made_from:
+                bases.setdefault((seed, name), set()).add(made_from)
     summary = seed_summary(dict(sorted(per_seed.items())))
     summary["command"] = command
     summary["sources"] = [str(p) for p in paths]

@@ -514,7 +514,8 @@ def test_summarise_takes_a_file_made_from_another_with_reuse(tmp_path: Path) -> 
     first = tmp_path / "wd_seed0.json"
     first.write_text(json.dumps({"seed": 0, "settings": {"s": base, "t": base}}))
     added = complete({**_fake_setting(0), "reused": {"from": f"elsewhere/{first.name}",
-                                                      "methods": ["no_wd", "grid"],
+                                                      "methods": ["no_wd", "grid", "learned_global",
+                                                                  "learned_per_layer"],
                                                       "plain_wall_s": 2.0}})  # fmt: skip
     second = tmp_path / "wd_optuna_seed0.json"
     second.write_text(json.dumps({"seed": 0, "settings": {"s": added}}))
@@ -536,6 +537,12 @@ def test_summarise_takes_a_file_made_from_another_with_reuse(tmp_path: Path) -> 
     layer = rows["settings"]["s"]["learned per_layer"]
     assert "Optuna pick" in rows["settings"]["s"] and layer["seeds"][0]["test_loss"] == 0.30
     assert math.isclose(layer["mean_cost"], 1.42)
+    # siblings made from the same file, without it: the retrained default and Optuna's trials
+    retrained["reused"]["from"] = f"elsewhere/{first.name}"
+    third.write_text(json.dumps({"seed": 0, "settings": {"s": retrained}}))
+    rows = bench.summarise([third, second], tmp_path / "sum.json", "test")["deployment"]
+    assert "Optuna pick" in rows["settings"]["s"]
+    assert rows["settings"]["s"]["learned per_layer"]["seeds"][0]["test_loss"] == 0.30
     other = tmp_path / "other_seed0.json"
     other.write_text(json.dumps({"seed": 0, "settings": {"s": base}}))
     try:
