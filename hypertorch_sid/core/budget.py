@@ -12,7 +12,11 @@ holds whenever a hyper step starts: a hyper step runs when it is due *and* the c
 ``max_overhead · spent_training − spent_hyper`` is not negative; a hyper step dearer than the
 credit (the first, with its curvature estimate; a refresh; a Recover retry) is paid back by the
 training steps after it before the next one runs. At any time the spent share exceeds
-``max_overhead`` by at most the last hyper step's cost over the training's. (Waiting until the
+``max_overhead`` by at most the last hyper step's cost over the training's. Where the fit's
+length is known, a hyper step also waits unless the steps that remain can pay back its predicted
+cost (the mean of the hyper steps after the first: ``credit + max_overhead · remaining · mean
+step ≥ predicted``), so that the fit's *final* share stays within ``max_overhead`` when hyper
+steps cost alike; the first two hyper steps run when due. (Waiting until the
 credit covers a *predicted* cost instead, measured: on a Fashion-MNIST CNN with
 ``max_overhead=0.25`` the first hyper step's one-off curvature estimate made every prediction so
 dear that only that one hyper step ran.) ``max_overhead=None`` (:class:`NoBudget`) runs every due
@@ -40,8 +44,9 @@ class Budget:
     def training_step_done(self) -> None:
         """The training ran one more step (called once per optimizer step)."""
 
-    def allows(self) -> bool:
-        """Whether a due hyper step fits the budget now."""
+    def allows(self, remaining_steps: int | None = None) -> bool:
+        """Whether a due hyper step fits the budget now (``remaining_steps``: the training steps
+        left in the fit, where known)."""
         return True
 
     def start_hyper_step(self) -> None:
@@ -94,6 +99,11 @@ class OverheadBudget(Budget):
     skipped: int = field(default=0, init=False)
     #: the part of ``spent_hyper`` spent outside hyper steps (:meth:`added_work`)
     spent_added: float = field(default=0.0, init=False)
+    #: training steps counted; the first hyper step's cost (with its one-off curvature
+    #: estimate), and the latest's
+    training_steps: int = field(default=0, init=False)
+    first_hyper: float = field(default=0.0, init=False)
+    last_hyper: float = field(default=0.0, init=False)
     _mark: float | None = field(default=None, init=False, repr=False)
     _added_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
@@ -112,6 +122,7 @@ class OverheadBudget(Budget):
         now = self.clock()
         if self._mark is not None:
             self.spent_training += max(now - self._mark - self._added_since_mark, 0.0)
+            self.training_steps += 1
         self._mark, self._added_since_mark = now, 0.0
 
     @property
@@ -124,10 +135,24 @@ class OverheadBudget(Budget):
         """max_overhead · Σ training cost − Σ hyper-step cost (eq. budget's slack)."""
         return self.max_overhead * self.spent_training - self.spent_hyper
 
-    def allows(self) -> bool:
+    def allows(self, remaining_steps: int | None = None) -> bool:
+        """Not in debt (eq. budget), and — where the fit's remaining steps are known — the
+        next hyper step (:attr:`predicted`) can still be paid back by them:
+        ``credit + max_overhead · remaining · mean step ≥ predicted`` (so the last hyper steps
+        of a fit do not overdraw what no step is left to pay back)."""
         ok = self.credit >= 0.0
+        if ok and remaining_steps is not None and self.hyper_steps >= 2 and self.training_steps:
+            step = self.spent_training / self.training_steps
+            ok = self.credit + self.max_overhead * remaining_steps * step >= self.predicted
         self.skipped += not ok
         return ok
+
+    @property
+    def predicted(self) -> float:
+        """The next hyper step's predicted cost: the mean of those after the first (whose
+        one-off curvature estimate and checks would overstate it); 0 before two ran."""
+        n = self.hyper_steps - 1
+        return (self.spent_hyper - self.spent_added - self.first_hyper) / n if n > 0 else 0.0
 
     def start_hyper_step(self) -> None:
         self._hyper_start = self.clock()
@@ -136,7 +161,10 @@ class OverheadBudget(Budget):
         if self._hyper_start is None:
             return
         now = self.clock()
-        self.spent_hyper += now - self._hyper_start
+        self.last_hyper = now - self._hyper_start
+        if not self.hyper_steps:
+            self.first_hyper = self.last_hyper
+        self.spent_hyper += self.last_hyper
         self.hyper_steps += 1
         self._hyper_start = None
         self._mark, self._added_since_mark = now, 0.0  # the hyper step's time is not training
@@ -159,7 +187,8 @@ class OverheadBudget(Budget):
     def state_dict(self) -> dict[str, float]:
         return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
                     hyper_steps=self.hyper_steps, skipped=self.skipped,
-                    spent_added=self.spent_added)  # fmt: skip
+                    spent_added=self.spent_added, training_steps=self.training_steps,
+                    first_hyper=self.first_hyper, last_hyper=self.last_hyper)  # fmt: skip
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Continue the accounting of a checkpoint (a resumed fit keeps what it spent); an
@@ -170,10 +199,16 @@ class OverheadBudget(Budget):
         self.hyper_steps = int(state.get("hyper_steps", 0))
         self.skipped = int(state.get("skipped", 0))
         self.spent_added = float(state.get("spent_added", 0.0))
+        self.training_steps = int(state.get("training_steps", 0))
+        self.first_hyper = float(state.get("first_hyper", 0.0))
+        self.last_hyper = float(state.get("last_hyper", 0.0))
         self._mark, self._added_since_mark = None, 0.0
 
 
-_BUDGET_KEYS = ("spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added")
+_BUDGET_KEYS = (
+    "spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added", "training_steps",
+    "first_hyper", "last_hyper",
+)  # fmt: skip
 
 
 def check_budget_state(state: object) -> None:

@@ -296,7 +296,7 @@ class HyperOptimizationCallback(Callback):
 
     def _budget_allows(self, trainer: pl.Trainer) -> bool:
         """The budget's decision; under DDP rank 0's (every rank runs the hyper step or none)."""
-        allowed = self.budget.allows()
+        allowed = self.budget.allows(remaining_steps(trainer))
         if self._world_size > 1:
             allowed = bool(trainer.strategy.broadcast(allowed, src=0))
         return allowed
@@ -573,12 +573,10 @@ class HyperOptimizationCallback(Callback):
         from its optimizers (momentum's and Adam's gain included: :func:`effective_step_size`),
         else the one-step response measured on the last update."""
         assert self.sid is not None
-        total = trainer.estimated_stepping_batches
-        remaining = (
-            int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
-        )
         eta = effective_step_size(trainer.optimizers)
-        self.sid.config.damping.observe(remaining, self._step_size if eta is None else eta)
+        self.sid.config.damping.observe(
+            remaining_steps(trainer), self._step_size if eta is None else eta
+        )
         self._step_size = None
         self.sid.refresh_damping()
 
@@ -608,6 +606,12 @@ class HyperOptimizationCallback(Callback):
             "hg", metrics["hyper/hypergradient_norm"], prog_bar=True, on_step=True,
             on_epoch=False, logger=False,
         )  # fmt: skip
+
+
+def remaining_steps(trainer: pl.Trainer) -> int | None:
+    """The optimizer steps left in the fit (None where its length is unknown)."""
+    total = trainer.estimated_stepping_batches
+    return int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
 
 
 def runs_in_new_processes(trainer: pl.Trainer) -> bool:
