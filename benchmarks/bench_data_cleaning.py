@@ -242,7 +242,7 @@ def write_config(
 
 # ---------------------------------------------------------------------- summarising the runs
 #: the SID solver's defaults (benchmarks/benchopt/solvers/sid.py ``parameters``)
-SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "0.1"}
+SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "1.0"}
 
 
 def _sid_params(solver_name: str) -> tuple[str, str]:
@@ -254,9 +254,10 @@ def _sid_params(solver_name: str) -> tuple[str, str]:
 def sid_label(regime: str, inner_lr: str) -> str:
     """'SID (defaults)': the drop-in's regime and defaults (``LearnedDataWeights``);
     'SID (Algorithm 1, SIDConfig())': one ``SIDHyperOptimizer.step`` per hyper step; the
-    training's SGD step (a user's choice, one value for every p) is written where not 1.0."""
+    training's SGD step (a user's choice, one value for every p; SOBA's 1/√t from 1.0 by default)
+    is written where not 1.0."""
     name = "defaults" if regime == "drop_in" else "Algorithm 1, SIDConfig()"
-    lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 0.1 else ""
+    lr = f", SGD lr={float(inner_lr):g}/√t" if float(inner_lr) != 1.0 else ""
     return f"SID ({name}{lr})"
 
 
@@ -618,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         nargs="+",
         default=["regime=drop_in"],
         help="SID entries (benchopt parameters of benchmarks/benchopt/solvers/sid.py; "
-        "regime=drop_in,inner_lr=0.1 are its defaults)",
+        "regime=drop_in,inner_lr=1.0 are its defaults)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument(

@@ -152,7 +152,7 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
             "SOBA[batch_size=64,eval_freq=512,random_state=2]", 0.9, [0, 1, 2], [0.9, 0.3, 0.22]
         )
         + _rows(
-            "SID[batch_size=64,regime=algorithm1,inner_lr=0.1,random_state=1]",
+            "SID[batch_size=64,regime=algorithm1,inner_lr=1.0,random_state=1]",
             0.9,
             [0, 1.5, 3],
             [0.9, 0.25, 0.19],
@@ -183,9 +183,9 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
 
 
 def test_sid_labels(dc) -> None:
-    assert dc.method_of("SID[batch_size=64,inner_lr=0.1,regime=drop_in]") == "SID (defaults)"
+    assert dc.method_of("SID[batch_size=64,inner_lr=1.0,regime=drop_in]") == "SID (defaults)"
     assert dc.method_of("SID[random_state=1]") == "SID (defaults)"
-    assert dc.method_of("SID[inner_lr=1.0,random_state=2]") == "SID (defaults, SGD lr=1)"
+    assert dc.method_of("SID[inner_lr=0.1,random_state=2]") == "SID (defaults, SGD lr=0.1/√t)"
     assert dc.method_of("SID[regime=algorithm1,random_state=2]") == (
         "SID (Algorithm 1, SIDConfig())"
     )
