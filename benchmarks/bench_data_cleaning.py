@@ -298,10 +298,17 @@ def at_budget(curve: dict, budget: float) -> float:
     return float(curve["test_error"][inside][-1]) if inside.any() else float("nan")
 
 
-def time_to_reach(curve: dict, target: float) -> float:
-    """First time the test error is ≤ target (inf if never)."""
+def time_to_reach(curve: dict, target: float, axis: str = "time") -> float:
+    """First time (or ``axis="samples"``: samples read) the test error is ≤ target (inf if
+    never)."""
     hit = np.nonzero(curve["test_error"] <= target + 1e-12)[0]
-    return float(curve["time"][hit[0]]) if len(hit) else float("inf")
+    return float(curve[axis][hit[0]]) if len(hit) else float("inf")
+
+
+def samples_at_budget(curve: dict, budget: float) -> float:
+    """Samples read by the last evaluation within the budget (nan where not counted)."""
+    inside = curve["time"] <= budget
+    return float(curve["samples"][inside][-1]) if inside.any() else float("nan")
 
 
 def summarise(
@@ -318,6 +325,9 @@ def summarise(
             final_median=float(np.median(finals)),
             final_min=float(np.min(finals)),
             final_max=float(np.max(finals)),
+            samples_at_budget_median=float(
+                np.median([samples_at_budget(c, budget) for c in seeds.values()])
+            ),
         )
     for p, methods in table.items():
         peers = {m: v for m, v in methods.items() if not m.startswith("SID")}
@@ -328,6 +338,8 @@ def summarise(
             for m, v in methods.items():
                 times = [time_to_reach(c, target) for c in runs[(p, m)].values()]
                 v["time_to_best_peer_median"] = float(np.median(times))
+                reads = [time_to_reach(c, target, "samples") for c in runs[(p, m)].values()]
+                v["samples_to_best_peer_median"] = float(np.median(reads))
             table[p] = dict(methods=methods, **methods_meta)
         else:
             table[p] = dict(methods=methods)
@@ -342,6 +354,13 @@ def summarise(
     return {str(p): v for p, v in table.items()}
 
 
+def _count(x: float) -> str:
+    """1.2e6-style sample counts; ∞ and unknown spelled out."""
+    if np.isnan(x):
+        return "–"
+    return "∞" if np.isinf(x) else f"{x:.2g}"
+
+
 def markdown(summary: dict, budget: float) -> str:
     lines = [
         f"Test error at a common budget of {budget:g} s (median [min, max] over seeds); "
@@ -352,18 +371,22 @@ def markdown(summary: dict, budget: float) -> str:
         lines += [
             f"### p = {p}",
             "",
-            "| method | test error | gap to perfect (points) | time to best peer's error (s) |",
-            "|---|---:|---:|---:|",
+            "| method | test error | gap to perfect (points) | time to best peer's error (s) "
+            "| samples read in the budget | samples to best peer's error |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for m, v in sorted(s["methods"].items(), key=lambda kv: kv[1]["final_median"]):
             gap = v.get("gap_to_perfect_points")
             ttr = v.get("time_to_best_peer_median", float("nan"))
+            reads = v.get("samples_at_budget_median", float("nan"))
+            str_ = v.get("samples_to_best_peer_median", float("nan"))
             lines.append(
                 f"| {m} | {v['final_median']:.4f} [{v['final_min']:.4f}, {v['final_max']:.4f}] | "
-                f"{'' if gap is None else f'{gap:+.2f}'} | {ttr:.1f} |"
+                f"{'' if gap is None else f'{gap:+.2f}'} | {ttr:.1f} | {_count(reads)} | "
+                f"{_count(str_)} |"
             )
         for name, b in s.get("baselines", {}).items():
-            lines.append(f"| *{name}* (L-BFGS) | {b['test_error']:.4f} | | |")
+            lines.append(f"| *{name}* (L-BFGS) | {b['test_error']:.4f} | | | | |")
         if "best_peer" in s:
             lines += ["", f"Best peer: {s['best_peer']} ({s['target']:.4f}).", ""]
         for m, f in s.get("flagging", {}).items():
@@ -556,6 +579,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             str(cfg),
             "--no-plot",
             "--no-html",
+            *(["--no-cache"] if args.no_cache else []),
             "--output",
             str((OUT / f"runs_p{str(p).replace('.', '_')}").resolve()),
         ]
@@ -622,6 +646,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "regime=drop_in,inner_lr=1.0 are its defaults)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="run: rerun every method (benchopt otherwise reuses a peer's cached result of an "
+        "earlier run with the same parameters)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=35.0, help="wall-clock budget per method and seed (s)"
     )
