@@ -305,6 +305,13 @@ def time_to_reach(curve: dict, target: float, axis: str = "time") -> float:
     return float(curve[axis][hit[0]]) if len(hit) else float("inf")
 
 
+def error_at_samples(curve: dict, samples: float) -> float:
+    """Test error at the last evaluation after the start that had read at most ``samples``
+    examples (nan: none had, or the samples are not counted)."""
+    inside = (curve["samples"] <= samples) & (curve["samples"] > 0)
+    return float(curve["test_error"][inside][-1]) if inside.any() else float("nan")
+
+
 def samples_at_budget(curve: dict, budget: float) -> float:
     """Samples read by the last evaluation within the budget (nan where not counted)."""
     inside = curve["time"] <= budget
@@ -344,6 +351,13 @@ def summarise(
         else:
             table[p] = dict(methods=methods)
         key = str(p)
+        sid = methods.get("SID (defaults)")
+        if sid is not None and np.isfinite(sid["samples_at_budget_median"]):
+            n = sid["samples_at_budget_median"]  # everyone at the samples SID read: load-free
+            table[p]["equal_samples"] = n
+            for m, v in methods.items():
+                errs = [error_at_samples(c, n) for c in runs[(p, m)].values()]
+                v["error_at_equal_samples_median"] = float(np.median(errs))
         if baselines_ and key in baselines_:
             table[p]["baselines"] = baselines_[key]
             perfect = baselines_[key]["perfect weights"]["test_error"]
@@ -389,6 +403,18 @@ def markdown(summary: dict, budget: float) -> str:
             lines.append(f"| *{name}* (L-BFGS) | {b['test_error']:.4f} | | | | |")
         if "best_peer" in s:
             lines += ["", f"Best peer: {s['best_peer']} ({s['target']:.4f}).", ""]
+        if "equal_samples" in s:
+            at = sorted(
+                (v["error_at_equal_samples_median"], m)
+                for m, v in s["methods"].items()
+                if np.isfinite(v.get("error_at_equal_samples_median", np.nan))
+            )
+            lines += [
+                f"Test error after {_count(s['equal_samples'])} samples read (what SID (defaults) "
+                "read in the budget; median over seeds; a method is left out where its first "
+                "evaluation came later): " + ", ".join(f"{m} {e:.4f}" for e, m in at) + ".",
+                "",
+            ]
         for m, f in s.get("flagging", {}).items():
             lines.append(
                 f"- Flagging by {m}: precision {f['precision']:.3f}, recall {f['recall']:.3f} "

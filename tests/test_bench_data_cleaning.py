@@ -152,23 +152,23 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
             "SOBA[batch_size=64,eval_freq=512,random_state=2]", 0.9, [0, 1, 2], [0.9, 0.3, 0.22]
         )
         + _rows(
-            "SID[batch_size=64,regime=algorithm1,inner_lr=1.0,random_state=1]",
+            "SID[batch_size=64,regime=drop_in,inner_lr=1.0,random_state=1]",
             0.9,
             [0, 1.5, 3],
             [0.9, 0.25, 0.19],
         )
         + _rows(
-            "SID[batch_size=64,regime=algorithm1,random_state=2]",
+            "SID[batch_size=64,random_state=2]",
             0.9,
             [0, 0.5, 3],
             [0.9, 0.2, 0.18],
         )
     )
     runs = dc.curves(records)
-    assert set(runs) == {(0.9, "SOBA"), (0.9, "SID (Algorithm 1, SIDConfig())")}
+    assert set(runs) == {(0.9, "SOBA"), (0.9, "SID (defaults)")}
     base = {"0.9": {"perfect weights": {"test_error": 0.17}, "unweighted": {"test_error": 0.24}}}
     s = dc.summarise(runs, budget=10.0, baselines_=base)["0.9"]
-    soba, sid = s["methods"]["SOBA"], s["methods"]["SID (Algorithm 1, SIDConfig())"]
+    soba, sid = s["methods"]["SOBA"], s["methods"]["SID (defaults)"]
     assert soba["final_median"] == pytest.approx(0.21)  # the t = 50 point is over budget
     assert (soba["final_min"], soba["final_max"]) == (0.2, 0.22)
     assert s["best_peer"] == "SOBA" and s["target"] == pytest.approx(0.21)
@@ -179,10 +179,13 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
     # samples: 100 per evaluation; SID reaches 0.21 at its 2nd (seed 2) and 3rd (seed 1) one
     assert sid["samples_to_best_peer_median"] == pytest.approx(250)
     assert sid["samples_at_budget_median"] == pytest.approx(300)
-    assert (
-        "| SID (Algorithm 1, SIDConfig()) | 0.1850 [0.1800, 0.1900] | +1.50 | 1.8 | 3e+02 | 2.5e+02 |"
-        in md
+    # at the 300 samples SID read: SOBA seed 1's 3rd evaluation, seed 2's 3rd
+    assert s["equal_samples"] == 300 and soba["error_at_equal_samples_median"] == pytest.approx(
+        0.21
     )
+    assert np.isnan(dc.error_at_samples(runs[(0.9, "SOBA")][1], 50))  # the start is not counted
+    assert dc.error_at_samples(runs[(0.9, "SOBA")][1], 100) == pytest.approx(0.9)
+    assert "| SID (defaults) | 0.1850 [0.1800, 0.1900] | +1.50 | 1.8 | 3e+02 | 2.5e+02 |" in md
     pytest.importorskip("matplotlib")
     png = dc.plot(runs, {"0.9": s}, tmp_path / "fig.png", 10.0)
     assert png.stat().st_size > 1000
