@@ -17,10 +17,10 @@ does inside a fit, on tensors, with the drop-in's own defaults read from a
 g above, not the self-normalised loss): the training's minibatch SGD steps on z are the
 warm-started inner solve (t = 0); every ``every_n_steps`` steps a hyper step of
 ``adjoint_steps`` warm-started adjoint steps refreshes v and moves the weights of its ∂₂Φ̂
-minibatch; and every training batch moves its own rows by eq. gradestim's cross term from the
-last v (core ``TrainingCrossTerm``, u by one forward-mode pass), all through the drop-in's outer
-optimizer (``LazyAdam``) on row-sparse gradients (``SampleWeights(sparse_grad=...)`` as the
-drop-in chooses). The one setting that is not the library's is the training's own optimizer, a
+minibatch (from step ``start_step`` on); and every training batch moves its own rows by eq.
+gradestim's cross term from the last v (core ``TrainingCrossTerm``, u by one forward-mode
+pass), all through the drop-in's outer optimizer (``LazyAdam``) on row-sparse gradients
+(``SampleWeights(sparse_grad=...)`` as the drop-in chooses). The one setting that is not the library's is the training's own optimizer, a
 user's choice: here SGD with the inner schedule of the peers' SOBA, η_t = inner_lr / √(t + 1)
 with inner_lr = 1.0, at every p. (Constant steps plateau: with the *perfect* weights, SGD at a
 constant 0.1 stalls at test error 0.20 at p = 0.9, against 0.167 at the objective's minimum.)
@@ -116,6 +116,7 @@ class DropIn:
         )  # fmt: skip
         self.cross = TrainingCrossTerm(self.weights, outer, normalize=False)
         self.every, self.batch_size = drop_in.every_n_steps, batch_size
+        self.start = max(drop_in.start_step, 1)  # the callback's _due: plain steps before
         self.inner = torch.optim.SGD([self.z], lr=inner_lr)
         # the peers' inner schedule (SOBA: step_size / √(t + 1)): η_t = inner_lr / (t + 1)^decay
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -164,7 +165,7 @@ class DropIn:
         self.inner.step()
         self.schedule.step()
         self.steps += 1
-        if self.steps % self.every == 0:
+        if self.steps % self.every == 0 and self.steps >= self.start:
             v_index = next(self.val)
             try:
                 sid.step(self.hyper_train, (self.Xv[v_index], self.yv[v_index]))
