@@ -14,16 +14,17 @@ computed by the benchmark's own ``metrics`` on the returned (z, x).
 ``regime="drop_in"`` (default) runs exactly what ``LearnedDataWeights`` (the Lightning drop-in)
 does inside a fit, on tensors, with the drop-in's own defaults read from a
 ``LearnedDataWeights(normalize=False)`` instance (``normalize=False``: the benchmark's objective
-g above, not the self-normalised loss): the training's minibatch SGD steps on z are the
-warm-started inner solve (t = 0); every ``every_n_steps`` steps a hyper step of
-``adjoint_steps`` warm-started adjoint steps refreshes v and moves the weights of its ∂₂Φ̂
-minibatch (from step ``start_step`` on); and every training batch moves its own rows by eq.
-gradestim's cross term from the last v (core ``TrainingCrossTerm``, u by one forward-mode
-pass), all through the drop-in's outer optimizer (``LazyAdam``) on row-sparse gradients
-(``SampleWeights(sparse_grad=...)`` as the drop-in chooses). The one setting that is not the library's is the training's own optimizer, a
-user's choice: here SGD with the inner schedule of the peers' SOBA, η_t = inner_lr / √(t + 1)
-with inner_lr = 1.0, at every p. (Constant steps plateau: with the *perfect* weights, SGD at a
-constant 0.1 stalls at test error 0.20 at p = 0.9, against 0.167 at the objective's minimum.)
+g above, not the self-normalised loss): the training's minibatch SGD steps on z are the warm-
+started inner solve (t = 0); every ``every_n_steps`` steps a hyper step of ``adjoint_steps``
+warm-started adjoint steps refreshes v and moves the weights of its ∂₂Φ̂ minibatch (from step
+``start_step`` on); and every training batch moves its own rows by eq. gradestim's cross term
+from the last v (core ``TrainingCrossTerm``, u by one forward-mode pass), all through the drop-
+in's outer optimizer (``LazyAdam``) on row-sparse gradients (``SampleWeights(sparse_grad=...)``
+as the drop-in chooses). The one setting that is not the library's is the training's own
+optimizer, a user's choice: here SGD with the inner schedule of the peers' SOBA, η_t = inner_lr
+/ √(t + 1) with inner_lr = 1.0, at every p. (Constant steps plateau: with the *perfect* weights,
+SGD at a constant 0.1 stalls at test error 0.20 at p = 0.9, against 0.167 at the objective's
+minimum.)
 
 ``regime="algorithm1"``: ``SIDHyperOptimizer.step`` with its default ``SIDConfig()`` (t = k = 100
 minibatches per hyper step; the previous session's "SID defaults").
