@@ -129,6 +129,18 @@ def test_the_defaults_separate_corrupted_from_clean_after_their_warm_up():
     assert len(flagged) > NOISY // 3 and precision > 0.7
 
 
+def test_few_hyper_steps_warn_only_when_no_weight_can_move():
+    """With the training cross term every batch moves its rows once a hyper step gave v: a fit
+    of a few hyper steps is not "too short" (the weights move), one without any is."""
+    with pytest.warns() as caught:
+        fit(LearnedDataWeights(seed=0), 15)  # 150 steps: one hyper step (at 120)
+    assert not any("barely move" in str(w.message) for w in caught)
+    with pytest.warns(UserWarning, match="only 0 hyper steps.*barely move"):
+        fit(LearnedDataWeights(seed=0), 5)  # 50 steps, all in the plain warm-up
+    with pytest.warns(UserWarning, match="only 3 hyper steps.*barely move"):
+        fit(callback(every_n_steps=20, cross_term="hyper_step"), 6)  # 60 steps
+
+
 def test_the_module_gets_its_own_training_step_back_after_fit():
     cb = callback()
     model = fit(cb, 1)

@@ -426,10 +426,15 @@ class HyperOptimizationCallback(Callback):
         """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""
         said = few_hyper_steps(
             trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
-            trainer.global_step,
+            trainer.global_step, self.hyper_steps_needed(),
         )  # fmt: skip
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")
+
+    def hyper_steps_needed(self) -> int:
+        """Fewer hyper steps than this in a fit get a warning: λ moves only in hyper steps, a
+        bounded amount each (:data:`FEW_HYPER_STEPS`)."""
+        return FEW_HYPER_STEPS
 
     def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
         if self.outer_optimizer is None:

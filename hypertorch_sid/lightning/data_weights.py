@@ -406,6 +406,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
             return bool(self.sparse_grad)
         return self.per == "sample" and self._own_outer and world_size == 1
 
+    def hyper_steps_needed(self) -> int:
+        """With ``cross_term="training"`` every training batch moves its rows' weights once a
+        hyper step has given v, so only a fit without any hyper step learns nothing."""
+        return 1 if self.cross_term == "training" else super().hyper_steps_needed()
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""

@@ -76,9 +76,11 @@ def lambda_mean(summary: dict[str, Tensor]) -> float:
 FEW_HYPER_STEPS = 10
 
 
-def few_hyper_steps(total: float, every: int, start_step: int, global_step: int) -> str | None:
-    """The warning for a fit of ``total`` optimizer steps with fewer than
-    :data:`FEW_HYPER_STEPS` hyper steps (None: enough, or the length is unknown).
+def few_hyper_steps(
+    total: float, every: int, start_step: int, global_step: int, minimum: int = FEW_HYPER_STEPS
+) -> str | None:
+    """The warning for a fit of ``total`` optimizer steps with fewer than ``minimum``
+    (:data:`FEW_HYPER_STEPS`) hyper steps (None: enough, or the length is unknown).
 
     The outer optimizer moves λ a bounded amount per hyper step (Adam: about ``outer_lr``
     in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
@@ -89,10 +91,10 @@ def few_hyper_steps(total: float, every: int, start_step: int, global_step: int)
     total, n = int(total), every
     first = max(start_step, global_step + 1, 1)
     planned = max(0, total // n - (first - 1) // n)
-    if planned >= FEW_HYPER_STEPS:
+    if planned >= minimum:
         return None
     remaining = total - first + 1
-    suggest = max(1, remaining // (2 * FEW_HYPER_STEPS))
+    suggest = max(1, remaining // (2 * minimum))
     advice = "Train longer (more optimizer steps)"
     if suggest < n:
         advice += (
