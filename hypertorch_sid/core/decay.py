@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .validation import as_strategy
 
 Tensors = list[Tensor]
 
@@ -288,13 +289,8 @@ ELEMENT_MODELS: dict[str, Callable[[], ElementModel]] = {
 
 def as_element_model(value: str | ElementModel) -> ElementModel:
     """An :class:`ElementModel` from its name (``"tied"``, ``"untied"``) or itself."""
-    if isinstance(value, ElementModel):
-        return value
-    if isinstance(value, str) and value in ELEMENT_MODELS:
-        return ELEMENT_MODELS[value]()
-    raise ConfigurationError(
-        f"elements must be 'tied', 'untied' or an ElementModel (e.g. TiedToLayer(scale=2.0)), "
-        f"got {value!r}."
+    return as_strategy(
+        "elements", value, ElementModel, ELEMENT_MODELS, example="TiedToLayer(scale=2.0)"
     )
 
 
@@ -478,10 +474,4 @@ class WeightDecay:
 
 def as_parameterization(value: str | Parameterization) -> Parameterization:
     """A :class:`Parameterization` from its name (``"log"``, ``"projection"``) or itself."""
-    if isinstance(value, Parameterization):
-        return value
-    if isinstance(value, str) and value in PARAMETERIZATIONS:
-        return PARAMETERIZATIONS[value]()
-    raise ConfigurationError(
-        f"parameterization must be 'log', 'projection' or a Parameterization, got {value!r}."
-    )
+    return as_strategy("parameterization", value, Parameterization, PARAMETERIZATIONS)

@@ -52,6 +52,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from .errors import ConfigurationError
 from .rows import ROW_SPARSE, mark_row_sparse
+from .validation import as_strategy
 
 Tensors = list[Tensor]
 
@@ -201,13 +202,7 @@ PARAMETERIZATIONS: dict[str, Callable[[], WeightParameterization]] = {
 
 def as_weight_parameterization(value: str | WeightParameterization) -> WeightParameterization:
     """A :class:`WeightParameterization` from its name (``"sigmoid"``, ``"softmax"``) or itself."""
-    if isinstance(value, WeightParameterization):
-        return value
-    if isinstance(value, str) and value in PARAMETERIZATIONS:
-        return PARAMETERIZATIONS[value]()
-    raise ConfigurationError(
-        f"parameterization must be 'sigmoid', 'softmax' or a WeightParameterization, got {value!r}."
-    )
+    return as_strategy("parameterization", value, WeightParameterization, PARAMETERIZATIONS)
 
 
 # ---------------------------------------------------------------------- the family

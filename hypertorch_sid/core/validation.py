@@ -332,6 +332,23 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     raise ConfigurationError(f"{name} must be {options}, got {value!r}.")
 
 
+def as_strategy(
+    name: str, value: Any, kind: type, by_name: dict[str, Callable[[], Any]], example: str = ""
+) -> Any:
+    """A strategy object of ``kind``: ``value`` itself, or the default one of its name in
+    ``by_name`` (``"log"`` → ``LogDecay()``); anything else is refused naming the choices."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str) and value in by_name:
+        return by_name[value]()
+    names = ", ".join(repr(n) for n in by_name)
+    article = "an" if kind.__name__[0] in "AEIOU" else "a"
+    hint = f" (e.g. {example})" if example else ""
+    raise ConfigurationError(
+        f"{name} must be {names} or {article} {kind.__name__}{hint}, got {value!r}."
+    )
+
+
 def check_bool(name: str, value: Any) -> bool:
     """True or False (not 0/1, not a NumPy bool)."""
     if isinstance(value, bool):
