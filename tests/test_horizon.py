@@ -222,6 +222,39 @@ def test_the_callback_tells_the_horizon_the_remaining_steps_and_the_measured_ste
     assert deltas[2] == damping.max_delta  # the last step: nothing left to look ahead to
 
 
+class _RMSpropNet(_Net):
+    """An optimizer whose step size is not read from its state: the callback measures it."""
+
+    def configure_optimizers(self):
+        return torch.optim.RMSprop(self.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("net, probed", [(_Net, False), (_RMSpropNet, True)])
+def test_the_step_size_is_measured_only_where_the_optimizer_gives_no_reading(net, probed):
+    """SGD's η is read from the optimizer (no copy of the weights per hyper step); RMSprop's is
+    the one-step response measured on the update before each hyper step."""
+    seen: list[float | None] = []
+    probes: list[bool] = []
+
+    class Recording(HorizonDamping):
+        def observe(self, remaining_steps, step_size):
+            seen.append(step_size)
+            super().observe(remaining_steps, step_size)
+
+    cb = LearnedWeightDecay(1e-2, every_n_steps=10, damping=Recording(FixedDamping(0.0)))
+    original = cb.on_before_optimizer_step
+
+    def before_step(trainer, module, optimizer):
+        original(trainer, module, optimizer)
+        probes.append(cb._step_probe is not None)
+
+    cb.on_before_optimizer_step = before_step
+    trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
+    trainer.fit(net(lr=0.05), datamodule=RidgeData())
+    assert len(seen) == 3 and all(eta is not None and eta > 0 for eta in seen)
+    assert any(probes) is probed
+
+
 # ---------------------------------------------------------------- η of momentum and Adam
 def _unrolled_heavy_ball(q: _Quadratic, lr: float, mu: float, steps: int) -> torch.Tensor:
     """dE(w_T)/dρ through T steps of torch's SGD(momentum=μ) from w* (buffer 0): the truth."""

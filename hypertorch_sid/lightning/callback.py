@@ -304,10 +304,11 @@ class HyperOptimizationCallback(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        """Before the update a hyper step follows: start measuring the training's step size."""
+        """Before the update a hyper step follows: start measuring the training's step size,
+        where its optimizers give no reading of it (:func:`effective_step_size`)."""
         step = trainer.global_step + 1
         due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
-        if self.sid is not None and due:
+        if self.sid is not None and due and effective_step_size(trainer.optimizers) is None:
             with self.budget.added_work():
                 self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
 
