@@ -21,6 +21,7 @@ from hypertorch_sid import (
     KnownCurvature,
     NoDamping,
     NoPreconditioner,
+    RaiseOnDivergence,
     Recover,
     SIDConfig,
     SIDHyperOptimizer,
@@ -287,6 +288,79 @@ def test_recover_resets_v_and_raises_damping_then_continues():
     assert hopt.delta > 2.0  # raised past −λ_min = 2 by the retries
     assert all(torch.isfinite(h).all() for h in hopt.hyperparameters)
     assert math.isfinite(hopt.last["hypergradient_norm"])
+
+
+class _SharpMinibatches:
+    """ℓ(w; s) = ½ s Σ d_i (w_i − 1)² + ½ λ‖w‖², w at the solution of s = 1.
+
+    The first ``calm`` hyper steps draw s = 1 only (where the curvature is estimated: L̂ = 1 + λ),
+    the later ones s = ``sharpness``: minibatches sharper than L̂, on which α = 2/(L̂ + μ̂)
+    expands the top direction by |1 − α·1.2| = 1.15 per adjoint step — as on the digits MLP of
+    ``examples/lightning_digits.py`` at step 220 (L̂ = 2.6 from 2 batches; λ_max 3.9 on the
+    training set, 1.4–11.5 on single minibatches).
+    """
+
+    def __init__(self, calm: int = 15, sharpness: float = 1.2) -> None:
+        self.d = torch.tensor([1.0, 0.5, 0.1], dtype=torch.float64)
+        self.log_lam = torch.tensor(math.log(0.01), dtype=torch.float64, requires_grad=True)
+        self.w = (self.d / (self.d + 0.01)).requires_grad_(True)
+        self.calm, self.sharpness, self.hyper_step = calm, sharpness, 0
+
+    def batches(self):
+        while True:
+            sharp = self.hyper_step >= self.calm
+            yield torch.tensor([self.sharpness if sharp else 1.0], dtype=torch.float64)
+
+    def inner_loss(self, s):
+        w = self.w
+        return 0.5 * s[0] * (self.d * (w - 1) ** 2).sum() + 0.5 * self.log_lam.exp() * (w**2).sum()
+
+    def outer_loss(self, batch):
+        return ((self.w - 0.5) ** 2).sum()
+
+    def run(self, hyper_steps: int = 30, **curvature) -> tuple[SIDHyperOptimizer, list[float]]:
+        """Warm-started hyper steps of k = 3 steps each (the drop-in's); the relative adjoint
+        residuals of the accepted ones."""
+        hopt = SIDHyperOptimizer(
+            [self.log_lam], [self.w], self.inner_loss, self.outer_loss,
+            torch.optim.SGD([self.log_lam], lr=0.0),
+            config=SIDConfig(
+                inner_steps=0, adjoint_steps=3, step_size="constant", eta=1.0,
+                curvature=EstimatedCurvature(batches=2, iters=10, **curvature),
+                preconditioner=NoPreconditioner(), on_divergence=RaiseOnDivergence(),
+            ),
+        )  # fmt: skip
+        stream, residuals = self.batches(), []
+        for step in range(hyper_steps):
+            self.hyper_step = step
+            hopt.step(stream, None)
+            residuals.append(hopt.last["relative_adjoint_residual"])
+        return hopt, residuals
+
+
+def test_adjoint_divergence_on_minibatches_sharper_than_the_estimate_is_caught():
+    """The warm-started solve diverges slowly once minibatches sharper than L̂ arrive. With the
+    guard's old residual test (1000·‖∇₁E‖) and the budget of ‖v‖ grown over the calm steps, all
+    30 hyper steps were accepted, their relative residuals growing 1.5× per step to 86 (on the
+    digits MLP: 14, 35, 102, 133 — and λ rose 8× on those hypergradients); now the first one
+    past 10·‖∇₁E‖ raises."""
+    problem = _SharpMinibatches()
+    with pytest.raises(DivergenceError, match="adjoint residual grew within the solve"):
+        problem.run()
+    assert problem.hyper_step == 25
+
+
+def test_curvature_margin_keeps_the_adjoint_solve_contracting_on_sharper_minibatches():
+    """EstimatedCurvature(margin=2): α set for 2·L̂ contracts on the sharper minibatches too."""
+    hopt, residuals = _SharpMinibatches().run(margin=2.0)
+    assert hopt.L == pytest.approx(2 * (1 + 0.01), rel=1e-6)
+    assert max(residuals[15:]) < 0.2 and residuals[-1] < 0.01
+
+
+@pytest.mark.parametrize("bad", [0.5, math.inf, math.nan, "2"])
+def test_curvature_margin_below_one_is_refused(bad):
+    with pytest.raises(ConfigurationError, match="EstimatedCurvature.margin"):
+        EstimatedCurvature(margin=bad)
 
 
 def test_curvature_cost_is_counted():
