@@ -649,7 +649,28 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
         return kwargs
     from hypertorch_sid import HorizonDamping
 
-    return {**kwargs, "damping": HorizonDamping()}
+    if damping == "horizon":
+        return {**kwargs, "damping": HorizonDamping()}
+    return _horizon_solver(kwargs)
+
+
+def _horizon_solver(kwargs: dict[str, Any]) -> Callable[[Classifier], dict[str, Any]]:
+    """``--damping horizon_solver``: the adjoint solve of the remaining training
+    (:class:`~hypertorch_sid.core.horizon.HorizonSolver`, eq. horizonsolve) on Gauss–Newton
+    products of the classifier's cross-entropy (positive semi-definite: no damping);
+    ``"horizon_fraction"`` in ``--learned-kwargs`` is its ``fraction``."""
+    from hypertorch_sid import GaussNewton, NoDamping
+    from hypertorch_sid.core.horizon import HorizonSolver
+
+    rest = {k: v for k, v in kwargs.items() if k != "horizon_fraction"}
+    fraction = float(kwargs.get("horizon_fraction", 1.0))
+
+    def make(model: Classifier) -> dict[str, Any]:
+        gn = GaussNewton(lambda b: model(b[0]), lambda z, b: F.cross_entropy(z, b[1]))
+        solver = HorizonSolver(fraction=fraction)
+        return {**rest, "hvp": gn, "damping": NoDamping(), "adjoint_solver": solver}
+
+    return make
 
 
 #: config fields that must agree for a stored training to stand for one of this run
@@ -1003,9 +1024,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--granularity-kwargs", type=json.loads, default={},
                    help="JSON dict granularity -> settings overriding --learned-kwargs for it, "
                    "e.g. '{\"per_element\": {\"outer_lr\": 1.0}}'")  # fmt: skip
-    p.add_argument("--damping", choices=("default", "horizon"), default="default",
-                   help="damping strategy of the learned runs: the callback's default or "
-                   "HorizonDamping() (the remaining training length)")  # fmt: skip
+    p.add_argument("--damping", choices=("default", "horizon", "horizon_solver"),
+                   default="default",
+                   help="damping strategy of the learned runs: the callback's default, "
+                   "HorizonDamping() (the remaining training length), or horizon_solver: "
+                   "HorizonSolver() on Gauss-Newton products, undamped")  # fmt: skip
     p.add_argument("--learned-init", type=float, default=1e-4, help="initial λ (default 1e-4)")
     p.add_argument("--epochs", type=int, default=None, help="override every setting's epochs")
     p.add_argument("--grid", type=float, nargs="+", default=None,

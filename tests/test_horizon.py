@@ -26,9 +26,10 @@ from hypertorch_sid import (
     SIDConfig,
     SIDHyperOptimizer,
 )
-from hypertorch_sid.core.errors import ConfigurationError
+from hypertorch_sid.core.errors import ConfigurationError, DivergenceError
 from hypertorch_sid.core.horizon import (
     HorizonDamping,
+    HorizonSolver,
     effective_step_size,
     horizon_delta,
     horizon_filter,
@@ -150,6 +151,47 @@ def test_horizon_damping_through_the_adjoint_solver() -> None:
     torch.testing.assert_close(g[0], expect, rtol=1e-7, atol=1e-12)
 
 
+def _horizon_solver_hopt(q: _Quadratic, solver: HorizonSolver) -> SIDHyperOptimizer:
+    return SIDHyperOptimizer(
+        [q.rho], [q.w], q.inner_loss, q.outer_loss, None, full_train_batch=0,
+        config=SIDConfig(
+            inner_steps=0, adjoint_solver=solver, damping=NoDamping(), step_size="constant",
+            curvature=EstimatedCurvature(iters=10), batches=Batches(adjoint="full", d2="full"),
+        ),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("eta", [0.2, 0.45])
+@pytest.mark.parametrize("steps", [1, 7, 60, 400])
+def test_horizon_solver_is_the_derivative_through_the_remaining_steps(steps: int, eta) -> None:
+    """HorizonSolver's hypergradient is dE(w_T)/dρ through the T remaining gradient steps
+    (autograd through the unrolled steps), to rounding: Lanczos with as many steps as
+    dimensions applies Σ_T exactly (eq. horizonsolve; at η = 0.45, ηh reaches 1.8, where the
+    steps overshoot); T = ∞ is the implicit hypergradient."""
+    q = _Quadratic()
+    solver = HorizonSolver(batches=1, iters=10, step_size=eta)
+    solver.observe(remaining_steps=steps, step_size=None)
+    (g,) = _horizon_solver_hopt(q, solver).hypergradient([0], None)
+    torch.testing.assert_close(g, q.unrolled(eta, steps), rtol=1e-8, atol=1e-12)
+    implicit = _horizon_solver_hopt(q, HorizonSolver(batches=1, iters=10))
+    torch.testing.assert_close(implicit.hypergradient([0], None)[0], q.filtered(lambda h: 1 / h))
+
+
+def test_horizon_solver_reads_negative_curvature_as_flat() -> None:
+    """An indefinite Hessian: eigenvalues ≤ 0 get ηT (not the exponential growth of the unrolled
+    steps); without a horizon the solve refuses, naming the fix."""
+    q, eta, steps = _Quadratic(), 0.2, 30
+    q.A = q.A - 0.5 * torch.eye(10, dtype=D)  # λ_min ≈ −0.5
+    with torch.no_grad():
+        q.w.copy_(q.w_star())  # the stationary point (a saddle)
+    solver = HorizonSolver(batches=1, iters=10, steps=steps, step_size=eta)
+    (g,) = _horizon_solver_hopt(q, solver).hypergradient([0], None)
+    expect = q.filtered(lambda h: eta * steps if h <= 0 else horizon_filter(h, eta, steps))
+    torch.testing.assert_close(g, expect, rtol=1e-8, atol=1e-12)
+    with pytest.raises(DivergenceError, match="HorizonSolver"):
+        _horizon_solver_hopt(q, HorizonSolver(batches=1, iters=10)).hypergradient([0], None)
+
+
 def test_horizon_damping_observes_adds_to_its_base_and_caps() -> None:
     d = HorizonDamping(FixedDamping(0.3))
     assert d.delta(None) == 0.3  # nothing observed: the base alone
@@ -220,6 +262,43 @@ def test_the_callback_tells_the_horizon_the_remaining_steps_and_the_measured_ste
     assert math.isclose(deltas[0], 1.0 / (0.05 * 20), rel_tol=1e-9)
     assert math.isclose(deltas[1], 1.0 / (0.05 * 10), rel_tol=1e-9)
     assert deltas[2] == damping.max_delta  # the last step: nothing left to look ahead to
+
+
+def test_the_callback_tells_the_horizon_solver_the_remaining_steps():
+    """The adjoint solver hears T and η as the damping does (HorizonSolver on the drop-in)."""
+    solver = HorizonSolver(batches=1, iters=3)
+    seen: list[tuple[int | None, float | None]] = []
+    original = solver.observe
+
+    def observe(remaining_steps, step_size):
+        seen.append((remaining_steps, step_size))
+        original(remaining_steps, step_size)
+
+    object.__setattr__(solver, "observe", observe)
+    cb = LearnedWeightDecay(1e-2, every_n_steps=10, adjoint_solver=solver, damping=NoDamping())
+    trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
+    trainer.fit(_Net(lr=0.05), datamodule=RidgeData())
+    assert [r for r, _ in seen] == [20, 10, 0]
+    assert all(math.isclose(eta, 0.05, rel_tol=1e-9) for _, eta in seen)
+    assert solver.remaining_steps == 0 and len(cb.history) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"batches": 0}, {"iters": 0}, {"fraction": 0.0}, {"step_size": -1.0}, {"steps": -1}]
+)
+def test_horizon_solver_refuses_bad_settings(kwargs) -> None:
+    with pytest.raises(ConfigurationError, match="HorizonSolver"):
+        HorizonSolver(**kwargs)
+
+
+def test_horizon_solver_fraction_shortens_the_look_ahead() -> None:
+    """``fraction`` looks ahead over that share of the remaining steps: the unrolled truth at
+    round(fraction·T)."""
+    q, eta = _Quadratic(), 0.2
+    solver = HorizonSolver(batches=1, iters=10, step_size=eta, fraction=0.25)
+    solver.observe(remaining_steps=240, step_size=None)
+    (g,) = _horizon_solver_hopt(q, solver).hypergradient([0], None)
+    torch.testing.assert_close(g, q.unrolled(eta, 60), rtol=1e-8, atol=1e-12)
 
 
 class _RMSpropNet(_Net):

@@ -36,7 +36,7 @@ from .estimation import (
     lanczos_extremes,
 )
 from .gauss_newton import GaussNewton
-from .horizon import HorizonDamping
+from .horizon import HorizonDamping, HorizonSolver
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
@@ -120,6 +120,7 @@ __all__ = [
     "EstimatedCurvature",
     "FixedDamping",
     "HorizonDamping",
+    "HorizonSolver",
     "FixedPointIteration",
     "VarianceReduced",
     "GaussNewton",

@@ -444,6 +444,12 @@ class AdjointSolver(ABC):
         """v_k from v₀ in ``ctx.steps`` iterations; ``ctx.schedule`` is the KM step size (if
         used)."""
 
+    def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
+        """The training's steps still to run and its step size η, before each hyper step (as
+        :meth:`~.damping.Damping.observe`). Ignored here; :class:`~.horizon.HorizonSolver`
+        looks ahead over them."""
+        del remaining_steps, step_size
+
     def step_budget(self, ctx: SolveContext) -> float:
         """How far v can move in a non-expansive solve, in units of ‖∇₁E‖ (the divergence guard's
         budget): unbounded for solvers that are not KM iterations (CG's v = A⁻¹∇₁E)."""

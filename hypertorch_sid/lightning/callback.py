@@ -575,14 +575,14 @@ class HyperOptimizationCallback(Callback):
         self._log(trainer, pl_module)
 
     def _observe_horizon(self, trainer: pl.Trainer) -> None:
-        """Tell the damping strategy the steps that remain and the training's step size: read
-        from its optimizers (momentum's and Adam's gain included: :func:`effective_step_size`),
-        else the one-step response measured on the last update."""
+        """Tell the damping strategy and the adjoint solver the steps that remain and the
+        training's step size: read from its optimizers (momentum's and Adam's gain included:
+        :func:`effective_step_size`), else the one-step response measured on the last update."""
         assert self.sid is not None
         eta = effective_step_size(trainer.optimizers)
-        self.sid.config.damping.observe(
-            remaining_steps(trainer), self._step_size if eta is None else eta
-        )
+        eta = self._step_size if eta is None else eta
+        self.sid.config.damping.observe(remaining_steps(trainer), eta)
+        self.sid.config.adjoint_solver.observe(remaining_steps(trainer), eta)
         self._step_size = None
         self.sid.refresh_damping()
 
