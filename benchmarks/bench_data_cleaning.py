@@ -242,23 +242,35 @@ def write_config(
 
 # ---------------------------------------------------------------------- summarising the runs
 #: the SID solver's defaults (benchmarks/benchopt/solvers/sid.py ``parameters``)
-SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "1.0"}
+SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "1.0", "outer_beta1": "default"}
 
 
-def _sid_params(solver_name: str) -> tuple[str, str]:
-    """(regime, inner_lr) of a SID entry, the solver's defaults where not written."""
+def _sid_params(solver_name: str) -> tuple[str, str, str]:
+    """(regime, inner_lr, outer_beta1) of a SID entry, the solver's defaults where not written."""
     get = lambda key: (re.search(rf"{key}=([\w.]+)", solver_name) or [0, SID_DEFAULTS[key]])[1]  # noqa: E731
-    return get("regime"), str(float(get("inner_lr")))
+    return get("regime"), str(float(get("inner_lr"))), sid_beta1(get("outer_beta1"))
 
 
-def sid_label(regime: str, inner_lr: str) -> str:
+def sid_beta1(value: str) -> str:
+    """The solver's ``outer_beta1`` as written in its file names: 'default' or a float."""
+    return value if value == "default" else str(float(value))
+
+
+def sid_label(regime: str, inner_lr: str, beta1: str = "default") -> str:
     """'SID (defaults)': the drop-in's regime and defaults (``LearnedDataWeights``);
     'SID (Algorithm 1, SIDConfig())': one ``SIDHyperOptimizer.step`` per hyper step; the
-    training's SGD step (a user's choice, one value for every p; SOBA's 1/√t from 1.0 by default)
-    is written where not 1.0."""
+    training's initial SGD step (a user's choice, one value for every p; 1.0 by default) is
+    written where not 1.0, and the outer ``LazyAdam``'s β₁ where not the drop-in's."""
     name = "defaults" if regime == "drop_in" else "Algorithm 1, SIDConfig()"
-    lr = f", SGD lr={float(inner_lr):g}/√t" if float(inner_lr) != 1.0 else ""
-    return f"SID ({name}{lr})"
+    lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 1.0 else ""
+    b1 = f", outer β₁={float(beta1):g}" if beta1 != "default" else ""
+    return f"SID ({name}{lr}{b1})"
+
+
+def sid_file(regime: str, inner_lr: str, beta1: str, p, seed: int) -> str:
+    """The name of the solver's ``SID_BENCH_OUT`` file (its ``tag``)."""
+    b1 = "" if beta1 == "default" else f"_b1{beta1}"
+    return f"sid_{regime}_lr{inner_lr}{b1}_p{p}_seed{seed}.npz"
 
 
 def method_of(solver_name: str) -> str:
@@ -492,9 +504,8 @@ def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
                 r["stop_val"] * int(m.group(1)) * BATCHES_PER_ITER[method] * int(b.group(1))
             )
         elif method.startswith("SID"):
-            regime, lr = _sid_params(r["solver_name"])
             seed = seed_of(r["solver_name"])
-            f = sid_dir / f"sid_{regime}_lr{lr}_p{r['p_dataset_ratio']}_seed{seed}.npz"
+            f = sid_dir / sid_file(*_sid_params(r["solver_name"]), r["p_dataset_ratio"], seed)
             if f.exists():
                 samples = np.load(f)["samples"]
                 r["samples"] = float(samples[min(int(r["stop_val"]), len(samples) - 1)])
@@ -504,13 +515,16 @@ def read_results(parquets: Sequence[Path], sid_dir: Path) -> list[dict]:
 def sid_flagging(sid_dir: Path, problems: dict) -> dict:
     out: dict = {}
     for f in sorted(sid_dir.glob("sid_*_p*_seed*.npz")):
-        m = re.match(r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)_p([\d.]+)_seed(\d+)$", f.stem)
-        if not m or m.group(3) not in problems:
+        m = re.match(
+            r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)(?:_b1([\d.]+))?_p([\d.]+)_seed(\d+)$",
+            f.stem,
+        )
+        if not m or m.group(4) not in problems:
             continue
-        label = sid_label(m.group(1), m.group(2))
+        label = sid_label(m.group(1), m.group(2), m.group(3) or "default")
         weights = 1 / (1 + np.exp(-np.load(f)["logits"]))
-        out.setdefault(m.group(3), {})[f"{label}, seed {m.group(4)}"] = flagging(
-            weights, problems[m.group(3)]["corrupted"]
+        out.setdefault(m.group(4), {})[f"{label}, seed {m.group(5)}"] = flagging(
+            weights, problems[m.group(4)]["corrupted"]
         )
     return out
 

@@ -194,7 +194,14 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
 def test_sid_labels(dc) -> None:
     assert dc.method_of("SID[batch_size=64,inner_lr=1.0,regime=drop_in]") == "SID (defaults)"
     assert dc.method_of("SID[random_state=1]") == "SID (defaults)"
-    assert dc.method_of("SID[inner_lr=0.1,random_state=2]") == "SID (defaults, SGD lr=0.1/√t)"
+    assert dc.method_of("SID[inner_lr=0.1,random_state=2]") == "SID (defaults, SGD lr=0.1)"
+    assert dc.method_of("SID[outer_beta1=0.0,random_state=2]") == "SID (defaults, outer β₁=0)"
+    assert dc.sid_file(*dc._sid_params("SID[outer_beta1=0.0]"), 0.9, 3) == (
+        "sid_drop_in_lr1.0_b10.0_p0.9_seed3.npz"
+    )
+    assert dc.sid_file(*dc._sid_params("SID[random_state=1]"), 0.5, 1) == (
+        "sid_drop_in_lr1.0_p0.5_seed1.npz"
+    )
     assert dc.method_of("SID[regime=algorithm1,random_state=2]") == (
         "SID (Algorithm 1, SIDConfig())"
     )

@@ -332,6 +332,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
     row_scale:
         :class:`LazyAdam`'s ``row_scale`` (each row's own second moment, default; ``False``: one
         shared scale). Ignored when ``outer_optimizer`` is given.
+    outer_betas:
+        :class:`LazyAdam`'s ``betas`` (default ``(0.9, 0.999)``). Ignored when
+        ``outer_optimizer`` is given. Per sample a row is read about once an epoch, so β₁ = 0.9
+        adds gradients up to epochs old; ``(0.0, 0.999)`` drops them: on the noisy-label CNNs
+        +0.3 to +2.0 points of test accuracy (5 seeds, docs/data_weights.md) and on benchopt's
+        data cleaning 11 % instead of 15 % of the corrupted examples above ω = ½ at p = 0.9, but
+        the clean examples' weights spread lower (on a 2-D toy problem, 0.49 instead of 0.74 of
+        the flagged examples corrupted), so it is not the default.
     sparse_grad:
         Row-sparse gradients of the logits (``SampleWeights(sparse_grad=...)``: an outer step
         costs O(batch), not O(n)). Default ``None``: on per sample with the default
@@ -361,6 +369,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         cross_term: Literal["training", "hyper_step"] = "training",
         row_scale: bool = True,
         sparse_grad: bool | None = None,
+        outer_betas: tuple[float, float] = (0.9, 0.999),
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
@@ -383,7 +392,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._own_outer = kwargs.get("outer_optimizer") is None
         if self._own_outer:
             kwargs["outer_optimizer"] = functools.partial(
-                LazyAdam, lr=kwargs["outer_lr"], row_scale=row_scale
+                LazyAdam, lr=kwargs["outer_lr"], betas=tuple(outer_betas), row_scale=row_scale
             )
         problem = DataWeightsProblem(
             per, num_classes, parameterization, initial, normalize, target, validation_loss
