@@ -264,6 +264,9 @@ def run_one(network: str, config: str, repeat: int, budget: float, steps: int | 
     if cb is not None:
         assert cb.sid is not None
         record.update(
+            hyper_steps_due=sum(
+                1 for s in range(1, trainer.global_step + 1) if s % cb.every_n_steps == 0
+            ),
             budget=cb.budget.state_dict(),
             overhead=cb.budget.overhead,
             cost=cb.sid.cost.as_dict(),
@@ -298,6 +301,14 @@ def summarise(records: list[dict[str, Any]], budget: float) -> dict[str, Any]:
                 "wall_ratios": wall,
                 "overhead_median": statistics.median(r["overhead"] for r in runs),
                 "hyper_steps": [r["budget"]["hyper_steps"] for r in runs],
+                "hyper_steps_due": [r.get("hyper_steps_due") for r in runs],
+                "curvature_products": [r["cost"].get("curvature_products") for r in runs],
+                "adjoint_products": [r["cost"].get("jacobian_vector_products") for r in runs],
+                # the training steps' own time with the callback over the plain fit's (wall):
+                # above 1 is time no share the callback measures accounts for
+                "training_vs_plain": statistics.median(
+                    r["budget"]["spent_training"] / plain_wall[r["repeat"]] for r in runs
+                ),
                 "phase_share": {
                     p: sum(r["phases"][p] for r in runs) / hyper if hyper else 0.0
                     for p in PhaseTimer.PARTS
@@ -317,10 +328,12 @@ def summarise(records: list[dict[str, Any]], budget: float) -> dict[str, Any]:
 def markdown(summary: dict[str, Any], budget: float) -> str:
     lines = [
         f"| network | plain fit (CPU s) | default: × plain | max_overhead={budget}: × plain | "
-        "hyper steps (default / budget) | share measured by the callback (default / budget) | "
+        "hyper steps run of due (default / budget) | curvature products (default / budget) | "
+        "share measured by the callback (default / budget) | "
+        "training steps' time ÷ plain fit (default / budget) | "
         "hyper-step time: curvature / adjoint / ∂₂Φ̂ / val batch / first checks (default) | "
         "one HVP ÷ one training step | wall-time ratios, median (default / budget) |",
-        "|---|---:|---|---|---|---|---|---:|---|",
+        "|---|---:|---|---|---|---|---|---|---|---:|---|",
     ]
     for network, e in summary.items():
         d, b = e.get("default"), e.get("budget")
@@ -330,7 +343,22 @@ def markdown(summary: dict[str, Any], budget: float) -> str:
                 return "—"
             return f"{x['ratio_median']:.2f} [{x['ratio_min']:.2f}, {x['ratio_max']:.2f}]"
 
-        steps = " / ".join(",".join(str(s) for s in x["hyper_steps"]) if x else "—" for x in (d, b))
+        def ran(x: dict[str, Any] | None) -> str:
+            if x is None:
+                return "—"
+            due = x.get("hyper_steps_due") or [None]
+            return ",".join(str(s) for s in x["hyper_steps"]) + (
+                f" of {due[0]}" if due[0] is not None else ""
+            )
+
+        steps = " / ".join(ran(x) for x in (d, b))
+        curvature = " / ".join(
+            ",".join(str(c) for c in x.get("curvature_products", [])) if x else "—" for x in (d, b)
+        )
+        slow = " / ".join(
+            f"{x['training_vs_plain']:.2f}" if x and "training_vs_plain" in x else "—"
+            for x in (d, b)
+        )
         share = " / ".join(f"{x['overhead_median']:.2f}" if x else "—" for x in (d, b))
         phases = "—"
         hvp = "—"
@@ -342,7 +370,8 @@ def markdown(summary: dict[str, Any], budget: float) -> str:
             )
             hvp = f"{d['hvp_s'] / d['step_s']:.1f}" if d["step_s"] > 0 else "—"
         lines.append(
-            f"| {network} | {e['plain_s']:.1f} | {ratio(d)} | {ratio(b)} | {steps} | {share} | "
+            f"| {network} | {e['plain_s']:.1f} | {ratio(d)} | {ratio(b)} | {steps} | "
+            f"{curvature} | {share} | {slow} | "
             f"{phases} | {hvp} | "
             + " / ".join(f"{x['wall_ratio_median']:.2f}" if x else "—" for x in (d, b))
             + " |"

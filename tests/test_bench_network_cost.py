@@ -21,9 +21,11 @@ def test_a_tiny_run_of_each_configuration_records_what_the_table_needs(network):
     for r in records:
         assert r["steps"] == 25 and r["fit_s"] > 0 and r["fit_cpu_s"] > 0
     for r in records[1:]:
-        assert r["cost"]["hypergradients"] >= 1 and set(r["phases"]) == set(bench.PhaseTimer.PARTS)
-        assert r["phases"]["curvature"] > 0 and r["phases"]["adjoint"] > 0
+        assert set(r["phases"]) == set(bench.PhaseTimer.PARTS) and r["hyper_steps_due"] == 1
         assert math.isfinite(r["overhead"]) and r["budget"]["spent_training"] > 0
+    default = records[1]  # (a 25-step fit's budget may pay for no hyper step: none required)
+    assert default["cost"]["hypergradients"] >= 1
+    assert default["phases"]["curvature"] > 0 and default["phases"]["adjoint"] > 0
     summary = bench.summarise(records, 0.5)
     assert {"default", "budget"} <= set(summary[network])
     assert network in bench.markdown(summary, 0.5)

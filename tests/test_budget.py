@@ -8,6 +8,7 @@ validation gradient, read from the core's own counters (``sid.cost``).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import lightning_problems
 import pytest
@@ -16,7 +17,7 @@ import torch
 from lightning_problems import D, RidgeData
 
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
-from hypertorch_sid.core.budget import NoBudget, OverheadBudget, make_budget
+from hypertorch_sid.core.budget import Deadline, NoBudget, OverheadBudget, make_budget
 
 
 class _Clock:
@@ -191,9 +192,11 @@ def test_under_ddp_rank_0_decides_for_every_rank():
     clock = _Clock()
     cb.budget = OverheadBudget(0.5, clock=clock)
     cb.budget.spent_hyper, cb.budget.hyper_steps = 10.0, 1  # this rank's credit is overdrawn
-    assert not cb._budget_allows(Trainer())  # one process: its own decision
+    cb.budget.product_cost = 1.0  # measured
+    cb.sid, cb.data = SimpleNamespace(minimum_products=lambda: 3), object()
+    assert not cb._budget_allows(Trainer(), None)  # one process: its own decision
     cb._world_size = 2
-    assert cb._budget_allows(Trainer())
+    assert cb._budget_allows(Trainer(), None)
 
 
 def test_the_callbacks_own_work_is_charged_to_it_not_to_the_training():
@@ -334,6 +337,85 @@ def test_the_budget_holds_on_small_networks_counted_in_products(kind):
     budget, train = cb.budget, float(trainer.global_step)
     assert len(spent) >= 3 and budget.skipped > 0  # the budget spaced the due hyper steps
     assert max(spent) > min(spent)  # curvature estimates made some hyper steps dearer
-    assert math.isclose(budget.spent_hyper, sum(spent)) and budget.spent_training == train
-    assert sum(spent) <= 0.5 * train + max(spent)  # eq. budget, up to the dearest step
-    assert sum(spent) >= 0.5 * train - 2 * max(spent)  # and it spends what it may
+    # the hyper steps and the one product timed before the first (the callback's added work)
+    assert math.isclose(budget.spent_hyper, sum(spent) + budget.spent_added)
+    assert budget.spent_training == train
+    assert budget.spent_hyper <= 0.5 * train  # eq. budget at the end of the fit: no slack
+    assert budget.spent_hyper >= 0.5 * train - 2 * max(spent)  # and it spends what it may
+
+
+def _priced_fit(per_hvp: float, steps: int, max_overhead: float = 0.5):
+    """The drop-in with its defaults (a hyper step every 20 steps, k = 3, a curvature estimate
+    of 2 batches × 10 Lanczos products) on the CNN with BatchNorm, a clock counting a training
+    step 1 and a Hessian–vector product ``per_hvp``: the callback, and each hyper step's
+    (units, curvature products)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(192, 1, 8, 8, generator=g), torch.randint(0, 3, (192,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), 16)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:], y[128:]), 32)
+    cb = LearnedWeightDecay(1e-3)
+    steps_run: list[tuple[float, int]] = []
+
+    def units() -> float:
+        c = cb.sid.cost if cb.sid is not None else None
+        return 0.0 if c is None else per_hvp * (c.jacobian_vector_products + c.curvature_products)
+
+    cb.budget = OverheadBudget(max_overhead, clock=lambda: float(trainer.global_step) + units())
+    original = cb._hyper_step
+
+    def hyper_step(trainer, module):
+        before, curvature = units(), cb.sid.cost.curvature_products
+        original(trainer, module)
+        steps_run.append((units() - before, cb.sid.cost.curvature_products - curvature))
+
+    cb._hyper_step = hyper_step
+    trainer = lightning_problems.trainer([cb], max_steps=steps, limit_val_batches=0)
+    trainer.fit(_SmallNet("cnn_bn"), loader, val)
+    assert trainer.global_step == steps
+    return cb, steps_run
+
+
+def test_a_curvature_estimate_dearer_than_the_allowance_is_shortened():
+    """A product costs 5 training steps: the drop-in's first curvature estimate (20 products,
+    100 steps) is the whole allowance of a 200-step fit at max_overhead=0.5. It is shortened to
+    its share of what the fit can pay back (≥ 2 Lanczos steps), the fit's final share stays
+    within the budget — no slack — and hyper steps still run after it."""
+    cb, ran = _priced_fit(per_hvp=5.0, steps=200)
+    budget = cb.budget
+    assert budget.spent_hyper <= 0.5 * budget.spent_training  # the end of the fit: a ceiling
+    assert budget.spent_training == 200
+    first_units, first_curvature = ran[0]
+    assert 2 <= first_curvature < 20  # shortened (the product timed first is counted apart)
+    assert len(ran) >= 2  # the budget is spent on hyper steps, not only on one estimate
+    assert budget.product_cost == 5.0
+
+
+def test_a_hyper_step_that_cannot_fit_does_not_run():
+    """A product costs 30 training steps: even the fewest products of a first hyper step (two
+    Lanczos steps, three adjoint steps, the cross term and its check) cost more than a 100-step
+    fit pays at max_overhead=0.5. No hyper step runs; what was spent — the one product timed to
+    learn that — stays within the budget."""
+    cb, ran = _priced_fit(per_hvp=30.0, steps=100)
+    budget = cb.budget
+    assert ran == [] and budget.hyper_steps == 0 and budget.skipped > 0
+    assert budget.spent_hyper == 30.0 <= 0.5 * budget.spent_training
+
+
+def test_the_allowance_shortens_the_adjoint_solve_and_skips_what_does_not_fit():
+    """A hyper step's Deadline on a fake clock: the adjoint steps that fit (at least one), a
+    refresh or retry only where its products fit, Lanczos steps only within the curvature's
+    share (at least two)."""
+    clock = _Clock()
+    budget = OverheadBudget(0.5, clock=clock)
+    budget.product_cost = 2.0
+    deadline = Deadline(budget, end=20.0, curvature_end=8.0, fixed=4.0)
+    assert deadline.adjoint_steps(10) == 8 and deadline.adjoint_steps(3) == 3
+    assert deadline.adjoint_steps(10, after=2) == 6
+    assert deadline.affords(8) and not deadline.affords(9)
+    assert deadline.curvature_batches(2) == 2 and deadline.curvature_batches(4) == 2
+    clock.now = 19.0
+    assert deadline.adjoint_steps(10) == 1 and not deadline.affords(1)
+    clock.now, started = 6.0, 0.0  # two Lanczos steps of one product each took 6: 3 a product
+    assert not deadline.lanczos_continues(started, 2, 1)  # 6 + 3 > 8
+    assert deadline.lanczos_continues(started, 1, 1)  # fewer than two: always
+    assert budget.product_cost > 2.0  # re-measured from the Lanczos steps

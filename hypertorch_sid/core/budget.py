@@ -14,13 +14,23 @@ credit (the first, with its curvature estimate; a refresh; a Recover retry) is p
 training steps after it before the next one runs. At any time the spent share exceeds
 ``max_overhead`` by at most the last hyper step's cost over the training's. Where the fit's
 length is known, a hyper step also waits unless the steps that remain can pay back its predicted
-cost (the mean of the hyper steps after the first: ``credit + max_overhead · remaining · mean
-step ≥ predicted``), so that the fit's *final* share stays within ``max_overhead`` when hyper
-steps cost alike; the first two hyper steps run when due. (Waiting until the
-credit covers a *predicted* cost instead, measured: on a Fashion-MNIST CNN with
-``max_overhead=0.25`` the first hyper step's one-off curvature estimate made every prediction so
-dear that only that one hyper step ran.) ``max_overhead=None`` (:class:`NoBudget`) runs every due
-hyper step.
+minimum cost (``credit + max_overhead · remaining · mean step ≥ predicted``), so that the fit's
+*final* share stays within ``max_overhead``. ``max_overhead=None`` (:class:`NoBudget`) runs every
+due hyper step.
+
+**A hard ceiling within a hyper step.** A hyper step's cost is not known in advance: its curvature
+estimate (Lanczos, 2 batches × 10 products in the drop-in) alone cost 21–103 training steps on
+the network matrix, more than a 100–200-step fit's whole allowance at ``max_overhead=0.5``. So
+each hyper step is given an :class:`Allowance` (:meth:`OverheadBudget.allowance`): a deadline on
+the clock, ``now + ceiling`` with ``ceiling = credit + max_overhead · remaining · mean step`` (what
+the fit can still pay back; ``credit`` plus one predicted hyper step where the fit's length is
+unknown), and a share of it (``curvature_share``) for the curvature estimate. The core asks it
+before each expensive piece: another Lanczos iteration (at least :data:`MIN_LANCZOS`), the
+adjoint steps (at least one), a curvature refresh (else the previous estimate is reused), a
+retry after a divergence (else the hyper step is given up, λ unchanged). A hyper
+step starts only if its predicted minimum ``fixed + products · cost(one product)`` fits the
+ceiling; the product's cost is measured once, by timing one Hessian–vector product, before the
+first hyper step is committed to, then re-measured from every Lanczos iteration and adjoint solve.
 
 The cost is whatever the ``clock`` reads: wall time by default (``time.perf_counter``), a count of
 products in tests (CI asserts the plan against counted products, never against timings).
@@ -41,19 +51,35 @@ from .validation import is_real
 class Budget:
     """When a due hyper step may run, and what the hyper steps have cost so far."""
 
+    #: the reading of cost (seconds by default)
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
+
     def training_step_done(self) -> None:
         """The training ran one more step (called once per optimizer step)."""
 
-    def allows(self, remaining_steps: int | None = None) -> bool:
+    def allows(self, remaining_steps: int | None = None, products: int = 0) -> bool:
         """Whether a due hyper step fits the budget now (``remaining_steps``: the training steps
-        left in the fit, where known)."""
+        left in the fit, where known; ``products``: the fewest Hessian–vector products the hyper
+        step can be made with)."""
         return True
+
+    def needs_product_cost(self) -> bool:
+        """Whether the cost of one product must be measured (:meth:`note_product_cost`) before
+        a hyper step can be planned."""
+        return False
+
+    def note_product_cost(self, cost: float) -> None:
+        """One Hessian–vector product cost ``cost`` (timed on this model and device)."""
+
+    def allowance(self, remaining_steps: int | None = None, products: int = 0) -> Allowance:
+        """What the next hyper step may spend (:class:`Allowance`: unlimited without a budget)."""
+        return UNLIMITED
 
     def start_hyper_step(self) -> None:
         """A hyper step begins (its cost is measured until :meth:`end_hyper_step`)."""
 
-    def end_hyper_step(self) -> None:
-        """The hyper step ended."""
+    def end_hyper_step(self, products: int = 0) -> None:
+        """The hyper step ended, having made ``products`` Hessian–vector products."""
 
     @contextmanager
     def added_work(self) -> Iterator[None]:
@@ -74,6 +100,99 @@ class Budget:
         """Restore a checkpointed budget."""
 
 
+#: the fewest Lanczos iterations a curvature estimate under a budget makes (with 2, the Ritz
+#: values and their residual bounds already bracket the extreme eigenvalues' neighbourhoods)
+MIN_LANCZOS = 2
+
+
+class Allowance:
+    """What one hyper step may spend, asked by the core before each expensive piece.
+
+    This one (:data:`UNLIMITED`, no budget) always says "as planned".
+    """
+
+    def curvature_batches(self, planned: int) -> int:
+        """The minibatches a curvature estimate averages (``planned``: the strategy's)."""
+        return planned
+
+    def lanczos_continues(self, started: float | None, done: int, products: int) -> bool:
+        """Whether Lanczos may make another iteration after ``done`` (each ``products``
+        Hessian–vector products), begun at clock reading ``started``."""
+        return True
+
+    def clock_reading(self) -> float | None:
+        """The clock now (None: no clock)."""
+        return None
+
+    def affords(self, products: int) -> bool:
+        """Whether what is left pays for ``products`` more products (a scheduled curvature
+        refresh, else the previous estimate is kept; a retry after a divergence, else the hyper
+        step is given up)."""
+        return True
+
+    def adjoint_steps(self, planned: int, after: int = 0) -> int:
+        """The adjoint steps this hyper step makes (``planned``: k; ``after``: the products
+        still to come after the solve)."""
+        return planned
+
+    def adjoint_done(self, started: float | None, steps: int) -> None:
+        """The adjoint solve, begun at clock reading ``started``, made ``steps`` products."""
+
+
+UNLIMITED = Allowance()
+
+
+@dataclass
+class Deadline(Allowance):
+    """A hyper step's allowance under :class:`OverheadBudget`: end by clock reading ``end``,
+    its curvature estimate by ``curvature_end``; ``fixed``: what the hyper step costs besides
+    its products (the validation gradient, the outer step, the checks)."""
+
+    budget: OverheadBudget
+    end: float
+    curvature_end: float
+    fixed: float
+
+    @property
+    def product(self) -> float:
+        return self.budget.product_cost
+
+    def clock_reading(self) -> float | None:
+        return self.budget.clock()
+
+    def _room(self, until: float) -> float:
+        """Products that fit before ``until``, the fixed rest of the hyper step kept."""
+        if self.product <= 0:
+            return math.inf
+        return (until - self.budget.clock() - self.fixed) / self.product
+
+    def curvature_batches(self, planned: int) -> int:
+        """As many batches as leave :data:`MIN_LANCZOS` iterations in the curvature's share."""
+        room = (self.curvature_end - self.budget.clock()) / max(self.product, 1e-300)
+        return max(1, min(planned, int(room // MIN_LANCZOS)))
+
+    def lanczos_continues(self, started: float | None, done: int, products: int) -> bool:
+        if started is None or done < MIN_LANCZOS:
+            if started is not None and done:
+                self.budget.note_product_cost((self.budget.clock() - started) / (done * products))
+            return True
+        now = self.budget.clock()
+        per_iteration = (now - started) / done
+        self.budget.note_product_cost(per_iteration / max(products, 1))
+        return now + per_iteration <= self.curvature_end
+
+    def affords(self, products: int) -> bool:
+        return self._room(self.end) >= products
+
+    def adjoint_steps(self, planned: int, after: int = 0) -> int:
+        room = self._room(self.end) - after
+        return planned if room >= planned else max(1, min(planned, int(room)))
+
+    def adjoint_done(self, started: float | None, steps: int) -> None:
+        if started is not None and steps > 0:
+            self.budget.note_product_cost((self.budget.clock() - started) / steps)
+
+
 class NoBudget(Budget):
     """Every due hyper step runs (the callback's default)."""
 
@@ -91,6 +210,8 @@ class OverheadBudget(Budget):
 
     max_overhead: float = 0.5
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    #: the share of a hyper step's ceiling its curvature estimate may spend
+    curvature_share: float = 1 / 3
     #: cost of the training steps so far (the time between steps, hyper steps excluded)
     spent_training: float = field(default=0.0, init=False)
     #: cost of the hyper steps so far
@@ -104,6 +225,10 @@ class OverheadBudget(Budget):
     training_steps: int = field(default=0, init=False)
     first_hyper: float = field(default=0.0, init=False)
     last_hyper: float = field(default=0.0, init=False)
+    #: the measured cost of one Hessian–vector product (0: not yet measured) and of a hyper
+    #: step's part besides its products
+    product_cost: float = field(default=0.0, init=False)
+    fixed_cost: float = field(default=0.0, init=False)
     _mark: float | None = field(default=None, init=False, repr=False)
     _added_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
@@ -117,6 +242,11 @@ class OverheadBudget(Budget):
             )
         if not callable(self.clock):
             raise ConfigurationError("OverheadBudget: clock must be a callable () -> float.")
+        share = self.curvature_share
+        if not is_real(share) or not 0 < share <= 1:
+            raise ConfigurationError(
+                f"OverheadBudget: curvature_share must be a number in (0, 1], got {share!r}."
+            )
 
     def training_step_done(self) -> None:
         now = self.clock()
@@ -135,35 +265,70 @@ class OverheadBudget(Budget):
         """max_overhead · Σ training cost − Σ hyper-step cost (eq. budget's slack)."""
         return self.max_overhead * self.spent_training - self.spent_hyper
 
-    def allows(self, remaining_steps: int | None = None) -> bool:
+    @property
+    def mean_training_step(self) -> float:
+        """The mean cost of a training step so far (0 before the first)."""
+        return self.spent_training / self.training_steps if self.training_steps else 0.0
+
+    def needs_product_cost(self) -> bool:
+        return self.product_cost <= 0.0
+
+    def note_product_cost(self, cost: float) -> None:
+        """A measured product cost, averaged with the last reading (1:1)."""
+        if math.isfinite(cost) and cost > 0:
+            old = self.product_cost
+            self.product_cost = cost if old <= 0 else 0.5 * (old + cost)
+
+    def predicted(self, products: int) -> float:
+        """A hyper step's predicted cost with ``products`` Hessian–vector products: the fixed
+        part measured on the hyper steps so far (twice a training step before the first) plus
+        the products at their measured cost."""
+        fixed = self.fixed_cost if self.hyper_steps else 2.0 * self.mean_training_step
+        return fixed + products * self.product_cost
+
+    def ceiling(self, remaining_steps: int | None, products: int = 0) -> float:
+        """The most the next hyper step may cost: the credit, plus what the ``remaining_steps``
+        of the fit pay back (max_overhead · remaining · mean step) — or, where the fit's length
+        is unknown, one predicted hyper step (paid back before the next)."""
+        if remaining_steps is None:
+            return max(self.credit, 0.0) + self.predicted(products)
+        return self.credit + self.max_overhead * remaining_steps * self.mean_training_step
+
+    def allows(self, remaining_steps: int | None = None, products: int = 0) -> bool:
         """Not in debt (eq. budget), and — where the fit's remaining steps are known — the
-        next hyper step (:attr:`predicted`) can still be paid back by them:
-        ``credit + max_overhead · remaining · mean step ≥ predicted`` (so the last hyper steps
-        of a fit do not overdraw what no step is left to pay back)."""
+        next hyper step's predicted minimum (``products`` products) can still be paid back by
+        them: ``credit + max_overhead · remaining · mean step ≥ predicted`` (so a fit's last
+        hyper steps, and a first one dearer than a short fit's whole allowance, do not overdraw
+        what no step is left to pay back)."""
         ok = self.credit >= 0.0
-        if ok and remaining_steps is not None and self.hyper_steps >= 2 and self.training_steps:
-            step = self.spent_training / self.training_steps
-            ok = self.credit + self.max_overhead * remaining_steps * step >= self.predicted
+        if ok and remaining_steps is not None and self.training_steps:
+            ok = self.ceiling(remaining_steps, products) >= self.predicted(products)
         self.skipped += not ok
         return ok
 
-    @property
-    def predicted(self) -> float:
-        """The next hyper step's predicted cost: the mean of those after the first (whose
-        one-off curvature estimate and checks would overstate it); 0 before two ran."""
-        n = self.hyper_steps - 1
-        return (self.spent_hyper - self.spent_added - self.first_hyper) / n if n > 0 else 0.0
+    def allowance(self, remaining_steps: int | None = None, products: int = 0) -> Allowance:
+        """The next hyper step's :class:`Deadline`: the :meth:`ceiling` from now, and
+        ``curvature_share`` of it for a curvature estimate."""
+        now, ceiling = self.clock(), max(self.ceiling(remaining_steps, products), 0.0)
+        fixed = self.predicted(0)
+        curvature = max(self.curvature_share * ceiling, 0.0)
+        return Deadline(self, now + ceiling, now + curvature, fixed)
 
     def start_hyper_step(self) -> None:
         self._hyper_start = self.clock()
 
-    def end_hyper_step(self) -> None:
+    def end_hyper_step(self, products: int = 0) -> None:
         if self._hyper_start is None:
             return
         now = self.clock()
         self.last_hyper = now - self._hyper_start
         if not self.hyper_steps:
             self.first_hyper = self.last_hyper
+        fixed = max(self.last_hyper - products * self.product_cost, 0.0)
+        # the fixed part: the first hyper step's (with its one-off checks) until a second, then
+        # the mean of those after the first
+        n = self.hyper_steps - 1
+        self.fixed_cost = fixed if n <= 0 else (n * self.fixed_cost + fixed) / (n + 1)
         self.spent_hyper += self.last_hyper
         self.hyper_steps += 1
         self._hyper_start = None
@@ -188,7 +353,8 @@ class OverheadBudget(Budget):
         return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
                     hyper_steps=self.hyper_steps, skipped=self.skipped,
                     spent_added=self.spent_added, training_steps=self.training_steps,
-                    first_hyper=self.first_hyper, last_hyper=self.last_hyper)  # fmt: skip
+                    first_hyper=self.first_hyper, last_hyper=self.last_hyper,
+                    product_cost=self.product_cost, fixed_cost=self.fixed_cost)  # fmt: skip
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Continue the accounting of a checkpoint (a resumed fit keeps what it spent); an
@@ -202,12 +368,14 @@ class OverheadBudget(Budget):
         self.training_steps = int(state.get("training_steps", 0))
         self.first_hyper = float(state.get("first_hyper", 0.0))
         self.last_hyper = float(state.get("last_hyper", 0.0))
+        self.product_cost = float(state.get("product_cost", 0.0))
+        self.fixed_cost = float(state.get("fixed_cost", 0.0))
         self._mark, self._added_since_mark = None, 0.0
 
 
 _BUDGET_KEYS = (
     "spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added", "training_steps",
-    "first_hyper", "last_hyper",
+    "first_hyper", "last_hyper", "product_cost", "fixed_cost",
 )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import logging
 import math
 from typing import Any
 
+from .budget import MIN_LANCZOS
 from .config import SIDConfig
 from .errors import ConfigurationError
 from .estimation import CurvatureEstimate, CurvatureProbe
@@ -70,8 +71,9 @@ class StepConstants:
     # ------------------------------------------------------------------ before the solves
     def prepare(self, hyper_step: int, first_hypergradient: bool) -> None:
         """Go back to the given constants when the curvature strategy refreshes, and fit them
-        where they are not set (before the first solve of a hyper step)."""
-        if self.config.curvature.needs_refresh(hyper_step):
+        where they are not set (before the first solve of a hyper step). A refresh the hyper
+        step's allowance cannot pay for (a compute budget's) keeps the current estimate."""
+        if self.config.curvature.needs_refresh(hyper_step) and self._refresh_fits():
             self.alpha, self.L, self.mu, self.q = self.given
             self.resolved = False
         if not self.resolved:
@@ -79,6 +81,13 @@ class StepConstants:
             self._first = first_hypergradient
             assert self.phi is not None
             self.phi.fit_constants(self)
+
+    def _refresh_fits(self) -> bool:
+        """Whether the allowance pays for a refresh: its fewest Lanczos products (one batch)
+        and the adjoint steps after it."""
+        assert self.probe is not None
+        products = MIN_LANCZOS + self.config.adjoint_steps
+        return self.probe.allowance.affords(products)
 
     def fit_general_map(self) -> None:
         """A general map: δ without an estimate; q must be given for decreasing steps."""

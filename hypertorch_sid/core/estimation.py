@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from .batches import BatchStream, batch_size
+from .budget import UNLIMITED, Allowance
 from .errors import ConfigurationError
 from .modes import frozen_mode
 from .validation import check_integer, check_positive, check_real, is_integer
@@ -136,9 +137,16 @@ class LanczosResult:
 
 
 def lanczos_extremes(
-    matvec: MatVec, like: Sequence[Tensor], iters: int, seed: int = 0
+    matvec: MatVec,
+    like: Sequence[Tensor],
+    iters: int,
+    seed: int = 0,
+    more: Callable[[int], bool] | None = None,
 ) -> LanczosResult:
     """Extreme eigenvalue estimates of a symmetric operator from ``iters`` Lanczos steps.
+
+    ``more(done)``, where given, is asked before every step after the first: False stops there
+    (a compute budget's allowance; the residual bounds then say how far the Ritz values are).
 
     The three-term recurrence β_{j+1} q_{j+1} = A q_j − α_j q_j − β_j q_{j−1} (no
     re-orthogonalisation: it does not affect the extreme Ritz values, and keeps the memory at three
@@ -150,7 +158,9 @@ def lanczos_extremes(
     alphas: list[float] = []
     betas: list[float] = []
     beta = 0.0
-    for _ in range(iters):
+    for step in range(iters):
+        if step and more is not None and not more(step):
+            break
         aq = matvec(q)
         a = _dot(q, aq)
         r = [x - a * qi - beta * qp for x, qi, qp in zip(aq, q, q_prev)]
@@ -179,6 +189,7 @@ def estimate_curvature(
     mu_floor: float = 1e-4,
     seed: int = 0,
     margin: float = 1.0,
+    more: Callable[[int], bool] | None = None,
 ) -> CurvatureEstimate:
     """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' mean Hessian.
 
@@ -190,6 +201,7 @@ def estimate_curvature(
     mu: a known μ (e.g. the smallest weight decay); then λ_min is not estimated.
     mu_floor: μ is at least ``mu_floor × L``.
     margin: L is ``margin`` × the upper estimate θ_max + r (:class:`EstimatedCurvature`).
+    more: asked before each Lanczos step after the first (:func:`lanczos_extremes`).
     """
     params = phi.inner_parameters  # type: ignore[attr-defined]
 
@@ -200,7 +212,7 @@ def estimate_curvature(
                 a.add_(h.detach(), alpha=1.0 / len(batches))
         return acc
 
-    res = lanczos_extremes(hessian, params, iters, seed)
+    res = lanczos_extremes(hessian, params, iters, seed, more)
     L = margin * (res.theta_max + res.error_max)
     if not math.isfinite(L) or L <= 0:
         log.warning("hypertorch_sid: Lanczos gave no positive L (%.3g); using L = 1.", L)
@@ -450,6 +462,8 @@ class CurvatureProbe:
         self.on_rescale = on_rescale
         self.stream: BatchStream | None = None
         self.hyper_step = 0
+        #: what the current hyper step may spend (a compute budget's; set by the optimizer)
+        self.allowance: Allowance = UNLIMITED
 
     @property
     def alpha_given(self) -> float | None:
@@ -472,7 +486,7 @@ class CurvatureProbe:
         full = self.full_batch
         batches: list[Any] = []
         samples = 0
-        for _ in range(int(curvature.batches)):
+        for _ in range(self.allowance.curvature_batches(int(curvature.batches))):
             batches.append(next(self.stream))
             samples += batch_size(batches[-1])
             if full is not None and samples >= batch_size(full):
@@ -487,19 +501,22 @@ class CurvatureProbe:
         mu_floor: float,
         margin: float = 1.0,
     ) -> CurvatureEstimate:
-        """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted."""
-        phi: Any = self.phi
+        """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted
+        product by product; as many iterations as the allowance lets (at least
+        :data:`~.budget.MIN_LANCZOS`, at most ``iters``)."""
+        phi: Any = _CountedHessian(self.phi, self.cost)
         if self.mean is not None:  # Lanczos on the global (averaged) Hessian
-            phi = _GlobalHessian(self.phi, self.mean)
+            phi = _GlobalHessian(phi, self.mean)
+        allowance, started = self.allowance, self.allowance.clock_reading()
+
+        def more(done: int) -> bool:
+            return allowance.lanczos_continues(started, done, len(batches))
+
         with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             est = estimate_curvature(
                 phi, batches, iters, mu=mu, mu_floor=mu_floor, seed=self.hyper_step,
-                margin=margin,
+                margin=margin, more=more,
             )  # fmt: skip
-        n = sum(batch_size(b) for b in batches)
-        self.cost.curvature_samples += n * est.iterations
-        self.cost.curvature_products += len(batches) * est.iterations
-        self.cost.samples += n * est.iterations
         if est.uncertain and not est.convex:
             log.warning(
                 "hypertorch_sid: the sign of lambda_min is uncertain (%.3g ± %.2g after %d Lanczos "
@@ -541,10 +558,26 @@ def _has_batchnorm(module: torch.nn.Module | None) -> bool:
     )
 
 
+class _CountedHessian:
+    """Hessian–vector products counted in the cost as they are made (a budget's clock may read
+    the counters, and a Lanczos run stopped by its allowance is counted as far as it ran)."""
+
+    def __init__(self, phi: GradientDescentMap, cost: Cost) -> None:
+        self.phi, self.cost = phi, cost
+        self.inner_parameters = phi.inner_parameters
+
+    def hessian_vector_product(self, batch: Any, v: Any) -> Tensors:
+        n = batch_size(batch)
+        self.cost.curvature_samples += n
+        self.cost.curvature_products += 1
+        self.cost.samples += n
+        return self.phi.hessian_vector_product(batch, v)
+
+
 class _GlobalHessian:
     """Hessian–vector products averaged across processes: one curvature estimate everywhere."""
 
-    def __init__(self, phi: GradientDescentMap, mean: Callable[[Tensor], Tensor]) -> None:
+    def __init__(self, phi: Any, mean: Callable[[Tensor], Tensor]) -> None:
         self.phi, self.mean = phi, mean
         self.inner_parameters = phi.inner_parameters
 

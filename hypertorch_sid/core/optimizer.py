@@ -29,6 +29,7 @@ from torch import Tensor
 
 from . import state
 from .batches import BatchStream, batch_size, head, repeat
+from .budget import MIN_LANCZOS, Allowance
 from .config import SIDConfig
 from .constants import StepConstants
 from .context import SolveContext
@@ -247,6 +248,61 @@ class SIDHyperOptimizer:
         """Where the adjoint solve draws its batches (``config.batches.adjoint``)."""
         return self.config.batches.adjoint
 
+    # ------------------------------------------------------------------ a compute budget
+    @property
+    def allowance(self) -> Allowance:
+        """What the next hypergradient may spend (:class:`~.budget.Allowance`; a compute
+        budget's, set by the caller before a hyper step; unlimited by default): it may shorten
+        the curvature estimate, skip a scheduled refresh and shorten the adjoint solve."""
+        return self.probe.allowance
+
+    @allowance.setter
+    def allowance(self, allowance: Allowance) -> None:
+        self.probe.allowance = allowance
+
+    def minimum_products(self) -> int:
+        """The fewest Hessian–vector products the next hypergradient can be made with under an
+        allowance: the adjoint steps, and a first curvature estimate's fewest Lanczos steps
+        where one is still to be made (a scheduled refresh may be skipped)."""
+        L, mu = self.config.curvature.given()
+        first = not self.constants.resolved and (L is None or mu is None)
+        return self.config.adjoint_steps + self._assembly_products() + (MIN_LANCZOS if first else 0)
+
+    def _retry_fits(self) -> bool:
+        """Whether the allowance pays for a retry: a short re-estimate and the solves again."""
+        return self.allowance.affords(MIN_LANCZOS + self.minimum_products())
+
+    def _assembly_products(self) -> int:
+        """The products of step 3 (eq. gradestim): one ∂₂Φ̂ᵀv from R or the full batch, else
+        one per minibatch (and the check of the exact one, at the first hypergradient)."""
+        if self.phi.hyper_vjp_is_exact:
+            return 1 + (self.cost.hypergradients == 0)
+        d2 = self.config.batches.d2
+        return 1 if d2 == "full" else int(d2)
+
+    def time_product(self, train_batches: Iterable[Any], clock: Callable[[], float]) -> float:
+        """The cost of one Hessian–vector product ∂₁Φ̂ᵀv on a fresh training minibatch, read on
+        ``clock`` (a compute budget's first measurement, before it commits to a hyper step);
+        counted in ``cost.curvature_products``."""
+        batch = next(self._stream(train_batches))
+        v = [torch.ones_like(w) for w in self.inner_parameters]
+        # the GD map's Hessian product (its α may not be set yet), else a general map's ∂₁Φ̂ᵀv
+        product = getattr(self.phi, "hessian_vector_product", None) or (
+            lambda b, u: self.phi.vjp(b, u)[0]
+        )
+        with twice_differentiable(self.module), frozen_mode(self.module, self.config.mode):
+            self._buffers_at_start = self._buffers.snapshot()
+            try:
+                start = clock()
+                n = batch_size(batch)
+                self.cost.curvature_products += 1
+                self.cost.curvature_samples += n
+                self.cost.samples += n
+                product(batch, v)
+                return clock() - start
+            finally:
+                Buffers.restore(self._buffers_at_start or self._buffers.initial)
+
     # ------------------------------------------------------------------ data
     def _stream(self, train_batches: Iterable[Any]) -> BatchStream:
         if isinstance(train_batches, BatchStream):
@@ -346,9 +402,13 @@ class SIDHyperOptimizer:
                 adjoint = "adjoint" in err.quantity
                 if adjoint:  # a diverged v must not warm-start the next solve
                     self._reset_adjoint()
-                if attempt == attempts - 1 or err.data:  # NaN/Inf data: no retry can help, and
-                    # none may ratchet α or δ (NaN labels raised δ from 0 to 1130 over skips)
+                # NaN/Inf data: no retry can help, and none may ratchet α or δ (NaN labels
+                # raised δ from 0 to 1130 over skips); a compute budget may not pay for one
+                no_room = attempt < attempts - 1 and not err.data and not self._retry_fits()
+                if attempt == attempts - 1 or err.data or no_room:
                     done = "v was reset; λ was not updated." if adjoint else "λ was not updated."
+                    if no_room:
+                        done += " The compute budget (max_overhead) left no room to retry."
                     remedy = self._adjoint_remedy(policy.retries) if adjoint else ""
                     said = err.with_remedy(f"{done} {remedy}".strip())
                     raise said.with_traceback(err.__traceback__) from None  # where it was seen
@@ -426,17 +486,22 @@ class SIDHyperOptimizer:
         target = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
         # no q to choose (or accelerate) with where a scheduled or a full-batch adjoint was asked
         q = self.q if c.adjoint_step_size is None and c.batches.adjoint != "full" else None
+        allowance = self.allowance  # a compute budget may shorten the solve (≥ 1 step)
         ctx = SolveContext(
-            self._solver_map, self._source(c.batches.adjoint, stream), c.adjoint_steps,
-            self._schedules()[1], self.cost, c.divergence_factor, q=q,
-            full_batch=self.full_train_batch, distributed=mean is not None,
+            self._solver_map, self._source(c.batches.adjoint, stream),
+            allowance.adjoint_steps(c.adjoint_steps, self._assembly_products()),
+            self._schedules()[1], self.cost,
+            c.divergence_factor, q=q, full_batch=self.full_train_batch,
+            distributed=mean is not None,
         )  # fmt: skip
         solver, ctx = c.adjoint_solver.plan(ctx)
         if solver != self.adjoint_solver_used:
             log.info("hypertorch_sid: adjoint solve by %r, %d steps", solver, ctx.steps)
         self.adjoint_solver_used = solver
+        started = allowance.clock_reading()
         with frozen_mode(self.module, c.mode):
             v, result = solver.solve(ctx, target, v0)
+        allowance.adjoint_done(started, ctx.steps)
         return _Adjoint(v, v0, target, g_lam, value, result, solver.step_budget(ctx))
 
     def _assemble(self, stream: BatchStream, adjoint: _Adjoint) -> Tensors:

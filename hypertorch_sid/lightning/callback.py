@@ -33,7 +33,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
-from ..core.budget import Budget, check_budget_state, make_budget
+from ..core.budget import UNLIMITED, Budget, check_budget_state, make_budget
 from ..core.config import FeasibleSet, SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
@@ -286,17 +286,42 @@ class HyperOptimizationCallback(Callback):
                 self._step_size, self._step_probe = self._step_probe.step_size(), None
         self.budget.training_step_done()
         self._waiting = self._due(trainer) or self._waiting
-        if self._waiting and self._budget_allows(trainer):
+        if self._waiting and self._budget_allows(trainer, pl_module):
             self._waiting = False
-            self.budget.start_hyper_step()
-            try:
-                self._hyper_step(trainer, pl_module)
-            finally:
-                self.budget.end_hyper_step()
+            self._budgeted_hyper_step(trainer, pl_module)
 
-    def _budget_allows(self, trainer: pl.Trainer) -> bool:
-        """The budget's decision; under DDP rank 0's (every rank runs the hyper step or none)."""
-        allowed = self.budget.allows(remaining_steps(trainer))
+    def _budgeted_hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A hyper step within the budget's allowance (under DDP only the decision to start is
+        the budget's: shortening a solve on one rank would desynchronise the collectives)."""
+        assert self.sid is not None
+        cost = self.sid.cost
+        products = cost.jacobian_vector_products + cost.curvature_products
+        if self._world_size == 1:
+            needed = self.sid.minimum_products()
+            self.sid.allowance = self.budget.allowance(remaining_steps(trainer), needed)
+        self.budget.start_hyper_step()
+        try:
+            self._hyper_step(trainer, pl_module)
+        finally:
+            made = cost.jacobian_vector_products + cost.curvature_products - products
+            self.budget.end_hyper_step(made)
+            self.sid.allowance = UNLIMITED
+
+    def _budget_allows(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """The budget's decision; under DDP rank 0's (every rank runs the hyper step or none).
+        A budget that has not yet measured a Hessian–vector product times one first (charged
+        to the callback)."""
+        assert self.sid is not None and self.data is not None
+        if self.budget.needs_product_cost():
+            seed = (self.seed * 1_000_003 + 104_729 + self._rank) % (2**63)
+            with (
+                self.budget.added_work(),
+                private_rng(seed, pl_module.device),
+                metric_states_kept(pl_module),
+            ):
+                cost = self.sid.time_product(self.data.train_stream, self.budget.clock)
+            self.budget.note_product_cost(cost)
+        allowed = self.budget.allows(remaining_steps(trainer), self.sid.minimum_products())
         if self._world_size > 1:
             allowed = bool(trainer.strategy.broadcast(allowed, src=0))
         return allowed
