@@ -472,6 +472,19 @@ def paired_markdown(result: dict[str, Any], budget: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _commit() -> str | None:
+    """The repository's commit (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=OUT.parents[2], capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=list(NETWORKS))
@@ -519,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
             result = {
                 "benchmark": "network_cost",
                 "command": "python benchmarks/bench_network_cost.py " + " ".join(sys.argv[1:]),
+                "commit": _commit(),
                 "budget": args.budget, "threads": args.threads, "repeats": args.repeats,
                 "environment": {"platform": platform.platform(), "torch": torch.__version__,
                                 "pytorch_lightning": pl.__version__},

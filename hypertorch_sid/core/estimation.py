@@ -518,12 +518,18 @@ class CurvatureProbe:
                 margin=margin, more=more,
             )  # fmt: skip
         if est.uncertain and not est.convex:
+            fix = (
+                f"the compute budget (max_overhead) allowed {est.iterations} of the {iters} asked"
+                if est.iterations < iters and allowance is not UNLIMITED
+                else "raise EstimatedCurvature(iters=...) for a firmer estimate"
+            )
             log.warning(
                 "hypertorch_sid: the sign of lambda_min is uncertain (%.3g ± %.2g after %d Lanczos "
-                "steps); raise EstimatedCurvature(iters=...) for a firmer estimate.",
+                "steps); %s.",
                 est.lambda_min,
                 est.lambda_min_error,
                 est.iterations,
+                fix,
             )
         return est
 
