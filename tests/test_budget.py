@@ -419,3 +419,25 @@ def test_the_allowance_shortens_the_adjoint_solve_and_skips_what_does_not_fit():
     assert not deadline.lanczos_continues(started, 2, 1)  # 6 + 3 > 8
     assert deadline.lanczos_continues(started, 1, 1)  # fewer than two: always
     assert budget.product_cost > 2.0  # re-measured from the Lanczos steps
+
+
+def test_the_default_clock_is_cpu_time_on_the_cpu_and_wall_time_elsewhere():
+    """On a shared machine wall time counts other processes' load into the training's cost (and
+    so into the allowance); on the CPU the budget reads the process's CPU time instead."""
+    import time
+
+    budget = OverheadBudget(0.5)
+    assert budget.clock is time.perf_counter
+    budget.use_device("cpu")
+    assert budget.clock is time.process_time
+    budget.use_device("cuda")
+    assert budget.clock is time.perf_counter
+    clock = _Clock()
+    given = OverheadBudget(0.5, clock=clock)
+    given.use_device("cpu")
+    assert given.clock is clock  # a given clock is kept
+    cb = LearnedWeightDecay(1e-2, every_n_steps=5, max_overhead=0.5)
+    lightning_problems.trainer([cb], max_epochs=1, limit_val_batches=0).fit(
+        _Net(), datamodule=RidgeData()
+    )
+    assert cb.budget.clock is time.process_time

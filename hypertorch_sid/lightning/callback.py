@@ -119,8 +119,11 @@ class HyperOptimizationCallback(Callback):
     max_overhead:
         A compute budget: the hyper steps cost at most this fraction of the training's own
         compute (0.5: ≤ 1.5× a plain training), measured on this model and device as the fit
-        runs; a due hyper step waits until the budget covers it
-        (:class:`~hypertorch_sid.core.budget.OverheadBudget`; logged as ``hyper/overhead``).
+        runs (CPU time where it trains on the CPU, wall time on an accelerator); a due hyper step
+        waits until the budget covers its fewest products, and each piece of it (Lanczos
+        iterations, adjoint steps, a curvature refresh, a retry) is cut to what the fit can
+        still pay back (:class:`~hypertorch_sid.core.budget.OverheadBudget`; logged as
+        ``hyper/overhead``).
         Counted as overhead: the hyper steps (their batches, curvature estimates, retries) and
         the callback's work around them; the accounting is kept in checkpoints.
         ``None`` (default): every due hyper step runs.
@@ -267,6 +270,7 @@ class HyperOptimizationCallback(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
+        self.budget.use_device(pl_module.device.type)  # CPU time on the CPU, else wall time
         with self.budget.added_work():
             self._build(trainer, pl_module)
         self.budget.training_step_done()  # the training's time is counted from here
