@@ -214,6 +214,30 @@ def test_the_callbacks_own_work_is_charged_to_it_not_to_the_training():
     assert budget.hyper_steps == 0 and budget.overhead == 0.125
 
 
+def test_the_work_added_at_every_step_is_reserved_for_the_steps_that_remain():
+    """Applying λ costs 0.2 a step, every step to the end of a 100-step fit. A hyper step at
+    step 20 that spends its whole allowance (a long curvature estimate) may only take what the
+    remaining steps pay back beyond that work: the final share, the per-step work included,
+    stays within the budget (without the reservation: 66 of 50)."""
+    clock, steps = _Clock(), 100
+    budget = OverheadBudget(0.5, clock=clock)
+    budget.training_step_done()
+    for step in range(1, steps + 1):
+        with budget.added_work():
+            clock.now += 0.2  # λ applied to the gradients
+        clock.now += 1.0
+        budget.training_step_done()
+        if step == 20:
+            deadline = budget.allowance(remaining_steps=steps - step)
+            budget.start_hyper_step()
+            clock.now = deadline.end  # spends all it was allowed
+            budget.end_hyper_step()
+            assert math.isclose(budget.last_hyper, 6.0 + 80 * (0.5 - 0.2))
+    assert math.isclose(budget.spent_training, steps)
+    assert math.isclose(budget.spent_per_step, 0.2 * steps)
+    assert budget.spent_hyper <= 0.5 * budget.spent_training + 1e-9  # per-step work included
+
+
 def _counting_fit(cb: LearnedWeightDecay, epochs: int, ckpt=None) -> pl.Trainer:
     """A fit whose budget clock counts products (as in :func:`_fit_counting`), those made in
     this fit: the core's counters come back from the checkpoint at the build."""

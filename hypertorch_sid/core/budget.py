@@ -230,6 +230,9 @@ class OverheadBudget(Budget):
     skipped: int = field(default=0, init=False)
     #: the part of ``spent_hyper`` spent outside hyper steps (:meth:`added_work`)
     spent_added: float = field(default=0.0, init=False)
+    #: of it, what was added between training steps (applying λ each step): work every
+    #: remaining step will add too
+    spent_per_step: float = field(default=0.0, init=False)
     #: training steps counted; the first hyper step's cost (with its one-off curvature
     #: estimate), and the latest's
     training_steps: int = field(default=0, init=False)
@@ -271,6 +274,7 @@ class OverheadBudget(Budget):
         now = self.clock()
         if self._mark is not None:
             self.spent_training += max(now - self._mark - self._added_since_mark, 0.0)
+            self.spent_per_step += self._added_since_mark
             self.training_steps += 1
         self._mark, self._added_since_mark = now, 0.0
 
@@ -307,11 +311,14 @@ class OverheadBudget(Budget):
 
     def ceiling(self, remaining_steps: int | None, products: int = 0) -> float:
         """The most the next hyper step may cost: the credit, plus what the ``remaining_steps``
-        of the fit pay back (max_overhead · remaining · mean step) — or, where the fit's length
-        is unknown, one predicted hyper step (paid back before the next)."""
+        of the fit pay back (max_overhead · remaining · mean step, less the work the callback adds
+        at every step, e.g. applying λ) — or, where the fit's length is unknown, one predicted
+        hyper step (paid back before the next)."""
         if remaining_steps is None:
             return max(self.credit, 0.0) + self.predicted(products)
-        return self.credit + self.max_overhead * remaining_steps * self.mean_training_step
+        per_step = self.spent_per_step / self.training_steps if self.training_steps else 0.0
+        payback = max(self.max_overhead * self.mean_training_step - per_step, 0.0)
+        return self.credit + remaining_steps * payback
 
     def allows(self, remaining_steps: int | None = None, products: int = 0) -> bool:
         """Not in debt (eq. budget), and — where the fit's remaining steps are known — the
@@ -371,7 +378,8 @@ class OverheadBudget(Budget):
     def state_dict(self) -> dict[str, float]:
         return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
                     hyper_steps=self.hyper_steps, skipped=self.skipped,
-                    spent_added=self.spent_added, training_steps=self.training_steps,
+                    spent_added=self.spent_added, spent_per_step=self.spent_per_step,
+                    training_steps=self.training_steps,
                     first_hyper=self.first_hyper, last_hyper=self.last_hyper,
                     product_cost=self.product_cost, fixed_cost=self.fixed_cost)  # fmt: skip
 
@@ -384,6 +392,7 @@ class OverheadBudget(Budget):
         self.hyper_steps = int(state.get("hyper_steps", 0))
         self.skipped = int(state.get("skipped", 0))
         self.spent_added = float(state.get("spent_added", 0.0))
+        self.spent_per_step = float(state.get("spent_per_step", 0.0))
         self.training_steps = int(state.get("training_steps", 0))
         self.first_hyper = float(state.get("first_hyper", 0.0))
         self.last_hyper = float(state.get("last_hyper", 0.0))
@@ -393,7 +402,8 @@ class OverheadBudget(Budget):
 
 
 _BUDGET_KEYS = (
-    "spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added", "training_steps",
+    "spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added", "spent_per_step",
+    "training_steps",
     "first_hyper", "last_hyper", "product_cost", "fixed_cost",
 )  # fmt: skip
 
