@@ -423,8 +423,11 @@ DEFAULT_RUNS = {
 }
 
 
-def paired(budget: float = 0.5) -> dict[str, Any]:
-    """Held-out test loss with ``max_overhead=budget`` against the default, paired by seed."""
+def paired(budget: float = 0.5, runs: Path | None = None) -> dict[str, Any]:
+    """Held-out test loss with ``max_overhead=budget`` against the default, paired by seed: the
+    budget's runs in ``runs/`` against the stored default runs, or — with ``runs`` — both arms
+    from that folder (``<setting>_budget<budget>_seed<s>.json``, ``<setting>_default_seed<s>.json``:
+    one version of the code)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_weight_decay import paired_difference
 
@@ -432,12 +435,17 @@ def paired(budget: float = 0.5) -> dict[str, Any]:
     for setting in ("mnist_mlp", "fashion_cnn"):
         rows = []
         for seed, name in DEFAULT_RUNS.items():
-            mine = sorted(OUT.parent.glob(f"runs/{setting}_budget{budget}*_seed{seed}.json"))
-            if not mine:
+            if runs is not None:
+                mine = sorted(runs.glob(f"{setting}_budget{budget}_seed{seed}.json"))
+                default = runs / f"{setting}_default_seed{seed}.json"
+            else:
+                mine = sorted(OUT.parent.glob(f"runs/{setting}_budget{budget}*_seed{seed}.json"))
+                default = WEIGHT_DECAY_RUNS / name.format(seed)
+            if not mine or not default.exists():
                 continue
             run = json.loads(mine[0].read_text())
             new = run["settings"][setting]["runs"]["learned_per_layer"]
-            base = json.loads((WEIGHT_DECAY_RUNS / name.format(seed)).read_text())
+            base = json.loads(default.read_text())
             old = base["settings"][setting]["runs"]["learned_per_layer"]
             rows.append({
                 "seed": seed, "default": old["test_loss"], "budget": new["test_loss"],
@@ -503,15 +511,24 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="train nothing: the stored budget runs' test loss against the default's",
     )
+    p.add_argument(
+        "--paired-runs",
+        type=Path,
+        default=None,
+        help="with --paired: a folder holding both arms' runs (one code version); the table is "
+        "written beside them",
+    )
     args = p.parse_args(argv)
     if args.paired:
-        result = paired(args.budget)
-        path = OUT.parent / "budget_default_choice.json"
+        result = paired(args.budget, args.paired_runs)
+        folder = OUT.parent if args.paired_runs is None else args.paired_runs
+        path = folder / "budget_default_choice.json"
         path.write_text(json.dumps(result, indent=1))
         table = paired_markdown(result, args.budget)
+        command = "python benchmarks/bench_network_cost.py " + " ".join(sys.argv[1:])
         path.with_suffix(".md").write_text(
-            "Made by `python benchmarks/bench_network_cost.py --paired` from the stored runs "
-            "(each run's command in the JSON).\n\n" + table
+            f"Made by `{command}` from the stored runs (each run's command in the JSON).\n\n"
+            + table
         )
         print(table)
         return
