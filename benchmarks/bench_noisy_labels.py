@@ -8,6 +8,9 @@ linear 256→10; no BatchNorm, so every method trains the same network) is train
 * ``plain``     the ordinary training on the noisy labels (``reduction="mean"``);
 * ``drop_in``   the same module with ``reduction="none"``, the train set in ``IndexedDataset``
                 and ``callbacks=[LearnedDataWeights()]`` — its defaults, nothing tuned here;
+* ``drop_in_beta0`` the drop-in with one more argument, its outer optimizer without momentum
+                (``outer_optimizer=partial(LazyAdam, lr=1.0, betas=(0.0, 0.999))``: a row's
+                visits are an epoch apart; not the default, see docs/data_weights.md);
 * ``oracle``    plain training on the clean-labelled training examples only (labels known);
 * ``ren``       Ren et al. 2018, "Learning to reweight examples": at every step the weights of
                 the batch are the clipped negative gradient of the validation loss after a
@@ -39,6 +42,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import math
@@ -60,7 +64,7 @@ from torch.utils.data import DataLoader, TensorDataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+from hypertorch_sid import IndexedDataset, LazyAdam, LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
@@ -126,6 +130,10 @@ def cnn() -> nn.Module:
 class Classifier(pl.LightningModule):
     """An ordinary classifier; ``reduction="none"`` is the drop-in's one change."""
 
+    #: the learning-rate schedule of every method ("constant" or "cosine": cosine decay to 0
+    #: over the fit's optimizer steps); set from ``--schedule``
+    schedule = "constant"
+
     def __init__(self, lr: float, reduction: str = "mean", class_weight: Tensor | None = None):
         super().__init__()
         self.net, self.lr, self.reduction = cnn(), lr, reduction
@@ -138,8 +146,15 @@ class Classifier(pl.LightningModule):
         x, y = batch
         return F.cross_entropy(self(x), y, weight=self.class_weight, reduction=self.reduction)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        if self.schedule == "constant":
+            return opt
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        decay = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda t: 0.5 * (1 + math.cos(math.pi * min(t, total) / total))
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
 
 
 class GCE(Classifier):
@@ -187,9 +202,10 @@ def accuracy(net: nn.Module, X: Tensor, y: Tensor) -> Tensor:
     return pred == y
 
 
-def trainer(epochs: int, callbacks: list[Any]) -> pl.Trainer:
+def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.Trainer:
     return pl.Trainer(
         max_epochs=epochs, accelerator="cpu", devices=1, logger=False, callbacks=callbacks,
+        gradient_clip_val=clip,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
@@ -212,10 +228,12 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         model: Classifier = Reweighted(args.ren_lr or args.lr, d["Xv"], d["yv"])
     elif method == "gce":
         model = GCE(args.lr, args.gce_q)
-    elif method in ("drop_in", "per_class"):
+    elif method in ("drop_in", "drop_in_beta0", "per_class"):
         model = Classifier(args.lr, reduction="none")
         per = "class" if method == "per_class" else "sample"
         kwargs = dict(args.drop_in_kwargs)
+        if method == "drop_in_beta0":
+            kwargs["outer_optimizer"] = functools.partial(LazyAdam, lr=1.0, betas=(0.0, 0.999))
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
             kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
         cb = LearnedDataWeights(
@@ -232,7 +250,8 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tracer = [Trace(d, callbacks[0] if callbacks else None)] if args.trace else []
-        trainer(args.epochs, callbacks + tracer).fit(model, loader, val if callbacks else None)
+        fit = trainer(args.epochs, callbacks + tracer, args.clip)
+        fit.fit(model, loader, val if callbacks else None)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     correct = accuracy(model.net, d["Xt"], d["yt"])
     rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall, "cpu_s": cpu}
@@ -241,7 +260,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
     if callbacks:
         w = callbacks[0].data_weights()
         rec["weights"] = [round(float(v), 4) for v in w]
-        if method == "drop_in":
+        if method.startswith("drop_in"):
             rec.update(weight_stats(w, clean, callbacks[0].flagged()))
         rec["hyper_steps"] = len(callbacks[0].history)
         rec["phase_s"] = {k: round(v, 3) for k, v in timers.items()}
@@ -251,7 +270,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             rec["true_label_loss"] = F.cross_entropy(
                 model.net(d["X"]), d["y"], reduction="none"
             ).tolist()
-        if method == "drop_in":
+        if method.startswith("drop_in"):
             rec["flagged"] = callbacks[0].flagged().tolist()
     return rec
 
@@ -376,6 +395,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     colors = {
         "plain": "gray", "oracle": "black", "drop_in": "tab:green", "ren": "tab:orange",
         "inverse_freq": "tab:blue", "per_class": "tab:purple", "gce": "tab:cyan",
+        "drop_in_beta0": "tab:olive",
     }  # fmt: skip
     for col, name in enumerate(names):
         res = results["settings"][name]
@@ -432,19 +452,26 @@ def table(results: dict[str, Any]) -> str:
         )
 
     methods = ["plain", "drop_in", "oracle", "gce", "ren"]
-    head = ["setting", *methods, "gap recovered: drop-in", "GCE", "Ren", "wall ×plain: drop-in",
-            "GCE", "Ren", "CPU ×plain: drop-in", "precision / recall"]  # fmt: skip
+    drop = ["drop_in"]
+    if all("drop_in_beta0" in s["runs"] for s in results["settings"].values()):
+        methods.insert(2, "drop_in_beta0")
+        drop.append("drop_in_beta0")
+    rows = [*drop, "gce", "ren"]
+    head = ["setting", *methods, *(f"gap recovered: {m}" for m in rows),
+            *(f"wall ×plain: {m}" for m in rows), *(f"CPU ×plain: {m}" for m in drop),
+            *(f"precision / recall: {m}" for m in drop)]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, setting in results["settings"].items():
         res = setting["runs"]
         if not set(methods) <= set(res):
             continue
-        pr = [(r["flag_precision"], r["flag_recall"]) for r in res["drop_in"]]
         cells = [name, *(acc(res[m]) for m in methods)]
-        cells += [recovered(res, m) for m in ("drop_in", "gce", "ren")]
-        cells += [ratios(res, m, "wall_s") for m in ("drop_in", "gce", "ren")]
-        cells += [ratios(res, "drop_in", "cpu_s")]
-        cells += [f"{np.mean([p for p, _ in pr]):.2f} / {np.mean([r for _, r in pr]):.2f}"]
+        cells += [recovered(res, m) for m in rows]
+        cells += [ratios(res, m, "wall_s") for m in rows]
+        cells += [ratios(res, m, "cpu_s") for m in drop]
+        for m in drop:
+            pr = [(r["flag_precision"], r["flag_recall"]) for r in res[m]]
+            cells += [f"{np.mean([p for p, _ in pr]):.2f} / {np.mean([r for _, r in pr]):.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -484,7 +511,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=REPO / ".." / "shared" / "data")
     p.add_argument("--datasets", nargs="+", default=["mnist", "fashion"])
     p.add_argument("--noise", nargs="*", default=["symmetric", "pair"])
-    p.add_argument("--methods", nargs="+", default=["plain", "drop_in", "oracle", "gce", "ren"])
+    p.add_argument(
+        "--methods", nargs="+", default=["plain", "drop_in", "oracle", "gce", "ren"],
+        help="of plain drop_in drop_in_beta0 oracle gce ren",
+    )  # fmt: skip
     p.add_argument("--rate", type=float, default=0.4)
     p.add_argument("--n-train", type=int, default=2000)
     p.add_argument("--n-val", type=int, default=1000)
@@ -492,8 +522,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument(
+        "--schedule", choices=["constant", "cosine"], default="constant",
+        help="learning-rate schedule of every method (cosine: decay to 0 over the fit)",
+    )  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared CPU)")
+    p.add_argument(
+        "--clip", type=float, default=None,
+        help="clip every method's gradient norm at this value (Trainer(gradient_clip_val=))",
+    )  # fmt: skip
     p.add_argument("--ren-lr", type=float, default=None, help="lr of method ren (default --lr)")
     p.add_argument("--gce-q", type=float, default=0.7, help="q of the GCE loss (method gce)")
     p.add_argument(
@@ -544,6 +582,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.combine:
         return combine(args.combine, args.out)
     torch.set_num_threads(args.threads)
+    Classifier.schedule = args.schedule
     results: dict[str, Any] = {
         "command": "python benchmarks/bench_noisy_labels.py " + " ".join(argv or sys.argv[1:]),
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
