@@ -9,8 +9,8 @@ linear 256→10; no BatchNorm, so every method trains the same network) is train
 * ``drop_in``   the same module with ``reduction="none"``, the train set in ``IndexedDataset``
                 and ``callbacks=[LearnedDataWeights()]`` — its defaults, nothing tuned here;
 * ``drop_in_beta0`` the drop-in with one more argument, its outer optimizer without momentum
-                (``outer_optimizer=partial(LazyAdam, lr=1.0, betas=(0.0, 0.999))``: a row's
-                visits are an epoch apart; not the default, see docs/data_weights.md);
+                (``outer_betas=(0.0, 0.999)``: a row's visits are an epoch apart; not the
+                default, see docs/data_weights.md);
 * ``oracle``    plain training on the clean-labelled training examples only (labels known);
 * ``ren``       Ren et al. 2018, "Learning to reweight examples": at every step the weights of
                 the batch are the clipped negative gradient of the validation loss after a
@@ -42,7 +42,6 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import functools
 import gzip
 import json
 import math
@@ -64,7 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hypertorch_sid import IndexedDataset, LazyAdam, LearnedDataWeights  # noqa: E402
+from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
@@ -233,7 +232,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         per = "class" if method == "per_class" else "sample"
         kwargs = dict(args.drop_in_kwargs)
         if method == "drop_in_beta0":
-            kwargs["outer_optimizer"] = functools.partial(LazyAdam, lr=1.0, betas=(0.0, 0.999))
+            kwargs["outer_betas"] = (0.0, 0.999)
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
             kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
         cb = LearnedDataWeights(
