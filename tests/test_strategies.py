@@ -318,7 +318,9 @@ class _SharpMinibatches:
     def outer_loss(self, batch):
         return ((self.w - 0.5) ** 2).sum()
 
-    def run(self, hyper_steps: int = 30, **curvature) -> tuple[SIDHyperOptimizer, list[float]]:
+    def run(
+        self, hyper_steps: int = 30, on_divergence=None, **curvature
+    ) -> tuple[SIDHyperOptimizer, list[float]]:
         """Warm-started hyper steps of k = 3 steps each (the drop-in's); the relative adjoint
         residuals of the accepted ones."""
         hopt = SIDHyperOptimizer(
@@ -327,7 +329,8 @@ class _SharpMinibatches:
             config=SIDConfig(
                 inner_steps=0, adjoint_steps=3, step_size="constant", eta=1.0,
                 curvature=EstimatedCurvature(batches=2, iters=10, **curvature),
-                preconditioner=NoPreconditioner(), on_divergence=RaiseOnDivergence(),
+                preconditioner=NoPreconditioner(),
+                on_divergence=on_divergence or RaiseOnDivergence(),
             ),
         )  # fmt: skip
         stream, residuals = self.batches(), []
@@ -348,6 +351,17 @@ def test_adjoint_divergence_on_minibatches_sharper_than_the_estimate_is_caught()
     with pytest.raises(DivergenceError, match="adjoint residual grew within the solve"):
         problem.run()
     assert problem.hyper_step == 25
+
+
+def test_recover_halves_alpha_where_the_damping_covers_the_negative_curvature():
+    """Recover after that divergence: the new estimate has no negative curvature past δ (here
+    none at all), so the expansion was at the top: L doubled, α halved, δ kept at 0 — the
+    hypergradient's look-ahead is not shortened — and the solves contract again."""
+    problem = _SharpMinibatches()
+    hopt, residuals = problem.run(on_divergence=Recover(1))
+    assert hopt.delta == 0.0
+    assert hopt.L == pytest.approx(2 * (1.2 + 0.01), rel=1e-6)  # re-read on sharp batches
+    assert residuals[25:] == sorted(residuals[25:], reverse=True) and residuals[-1] < 0.15
 
 
 def test_curvature_margin_keeps_the_adjoint_solve_contracting_on_sharper_minibatches():

@@ -78,8 +78,9 @@ class Damping:
                 "still did not contract: the curvature grew past the estimate. Allow more "
                 "retries (on_divergence=Recover(4)), damp further (damping=CurvatureDamping("
                 "margin=2.0) or FixedDamping(δ)), re-estimate more often "
-                "(EstimatedCurvature(every=...)), or use positive semi-definite curvature "
-                "(hvp=GaussNewton(...))."
+                "(EstimatedCurvature(every=...)), leave α room for minibatches sharper than the "
+                "estimate (EstimatedCurvature(margin=2.0)), or use positive semi-definite "
+                "curvature (hvp=GaussNewton(...))."
             )
         seen = (
             "no curvature was estimated (alpha was given)"

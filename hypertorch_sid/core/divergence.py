@@ -21,7 +21,8 @@ Policies (``on_divergence=``) decide what a detected divergence does inside the 
 
 * :class:`RaiseOnDivergence` — raise at once (v is reset, so the next call starts clean);
 * :class:`BackOff` — halve α (or η), reset v, retry (``BackOff(n)``);
-* :class:`Recover` — reset v, re-estimate the curvature, raise the damping δ, retry; after
+* :class:`Recover` — reset v, re-estimate the curvature, then halve α where the damping covers
+  the estimated negative curvature (the map expanded at the top), else raise δ, retry; after
   ``retries`` failures raise.
 """
 
@@ -156,7 +157,9 @@ class DivergencePolicy:
         return "nothing"
 
     #: how to make a diverged adjoint solve retry with more damping (for the error's remedy)
-    retry_hint: str = "; on_divergence=Recover(2) re-estimates the curvature, raises δ, retries"
+    retry_hint: str = (
+        "; on_divergence=Recover(2) re-estimates the curvature, halves α or raises δ, retries"
+    )
 
 
 def _check_retries(policy: DivergencePolicy) -> None:

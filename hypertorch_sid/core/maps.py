@@ -239,7 +239,7 @@ class GradientDescentMap(FixedPointMap):
         return constants.halve_alpha()
 
     def recover(self, constants: StepConstants) -> str:
-        """``Recover``: re-estimate L, λ_min at the current w and raise δ."""
+        """``Recover``: re-estimate L, λ_min at the current w, then halve α or raise δ."""
         return constants.recover()
 
     def require_gradient_map(self, what: str) -> None:

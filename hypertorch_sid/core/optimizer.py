@@ -607,7 +607,8 @@ class SIDHyperOptimizer:
         return self.phi.back_off(self.constants)
 
     def recover(self) -> str:
-        """Recover: re-estimate L, λ_min at the current w and raise the damping δ."""
+        """Recover: re-estimate L, λ_min at the current w, then halve α (the damping covers the
+        negative curvature: the map expanded at the top) or raise the damping δ."""
         return self.phi.recover(self.constants)
 
     def _record(self, inner: SolveResult, adjoint: _Adjoint, g: Tensors) -> None:

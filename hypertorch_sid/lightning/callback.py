@@ -65,7 +65,7 @@ _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
 
 #: the callback's SID settings: Lightning's training is the inner solver (t = 0), k = 10 adjoint
 #: steps, a cheap curvature estimate refreshed every 10 hyper steps (a network's sharpness grows),
-#: and Recover(2) on divergence (re-estimate, raise the damping, retry).
+#: and Recover(2) on divergence (re-estimate; halve α or raise the damping; retry).
 CALLBACK_CONFIG = SIDConfig(
     inner_steps=0,
     adjoint_steps=10,
