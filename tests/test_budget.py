@@ -445,6 +445,18 @@ def test_the_allowance_shortens_the_adjoint_solve_and_skips_what_does_not_fit():
     assert budget.product_cost > 2.0  # re-measured from the Lanczos steps
 
 
+def test_before_the_first_hyper_step_its_fixed_part_is_two_steps_and_two_products():
+    """The first hyper step's checks and validation gradient are not products: measured 12–14
+    training steps on ResNet-18, where two training steps alone let it overdraw by a product."""
+    clock = _Clock()
+    budget = OverheadBudget(0.5, clock=clock)
+    budget.training_step_done()
+    clock.now += 1.0
+    budget.training_step_done()
+    budget.note_product_cost(3.0)
+    assert budget.predicted(0) == 2 * (1.0 + 3.0) and budget.predicted(5) == 8.0 + 15.0
+
+
 def test_the_default_clock_is_cpu_time_on_the_cpu_and_wall_time_elsewhere():
     """On a shared machine wall time counts other processes' load into the training's cost (and
     so into the allowance); on the CPU the budget reads the process's CPU time instead."""
