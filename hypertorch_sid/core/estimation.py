@@ -136,6 +136,17 @@ class LanczosResult:
     steps: int
 
 
+def ritz_pairs(alphas: Sequence[float], betas: Sequence[float]) -> tuple[Tensor, Tensor]:
+    """Eigenpairs (θ, S) of the Lanczos tridiagonal T_m = tridiag(β, α, β), in float64: the Ritz
+    values θ (ascending) and T_m's eigenvectors S as columns. ``betas`` may hold β_{m+1} last."""
+    m = len(alphas)
+    T = torch.diag(torch.tensor(list(alphas), dtype=torch.float64))
+    if m > 1:
+        off = torch.tensor(list(betas[: m - 1]), dtype=torch.float64)
+        T += torch.diag(off, 1) + torch.diag(off, -1)
+    return torch.linalg.eigh(T)
+
+
 def lanczos_extremes(
     matvec: MatVec,
     like: Sequence[Tensor],
@@ -171,11 +182,7 @@ def lanczos_extremes(
             break
         q_prev, q = q, [x / beta for x in r]
     m = len(alphas)
-    T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-    if m > 1:
-        off = torch.tensor(betas[: m - 1], dtype=torch.float64)
-        T += torch.diag(off, 1) + torch.diag(off, -1)
-    theta, S = torch.linalg.eigh(T)
+    theta, S = ritz_pairs(alphas, betas)
     tail = abs(betas[-1]) if math.isfinite(betas[-1]) else math.inf
     err = (tail * S[-1, :].abs()).tolist()
     return LanczosResult(float(theta[0]), float(theta[-1]), err[0], err[-1], m)

@@ -42,7 +42,7 @@ from torch import Tensor
 from .context import SolveContext
 from .damping import CurvatureDamping, Damping
 from .errors import ConfigurationError, DivergenceError
-from .estimation import CurvatureEstimate
+from .estimation import CurvatureEstimate, ritz_pairs
 from .solvers import AdjointSolver, SolveResult, _dot, norm, sampled_operator
 from .validation import check_integer, check_nonnegative, check_positive
 
@@ -298,11 +298,7 @@ class HorizonSolver(AdjointSolver):
             return [torch.zeros_like(g) for g in grad_w_E], SolveResult(0, 0.0, 0.0, math.nan)
         basis, alphas, betas = _lanczos_basis(A, grad_w_E, g_norm, self.iters)
         m = len(alphas)
-        T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-        if m > 1:
-            off = torch.tensor(betas[: m - 1], dtype=torch.float64)
-            T += torch.diag(off, 1) + torch.diag(off, -1)
-        theta, S = torch.linalg.eigh(T)
+        theta, S = ritz_pairs(alphas, betas)
         if math.isinf(steps) and float(theta[0]) <= 0:
             raise DivergenceError(
                 "adjoint solve v_k (horizon)",
