@@ -432,7 +432,7 @@ def paired(budget: float = 0.5, runs: Path | None = None) -> dict[str, Any]:
     from bench_weight_decay import paired_difference
 
     out: dict[str, Any] = {}
-    for setting in ("mnist_mlp", "fashion_cnn"):
+    for setting in ("mnist_mlp", "mnist_cnn", "digits_mlp", "fashion_mlp", "fashion_cnn"):
         rows = []
         for seed, name in DEFAULT_RUNS.items():
             if runs is not None:
@@ -453,6 +453,8 @@ def paired(budget: float = 0.5, runs: Path | None = None) -> dict[str, Any]:
                 "hyper_steps_budget": new["sid_cost"]["hypergradients"],
                 "share_budget": new["budget"]["overhead"], "command": run["command"],
             })  # fmt: skip
+        if not rows:  # this setting's runs were not made
+            continue
         diff = paired_difference([r["budget"] for r in rows], [r["default"] for r in rows])
         out[setting] = {"seeds": rows, "budget_minus_default": diff}
     return out
