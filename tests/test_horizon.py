@@ -161,15 +161,18 @@ def _horizon_solver_hopt(q: _Quadratic, solver: HorizonSolver) -> SIDHyperOptimi
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("batches", [1, "full"])
 @pytest.mark.parametrize("eta", [0.2, 0.45])
 @pytest.mark.parametrize("steps", [1, 7, 60, 400])
-def test_horizon_solver_is_the_derivative_through_the_remaining_steps(steps: int, eta) -> None:
+def test_horizon_solver_is_the_derivative_through_the_remaining_steps(
+    steps: int, eta, batches
+) -> None:
     """HorizonSolver's hypergradient is dE(w_T)/dρ through the T remaining gradient steps
     (autograd through the unrolled steps), to rounding: Lanczos with as many steps as
     dimensions applies Σ_T exactly (eq. horizonsolve; at η = 0.45, ηh reaches 1.8, where the
     steps overshoot); T = ∞ is the implicit hypergradient."""
     q = _Quadratic()
-    solver = HorizonSolver(batches=1, iters=10, step_size=eta)
+    solver = HorizonSolver(batches=batches, iters=10, step_size=eta)
     solver.observe(remaining_steps=steps, step_size=None)
     (g,) = _horizon_solver_hopt(q, solver).hypergradient([0], None)
     torch.testing.assert_close(g, q.unrolled(eta, steps), rtol=1e-8, atol=1e-12)
@@ -284,7 +287,16 @@ def test_the_callback_tells_the_horizon_solver_the_remaining_steps():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"batches": 0}, {"iters": 0}, {"fraction": 0.0}, {"step_size": -1.0}, {"steps": -1}]
+    "kwargs",
+    [
+        {"batches": 0},
+        {"batches": "half"},
+        {"chunk": 0},
+        {"iters": 0},
+        {"fraction": 0.0},
+        {"step_size": -1.0},
+        {"steps": -1},
+    ],
 )
 def test_horizon_solver_refuses_bad_settings(kwargs) -> None:
     with pytest.raises(ConfigurationError, match="HorizonSolver"):

@@ -147,6 +147,46 @@ def ritz_pairs(alphas: Sequence[float], betas: Sequence[float]) -> tuple[Tensor,
     return torch.linalg.eigh(T)
 
 
+def lanczos(
+    matvec: MatVec,
+    q: Sequence[Tensor],
+    iters: int,
+    more: Callable[[int], bool] | None = None,
+    basis: list[Tensors] | None = None,
+) -> tuple[list[float], list[float]]:
+    """``iters`` steps of the Lanczos recurrence β_{j+1} q_{j+1} = A q_j − α_j q_j − β_j q_{j−1}
+    from the unit vector ``q``: T_m's diagonal α_1..α_m and off-diagonal β_2..β_{m+1} (the last,
+    β_{m+1}, is the truncation's size). Stops early on an invariant subspace (β ≈ 0: exact).
+
+    ``more(done)``, where given, is asked before every step after the first: False stops there.
+    ``basis``, where given (a list), receives q_1..q_m, and each residual is re-orthogonalised
+    against the earlier q (full re-orthogonalisation, for a function of T_m read through the whole
+    basis); without it the memory stays at three vectors.
+    """
+    q_prev = [torch.zeros_like(x) for x in q]
+    alphas: list[float] = []
+    betas: list[float] = []
+    beta = 0.0
+    for step in range(iters):
+        if step and more is not None and not more(step):
+            break
+        aq = matvec(q)
+        a = _dot(q, aq)
+        r = [x - a * qi - beta * qp for x, qi, qp in zip(aq, q, q_prev)]
+        for p in basis if basis is not None else ():
+            c = _dot(p, r)
+            r = [ri - c * pi for ri, pi in zip(r, p)]
+        if basis is not None:
+            basis.append(q)
+        alphas.append(a)
+        beta = math.sqrt(max(_dot(r, r), 0.0))
+        betas.append(beta)
+        if not math.isfinite(beta) or beta <= 1e-12 * max(1.0, abs(a)):
+            break
+        q_prev, q = q, [x / beta for x in r]
+    return alphas, betas
+
+
 def lanczos_extremes(
     matvec: MatVec,
     like: Sequence[Tensor],
@@ -159,28 +199,11 @@ def lanczos_extremes(
     ``more(done)``, where given, is asked before every step after the first: False stops there
     (a compute budget's allowance; the residual bounds then say how far the Ritz values are).
 
-    The three-term recurrence β_{j+1} q_{j+1} = A q_j − α_j q_j − β_j q_{j−1} (no
-    re-orthogonalisation: it does not affect the extreme Ritz values, and keeps the memory at three
-    vectors) gives T_m = tridiag(β, α, β); its eigenpairs (θ, s) are the Ritz values, with
-    residual ‖A y − θ y‖ = |β_{m+1} s_m|. Stops early on an invariant subspace (β ≈ 0: exact).
+    :func:`lanczos` without re-orthogonalisation (it does not affect the extreme Ritz values, and
+    keeps the memory at three vectors) gives T_m = tridiag(β, α, β); its eigenpairs (θ, s) are the
+    Ritz values, with residual ‖A y − θ y‖ = |β_{m+1} s_m|.
     """
-    q = _random_unit(like, seed)
-    q_prev = [torch.zeros_like(x) for x in q]
-    alphas: list[float] = []
-    betas: list[float] = []
-    beta = 0.0
-    for step in range(iters):
-        if step and more is not None and not more(step):
-            break
-        aq = matvec(q)
-        a = _dot(q, aq)
-        r = [x - a * qi - beta * qp for x, qi, qp in zip(aq, q, q_prev)]
-        alphas.append(a)
-        beta = math.sqrt(max(_dot(r, r), 0.0))
-        betas.append(beta)
-        if not math.isfinite(beta) or beta <= 1e-12 * max(1.0, abs(a)):
-            break
-        q_prev, q = q, [x / beta for x in r]
+    alphas, betas = lanczos(matvec, _random_unit(like, seed), iters, more)
     m = len(alphas)
     theta, S = ritz_pairs(alphas, betas)
     tail = abs(betas[-1]) if math.isfinite(betas[-1]) else math.inf

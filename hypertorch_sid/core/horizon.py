@@ -32,7 +32,7 @@ unknown length) δ is the base strategy's alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +42,8 @@ from torch import Tensor
 from .context import SolveContext
 from .damping import CurvatureDamping, Damping
 from .errors import ConfigurationError, DivergenceError
-from .estimation import CurvatureEstimate, ritz_pairs
-from .solvers import AdjointSolver, SolveResult, _dot, norm, sampled_operator
+from .estimation import CurvatureEstimate, lanczos, ritz_pairs
+from .solvers import AdjointSolver, SolveResult, _anchor_batches, norm, sampled_operator
 from .validation import check_integer, check_nonnegative, check_positive
 
 Tensors = list[Tensor]
@@ -233,7 +233,9 @@ class HorizonSolver(AdjointSolver):
     so the hypergradient ∇₂E − α∇²₂₁ℓ v_T is eq. horizon's: dE(w_{t+T})/dλ through the remaining
     steps (:func:`horizon_filters`: ηT along flat and negative curvature, 1/h along sharp). v_T
     is computed by ``iters`` Lanczos steps on A from ∇₁E (the Krylov approximation of a matrix
-    function, f(A)g ≈ ‖g‖ Q_m f(T_m) e₁), on ``batches`` minibatches drawn once per solve. No
+    function, f(A)g ≈ ‖g‖ Q_m f(T_m) e₁), on ``batches`` minibatches drawn once per solve
+    (``"full"`` / ``"epoch"``: the full training batch, or one pass joined ``chunk`` minibatches
+    at a time, as :class:`~hypertorch_sid.core.solvers.ConjugateGradient`). No
     fixed point is iterated to: a k-step warm-started fixed-point iteration reaches only about
     k·α of the look-ahead ηT along the flat directions (3 steps of α ≈ 0.2–0.7 per hyper step on
     the digits MLP, against ηT = 200), so its hypergradient is short-sighted whatever the damping
@@ -249,16 +251,19 @@ class HorizonSolver(AdjointSolver):
     Lanczos truncation's, β_m·|e_mᵀ y| (y the coefficients of v in the basis).
     """
 
-    batches: int = 2
+    batches: int | str = 2
     iters: int = 10
     step_size: float | None = None
     steps: int | None = None
     fraction: float = 1.0
+    chunk: int = 8
     remaining_steps: int | None = field(default=None, init=False)
     observed_step_size: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.batches = check_integer("HorizonSolver.batches", self.batches, 1)
+        if self.batches not in ("full", "epoch"):
+            self.batches = check_integer("HorizonSolver.batches", self.batches, 1)
+        self.chunk = check_integer("HorizonSolver.chunk", self.chunk, 1)
         self.iters = check_integer("HorizonSolver.iters", self.iters, 1)
         self.steps = check_integer("HorizonSolver.steps", self.steps, 0, True)
         if self.step_size is not None:
@@ -287,16 +292,25 @@ class HorizonSolver(AdjointSolver):
             return math.inf, math.nan
         return float(max(round(self.fraction * steps), 0)), eta
 
+    def _operator_batches(self, ctx: SolveContext) -> list[Any]:
+        """The batches whose mean product is A for this solve."""
+        if self.batches in ("full", "epoch"):
+            kind = str(self.batches)
+            return _anchor_batches(kind, ctx.batches, ctx.full_batch, self.chunk, "HorizonSolver")
+        return ctx.batches.take(int(self.batches))
+
     def solve(
         self, ctx: SolveContext, grad_w_E: Sequence[Tensor], v0: Sequence[Tensor]
     ) -> tuple[Tensors, SolveResult]:
         alpha = self._alpha(ctx.phi)
         steps, eta = self._steps_and_eta()
-        A = sampled_operator(ctx.phi, ctx.batches.take(self.batches), ctx.cost)
+        A = sampled_operator(ctx.phi, self._operator_batches(ctx), ctx.cost)
         g_norm = norm(grad_w_E)
         if g_norm == 0.0:
             return [torch.zeros_like(g) for g in grad_w_E], SolveResult(0, 0.0, 0.0, math.nan)
-        basis, alphas, betas = _lanczos_basis(A, grad_w_E, g_norm, self.iters)
+        basis: list[Tensors] = []
+        q = [x.detach() / g_norm for x in grad_w_E]
+        alphas, betas = lanczos(A, q, self.iters, basis=basis)
         m = len(alphas)
         theta, S = ritz_pairs(alphas, betas)
         if math.isinf(steps) and float(theta[0]) <= 0:
@@ -322,31 +336,3 @@ class HorizonSolver(AdjointSolver):
         """‖v‖ ≤ ηT/α·‖∇₁E‖ (Σ_T ≤ ηT): the guard's budget."""
         steps, eta = self._steps_and_eta()
         return math.inf if math.isinf(steps) else eta * steps / self._alpha(ctx.phi)
-
-
-def _lanczos_basis(
-    A: Callable[[Sequence[Tensor]], Tensors], g: Sequence[Tensor], g_norm: float, iters: int
-) -> tuple[list[Tensors], list[float], list[float]]:
-    """``iters`` Lanczos steps on A from g/‖g‖: the basis Q_m and T_m's diagonal and off-diagonal
-    (β_m last: the truncation's size). Stops early on an invariant subspace."""
-    q = [x.detach() / g_norm for x in g]
-    q_prev = [torch.zeros_like(x) for x in q]
-    basis: list[Tensors] = []
-    alphas: list[float] = []
-    betas: list[float] = []
-    beta = 0.0
-    for _ in range(iters):
-        basis.append(q)
-        aq = A(q)
-        a = _dot(q, aq)
-        r = [x - a * qi - beta * qp for x, qi, qp in zip(aq, q, q_prev)]
-        for p in basis[:-1]:  # full re-orthogonalisation: f(T_m) reads the whole basis
-            c = _dot(p, r)
-            r = [ri - c * pi for ri, pi in zip(r, p)]
-        alphas.append(a)
-        beta = math.sqrt(max(_dot(r, r), 0.0))
-        betas.append(beta)
-        if not math.isfinite(beta) or beta <= 1e-12 * max(1.0, abs(a)):
-            break
-        q_prev, q = q, [x / beta for x in r]
-    return basis, alphas, betas
