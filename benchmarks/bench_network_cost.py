@@ -59,6 +59,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import LearnedWeightDecay
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmarks below
+from bench_step_cost import make_cnn_bn, make_mlp  # noqa: E402  (the same MLP and CNN+BN)
+
 OUT = Path(__file__).resolve().parent / "results" / "network_cost" / "network_cost.json"
 CONFIGS = ("plain", "default", "budget")
 
@@ -107,13 +110,6 @@ class TokenTransformer(nn.Module):
         return self.head(self.encoder(self.emb(x)).mean(1))
 
 
-def _cnn() -> nn.Module:
-    def block(i: int, o: int) -> list[nn.Module]:
-        return [nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2)]
-
-    return nn.Sequential(*block(1, 16), *block(16, 32), nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
-
-
 def _resnet18() -> nn.Module:
     import torchvision
 
@@ -137,21 +133,14 @@ def _adam(lr: float) -> Callable[[Any], torch.optim.Optimizer]:
 #: name -> (model factory, optimizer, input kind, input shape, batch size, steps)
 NETWORKS: dict[str, tuple[Callable[[], nn.Module], Any, str, tuple[int, ...], int, int]] = {
     "MLP": (
-        lambda: nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(784, 256),
-            nn.ReLU(),
-            nn.Linear(256, 256),
-            nn.ReLU(),
-            nn.Linear(256, 10),
-        ),  # fmt: skip
+        make_mlp,
         _sgd(0.05),
         "image",
         (1, 28, 28),
         64,
         200,
     ),
-    "CNN+BN": (_cnn, _adam(1e-3), "image", (1, 28, 28), 64, 200),
+    "CNN+BN": (make_cnn_bn, _adam(1e-3), "image", (1, 28, 28), 64, 200),
     "LSTM": (RowLSTM, _adam(1e-3), "image", (1, 28, 28), 64, 200),
     "Transformer": (TokenTransformer, _adam(1e-3), "tokens", (16,), 32, 200),
     "ResNet-18": (_resnet18, _sgd(0.05), "image", (3, 16, 16), 16, 100),
@@ -428,7 +417,6 @@ def paired(budget: float = 0.5, runs: Path | None = None) -> dict[str, Any]:
     budget's runs in ``runs/`` against the stored default runs, or — with ``runs`` — both arms
     from that folder (``<setting>_budget<budget>_seed<s>.json``, ``<setting>_default_seed<s>.json``:
     one version of the code)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_weight_decay import paired_difference
 
     out: dict[str, Any] = {}
