@@ -56,6 +56,7 @@ from .sample_weights import (
     directional_losses,
     split_indexed,
 )
+from .scale import HoldInvariant, InvariantRule, LearnInvariant, scale_invariant
 from .schedules import (
     ConstantStep,
     DecreasingStep,
@@ -121,6 +122,10 @@ __all__ = [
     "FixedDamping",
     "HorizonDamping",
     "HorizonSolver",
+    "HoldInvariant",
+    "InvariantRule",
+    "LearnInvariant",
+    "scale_invariant",
     "FixedPointIteration",
     "VarianceReduced",
     "GaussNewton",

@@ -170,6 +170,11 @@ class ElementModel(ABC):
         """The prior's term in the outer objective, or None."""
         return None
 
+    def mask(self, decay: WeightDecay, layers: Sequence[bool]) -> Tensors:
+        """1 where a learned value belongs to a layer flagged in ``layers``, else 0; shaped like
+        the learned tensors (default: one learned tensor per decayed tensor, as :class:`Untied`)."""
+        return [_filled(e.param, float(layers[e.layer])).detach() for e in decay.entries]
+
 
 class Untied(ElementModel):
     """One free λ_e = T(ρ_e) per element, learned from the validation loss alone (no prior)."""
@@ -263,6 +268,11 @@ class TiedToLayer(ElementModel):
                 new.hyperparameters[1 + e.slot].copy_(old.hyperparameters[1 + before[id(e.param)]])
                 carried += 1
         return carried
+
+    def mask(self, decay: WeightDecay, layers: Sequence[bool]) -> Tensors:
+        like = decay.hyperparameters[0]
+        flags = torch.tensor([float(f) for f in layers], dtype=like.dtype, device=like.device)
+        return [flags, *ElementModel.mask(self, decay, layers)]
 
     def prior(self, decay: WeightDecay, samples: int | None) -> Tensor:
         """Σ_e s_e² / (2σ²n) (eq. prior): the negative log prior per validation sample."""
@@ -457,6 +467,26 @@ class WeightDecay:
             by_param.get(id(p), torch.zeros((), dtype=p.dtype, device=p.device))
             for p in inner_parameters
         ]
+
+    def group_names(self) -> list[str]:
+        """The groups :meth:`mask` flags: the λ slots, or per element the layers."""
+        return self.layer_names if self.per_element else self.slot_names
+
+    def group_of(self, entry: Decayed) -> int:
+        """The index of ``entry``'s group in :meth:`group_names`."""
+        return entry.layer if self.per_element else entry.slot
+
+    def mask(self, flags: Sequence[bool]) -> Tensors:
+        """1 on every learned value of a group flagged in ``flags`` (indexed like
+        :meth:`group_names`), 0 elsewhere; shaped like :attr:`hyperparameters`."""
+        if len(flags) != len(self.group_names()):
+            raise ConfigurationError(
+                f"mask: {len(flags)} flags for {len(self.group_names())} groups."
+            )
+        if self.per_element:
+            return self.elements.mask(self, flags)
+        like = self.hyperparameters[0]
+        return [torch.tensor([float(f) for f in flags], dtype=like.dtype, device=like.device)]
 
     @torch.no_grad()
     def project(self, upper: Sequence[float] | None = None) -> None:

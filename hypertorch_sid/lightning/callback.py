@@ -599,9 +599,17 @@ class HyperOptimizationCallback(Callback):
                     raise
                 rank_zero_warn(f"{type(self).__name__}: hyper step skipped, λ unchanged: {err}")
                 return
+            hypergrad = self._adjust_hypergradient(trainer, pl_module, hypergrad)
             self.sid.apply(hypergrad)
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
+
+    def _adjust_hypergradient(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: Tensors
+    ) -> Tensors:
+        """The hypergradient the outer step uses (a subclass may replace parts of it; here as
+        computed)."""
+        return hypergrad
 
     def _observe_horizon(self, trainer: pl.Trainer) -> None:
         """Tell the damping strategy and the adjoint solver the steps that remain and the

@@ -78,10 +78,13 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
+from ..core.modes import frozen_mode
+from ..core.scale import InvariantRule, as_invariant_rule, scale_invariant
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
+from .isolation import private_rng
 from .problem import BilevelProblem, check_module_not_compiled
 
-__all__ = ["LearnedWeightDecay", "WeightDecayProblem"]
+__all__ = ["LearnedWeightDecay", "WeightDecayProblem", "scale_invariant_slots"]
 
 
 @contextmanager
@@ -477,6 +480,35 @@ class WeightDecayProblem:
         return out.reshape(())
 
 
+def scale_invariant_slots(
+    problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int = 0
+) -> dict[str, bool]:
+    """Which λ slots decay a scale-invariant group (:mod:`~hypertorch_sid.core.scale`, eq.
+    invariant): the training loss ℓ on ``batch``, in train mode, unchanged when every tensor of
+    the slot is scaled by ½ and by 2. Per element, the probe is per layer. BatchNorm's running
+    statistics, the train/eval flags and the training's random streams are left as they were.
+
+    On such a slot the decay acts through the effective learning rate η/‖w‖² only, and the
+    implicit hypergradient has no fixed point to describe (see :mod:`~hypertorch_sid.core.scale`).
+    """
+    decay = problem.decay
+    if decay is None:
+        raise ConfigurationError(
+            "scale_invariant_slots: λ is created when a fit starts (problem.decay is None)."
+        )
+
+    def loss() -> Tensor:
+        with private_rng(seed, module.device):
+            return problem._data_loss(module, batch, "training")
+
+    found: dict[str, bool] = {}
+    with frozen_mode(module, "train"):
+        for i, name in enumerate(decay.group_names()):
+            tensors = [e.param for e in decay.entries if decay.group_of(e) == i]
+            found[name] = scale_invariant(loss, tensors)
+    return found
+
+
 def _defaults(granularity: str, elements: ElementModel, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The drop-in's callback defaults, chosen by ``benchmarks/bench_weight_decay.py``.
 
@@ -535,6 +567,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         (:class:`~hypertorch_sid.ProximalGradientMap`) instead of the GD map of ĝ + ½Σ Pλw²:
         the same hypergradient, with α limited by the data term's curvature only — for decays
         that grow large (per-element λ). Training itself is unchanged.
+    invariant:
+        What the λ of a *scale-invariant* group learns from (a convolution or linear layer
+        followed by BatchNorm: the loss does not change when its weights are scaled, so decay
+        acts only through the effective learning rate η/‖w‖², and the implicit hypergradient
+        describes a fixed point that does not exist; :mod:`~hypertorch_sid.core.scale`):
+        ``"implicit"`` (default: like every other λ) or ``"held"``
+        (:class:`~hypertorch_sid.core.scale.HoldInvariant`: it keeps its value; the groups are
+        found by a probe at the first hyper step, :attr:`invariant_groups`), or an
+        :class:`~hypertorch_sid.core.scale.InvariantRule`.
     elements:
         Per element only, how a layer's λ relate: ``"tied"`` (default,
         :class:`~hypertorch_sid.TiedToLayer`: λ_e = λ_layer · exp(s_e), each deviation s_e under
@@ -569,6 +610,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         proximal: bool = False,
         elements: str | ElementModel = "tied",
+        invariant: str | InvariantRule = "implicit",
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
@@ -578,6 +620,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             )
         try:
             model = as_element_model(elements)
+            rule = as_invariant_rule(invariant)
         except ConfigurationError as err:
             raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
         for name, value in _defaults(granularity, model, kwargs).items():
@@ -605,6 +648,39 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.apply_to = apply_to
         self.proximal = proximal
         self.elements = model
+        self.invariant = rule
+        #: which λ groups (slots; per element, layers) are scale-invariant, once probed
+        self.invariant_groups: dict[str, bool] | None = None
+        self._probe_batch: Any = None
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Keep a training batch for the invariance probe (until it has run)."""
+        if self.invariant.probes and self.invariant_groups is None:
+            self._probe_batch = batch
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def _adjust_hypergradient(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: list[Tensor]
+    ) -> list[Tensor]:
+        """The invariant rule's hypergradient (``invariant=``); the groups are probed once, at
+        the first hyper step, on a training batch (:func:`scale_invariant_slots`)."""
+        decay = self.problem.decay
+        if not self.invariant.probes or decay is None:
+            return hypergrad
+        if self.invariant_groups is None:
+            self.invariant_groups = scale_invariant_slots(
+                self.problem, pl_module, self._probe_batch, seed=self.seed
+            )
+            self._probe_batch = None
+        flags = [self.invariant_groups[n] for n in decay.group_names()]
+        return self.invariant.adjust(hypergrad, decay.mask(flags))
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
