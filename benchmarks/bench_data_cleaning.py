@@ -15,6 +15,9 @@ Subcommands (run in the environment of ``benchmarks/benchopt/setup_env.sh``):
 ``run``        ``benchopt run`` of that YAML (one run: every method, same machine, same budget),
                single-threaded JAX and torch, then the L-BFGS baselines.
 ``baselines``  unweighted and perfect weights (1 clean, 0 corrupted), L-BFGS on g, test error.
+``resolve``    each peer's (z, weights) and SID's weights re-solved to optimality (L-BFGS on g):
+               test error and f of the exact inner solution against the method's own iterate.
+``scaled``     the perfect weights times c, re-solved: test error and f against the weights' scale.
 ``summarise``  JSON + figure (test error against wall time and against samples read, median and
                range over seeds) + a markdown table under ``benchmarks/results/data_cleaning/``.
 
@@ -62,6 +65,8 @@ RENAMED = {"init_memory": "mode_init_memory"}
 #: F2SA's only tuned parameters on this problem (p = 0.5): used at every p
 F2SA_PARAMS = "datacleaning0_5_021424_best_params.yml"
 N_TRAIN, N_VAL, REG, DATA_SEED = 20_000, 5_000, 0.2, 32
+#: every method's start, x₀ = −2 (the benchmark's ``outer_var0``): ω₀ = σ(−2)
+X0_WEIGHT = 1 / (1 + np.exp(2.0))
 
 
 # ------------------------------------------------------------------ the problem as they build it
@@ -158,9 +163,11 @@ def baselines(problem: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- flagging corrupted examples
-def flagging(weights: np.ndarray, corrupted: np.ndarray) -> dict:
-    """How well low weights flag the corrupted examples: precision/recall of 'ω < mean ω', the
-    precision at k = #corrupted lowest weights (= recall there), and average precision."""
+def flagging(weights: np.ndarray, corrupted: np.ndarray, initial: float = X0_WEIGHT) -> dict:
+    """How well low weights flag the corrupted examples: precision/recall of what the library
+    flags (``SampleWeights.flagged()``: the two-component split of the logits, ω₀ = ``initial``,
+    the benchmark's σ(−2)) and of 'ω < mean ω', the precision at k = #corrupted lowest weights
+    (= recall there), and average precision."""
     weights, corrupted = np.asarray(weights, float), np.asarray(corrupted, bool)
     flagged = weights < weights.mean()
     tp = int((flagged & corrupted).sum())
@@ -170,7 +177,11 @@ def flagging(weights: np.ndarray, corrupted: np.ndarray) -> dict:
     hits = corrupted[order]
     precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
     ap = float((precision_at * hits).sum() / max(k, 1))
+    split = library_flags(weights, initial)
+    tp_split = int((split & corrupted).sum())
     return dict(
+        flagged_precision=tp_split / max(int(split.sum()), 1),
+        flagged_recall=tp_split / max(k, 1),
         precision=tp / max(int(flagged.sum()), 1),
         recall=tp / max(k, 1),
         precision_at_k=float(corrupted[lowest].mean()) if k else float("nan"),
@@ -178,6 +189,23 @@ def flagging(weights: np.ndarray, corrupted: np.ndarray) -> dict:
         mean_weight_clean=float(weights[~corrupted].mean()),
         mean_weight_corrupted=float(weights[corrupted].mean()) if k else float("nan"),
     )
+
+
+def library_flags(weights: np.ndarray, initial: float = X0_WEIGHT) -> np.ndarray:
+    """The mask of ``SampleWeights(initial=...).flagged()`` for sigmoid weights ``weights``."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+    import torch
+
+    from hypertorch_sid.core.sample_weights import SampleWeights
+
+    w = np.clip(np.asarray(weights, np.float64), 1e-15, 1 - 1e-15)
+    family = SampleWeights(len(w), initial=initial, dtype=torch.float64)
+    with torch.no_grad():
+        family.logits.copy_(torch.as_tensor(np.log(w / (1 - w))))
+    mask = np.zeros(len(w), bool)
+    mask[family.flagged().numpy()] = True
+    return mask
 
 
 # ---------------------------------------------------------------------- the benchopt configuration
@@ -429,7 +457,9 @@ def markdown(summary: dict, budget: float) -> str:
             ]
         for m, f in s.get("flagging", {}).items():
             lines.append(
-                f"- Flagging by {m}: precision {f['precision']:.3f}, recall {f['recall']:.3f} "
+                f"- Flagging by {m}: `flagged()` (two-component split) precision "
+                f"{f['flagged_precision']:.3f}, recall {f['flagged_recall']:.3f}; precision "
+                f"{f['precision']:.3f}, recall {f['recall']:.3f} "
                 f"(ω < mean ω), precision@#corrupted {f['precision_at_k']:.3f}, average "
                 f"precision {f['average_precision']:.3f}; mean ω clean "
                 f"{f['mean_weight_clean']:.3f}, corrupted {f['mean_weight_corrupted']:.3f}."
@@ -538,10 +568,12 @@ def _load_class(path: Path, attr: str):
     return getattr(module, attr)
 
 
-def peer_weights(entry: str, ratio: float, seed: int, budget: float) -> np.ndarray:
-    """The final weights σ(x) of one peer (their solver class, their objective and dataset,
-    in this process) after ``budget`` seconds of its work: for the flagging columns only (the
-    benchopt run does not keep x)."""
+def peer_solution(
+    entry: str, ratio: float, seed: int, budget: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(z, σ(x)) of one peer (their solver class, their objective and dataset, in this process)
+    after ``budget`` seconds of its work, z as features × classes: for the flagging columns and
+    the re-solve (the benchopt run does not keep x)."""
     sys.path.insert(0, str(BENCH_DIR))
     cwd = os.getcwd()
     os.chdir(BENCH_DIR)  # datasets/mnist.py reads ./mnist.pkl
@@ -564,11 +596,90 @@ def peer_weights(entry: str, ratio: float, seed: int, budget: float) -> np.ndarr
         solver.set_objective(**objective.get_objective())
         start = time.perf_counter()
         solver.run(lambda: time.perf_counter() - start < budget)
-        outer = np.asarray(solver.get_result()["outer_var"])
+        result = solver.get_result()
+        outer = np.asarray(result["outer_var"], np.float64)
+        z = np.asarray(result["inner_var"], np.float64).reshape(dataset.n_features, -1)
     finally:
         os.chdir(cwd)
         sys.path.remove(str(BENCH_DIR))
-    return 1 / (1 + np.exp(-outer))
+    return z, 1 / (1 + np.exp(-outer))
+
+
+def peer_weights(entry: str, ratio: float, seed: int, budget: float) -> np.ndarray:
+    """σ(x) of :func:`peer_solution`."""
+    return peer_solution(entry, ratio, seed, budget)[1]
+
+
+def val_loss(z, X, y) -> float:
+    """f(z): the mean cross-entropy on (validation) data, the outer objective."""
+    logits = X @ z
+    logits = logits - logits.max(1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    return float(-log_p[np.arange(len(y)), y].mean())
+
+
+def resolve(problem: dict, weights: np.ndarray, z: np.ndarray | None = None) -> dict:
+    """Where a method's test error comes from: its weights re-solved to optimality (L-BFGS on
+    g, as the baselines) against its own inner iterate ``z``; f and the test error of each, and
+    how its weights treat the clean examples by hardness (the loss of their label under the
+    perfect-weights fit, passed as ``problem["hardness"]``)."""
+    X = problem["X_train"].astype(np.float64)
+    z_star = fit_weighted(X, problem["y_train"], np.asarray(weights, np.float64))
+    out = dict(
+        resolved_test_error=error(z_star, problem["X_test"], problem["y_test"]),
+        resolved_val_loss=val_loss(z_star, problem["X_val"], problem["y_val"]),
+        resolved_norm=float(np.linalg.norm(z_star)),
+    )
+    if z is not None:
+        out.update(
+            iterate_test_error=error(z, problem["X_test"], problem["y_test"]),
+            iterate_val_loss=val_loss(z, problem["X_val"], problem["y_val"]),
+            iterate_norm=float(np.linalg.norm(z)),
+        )
+    clean, corrupted = ~problem["corrupted"], problem["corrupted"]
+    w = np.asarray(weights, np.float64)
+    out.update(
+        weight_sum=float(w.sum()),
+        mean_weight_clean=float(w[clean].mean()),
+        mean_weight_corrupted=float(w[corrupted].mean()),
+    )
+    if "hardness" in problem:
+        h = problem["hardness"][clean]
+        hard = h >= np.quantile(h, 0.9)
+        out.update(
+            mean_weight_hardest_clean_10pct=float(w[clean][hard].mean()),
+            mean_weight_other_clean=float(w[clean][~hard].mean()),
+        )
+    return out
+
+
+def cmd_resolve(args: argparse.Namespace) -> None:
+    """Why a peer ends below the perfect weights' error: each peer's (z, weights) after
+    ``--timeout`` s and SID's saved weights (``--sid-dir``), re-solved to optimality."""
+    path = OUT / "resolve.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for p in args.ratios:
+        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
+        X = problem["X_train"].astype(np.float64)
+        perfect = (~problem["corrupted"]).astype(np.float64)
+        z_p = fit_weighted(X, problem["y_train"], perfect)
+        logits = X @ z_p
+        logits -= logits.max(1, keepdims=True)
+        log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        problem["hardness"] = -log_p[np.arange(len(X)), problem["y_clean"]]
+        entry = out.setdefault(str(p), {})
+        entry["perfect weights"] = resolve(problem, perfect, z_p)
+        for seed in args.seeds:
+            for peer in best_params(p, args.peers):
+                z, w = peer_solution(peer, p, seed, args.timeout)
+                entry[f"{peer.split('[')[0]}, seed {seed}"] = resolve(problem, w, z)
+                print(p, peer.split("[")[0], seed, entry[f"{peer.split('[')[0]}, seed {seed}"])
+                path.write_text(json.dumps(out, indent=1))
+            for f in sorted(Path(args.sid_dir).glob(f"sid_*_p{p}_seed{seed}.npz")):
+                w = 1 / (1 + np.exp(-np.load(f)["logits"].astype(np.float64)))
+                entry[f"{f.stem.rsplit('_p', 1)[0]}, seed {seed}"] = resolve(problem, w)
+                print(p, f.stem, entry[f"{f.stem.rsplit('_p', 1)[0]}, seed {seed}"], flush=True)
+        path.write_text(json.dumps(out, indent=1))
 
 
 def cmd_peer_weights(args: argparse.Namespace) -> None:
@@ -584,6 +695,28 @@ def cmd_peer_weights(args: argparse.Namespace) -> None:
                 weights, problem["corrupted"]
             )
             print(p, entry, out[str(p)], flush=True)
+            path.write_text(json.dumps(out, indent=1))
+
+
+def cmd_scaled(args: argparse.Namespace) -> None:
+    """The perfect weights times c (c = 1: the baseline), re-solved by L-BFGS: the weights' scale
+    is an inverse L2 strength (g = (c/n) Σ_clean CE + reg‖z‖²), so this shows how test error
+    and f (validation CE, the outer objective) move with it."""
+    path = OUT / "scaled_perfect.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for p in args.ratios:
+        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
+        X = problem["X_train"].astype(np.float64)
+        perfect = (~problem["corrupted"]).astype(np.float64)
+        for c in args.scales:
+            z = fit_weighted(X, problem["y_train"], c * perfect)
+            out.setdefault(str(p), {})[f"{c:g}"] = dict(
+                test_error=error(z, problem["X_test"], problem["y_test"]),
+                val_loss=val_loss(z, problem["X_val"], problem["y_val"]),
+                val_error=error(z, problem["X_val"], problem["y_val"]),
+                norm=float(np.linalg.norm(z)),
+            )
+            print(p, c, out[str(p)][f"{c:g}"], flush=True)
             path.write_text(json.dumps(out, indent=1))
 
 
@@ -674,7 +807,21 @@ def cmd_summarise(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "command", choices=("run", "baselines", "summarise", "config", "peer_weights")
+        "command",
+        choices=("run", "baselines", "summarise", "config", "peer_weights", "resolve", "scaled"),
+    )
+    parser.add_argument(
+        "--scales",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.75, 0.5, 0.35, 0.25],
+        help="scaled: multiples of the perfect weights",
+    )
+    parser.add_argument(
+        "--sid-dir",
+        type=Path,
+        default=OUT / "runs" / "sid",
+        help="resolve: the SID solver's saved logits (SID_BENCH_OUT of a run)",
     )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
     parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS))
@@ -709,6 +856,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             baselines=cmd_baselines,
             summarise=cmd_summarise,
             peer_weights=cmd_peer_weights,
+            resolve=cmd_resolve,
+            scaled=cmd_scaled,
         )
         commands[args.command](args)
 

@@ -8,9 +8,11 @@ linear 256→10; no BatchNorm, so every method trains the same network) is train
 * ``plain``     the ordinary training on the noisy labels (``reduction="mean"``);
 * ``drop_in``   the same module with ``reduction="none"``, the train set in ``IndexedDataset``
                 and ``callbacks=[LearnedDataWeights()]`` — its defaults, nothing tuned here;
-* ``drop_in_beta0`` the drop-in with one more argument, its outer optimizer without momentum
-                (``outer_betas=(0.0, 0.999)``: a row's visits are an epoch apart; not the
-                default, see docs/data_weights.md);
+* ``drop_in_beta0`` the drop-in with ``outer_betas=(0.0, 0.999)`` written out: its outer
+                optimizer without momentum (a row's visits are an epoch apart), the default
+                since the two-component flag rule (identical to ``drop_in`` now; kept so the
+                earlier runs' commands reproduce);
+* ``drop_in_beta09`` the drop-in with the earlier default ``outer_betas=(0.9, 0.999)``;
 * ``oracle``    plain training on the clean-labelled training examples only (labels known);
 * ``ren``       Ren et al. 2018, "Learning to reweight examples": at every step the weights of
                 the batch are the clipped negative gradient of the validation loss after a
@@ -227,12 +229,13 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         model: Classifier = Reweighted(args.ren_lr or args.lr, d["Xv"], d["yv"])
     elif method == "gce":
         model = GCE(args.lr, args.gce_q)
-    elif method in ("drop_in", "drop_in_beta0", "per_class"):
+    elif method in ("drop_in", "drop_in_beta0", "drop_in_beta09", "per_class"):
         model = Classifier(args.lr, reduction="none")
         per = "class" if method == "per_class" else "sample"
         kwargs = dict(args.drop_in_kwargs)
-        if method == "drop_in_beta0":
-            kwargs["outer_betas"] = (0.0, 0.999)
+        betas = {"drop_in_beta0": (0.0, 0.999), "drop_in_beta09": (0.9, 0.999)}
+        if method in betas:
+            kwargs["outer_betas"] = betas[method]
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
             kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
         cb = LearnedDataWeights(
@@ -394,7 +397,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     colors = {
         "plain": "gray", "oracle": "black", "drop_in": "tab:green", "ren": "tab:orange",
         "inverse_freq": "tab:blue", "per_class": "tab:purple", "gce": "tab:cyan",
-        "drop_in_beta0": "tab:olive",
+        "drop_in_beta0": "tab:olive", "drop_in_beta09": "tab:brown",
     }  # fmt: skip
     for col, name in enumerate(names):
         res = results["settings"][name]
@@ -452,9 +455,10 @@ def table(results: dict[str, Any]) -> str:
 
     methods = ["plain", "drop_in", "oracle", "gce", "ren"]
     drop = ["drop_in"]
-    if all("drop_in_beta0" in s["runs"] for s in results["settings"].values()):
-        methods.insert(2, "drop_in_beta0")
-        drop.append("drop_in_beta0")
+    for arm in ("drop_in_beta0", "drop_in_beta09"):
+        if all(arm in s["runs"] for s in results["settings"].values()):
+            methods.insert(2, arm)
+            drop.append(arm)
     rows = [*drop, "gce", "ren"]
     head = ["setting", *methods, *(f"gap recovered: {m}" for m in rows),
             *(f"wall ×plain: {m}" for m in rows), *(f"CPU ×plain: {m}" for m in drop),
@@ -512,7 +516,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--noise", nargs="*", default=["symmetric", "pair"])
     p.add_argument(
         "--methods", nargs="+", default=["plain", "drop_in", "oracle", "gce", "ren"],
-        help="of plain drop_in drop_in_beta0 oracle gce ren",
+        help="of plain drop_in drop_in_beta0 drop_in_beta09 oracle gce ren",
     )  # fmt: skip
     p.add_argument("--rate", type=float, default=0.4)
     p.add_argument("--n-train", type=int, default=2000)

@@ -125,6 +125,18 @@ def test_flagging_precision_recall(dc) -> None:
     assert f["mean_weight_corrupted"] == pytest.approx(1 / 3)
 
 
+def test_flagging_reports_the_library_flags_with_the_benchmark_start(dc) -> None:
+    """``flagged_*``: ``SampleWeights.flagged()`` (the two-component split) with ω₀ = σ(−2):
+    a low bump below the start is flagged; the same bump above the start is not."""
+    rng = np.random.default_rng(0)
+    corrupted = np.arange(200) < 60
+    x = np.where(corrupted, -8 + 0.5 * rng.standard_normal(200), 3 + 2 * rng.standard_normal(200))
+    f = dc.flagging(1 / (1 + np.exp(-x)), corrupted)
+    assert f["flagged_precision"] == 1.0 and f["flagged_recall"] == 1.0
+    above = dc.flagging(1 / (1 + np.exp(-(x + 7))), corrupted)  # low bump at −1 > x₀ = −2
+    assert above["flagged_recall"] == 0.0
+
+
 def _rows(solver: str, p: float, times, errors):
     return [
         dict(

@@ -23,11 +23,13 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.rows import RowSnapshot
 from hypertorch_sid.core.sample_weights import (
+    BelowWeight,
     Indexed,
     IndexedDataset,
     LazyAdam,
     SampleWeights,
     TrainingCrossTerm,
+    TwoComponentSplit,
     class_weights,
     directional_losses,
     split_indexed,
@@ -423,3 +425,64 @@ def test_training_cross_term_is_eq_gradestim_minibatch_cross_term(parameterizati
     moved = torch.nonzero(p.weights.logits.detach() != before).flatten()
     assert set(moved.tolist()) == set(index.tolist())
     assert not cross.step(index, u, None)  # no α (no adjoint solve yet): nothing moves
+
+
+# ---------------------------------------------------------------------- flag rules
+def _family(x: torch.Tensor, parameterization: str = "sigmoid") -> SampleWeights:
+    w = SampleWeights(len(x), parameterization)
+    with torch.no_grad():
+        w.logits.copy_(x)
+    w.projection()
+    return w
+
+
+def _precision_recall(flagged: torch.Tensor, corrupted: torch.Tensor) -> tuple[float, float]:
+    mask = torch.zeros(len(corrupted), dtype=torch.bool)
+    mask[flagged] = True
+    tp = int((mask & corrupted).sum())
+    return tp / max(int(mask.sum()), 1), tp / int(corrupted.sum())
+
+
+def test_two_component_split_flags_the_drifting_bump_not_the_random_walk_tail():
+    """What LazyAdam without momentum leaves: corrupted logits in a tight bump that drifted
+    down (−5.5 ± 0.5), clean ones random-walking around the start (0 ± 3, a tail reaching
+    below −5). A fixed weight threshold (ω < ω₀/2) flags that tail; the split does not."""
+    gen = torch.Generator().manual_seed(0)
+    corrupted = torch.arange(1000) < 300
+    x = torch.where(
+        corrupted,
+        -5.5 + 0.5 * torch.randn(1000, generator=gen),
+        3.0 * torch.randn(1000, generator=gen),
+    )
+    w = _family(x)
+    precision, recall = _precision_recall(w.flagged(), corrupted)
+    assert precision > 0.85 and recall > 0.9, (precision, recall)
+    half_precision, _ = _precision_recall(w.flagged("below_half"), corrupted)
+    assert half_precision < 0.75  # what the split is for
+    assert torch.equal(w.flagged(0.25), w.flagged(BelowWeight(0.25)))
+    assert torch.equal(w.flagged(), w.flagged(TwoComponentSplit()))
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.zeros(50),  # nothing moved
+        3.0 * torch.randn(2000, generator=torch.Generator().manual_seed(1)),  # one bump
+        torch.cat([torch.full((100,), 2.0), torch.full((100,), 6.0)])  # both went up
+        + 0.3 * torch.randn(200, generator=torch.Generator().manual_seed(2)),
+    ],
+    ids=["unmoved", "unimodal", "both-up"],
+)
+def test_two_component_split_flags_nothing_without_a_separated_low_bump(x):
+    assert _family(x).flagged().numel() == 0
+
+
+def test_two_component_split_under_softmax_weights_and_bad_rules_refused():
+    corrupted = torch.arange(400) < 100
+    x = torch.where(corrupted, torch.tensor(-4.0), torch.tensor(1.0))
+    x = x + 0.3 * torch.randn(400, generator=torch.Generator().manual_seed(3))
+    assert _precision_recall(_family(x, "softmax").flagged(), corrupted) == (1.0, 1.0)
+    with pytest.raises(ConfigurationError, match="flag rule"):
+        _family(x).flagged("lowest")
+    with pytest.raises(ConfigurationError, match="min_separation"):
+        TwoComponentSplit(min_separation=-1)

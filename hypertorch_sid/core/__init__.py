@@ -44,6 +44,8 @@ from .outer import outer_gradients
 from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .sample_weights import (
+    BelowWeight,
+    FlagRule,
     Indexed,
     IndexedDataset,
     LazyAdam,
@@ -51,6 +53,7 @@ from .sample_weights import (
     SigmoidWeights,
     SoftmaxWeights,
     TrainingCrossTerm,
+    TwoComponentSplit,
     WeightParameterization,
     class_weights,
     directional_losses,
@@ -85,6 +88,9 @@ from .solvers import (
 )
 
 __all__ = [
+    "BelowWeight",
+    "FlagRule",
+    "TwoComponentSplit",
     "Indexed",
     "IndexedDataset",
     "LazyAdam",
