@@ -19,7 +19,7 @@ started inner solve (t = 0); every ``every_n_steps`` steps a hyper step of ``adj
 warm-started adjoint steps refreshes v and moves the weights of its ∂₂Φ̂ minibatch (from step
 ``start_step`` on); and every training batch moves its own rows by eq. gradestim's cross term
 from the last v (core ``TrainingCrossTerm``, u by one forward-mode pass), all through the drop-
-in's outer optimizer (``LazyAdam``; ``outer_beta1``: its β₁, the drop-in's 0.9 by default,
+in's outer optimizer (``LazyAdam``; ``outer_beta1``: its β₁, the drop-in's 0 by default,
 ``outer_betas=(β₁, 0.999)``) on row-sparse gradients
 (``SampleWeights(sparse_grad=...)`` as the drop-in chooses). The settings that are not the
 library's are a user's, identical at every p: the training's own optimizer, SGD with a
