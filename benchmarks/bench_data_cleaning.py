@@ -17,6 +17,8 @@ Subcommands (run in the environment of ``benchmarks/benchopt/setup_env.sh``):
 ``baselines``  unweighted and perfect weights (1 clean, 0 corrupted), L-BFGS on g, test error.
 ``resolve``    each peer's (z, weights) and SID's weights re-solved to optimality (L-BFGS on g):
                test error and f of the exact inner solution against the method's own iterate.
+``descend``    exact full-batch hypergradient descent from a peer's and SID's weights: f and test
+               error on the way to a bilevel stationary point.
 ``scaled``     the perfect weights times c, re-solved: test error and f against the weights' scale.
 ``summarise``  JSON + figure (test error against wall time and against samples read, median and
                range over seeds) + a markdown table under ``benchmarks/results/data_cleaning/``.
@@ -124,11 +126,11 @@ def _weighted_objective(z_flat, X, y, w, reg, n_classes=10):
     return value, grad.reshape(-1)
 
 
-def fit_weighted(X, y, w, reg: float = REG, n_classes: int = 10) -> np.ndarray:
-    """argmin_z g(z) for fixed weights, by L-BFGS (the baselines)."""
+def fit_weighted(X, y, w, reg: float = REG, n_classes: int = 10, z0=None) -> np.ndarray:
+    """argmin_z g(z) for fixed weights, by L-BFGS (the baselines), from ``z0`` (default 0)."""
     from scipy.optimize import minimize
 
-    z0 = np.zeros(X.shape[1] * n_classes)
+    z0 = np.zeros(X.shape[1] * n_classes) if z0 is None else np.asarray(z0).reshape(-1)
     res = minimize(
         _weighted_objective,
         z0,
@@ -720,6 +722,83 @@ def cmd_scaled(args: argparse.Namespace) -> None:
             path.write_text(json.dumps(out, indent=1))
 
 
+def exact_hypergradient(problem: dict, x: np.ndarray, z: np.ndarray, reg: float = REG):
+    """∇ₓ f(z*(x)) at the exact inner solution z = z*(x) (float64, full batch):
+    v = H⁻¹∇f by conjugate gradients on g's Hessian-vector products, then
+    hᵢ = −σ'(xᵢ)/n ⟨Xᵢᵀ(Pᵢ − Yᵢ), v⟩ (eq. gradestim without the noise)."""
+    from scipy.sparse.linalg import LinearOperator, cg
+
+    X, y = problem["X_train"].astype(np.float64), problem["y_train"]
+    Xv, yv = problem["X_val"].astype(np.float64), problem["y_val"]
+    n, d = X.shape
+    k = z.shape[1]
+    w = 1 / (1 + np.exp(-x))
+
+    def softmax(S):
+        S = S - S.max(1, keepdims=True)
+        E = np.exp(S)
+        return E / E.sum(1, keepdims=True)
+
+    P, Pv = softmax(X @ z), softmax(Xv @ z)
+    Pv[np.arange(len(yv)), yv] -= 1.0
+    grad_f = (Xv.T @ Pv / len(yv)).reshape(-1)
+
+    def hvp(flat):
+        V = flat.reshape(d, k)
+        A = X @ V
+        PA = P * A
+        JA = PA - P * PA.sum(1, keepdims=True)
+        return (X.T @ (w[:, None] * JA) / n + 2 * reg * V).reshape(-1)
+
+    v, _ = cg(LinearOperator((d * k, d * k), matvec=hvp), grad_f, rtol=1e-8, maxiter=500)
+    R = P.copy()
+    R[np.arange(n), y] -= 1.0
+    return -(w * (1 - w) / n) * ((X @ v.reshape(d, k)) * R).sum(1)
+
+
+def cmd_descend(args: argparse.Namespace) -> None:
+    """Exact full-batch hypergradient descent (Adam on x, L-BFGS inner solves warm-started,
+    CG adjoint) from SRBA's weights after ``--timeout`` s and from SID's saved weights: does
+    the outer objective f fall, and where does the test error go, as the weights approach a
+    bilevel stationary point?"""
+    path = OUT / "descend.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for p in args.ratios:
+        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
+        X = problem["X_train"].astype(np.float64)
+        starts = {}
+        for peer in best_params(p, args.peers):
+            _, w = peer_solution(peer, p, args.seeds[0], args.timeout)
+            starts[peer.split("[")[0]] = np.log(np.clip(w, 1e-12, 1) / np.clip(1 - w, 1e-12, 1))
+        for f in sorted(Path(args.sid_dir).glob(f"sid_*_p{p}_seed{args.seeds[0]}.npz")):
+            starts[f.stem.rsplit("_p", 1)[0]] = np.load(f)["logits"].astype(np.float64)
+        for name, x in starts.items():
+            x, m, s2, trace, z = x.copy(), np.zeros_like(x), np.zeros_like(x), [], None
+            for t in range(args.outer_steps + 1):
+                z = fit_weighted(X, problem["y_train"], 1 / (1 + np.exp(-x)), z0=z)
+                trace.append(
+                    dict(
+                        step=t,
+                        val_loss=val_loss(z, problem["X_val"], problem["y_val"]),
+                        test_error=error(z, problem["X_test"], problem["y_test"]),
+                        mean_weight=float((1 / (1 + np.exp(-x))).mean()),
+                    )
+                )
+                print(p, name, trace[-1], flush=True)
+                if t == args.outer_steps:
+                    break
+                h = exact_hypergradient(problem, x, z)
+                m = 0.9 * m + 0.1 * h
+                s2 = 0.999 * s2 + 0.001 * h * h
+                x -= (
+                    args.outer_lr
+                    * (m / (1 - 0.9 ** (t + 1)))
+                    / (np.sqrt(s2 / (1 - 0.999 ** (t + 1))) + 1e-12)
+                )
+            out.setdefault(str(p), {})[name] = trace
+            path.write_text(json.dumps(out, indent=1))
+
+
 # ---------------------------------------------------------------------- commands
 def _env() -> dict:
     env = dict(os.environ)
@@ -808,8 +887,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "command",
-        choices=("run", "baselines", "summarise", "config", "peer_weights", "resolve", "scaled"),
+        choices=(
+            "run",
+            "baselines",
+            "summarise",
+            "config",
+            "peer_weights",
+            "resolve",
+            "scaled",
+            "descend",
+        ),  # fmt: skip
     )
+    parser.add_argument("--outer-steps", type=int, default=30, help="descend: Adam steps on x")
+    parser.add_argument("--outer-lr", type=float, default=0.1, help="descend: Adam's lr on x")
     parser.add_argument(
         "--scales",
         type=float,
@@ -858,6 +948,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             peer_weights=cmd_peer_weights,
             resolve=cmd_resolve,
             scaled=cmd_scaled,
+            descend=cmd_descend,
         )
         commands[args.command](args)
 

@@ -243,3 +243,31 @@ def test_best_params_are_read_renamed_and_seeded(dc, tmp_path) -> None:
     assert "  - SID[regime=drop_in,random_state=[1, 2]]" in text and "timeout: 40" in text
     with pytest.raises(SystemExit, match="MRBO"):
         dc.best_params(0.7, ["MRBO"], tmp_path)
+
+
+def test_exact_hypergradient_matches_finite_differences(dc) -> None:
+    """``descend``'s full-batch hypergradient ∇ₓ f(z*(x)) against central differences of
+    f(z*(x)) with z* re-solved by L-BFGS (float64, a tiny 3-class problem)."""
+    rng = np.random.default_rng(0)
+    n, d, k = 40, 5, 3
+    problem = dict(
+        X_train=rng.standard_normal((n, d)),
+        y_train=rng.integers(0, k, n),
+        X_val=rng.standard_normal((25, d)),
+        y_val=rng.integers(0, k, 25),
+    )
+    x = rng.standard_normal(n)
+
+    def f(x):
+        w = 1 / (1 + np.exp(-x))
+        z = dc.fit_weighted(problem["X_train"], problem["y_train"], w, n_classes=k)
+        return dc.val_loss(z, problem["X_val"], problem["y_val"]), z
+
+    _, z = f(x)
+    h = dc.exact_hypergradient(problem, x, z)
+    eps = 1e-4
+    for i in (0, 7, 23):
+        e = np.zeros(n)
+        e[i] = eps
+        fd = (f(x + e)[0] - f(x - e)[0]) / (2 * eps)
+        assert h[i] == pytest.approx(fd, rel=1e-3, abs=1e-8)
