@@ -458,10 +458,15 @@ def markdown(summary: dict, budget: float) -> str:
                 "",
             ]
         for m, f in s.get("flagging", {}).items():
+            split = (
+                f"`flagged()` (two-component split) precision {f['flagged_precision']:.3f}, "
+                f"recall {f['flagged_recall']:.3f}; "
+                if "flagged_precision" in f
+                else ""
+            )
             lines.append(
-                f"- Flagging by {m}: `flagged()` (two-component split) precision "
-                f"{f['flagged_precision']:.3f}, recall {f['flagged_recall']:.3f}; precision "
-                f"{f['precision']:.3f}, recall {f['recall']:.3f} "
+                f"- Flagging by {m}: {split}precision {f['precision']:.3f}, recall "
+                f"{f['recall']:.3f} "
                 f"(ω < mean ω), precision@#corrupted {f['precision_at_k']:.3f}, average "
                 f"precision {f['average_precision']:.3f}; mean ω clean "
                 f"{f['mean_weight_clean']:.3f}, corrupted {f['mean_weight_corrupted']:.3f}."
