@@ -43,7 +43,7 @@ class TracedDecay(LearnedWeightDecay):
     def __init__(self, data: bwd.Data, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.trace: list[dict[str, Any]] = []
-        self.invariant: dict[str, bool] = {}
+        self.found: dict[str, bool] = {}
         self._val = (data.X_val[:1000], data.y_val[:1000])
         self._train = (data.X_train[:256], data.y_train[:256])
 
@@ -52,8 +52,8 @@ class TracedDecay(LearnedWeightDecay):
         decay = self.problem.decay
         if decay is None or self.last_hypergradient is None:
             return
-        if not self.invariant:
-            self.invariant = scale_invariant_slots(self.problem, pl_module, self._train)
+        if not self.found:
+            self.found = scale_invariant_slots(self.problem, pl_module, self._train)
         params = {e.name: e.param for e in decay.entries}
         with torch.enable_grad():
             x, y = self._val
@@ -73,7 +73,7 @@ class TracedDecay(LearnedWeightDecay):
                 "w_norm": float(w.norm()),
                 "cos_gradE_w": float(g @ w / (g.norm() * w.norm() + 1e-30)),
                 "gradE_norm": float(g.norm()),
-                "scale_invariant": self.invariant.get(slot),
+                "scale_invariant": self.found.get(slot),
             }
         self.trace.append(row)
 
@@ -98,7 +98,7 @@ def trace(args: argparse.Namespace) -> dict[str, Any]:
         hypertorch_sid.LearnedWeightDecay = real
     cb = holder["cb"]
     keep = ("test_loss", "best_val_loss", "best_epoch", "val_curve", "lambda_by_slot", "error")
-    return {"record": {k: rec[k] for k in keep}, "invariant": cb.invariant, "trace": cb.trace}
+    return {"record": {k: rec[k] for k in keep}, "invariant": cb.found, "trace": cb.trace}
 
 
 def fixed(args: argparse.Namespace) -> dict[str, Any]:
