@@ -175,6 +175,15 @@ class ElementModel(ABC):
         the learned tensors (default: one learned tensor per decayed tensor, as :class:`Untied`)."""
         return [_filled(e.param, float(layers[e.layer])).detach() for e in decay.entries]
 
+    def outer_optimizer(self, lr: float) -> Callable[[Tensors], torch.optim.Optimizer] | None:
+        """The model's own outer step (``params -> Optimizer``), or None: Adam at ``lr``."""
+        return None
+
+    def observe(self, share: float) -> None:
+        """Told before each hyper step: the share b/n of the n validation samples that one
+        hyper step's validation batch of b holds (1: the whole set, 0: unknown)."""
+        return None
+
 
 class Untied(ElementModel):
     """One free λ_e = T(ρ_e) per element, learned from the validation loss alone (no prior)."""
@@ -202,36 +211,16 @@ class Untied(ElementModel):
         return "Untied()"
 
 
-class TiedToLayer(ElementModel):
-    """λ_e = λ_layer · exp(s_e) (eq. tied), with the prior s_e ~ N(0, σ²) (eq. prior).
+class LayerDeviations(ElementModel):
+    """λ_e = λ_layer · exp(s_e) (eq. tied): each layer's λ and a deviation s_e per element.
 
     Learned tensors: ``[ρ_layers, s_1, ..., s_m]`` (ρ one per layer, λ_layer = T(ρ); s_i shaped
-    like decayed tensor i, starting at 0). The layer's ρ and its deviations learn at the
-    per-layer rate (``outer_lr`` 0.3) with the curvature refreshed, as per-layer decay does.
-
-    Parameters
-    ----------
-    scale:
-        σ, the prior's standard deviation of log(λ_e / λ_layer): 1 says "a weight's decay is
-        typically within a factor e of its layer's". Large σ: the deviations are free (like
-        :class:`Untied`); small σ: per-layer decay.
-    samples:
-        n, the number of validation samples E averages over (None: given to :meth:`prior` —
-        the drop-in passes the size of the validation set).
+    like decayed tensor i, starting at 0). The layer's ρ gets exactly the per-layer
+    hypergradient Σ_e ∂E/∂log λ_e; subclasses say what keeps the deviations honest.
     """
 
     outer_lr = 0.3
     refresh_curvature = True
-
-    def __init__(self, scale: float = 1.0, samples: int | None = None) -> None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-            raise ConfigurationError(f"TiedToLayer: scale must be a number > 0, got {scale!r}.")
-        if scale == math.inf:
-            raise ConfigurationError("TiedToLayer: scale=inf is no prior: use Untied().")
-        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)):
-            raise ConfigurationError(f"TiedToLayer: samples must be an int, got {samples!r}.")
-        self.scale = float(scale)
-        self.samples = samples
 
     def create(self, decay: WeightDecay, fill: float) -> Tensors:
         like = decay.entries[0].param
@@ -274,6 +263,34 @@ class TiedToLayer(ElementModel):
         flags = torch.tensor([float(f) for f in layers], dtype=like.dtype, device=like.device)
         return [flags, *ElementModel.mask(self, decay, layers)]
 
+
+class TiedToLayer(LayerDeviations):
+    """λ_e = λ_layer · exp(s_e) (eq. tied), with the prior s_e ~ N(0, σ²) (eq. prior).
+
+    The layer's ρ and its deviations learn at the per-layer rate (``outer_lr`` 0.3) with the
+    curvature refreshed, as per-layer decay does.
+
+    Parameters
+    ----------
+    scale:
+        σ, the prior's standard deviation of log(λ_e / λ_layer): 1 says "a weight's decay is
+        typically within a factor e of its layer's". Large σ: the deviations are free (like
+        :class:`Untied`); small σ: per-layer decay.
+    samples:
+        n, the number of validation samples E averages over (None: given to :meth:`prior` —
+        the drop-in passes the size of the validation set).
+    """
+
+    def __init__(self, scale: float = 1.0, samples: int | None = None) -> None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ConfigurationError(f"TiedToLayer: scale must be a number > 0, got {scale!r}.")
+        if scale == math.inf:
+            raise ConfigurationError("TiedToLayer: scale=inf is no prior: use Untied().")
+        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)):
+            raise ConfigurationError(f"TiedToLayer: samples must be an int, got {samples!r}.")
+        self.scale = float(scale)
+        self.samples = samples
+
     def prior(self, decay: WeightDecay, samples: int | None) -> Tensor:
         """Σ_e s_e² / (2σ²n) (eq. prior): the negative log prior per validation sample."""
         n = self.samples if self.samples is not None else samples
@@ -290,15 +307,156 @@ class TiedToLayer(ElementModel):
         return f"TiedToLayer(scale={self.scale}, samples={self.samples})"
 
 
+class ShrunkToLayer(LayerDeviations):
+    """λ_e = λ_layer · exp(s_e) (eq. tied), the deviations moved only as far as the validation
+    data tell them apart from noise: James–Stein shrinkage toward the layer's λ.
+
+    No prior: the outer step is its own (:class:`ShrinkageStep`). The layer's ρ takes Adam
+    steps on the per-layer hypergradient. For each decayed tensor, the hypergradient of its
+    deviations less its mean over the tensor, g_e (the common part is the layer's), is
+    averaged over hyper steps (an exponential average m_e with bias
+    correction, weights w_t summing to 1), and its variance across the hyper steps'
+    validation batches σ_e² estimated alongside. The variance of m_e about the mean over
+    *all* validation data is σ_e² Σ_t w_t², and that mean's own about the population's is
+    σ_e² b/n (batches of b from a validation set of n: re-reading the same samples does not
+    lower it; the drop-in tells b/n through :meth:`observe`). With d_e = m_e − mean(m), the
+    positive-part James–Stein factor of the tensor
+
+        c = max(0, 1 − Σ_e σ_e² (Σ_t w_t² + b/n) / Σ_e d_e²)                   (eq. shrink)
+
+    is ≈ 0 where the spread of the averaged hypergradients is what their noise alone would
+    give, and → 1 where it is far larger (the noise is counted two standard deviations of a
+    χ² spread high, so that chance alone rarely passes); each step moves the deviations by
+    −lr · c · m_e / √(mean g_e²) (as Adam scales its step: at most lr · c, less where an
+    element's hypergradient is mostly noise). Where every c stays 0, λ_e = λ_layer and the
+    fit is per-layer decay.
+
+    Parameters
+    ----------
+    beta:
+        Decay of the hypergradient averages (0.9: about the last 10–20 hyper steps).
+    """
+
+    outer_lr = 0.3
+    refresh_curvature = True
+
+    def __init__(self, beta: float = 0.9) -> None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < 1:
+            raise ConfigurationError(f"ShrunkToLayer: beta must be in (0, 1), got {beta!r}.")
+        self.beta = float(beta)
+        self.share = 0.0
+
+    def observe(self, share: float) -> None:
+        self.share = float(share)
+
+    def outer_optimizer(self, lr: float) -> Callable[[Tensors], torch.optim.Optimizer]:
+        return lambda params: ShrinkageStep(params, lr, self.beta, lambda: self.share)
+
+    def __repr__(self) -> str:
+        return f"ShrunkToLayer(beta={self.beta})"
+
+
+class ShrinkageStep(torch.optim.Optimizer):
+    """The outer step of :class:`ShrunkToLayer` on ``[ρ_layers, s_1, ..., s_m]``: Adam on ρ,
+    the shrunk averaged step (eq. shrink) on each s_i. The state (averages, step counts, the
+    last factor c as ``state[s]["shrinkage"]``) is an optimizer's: checkpointed with it.
+
+    ``share``: ``() -> b/n`` (the floor of the averages' noise; 0: none).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float,
+        beta: float = 0.9,
+        share: Callable[[], float] = lambda: 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        params = list(params)
+        groups = [
+            {"params": params[:1], "shrink": False},
+            {"params": params[1:], "shrink": True},
+        ]
+        super().__init__(groups, {"lr": lr, "beta": beta, "betas": betas, "eps": eps})
+        self.share = share
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    (self._shrunk if group["shrink"] else self._adam)(p, p.grad, group)
+        return loss
+
+    def _adam(self, p: Tensor, g: Tensor, group: dict) -> None:
+        st = self.state[p]
+        if not st:
+            st.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        (b1, b2), st["step"] = group["betas"], st["step"] + 1
+        st["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
+        st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = (st["exp_avg_sq"] / (1 - b2 ** st["step"])).sqrt_().add_(group["eps"])
+        p.addcdiv_(st["exp_avg"], denom, value=-group["lr"] / (1 - b1 ** st["step"]))
+
+    def _shrunk(self, p: Tensor, g: Tensor, group: dict) -> None:
+        st = self.state[p]
+        if not st:
+            st.update(step=0, mean=torch.zeros_like(p), square=torch.zeros_like(p), shrinkage=0.0)
+            st["lagged"] = 0.0
+        beta, st["step"] = group["beta"], st["step"] + 1
+        g = g - g.mean()  # the common part is the layer's ρ
+        if "last" in st:  # successive hypergradients share w and the warm-started adjoint
+            st["lagged"] = beta * st["lagged"] + (1 - beta) * float((g * st["last"]).sum())
+        st["last"] = g.clone()
+        st["mean"].mul_(beta).add_(g, alpha=1 - beta)
+        st["square"].mul_(beta).addcmul_(g, g, value=1 - beta)
+        c = shrinkage(
+            st["mean"], st["square"], beta, st["step"], self.share(), st.get("lagged", 0.0)
+        )
+        st["shrinkage"] = c
+        if c > 0:  # Adam-like per element: |m_e| ≤ √(mean g_e²), so at most lr · c
+            c1 = 1 - beta ** st["step"]
+            denom = (st["square"] / c1).sqrt_().add_(group["eps"])
+            p.addcdiv_(st["mean"] / c1, denom, value=-group["lr"] * c)
+
+
+def shrinkage(
+    mean: Tensor, square: Tensor, beta: float, t: int, share: float, lagged: float = 0.0
+) -> float:
+    """c of eq. shrink from the uncorrected exponential averages of g and g² after t steps
+    (``lagged``: that of Σ_e g_e,t g_e,t−1, for the correlation r of successive steps)."""
+    if mean.numel() < 3 or t * (1 - beta) < 1:  # the averages' noise is not known yet
+        return 0.0
+    c1 = 1 - beta**t
+    w2 = (1 - beta) / (1 + beta) * (1 - beta ** (2 * t)) / c1**2  # Σ_t w_t² of the weights
+    m = mean / c1
+    var = (square / c1 - m.pow(2)).clamp_min(0) / (1 - w2)  # σ_e², unbiased
+    total = float(var.sum())
+    if not total > 0:
+        return 0.0
+    r = min(max((lagged / (1 - beta ** (t - 1)) - float(m.pow(2).sum())) / total, 0.0), 0.9)
+    dims = m.numel() - 1  # centred
+    noise = total * (w2 * (1 + r) / (1 - r) + share) * dims / m.numel()
+    noise *= 1 + 2 * math.sqrt(2 / dims)  # two s.d. of a χ² spread of pure noise above it
+    spread = float((m - m.mean()).pow(2).sum())
+    if not spread > 0:
+        return 0.0
+    return max(0.0, 1.0 - noise / spread)
+
+
 #: names of the per-element models (``elements=`` takes a name or an :class:`ElementModel`)
 ELEMENT_MODELS: dict[str, Callable[[], ElementModel]] = {
     "tied": TiedToLayer,
     "untied": Untied,
+    "shrunk": ShrunkToLayer,
 }
 
 
 def as_element_model(value: str | ElementModel) -> ElementModel:
-    """An :class:`ElementModel` from its name (``"tied"``, ``"untied"``) or itself."""
+    """An :class:`ElementModel` from its name (``"tied"``, ``"untied"``, ``"shrunk"``) or
+    itself."""
     return as_strategy(
         "elements", value, ElementModel, ELEMENT_MODELS, example="TiedToLayer(scale=2.0)"
     )

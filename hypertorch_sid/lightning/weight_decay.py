@@ -193,6 +193,9 @@ class WeightDecayProblem:
         #: ``() -> n``, the number of validation samples behind E (0: unknown), for the
         #: per-element prior (set by LearnedWeightDecay)
         self.validation_size: Callable[[], int] = lambda: 0
+        #: ``() -> b/n``, the share of the validation set in one hyper step's batch (0:
+        #: unknown), told to the per-element model (set by LearnedWeightDecay)
+        self.validation_share: Callable[[], float] = lambda: 0.0
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -257,6 +260,7 @@ class WeightDecayProblem:
             self._scales = [self._preconditioner(i) for i in range(len(self.decay.entries))]
         if self.decay is not None:
             self.lambda_min_at_step = float(self.decay.summary().min())
+            self.decay.elements.observe(self.validation_share())
         if not self._warned_new_tensors:
             self._warn_if_new_tensors(trainer, module)
 
@@ -526,6 +530,9 @@ def _defaults(granularity: str, elements: ElementModel, kwargs: dict[str, Any]) 
         defaults["adjoint_steps"] = 3
     if "outer_optimizer" not in kwargs:
         defaults["outer_lr"] = elements.outer_lr if granularity == "per_element" else 0.3
+        own = elements.outer_optimizer(kwargs.get("outer_lr", defaults["outer_lr"]))
+        if granularity == "per_element" and own is not None:  # e.g. ShrunkToLayer's step
+            defaults["outer_optimizer"] = own
     fixed = elements.refresh_curvature or {"config", "curvature"} & set(kwargs)
     if granularity == "per_element" and not fixed:
         defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
@@ -580,7 +587,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         Per element only, how a layer's λ relate: ``"tied"`` (default,
         :class:`~hypertorch_sid.TiedToLayer`: λ_e = λ_layer · exp(s_e), each deviation s_e under
         a N(0, 1) prior added to the validation loss as the MAP term of the n validation samples,
-        Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread), ``"untied"``
+        Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread), ``"shrunk"``
+        (:class:`~hypertorch_sid.ShrunkToLayer`: the deviations move along their averaged
+        hypergradient shrunk by a James–Stein factor toward the layer's λ), ``"untied"``
         (:class:`~hypertorch_sid.Untied`: one free λ per element, as in 0.1 — it fitted
         the validation set), or an :class:`~hypertorch_sid.ElementModel`.
     **kwargs:
@@ -640,6 +649,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.problem: WeightDecayProblem = problem
         problem.data_curvature = self._data_curvature
         problem.validation_size = self._validation_size
+        problem.validation_share = self._validation_share
         self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
         self.weight_decay = problem.weight_decay
         self.granularity = granularity
@@ -698,6 +708,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if self.data is None:
             return 0
         return self.data.n_val or self.data.val_samples
+
+    def _validation_share(self) -> float:
+        """b/n: one hyper step's validation batch over the validation set (1: the whole set
+        is read at once; 0: a streamed set of unknown length)."""
+        if self.data is None or not self.data.n_val:
+            return 0.0
+        if self.data.val is None:
+            return 1.0
+        return min(1.0, self.data.val.sampler.global_batch / self.data.n_val)
 
     def _data_curvature(self) -> float | None:
         """L̂ of the data term ℓ alone: the estimate of ℓ̂'s curvature less the smallest λ (ℓ̂ =
