@@ -19,6 +19,7 @@ Subcommands (run in the environment of ``benchmarks/benchopt/setup_env.sh``):
                test error and f of the exact inner solution against the method's own iterate.
 ``descend``    exact full-batch hypergradient descent from a peer's and SID's weights: f and test
                error on the way to a bilevel stationary point.
+``decompose``  a peer's weights re-solved in parts (clean / corrupted rows, per class, rescaled).
 ``scaled``     the perfect weights times c, re-solved: test error and f against the weights' scale.
 ``summarise``  JSON + figure (test error against wall time and against samples read, median and
                range over seeds) + a markdown table under ``benchmarks/results/data_cleaning/``.
@@ -705,6 +706,47 @@ def cmd_peer_weights(args: argparse.Namespace) -> None:
             path.write_text(json.dumps(out, indent=1))
 
 
+def cmd_decompose(args: argparse.Namespace) -> None:
+    """Which part of a peer's weights sets its test error: its weights after ``--timeout`` s
+    (seed ``--seeds[0]``) re-solved, then with the corrupted rows zeroed, with the clean rows
+    set to 1, with each clean row set to its class's mean, and with the clean rows divided by
+    their mean (mean 1: some weights above 1, outside σ's range) or that clipped at 1."""
+    path = OUT / "decompose.json"
+    out = json.loads(path.read_text()) if path.exists() else {}
+    for p in args.ratios:
+        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
+        X, y = problem["X_train"].astype(np.float64), problem["y_train"]
+        clean, yc = ~problem["corrupted"], problem["y_clean"]
+        for peer in best_params(p, args.peers):
+            z_it, w = peer_solution(peer, p, args.seeds[0], args.timeout)
+            per_class = np.array([w[clean & (yc == c)].mean() for c in range(10)])
+            scaled = w / w[clean].mean()
+            entry = dict(
+                iterate_test_error=error(z_it, problem["X_test"], problem["y_test"]),
+                clean_weight_quantiles_1_10_50_90_99=np.quantile(
+                    w[clean], [0.01, 0.1, 0.5, 0.9, 0.99]
+                ).tolist(),
+                clean_weight_per_class=per_class.tolist(),
+            )
+            for name, weights in (
+                ("as learned", w),
+                ("clean as learned, corrupted 0", np.where(clean, w, 0.0)),
+                ("clean 1, corrupted as learned", np.where(clean, 1.0, w)),
+                ("clean at their class mean, corrupted 0", np.where(clean, per_class[yc], 0)),
+                ("clean / their mean, corrupted 0", np.where(clean, scaled, 0.0)),
+                ("min(clean / their mean, 1), corrupted 0", np.where(clean, np.fmin(scaled, 1), 0)),
+            ):  # fmt: skip
+                z = fit_weighted(X, y, weights)
+                entry[name] = dict(
+                    test_error=error(z, problem["X_test"], problem["y_test"]),
+                    val_loss=val_loss(z, problem["X_val"], problem["y_val"]),
+                    mean_weight=float(weights.mean()),
+                )
+                print(p, peer.split("[")[0], name, entry[name], flush=True)
+            out.setdefault(str(p), {})[f"{peer.split('[')[0]}, seed {args.seeds[0]}"] = entry
+            path.write_text(json.dumps(out, indent=1))
+
+
 def cmd_scaled(args: argparse.Namespace) -> None:
     """The perfect weights times c (c = 1: the baseline), re-solved by L-BFGS: the weights' scale
     is an inverse L2 strength (g = (c/n) Σ_clean CE + reg‖z‖²), so this shows how test error
@@ -954,6 +996,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             resolve=cmd_resolve,
             scaled=cmd_scaled,
             descend=cmd_descend,
+            decompose=cmd_decompose,
         )
         commands[args.command](args)
 
