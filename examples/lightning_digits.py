@@ -184,6 +184,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--logs", type=Path, default=REPO / "results" / "tmp" / "main_job_logs")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "lightning_digits.json")
     parser.add_argument("--figure", type=Path, default=REPO / "results" / "lightning_digits.png")
+    parser.add_argument(
+        "--max-overhead",
+        type=lambda s: s if s == "default" else None if s == "none" else float(s),
+        default="default",
+        help="the learned run's compute budget ('none': every due hyper step); default: the "
+        "drop-in's own",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -202,8 +209,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     pick = min(grid, key=lambda r: r["val_loss"])
     runs["grid_pick"] = {**pick, "grid_seconds": sum(r["seconds"] for r in grid)}
     print("LearnedWeightDecay() — the progress bar shows the mean λ (lam) and ‖∇̂f‖ (hg):")
+    budget = {} if args.max_overhead == "default" else {"max_overhead": args.max_overhead}
     runs["learned"] = train(
-        data, args, "learned", callbacks=[LearnedWeightDecay()], progress_bar=True
+        data, args, "learned", callbacks=[LearnedWeightDecay(**budget)], progress_bar=True
     )
     logged = read_metrics(runs["learned"]["log"])
     learned_lam = {

@@ -153,9 +153,11 @@ def test_embeddings_without_second_derivatives_are_refused_by_name(layer, match)
     model = Bag(layer)
     before = _snapshot(model)
     with pytest.raises(ConfigurationError, match=match):
-        _trainer([LearnedWeightDecay(0.01, every_n_steps=2)]).fit(model, train, val)
+        _trainer([LearnedWeightDecay(0.01, every_n_steps=2, max_overhead=None)]).fit(
+            model, train, val
+        )
     assert _unchanged(model, before)  # refused before any training step
-    cb = LearnedWeightDecay(0.01, every_n_steps=2)  # the fix the messages name
+    cb = LearnedWeightDecay(0.01, every_n_steps=2, max_overhead=None)  # the fix the messages name
     _trainer([cb]).fit(Bag("dense"), train, val)
     assert "emb.weight" in cb.decay_values() and cb.history
 

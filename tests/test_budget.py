@@ -8,6 +8,7 @@ validation gradient, read from the core's own counters (``sid.cost``).
 from __future__ import annotations
 
 import math
+import warnings
 from types import SimpleNamespace
 
 import lightning_problems
@@ -223,7 +224,7 @@ def test_the_work_added_at_every_step_is_reserved_for_the_steps_that_remain():
     budget = OverheadBudget(0.5, clock=clock)
     budget.training_step_done()
     for step in range(1, steps + 1):
-        with budget.added_work():
+        with budget.added_work(every_step=True):
             clock.now += 0.2  # λ applied to the gradients
         clock.now += 1.0
         budget.training_step_done()
@@ -236,6 +237,54 @@ def test_the_work_added_at_every_step_is_reserved_for_the_steps_that_remain():
     assert math.isclose(budget.spent_training, steps)
     assert math.isclose(budget.spent_per_step, 0.2 * steps)
     assert budget.spent_hyper <= 0.5 * budget.spent_training + 1e-9  # per-step work included
+
+
+def test_one_off_work_is_not_reserved_from_the_steps_that_remain():
+    """Timing a product before the first hyper step (5 units, once) is the callback's work but
+    not work every remaining step adds: reserving it from each of them (as the budget did) cut a
+    short fit's allowance, here by 5 · 80 / 20 = 20 of 46 units."""
+    clock = _Clock()
+    budget = OverheadBudget(0.5, clock=clock)
+    budget.training_step_done()
+    for _step in range(1, 21):
+        with budget.added_work(every_step=True):
+            clock.now += 0.2  # λ applied to the gradients
+        clock.now += 1.0
+        budget.training_step_done()
+    with budget.added_work():
+        clock.now += 5.0  # one product timed, once
+    assert math.isclose(budget.spent_added, 0.2 * 20 + 5.0)
+    budget.training_step_done()  # (no training between: nothing counted as training)
+    assert math.isclose(budget.spent_per_step, 0.2 * 20) and budget.training_steps == 21
+    credit = 0.5 * 20 - (0.2 * 20 + 5.0)
+    assert math.isclose(budget.ceiling(80), credit + 80 * (0.5 * 20 / 21 - 0.2 * 20 / 21))
+
+
+def test_the_drop_in_has_a_budget_by_default_and_the_general_callback_none():
+    """LearnedWeightDecay() holds its hyper steps to half of the training's compute (chosen by
+    measurement: no worse on any of five settings over nine seeds); max_overhead=None restores
+    every due hyper step (bit-repeatable fits). The general callback's default is no budget."""
+    from hypertorch_sid import HyperOptimizationCallback
+
+    assert LearnedWeightDecay().budget.max_overhead == 0.5
+    assert isinstance(LearnedWeightDecay(max_overhead=None).budget, NoBudget)
+    assert LearnedWeightDecay(max_overhead=0.3).budget.max_overhead == 0.3
+    assert isinstance(HyperOptimizationCallback().budget, NoBudget)
+
+
+def test_a_fit_whose_budget_allows_no_hyper_step_says_so():
+    """A product costs 30 training steps: no hyper step of a 100-step fit fits in the default
+    budget. λ is not learned, and the fit says so at its end, naming max_overhead and the
+    fixes, instead of ending silently at the initial λ."""
+    with pytest.warns(
+        UserWarning, match=r"allowed none of the 5 hyper steps due.*max_overhead=None"
+    ):
+        cb, ran = _priced_fit(per_hvp=30.0, steps=100)
+    assert ran == [] and not cb.history
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*allowed none of the.*")
+        cb, ran = _priced_fit(per_hvp=1.0, steps=40)  # a 40-step fit that can pay for one
+    assert len(ran) >= 1
 
 
 def _counting_fit(cb: LearnedWeightDecay, epochs: int, ckpt=None) -> pl.Trainer:

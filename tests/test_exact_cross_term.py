@@ -189,7 +189,12 @@ def test_the_drop_in_computes_the_cross_term_from_its_decay(
     """LearnedWeightDecay's ℓ̂ = ℓ + ½Σ Pλw²: the map reads no batch for ∂₂Φ̂ᵀv, and what it
     computes from the decay is the minibatch product on training batches (P: AdamW's √v̂ + ε)."""
     cb = LearnedWeightDecay(
-        1e-2, granularity=granularity, decoupled=decoupled, apply_to=apply_to, every_n_steps=2
+        1e-2,
+        granularity=granularity,
+        decoupled=decoupled,
+        apply_to=apply_to,
+        every_n_steps=2,
+        max_overhead=None,
     )
     _dropin_fit(cb, optimizer)
     assert cb.sid is not None and cb.sid.hyper_step >= 5

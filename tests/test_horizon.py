@@ -248,7 +248,7 @@ def test_the_callback_tells_the_horizon_the_remaining_steps_and_the_measured_ste
             super().observe(remaining_steps, step_size)
 
     damping = Recording(FixedDamping(0.0))
-    cb = LearnedWeightDecay(1e-2, every_n_steps=10, damping=damping)
+    cb = LearnedWeightDecay(1e-2, every_n_steps=10, damping=damping, max_overhead=None)
     deltas = []
     trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
     original = cb._hyper_step
@@ -278,7 +278,9 @@ def test_the_callback_tells_the_horizon_solver_the_remaining_steps():
         original(remaining_steps, step_size)
 
     object.__setattr__(solver, "observe", observe)
-    cb = LearnedWeightDecay(1e-2, every_n_steps=10, adjoint_solver=solver, damping=NoDamping())
+    cb = LearnedWeightDecay(
+        1e-2, every_n_steps=10, adjoint_solver=solver, damping=NoDamping(), max_overhead=None
+    )
     trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
     trainer.fit(_Net(lr=0.05), datamodule=RidgeData())
     assert [r for r, _ in seen] == [20, 10, 0]
@@ -332,7 +334,9 @@ def test_the_step_size_is_measured_only_where_the_optimizer_gives_no_reading(net
             seen.append(step_size)
             super().observe(remaining_steps, step_size)
 
-    cb = LearnedWeightDecay(1e-2, every_n_steps=10, damping=Recording(FixedDamping(0.0)))
+    cb = LearnedWeightDecay(
+        1e-2, every_n_steps=10, damping=Recording(FixedDamping(0.0)), max_overhead=None
+    )
     original = cb.on_before_optimizer_step
 
     def before_step(trainer, module, optimizer):

@@ -17,6 +17,7 @@ def test_main_job_short_run(tmp_path, capsys):
 
     out, fig = tmp_path / "main.json", tmp_path / "main.png"
     argv = ["--epochs", "3", "--n-train", "200", "--grid", "1e-3", "1e-2", "--logs", str(tmp_path)]
+    argv += ["--max-overhead", "none"]  # 21 steps: too few for the default budget's hyper steps
     lightning_digits.main([*argv, "--out", str(out), "--figure", str(fig)])
     printed = capsys.readouterr().out
     for row in ("no weight decay", "grid of 2, pick", "LearnedWeightDecay() (1 training)"):

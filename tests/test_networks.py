@@ -105,7 +105,11 @@ MATRIX = [
 def test_drop_in_trains_every_network_without_harm(kind, optimizer, granularity):
     for seed in (0, 1):
         cb = LearnedWeightDecay(
-            1e-3, granularity=granularity, decoupled=optimizer == "adamw", every_n_steps=5
+            1e-3,
+            granularity=granularity,
+            decoupled=optimizer == "adamw",
+            every_n_steps=5,
+            max_overhead=None,
         )
         model, val = _fit(kind, optimizer, seed, cb)
         _, plain = _fit(kind, optimizer, seed)
@@ -142,6 +146,7 @@ def test_drop_in_with_gauss_newton_products(kind, optimizer):
         made.append(LearnedWeightDecay(
             1e-3, granularity="per_layer", every_n_steps=5,
             hvp=GaussNewton(lambda b: model.net(b[0]), lambda z, b: F.cross_entropy(z, b[1])),
+            max_overhead=None,
         ))  # fmt: skip
         return made[-1]
 

@@ -109,6 +109,7 @@ def _fit_with_data_curvature(curvature: float) -> tuple[float, float]:
     cb = LearnedWeightDecay(
         1.0, granularity="global", every_n_steps=2, adjoint_steps=5,
         outer_optimizer=functools.partial(torch.optim.Adam, lr=1.0),
+        max_overhead=None,
     )  # fmt: skip
     _trainer([cb], max_epochs=8).fit(model, train, val)
     return float(cb.decay_values()["lin.weight"]), float(model.lin.weight.norm())
@@ -167,7 +168,9 @@ def test_resume_with_a_shuffling_loader_reproduces_the_trajectory(tmp_path):
 
 
 def test_validation_loss_returning_a_float_names_validation_loss():
-    cb = LearnedWeightDecay(1e-3, every_n_steps=2, validation_loss=lambda m, b: 1.0)
+    cb = LearnedWeightDecay(
+        1e-3, every_n_steps=2, validation_loss=lambda m, b: 1.0, max_overhead=None
+    )
     with pytest.raises(ConfigurationError, match="validation_loss"):
         _trainer([cb], max_steps=4).fit(Plain(), datamodule=RidgeData())
 

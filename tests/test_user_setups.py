@@ -111,7 +111,10 @@ def _digits_loaders(dataset=TensorDataset):
 def _fit(model_kw=None, trainer_kw=None, callback_kw=None, epochs=6, seed=0):
     pl.seed_everything(seed, verbose=False)
     model = UserNet(**(model_kw or {}))
-    cb = LearnedWeightDecay(1e-3, **{"every_n_steps": 5, **(callback_kw or {})})
+    # every due hyper step (max_overhead=None): these fits are too short for the default budget
+    cb = LearnedWeightDecay(
+        1e-3, **{"every_n_steps": 5, "max_overhead": None, **(callback_kw or {})}
+    )
     trainer = _trainer(cb, epochs, **(trainer_kw or {}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -197,7 +200,7 @@ def test_the_callbacks_batches_go_through_the_users_batch_hooks():
     X, y, Xv, yv = DATA
     pl.seed_everything(0, verbose=False)
     model = HookedNet()
-    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5, max_overhead=None)
     trainer = _trainer(cb, 2, num_sanity_val_steps=0)
     trainer.fit(model, *_digits_loaders(DictBatches))
     _assert_healthy(model, cb)
@@ -225,7 +228,7 @@ def test_validation_batches_of_the_hyper_step_are_not_augmented():
     X, y, Xv, yv = DATA
     pl.seed_everything(0, verbose=False)
     model = AugmentingNet()
-    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5, max_overhead=None)
     trainer = _trainer(cb, 2)
     trainer.fit(model, *_digits_loaders())
     _assert_healthy(model, cb)
@@ -263,7 +266,7 @@ def test_drop_in_on_streamed_data(kind):
         val = DataLoader([(Xv[i::3], yv[i::3]) for i in range(3)], batch_size=None)
     pl.seed_everything(0, verbose=False)
     model = UserNet()
-    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5, max_overhead=None)
     trainer = _trainer(cb, 4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -275,7 +278,9 @@ def test_drop_in_on_streamed_data(kind):
     lam = next(iter(cb.decay_values().values()))
     assert not torch.allclose(lam, torch.full_like(lam, 1e-3))  # λ was learned
     with pytest.raises(ConfigurationError, match="val='full'.*streamed validation dataloader"):
-        _trainer(LearnedWeightDecay(1e-3, val="full"), 1).fit(UserNet(), train, val)
+        _trainer(LearnedWeightDecay(1e-3, val="full", max_overhead=None), 1).fit(
+            UserNet(), train, val
+        )
 
 
 class Ordered(torch.utils.data.IterableDataset):
@@ -296,7 +301,7 @@ def test_resume_on_streamed_data_reproduces_the_straight_fit(tmp_path):
 
     def fit(epochs, ckpt=None, save=None):
         pl.seed_everything(0, verbose=False)
-        model, cb = UserNet(), LearnedWeightDecay(1e-3, every_n_steps=3)
+        model, cb = UserNet(), LearnedWeightDecay(1e-3, every_n_steps=3, max_overhead=None)
         trainer = _trainer(cb, epochs)
         loaders = (DataLoader(Ordered(X, y), batch_size=BATCH),
                    DataLoader(Ordered(Xv, yv), batch_size=100))  # fmt: skip
@@ -330,7 +335,7 @@ class MobileBlock(UserNet):
 def test_drop_in_on_a_mobilenet_v3_block():
     pl.seed_everything(0, verbose=False)
     model = MobileBlock()
-    cb = LearnedWeightDecay(1e-3, every_n_steps=5)
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5, max_overhead=None)
     trainer = _trainer(cb, 3)
     trainer.fit(model, *_digits_loaders())
     _assert_healthy(model, cb)
@@ -420,7 +425,7 @@ def test_drop_in_on_sequence_models(body, optimizer, decoupled):
     y = ((X == 3).sum(1) > (X == 7).sum(1)).long()
     pl.seed_everything(0, verbose=False)
     model = SequenceNet(body, optimizer)
-    cb = LearnedWeightDecay(1e-3, decoupled=decoupled, every_n_steps=5)
+    cb = LearnedWeightDecay(1e-3, decoupled=decoupled, every_n_steps=5, max_overhead=None)
     trainer = _trainer(cb, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -165,7 +165,9 @@ def test_decay_groups_are_pointed_to_apply_to_weights():
 )
 def test_granularities(granularity, apply_to, expected):
     model = MLP(groups=True)
-    cb = LearnedWeightDecay(0.01, granularity=granularity, apply_to=apply_to, every_n_steps=2)
+    cb = LearnedWeightDecay(
+        0.01, granularity=granularity, apply_to=apply_to, every_n_steps=2, max_overhead=None
+    )
     _fit(model, [cb], max_steps=4)
     values = cb.decay_values()
     if granularity == "per_element":
@@ -229,6 +231,7 @@ def test_hypergradient_matches_closed_form_ridge(granularity, parameterization, 
         batches=Batches(d2="full"),
         val="full",
         outer_lr=1e-12,
+        max_overhead=None,
     )
     _trainer([cb], max_steps=steps).fit(model, datamodule=dm)
     lam = torch.full((D,), c, dtype=torch.float64)
@@ -292,6 +295,7 @@ def test_lambda_stays_positive(parameterization, outer):
         adjoint_steps=5,
         outer_optimizer=outer,
         validation_loss=minus_norm,
+        max_overhead=None,
     )
     _trainer([cb], max_steps=8).fit(MLP(), datamodule=RidgeData())
     values = torch.stack(list(cb.decay_values().values()))
@@ -324,14 +328,16 @@ def test_manual_optimization_needs_training_loss():
             opt.step()
 
     with pytest.raises(ConfigurationError, match="training_loss"):
-        _fit(Manual(), [LearnedWeightDecay(0.01)])
+        _fit(Manual(), [LearnedWeightDecay(0.01, max_overhead=None)])
 
     def loss(module, batch):
         x, y = batch
         return 0.5 * ((module.net(x).squeeze(-1) - y) ** 2).mean()
 
     model = Manual()
-    cb = LearnedWeightDecay(0.01, training_loss=loss, every_n_steps=2, adjoint_steps=2)
+    cb = LearnedWeightDecay(
+        0.01, training_loss=loss, every_n_steps=2, adjoint_steps=2, max_overhead=None
+    )
     _fit(model, [cb], max_steps=4)
     assert len(cb.history) == 2
 
@@ -368,6 +374,7 @@ def test_resume_reproduces_learned_decay(tmp_path, decoupled):
             every_n_steps=2,
             adjoint_steps=4,
             outer_lr=0.1,
+            max_overhead=None,
         )
         if not decoupled:
             return cb, MLP()
@@ -484,7 +491,7 @@ def test_tensors_unfrozen_during_the_fit_are_named():
 
     model = WithBackbone()
     finetune = BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.0)
-    cb = LearnedWeightDecay(0.01, every_n_steps=2)
+    cb = LearnedWeightDecay(0.01, every_n_steps=2, max_overhead=None)
     with pytest.warns(UserWarning, match=r"now train 2 tensors the fit did not start with "
                       r"\(net.0.weight, net.0.bias; e.g. BackboneFinetuning"):  # fmt: skip
         _fit(model, [cb, finetune], max_epochs=3)

@@ -91,15 +91,22 @@ class Budget:
         """The hyper step ended, having made ``products`` Hessian–vector products."""
 
     @contextmanager
-    def added_work(self) -> Iterator[None]:
+    def added_work(self, every_step: bool = False) -> Iterator[None]:
         """Work the callback adds outside its hyper steps (applying λ to the gradients, the step
-        size probe, building at train start): charged to the hyper steps, not the training."""
+        size probe, building at train start, timing a product): charged to the hyper steps, not
+        the training. ``every_step``: work every remaining training step will add too (applying
+        λ), reserved from what those steps pay back; one-off work (the rest) is not."""
         yield
 
     @property
     def overhead(self) -> float:
         """Σ cost(hyper steps) / Σ cost(training steps) so far (nan before any training)."""
         return math.nan
+
+    def starved(self, due: int, products: int = 0) -> str | None:
+        """Why none of the ``due`` hyper steps of a fit ran (None: some ran, or none was due,
+        or nothing limits them); ``products``: the fewest a hyper step can be made with."""
+        return None
 
     def state_dict(self) -> dict[str, float]:
         """The accounting so far (kept in the callback's checkpoints)."""
@@ -230,8 +237,8 @@ class OverheadBudget(Budget):
     skipped: int = field(default=0, init=False)
     #: the part of ``spent_hyper`` spent outside hyper steps (:meth:`added_work`)
     spent_added: float = field(default=0.0, init=False)
-    #: of it, what was added between training steps (applying λ each step): work every
-    #: remaining step will add too
+    #: of it, the work added at every training step (``added_work(every_step=True)``: applying
+    #: λ): work every remaining step will add too
     spent_per_step: float = field(default=0.0, init=False)
     #: training steps counted; the first hyper step's cost (with its one-off curvature
     #: estimate), and the latest's
@@ -244,6 +251,7 @@ class OverheadBudget(Budget):
     fixed_cost: float = field(default=0.0, init=False)
     _mark: float | None = field(default=None, init=False, repr=False)
     _added_since_mark: float = field(default=0.0, init=False, repr=False)
+    _every_step_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -274,9 +282,9 @@ class OverheadBudget(Budget):
         now = self.clock()
         if self._mark is not None:
             self.spent_training += max(now - self._mark - self._added_since_mark, 0.0)
-            self.spent_per_step += self._added_since_mark
+            self.spent_per_step += self._every_step_since_mark
             self.training_steps += 1
-        self._mark, self._added_since_mark = now, 0.0
+        self._mark, self._added_since_mark, self._every_step_since_mark = now, 0.0, 0.0
 
     @property
     def mean_hyper_step(self) -> float:
@@ -362,10 +370,11 @@ class OverheadBudget(Budget):
         self.spent_hyper += self.last_hyper
         self.hyper_steps += 1
         self._hyper_start = None
-        self._mark, self._added_since_mark = now, 0.0  # the hyper step's time is not training
+        # the hyper step's time is not training
+        self._mark, self._added_since_mark, self._every_step_since_mark = now, 0.0, 0.0
 
     @contextmanager
-    def added_work(self) -> Iterator[None]:
+    def added_work(self, every_step: bool = False) -> Iterator[None]:
         start = self.clock()
         try:
             yield
@@ -374,10 +383,28 @@ class OverheadBudget(Budget):
             self.spent_hyper += spent
             self.spent_added += spent
             self._added_since_mark += spent
+            if every_step:
+                self._every_step_since_mark += spent
 
     @property
     def overhead(self) -> float:
         return self.spent_hyper / self.spent_training if self.spent_training > 0 else math.nan
+
+    def starved(self, due: int, products: int = 0) -> str | None:
+        """A fit too short (or a model whose products are too dear) for the budget to pay for
+        one hyper step: say so, with what one would have cost in training steps."""
+        if self.hyper_steps or due <= 0:
+            return None
+        step = self.mean_training_step
+        cost = f"{self.predicted(products) / step:.0f}" if step > 0 else "more"
+        return (
+            f"the compute budget (max_overhead={self.max_overhead:g}) allowed none of the {due} "
+            f"hyper step{'s' * (due > 1)} due in this fit, so λ was not learned (it kept its "
+            f"initial value): one "
+            f"hyper step here costs about {cost} training steps, more than {self.max_overhead:g}× "
+            f"this fit's {self.training_steps} steps can pay for. Train longer, raise "
+            f"max_overhead, or pass max_overhead=None (every due hyper step runs)."
+        )
 
     def state_dict(self) -> dict[str, float]:
         return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
@@ -402,7 +429,7 @@ class OverheadBudget(Budget):
         self.last_hyper = float(state.get("last_hyper", 0.0))
         self.product_cost = float(state.get("product_cost", 0.0))
         self.fixed_cost = float(state.get("fixed_cost", 0.0))
-        self._mark, self._added_since_mark = None, 0.0
+        self._mark, self._added_since_mark, self._every_step_since_mark = None, 0.0, 0.0
 
 
 _BUDGET_KEYS = (

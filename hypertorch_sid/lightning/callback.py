@@ -218,6 +218,7 @@ class HyperOptimizationCallback(Callback):
         self._step_size: float | None = None
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
+        self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -289,7 +290,9 @@ class HyperOptimizationCallback(Callback):
             with self.budget.added_work():
                 self._step_size, self._step_probe = self._step_probe.step_size(), None
         self.budget.training_step_done()
-        self._waiting = self._due(trainer) or self._waiting
+        due = self._due(trainer)
+        self._due_in_fit += due
+        self._waiting = due or self._waiting
         if self._waiting and self._budget_allows(trainer, pl_module):
             self._waiting = False
             self._budgeted_hyper_step(trainer, pl_module)
@@ -447,6 +450,7 @@ class HyperOptimizationCallback(Callback):
                 "adjoint warm start and samplers."
             )
         self._last_step = trainer.global_step
+        self._due_in_fit = 0
         rank_zero_info(
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
@@ -575,10 +579,14 @@ class HyperOptimizationCallback(Callback):
         return step >= max(self.start_step, 1) and step % self.every_n_steps == 0
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A fit never ends silently with NaN weights."""
+        """A fit never ends silently with NaN weights, nor with λ unlearned because the budget
+        allowed none of its hyper steps."""
         if self.sid is not None:
             with self.budget.added_work():
                 check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
+            said = self.budget.starved(self._due_in_fit, self.sid.minimum_products())
+            if said is not None:
+                rank_zero_warn(f"{type(self).__name__}: {said}")
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None

@@ -525,7 +525,7 @@ def _defaults(granularity: str, elements: ElementModel, kwargs: dict[str, Any]) 
     (every 10, k = 10, lr 0.01) on MNIST MLP: val 0.1699 at 1.5× a plain training, was 0.2282 at
     3.9×. Explicit settings (or ``config=``/``curvature=``) win.
     """
-    defaults: dict[str, Any] = {"every_n_steps": 20}
+    defaults: dict[str, Any] = {"every_n_steps": 20, "max_overhead": 0.5}
     if "preset" not in kwargs:
         defaults["adjoint_steps"] = 3
     if "outer_optimizer" not in kwargs:
@@ -696,9 +696,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Apply the decay: ``grad += λ w`` (coupled) or ``w *= 1 − lr λ`` (decoupled)."""
-        with self.budget.added_work():  # the decay's own cost is the callback's, not training's
-            if not self.problem._checked_gradients and trainer.global_step == 0:
+        # the decay's own cost is the callback's, not training's; every step adds it
+        if not self.problem._checked_gradients and trainer.global_step == 0:
+            with self.budget.added_work():  # once
                 self.problem.check_gradients(pl_module)
+        with self.budget.added_work(every_step=True):
             self.problem.apply(optimizer)
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
