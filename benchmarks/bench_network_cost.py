@@ -4,12 +4,15 @@ For each network — MLP, CNN+BatchNorm, LSTM, a small Transformer encoder, ResN
 MobileNetV3-small (torchvision, untrained, small inputs) — three trainings of the same model
 (same seed, same batches) run back to back:
 
-* ``plain``      the training alone (its optimizer without weight decay);
-* ``default``    with ``LearnedWeightDecay(1e-4)`` and its schedule (a hyper step every 20
-                 training steps, k = 3, a curvature estimate every 10 hyper steps), measured with
-                 a budget that never binds (``max_overhead=1e6``: it only records the shares);
-* ``budget``     the same with ``max_overhead=--budget`` (0.5: hyper steps at most half of the
-                 training's own time).
+* ``plain``       the training alone, with the fixed decay the drop-in replaces (its optimizer's
+                  ``weight_decay=1e-4``);
+* ``unbudgeted``  with ``LearnedWeightDecay(1e-4)`` and its schedule (a hyper step every 20
+                  training steps, k = 3, a curvature estimate every 10 hyper steps), every due
+                  hyper step run (``max_overhead=1e6``: a budget that never binds, it only records
+                  the shares; what ``max_overhead=None`` runs);
+* ``default``     ``LearnedWeightDecay(1e-4)`` as shipped (its budget ``max_overhead=0.5``: hyper
+                  steps at most half of the training's own time), or with
+                  ``max_overhead=--budget``.
 
 The order of the three rotates from repeat to repeat, so load drift on a shared machine hits all
 alike. Reported per network: the cost ratio (fit CPU time with the callback / plain fit CPU
@@ -24,6 +27,7 @@ sequences), CPU, one thread.
 Run from the repository root::
 
     python benchmarks/bench_network_cost.py --repeats 3          # ~40 min on a shared 2-core CPU
+    python benchmarks/bench_network_cost.py --configs plain default   # the defaults' ratios only
     python benchmarks/bench_network_cost.py --quick               # seconds: a smoke test
     python benchmarks/bench_network_cost.py --paired              # the default's choice (below)
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -63,16 +68,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 from bench_step_cost import make_cnn_bn, make_mlp  # noqa: E402  (the same MLP and CNN+BN)
 
 OUT = Path(__file__).resolve().parent / "results" / "network_cost" / "network_cost.json"
-CONFIGS = ("plain", "default", "budget")
+CONFIGS = ("plain", "unbudgeted", "default")
+#: the fixed decay of the plain training (what ``LearnedWeightDecay(1e-4)`` replaces)
+PLAIN_DECAY = 1e-4
 
 
 # ---------------------------------------------------------------------------------- networks
 class Classifier(pl.LightningModule):
     """A user's ordinary classifier: ``body`` on ``x``, cross-entropy, its own optimizer."""
 
-    def __init__(self, body: nn.Module, optimizer: Callable[[Any], torch.optim.Optimizer]):
+    def __init__(
+        self, body: nn.Module, optimizer: Callable[..., torch.optim.Optimizer], decay: float = 0.0
+    ) -> None:
         super().__init__()
-        self.body, self.make_optimizer = body, optimizer
+        self.body, self.make_optimizer, self.decay = body, optimizer, decay
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return F.cross_entropy(self.body(batch[0]), batch[1])
@@ -81,7 +90,7 @@ class Classifier(pl.LightningModule):
         self.log("val_loss", F.cross_entropy(self.body(batch[0]), batch[1]))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return self.make_optimizer(self.parameters())
+        return self.make_optimizer(self.parameters(), self.decay)
 
 
 class RowLSTM(nn.Module):
@@ -122,12 +131,12 @@ def _mobilenet() -> nn.Module:
     return torchvision.models.mobilenet_v3_small(num_classes=10)
 
 
-def _sgd(lr: float) -> Callable[[Any], torch.optim.Optimizer]:
-    return lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9)
+def _sgd(lr: float) -> Callable[..., torch.optim.Optimizer]:
+    return lambda p, wd=0.0: torch.optim.SGD(p, lr=lr, momentum=0.9, weight_decay=wd)
 
 
-def _adam(lr: float) -> Callable[[Any], torch.optim.Optimizer]:
-    return lambda p: torch.optim.Adam(p, lr=lr)
+def _adam(lr: float) -> Callable[..., torch.optim.Optimizer]:
+    return lambda p, wd=0.0: torch.optim.Adam(p, lr=lr, weight_decay=wd)
 
 
 #: name -> (model factory, optimizer, input kind, input shape, batch size, steps)
@@ -226,17 +235,20 @@ class PhaseTimer(Callback):
         return timed
 
 
-def run_one(network: str, config: str, repeat: int, budget: float, steps: int | None,
+def run_one(network: str, config: str, repeat: int, budget: float | None, steps: int | None,
             n_train: int) -> dict[str, Any]:  # fmt: skip
+    """One fit of ``network`` in ``config``; ``budget``: the default's ``max_overhead`` (None:
+    the shipped default's)."""
     make, optimizer, kind, shape, batch, default_steps = NETWORKS[network]
     steps = steps or default_steps
     pl.seed_everything(repeat, verbose=False)
-    model = Classifier(make(), optimizer)
+    model = Classifier(make(), optimizer, PLAIN_DECAY if config == "plain" else 0.0)
     times: dict[str, float] = {}
     callbacks: list[Callback] = [FitTimer(times, "start")]
     cb = None
     if config != "plain":
-        cb = LearnedWeightDecay(1e-4, max_overhead=1e6 if config == "default" else budget)
+        given = {"max_overhead": 1e6 if config == "unbudgeted" else budget}
+        cb = LearnedWeightDecay(1e-4, **{k: v for k, v in given.items() if v is not None})
         phases = PhaseTimer(cb)
         callbacks += [cb, phases]
     callbacks.append(FitTimer(times, "end"))
@@ -249,6 +261,7 @@ def run_one(network: str, config: str, repeat: int, budget: float, steps: int | 
     record: dict[str, Any] = {
         "network": network, "config": config, "repeat": repeat, "steps": trainer.global_step,
         "fit_s": times["end"] - times["start"], "fit_cpu_s": times["cpu_end"] - times["cpu_start"],
+        "load": os.getloadavg()[0],  # the machine's 1-minute load as the fit ended
     }  # fmt: skip
     if cb is not None:
         assert cb.sid is not None
@@ -266,7 +279,7 @@ def run_one(network: str, config: str, repeat: int, budget: float, steps: int | 
 
 
 # ---------------------------------------------------------------------------------- summary
-def summarise(records: list[dict[str, Any]], budget: float) -> dict[str, Any]:
+def summarise(records: list[dict[str, Any]], budget: float | None) -> dict[str, Any]:
     """Per network and config: cost ratios over repeats (each against that repeat's plain)."""
     out: dict[str, Any] = {}
     for network in dict.fromkeys(r["network"] for r in records):
@@ -274,6 +287,9 @@ def summarise(records: list[dict[str, Any]], budget: float) -> dict[str, Any]:
         plain = {r["repeat"]: r["fit_cpu_s"] for r in rows if r["config"] == "plain"}
         plain_wall = {r["repeat"]: r["fit_s"] for r in rows if r["config"] == "plain"}
         entry: dict[str, Any] = {"plain_s": statistics.median(plain.values())}
+        loads = [r["load"] for r in rows if "load" in r]
+        if loads:
+            entry["load"] = f"{min(loads):.1f}–{max(loads):.1f}"
         for config in CONFIGS[1:]:
             runs = [r for r in rows if r["config"] == config and r["repeat"] in plain]
             if not runs:
@@ -317,18 +333,23 @@ def summarise(records: list[dict[str, Any]], budget: float) -> dict[str, Any]:
     return out
 
 
-def markdown(summary: dict[str, Any], budget: float) -> str:
+def _label(budget: float | None) -> str:
+    return "defaults" if budget is None else f"max_overhead={budget:g}"
+
+
+def markdown(summary: dict[str, Any], budget: float | None) -> str:
     lines = [
-        f"| network | plain fit (CPU s) | default: × plain | max_overhead={budget}: × plain | "
-        "hyper steps run of due (default / budget) | curvature products (default / budget) | "
-        "share measured by the callback (default / budget) | "
-        "training steps' time ÷ plain fit (default / budget) | "
-        "hyper-step time: curvature / adjoint / ∂₂Φ̂ / val batch / first checks (default) | "
-        "one HVP ÷ one training step | wall-time ratios, median (default / budget) |",
-        "|---|---:|---|---|---|---|---|---|---|---:|---|",
+        f"| network | plain fit (CPU s) | no budget: × plain | {_label(budget)}: × plain | "
+        "hyper steps run of due (no budget / default) | curvature products (no budget / default) "
+        "| share measured by the callback (no budget / default) | "
+        "training steps' time ÷ plain fit (no budget / default) | "
+        "hyper-step time: curvature / adjoint / ∂₂Φ̂ / val batch / first checks (no budget) | "
+        "one HVP ÷ one training step | wall-time ratios, median (no budget / default) | "
+        "load (1-min) |",
+        "|---|---:|---|---|---|---|---|---|---|---:|---|---|",
     ]
     for network, e in summary.items():
-        d, b = e.get("default"), e.get("budget")
+        d, b = e.get("unbudgeted"), e.get("default")
 
         def ratio(x: dict[str, Any] | None) -> str:
             if x is None:
@@ -354,24 +375,28 @@ def markdown(summary: dict[str, Any], budget: float) -> str:
         share = " / ".join(f"{x['overhead_median']:.2f}" if x else "—" for x in (d, b))
         phases = "—"
         hvp = "—"
-        if d is not None:
-            p = d["phase_share"]
+        if d is None:  # no unbudgeted runs: the default's phases
+            d_phases = b
+        else:
+            d_phases = d
+        if d_phases is not None:
+            p = d_phases["phase_share"]
             phases = " / ".join(
                 f"{p[k]:.0%}"
                 for k in ("curvature", "adjoint", "assemble", "validation_batch", "first_checks")
             )
-            hvp = f"{d['hvp_s'] / d['step_s']:.1f}" if d["step_s"] > 0 else "—"
+            hvp = f"{d_phases['hvp_s'] / d_phases['step_s']:.1f}" if d_phases["step_s"] else "—"
         lines.append(
             f"| {network} | {e['plain_s']:.1f} | {ratio(d)} | {ratio(b)} | {steps} | "
             f"{curvature} | {share} | {slow} | "
             f"{phases} | {hvp} | "
             + " / ".join(f"{x['wall_ratio_median']:.2f}" if x else "—" for x in (d, b))
-            + " |"
+            + f" | {e.get('load', '—')} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def figure(summary: dict[str, Any], budget: float, path: Path) -> None:
+def figure(summary: dict[str, Any], budget: float | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -381,7 +406,7 @@ def figure(summary: dict[str, Any], budget: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     width = 0.38
     for i, (config, label) in enumerate(
-        (("default", "default schedule"), ("budget", f"max_overhead={budget}"))
+        (("unbudgeted", "no budget (max_overhead=None)"), ("default", _label(budget)))
     ):
         xs, med, lo, hi = [], [], [], []
         for j, n in enumerate(names):
@@ -393,7 +418,8 @@ def figure(summary: dict[str, Any], budget: float, path: Path) -> None:
             lo.append(x["ratio_median"] - x["ratio_min"])
             hi.append(x["ratio_max"] - x["ratio_median"])
         ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=label)
-    ax.axhline(1 + budget, color="k", ls="--", lw=1, label=f"{1 + budget:.1f}× plain")
+    ceiling = 1 + (0.5 if budget is None else budget)
+    ax.axhline(ceiling, color="k", ls="--", lw=1, label=f"{ceiling:.1f}× plain")
     ax.set_xticks(range(len(names)), names, rotation=15)
     ax.set_ylabel("fit CPU time / plain fit CPU time")
     ax.set_title("Learned weight decay: cost per network (median, [min, max] over repeats)")
@@ -490,7 +516,19 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=list(NETWORKS))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--budget", type=float, default=0.5, help="max_overhead of the 'budget' runs")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="max_overhead of the 'default' runs (default: the shipped default's)",
+    )
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS),
+        choices=list(CONFIGS),
+        help="which trainings to run (plain is each ratio's denominator)",
+    )
     p.add_argument("--steps", type=int, default=None, help="override every network's steps")
     p.add_argument("--n-train", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
@@ -510,11 +548,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     if args.paired:
-        result = paired(args.budget, args.paired_runs)
+        budget = 0.5 if args.budget is None else args.budget
+        result = paired(budget, args.paired_runs)
         folder = OUT.parent if args.paired_runs is None else args.paired_runs
         path = folder / "budget_default_choice.json"
         path.write_text(json.dumps(result, indent=1))
-        table = paired_markdown(result, args.budget)
+        table = paired_markdown(result, budget)
         command = "python benchmarks/bench_network_cost.py " + " ".join(sys.argv[1:])
         path.with_suffix(".md").write_text(
             f"Made by `{command}` from the stored runs (each run's command in the JSON).\n\n"
@@ -532,7 +571,9 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     for network in args.networks:
         for repeat in range(args.repeats):
-            order = CONFIGS[repeat % 3 :] + CONFIGS[: repeat % 3]  # rotating order
+            configs = [c for c in CONFIGS if c in args.configs]
+            k = repeat % len(configs)
+            order = configs[k:] + configs[:k]  # rotating order
             for config in order:
                 r = run_one(network, config, repeat, args.budget, args.steps, args.n_train)
                 records.append(r)

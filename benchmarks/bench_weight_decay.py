@@ -114,7 +114,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1047,6 +1047,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="run nothing: summarise earlier per-seed result files "
                    "(<out>_seed<s>.json, one per seed, from any runs) into --out "
                    "(.json and .md)")  # fmt: skip
+    p.add_argument("--retrained", type=Path, nargs="+", default=(),
+                   help="with --summarise: per-seed files that retrained some methods alone on "
+                   "the same seeds and data (e.g. the default with another max_overhead, no "
+                   "--reuse): their runs replace those methods' runs of the summarised "
+                   "files")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--reuse", default=None,
                    help="an earlier result JSON ('{seed}' is replaced by each seed): take "
@@ -1091,7 +1096,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logging.getLogger(name).setLevel(logging.WARNING)
     command = " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
     if args.summarise:
-        return summarise(args.summarise, args.out, command)
+        return summarise(args.summarise, args.out, command, args.retrained)
     if not args.seeds:
         return run_seed(args, command)
     per_seed = {}
@@ -1643,14 +1648,18 @@ def _made_from(setting: dict[str, Any]) -> str:
     return Path((setting.get("reused") or {}).get("from") or "").name
 
 
-def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
+def summarise(
+    paths: list[Path], out: Path, command: str, retrained: Sequence[Path] = ()
+) -> dict[str, Any]:
     """The seeds summary of earlier per-seed result files (``--summarise``), e.g. two draws of
     seeds run at different times; written to ``out`` (JSON and .md). A setting of a seed given
     twice is an error (its trainings would count twice), except where the later file was made
     with ``--reuse`` from one of the earlier ones or from the file they were made from (e.g. one
     added Optuna's trials, another retrained the default): the trainings it ran itself replace
     theirs; the rest (its copies of reused runs, the methods only they have) stays as the earlier
-    files hold it."""
+    files hold it. ``retrained`` (``--retrained``): files that trained some methods alone, without
+    ``--reuse``, on a seed and setting of those files (the same data, model and training; only the
+    learned runs' settings may differ): their runs replace those methods' runs."""
     per_seed: dict[int, dict[str, Any]] = {}
     sources: dict[tuple[int, str], list[Path]] = {}
     bases: dict[tuple[int, str], set[str]] = {}  # the files the given ones were made from
@@ -1677,9 +1686,26 @@ def summarise(paths: list[Path], out: Path, command: str) -> dict[str, Any]:
             earlier.append(path)
             if made_from:
                 bases.setdefault((seed, name), set()).add(made_from)
+    for path in map(Path, retrained):
+        res = json.loads(path.read_text())
+        for name, setting in res["settings"].items():
+            base = per_seed.get(int(res["seed"]), {}).get("settings", {}).get(name)
+            free = ("learned_kwargs", "granularity_kwargs")
+            same = base is not None and all(
+                base["config"].get(k) == v for k, v in setting["config"].items() if k not in free
+            )
+            if not same:
+                raise SystemExit(
+                    f"--retrained: {path} has seed {res['seed']} with {name}, which the "
+                    "summarised files lack or ran on another data, model or training"
+                )
+            per_seed[int(res["seed"])]["settings"][name] = {
+                **base,
+                "runs": {**base["runs"], **setting["runs"]},
+            }
     summary = seed_summary(dict(sorted(per_seed.items())))
     summary["command"] = command
-    summary["sources"] = [str(p) for p in paths]
+    summary["sources"] = [str(p) for p in [*paths, *retrained]]
     write_summary(summary, out)
     return summary
 

@@ -45,8 +45,9 @@ def test_quick_digits(tmp_path: Path) -> None:
     out = tmp_path / "wd.json"
     cmd = [
         sys.executable, str(SCRIPT), "--quick", "--settings", "digits_mlp", "--out", str(out),
-        # a hyper step every 2 optimizer steps, so the quick run exercises the callback
-        "--learned-kwargs", '{"every_n_steps": 2}',
+        # a hyper step every 2 optimizer steps, each run (no budget: the quick run is too short
+        # to pay for one at the default's 50 %), so the quick run exercises the callback
+        "--learned-kwargs", '{"every_n_steps": 2, "max_overhead": null}',
     ]  # fmt: skip
     if not HAS_OPTUNA:
         cmd += ["--optuna-trials", "0"]
@@ -58,7 +59,8 @@ def test_quick_digits(tmp_path: Path) -> None:
 
     res = json.loads(out.read_text())  # strict JSON: no NaN
     assert res["benchmark"] == "weight_decay" and res["quick"] is True
-    assert res["learned_kwargs"] == {"every_n_steps": 2} and res["threads"] == 1
+    assert res["learned_kwargs"] == {"every_n_steps": 2, "max_overhead": None}
+    assert res["threads"] == 1
     assert list(res["settings"]) == ["digits_mlp"]
     s = res["settings"]["digits_mlp"]
     cfg, runs, der = s["config"], s["runs"], s["derived"]
@@ -299,7 +301,7 @@ def test_orders_quick(tmp_path: Path) -> None:
     cmd = [
         sys.executable, str(ORDERS), "--quick", "--orders", "2", "--seeds", "0", "1",
         "--methods", "no_wd", "grid_pick", "learned_global", "--out", str(out),
-        "--learned-kwargs", '{"every_n_steps": 2}',
+        "--learned-kwargs", '{"every_n_steps": 2, "max_overhead": null}',
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -335,7 +337,7 @@ def test_reuse_retrains_only_the_given_methods(tmp_path: Path) -> None:
     learned run are retrained (the same numbers: deterministic); another setting is refused."""
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     base = [sys.executable, str(SCRIPT), "--quick", "--settings", "digits_mlp",
-            "--optuna-trials", "0", "--learned-kwargs", '{"every_n_steps": 2}']  # fmt: skip
+            "--optuna-trials", "0", "--learned-kwargs", '{"every_n_steps": 2, "max_overhead": null}']  # fmt: skip
     run = functools.partial(subprocess.run, cwd=REPO, capture_output=True, text=True, timeout=600)
     proc = run([*base, "--methods", "no_wd", "grid", "learned_global", "--out", str(first)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -366,7 +368,7 @@ def test_orders_reuse_retrains_only_the_learned_runs(tmp_path: Path) -> None:
     over all methods as before."""
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     base = [sys.executable, str(ORDERS), "--quick", "--orders", "2", "--seeds", "0",
-            "--learned-kwargs", '{"every_n_steps": 2}']  # fmt: skip
+            "--learned-kwargs", '{"every_n_steps": 2, "max_overhead": null}']  # fmt: skip
     run = functools.partial(subprocess.run, cwd=REPO, capture_output=True, text=True, timeout=600)
     proc = run([*base, "--methods", "no_wd", "grid_pick", "learned_global", "--out", str(first)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -551,3 +553,41 @@ def test_summarise_takes_a_file_made_from_another_with_reuse(tmp_path: Path) -> 
         assert "seed 0 is in two files" in str(err) and "with s," in str(err)
     else:
         raise AssertionError("the same setting of a seed twice was not refused")
+
+
+def test_summarise_takes_retrained_runs_of_the_same_seeds_and_data(tmp_path: Path) -> None:
+    """``--retrained``: the default retrained alone on the summarised files' seeds and data
+    (another ``max_overhead``, no ``--reuse``) replaces their default's run, its cost the budget's
+    in-run overhead; the searches' picks stay; a file on other data is refused."""
+    bench = _bench_module()
+    setting = bench.replace(bench.SETTINGS["digits_mlp"], grid=[1e-4, 1e-3, 1e-2])
+    cfg = {"n_train": 100, "lr": 0.1, "grid": setting.grid, "learned_kwargs": {}}
+    base = {**_fake_setting(0), "config": cfg}
+    del base["runs"]["optuna"]
+    for rec in [base["runs"]["no_wd"], *base["runs"]["grid"], base["runs"]["learned_global"],
+                base["runs"]["learned_per_layer"]]:  # fmt: skip
+        rec["finite"] = True
+    base["derived"] = bench.derive(setting, base["runs"])
+    first = tmp_path / "wd_seed0.json"
+    first.write_text(json.dumps({"seed": 0, "settings": {"s": base}}))
+    layer = dict(finished=True, finite=True, best_val_loss=0.46, test_loss=0.30, test_acc=0.7,
+                 wall_s=3.0, budget={"overhead": 0.5})  # fmt: skip
+    new = {"runs": {"learned_per_layer": layer},
+           "config": {**cfg, "learned_kwargs": {"max_overhead": 0.5}}}  # fmt: skip
+    retrained = tmp_path / "s_budget0.5_seed0.json"
+    retrained.write_text(json.dumps({"seed": 0, "settings": {"s": new}}))
+    summary = bench.summarise([first], tmp_path / "sum.json", "test", [retrained])
+    rows = summary["deployment"]["settings"]["s"]
+    assert rows["learned per_layer"]["seeds"][0]["test_loss"] == 0.30
+    assert math.isclose(rows["learned per_layer"]["mean_cost"], 1.5)
+    assert rows["grid pick"]["seeds"][0]["test_loss"] == 0.48  # the search's pick stays
+    assert rows["learned global"]["seeds"][0]["test_loss"] == 0.52
+    assert str(retrained) in summary["sources"]
+    new["config"]["n_train"] = 200
+    retrained.write_text(json.dumps({"seed": 0, "settings": {"s": new}}))
+    try:
+        bench.summarise([first], tmp_path / "sum.json", "test", [retrained])
+    except SystemExit as err:
+        assert "another data, model or training" in str(err)
+    else:
+        raise AssertionError("a retrained run on other data was not refused")
