@@ -144,7 +144,7 @@ def _fit(invariant):
     X, y = _data()
     pl.seed_everything(0, verbose=False)
     model = CNN()
-    cb = LearnedWeightDecay(1e-3, invariant=invariant, every_n_steps=4)
+    cb = LearnedWeightDecay(1e-3, invariant=invariant, every_n_steps=4, max_overhead=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer(callbacks=[cb], max_epochs=2).fit(
