@@ -126,7 +126,9 @@ class HyperOptimizationCallback(Callback):
         ``hyper/overhead``).
         Counted as overhead: the hyper steps (their batches, curvature estimates, retries) and
         the callback's work around them; the accounting is kept in checkpoints.
-        ``None`` (default): every due hyper step runs.
+        ``None`` (default; :class:`~hypertorch_sid.LearnedWeightDecay`'s is 0.5): every due
+        hyper step runs, and a seeded fit is bit-for-bit repeatable (a budget reads the clock). A
+        fit whose budget allowed none of its due hyper steps warns at its end.
     log_to_loggers:
         Send every hyper step's ``hyper/*`` metrics to ``trainer.loggers`` (bypassing
         ``log_every_n_steps``, so no hyper step is dropped).
