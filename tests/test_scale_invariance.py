@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hypertorch_sid import (
     ConfigurationError,
     HoldInvariant,
+    InvariantRule,
     LearnedWeightDecay,
     LearnInvariant,
     WeightDecay,
@@ -197,3 +198,54 @@ def test_default_rule_does_not_probe():
     assert cb.invariant_groups is None
     moved = [float(v.mean()) for v in cb.decay_values().values()]
     assert all(v != pytest.approx(1e-3, rel=1e-3) for v in moved)
+    assert max(moved) < 3e-3  # every λ ends below 3e-3 (the floor test relies on it)
+
+
+# ====================================================================== the floor: min_weight_decay
+def test_floor_on_every_granularity_and_the_upper_bound_wins():
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    for granularity, elements in (("global", "tied"), ("per_layer", "tied"),
+                                  ("per_element", "tied"), ("per_element", "untied")):  # fmt: skip
+        d = WeightDecay(net.named_parameters(), 1e-5, granularity, elements=elements)
+        d.floor(1e-3)
+        assert float(d.summary().min()) == pytest.approx(1e-3, rel=1e-6), granularity
+        d.floor(1.0)
+        d.project([0.5] * len(d.entries))  # the stability cap below the floor: the cap wins
+        assert float(d.summary().max()) == pytest.approx(0.5, rel=1e-6), granularity
+    for bad in (-1e-4, float("nan"), True, "1e-4"):
+        with pytest.raises(ConfigurationError, match="min_weight_decay"):
+            LearnedWeightDecay(1e-4, min_weight_decay=bad)
+
+
+class PushDown(InvariantRule):
+    """A rule that replaces every hypergradient by +1: the outer step lowers every λ."""
+
+    probes = False
+
+    def adjust(self, hypergrad, invariant):
+        return [torch.ones_like(g) for g in hypergrad]
+
+
+def _fit_down(**kwargs):
+    X, y = _data()
+    pl.seed_everything(0, verbose=False)
+    cb = LearnedWeightDecay(1e-3, invariant=PushDown(), every_n_steps=4, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(callbacks=[cb], max_epochs=2).fit(
+            CNN(),
+            DataLoader(TensorDataset(X[:192], y[:192]), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(X[192:], y[192:]), batch_size=64),
+        )
+    assert cb.sid is not None and cb.sid.hyper_step >= 3
+    return torch.stack([v.mean() for v in cb.decay_values().values()])
+
+
+def test_floor_holds_in_a_fit_where_lambda_falls():
+    """Pushed down at every hyper step, λ falls below half its initial value; with
+    min_weight_decay at the initial value it stays there."""
+    assert float(_fit_down().max()) < 0.5e-3
+    floored = _fit_down(min_weight_decay=1e-3)
+    torch.testing.assert_close(floored, torch.full_like(floored, 1e-3), rtol=1e-6, atol=0)
+    with pytest.raises(ConfigurationError, match="min_weight_decay"):
+        LearnedWeightDecay(1e-4, min_weight_decay=1e-3)  # the floor above the initial λ

@@ -170,6 +170,13 @@ class ElementModel(ABC):
         """The prior's term in the outer objective, or None."""
         return None
 
+    def floor(self, decay: WeightDecay, lower: float) -> None:
+        """Keep every λ_e ≥ ``lower``, in place (default: one learned tensor per decayed tensor,
+        λ_e = T(ρ_e), as :class:`Untied`)."""
+        rho = decay.parameterization.initial(lower)
+        for h in decay.hyperparameters:
+            h.clamp_(min=rho)
+
     def mask(self, decay: WeightDecay, layers: Sequence[bool]) -> Tensors:
         """1 where a learned value belongs to a layer flagged in ``layers``, else 0; shaped like
         the learned tensors (default: one learned tensor per decayed tensor, as :class:`Untied`)."""
@@ -257,6 +264,10 @@ class LayerDeviations(ElementModel):
                 new.hyperparameters[1 + e.slot].copy_(old.hyperparameters[1 + before[id(e.param)]])
                 carried += 1
         return carried
+
+    def floor(self, decay: WeightDecay, lower: float) -> None:
+        """Every layer's λ ≥ ``lower`` (the deviations s_e are left to the prior)."""
+        decay.hyperparameters[0].clamp_(min=decay.parameterization.initial(lower))
 
     def mask(self, decay: WeightDecay, layers: Sequence[bool]) -> Tensors:
         like = decay.hyperparameters[0]
@@ -645,6 +656,16 @@ class WeightDecay:
             return self.elements.mask(self, flags)
         like = self.hyperparameters[0]
         return [torch.tensor([float(f) for f in flags], dtype=like.dtype, device=like.device)]
+
+    @torch.no_grad()
+    def floor(self, lower: float) -> None:
+        """Every λ ≥ ``lower`` (per element tied to its layer: every layer's λ), in place."""
+        if not lower > 0:
+            return
+        if self.per_element:
+            self.elements.floor(self, lower)
+            return
+        self.hyperparameters[0].clamp_(min=self.parameterization.initial(lower))
 
     @torch.no_grad()
     def project(self, upper: Sequence[float] | None = None) -> None:
