@@ -229,7 +229,9 @@ class PushDown(InvariantRule):
 def _fit_down(**kwargs):
     X, y = _data()
     pl.seed_everything(0, verbose=False)
-    cb = LearnedWeightDecay(1e-3, invariant=PushDown(), every_n_steps=4, **kwargs)
+    cb = LearnedWeightDecay(
+        1e-3, invariant=PushDown(), every_n_steps=4, max_overhead=None, **kwargs
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer(callbacks=[cb], max_epochs=2).fit(
