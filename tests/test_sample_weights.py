@@ -463,6 +463,19 @@ def test_two_component_split_flags_the_drifting_bump_not_the_random_walk_tail():
     assert torch.equal(w.flagged(), w.flagged(TwoComponentSplit()))
 
 
+def test_two_component_split_ignores_how_far_saturated_logits_ran():
+    """A fifth of the logits run off to ±100s (weights saturated at 0 / 1 long before): the
+    split still finds the corrupted bump (without the clip it flags nothing: the far tails
+    dwarf the two bumps)."""
+    gen = torch.Generator().manual_seed(4)
+    corrupted = torch.rand(5000, generator=gen) < 0.45
+    x = torch.where(corrupted, -8.0, 6.0) + 3.0 * torch.randn(5000, generator=gen)
+    x = torch.where(torch.rand(5000, generator=gen) < 0.2, 12 * x, x)
+    precision, recall = _precision_recall(_family(x).flagged(), corrupted)
+    assert precision > 0.95 and recall > 0.95, (precision, recall)
+    assert _family(x).flagged(TwoComponentSplit(clip=1e6)).numel() == 0
+
+
 @pytest.mark.parametrize(
     "x",
     [
@@ -486,3 +499,5 @@ def test_two_component_split_under_softmax_weights_and_bad_rules_refused():
         _family(x).flagged("lowest")
     with pytest.raises(ConfigurationError, match="min_separation"):
         TwoComponentSplit(min_separation=-1)
+    with pytest.raises(ConfigurationError, match="clip"):
+        TwoComponentSplit(clip=0)

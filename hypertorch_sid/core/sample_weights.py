@@ -405,7 +405,10 @@ class TwoComponentSplit(FlagRule):
     component's weight ω(μ_low) lies below ω₀ (its rows' weights went down). Otherwise no row
     is flagged.
 
-    It reads only where the logits sit relative to each other, not how far each moved: with
+    The logits are clipped to ±``clip`` first (σ(±10) is within 5·10⁻⁵ of 0 or 1): a solver
+    whose logits run off to ±100s, the weights long saturated, would otherwise hand the fit a
+    few far tails that dwarf the two bumps. It reads only where the logits sit relative to
+    each other, not how far each moved: with
     an outer step of about ±1 per visit and no momentum (``LazyAdam(betas=(0, ·))``), a clean
     example's logit random-walks around its start while a corrupted one's drifts down, and a
     fixed threshold on ω (:class:`BelowWeight`) catches the clean random walk's lower tail
@@ -413,15 +416,23 @@ class TwoComponentSplit(FlagRule):
     examples' bump and the clean examples' spread, wherever they are.
     """
 
-    def __init__(self, min_separation: float = 2.0, iterations: int = 200) -> None:
+    def __init__(
+        self, min_separation: float = 2.0, clip: float = 10.0, iterations: int = 200
+    ) -> None:
         if not min_separation >= 0:
             raise ConfigurationError(
                 f"TwoComponentSplit: min_separation must be ≥ 0, got {min_separation!r}."
             )
-        self.min_separation, self.iterations = float(min_separation), int(iterations)
+        if not clip > 0:
+            raise ConfigurationError(f"TwoComponentSplit: clip must be > 0, got {clip!r}.")
+        self.min_separation, self.clip, self.iterations = (
+            float(min_separation),
+            float(clip),
+            int(iterations),
+        )
 
     def flags(self, weights: SampleWeights) -> Tensor:
-        x = weights.logits.detach().to(torch.float64).reshape(-1)
+        x = weights.logits.detach().to(torch.float64).reshape(-1).clamp(-self.clip, self.clip)
         none = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
         if x.numel() < 4 or not bool(x.std() > 0):
             return none
