@@ -46,12 +46,25 @@ def text(d: dict) -> str:
     return f"{d['mean']:+.4f} ± {d['se']:.4f} [{d['low']:+.4f}, {d['high']:+.4f}] ({d['n']})"
 
 
-def table(arm: str, settings: list[str]) -> tuple[str, dict]:
+def versus(pattern: str, setting: str, seeds: list[int]) -> list[float] | None:
+    """The learned per-layer test loss of another stored run per seed (``{setting}``,
+    ``{seed}`` in ``pattern``), or None where one is missing."""
+    out = []
+    for n in seeds:
+        path = Path(pattern.format(setting=setting, seed=n))
+        if not path.is_file():
+            return None
+        runs = json.loads(path.read_text())["settings"][setting]["runs"]
+        out.append(runs["learned_per_layer"]["test_loss"])
+    return out
+
+
+def table(arm: str, settings: list[str], against: str | None = None) -> tuple[str, dict]:
     dep = json.loads(DEPLOYMENT.read_text())["deployment"]["settings"]
     lines = [
         f"| setting | seeds | {arm}: mean test loss | − grid pick | − Optuna pick | − no WD | "
-        "− default | products: variant / default |",
-        "|---|---:|---:|---|---|---|---|---:|",
+        "− default | products: variant / default |" + (" − `--versus` |" if against else ""),
+        "|---|---:|---:|---|---|---|---|---:|" + ("---|" if against else ""),
     ]
     out: dict = {}
     for s in settings:
@@ -68,8 +81,18 @@ def table(arm: str, settings: list[str]) -> tuple[str, dict]:
             f"| {s} | {len(seeds)} | {mean:.4f} | {text(diffs['grid pick'])} | "
             f"{text(diffs['Optuna pick'])} | {text(diffs['no WD'])} | "
             f"{text(diffs['learned per_layer'])} | {products[0]:.0f} / {products[1]:.0f} |"
+            + (f" {_versus_text(against, s, seeds, mine, out[s])} |" if against else "")
         )
     return "\n".join(lines), out
+
+
+def _versus_text(pattern: str, setting: str, seeds: list[int], mine: list[float],
+                 record: dict) -> str:  # fmt: skip
+    other = versus(pattern, setting, seeds)
+    if other is None:
+        return "missing"
+    record["versus"] = {"pattern": pattern, "difference": paired_difference(mine, other)}
+    return text(record["versus"]["difference"])
 
 
 def _products(setting: str, seeds: list[int], runs: dict) -> tuple[float, float]:
@@ -98,8 +121,11 @@ def main() -> None:
     p.add_argument("--arm", default="held")
     p.add_argument("--settings", nargs="+", default=["fashion_cnn", "mnist_cnn"])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument(
+        "--versus", default=None, help="another learned run per seed: a path with {setting}, {seed}"
+    )
     args = p.parse_args()
-    md, data = table(args.arm, args.settings)
+    md, data = table(args.arm, args.settings, args.versus)
     print(md)
     if args.out is not None:
         args.out.write_text(md + "\n")
