@@ -52,6 +52,11 @@ def cell(a: dict[int, dict], a_method: str, base: dict[int, dict], setting: str)
         if (x := test_loss(a, s, setting, a_method)) is not None
         and (y := test_loss(base, s, setting, "learned_per_layer")) is not None
     ]
+    return paired_cell(pairs)
+
+
+def paired_cell(pairs: list[tuple[float, float]]) -> str:
+    """x − y over (x, y) pairs: mean ± s.e. [95 %], n, how many x were above their y."""
     if not pairs:
         return "—"
     d = paired_difference([x for x, _ in pairs], [y for _, y in pairs])
