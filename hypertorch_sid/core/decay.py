@@ -266,7 +266,7 @@ class LayerDeviations(ElementModel):
         return carried
 
     def floor(self, decay: WeightDecay, lower: float) -> None:
-        """Every layer's λ ≥ ``lower`` (the deviations s_e are left to the prior)."""
+        """Every layer's λ ≥ ``lower`` (the deviations s_e are left to the prior or shrinkage)."""
         decay.hyperparameters[0].clamp_(min=decay.parameterization.initial(lower))
 
     def mask(self, decay: WeightDecay, layers: Sequence[bool]) -> Tensors:
