@@ -7,7 +7,7 @@ per setting and seed; ``<x>`` names the process that ran it): each holds
 ``learned_per_element`` (``elements="shrunk"``, no budget: ``max_overhead=None``) and the other
 methods, ``learned_per_layer`` among them, either trained in the same run from the same code or
 taken from ``runs/final_recover`` (``--reuse``): per layer trained here equals the stored runs
-to the last digit on every seed it was trained (32 of them), so the benchmark is deterministic
+to the last digit on every seed it was trained (33 of them), so the benchmark is deterministic
 and either pairs. Each file holds its ``command`` (all in ``commands.txt`` beside them). For
 reference, the untied per-element runs stored in ``runs/final_recover`` are paired with the
 same per-layer runs.
