@@ -661,14 +661,24 @@ def resolve(problem: dict, weights: np.ndarray, z: np.ndarray | None = None) -> 
     return out
 
 
+def _analysis(name: str) -> tuple[Path, dict]:
+    """``OUT/name`` and what an earlier analysis run left in it (its entries are kept)."""
+    path = OUT / name
+    return path, json.loads(path.read_text()) if path.exists() else {}
+
+
+def _problem(p: float) -> tuple[dict, np.ndarray]:
+    """The problem at ratio p and its training matrix in float64."""
+    problem = load_problem(BENCH_DIR / "mnist.pkl", p)
+    return problem, problem["X_train"].astype(np.float64)
+
+
 def cmd_resolve(args: argparse.Namespace) -> None:
     """Why a peer ends below the perfect weights' error: each peer's (z, weights) after
     ``--timeout`` s and SID's saved weights (``--sid-dir``), re-solved to optimality."""
-    path = OUT / "resolve.json"
-    out = json.loads(path.read_text()) if path.exists() else {}
+    path, out = _analysis("resolve.json")
     for p in args.ratios:
-        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
-        X = problem["X_train"].astype(np.float64)
+        problem, X = _problem(p)
         perfect = (~problem["corrupted"]).astype(np.float64)
         z_p = fit_weighted(X, problem["y_train"], perfect)
         logits = X @ z_p
@@ -711,11 +721,10 @@ def cmd_decompose(args: argparse.Namespace) -> None:
     (seed ``--seeds[0]``) re-solved, then with the corrupted rows zeroed, with the clean rows
     set to 1, with each clean row set to its class's mean, and with the clean rows divided by
     their mean (mean 1: some weights above 1, outside σ's range) or that clipped at 1."""
-    path = OUT / "decompose.json"
-    out = json.loads(path.read_text()) if path.exists() else {}
+    path, out = _analysis("decompose.json")
     for p in args.ratios:
-        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
-        X, y = problem["X_train"].astype(np.float64), problem["y_train"]
+        problem, X = _problem(p)
+        y = problem["y_train"]
         clean, yc = ~problem["corrupted"], problem["y_clean"]
         for peer in best_params(p, args.peers):
             z_it, w = peer_solution(peer, p, args.seeds[0], args.timeout)
@@ -751,11 +760,9 @@ def cmd_scaled(args: argparse.Namespace) -> None:
     """The perfect weights times c (c = 1: the baseline), re-solved by L-BFGS: the weights' scale
     is an inverse L2 strength (g = (c/n) Σ_clean CE + reg‖z‖²), so this shows how test error
     and f (validation CE, the outer objective) move with it."""
-    path = OUT / "scaled_perfect.json"
-    out = json.loads(path.read_text()) if path.exists() else {}
+    path, out = _analysis("scaled_perfect.json")
     for p in args.ratios:
-        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
-        X = problem["X_train"].astype(np.float64)
+        problem, X = _problem(p)
         perfect = (~problem["corrupted"]).astype(np.float64)
         for c in args.scales:
             z = fit_weighted(X, problem["y_train"], c * perfect)
@@ -808,11 +815,9 @@ def cmd_descend(args: argparse.Namespace) -> None:
     CG adjoint) from SRBA's weights after ``--timeout`` s and from SID's saved weights: does
     the outer objective f fall, and where does the test error go, as the weights approach a
     bilevel stationary point?"""
-    path = OUT / "descend.json"
-    out = json.loads(path.read_text()) if path.exists() else {}
+    path, out = _analysis("descend.json")
     for p in args.ratios:
-        problem = load_problem(BENCH_DIR / "mnist.pkl", p)
-        X = problem["X_train"].astype(np.float64)
+        problem, X = _problem(p)
         starts = {}
         for peer in best_params(p, args.peers):
             _, w = peer_solution(peer, p, args.seeds[0], args.timeout)
