@@ -263,10 +263,16 @@ def test_one_off_work_is_not_reserved_from_the_steps_that_remain():
 def test_the_drop_in_has_a_budget_by_default_and_the_general_callback_none():
     """LearnedWeightDecay() holds its hyper steps to half of the training's compute (chosen by
     measurement: no worse on any of five settings over nine seeds); max_overhead=None restores
-    every due hyper step (bit-repeatable fits). The general callback's default is no budget."""
+    every due hyper step (bit-repeatable fits). The general callback's default is no budget, and
+    per element's too (its every-step λ costs starved its hyper steps under 0.5); explicit wins."""
     from hypertorch_sid import HyperOptimizationCallback
 
     assert LearnedWeightDecay().budget.max_overhead == 0.5
+    for elements in ("tied", "untied", "shrunk"):
+        per_element = LearnedWeightDecay(granularity="per_element", elements=elements)
+        assert isinstance(per_element.budget, NoBudget)
+    explicit = LearnedWeightDecay(granularity="per_element", max_overhead=0.5)
+    assert explicit.budget.max_overhead == 0.5
     assert isinstance(LearnedWeightDecay(max_overhead=None).budget, NoBudget)
     assert LearnedWeightDecay(max_overhead=0.3).budget.max_overhead == 0.3
     assert isinstance(HyperOptimizationCallback().budget, NoBudget)

@@ -144,11 +144,15 @@ class ElementModel(ABC):
     """How per-element λ are learned (``granularity="per_element"``): the learned tensors, λ_e
     from them, the prior on them in the outer objective and their projection.
 
-    ``outer_lr`` and ``refresh_curvature`` are the drop-in's defaults for this model (Adam's
-    learning rate on the learned tensors; whether the curvature estimate is refreshed)."""
+    ``outer_lr``, ``refresh_curvature`` and ``max_overhead`` are the drop-in's defaults for this
+    model (Adam's learning rate on the learned tensors; whether the curvature estimate is
+    refreshed; the compute budget — none: applying a per-element λ costs about a seventh of every
+    training step and its hyper steps are dearer, so a budget of 0.5 left 12 of 39 hyper steps
+    and a held-out test loss 0.035 above per layer's on MNIST MLP, against 0.006 without it)."""
 
     outer_lr: float = 1.0
     refresh_curvature: bool = False
+    max_overhead: float | None = None
 
     @abstractmethod
     def create(self, decay: WeightDecay, fill: float) -> Tensors:

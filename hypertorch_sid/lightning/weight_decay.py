@@ -539,24 +539,30 @@ def _defaults(granularity: str, elements: ElementModel, kwargs: dict[str, Any]) 
     A hyper step every 20 training steps with k = 3 adjoint steps and Adam on log λ at lr 0.3,
     within a compute budget of half the training's (``max_overhead=0.5``: no worse on held-out
     test loss than no budget on five settings × nine seeds, ``docs/weight_decay_budget.md``);
-    per element the element model's own (:class:`~hypertorch_sid.core.decay.TiedToLayer`: 0.3
-    with the curvature refreshed, as per layer; :class:`~hypertorch_sid.core.decay.Untied`: 1.0,
+    per element the element model's own budget (none:
+    :attr:`~hypertorch_sid.core.decay.ElementModel.max_overhead`) and outer lr
+    (:class:`~hypertorch_sid.core.decay.TiedToLayer`: 0.3 with the curvature refreshed, as per
+    layer; :class:`~hypertorch_sid.core.decay.Untied`: 1.0,
     whose many small hypergradients move λ too slowly at 0.3, and the curvature estimated once —
     the damping of a per-element λ does not need refreshing, and the estimate is a third of a
     hyper step's cost). Measured against the old callback defaults
     (every 10, k = 10, lr 0.01) on MNIST MLP: val 0.1699 at 1.5× a plain training, was 0.2282 at
     3.9×. Explicit settings (or ``config=``/``curvature=``) win.
     """
-    defaults: dict[str, Any] = {"every_n_steps": 20, "max_overhead": 0.5}
+    per_element = granularity == "per_element"
+    defaults: dict[str, Any] = {
+        "every_n_steps": 20,
+        "max_overhead": elements.max_overhead if per_element else 0.5,
+    }
     if "preset" not in kwargs:
         defaults["adjoint_steps"] = 3
     if "outer_optimizer" not in kwargs:
-        defaults["outer_lr"] = elements.outer_lr if granularity == "per_element" else 0.3
+        defaults["outer_lr"] = elements.outer_lr if per_element else 0.3
         own = elements.outer_optimizer(kwargs.get("outer_lr", defaults["outer_lr"]))
-        if granularity == "per_element" and own is not None:  # e.g. ShrunkToLayer's step
+        if per_element and own is not None:  # e.g. ShrunkToLayer's step
             defaults["outer_optimizer"] = own
     fixed = elements.refresh_curvature or {"config", "curvature"} & set(kwargs)
-    if granularity == "per_element" and not fixed:
+    if per_element and not fixed:
         defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
     return defaults
 
@@ -628,7 +634,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         per element untied, with one curvature estimate: ``EstimatedCurvature(every=None)``),
         ``max_overhead=0.5`` (hyper steps within half of the training's compute, measured as it
         runs; ``max_overhead=None`` runs every due hyper step and makes a seeded fit bit-for-bit
-        repeatable).
+        repeatable; per element ``None``: a budget of 0.5 starved its hyper steps, see
+        :class:`~hypertorch_sid.core.decay.ElementModel`).
 
     Notes
     -----
