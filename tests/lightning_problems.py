@@ -101,6 +101,31 @@ class Ridge(BilevelModule):
         return torch.optim.SGD(self.inner_parameters(), lr=self.lr)
 
 
+class TanhRegressor(pl.LightningModule):
+    """A small non-convex network on :func:`ridge_data`: D → ``hidden`` → 1 with tanh, float64,
+    squared loss, plain SGD at lr 0.05 (``momentum`` optional); weights drawn under ``seed``."""
+
+    def __init__(self, hidden: int = 8, seed: int = 3, momentum: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(D, hidden, dtype=torch.float64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, 1, dtype=torch.float64),
+        )
+        self.momentum = momentum
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return 0.5 * ((self.net(x).squeeze(-1) - y) ** 2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=self.momentum)
+
+
 class RidgeData(pl.LightningDataModule):
     """:func:`ridge_data` (its default sizes) as a datamodule of sequential DataLoaders."""
 

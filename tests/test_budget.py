@@ -15,7 +15,7 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import D, RidgeData
+from lightning_problems import RidgeData, TanhRegressor
 
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
 from hypertorch_sid.core.budget import Deadline, NoBudget, OverheadBudget, make_budget
@@ -103,25 +103,8 @@ def test_no_budget_and_bad_values():
             OverheadBudget(bad)  # type: ignore[arg-type]
 
 
-class _Net(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(3)
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(D, 8, dtype=torch.float64),
-            torch.nn.Tanh(),
-            torch.nn.Linear(8, 1, dtype=torch.float64),
-        )
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return 0.5 * ((self.net(x).squeeze(-1) - y) ** 2).mean()
-
-    def validation_step(self, batch, batch_idx):
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+def _Net() -> TanhRegressor:
+    return TanhRegressor(hidden=8, seed=3)
 
 
 def _fit_counting(max_overhead: float | None) -> tuple[LearnedWeightDecay, float, float, float]:

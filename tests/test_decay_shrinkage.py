@@ -16,9 +16,8 @@ import math
 
 import lightning_problems
 import pytest
-import pytorch_lightning as pl
 import torch
-from lightning_problems import D, RidgeData
+from lightning_problems import RidgeData, TanhRegressor
 from torch import Tensor
 
 from hypertorch_sid import (
@@ -123,22 +122,8 @@ def test_bad_settings_are_refused():
     )
 
 
-class _MLP(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(D, 16, dtype=torch.float64),
-            torch.nn.Tanh(),
-            torch.nn.Linear(16, 1, dtype=torch.float64),
-        )
-
-    def training_step(self, batch, batch_idx):
-        X, y = batch
-        return 0.5 * ((self.net(X).squeeze(-1) - y) ** 2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+def _MLP() -> TanhRegressor:
+    return TanhRegressor(hidden=16, seed=0, momentum=0.9)
 
 
 def _fit(max_epochs: int, ckpt=None, **kw):
