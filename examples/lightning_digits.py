@@ -96,6 +96,19 @@ def evaluate(model: MLP, data: TensorDataset) -> tuple[float, float]:
         return float(F.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())
 
 
+def readable_progress_bar(shown: bool) -> list[pl.Callback]:
+    """Rich's progress bar (Lightning's default where ``rich`` is installed) prints metrics as
+    ``.3f``, which shows a λ of 5e-5 as 0.000: three significant digits instead."""
+    try:
+        from pytorch_lightning.callbacks import RichProgressBar
+        from pytorch_lightning.callbacks.progress.rich_progress import RichProgressBarTheme
+
+        import rich  # noqa: F401
+    except ImportError:
+        return []
+    return [RichProgressBar(theme=RichProgressBarTheme(metrics_format=".3g"))] if shown else []
+
+
 def train(
     data: dict[str, TensorDataset],
     args: argparse.Namespace,
@@ -115,7 +128,7 @@ def train(
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         logger=logger,
-        callbacks=list(callbacks),
+        callbacks=[*callbacks, *readable_progress_bar(progress_bar)],
         log_every_n_steps=1,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -139,12 +139,29 @@ def test_too_few_adjoint_steps_warns():
         sid.hypergradient([p.train()], p.val())  # cold start: said at once
     said = _convergence_warnings(rec)
     assert said and "adjoint" in said[0] and "adjoint_steps" in said[0], said
-    with warnings.catch_warnings(record=True) as rec:  # warm-started: said when it persists
-        warnings.simplefilter("always")
-        for _ in range(3):
+    assert "[1 of 1 hyper steps" in said[0], said
+
+
+def test_persistent_unconverged_adjoint_is_said_with_a_count_not_every_step():
+    """Warm-started, a non-convergence that persists is said (after ``patience`` steps), then
+    at the 10th, 100th, … such hyper step with the tally — not at every hyper step."""
+    p = make_ridge(per_feature=False)
+    sid = _sid(p, steps=400, adjoint_steps=2, eta=0.5)
+    sid.hypergradient([p.train()], p.val())  # cold start, so that the next ones are warm
+    sid.guard.reported = 0  # count from the warm-started steps on
+    said: list[str] = []
+    for _ in range(13):
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
             sid.hypergradient([p.train()], p.val())
-    said = _convergence_warnings(rec)
-    assert said and "adjoint" in said[0] and "adjoint_steps" in said[0], said
+        said.append(" | ".join(_convergence_warnings(rec)))
+    warned = [i for i, s in enumerate(said) if s]
+    # reported from the warm step that completes `patience` in a row (the cold one counts),
+    # i.e. warm steps 1, 2, ... give reports 1, 2, ...; said at reports 1 and 10 only
+    assert len(warned) == 2, said
+    assert "adjoint_steps" in said[warned[0]] and "[1 of" in said[warned[0]], said
+    assert "[10 of" in said[warned[1]] and "100th" in said[warned[1]], said
+    assert warned[1] - warned[0] == 9, warned
 
 
 def test_converged_oracle_run_is_quiet():

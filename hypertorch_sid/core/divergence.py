@@ -64,15 +64,35 @@ class DivergenceGuard:
     unconverged: int = 0
     #: that many in a row warn (a warm start continues the solve at the next hyper step)
     patience: int = 3
+    #: hyper steps seen, and those whose unconverged adjoint solve passed the patience gate
+    hyper_steps: int = 0
+    reported: int = 0
 
     def note_convergence(self, message: str, warm: bool) -> None:
         """Warn (:class:`~hypertorch_sid.core.errors.ConvergenceWarning`) where the adjoint solve
         visibly has not converged (``message``, see :func:`~hypertorch_sid.core.watch.
         unconverged_message`): at once without a warm start, else after ``patience`` hyper steps
-        in a row (SID's warm start carries v on; one short solve is not a failure)."""
+        in a row (SID's warm start carries v on; one short solve is not a failure).
+
+        Said at the 1st, 10th, 100th, … such hyper step, each time with the count so far: a
+        warning every hyper step (15 in the 20 hyper steps of the digits main job) buries the
+        first one and every other warning of the fit; the relative residual of every hyper step
+        is logged (``hyper/relative_adjoint_residual``) where it must be followed."""
+        self.hyper_steps += 1
         self.unconverged = self.unconverged + 1 if message else 0
-        if message and (not warm or self.unconverged >= self.patience):
-            warn_not_converged(message, stacklevel=5)
+        if not message or (warm and self.unconverged < self.patience):
+            return
+        self.reported += 1
+        if math.log10(self.reported).is_integer():
+            warn_not_converged(f"{message}{self._count()}", stacklevel=5)
+
+    def _count(self) -> str:
+        """The tally appended to a repeated unconverged-solve warning."""
+        n, nxt = self.reported, 10 * self.reported
+        return (
+            f" [{n} of {self.hyper_steps} hyper steps so far had a visibly unconverged adjoint "
+            f"solve; said again at the {nxt}th]"
+        )
 
     def reset(self) -> None:
         """v was reset to 0: its budget starts again."""
