@@ -100,10 +100,9 @@ def readable_progress_bar(shown: bool) -> list[pl.Callback]:
     """Rich's progress bar (Lightning's default where ``rich`` is installed) prints metrics as
     ``.3f``, which shows a λ of 5e-5 as 0.000: three significant digits instead."""
     try:
+        import rich  # noqa: F401
         from pytorch_lightning.callbacks import RichProgressBar
         from pytorch_lightning.callbacks.progress.rich_progress import RichProgressBarTheme
-
-        import rich  # noqa: F401
     except ImportError:
         return []
     return [RichProgressBar(theme=RichProgressBarTheme(metrics_format=".3g"))] if shown else []
