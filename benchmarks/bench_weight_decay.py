@@ -13,7 +13,7 @@ For each *setting* (data + model + optimizer + epochs, all fixed), the same trai
                  ``--granularity-kwargs '{"per_element": {"outer_lr": 1.0}}'`` overrides them for
                  one granularity.
 
-Settings (``--settings``; a–f are aliases; default: a–e):
+Settings (``--settings``; a–g are aliases; default: a–e):
 
 ===============  ==========================================================================
 ``mnist_mlp``    (a) MNIST, 5000 train / 5000 val (rest of the training set) / 10k test;
@@ -25,6 +25,10 @@ Settings (``--settings``; a–f are aliases; default: a–e):
 ``fashion_mlp``  (d) as (a) on Fashion-MNIST (``--fashion-data``): a data set the defaults
                  were not chosen on
 ``fashion_cnn``  (e) as (b) on Fashion-MNIST
+``digits_small`` (g) the README's main job (``examples/lightning_digits.py``): scikit-learn digits,
+                 300 train / 300 val / 1197 test (stratified; the seed draws the split and the
+                 initial weights); MLP 64-128-128-10; SGD(lr 0.05, momentum 0.9); batch 32;
+                 40 epochs
 ``fashion_resnet18`` (f) Fashion-MNIST 2000 train / 2000 val / 5000 test; torchvision's ResNet-18
                  (11.2 M parameters, BatchNorm; its stem takes 1 channel); SGD(lr 0.01,
                  momentum 0.9); batch 64; 4 epochs. Only on request (minutes per training on a
@@ -190,6 +194,12 @@ SETTINGS: dict[str, Setting] = {
         "fashion", "mlp", "sgd", 0.05, 0.9, 64, 10, 5000, 5000, 10000,
         _grid(1e-5, 1e-1), (1e-5, 1e-1),
     ),
+    "digits_small": Setting(
+        "digits_small",
+        "MLP 64-128-128-10",
+        "digits", "mlp_digits", "sgd", 0.05, 0.9, 32, 40, 300, 300, 0,  # the main job's split
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
     "fashion_resnet18": Setting(
         "fashion_resnet18",
         "ResNet-18 (torchvision, 1-channel stem)",
@@ -204,7 +214,7 @@ SETTINGS: dict[str, Setting] = {
     ),
 }  # fmt: skip
 ALIASES = {"a": "mnist_mlp", "b": "mnist_cnn", "c": "digits_mlp", "d": "fashion_mlp",
-           "e": "fashion_cnn", "f": "fashion_resnet18"}  # fmt: skip
+           "e": "fashion_cnn", "f": "fashion_resnet18", "g": "digits_small"}  # fmt: skip
 #: the settings run when none is named (ResNet-18 only on request: minutes per training on CPU)
 DEFAULT_SETTINGS = ["mnist_mlp", "mnist_cnn", "digits_mlp", "fashion_mlp", "fashion_cnn"]
 
@@ -224,6 +234,8 @@ def describe(s: Setting, data: Data) -> str:
 
 def quick_setting(s: Setting) -> Setting:
     """Tiny data and 1–2 epochs: the whole quick benchmark runs in seconds."""
+    if s.data == "digits" and s.n_val:  # the main job's split: n_train / n_val / the rest
+        return replace(s, epochs=2, batch_size=16)
     if s.data == "digits":
         return replace(s, epochs=2, batch_size=16, n_train=300)  # n_train: samples before split
     return replace(s, epochs=1, n_train=500, n_val=500, n_test=1000)
@@ -274,6 +286,12 @@ def make_data(s: Setting, data_root: Path, seed: int) -> Data:
 
         X, y = load_digits(return_X_y=True)
         idx = np.arange(len(y))
+        if s.n_val:  # the main job's split (examples/lightning_digits.py: splits)
+            tr, rest = train_test_split(idx, train_size=s.n_train, stratify=y, random_state=seed)
+            va, te = train_test_split(rest, train_size=s.n_val, stratify=y[rest], random_state=seed)
+            Xt = torch.tensor(X / 16.0, dtype=torch.float32)
+            yt = torch.tensor(y, dtype=torch.int64)
+            return Data(Xt[tr], yt[tr], Xt[va], yt[va], Xt[te], yt[te])
         if s.n_train:  # quick mode: a stratified subset of n_train samples before the split
             idx, _ = train_test_split(idx, train_size=s.n_train, stratify=y, random_state=seed)
         tr, rest = train_test_split(idx, train_size=0.4, stratify=y[idx], random_state=seed)
@@ -304,6 +322,10 @@ def make_network(kind: str) -> nn.Module:
     if kind == "mlp":
         return nn.Sequential(
             nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
+        )
+    if kind == "mlp_digits":  # the main job's MLP (examples/lightning_digits.py)
+        return nn.Sequential(
+            nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
         )
     if kind == "mlp_small":
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
@@ -640,7 +662,13 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     strategy object): ``horizon`` is :class:`~hypertorch_sid.HorizonDamping` (δ from the steps
     that remain and the measured step size, added to the default curvature damping); an
     ``"elements"`` dict is :class:`~hypertorch_sid.TiedToLayer` with those settings (e.g.
-    ``'{"per_element": {"elements": {"scale": 100}}}'``), a name (``"untied"``) passes as is."""
+    ``'{"per_element": {"elements": {"scale": 100}}}'``), a name (``"untied"``) passes as is;
+    a ``"look_ahead"`` dict is :class:`~hypertorch_sid.TrainedWeights` with those settings
+    (``'{"look_ahead": {}}'``: the validation gradient at the trained weights, eq. trainedgrad)."""
+    if isinstance(kwargs.get("look_ahead"), dict):  # e.g. {"filter": "rayleigh"}
+        from hypertorch_sid import TrainedWeights
+
+        kwargs = {**kwargs, "look_ahead": TrainedWeights(**kwargs["look_ahead"])}
     if isinstance(kwargs.get("elements"), dict):
         from hypertorch_sid import TiedToLayer
 

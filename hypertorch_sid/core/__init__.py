@@ -38,7 +38,7 @@ from .estimation import (
     lanczos_extremes,
 )
 from .gauss_newton import GaussNewton
-from .horizon import HorizonDamping, HorizonSolver
+from .horizon import CurrentWeights, HorizonDamping, HorizonSolver, LookAhead, TrainedWeights
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
@@ -132,6 +132,9 @@ __all__ = [
     "FixedDamping",
     "HorizonDamping",
     "HorizonSolver",
+    "LookAhead",
+    "CurrentWeights",
+    "TrainedWeights",
     "HoldInvariant",
     "InvariantRule",
     "LearnInvariant",

@@ -11,6 +11,8 @@ flags:
 ``inner_solver``    how the t inner steps run: ``AveragedMomentum`` (the default), ``LastIterate``
 ``damping``         the shift δ of the adjoint system α(∇²₁₁ℓ + δI)v = ∇₁E: :class:`Damping`
 ``adjoint_solver``  how it is solved: ``Automatic`` (the default), ``FixedPointIteration``, CG
+``look_ahead``      the right-hand side ∇₁E at w_t (``CurrentWeights``) or at the trained weights
+                    (``TrainedWeights``, eq. trainedgrad)
 ``preconditioner``  the diagonal P of the GD map w − αP∇ℓ̂ (same w(λ), smaller κ): ``FisherDiagonal``
 ``on_divergence``   what a divergence does: ``RaiseOnDivergence``, ``BackOff``, ``Recover``
 ``feasible_set``    Λ: the projection P_Λ after each outer step and its membership test
@@ -40,6 +42,7 @@ from .divergence import DivergencePolicy, RaiseOnDivergence
 from .errors import ConfigurationError, DivergenceError
 from .estimation import Curvature, EstimatedCurvature
 from .gauss_newton import GaussNewton, check_hvp
+from .horizon import CurrentWeights, LookAhead
 from .preconditioning import FisherDiagonal, Preconditioner
 from .rows import RowSnapshot
 from .schedules import StepSchedule, check_schedule_kind
@@ -213,6 +216,7 @@ class SIDConfig:
     inner_solver: InnerSolver = field(default_factory=AveragedMomentum)
     damping: Damping = field(default_factory=CurvatureDamping)
     adjoint_solver: AdjointSolver = field(default_factory=Automatic)
+    look_ahead: LookAhead = field(default_factory=CurrentWeights)
     preconditioner: Preconditioner = field(default_factory=FisherDiagonal)
     on_divergence: DivergencePolicy = field(default_factory=RaiseOnDivergence)
     feasible_set: FeasibleSet = field(default_factory=FeasibleSet)
@@ -242,6 +246,7 @@ class SIDConfig:
         _strategy("inner_solver", self.inner_solver, InnerSolver, "LastIterate()")
         _strategy("damping", self.damping, Damping, "CurvatureDamping()")
         _strategy("adjoint_solver", self.adjoint_solver, AdjointSolver, "FixedPointIteration()")
+        _strategy("look_ahead", self.look_ahead, LookAhead, "TrainedWeights()")
         _strategy("preconditioner", self.preconditioner, Preconditioner, "FisherDiagonal()")
         _strategy("on_divergence", self.on_divergence, DivergencePolicy, "Recover()")
         _strategy("feasible_set", self.feasible_set, FeasibleSet, "FeasibleSet(project=...)")
@@ -333,6 +338,7 @@ _STRATEGIES = frozenset(
         "inner_solver",
         "damping",
         "adjoint_solver",
+        "look_ahead",
         "preconditioner",
         "on_divergence",
         "feasible_set",

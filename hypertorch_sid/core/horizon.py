@@ -336,3 +336,108 @@ class HorizonSolver(AdjointSolver):
         """‖v‖ ≤ ηT/α·‖∇₁E‖ (Σ_T ≤ ηT): the guard's budget."""
         steps, eta = self._steps_and_eta()
         return math.inf if math.isinf(steps) else eta * steps / self._alpha(ctx.phi)
+
+
+class LookAhead:
+    """Which validation gradient the adjoint system α(∇²₁₁ℓ̂ + δI)v = ∇₁E is solved for: *where*
+    the hypergradient looks at E (the damping and the adjoint solver set *how far* along the
+    training it looks). The hyper step calls :meth:`target` with ∇₁E(w_t) and a function that
+    returns ∇₁ℓ̂(w_t) on fresh training minibatches (read only if the strategy asks for it);
+    :meth:`observe` gets the training's remaining steps T and step size η."""
+
+    #: training minibatches the strategy reads per hyper step (the compute budget plans them)
+    train_batches: int = 0
+
+    def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
+        """The training's steps still to run and its step size η (unused here)."""
+
+    def target(self, grad_w_E: Sequence[Tensor], train_gradient: Any) -> Tensors:
+        """The right-hand side of the adjoint system (here ∇₁E(w_t) itself)."""
+        return [g.detach() for g in grad_w_E]
+
+
+class CurrentWeights(LookAhead):
+    """∇₁E(w_t): the validation gradient at the current weights (the default; eq. hypergrad)."""
+
+    def __repr__(self) -> str:
+        return "CurrentWeights()"
+
+
+@dataclass
+class TrainedWeights(LookAhead):
+    """∇₁E at the weights the training will reach, not at the current (underfit) ones.
+
+    Linearised at w_t, the T remaining gradient steps of step size η on ℓ̂ (Hessian H) move the
+    weights by −Σ_T(H)∇₁ℓ̂(w_t) (eq. horizon) and so the validation gradient to
+
+        ∇₁E(w_{t+T}) = ∇₁E(w_t) − H_E Σ_T(H) ∇₁ℓ̂(w_t)
+                     = ∇₁E(w_t) − (I − (I − ηH)^T) ∇₁ℓ̂(w_t)      (H_E = H)   (eq. trainedgrad)
+
+    where the validation loss has the training loss's curvature (both are the expected loss's,
+    up to sampling). The part of the validation gradient that the training shares with its own
+    gradient — the fit it is still making — is what the remaining steps remove; what is left is
+    the *gap* between the two (plus λw through ℓ̂), the direction the training will not fix. A
+    hypergradient from ∇₁E(w_t) answers "does more decay lower E now?", which while a network
+    still fits is no (decay slows the fit), and so pushes λ down for the first 30–50 % of a
+    training whose late, overfitting weights want more decay; from eq. trainedgrad it answers
+    for the trained weights.
+
+    The filter I − (I − ηH)^T is taken along the curvature of ∇₁ℓ̂ itself,
+    h_g = ⟨g, Hg⟩/⟨g, g⟩ (``filter="rayleigh"``: one Hessian–vector product; 1 − (1 − ηh_g)^T,
+    clipped to [0, 1]), or as 1 (``filter="converged"``: the training converges along every
+    direction its gradient has, T ≫ 1/(ηh); no product). With no step left (T = 0) it is 0: the
+    current weights are the trained ones. Before T and η are known: 1.
+
+    Parameters
+    ----------
+    batches: training minibatches whose mean ∇₁ℓ̂ is subtracted (fresh draws; as many as the
+        validation gradient's batches keeps the two equally noisy).
+    filter: ``"converged"`` or ``"rayleigh"`` (see above).
+    """
+
+    batches: int = 1
+    filter: str = "converged"
+    remaining_steps: int | None = field(default=None, init=False)
+    step_size: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.batches = check_integer("TrainedWeights.batches", self.batches, 1)
+        if self.filter not in ("converged", "rayleigh"):
+            raise ConfigurationError(
+                f"TrainedWeights(filter={self.filter!r}): use 'converged' (I − (I − ηH)^T ≈ I) "
+                "or 'rayleigh' (along the Rayleigh quotient of ∇₁ℓ̂, one product)."
+            )
+
+    @property
+    def train_batches(self) -> int:  # type: ignore[override]
+        return self.batches
+
+    def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
+        self.remaining_steps = None if remaining_steps is None else max(int(remaining_steps), 0)
+        if step_size is not None and math.isfinite(step_size) and step_size > 0:
+            self.step_size = float(step_size)
+
+    def shrink(self, h: float | None) -> float:
+        """The filter 1 − (1 − ηh)^T of eq. trainedgrad along a curvature h (1 while T or η is
+        unknown or for ``filter="converged"``, 0 with no step left)."""
+        steps, eta = self.remaining_steps, self.step_size
+        if steps is None or eta is None:
+            return 1.0
+        if steps == 0:
+            return 0.0
+        if self.filter == "converged" or h is None:
+            return 1.0
+        x = eta * h
+        if x <= 0:
+            return 0.0  # flat or negative curvature: the training does not remove it
+        if x >= 1:
+            return 1.0
+        return float(-math.expm1(steps * math.log1p(-x)))
+
+    def target(self, grad_w_E: Sequence[Tensor], train_gradient: Any) -> Tensors:
+        """∇₁E(w_t) − c ∇₁ℓ̂(w_t) (eq. trainedgrad, c the filter); ``train_gradient(n,
+        curvature)`` returns the mean ∇₁ℓ̂ over n fresh minibatches and, with curvature=True,
+        its Rayleigh quotient h_g."""
+        g, h = train_gradient(self.batches, self.filter == "rayleigh")
+        c = self.shrink(h)
+        return [e.detach() - c * gi for e, gi in zip(grad_w_E, g)]

@@ -483,6 +483,8 @@ class SIDHyperOptimizer:
             if c.warm_start_adjoint and self.v is not None
             else [torch.zeros_like(g) for g in g_w]
         )
+        # eq. trainedgrad where the look-ahead asks for it (∇₁E(w_t) itself by default)
+        g_w = c.look_ahead.target(g_w, lambda n, h: self._train_gradient(stream, n, h))
         target = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
         # no q to choose (or accelerate) with where a scheduled or a full-batch adjoint was asked
         q = self.q if c.adjoint_step_size is None and c.batches.adjoint != "full" else None
@@ -503,6 +505,25 @@ class SIDHyperOptimizer:
             v, result = solver.solve(ctx, target, v0)
         allowance.adjoint_done(started, ctx.steps)
         return _Adjoint(v, v0, target, g_lam, value, result, solver.step_budget(ctx))
+
+    def _train_gradient(
+        self, stream: BatchStream, n: int, curvature: bool
+    ) -> tuple[Tensors, float | None]:
+        """The mean ∇₁ℓ̂(w_t) over ``n`` fresh training minibatches (for the look-ahead,
+        :class:`~.horizon.TrainedWeights`) and, with ``curvature``, its Rayleigh quotient
+        ⟨g, Hg⟩/⟨g, g⟩ on the first of them (one Hessian–vector product)."""
+        batches = stream.take(n)
+        with frozen_mode(self.module, self.config.mode):
+            grads = [self.phi.gradient(b) for b in batches]
+            mean = [sum(g[i].detach() for g in grads) / len(grads) for i in range(len(grads[0]))]
+            self.cost.samples += sum(batch_size(b) for b in batches)
+            if not curvature:
+                return mean, None
+            hg = self.phi.hessian_vector_product(batches[0], mean)
+            self.cost.jacobian_vector_products += 1
+        gg = sum(float(x.double().pow(2).sum()) for x in mean)
+        ghg = sum(float((x.double() * y.double()).sum()) for x, y in zip(mean, hg))
+        return mean, (ghg / gg if gg > 0 else None)
 
     def _assemble(self, stream: BatchStream, adjoint: _Adjoint) -> Tensors:
         """Step 3: ∇̂f(λ) = ∇₂E(w_t, λ) + mean_j ∂₂Φ̂(w_t, λ, ζ_j)ᵀ v_k on J fresh minibatches (or

@@ -630,6 +630,7 @@ class HyperOptimizationCallback(Callback):
         eta = self._step_size if eta is None else eta
         self.sid.config.damping.observe(remaining_steps(trainer), eta)
         self.sid.config.adjoint_solver.observe(remaining_steps(trainer), eta)
+        self.sid.config.look_ahead.observe(remaining_steps(trainer), eta)
         self._step_size = None
         self.sid.refresh_damping()
 
