@@ -511,11 +511,14 @@ class SIDHyperOptimizer:
     ) -> tuple[Tensors, float | None]:
         """The mean ∇₁ℓ̂(w_t) over ``n`` fresh training minibatches (for the look-ahead,
         :class:`~.horizon.TrainedWeights`) and, with ``curvature``, its Rayleigh quotient
-        ⟨g, Hg⟩/⟨g, g⟩ on the first of them (one Hessian–vector product)."""
+        ⟨g, Hg⟩/⟨g, g⟩ on the first of them (one Hessian–vector product; under DDP the
+        processes' mean)."""
         batches = stream.take(n)
         with frozen_mode(self.module, self.config.mode):
             grads = [self.phi.gradient(b) for b in batches]
             mean = [sum(g[i].detach() for g in grads) / len(grads) for i in range(len(grads[0]))]
+            if self.mean_across_processes is not None:  # every rank solves the same system
+                mean = [self.mean_across_processes(g) for g in mean]
             self.cost.samples += sum(batch_size(b) for b in batches)
             if not curvature:
                 return mean, None
@@ -523,6 +526,8 @@ class SIDHyperOptimizer:
             self.cost.jacobian_vector_products += 1
         gg = sum(float(x.double().pow(2).sum()) for x in mean)
         ghg = sum(float((x.double() * y.double()).sum()) for x, y in zip(mean, hg))
+        if self.mean_across_processes is not None:  # one filter on every rank
+            ghg = float(self.mean_across_processes(torch.tensor(ghg, dtype=mean[0].dtype)))
         return mean, (ghg / gg if gg > 0 else None)
 
     def _assemble(self, stream: BatchStream, adjoint: _Adjoint) -> Tensors:
