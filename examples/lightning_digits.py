@@ -35,7 +35,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import LearnedWeightDecay
+from hypertorch_sid import CurrentWeights, LearnedWeightDecay, TrainedWeights
 from hypertorch_sid.plots import lambda_names, plot_training, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,6 +203,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         help="the learned run's compute budget ('none': every due hyper step); default: the "
         "drop-in's own",
     )
+    parser.add_argument(
+        "--look-ahead",
+        choices=("default", "current", "trained"),
+        default="default",
+        help="where the learned run's hypergradient reads the validation gradient: at the "
+        "current weights (CurrentWeights) or at the trained ones (TrainedWeights); default: the "
+        "drop-in's own",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -221,9 +229,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     pick = min(grid, key=lambda r: r["val_loss"])
     runs["grid_pick"] = {**pick, "grid_seconds": sum(r["seconds"] for r in grid)}
     print("LearnedWeightDecay() — the progress bar shows the mean λ (lam) and ‖∇̂f‖ (hg):")
-    budget = {} if args.max_overhead == "default" else {"max_overhead": args.max_overhead}
+    options = {} if args.max_overhead == "default" else {"max_overhead": args.max_overhead}
+    if args.look_ahead != "default":
+        look = {"current": CurrentWeights, "trained": TrainedWeights}[args.look_ahead]
+        options["look_ahead"] = look()
     runs["learned"] = train(
-        data, args, "learned", callbacks=[LearnedWeightDecay(**budget)], progress_bar=True
+        data, args, "learned", callbacks=[LearnedWeightDecay(**options)], progress_bar=True
     )
     logged = read_metrics(runs["learned"]["log"])
     learned_lam = {
