@@ -673,6 +673,8 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
         from hypertorch_sid import TiedToLayer
 
         kwargs = {**kwargs, "elements": TiedToLayer(**kwargs["elements"])}
+    if isinstance(kwargs.get("outer_optimizer"), dict):
+        kwargs = {**kwargs, "outer_optimizer": _outer_factory(kwargs["outer_optimizer"])}
     if damping == "default":
         return kwargs
     from hypertorch_sid import HorizonDamping
@@ -680,6 +682,17 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     if damping == "horizon":
         return {**kwargs, "damping": HorizonDamping()}
     return _horizon_solver(kwargs)
+
+
+def _outer_factory(spec: dict[str, Any]) -> Callable[..., Any]:
+    """An ``"outer_optimizer"`` given as ``{"class_path": "module.Class", "init_args": {...}}``
+    (as in a LightningCLI config): the factory ``params -> Class(params, **init_args)``."""
+    import functools
+    import importlib
+
+    module, _, name = spec["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return functools.partial(cls, **spec.get("init_args", {}))
 
 
 def _horizon_solver(kwargs: dict[str, Any]) -> Callable[[Classifier], dict[str, Any]]:

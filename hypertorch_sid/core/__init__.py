@@ -43,6 +43,7 @@ from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGra
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
+from .outer_step import SignalGatedAdam
 from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .sample_weights import (
@@ -109,6 +110,7 @@ __all__ = [
     "Parameterization",
     "ProjectedDecay",
     "ShrinkageStep",
+    "SignalGatedAdam",
     "ShrunkToLayer",
     "TiedToLayer",
     "Untied",

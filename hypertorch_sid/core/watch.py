@@ -226,6 +226,8 @@ def warn_if_lambda_stuck(
 ) -> bool:
     """An outer step that left λ bitwise unchanged although ∇̂f ≠ 0: say why. True if stuck."""
     g = _norm(hypergrad)
+    if getattr(optimizer, "held_back", False):  # it held λ on purpose (e.g. SignalGatedAdam)
+        return False
     if g == 0 or not all(torch.equal(b, a) for b, a in zip(before, after)):
         return False
     eps = [grp.get("eps") for grp in optimizer.param_groups if isinstance(grp.get("eps"), float)]
