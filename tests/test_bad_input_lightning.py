@@ -229,6 +229,20 @@ def test_validation_batch_larger_than_the_validation_set_is_refused():
         _trainer([cb]).fit(Ridge(), train, val)
 
 
+def test_loader_batch_larger_than_its_data_set_reads_the_whole_set():
+    """A DataLoader's ``batch_size`` above its data set's size yields the whole set as one batch
+    (a common ``batch_size=1000`` for evaluation over 500 samples): the samplers do as it does —
+    it was refused as "larger than the data set" — and the hyper steps read every sample."""
+    X, y, Xv, yv = _tensors(120, 60)
+    train = DataLoader(TensorDataset(X, y), batch_size=500)
+    val = DataLoader(TensorDataset(Xv, yv), batch_size=1000)
+    cb = HyperOptimizationCallback(every_n_steps=1, adjoint_steps=2, max_overhead=None)
+    _trainer([cb], max_epochs=3).fit(Ridge(), train, val)
+    assert cb.sid is not None and cb.sid.hyper_step == 3
+    assert cb.history[-1]["hyper/val_samples"] == 3 * 60
+    assert cb.history[-1]["hyper/train_samples"] % 120 == 0
+
+
 @pytest.mark.parametrize("on_divergence", ["raise", "skip"])
 def test_nan_in_validation_data_never_reaches_lambda(on_divergence):
     train, val = _loaders(nan_in_val=True)

@@ -176,7 +176,7 @@ class HyperData:
                 loader, self._prepare(), self.world_size, batch_size, "train dataloader"
             )
         dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
-        batch_size = batch_size or loader_bs
+        batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
                 "HyperOptimizationCallback cannot tell the training batch size: pass batch_size."
@@ -185,6 +185,16 @@ class HyperData:
         sampler = ShardedSampler(self.n_train, batch_size, seed, self.rank, self.world_size)
         self.train_parts = (dataset, collate)
         return SampledBatches(dataset, collate, sampler, self._prepare())
+
+    def _whole_set_at_most(self, loader_batch_size: int | None, n: int) -> int | None:
+        """A loader's batch size, capped at this process's share of its ``n`` samples: a
+        DataLoader whose ``batch_size`` exceeds its data set (``batch_size=1000`` over 500
+        validation samples) yields the whole set as one batch, and so do the samplers. (A
+        ``batch_size=``/``val_batch_size=`` given to the callback is taken as asked, and refused
+        when too large.)"""
+        if loader_batch_size is None:
+            return None
+        return max(1, min(loader_batch_size, n // self.world_size))
 
     def _build_val(self, val: str, batch_size: int | None, seed: int) -> None:
         loader = validation_loader(self.trainer)
@@ -223,7 +233,7 @@ class HyperData:
                     collate_fn=lambda items: to_device(collate(items)),
                 )
             return
-        batch_size = batch_size or loader_bs
+        batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
                 "HyperOptimizationCallback cannot tell the validation batch size: pass "
