@@ -386,6 +386,26 @@ def test_lazy_adam_takes_sparse_gradients_and_a_shared_scale():
     assert torch.allclose(x[3], 2 * x[1])
 
 
+def test_lazy_adam_batch_scale_divides_by_the_rms_of_the_rows_of_this_step():
+    """row_scale="batch" (eq. batchscale): x_i -= lr·g_i / RMS_j∈read(g_j), with β₁ = 0 (the
+    drop-in's): rows read together keep the ratios of their gradients, each step has RMS lr,
+    and a row read alone moves by exactly lr whatever its gradient's size."""
+    w = SampleWeights(5)
+    lazy = LazyAdam(w.hyperparameters, lr=0.5, betas=(0.0, 0.999), row_scale="batch")
+    w.logits.grad = torch.tensor([3.0, -4.0, 0.0, 0.0, 0.0])
+    lazy.step()
+    rms = (12.5) ** 0.5
+    x = w.logits.detach()
+    assert torch.allclose(x[:2], torch.tensor([-0.5 * 3 / rms, 0.5 * 4 / rms]), atol=1e-6)
+    assert bool((x[2:] == 0).all())
+    assert abs(float(x[:2].pow(2).mean().sqrt()) - 0.5) < 1e-6
+    w.logits.grad = torch.sparse_coo_tensor(torch.tensor([[4]]), torch.tensor([1e-3]), (5,))
+    lazy.step()
+    assert abs(float(w.logits[4]) + 0.5) < 1e-4 and torch.equal(w.logits.detach()[:4], x[:4])
+    with pytest.raises(ConfigurationError, match="row_scale"):
+        LazyAdam(w.hyperparameters, row_scale="rows")
+
+
 # ---------------------------------------------------------------------- the training's cross term
 @pytest.mark.parametrize(
     ("parameterization", "sparse_grad"), [("sigmoid", True), ("softmax", False)]

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -534,7 +534,14 @@ class LazyAdam(torch.optim.Optimizer):
     The cost is a scan for the non-zero rows plus O(rows read) arithmetic; the state (m, v, the
     visit counts) is O(n) storage. ``row_scale=False`` divides by one running RMS of the
     gradients of all rows read instead of each row's own (a row visited once then moves by
-    lr·gᵢ/RMS, keeping how large its gradient was, not by ±lr whatever its size). Works on dense
+    lr·gᵢ/RMS, keeping how large its gradient was, not by ±lr whatever its size).
+    ``row_scale="batch"`` divides by the RMS of this step's gradients over the rows read:
+
+        xᵢ ← xᵢ − lr · m̂ᵢ / RMS_{j read}(gⱼ),                                  (eq. batchscale)
+
+    so the rows of one minibatch keep the ratios of their evidence (an example the validation
+    data barely cares about moves little beside one it clearly contradicts) and every step has
+    RMS lr whatever the hypergradient's scale at that point of the training. Works on dense
     gradients (what ``SIDHyperOptimizer`` writes) and on sparse ones.
     """
 
@@ -544,10 +551,14 @@ class LazyAdam(torch.optim.Optimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        row_scale: bool = True,
+        row_scale: bool | Literal["batch"] = True,
     ) -> None:
         if not lr > 0:
             raise ConfigurationError(f"LazyAdam: lr must be > 0, got {lr!r}.")
+        if row_scale not in (True, False, "batch"):
+            raise ConfigurationError(
+                f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."
+            )
         defaults = {"lr": lr, "betas": betas, "eps": eps, "row_scale": row_scale}
         super().__init__(params, defaults)
 
@@ -583,7 +594,10 @@ class LazyAdam(torch.optim.Optimizer):
                 state["visits"].index_copy_(0, rows, t)
                 shape = (-1,) + (1,) * (p.dim() - 1)
                 c1 = (1 - b1**t).to(p.dtype).view(shape)
-                if group.get("row_scale", True):
+                row_scale = group.get("row_scale", True)
+                if row_scale == "batch":  # eq. batchscale: one scale, this step's rows
+                    scale = values.pow(2).mean().sqrt()
+                elif row_scale:
                     c2 = (1 - b2**t).to(p.dtype).view(shape)
                     scale = (v / c2).sqrt()
                 else:  # one scale for all rows: a row's step keeps its gradient's magnitude

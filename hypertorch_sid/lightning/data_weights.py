@@ -334,7 +334,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ``"hyper_step"``: only the hyper steps' own minibatches (Algorithm 1 as written).
     row_scale:
         :class:`LazyAdam`'s ``row_scale`` (each row's own second moment, default; ``False``: one
-        shared scale). Ignored when ``outer_optimizer`` is given.
+        running scale shared by all rows; ``"batch"``: the RMS of the rows of each step, eq.
+        batchscale). Ignored when ``outer_optimizer`` is given.
     outer_betas:
         :class:`LazyAdam`'s ``betas`` (default ``(0.0, 0.999)``). Ignored when
         ``outer_optimizer`` is given. Per sample a row is read about once an epoch, so a β₁ of
@@ -371,7 +372,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         cross_term: Literal["training", "hyper_step"] = "training",
-        row_scale: bool = True,
+        row_scale: bool | Literal["batch"] = True,
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
         **kwargs: Any,
