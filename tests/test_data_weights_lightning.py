@@ -309,3 +309,29 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
     _ddp_worker(parser.parse_args().worker)
+
+
+class WideValidation(Data):
+    """The same training data with ``n_val`` validation examples in loader batches of 10."""
+
+    def __init__(self, n_val: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.Xv = torch.randn(n_val, 2, generator=gen)
+        self.yv = torch.arange(n_val) % 3
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=10)
+
+
+@pytest.mark.parametrize(
+    ("n_val", "kwargs", "expected"),
+    [(300, {}, 256), (100, {}, 100), (300, {"val_batch_size": 16}, 16)],
+)
+def test_hyper_steps_read_at_least_256_validation_examples(n_val, kwargs, expected):
+    """By default a hyper step's ∇₁E reads MIN_VAL_BATCH = 256 validation examples (not the
+    validation loader's batch of 10), the whole set where it is smaller; val_batch_size= wins."""
+    cb = callback(**kwargs)
+    fit(cb, 1, data=WideValidation(n_val))
+    assert cb.data.val.sampler.batch_size == expected
+    assert cb.data.val_samples == expected * len(cb.history)

@@ -69,10 +69,15 @@ from ..core.sample_weights import (
 from ..core.sample_weights import directional_losses as core_directional_losses
 from .callback import HyperOptimizationCallback
 from .problem import BilevelProblem
-from .sampling import first_loader
+from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]
+
+#: the fewest validation examples a hyper step of the drop-in reads by default (all processes
+#: together; the whole validation set if it is smaller): the v that every training batch's cross
+#: term uses until the next hyper step is solved against this batch's ∇₁E
+MIN_VAL_BATCH = 256
 
 
 def _default_target(data: Any) -> Tensor:
@@ -355,7 +360,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
         defaults differ from the callback's: ``start_step=100`` (weights move after 100 plain
         optimizer steps), ``every_n_steps=40``, ``adjoint_steps=3``,
-        ``batches=Batches(d2=1)`` (with ``cross_term="hyper_step"``: every 10 steps,
+        ``val_batch_size``: at least :data:`MIN_VAL_BATCH` = 256 validation examples per hyper
+        step (the validation loader's batch size where larger, the whole set where smaller;
+        ``val_batch_size=`` sets it), ``batches=Batches(d2=1)`` (with
+        ``cross_term="hyper_step"``: every 10 steps,
         ``Batches(d2=4)``, the hyper steps' minibatches being then the only place a weight gets
         its gradient), and the outer optimizer :class:`LazyAdam` at ``outer_lr=1.0``
         (each visit of an example moves its logit by about 1; ``0.02`` per class, whose rows
@@ -389,6 +397,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
         # little about which example to trust (bench_noisy_labels: +2 to +4 points, 25 % less cost)
         kwargs.setdefault("start_step", 100)
         kwargs.setdefault("adjoint_steps", 3)
+        # v steers the next 40 training batches' weights: read ≥ MIN_VAL_BATCH validation
+        # examples for it, not the validation loader's batch (bench_noisy_labels: see the docs)
+        self._val_floor = (
+            MIN_VAL_BATCH
+            if kwargs.get("val_batch_size") is None and kwargs.get("val", "batch") == "batch"
+            else None
+        )
         if not {"config", "batches"} & set(kwargs):
             kwargs["batches"] = Batches(d2=1 if cross_term == "training" else 4)
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
@@ -429,10 +444,28 @@ class LearnedDataWeights(HyperOptimizationCallback):
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""
         self.problem.sparse_grad = self.sparse_grad_for(trainer.world_size)
+        if self._val_floor is not None:
+            self.val_batch_size = self._default_val_batch(trainer, self._val_floor)
         super().on_train_start(trainer, pl_module)
         self._trainer, self._module = trainer, pl_module
         if self.cross_term == "training":
             self.problem.on_training_batch = self._training_cross_term
+
+    @staticmethod
+    def _default_val_batch(trainer: pl.Trainer, floor: int) -> int | None:
+        """The hyper steps' validation minibatch per process: the loader's batch size, raised to
+        ``floor`` examples over all processes, capped at the validation set (None: the loader's,
+        where it has no length or no batch size to read, e.g. a stream)."""
+        loader = validation_loader(trainer)
+        if loader is None:
+            return None  # the base callback says what is missing
+        loader = first_loader(loader, "validation dataloader")
+        if not draws_by_index(loader):
+            return None
+        dataset, _, batch_size = loader_parts(loader, "validation dataloader")
+        world = trainer.world_size
+        wanted = max(batch_size or 1, -(-floor // world))
+        return max(1, min(wanted, len(dataset) // world))
 
     def _training_cross_term(self, index: Tensor, data: Any) -> None:
         """Eq. gradestim's cross term on the training batch ζ with the last hyper step's v, and
