@@ -63,7 +63,7 @@ with safe_import_context() as import_ctx:
         TrainingCrossTerm,
         directional_losses,
     )
-    from hypertorch_sid.lightning.data_weights import LearnedDataWeights
+    from hypertorch_sid.lightning.data_weights import MIN_VAL_BATCH, LearnedDataWeights
 
 
 def _closure(f, names):
@@ -144,7 +144,9 @@ class DropIn:
         g = torch.Generator().manual_seed(seed)
         self.train = _batches(len(y), batch_size, g)
         self.hyper_train = (self.train_batch(i) for i in _batches(len(y), batch_size, g))
-        self.val = _batches(len(yv), batch_size, g)
+        # the drop-in's hyper steps read ≥ MIN_VAL_BATCH validation examples (256 = this
+        # benchmark's batch_size: the same batches as before that default)
+        self.val = _batches(len(yv), min(max(batch_size, MIN_VAL_BATCH), len(yv)), g)
         self.steps, self.reads, self.divergences = 0, 0, 0
 
     def train_batch(self, index):
