@@ -24,7 +24,13 @@ shared machine the steadier of the two) of ``trainer.fit``, and for
 ``drop_in`` the learned weights split by clean / corrupted (mean, histogram, precision and recall
 of the flagged examples, flagged = weight below half its start).
 Goal (issue 27): the drop-in recovers ≥ 80 % of the accuracy gap between plain and oracle
-(recovered = (drop_in − plain) / (oracle − plain)) at ≤ 2× the plain wall time.
+(recovered = mean(drop_in − plain) / mean(oracle − plain) over the seeds, ± its delta-method
+s.e.) at ≤ 2× the plain wall time.
+
+The recipe, the same for every method: SGD lr 0.05, momentum 0.9, batch 64, gradient norm
+clipped at 1 (``--clip``; ``--clip 0`` for none, the recipe of the runs before this version, under
+which the oracle's own training oscillates on some seeds: Fashion seed 2 ends at 64.8 % against
+77-80 % on the others).
 
 ``--imbalance`` adds the imbalanced-classes example: MNIST with two classes (3 and 8)
 down-sampled 20×, balanced validation data; ``plain`` vs ``inverse_freq`` (class weights
@@ -429,8 +435,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def table(results: dict[str, Any]) -> str:
-    """The markdown table: test accuracy (%) mean ± std over seeds, the gap recovered (from the
-    means, and the range of the per-seed values), wall and CPU time × plain (per-seed ratios of
+    """The markdown table: test accuracy (%) mean ± std over seeds, the gap recovered (a ratio
+    of means over the seeds ± its s.e., and the range of the per-seed values), wall and CPU time × plain (per-seed ratios of
     back-to-back runs, mean and range), the flags' precision / recall."""
 
     def acc(recs: list[dict[str, Any]]) -> str:
@@ -442,14 +448,14 @@ def table(results: dict[str, Any]) -> str:
         return f"{np.mean(r):.2f} ({min(r):.2f}–{max(r):.2f})"
 
     def recovered(res: dict[str, Any], method: str) -> str:
-        mean = {m: np.mean([r["test_acc"] for r in res[m]]) for m in ("plain", "oracle", method)}
-        gap = mean["oracle"] - mean["plain"]
-        per_seed = [
-            (m["test_acc"] - p["test_acc"]) / (o["test_acc"] - p["test_acc"])
-            for m, p, o in zip(res[method], res["plain"], res["oracle"])
-        ]
+        """R = mean(m − p) / mean(o − p) over the seeds (paired), ± its delta-method s.e."""
+        acc = {m: np.array([r["test_acc"] for r in res[m]]) for m in ("plain", "oracle", method)}
+        a, b = acc[method] - acc["plain"], acc["oracle"] - acc["plain"]
+        r = a.mean() / b.mean()
+        se = np.std(a - r * b, ddof=1) / (abs(b.mean()) * np.sqrt(len(a))) if len(a) > 1 else 0
+        per_seed = a / b
         return (
-            f"{100 * (mean[method] - mean['plain']) / gap:.0f} % "
+            f"{100 * r:.0f} ± {100 * se:.0f} % "
             f"({100 * min(per_seed):.0f} to {100 * max(per_seed):.0f})"
         )
 
@@ -532,8 +538,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared CPU)")
     p.add_argument(
-        "--clip", type=float, default=None,
-        help="clip every method's gradient norm at this value (Trainer(gradient_clip_val=))",
+        "--clip", type=float, default=1.0,
+        help="clip every method's gradient norm at this value (Trainer(gradient_clip_val=)); "
+        "default 1: without it the oracle's training is unstable on some seeds at lr 0.05 "
+        "(Fashion seed 2: 44-71 %% between epochs); 0 or a negative value: no clipping",
     )  # fmt: skip
     p.add_argument("--ren-lr", type=float, default=None, help="lr of method ren (default --lr)")
     p.add_argument("--gce-q", type=float, default=0.7, help="q of the GCE loss (method gce)")
@@ -553,6 +561,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="merge the settings of these JSON files (runs split by data set) into --out",
     )  # fmt: skip
     args = p.parse_args(argv)
+    if args.clip is not None and args.clip <= 0:
+        args.clip = None
     if args.quick:
         args.n_train, args.n_val, args.n_test, args.epochs, args.seeds = 600, 200, 500, 1, [0]
         args.datasets, args.noise = args.datasets[:1], args.noise[:1]
