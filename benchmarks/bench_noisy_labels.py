@@ -436,8 +436,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def table(results: dict[str, Any]) -> str:
     """The markdown table: test accuracy (%) mean ± std over seeds, the gap recovered (a ratio
-    of means over the seeds ± its s.e., and the range of the per-seed values), wall and CPU time × plain (per-seed ratios of
-    back-to-back runs, mean and range), the flags' precision / recall."""
+    of means over the seeds ± its s.e., and the range of the per-seed values), wall and CPU time
+    × plain (per-seed ratios of back-to-back runs, mean and range), the flags' precision /
+    recall."""
 
     def acc(recs: list[dict[str, Any]]) -> str:
         a = 100 * np.array([r["test_acc"] for r in recs])

@@ -159,17 +159,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--recipes", type=Path, nargs="+", help="plot these oracle traces to --out")
     p.add_argument("--main", type=Path, nargs="+")
     p.add_argument("--arm", action="append", default=[], help="NAME=FILE[,FILE...]")
+    p.add_argument(
+        "--default-arm", default=None,
+        help="NAME: this arm is the drop-in's default (shown as drop_in); the --main files' "
+        "drop_in becomes the arm drop_in_earlier",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="prefix: writes .json .md .png")
     args = p.parse_args(argv)
     if args.recipes:
         plot_recipes(args.recipes, args.out.with_suffix(".png"))
         return
-    base = merge(args.main)
-    runs, arms = base["runs"], []
+    base = merge(args.main, rename="drop_in_earlier" if args.default_arm else None)
+    runs, arms = base["runs"], ["drop_in_earlier"] if args.default_arm else []
     for spec in args.arm:
         name, files = spec.split("=", 1)
-        arm = merge([Path(f) for f in files.split(",")], rename=f"drop_in_{name}")
-        arms.append(f"drop_in_{name}")
+        key = "drop_in" if name == args.default_arm else f"drop_in_{name}"
+        arm = merge([Path(f) for f in files.split(",")], rename=key)
+        if key != "drop_in":
+            arms.append(key)
         for setting, methods in arm["runs"].items():
             runs.setdefault(setting, {}).update(methods)
     settings = {name: summary(r, arms) for name, r in runs.items()}
