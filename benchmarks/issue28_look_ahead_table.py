@@ -92,6 +92,7 @@ def main() -> None:
         if not new:
             continue
         d = paired(new, old)
+        old = {k: v for k, v in old.items() if k in new}  # the seeds both arms ran
         table[s] = {"difference": d, "default": summary(old), a.arm: summary(new)}
         so, sn = table[s]["default"], table[s][a.arm]
         diff = (

@@ -100,10 +100,12 @@ def test_the_rayleigh_filter_is_exact_along_an_eigenvector(steps: int) -> None:
 
 
 def test_the_filter_ends_and_unknowns() -> None:
-    look = TrainedWeights(filter="rayleigh")
+    look, converged = TrainedWeights(filter="rayleigh"), TrainedWeights()
     assert look.shrink(0.3) == 1.0  # T and η unknown: the training is taken to converge
     look.observe(remaining_steps=0, step_size=0.1)
+    converged.observe(remaining_steps=0, step_size=0.1)
     assert look.shrink(0.3) == 0.0  # no step left: the current weights are the trained ones
+    assert converged.shrink(0.3) == 1.0  # "converged" does not read the training's length
     look.observe(remaining_steps=10, step_size=0.1)
     assert look.shrink(-1.0) == 0.0  # negative curvature: the training does not remove it
     assert look.shrink(30.0) == 1.0 and look.train_batches == 1

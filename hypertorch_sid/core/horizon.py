@@ -384,9 +384,10 @@ class TrainedWeights(LookAhead):
 
     The filter I − (I − ηH)^T is taken along the curvature of ∇₁ℓ̂ itself,
     h_g = ⟨g, Hg⟩/⟨g, g⟩ (``filter="rayleigh"``: one Hessian–vector product; 1 − (1 − ηh_g)^T,
-    clipped to [0, 1]), or as 1 (``filter="converged"``: the training converges along every
-    direction its gradient has, T ≫ 1/(ηh); no product). With no step left (T = 0) it is 0: the
-    current weights are the trained ones. Before T and η are known: 1.
+    clipped to [0, 1]; 0 with no step left, T = 0: the current weights are the trained ones; 1
+    before T and η are known), or as 1 (``filter="converged"``: the training converges along
+    every direction its gradient has, T ≫ 1/(ηh); no product, and no dependence on the
+    training's length, so a fit resumed to a longer one repeats a straight one).
 
     Parameters
     ----------
@@ -418,14 +419,15 @@ class TrainedWeights(LookAhead):
             self.step_size = float(step_size)
 
     def shrink(self, h: float | None) -> float:
-        """The filter 1 − (1 − ηh)^T of eq. trainedgrad along a curvature h (1 while T or η is
-        unknown or for ``filter="converged"``, 0 with no step left)."""
+        """The filter 1 − (1 − ηh)^T of eq. trainedgrad along a curvature h (always 1 for
+        ``filter="converged"``; for ``"rayleigh"`` 1 while T or η is unknown, 0 with no step
+        left)."""
         steps, eta = self.remaining_steps, self.step_size
-        if steps is None or eta is None:
+        if self.filter == "converged" or steps is None or eta is None:
             return 1.0
         if steps == 0:
             return 0.0
-        if self.filter == "converged" or h is None:
+        if h is None:
             return 1.0
         x = eta * h
         if x <= 0:

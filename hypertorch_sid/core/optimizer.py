@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from . import state
+from .autodiff import grad
 from .batches import BatchStream, batch_size, head, repeat
 from .budget import MIN_LANCZOS, Allowance
 from .config import SIDConfig
@@ -515,7 +516,8 @@ class SIDHyperOptimizer:
         processes' mean)."""
         batches = stream.take(n)
         with frozen_mode(self.module, self.config.mode):
-            grads = [self.phi.gradient(b) for b in batches]
+            # the whole ℓ̂'s (the proximal map's data term ĝ leaves out the penalty's λw)
+            grads = [grad(self.phi.loss(b), self.inner_parameters) for b in batches]
             mean = [sum(g[i].detach() for g in grads) / len(grads) for i in range(len(grads[0]))]
             if self.mean_across_processes is not None:  # every rank solves the same system
                 mean = [self.mean_across_processes(g) for g in mean]
