@@ -646,7 +646,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         repeatable; per element ``None``: a budget of 0.5 starved its hyper steps, see
         :class:`~hypertorch_sid.core.decay.ElementModel`), ``look_ahead=TrainedWeights()``
         (the hypergradient for the weights the training will reach, not the current underfit
-        ones; not per element; ``look_ahead=CurrentWeights()`` for the previous behaviour).
+        ones; not per element; ``look_ahead=CurrentWeights()`` for the previous behaviour, and
+        where ``validation_loss`` is not the training loss on other data: eq. trainedgrad
+        assumes the two losses share their curvature).
 
     Notes
     -----
