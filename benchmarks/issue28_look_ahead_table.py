@@ -52,7 +52,10 @@ def default_pattern(setting: str) -> str:
     return str(DEFAULT / f"{setting}_default05_seed[0-9].json")
 
 
-def arm_pattern(setting: str, arm: str) -> str:
+def arm_pattern(setting: str, arm: str, folder: Path | None = None) -> str:
+    """The arm's per-seed files: ``folder`` (``--runs``) or where the look-ahead runs are."""
+    if folder is not None:
+        return str(folder / f"{setting}_{arm}_seed[0-9].json")
     if setting == "digits_small":
         return str(RUNS / "digits_small" / f"digits_small_{arm}_seed[0-9].json")
     return str(RUNS / "look_ahead" / f"{setting}_{arm}_seed[0-9].json")
@@ -85,10 +88,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", default="trained")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--runs", type=Path, default=None, help="folder of the arm's per-seed files")
     a = p.parse_args()
     rows, table = [], {}
     for s in SETTINGS:
-        old, new = learned_runs(default_pattern(s), s), learned_runs(arm_pattern(s, a.arm), s)
+        old, new = learned_runs(default_pattern(s), s), learned_runs(arm_pattern(s, a.arm, a.runs), s)
         if not new:
             continue
         d = paired(new, old)
