@@ -10,17 +10,13 @@ measures instead, and spaces the hyper steps so that
 
 holds whenever a hyper step starts: a hyper step runs when it is due *and* the credit
 ``max_overhead · spent_training − spent_hyper`` is not negative; a hyper step dearer than the
-credit (a curvature refresh, a Recover retry) is paid back by the training steps after it before
-the next one runs. The first hyper step's one-off part (its curvature estimate, beyond what a
-regular hyper step costs) is, where the fit's length is known, spread over the whole fit instead:
-
-    credit + one_off · remaining / total ≥ 0                              (eq. budgetamortised)
-
-At any time the spent share exceeds ``max_overhead`` by at most the last hyper step's cost over the
-training's (and the first's one-off part). Where the fit's length is known, a hyper step also waits
-unless the steps that remain can pay back its predicted minimum cost (``credit + max_overhead ·
-remaining · mean step ≥ predicted``), so that the fit's *final* share stays within ``max_overhead``.
-``max_overhead=None`` (:class:`NoBudget`) runs every due hyper step.
+credit (the first, with its curvature estimate; a refresh; a Recover retry) is paid back by the
+training steps after it before the next one runs. At any time the spent share exceeds
+``max_overhead`` by at most the last hyper step's cost over the training's. Where the fit's
+length is known, a hyper step also waits unless the steps that remain can pay back its predicted
+minimum cost (``credit + max_overhead · remaining · mean step ≥ predicted``), so that the fit's
+*final* share stays within ``max_overhead``. ``max_overhead=None`` (:class:`NoBudget`) runs every
+due hyper step.
 
 **A hard ceiling within a hyper step.** A hyper step's cost is not known in advance: its curvature
 estimate (Lanczos, 2 batches × 10 products in the drop-in) alone cost 21–103 training steps on
@@ -69,23 +65,6 @@ class Budget:
 
     def training_step_done(self) -> None:
         """The training ran one more step (called once per optimizer step)."""
-
-    def one_off(self, products: int = 0) -> float:
-        """What the first hyper step cost beyond a regular one (its curvature estimate and
-        first checks): ``first − predicted(products)``, 0 before it."""
-        return max(self.first_hyper - self.predicted(products), 0.0) if self.hyper_steps else 0.0
-
-    def amortised(self, remaining_steps: int | None, products: int = 0) -> float:
-        """The part of the first hyper step's :meth:`one_off` cost still to be paid back, where
-        the fit's length is known: spread over the whole fit, ``one_off · remaining / total``
-        (eq. budgetamortised), rather than paid back before the next hyper step runs. On a
-        384-step fit (an MLP on 20 Newsgroups) paying it back first held λ at its start for 90
-        training steps and ran 10 of 19 due hyper steps; the end-of-fit rule of :meth:`allows`
-        still keeps the fit's final share within ``max_overhead``."""
-        if remaining_steps is None or not self.training_steps:
-            return 0.0
-        total = self.training_steps + remaining_steps
-        return self.one_off(products) * remaining_steps / total
 
     def allows(self, remaining_steps: int | None = None, products: int = 0) -> bool:
         """Whether a due hyper step fits the budget now (``remaining_steps``: the training steps
@@ -354,13 +333,12 @@ class OverheadBudget(Budget):
         return self.credit + remaining_steps * payback
 
     def allows(self, remaining_steps: int | None = None, products: int = 0) -> bool:
-        """Not in debt (eq. budget; less the first hyper step's one-off cost not yet
-        :meth:`amortised`), and — where the fit's remaining steps are known — the
+        """Not in debt (eq. budget), and — where the fit's remaining steps are known — the
         next hyper step's predicted minimum (``products`` products) can still be paid back by
         them: ``credit + max_overhead · remaining · mean step ≥ predicted`` (so a fit's last
         hyper steps, and a first one dearer than a short fit's whole allowance, do not overdraw
         what no step is left to pay back)."""
-        ok = self.credit + self.amortised(remaining_steps, products) >= 0.0
+        ok = self.credit >= 0.0
         if ok and remaining_steps is not None and self.training_steps:
             ok = self.ceiling(remaining_steps, products) >= self.predicted(products)
         self.skipped += not ok
