@@ -92,7 +92,8 @@ def main() -> None:
     a = p.parse_args()
     rows, table = [], {}
     for s in SETTINGS:
-        old, new = learned_runs(default_pattern(s), s), learned_runs(arm_pattern(s, a.arm, a.runs), s)
+        old = learned_runs(default_pattern(s), s)
+        new = learned_runs(arm_pattern(s, a.arm, a.runs), s)
         if not new:
             continue
         d = paired(new, old)
