@@ -178,8 +178,29 @@ class GCE(Classifier):
         return ((1 - p_y.clamp_min(1e-7) ** self.q) / self.q).mean()
 
 
+def look_ahead_weighted_loss(
+    net: nn.Module, batch: Any, val: tuple[Tensor, Tensor], lr: float, gen: torch.Generator,
+    val_batch: int = 100,
+) -> Tensor:  # fmt: skip
+    """Ren et al. 2018 (L2RW): Σ ωᵢℓᵢ with ω = normalise(max(−∂E(w − η∇Σεᵢℓᵢ)/∂ε, 0)) at
+    ε = 0, E on ``val_batch`` validation examples drawn with ``gen``."""
+    x, y = batch
+    Xv, yv = val
+    params = dict(net.named_parameters())
+    eps = torch.zeros(len(y), requires_grad=True)
+    losses = F.cross_entropy(functional_call(net, params, (x,)), y, reduction="none")
+    grads = torch.autograd.grad((eps * losses).sum(), list(params.values()), create_graph=True)
+    ahead = {k: p - lr * g for (k, p), g in zip(params.items(), grads)}
+    j = torch.randint(0, len(yv), (val_batch,), generator=gen)
+    outer = F.cross_entropy(functional_call(net, ahead, (Xv[j],)), yv[j])
+    (g_eps,) = torch.autograd.grad(outer, eps)
+    w = torch.clamp(-g_eps, min=0)
+    w = w / w.sum() if float(w.sum()) > 0 else w
+    return (w.detach() * losses).sum()
+
+
 class Reweighted(Classifier):
-    """Ren et al. 2018 (L2RW): ω = normalise(max(−∂E(w − η∇Σεᵢℓᵢ)/∂ε, 0)) at ε = 0."""
+    """Ren et al. 2018 (L2RW), :func:`look_ahead_weighted_loss` at every step."""
 
     def __init__(self, lr: float, Xv: Tensor, yv: Tensor, val_batch: int = 100) -> None:
         super().__init__(lr)
@@ -187,18 +208,9 @@ class Reweighted(Classifier):
         self.gen = torch.Generator().manual_seed(0)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        params = dict(self.net.named_parameters())
-        eps = torch.zeros(len(y), requires_grad=True)
-        losses = F.cross_entropy(functional_call(self.net, params, (x,)), y, reduction="none")
-        grads = torch.autograd.grad((eps * losses).sum(), list(params.values()), create_graph=True)
-        ahead = {k: p - self.lr * g for (k, p), g in zip(params.items(), grads)}
-        j = torch.randint(0, len(self.yv), (self.val_batch,), generator=self.gen)
-        val = F.cross_entropy(functional_call(self.net, ahead, (self.Xv[j],)), self.yv[j])
-        (g_eps,) = torch.autograd.grad(val, eps)
-        w = torch.clamp(-g_eps, min=0)
-        w = w / w.sum() if float(w.sum()) > 0 else w
-        return (w.detach() * losses).sum()
+        return look_ahead_weighted_loss(
+            self.net, batch, (self.Xv, self.yv), self.lr, self.gen, self.val_batch
+        )
 
 
 def accuracy(net: nn.Module, X: Tensor, y: Tensor) -> Tensor:
