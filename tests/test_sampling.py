@@ -238,3 +238,47 @@ def test_a_loader_that_yields_batches_cannot_be_rebatched():
     with pytest.raises(ConfigurationError, match="validation dataloader yielded no batch"):
         LoaderBatches(DataLoader(Counting(0), batch_size=2), lambda b: b, 1, None,
                       "validation dataloader")  # fmt: skip
+
+
+def test_a_hyper_step_batch_above_the_loaders_is_read_in_parts_of_its_size():
+    """val_batch_size=60 over a validation loader of batch 20: the hyper steps' E and ∇E are
+    averaged over three parts of 20 (the model never sees more than the loader's batch), and
+    on a model without batch statistics λ follows the same path as with one batch of 60."""
+    import lightning_problems as lp
+
+    from hypertorch_sid import HyperOptimizationCallback
+
+    seen: list[int] = []
+
+    class Watched(lp.Ridge):
+        def outer_loss(self, batch):
+            seen.append(len(batch[0]))
+            return super().outer_loss(batch)
+
+    data = lp.ridge_data()  # 120 training, 60 validation points
+    lams = {}
+    for loader_batch in (20, 60):
+        seen.clear()
+        train, val = lp.loaders(data, batch_size=20, val_batch_size=loader_batch)
+        cb = HyperOptimizationCallback(every_n_steps=2, adjoint_steps=3, val_batch_size=60)
+        model = Watched()
+        lp.trainer([cb], max_steps=12, limit_val_batches=0).fit(model, train, val)
+        lams[loader_batch] = model.log_lam.detach().clone()
+        assert cb.sid.hyper_step == 6
+        assert max(seen) == loader_batch and len(seen) == 6 * 60 // loader_batch, seen
+    torch.testing.assert_close(lams[20], lams[60], rtol=1e-12, atol=1e-12)
+    assert not torch.equal(lams[20], torch.full_like(lams[20], lams[20][0]))  # λ moved
+
+
+def test_parts_padded_to_different_lengths_are_read_as_several_batches():
+    """Each part of a chunked minibatch collated to its own length (padded sequences) is still
+    several batches to the core, not one ambiguous list."""
+    from hypertorch_sid.core.outer import SeveralBatches, _validation_batches
+
+    parts = SeveralBatches(
+        [(torch.zeros(2, 5), torch.zeros(2)), (torch.zeros(2, 7), torch.zeros(2))]
+    )
+    batches, several = _validation_batches(parts)
+    assert several and len(batches) == 2
+    plain = [(torch.zeros(2, 5), torch.zeros(2)), (torch.zeros(2, 7), torch.zeros(2))]
+    assert _validation_batches(plain)[1] is False  # a plain list of unlike parts: one batch

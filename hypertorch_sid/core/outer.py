@@ -17,6 +17,12 @@ from .solvers import norm
 Tensors = list[Tensor]
 
 
+class SeveralBatches(list):
+    """A list of validation batches that is always read as several (E and ∇E averaged over
+    them, one at a time), whatever their shapes: the parts of one sampled minibatch, each padded
+    by the user's collate to its own length, would not pass :func:`_several_batches`' check."""
+
+
 def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
     """The validation batches E is averaged over, and whether there are several.
 
@@ -40,6 +46,8 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
             "exhausted after the first hyper step. Pass a batch such as (X_val, y_val), a list "
             "of batches (list(generator)), or a DataLoader over the validation set."
         )
+    if isinstance(val_batch, SeveralBatches):
+        return list(val_batch), True
     if isinstance(val_batch, DataLoader):
         batches = list(val_batch)
         if not batches:

@@ -35,6 +35,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from ..core.batches import batch_size as samples_in
 from ..core.errors import ConfigurationError
+from ..core.outer import SeveralBatches
 
 __all__ = [
     "LoaderBatches",
@@ -157,6 +158,7 @@ class SampledBatches:
         collate: Callable[[list[Any]], Any],
         sampler: ShardedSampler,
         to_device: Callable[[Any], Any],
+        chunk: int | None = None,
     ) -> None:
         self.dataset, self.collate, self.sampler, self.to_device = (
             dataset,
@@ -164,6 +166,7 @@ class SampledBatches:
             sampler,
             to_device,
         )
+        self.chunk = chunk
         self.samples = 0
 
     def __iter__(self) -> Iterator[Any]:
@@ -172,7 +175,21 @@ class SampledBatches:
     def __next__(self) -> Any:
         idx = self.sampler.next_indices()
         self.samples += len(idx)
-        return self.to_device(fetch(self.dataset, self.collate, idx))
+        if self.chunk is None or len(idx) <= self.chunk:
+            return self.to_device(fetch(self.dataset, self.collate, idx))
+        return self._chunked(idx)
+
+    def _chunked(self, idx: Tensor) -> Any:
+        """A minibatch larger than ``chunk`` as a list of near-equal parts of at most ``chunk``
+        samples, which the core averages E and ∇E over one part at a time: the model never
+        sees more samples at once than the user's loader gives it (a drop-in that reads 256
+        validation examples per hyper step would otherwise put 8× a batch of 32 through a
+        network's backward pass at once). Marked :class:`~hypertorch_sid.core.outer.
+        SeveralBatches`, so that parts padded to different lengths are never read as one."""
+        parts = torch.tensor_split(idx, -(-len(idx) // self.chunk))
+        return SeveralBatches(
+            self.to_device(fetch(self.dataset, self.collate, part)) for part in parts
+        )
 
 
 #: the end of a loader's pass (a batch may be None)

@@ -240,7 +240,8 @@ class HyperData:
                 "val_batch_size."
             )
         sampler = ShardedSampler(len(dataset), batch_size, seed, self.rank, self.world_size)
-        self.val = SampledBatches(dataset, collate, sampler, to_device)
+        # a hyper-step batch above the loader's is read in parts of the loader's size
+        self.val = SampledBatches(dataset, collate, sampler, to_device, chunk=loader_bs)
 
 
 @contextmanager
