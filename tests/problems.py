@@ -128,3 +128,11 @@ def full_batch_sid(problem: Ridge, steps: int = 400, **kwargs) -> SIDHyperOptimi
         **kwargs,
         config=config.replace(**settings),
     )
+
+
+def symmetric_with_spectrum(eigenvalues: Tensor, generator: torch.Generator) -> Tensor:
+    """Q diag(eigenvalues) Qᵀ with Q a random orthogonal matrix (QR of a Gaussian drawn from
+    ``generator``, in the eigenvalues' dtype): a symmetric matrix of known spectrum."""
+    d = len(eigenvalues)
+    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=eigenvalues.dtype))
+    return Q @ torch.diag(eigenvalues) @ Q.T

@@ -16,6 +16,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_problems import D as D_RIDGE
 from lightning_problems import RidgeData
+from problems import symmetric_with_spectrum
 
 from hypertorch_sid import (
     Batches,
@@ -41,8 +42,8 @@ D = torch.float64
 class _Quadratic:
     def __init__(self, d: int = 10, low: float = 1e-3, high: float = 4.0, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=D))
-        self.A = Q @ torch.diag(torch.logspace(math.log10(low), math.log10(high), d, dtype=D)) @ Q.T
+        spectrum = torch.logspace(math.log10(low), math.log10(high), d, dtype=D)
+        self.A = symmetric_with_spectrum(spectrum, g)
         self.b = torch.randn(d, generator=g, dtype=D)
         self.c = torch.randn(d, generator=g, dtype=D)
         self.rho = torch.full((d,), math.log(1e-3), dtype=D, requires_grad=True)

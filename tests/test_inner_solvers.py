@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import make_ridge, relative_error, symmetric_with_spectrum
 
 from hypertorch_sid import (
     AveragedMomentum,
@@ -32,8 +32,7 @@ from hypertorch_sid.core.solvers import Acceleration
 def _quadratic(d: int = 8, seed: int = 0):
     """ℓ(w) = ½ wᵀHw − bᵀw (one deterministic "batch"), H with spectrum [0.05, 1]."""
     g = torch.Generator().manual_seed(seed)
-    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
-    H = Q @ torch.diag(torch.linspace(0.05, 1.0, d, dtype=torch.float64)) @ Q.T
+    H = symmetric_with_spectrum(torch.linspace(0.05, 1.0, d, dtype=torch.float64), g)
     b = torch.randn(d, generator=g, dtype=torch.float64)
     w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
     lam = torch.zeros(1, dtype=torch.float64, requires_grad=True)

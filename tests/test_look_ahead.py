@@ -14,6 +14,7 @@ import lightning_problems
 import pytest
 import torch
 from lightning_problems import RidgeData, TanhRegressor
+from problems import symmetric_with_spectrum
 
 from hypertorch_sid import (
     Batches,
@@ -35,8 +36,8 @@ class _Quadratic:
 
     def __init__(self, d: int = 8, low: float = 0.05, high: float = 4.0, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=D))
-        self.A = Q @ torch.diag(torch.logspace(math.log10(low), math.log10(high), d, dtype=D)) @ Q.T
+        spectrum = torch.logspace(math.log10(low), math.log10(high), d, dtype=D)
+        self.A = symmetric_with_spectrum(spectrum, g)
         self.b = torch.randn(d, generator=g, dtype=D)
         self.c = torch.randn(d, generator=g, dtype=D)
         self.rho = torch.full((d,), math.log(1e-2), dtype=D, requires_grad=True)
