@@ -29,6 +29,13 @@ Settings (``--settings``; a–g are aliases; default: a–e):
                  300 train / 300 val / 1197 test (stratified; the seed draws the split and the
                  initial weights); MLP 64-128-128-10; SGD(lr 0.05, momentum 0.9); batch 32;
                  40 epochs
+``news_mlp``     (h) ``benchmarks/check_20news_recipe.py``'s weight-decay recipe: 20 Newsgroups bag
+                 of words (the 2,000 most frequent terms, rows of unit norm), 2,000 train /
+                 1,000 val (the seed draws them from the training set) / the held-out test set
+                 (7,532); MLP 2000-256-20 with dropout 0.2; Adam(lr 1e-3); batch 64; 12 epochs.
+                 A recipe where decay does not pay (no weight decay is best): a guard against
+                 defaults that add decay where it hurts. Data: ``--news-data`` (default
+                 ``../shared/data``, holding ``20news/``); skipped with a message when absent
 ``fashion_resnet18`` (f) Fashion-MNIST 2000 train / 2000 val / 5000 test; torchvision's ResNet-18
                  (11.2 M parameters, BatchNorm; its stem takes 1 channel); SGD(lr 0.01,
                  momentum 0.9); batch 64; 4 epochs. Only on request (minutes per training on a
@@ -108,6 +115,7 @@ same initial weights and sees the same batch order; Optuna's TPE sampler is seed
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import logging
@@ -136,6 +144,8 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "mnist"
 DEFAULT_FASHION = REPO.parent / "shared" / "data" / "fashion-mnist"
 #: per-pixel mean and standard deviation of each image data set's training images
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
+#: the data root holding ``20news/`` (``--news-data``)
+DEFAULT_NEWS = REPO.parent / "shared" / "data"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "weight_decay" / "runs" / "weight_decay.json"
 GRANULARITIES = ("global", "per_layer", "per_element")
 METHODS = ("no_wd", "grid", "optuna", *(f"learned_{g}" for g in GRANULARITIES))
@@ -150,7 +160,7 @@ MNIST_FILES = {
 class Setting:
     name: str
     model_text: str
-    data: str  # "mnist" | "fashion" | "digits"
+    data: str  # "mnist" | "fashion" | "digits" | "news"
     model: str  # "mlp" | "cnn" | "mlp_small" | "resnet18"
     optimizer: str  # "sgd" | "adam"
     lr: float
@@ -200,6 +210,12 @@ SETTINGS: dict[str, Setting] = {
         "digits", "mlp_digits", "sgd", 0.05, 0.9, 32, 40, 300, 300, 0,  # the main job's split
         _grid(1e-5, 1e-1), (1e-5, 1e-1),
     ),
+    "news_mlp": Setting(
+        "news_mlp",
+        "MLP 2000-256-20, dropout 0.2",
+        "news", "mlp_news", "adam", 1e-3, 0.0, 64, 12, 2000, 1000, 0,  # n_test: the whole test set
+        _grid(1e-5, 1e-1), (1e-5, 1e-1),
+    ),
     "fashion_resnet18": Setting(
         "fashion_resnet18",
         "ResNet-18 (torchvision, 1-channel stem)",
@@ -214,7 +230,8 @@ SETTINGS: dict[str, Setting] = {
     ),
 }  # fmt: skip
 ALIASES = {"a": "mnist_mlp", "b": "mnist_cnn", "c": "digits_mlp", "d": "fashion_mlp",
-           "e": "fashion_cnn", "f": "fashion_resnet18", "g": "digits_small"}  # fmt: skip
+           "e": "fashion_cnn", "f": "fashion_resnet18", "g": "digits_small",
+           "h": "news_mlp"}  # fmt: skip
 #: the settings run when none is named (ResNet-18 only on request: minutes per training on CPU)
 DEFAULT_SETTINGS = ["mnist_mlp", "mnist_cnn", "digits_mlp", "fashion_mlp", "fashion_cnn"]
 
@@ -225,7 +242,9 @@ def describe(s: Setting, data: Data) -> str:
         if s.optimizer == "sgd"
         else f"Adam(lr={s.lr:g})"
     )
-    source = {"mnist": "MNIST", "fashion": "Fashion-MNIST"}.get(s.data, "sklearn digits")
+    source = {"mnist": "MNIST", "fashion": "Fashion-MNIST", "news": "20 Newsgroups"}.get(
+        s.data, "sklearn digits"
+    )
     return (
         f"{source} {len(data.y_train)} train / {len(data.y_val)} val / {len(data.y_test)} test, "
         f"{s.model_text}, {opt}, batch {s.batch_size}, {s.epochs} epochs"
@@ -238,6 +257,8 @@ def quick_setting(s: Setting) -> Setting:
         return replace(s, epochs=2, batch_size=16)
     if s.data == "digits":
         return replace(s, epochs=2, batch_size=16, n_train=300)  # n_train: samples before split
+    if s.data == "news":
+        return replace(s, epochs=1, n_train=500, n_val=500)
     return replace(s, epochs=1, n_train=500, n_val=500, n_test=1000)
 
 
@@ -278,8 +299,35 @@ def load_mnist_arrays(
     }
 
 
+def news_data_missing(root: Path) -> str | None:
+    """Why 20 Newsgroups cannot be read offline from ``root`` (``None``: it can)."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from datasets import _NEWS20_ARCHIVE, _NEWS20_SKLEARN_CACHE, default_cache_dir
+
+    cached = default_cache_dir() / "scikit_learn_data" / _NEWS20_SKLEARN_CACHE
+    if (root / "20news" / _NEWS20_ARCHIVE).is_file() or cached.is_file():
+        return None
+    return f"no {root / '20news' / _NEWS20_ARCHIVE} (pass --news-data FOLDER holding 20news/)"
+
+
+@functools.cache
+def _news_arrays(root: Path) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``check_20news_recipe.load``: read once per process."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from check_20news_recipe import load
+
+    return load(root)
+
+
 def make_data(s: Setting, data_root: Path, seed: int) -> Data:
-    """The setting's train / val / test split (``data_root``: the folder of its IDX files)."""
+    """The setting's train / val / test split (``data_root``: the folder of its IDX files, or
+    for 20 Newsgroups the data root holding ``20news/``)."""
+    if s.data == "news":  # check_20news_recipe.weight_decay_check's split
+        X, y, X_test, y_test = _news_arrays(data_root)
+        perm = torch.tensor(np.random.default_rng(seed).permutation(len(y)))
+        tr, va = perm[: s.n_train], perm[s.n_train : s.n_train + s.n_val]
+        n_test = s.n_test or len(y_test)
+        return Data(X[tr], y[tr], X[va], y[va], X_test[:n_test], y_test[:n_test])
     if s.data == "digits":
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
@@ -327,6 +375,10 @@ def make_network(kind: str) -> nn.Module:
         return nn.Sequential(
             nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
         )
+    if kind == "mlp_news":  # check_20news_recipe.Net(dropout=0.2)
+        return nn.Sequential(
+            nn.Linear(2000, 256), nn.ReLU(), nn.Dropout(0.2), nn.Linear(256, 20)
+        )  # fmt: skip
     if kind == "mlp_small":
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     if kind == "resnet18":  # torchvision's, its stem taking the 1-channel 28×28 images
@@ -609,7 +661,8 @@ def _brief(rec: dict[str, Any]) -> str:
 def run_setting(
     s: Setting, args: argparse.Namespace, methods: set[str], log: Any
 ) -> dict[str, Any]:
-    data = make_data(s, args.fashion_data if s.data == "fashion" else args.data, args.seed)
+    roots = {"fashion": args.fashion_data, "news": args.news_data}
+    data = make_data(s, roots.get(s.data, args.data), args.seed)
     cfg = asdict(s)
     cfg.update(
         n_train=len(data.y_train), n_val=len(data.y_val), n_test=len(data.y_test),
@@ -1077,6 +1130,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the MNIST *.gz files")
     p.add_argument("--fashion-data", type=Path, default=DEFAULT_FASHION,
                    help="folder of the Fashion-MNIST *.gz files")  # fmt: skip
+    p.add_argument("--news-data", type=Path, default=DEFAULT_NEWS,
+                   help="data root holding 20news/20news-bydate.tar.gz (news_mlp)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny data, 1-2 epochs: seconds")
     p.add_argument("--out", type=Path, default=None, help=f"JSON path (default {DEFAULT_OUT})")
     p.add_argument("--seed", type=int, default=0)
@@ -1205,6 +1260,9 @@ def run_seed(args: argparse.Namespace, command: str) -> dict[str, Any]:
         load_mnist_arrays(args.data)
     if any(s.data == "fashion" for s in settings):
         load_mnist_arrays(args.fashion_data, "Fashion-MNIST", "--fashion-data")
+    if any(s.data == "news" for s in settings) and (why := news_data_missing(args.news_data)):
+        log(f"news_mlp skipped: {why}")
+        settings = [s for s in settings if s.data != "news"]
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "pytorch_lightning": pl.__version__}  # fmt: skip
     try:

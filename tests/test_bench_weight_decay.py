@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -591,3 +592,19 @@ def test_summarise_takes_retrained_runs_of_the_same_seeds_and_data(tmp_path: Pat
         assert "another data, model or training" in str(err)
     else:
         raise AssertionError("a retrained run on other data was not refused")
+
+
+def test_news_mlp_without_its_data_is_skipped_with_a_reason(tmp_path: Path) -> None:
+    """``--settings news_mlp`` where 20 Newsgroups is absent (no archive, no cache): the setting
+    is skipped with the reason and the fix, the other settings still run."""
+    out = tmp_path / "wd.json"
+    cmd = [
+        sys.executable, str(SCRIPT), "--quick", "--settings", "news_mlp", "digits_mlp",
+        "--methods", "no_wd", "--optuna-trials", "0", "--out", str(out),
+        "--news-data", str(tmp_path / "absent"),
+    ]  # fmt: skip
+    env = {**os.environ, "HYPERTORCH_SID_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "news_mlp skipped: no " in proc.stdout and "--news-data" in proc.stdout
+    assert list(json.loads(out.read_text())["settings"]) == ["digits_mlp"]
