@@ -73,6 +73,14 @@ sys.path.insert(0, str(REPO))
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
+from hypertorch_sid.core.sample_weights import (  # noqa: E402
+    SharedLossWeights,
+    biased_hinge_basis,
+    hinge_basis,
+)
+
+#: SharedLossWeights' bases by name (--drop-in-kwargs '{"parameterization": {"basis": ...}}')
+BASES = {"hinge": hinge_basis, "biased_hinge": biased_hinge_basis}
 
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion": (0.2860, 0.3530)}
 FOLDERS = {"mnist": "mnist", "fashion": "fashion-mnist"}
@@ -254,6 +262,10 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         betas = {"drop_in_beta0": (0.0, 0.999), "drop_in_beta09": (0.9, 0.999)}
         if method in betas:
             kwargs["outer_betas"] = betas[method]
+        if isinstance(kwargs.get("parameterization"), dict):  # JSON: SharedLossWeights' fields
+            shared = dict(kwargs["parameterization"])
+            shared["basis"] = BASES[shared.get("basis", "hinge")]
+            kwargs["parameterization"] = SharedLossWeights(**shared)
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
             kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
         cb = LearnedDataWeights(
@@ -283,6 +295,9 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         if method.startswith("drop_in"):
             rec.update(weight_stats(w, clean, callbacks[0].flagged()))
         rec["hyper_steps"] = len(callbacks[0].history)
+        shared = callbacks[0].weights.hyperparameters[1:] if callbacks[0].weights else []
+        if shared:  # a shared term's parameters (SharedLossWeights: θ)
+            rec["shared_params"] = [round(float(v), 4) for t in shared for v in t.reshape(-1)]
         rec["phase_s"] = {k: round(v, 3) for k, v in timers.items()}
     if args.trace:
         rec["trace"] = tracer[0].rows

@@ -103,6 +103,22 @@ def test_weights_of_corrupted_examples_fall_below_the_clean_ones():
     assert precision_recall(cb.flagged("below_half"))[0] < 0.7
 
 
+def test_a_shared_loss_term_learns_beside_the_per_sample_weights():
+    """``parameterization="shared_loss"`` (ω = σ(x + θᵀφ(z)), eq. sharedloss): the corrupted
+    examples' weights still fall below the clean ones', and θ, trained by every example's
+    hypergradient in its own Adam group, moves."""
+    cb = callback(parameterization="shared_loss")
+    fit(cb, 15)
+    w = cb.data_weights()
+    corrupted, clean = w[:NOISY].mean(), w[NOISY:].mean()
+    assert corrupted < clean - 0.2, (float(corrupted), float(clean))
+    precision, recall = precision_recall(cb.flagged())
+    assert precision > 0.7 and recall > 0.9, (precision, recall)  # sigmoid: 0.8 / 0.85
+    theta = cb.weights.parameterization.theta
+    assert cb.weights.hyperparameters[1] is theta and float(theta.abs().max()) > 0.01
+    assert cb.sid.outer_optimizer.param_groups[1]["params"] == [theta]
+
+
 def precision_recall(flagged: Tensor) -> tuple[float, float]:
     """Of the flagged examples, the share corrupted; of the corrupted, the share flagged."""
     hits = len(set(flagged.tolist()) & set(range(NOISY)))
@@ -168,18 +184,19 @@ def test_per_class_weights_from_the_same_machinery():
     assert not torch.allclose(w, torch.full((3,), 0.5))
 
 
-def test_resume_reproduces_the_learned_weights(tmp_path):
-    cb = callback()
+@pytest.mark.parametrize("parameterization", ["sigmoid", "shared_loss"])
+def test_resume_reproduces_the_learned_weights(tmp_path, parameterization):
+    cb = callback(parameterization=parameterization)
     fit(cb, 4, data=Data(shuffle=False))
     straight = cb.data_weights()
 
-    cb = callback()
+    cb = callback(parameterization=parameterization)
     t = trainer([cb], max_epochs=2)
     t.fit(Classifier(), datamodule=Data(shuffle=False))
     t.save_checkpoint(tmp_path / "half.ckpt")
     half = cb.data_weights()
     assert not torch.allclose(half, torch.full((N,), 0.5))
-    cb = callback()
+    cb = callback(parameterization=parameterization)
     trainer([cb], max_epochs=4).fit(
         Classifier(), datamodule=Data(shuffle=False), ckpt_path=tmp_path / "half.ckpt"
     )

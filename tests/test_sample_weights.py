@@ -28,6 +28,7 @@ from hypertorch_sid.core.sample_weights import (
     IndexedDataset,
     LazyAdam,
     SampleWeights,
+    SharedLossWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
     class_weights,
@@ -521,3 +522,102 @@ def test_two_component_split_under_softmax_weights_and_bad_rules_refused():
         TwoComponentSplit(min_separation=-1)
     with pytest.raises(ConfigurationError, match="clip"):
         TwoComponentSplit(clip=0)
+
+
+# ---------------------------------------------------------------------- a shared loss term
+def shared_ridge(theta=(0.7, -0.4), **kwargs) -> WeightedRidge:
+    """The weighted ridge under ω = σ(x + θᵀφ(z)) (eq. sharedloss), θ ≠ 0."""
+    p = WeightedRidge(parameterization=SharedLossWeights(), **kwargs)
+    with torch.no_grad():
+        p.weights.parameterization.theta.copy_(torch.tensor(theta, dtype=torch.float64))
+    return p
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_shared_loss_weights_full_batch_match_the_closed_form(sparse_grad):
+    """At the inner solution w* (z held at its losses there): the per-sample part is the
+    weighted ridge's closed form with T' = ω(1 − ω) at the effective logit, and θ's
+    hypergradient is Σᵢ (∂f/∂xᵢ) φ(zᵢ) (s enters beside xᵢ), float64."""
+    p = shared_ridge(sparse_grad=sparse_grad)
+    param = p.weights.parameterization
+    hopt = p.sid(
+        inner_steps=600, adjoint_steps=600, step_size="constant", eta=1.0,
+        batches=Batches(inner="full", adjoint="full", d2="full"),
+    )  # fmt: skip
+    gx, gtheta = hopt.hypergradient([p.full()], (p.Av, p.bv))
+    assert gx.is_sparse == sparse_grad and not gtheta.is_sparse
+    # the closed form at w*: ω from the rows' last z (that of w*), T' = ω(1 − ω)
+    w = p.w.detach()
+    torch.testing.assert_close(w, p.w_star(), rtol=0, atol=1e-7)  # the fixed point w*
+    z = param.standardised(0.5 * (p.A @ w - p.b) ** 2)
+    torch.testing.assert_close(param.last_z, z, rtol=0, atol=1e-12)
+    om = p.weights.values()
+    grad_E = p.Av.T @ (p.Av @ w - p.bv) / p.Av.shape[0]
+    u = torch.linalg.solve(p.hessian(), grad_E)
+    exact_x = -(om * (1 - om) * (p.A @ w - p.b) * (p.A @ u)) / p.n
+    assert rel(gx.to_dense(), exact_x) < 1e-7
+    phi = torch.stack([z, z.clamp_min(0)], 1)
+    assert rel(gtheta, phi.T @ exact_x) < 1e-7
+    assert float(gtheta.abs().min()) > 0
+
+
+def test_shared_loss_cross_term_matches_finite_differences_in_theta():
+    """TrainingCrossTerm's θ part equals the central finite difference in θ of
+    −α⟨∇₁ℓ̂(w, x, θ; ζ), v⟩ (z fixed by the batch's losses), float64; θ = 0 is SigmoidWeights."""
+    p = shared_ridge()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        p.w.copy_(torch.randn(p.w.shape, generator=gen, dtype=torch.float64))
+    v = torch.randn(p.w.shape, generator=gen, dtype=torch.float64)
+    alpha, index = 0.37, torch.tensor([3, 17, 40, 8, 29, 11])
+    theta = p.weights.parameterization.theta
+
+    def per_sample(w):
+        return 0.5 * (p.A[index] @ w - p.b[index]) ** 2
+
+    losses = per_sample(p.w).detach()
+
+    def cross(t):  # −α⟨∇₁ℓ̂, v⟩ at θ = t
+        with torch.no_grad():
+            theta.copy_(t)
+        w = p.w.detach().clone().requires_grad_(True)
+        inner = p.weights.weighted_mean(per_sample(w), index)
+        (gw,) = torch.autograd.grad(inner, w)
+        return float(-alpha * (gw * v).sum())
+
+    u = directional_losses(per_sample, [p.w], [v])
+    theta0 = theta.detach().clone()
+    cross_term = TrainingCrossTerm(p.weights, LazyAdam(p.weights.hyperparameters, lr=0.1))
+    gx, gtheta = cross_term.gradients(index, u, alpha, losses)
+    h = 1e-6
+    fd = torch.stack(
+        [
+            torch.tensor((cross(theta0 + h * e) - cross(theta0 - h * e)) / (2 * h))
+            for e in torch.eye(2, dtype=torch.float64)
+        ]
+    ).to(torch.float64)
+    assert rel(gtheta, fd) < 1e-6 and float(fd.abs().min()) > 1e-4
+    # the per-sample part is still sparse on the rows read; at θ = 0 the weights are σ(x)
+    assert set(gx.coalesce().indices()[0].tolist()) == set(index.tolist())
+    with torch.no_grad():
+        theta.zero_()
+    sigmoid = SampleWeights(p.n, "sigmoid", dtype=torch.float64, logits=p.weights.logits)
+    torch.testing.assert_close(p.weights.weights(index, losses), sigmoid.weights(index))
+
+
+def test_shared_loss_weights_outer_groups_and_bad_settings():
+    """θ gets its own Adam group (lr, betas); flags read the effective logits; bad settings are
+    refused."""
+    p = shared_ridge()
+    param = p.weights.parameterization
+    opt = LazyAdam(param.param_groups(p.weights.hyperparameters), lr=1.0, betas=(0.0, 0.999))
+    assert [g["lr"] for g in opt.param_groups] == [1.0, param.lr]
+    assert opt.param_groups[1]["betas"] == param.betas
+    assert p.weights.hyperparameters[1] is param.theta
+    with torch.no_grad():
+        param.last_z.copy_(torch.linspace(-3, 3, p.n, dtype=torch.float64))
+    expected = torch.sigmoid(p.weights.logits.detach() + param.shift(param.last_z))
+    torch.testing.assert_close(p.weights.values(), expected.detach())
+    for kwargs in ({"lr": 0.0}, {"clip": -1.0}):
+        with pytest.raises(ConfigurationError, match="SharedLossWeights"):
+            SharedLossWeights(**kwargs)

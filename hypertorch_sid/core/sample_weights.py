@@ -63,13 +63,16 @@ __all__ = [
     "IndexedDataset",
     "LazyAdam",
     "SampleWeights",
+    "SharedLossWeights",
     "SigmoidWeights",
     "SoftmaxWeights",
     "TrainingCrossTerm",
     "TwoComponentSplit",
     "WeightParameterization",
+    "biased_hinge_basis",
     "class_weights",
     "directional_losses",
+    "hinge_basis",
     "split_indexed",
 ]
 
@@ -144,12 +147,38 @@ class WeightParameterization(ABC):
         """x₀ for the initial weight ω₀ (the same for every row)."""
 
     @abstractmethod
-    def rows(self, x: Tensor, family: SampleWeights) -> Tensor:
-        """ω of the gathered rows ``x`` (differentiable in ``x``)."""
+    def rows(
+        self,
+        x: Tensor,
+        family: SampleWeights,
+        index: Tensor | None = None,
+        losses: Tensor | None = None,
+    ) -> Tensor:
+        """ω of the gathered rows ``x`` (differentiable in ``x``); ``index`` says which rows
+        they are and ``losses`` their per-sample losses now (read by a parameterisation with a
+        shared term, :class:`SharedLossWeights`; ignored by the per-row ones)."""
 
     def refresh(self, family: SampleWeights) -> None:
         """Update any normaliser after x changed (called after each outer step)."""
         return None
+
+    def bind(self, family: SampleWeights) -> None:
+        """Size any state of the parameterisation for ``family`` (called by its constructor)."""
+        return None
+
+    @property
+    def hyperparameters(self) -> Tensors:
+        """Learned tensors of the parameterisation itself, beside the logits (none here)."""
+        return []
+
+    def effective_logits(self, family: SampleWeights) -> Tensor:
+        """The logit each row's weight is now the σ/softmax of (detached): x itself here."""
+        return family.logits.detach()
+
+    def param_groups(self, hyperparameters: Tensors) -> list[dict[str, Any]]:
+        """The outer optimizer's parameter groups over ``family.hyperparameters``: one here
+        (the optimizer's own settings for every tensor)."""
+        return [{"params": list(hyperparameters)}]
 
 
 class SigmoidWeights(WeightParameterization):
@@ -162,7 +191,13 @@ class SigmoidWeights(WeightParameterization):
             )
         return math.log(weight / (1 - weight))
 
-    def rows(self, x: Tensor, family: SampleWeights) -> Tensor:
+    def rows(
+        self,
+        x: Tensor,
+        family: SampleWeights,
+        index: Tensor | None = None,
+        losses: Tensor | None = None,
+    ) -> Tensor:
         return torch.sigmoid(x)
 
     def __repr__(self) -> str:
@@ -186,7 +221,13 @@ class SoftmaxWeights(WeightParameterization):
             )
         return 0.0
 
-    def rows(self, x: Tensor, family: SampleWeights) -> Tensor:
+    def rows(
+        self,
+        x: Tensor,
+        family: SampleWeights,
+        index: Tensor | None = None,
+        losses: Tensor | None = None,
+    ) -> Tensor:
         return family.n * torch.exp(x - family.log_normaliser)
 
     def refresh(self, family: SampleWeights) -> None:
@@ -197,9 +238,132 @@ class SoftmaxWeights(WeightParameterization):
         return "SoftmaxWeights()"
 
 
+def hinge_basis(z: Tensor) -> Tensor:
+    """φ(z) = (z, max(z, 0)): a slope, and another above the batch's mean loss."""
+    return torch.stack([z, z.clamp_min(0)], -1)
+
+
+def biased_hinge_basis(z: Tensor) -> Tensor:
+    """φ(z) = (1, z, max(z, 0)): :func:`hinge_basis` and a shared offset of every logit."""
+    return torch.stack([torch.ones_like(z), z, z.clamp_min(0)], -1)
+
+
+class SharedLossWeights(WeightParameterization):
+    """ωᵢ = σ(xᵢ + θᵀφ(zᵢ)): the per-sample logit plus a small function of the example's
+    current loss whose few parameters θ every example's hypergradient trains:
+
+        ωᵢ = σ(xᵢ + θᵀφ(zᵢ)),   zᵢ = clip((ℓᵢ − ℓ̄_ζ) / s_ζ, ±3),                (eq. sharedloss)
+
+    φ = ``basis`` (default :func:`hinge_basis`, φ(z) = (z, max(z, 0)); or
+    :func:`biased_hinge_basis`, which adds a constant),
+
+    with ℓ̄_ζ, s_ζ the mean and standard deviation of the losses over the minibatch ζ (so θ
+    reads where an example's loss sits among its batch, whatever the training's stage), the
+    losses detached (a feature of the example, not a path for the training's gradient), θ₀ = 0.
+    x keeps the per-row part (each row ~one hypergradient per epoch); θ gets the sum over every
+    row read of ∂Φ̂/∂(xᵢ + sᵢ) · φ(zᵢ), i.e. the statistical strength of all examples (a
+    Meta-Weight-Net-like term, Shu et al. 2019, learned by SID like any hyperparameter). With
+    θ = 0 it is :class:`SigmoidWeights`.
+
+    ``lr`` and ``betas``: the outer step on θ (the data-weights drop-in gives θ its own
+    :class:`LazyAdam` group with them; each row of x keeps the drop-in's). A row's last z is
+    kept (O(n) storage), so :meth:`SampleWeights.values` and the flags read ω at the example's
+    last visit.
+    """
+
+    def __init__(
+        self,
+        lr: float = 0.005,
+        betas: tuple[float, float] = (0.9, 0.999),
+        clip: float = 3.0,
+        basis: Callable[[Tensor], Tensor] = hinge_basis,
+    ) -> None:
+        if not lr > 0 or not clip > 0:
+            raise ConfigurationError(
+                f"SharedLossWeights: lr and clip must be > 0, got lr={lr!r}, clip={clip!r}."
+            )
+        if not callable(basis):
+            raise ConfigurationError("SharedLossWeights: basis must be a callable z -> φ(z).")
+        self.lr, self.betas, self.clip, self.basis = float(lr), tuple(betas), float(clip), basis
+        #: the number of basis functions, dim φ
+        self.features = int(basis(torch.zeros(1)).shape[-1])
+        self.theta: Tensor | None = None
+        self.last_z: Tensor | None = None
+
+    def logit(self, weight: float, n: int) -> float:
+        return SigmoidWeights().logit(weight, n)
+
+    def bind(self, family: SampleWeights) -> None:
+        x = family.logits
+        if self.theta is None or self.theta.dtype != x.dtype:
+            self.theta = torch.zeros(self.features, dtype=x.dtype, device=x.device)
+            self.theta.requires_grad_(True)
+        elif self.theta.device != x.device:  # the fit moved the logits: θ follows, kept
+            self.theta.data = self.theta.data.to(x.device)
+        if self.last_z is None or self.last_z.shape != x.shape:
+            self.last_z = torch.zeros_like(x.detach())
+        self.last_z = self.last_z.to(x.device)
+
+    def param_groups(self, hyperparameters: Tensors) -> list[dict[str, Any]]:
+        """x with the optimizer's settings, θ with its own ``lr`` and ``betas``."""
+        shared = {id(t) for t in self.hyperparameters}
+        rows = [h for h in hyperparameters if id(h) not in shared]
+        own = [h for h in hyperparameters if id(h) in shared]
+        groups: list[dict[str, Any]] = [{"params": rows}]
+        if own:
+            groups.append({"params": own, "lr": self.lr, "betas": self.betas})
+        return groups
+
+    @property
+    def hyperparameters(self) -> Tensors:
+        return [] if self.theta is None else [self.theta]
+
+    def standardised(self, losses: Tensor) -> Tensor:
+        """z of eq. sharedloss: the batch-standardised, clipped, detached losses."""
+        ell = losses.detach().reshape(-1).to(self.theta.dtype)  # type: ignore[union-attr]
+        if ell.numel() < 2:
+            return torch.zeros_like(ell)
+        z = (ell - ell.mean()) / ell.std().clamp_min(1e-8)
+        return z.clamp(-self.clip, self.clip)
+
+    def shift(self, z: Tensor) -> Tensor:
+        """s_θ(z) = θᵀφ(z) (differentiable in θ)."""
+        theta = self.theta
+        assert theta is not None, "bind the parameterisation first"
+        return self.basis(z.to(theta.dtype)) @ theta
+
+    def rows(
+        self,
+        x: Tensor,
+        family: SampleWeights,
+        index: Tensor | None = None,
+        losses: Tensor | None = None,
+    ) -> Tensor:
+        if index is None:  # x is already an effective logit (e.g. a flag rule's component mean)
+            return torch.sigmoid(x)
+        if losses is None:  # the rows' last visit
+            z = self.last_z.index_select(0, index)  # type: ignore[union-attr]
+        else:
+            z = self.standardised(losses)
+            with torch.no_grad():
+                self.last_z.index_copy_(0, index, z.to(self.last_z.dtype))  # type: ignore[union-attr]
+        return torch.sigmoid(x + self.shift(z).to(x.dtype))
+
+    def effective_logits(self, family: SampleWeights) -> Tensor:
+        with torch.no_grad():
+            return family.logits.detach() + self.shift(self.last_z).to(family.logits.dtype)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return (
+            f"SharedLossWeights(lr={self.lr:g}, betas={self.betas}, clip={self.clip:g}, "
+            f"basis={getattr(self.basis, '__name__', self.basis)})"
+        )
+
+
 PARAMETERIZATIONS: dict[str, Callable[[], WeightParameterization]] = {
     "sigmoid": SigmoidWeights,
     "softmax": SoftmaxWeights,
+    "shared_loss": SharedLossWeights,
 }
 
 
@@ -274,6 +438,7 @@ class SampleWeights:
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
+        self.parameterization.bind(self)
         self.use_sparse_grad(sparse_grad)
         self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
         self.parameterization.refresh(self)
@@ -288,8 +453,9 @@ class SampleWeights:
 
     @property
     def hyperparameters(self) -> Tensors:
-        """``[logits]``: what ``SIDHyperOptimizer`` and the outer optimizer learn."""
-        return [self.logits]
+        """``[logits]`` and the parameterisation's own tensors (θ of
+        :class:`SharedLossWeights`): what ``SIDHyperOptimizer`` and the outer optimizer learn."""
+        return [self.logits, *self.parameterization.hyperparameters]
 
     # ------------------------------------------------------------------ reading the weights
     def check_index(self, index: Tensor) -> Tensor:
@@ -309,11 +475,14 @@ class SampleWeights:
             )
         return index
 
-    def weights(self, index: Tensor) -> Tensor:
+    def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
         """ω of the rows ``index`` (differentiable in the logits; only these rows get a
-        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector)."""
-        x = torch.gather(self.logits, 0, self.check_index(index), sparse_grad=self.sparse_grad)
-        return self.parameterization.rows(x, self)
+        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector).
+        ``losses``: the rows' per-sample losses now, for a parameterisation that reads them
+        (:class:`SharedLossWeights`; without them it uses each row's last ones)."""
+        index = self.check_index(index)
+        x = torch.gather(self.logits, 0, index, sparse_grad=self.sparse_grad)
+        return self.parameterization.rows(x, self, index, losses)
 
     def weighted_mean(self, losses: Tensor, index: Tensor, normalize: bool = False) -> Tensor:
         """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,));
@@ -325,12 +494,13 @@ class SampleWeights:
         ``reduction="none"``.
         """
         losses = check_per_sample(losses, index)
-        return weighted_loss(losses, self.weights(index), normalize)
+        return weighted_loss(losses, self.weights(index, losses), normalize)
 
     def values(self) -> Tensor:
         """Every ω (detached, shape ``(n,)``)."""
         with torch.no_grad():
-            return self.parameterization.rows(self.logits.detach(), self).clone()
+            every = torch.arange(self.n, device=self.logits.device)
+            return self.parameterization.rows(self.logits.detach(), self, every).clone()
 
     def flagged(self, rule: FlagRule | float | None = None) -> Tensor:
         """Indices of the rows the outer objective learned to distrust, by ``rule``: a
@@ -432,7 +602,8 @@ class TwoComponentSplit(FlagRule):
         )
 
     def flags(self, weights: SampleWeights) -> Tensor:
-        x = weights.logits.detach().to(torch.float64).reshape(-1).clamp(-self.clip, self.clip)
+        x = weights.parameterization.effective_logits(weights)
+        x = x.to(torch.float64).reshape(-1).clamp(-self.clip, self.clip)
         none = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
         if x.numel() < 4 or not bool(x.std() > 0):
             return none
@@ -667,29 +838,47 @@ class TrainingCrossTerm:
 
     def gradient(self, index: Tensor, u: Tensor, alpha: float) -> Tensor:
         """ĝ on the rows ``index`` as a sparse COO tensor of shape ``(n,)`` (duplicates summed)."""
+        return self.gradients(index, u, alpha)[0]
+
+    def gradients(
+        self, index: Tensor, u: Tensor, alpha: float, losses: Tensor | None = None
+    ) -> Tensors:
+        """ĝ for every tensor of ``weights.hyperparameters``: the rows ``index`` of the logits
+        (sparse COO, shape ``(n,)``), then the parameterisation's own tensors (dense: θ of
+        :class:`SharedLossWeights` from every row, with the rows' current ``losses``)."""
         w = self.weights
         index = w.check_index(index)
+        shared = w.parameterization.hyperparameters
         with torch.enable_grad():
             x = w.logits.detach().index_select(0, index).requires_grad_(True)
-            omega = w.parameterization.rows(x, w)
+            omega = w.parameterization.rows(x, w, index, losses)
             inner = weighted_loss(check_per_sample(u, index), omega, self.normalize)
-            (g,) = torch.autograd.grad(inner, x)
+            g, *gs = torch.autograd.grad(inner, [x, *shared], allow_unused=True)
         g = -float(alpha) * g.to(w.logits.dtype)
-        return torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)
+        rows = torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)
+        own = [
+            torch.zeros_like(t) if gt is None else -float(alpha) * gt.detach()
+            for t, gt in zip(shared, gs)
+        ]
+        return [rows, *own]
 
     @torch.no_grad()
-    def apply(self, gradient: Tensor) -> None:
-        """The outer step on the rows of ``gradient`` (sparse): x.grad ← ĝ, step, projection."""
-        x = self.weights.logits
-        x.grad = gradient
+    def apply(self, gradient: Tensor | Sequence[Tensor]) -> None:
+        """The outer step on the rows of ``gradient`` (sparse; or the list of
+        :meth:`gradients`): each hyperparameter's grad ← its ĝ, step, projection."""
+        grads = [gradient] if isinstance(gradient, Tensor) else list(gradient)
+        for h, g in zip(self.weights.hyperparameters, grads):
+            h.grad = g
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.weights.projection()
 
-    def step(self, index: Tensor, u: Tensor, alpha: float | None) -> bool:
-        """:meth:`gradient` then :meth:`apply`; nothing (False) before the first adjoint solve
+    def step(
+        self, index: Tensor, u: Tensor, alpha: float | None, losses: Tensor | None = None
+    ) -> bool:
+        """:meth:`gradients` then :meth:`apply`; nothing (False) before the first adjoint solve
         gave α."""
         if alpha is None:
             return False
-        self.apply(self.gradient(index, u, alpha))
+        self.apply(self.gradients(index, u, alpha, losses))
         return True

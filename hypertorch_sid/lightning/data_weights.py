@@ -61,6 +61,7 @@ from ..core.sample_weights import (
     SampleWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
+    WeightParameterization,
     as_weight_parameterization,
     check_per_sample,
     split_indexed,
@@ -104,7 +105,7 @@ class DataWeightsProblem:
         self,
         per: Literal["sample", "class"] = "sample",
         num_classes: int | None = None,
-        parameterization: str = "sigmoid",
+        parameterization: str | WeightParameterization = "sigmoid",
         initial: float | None = None,
         normalize: bool = True,
         target: Callable[[Any], Tensor] | None = None,
@@ -123,10 +124,10 @@ class DataWeightsProblem:
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
                 raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
-        as_weight_parameterization(parameterization)  # refused now, not at the fit
         self.per = per
         self.num_classes = num_classes
-        self.parameterization = parameterization
+        #: refused now, not at the fit; one object for every fit (a shared term's θ is kept)
+        self.parameterization = as_weight_parameterization(parameterization)
         self.initial = initial
         self.normalize = normalize
         self.target = target or _default_target
@@ -134,14 +135,14 @@ class DataWeightsProblem:
         #: the learned weights (built at the first fit's start; kept across fits)
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
-            self.weights = SampleWeights(num_classes, parameterization, initial)  # type: ignore[arg-type]
+            self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
         self.sparse_grad = False
         #: called with (index, data) at every training step before the losses are returned (the
         #: callback's cross term on the training batch, ``cross_term="training"``)
-        self.on_training_batch: Callable[[Tensor, Any], None] | None = None
+        self.on_training_batch: Callable[[Tensor, Any, Tensor], None] | None = None
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -164,6 +165,7 @@ class DataWeightsProblem:
         with torch.no_grad():
             weights.logits.data = weights.logits.data.to(module.device)
             weights.log_normaliser = weights.log_normaliser.to(module.device)
+            weights.parameterization.bind(weights)
         self._wrap(module)
         inner = list(
             {
@@ -228,7 +230,7 @@ class DataWeightsProblem:
         index, data = self._index_and_data(batch)
         with _muted_logging(module):
             out = self._losses(module, data)
-        return _weighted(out, index, self.weights.weights(index), self.normalize)
+        return _weighted(out, index, self.weights, self.normalize)
 
     def validation(self, module: pl.LightningModule, batch: Any) -> Tensor:
         """E: the mean per-sample loss on a validation batch."""
@@ -259,11 +261,12 @@ class DataWeightsProblem:
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
             out = original(data, batch_idx, *args, **kwargs)
+            losses = check_per_sample(out.get("loss") if isinstance(out, Mapping) else out, index)
             with torch.no_grad():  # the training never differentiates the weights
-                weights = self.weights.weights(index)  # type: ignore[union-attr]
+                weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
             if self.on_training_batch is not None:
-                self.on_training_batch(index, data)
-            loss = _weighted(out, index, weights, self.normalize)
+                self.on_training_batch(index, data, losses.detach())
+            loss = weighted_loss(losses, weights, self.normalize)
             return {**out, "loss": loss} if isinstance(out, Mapping) else loss
 
         module.training_step = training_step  # type: ignore[method-assign]
@@ -303,10 +306,19 @@ def directional_losses(
     return core_directional_losses(losses, params, tangents)
 
 
-def _weighted(out: Any, index: Tensor, weights: Tensor, normalize: bool) -> Tensor:
-    """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output."""
+def _lazy_adam(
+    parameterization: WeightParameterization, hyperparameters: list[Tensor], **settings: Any
+) -> LazyAdam:
+    """The drop-in's outer optimizer: :class:`LazyAdam` over the parameterisation's groups (a
+    shared term's θ with its own step size)."""
+    return LazyAdam(parameterization.param_groups(hyperparameters), **settings)
+
+
+def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:
+    """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output, the
+    weights of the rows ``index`` differentiable in the hyperparameters."""
     losses = out.get("loss") if isinstance(out, Mapping) else out
-    return weighted_loss(check_per_sample(losses, index), weights, normalize)
+    return weights.weighted_mean(losses, index, normalize)
 
 
 class LearnedDataWeights(HyperOptimizationCallback):
@@ -321,7 +333,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
     num_classes:
         The number of classes, for ``per="class"``.
     parameterization:
-        ``"sigmoid"`` (ω = σ(x), the default) or ``"softmax"`` (ω = n·softmax(x), mean 1).
+        ``"sigmoid"`` (ω = σ(x), the default), ``"softmax"`` (ω = n·softmax(x), mean 1),
+        ``"shared_loss"`` or a :class:`~hypertorch_sid.core.sample_weights.SharedLossWeights`
+        (ω = σ(x + θᵀφ(z)), eq. sharedloss: the per-sample logit plus a function of the
+        example's batch-standardised loss whose two parameters every example trains; θ is
+        stepped by its own Adam group, ``SharedLossWeights(lr=0.005)``), or any
+        :class:`~hypertorch_sid.core.sample_weights.WeightParameterization`.
     initial:
         ω₀ of every row (default ½ for sigmoid, 1 for softmax). With the self-normalised loss
         (``normalize=True``) only ratios of weights matter, so ω₀ only sets where σ saturates.
@@ -374,7 +391,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self,
         per: Literal["sample", "class"] = "sample",
         num_classes: int | None = None,
-        parameterization: Literal["sigmoid", "softmax"] = "sigmoid",
+        parameterization: str | WeightParameterization = "sigmoid",
         initial: float | None = None,
         normalize: bool = True,
         target: Callable[[Any], Tensor] | None = None,
@@ -409,14 +426,18 @@ class LearnedDataWeights(HyperOptimizationCallback):
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
-        self._own_outer = kwargs.get("outer_optimizer") is None
-        if self._own_outer:
-            kwargs["outer_optimizer"] = functools.partial(
-                LazyAdam, lr=kwargs["outer_lr"], betas=tuple(outer_betas), row_scale=row_scale
-            )
         problem = DataWeightsProblem(
             per, num_classes, parameterization, initial, normalize, target, validation_loss
         )
+        self._own_outer = kwargs.get("outer_optimizer") is None
+        if self._own_outer:
+            kwargs["outer_optimizer"] = functools.partial(
+                _lazy_adam,
+                problem.parameterization,
+                lr=kwargs["outer_lr"],
+                betas=tuple(outer_betas),
+                row_scale=row_scale,
+            )
         super().__init__(problem=problem, **kwargs)
         self.problem: DataWeightsProblem = problem
         self.per = per
@@ -467,7 +488,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         wanted = max(batch_size or 1, -(-floor // world))
         return max(1, min(wanted, len(dataset) // world))
 
-    def _training_cross_term(self, index: Tensor, data: Any) -> None:
+    def _training_cross_term(self, index: Tensor, data: Any, losses: Tensor) -> None:
         """Eq. gradestim's cross term on the training batch ζ with the last hyper step's v, and
         the outer step on ζ's rows: the core
         :class:`~hypertorch_sid.core.sample_weights.TrainingCrossTerm`, with
@@ -489,12 +510,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
         u = directional_losses(
             self._module, problem._original, data, self._active.inner_parameters, sid.v
         )
-        g = self._cross.gradient(index, u, float(sid.alpha)).coalesce()
+        g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
+        g = g.coalesce()
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
-            rows = self._trainer.strategy.all_gather(g.indices()[0]).reshape(-1)
-            values = self._trainer.strategy.all_gather(g.values()).reshape(-1)
+            strategy = self._trainer.strategy
+            rows = strategy.all_gather(g.indices()[0]).reshape(-1)
+            values = strategy.all_gather(g.values()).reshape(-1)
             g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
-        self._cross.apply(g)
+            shared = [strategy.reduce(t, reduce_op="mean") for t in shared]
+        self._cross.apply([g, *shared])
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""
