@@ -407,6 +407,26 @@ def test_lazy_adam_batch_scale_divides_by_the_rms_of_the_rows_of_this_step():
         LazyAdam(w.hyperparameters, row_scale="rows")
 
 
+@pytest.mark.parametrize("k", [0.0, 1.0, 4.0, 1e9])
+def test_lazy_adam_scale_prior_shrinks_each_rows_second_moment_toward_the_population(k):
+    """scale_prior = k (eq. scaleprior), β₁ = 0, first visit: s_i² = (g_i² + k·mean_j g_j²)/(1 + k);
+    k = 0 is each row's own scale (every row moves by lr), k → ∞ the population's (the rows
+    keep the ratios of their gradients); 0 < k between."""
+    w = SampleWeights(5)
+    lazy = LazyAdam(w.hyperparameters, lr=0.5, betas=(0.0, 0.999), scale_prior=k)
+    g = torch.tensor([3.0, -0.5, 0.0, 0.0, 0.0])
+    w.logits.grad = g.clone()
+    lazy.step()
+    mean_sq = float(g[:2].pow(2).mean())
+    s = ((g[:2] ** 2 + k * mean_sq) / (1 + k)).sqrt()
+    torch.testing.assert_close(w.logits.detach()[:2], -0.5 * g[:2] / s, rtol=1e-5, atol=1e-7)
+    assert bool((w.logits.detach()[2:] == 0).all())
+    if k == 0:
+        torch.testing.assert_close(w.logits.detach()[:2].abs(), torch.full((2,), 0.5))
+    with pytest.raises(ConfigurationError, match="scale_prior"):
+        LazyAdam(w.hyperparameters, scale_prior=-1.0)
+
+
 # ---------------------------------------------------------------------- the training's cross term
 @pytest.mark.parametrize(
     ("parameterization", "sparse_grad"), [("sigmoid", True), ("softmax", False)]

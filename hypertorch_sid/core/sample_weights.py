@@ -714,6 +714,15 @@ class LazyAdam(torch.optim.Optimizer):
     data barely cares about moves little beside one it clearly contradicts) and every step has
     RMS lr whatever the hypergradient's scale at that point of the training. Works on dense
     gradients (what ``SIDHyperOptimizer`` writes) and on sparse ones.
+
+    ``scale_prior`` = k > 0 (with ``row_scale=True``) shrinks each row's second moment toward
+    the running mean square V̄ of all rows read, as k pseudo-visits of a prior:
+
+        sᵢ² = (tᵢ v̂ᵢ + k V̄) / (tᵢ + k),   xᵢ ← xᵢ − lr · m̂ᵢ / sᵢ,               (eq. scaleprior)
+
+    so a row visited a few times whose hypergradients are small beside the population's moves
+    little (not ±lr at its first visit whatever its size), while its own scale takes over as
+    its visits accumulate (k = 0: each row's own, k → ∞: ``row_scale=False``).
     """
 
     def __init__(
@@ -723,14 +732,23 @@ class LazyAdam(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         row_scale: bool | Literal["batch"] = True,
+        scale_prior: float = 0.0,
     ) -> None:
+        if not scale_prior >= 0:
+            raise ConfigurationError(f"LazyAdam: scale_prior must be ≥ 0, got {scale_prior!r}.")
         if not lr > 0:
             raise ConfigurationError(f"LazyAdam: lr must be > 0, got {lr!r}.")
         if row_scale not in (True, False, "batch"):
             raise ConfigurationError(
                 f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."
             )
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "row_scale": row_scale}
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "row_scale": row_scale,
+            "scale_prior": float(scale_prior),
+        }
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -771,6 +789,11 @@ class LazyAdam(torch.optim.Optimizer):
                 elif row_scale:
                     c2 = (1 - b2**t).to(p.dtype).view(shape)
                     scale = (v / c2).sqrt()
+                    k = group.get("scale_prior", 0.0)
+                    if k > 0:  # eq. scaleprior: k pseudo-visits of the population's scale
+                        prior = self._shared_scale(state, values, b2).pow(2)
+                        tt = t.to(p.dtype).view(shape)
+                        scale = ((tt * scale.pow(2) + k * prior) / (tt + k)).sqrt()
                 else:  # one scale for all rows: a row's step keeps its gradient's magnitude
                     scale = self._shared_scale(state, values, b2)
                 update = (m / c1) / (scale + group["eps"])

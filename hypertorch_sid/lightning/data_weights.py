@@ -367,6 +367,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         perfect weights' test error (docs/benchopt_data_cleaning.md). The clean examples'
         logits then random-walk around their start, which :meth:`flagged`'s two-component
         split (not a fixed weight threshold) tells apart from the corrupted examples' drift.
+    scale_prior:
+        :class:`LazyAdam`'s ``scale_prior`` (k pseudo-visits of the population's second moment
+        in each row's, eq. scaleprior; default 0: each row's own). Ignored when
+        ``outer_optimizer`` is given.
     sparse_grad:
         Row-sparse gradients of the logits (``SampleWeights(sparse_grad=...)``: an outer step
         costs O(batch), not O(n)). Default ``None``: on per sample with the default
@@ -400,6 +404,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         row_scale: bool | Literal["batch"] = True,
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
+        scale_prior: float = 0.0,
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
@@ -437,6 +442,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 lr=kwargs["outer_lr"],
                 betas=tuple(outer_betas),
                 row_scale=row_scale,
+                scale_prior=scale_prior,
             )
         super().__init__(problem=problem, **kwargs)
         self.problem: DataWeightsProblem = problem
