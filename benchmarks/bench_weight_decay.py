@@ -717,11 +717,15 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     ``"elements"`` dict is :class:`~hypertorch_sid.TiedToLayer` with those settings (e.g.
     ``'{"per_element": {"elements": {"scale": 100}}}'``), a name (``"untied"``) passes as is;
     a ``"look_ahead"`` dict is :class:`~hypertorch_sid.TrainedWeights` with those settings
-    (``'{"look_ahead": {}}'``: the validation gradient at the trained weights, eq. trainedgrad)."""
+    (``'{"look_ahead": {}}'``: the validation gradient at the trained weights, eq. trainedgrad),
+    or the look-ahead its ``"class"`` names (``'{"look_ahead": {"class":
+    "ValidationCurvature"}}'``: eq. valcurvgrad)."""
     if isinstance(kwargs.get("look_ahead"), dict):  # e.g. {"filter": "rayleigh"}
-        from hypertorch_sid import TrainedWeights
+        import hypertorch_sid
 
-        kwargs = {**kwargs, "look_ahead": TrainedWeights(**kwargs["look_ahead"])}
+        spec = dict(kwargs["look_ahead"])
+        look = getattr(hypertorch_sid, spec.pop("class", "TrainedWeights"))
+        kwargs = {**kwargs, "look_ahead": look(**spec)}
     if isinstance(kwargs.get("elements"), dict):
         from hypertorch_sid import TiedToLayer
 

@@ -117,7 +117,23 @@ def scores(model: Net, X: Tensor, y: Tensor) -> dict[str, float]:
     }
 
 
-def weight_decay_check(data: tuple[Tensor, ...], seed: int) -> dict[str, Any]:
+def look_aheads(spec: str | None) -> dict[str, dict[str, Any]]:
+    """``--look-aheads`` ``name=Class,name=Class``: more drop-in runs, each with
+    ``look_ahead=Class()`` (a class of hypertorch_sid, e.g. ``valcurv=ValidationCurvature``)."""
+    import hypertorch_sid
+
+    out = {}
+    for item in (spec or "").split(","):
+        if item:
+            name, cls = item.split("=")
+            out[name] = {"look_ahead": getattr(hypertorch_sid, cls)}
+    return out
+
+
+def weight_decay_check(
+    data: tuple[Tensor, ...], seed: int, variants: dict[str, dict[str, Any]] | None = None,
+    searches: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     X, y, X_test, y_test = data
     perm = torch.tensor(np.random.default_rng(seed).permutation(len(y)))
     train = TensorDataset(X[perm[:2000]], y[perm[:2000]])
@@ -134,15 +150,19 @@ def weight_decay_check(data: tuple[Tensor, ...], seed: int) -> dict[str, Any]:
         }
 
     out: dict[str, Any] = {"no_wd": one(0.0, [])}
-    grid = {wd: one(wd, []) for wd in GRID}
-    pick = min(grid, key=lambda wd: grid[wd]["val"])
-    out["grid_pick"] = {
-        **grid[pick],
-        "weight_decay": pick,
-        "cpu": sum(g["cpu"] for g in grid.values()),
-    }
-    for name, budget in (("learned", 0.5), ("learned_no_budget", None)):
-        cb = LearnedWeightDecay(1e-4, max_overhead=budget)
+    if searches:
+        grid = {wd: one(wd, []) for wd in GRID}
+        pick = min(grid, key=lambda wd: grid[wd]["val"])
+        out["grid_pick"] = {
+            **grid[pick],
+            "weight_decay": pick,
+            "cpu": sum(g["cpu"] for g in grid.values()),
+        }
+    runs = {"learned": {}} if not searches else {"learned": {}, "learned_no_budget": {}}
+    for name, extra in {**runs, **(variants or {})}.items():
+        budget = None if name == "learned_no_budget" else 0.5
+        extra = {k: v() if k == "look_ahead" else v for k, v in extra.items()}
+        cb = LearnedWeightDecay(1e-4, max_overhead=budget, **extra)
         out[name] = {**one(0.0, [cb]), "hyper_steps": len(cb.history),
                      "lambda_end": float(cb.problem.decay.summary().mean())}  # fmt: skip
     return out
@@ -188,10 +208,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--out", type=Path, default=REPO / "benchmarks/results/check_20news/check_20news.json"
     )
+    p.add_argument(
+        "--look-aheads", help="more drop-in runs: name=Class,... (e.g. valcurv=ValidationCurvature)"
+    )
+    p.add_argument(
+        "--no-searches", action="store_true", help="weight decay: no grid, no run without budget"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     data = load(args.data_root)
-    checks = {"weight_decay": weight_decay_check, "data_weights": data_weights_check}
+    checks = {
+        "weight_decay": lambda d, s: weight_decay_check(
+            d, s, look_aheads(args.look_aheads), not args.no_searches
+        ),
+        "data_weights": data_weights_check,
+    }
     results: dict[str, Any] = {"command": " ".join(sys.argv), "runs": {c: {} for c in args.checks}}
     for seed in args.seeds:
         for c in args.checks:

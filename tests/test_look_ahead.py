@@ -4,6 +4,10 @@ On a quadratic whose validation loss has the training loss's curvature, E(w) = �
 with H = ∇²ℓ̂, T gradient steps of step η from w_t reach w_{t+T} = w_t − Σ_T(H)∇₁ℓ̂(w_t) exactly,
 so ∇₁E(w_{t+T}) = ∇₁E(w_t) − (I − (I − ηH)^T)∇₁ℓ̂(w_t): the strategy's target is exact where its
 filter is (converged training; or ∇₁ℓ̂ along one eigenvector, the Rayleigh filter). float64.
+
+ValidationCurvature (eq. valcurvgrad) moves ∇₁E by the validation curvature instead: on a
+quadratic E(w) = ½(w − c)ᵀH_E(w − c) with H_E ≠ H, ∇₁E(w_{t+T}) = ∇₁E(w_t) + H_E(w_{t+T} − w_t)
+exactly, and w_{t+T} − w_t = −Σ_T(h)∇₁ℓ̂(w_t) where ∇₁ℓ̂(w_t) is an eigenvector of H.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from hypertorch_sid import (
     SIDConfig,
     SIDHyperOptimizer,
     TrainedWeights,
+    ValidationCurvature,
 )
 from hypertorch_sid.core.errors import ConfigurationError
 
@@ -167,3 +172,133 @@ def test_the_drop_in_with_trained_weights_on_a_tanh_network() -> None:
         samples[name] = cb.sid.cost.samples
     assert look.remaining_steps == 0 and look.step_size is not None
     assert samples["trained"] == samples["now"] + 6 * 20  # one batch of 20 per hyper step
+
+
+class _OtherCurvature(_Quadratic):
+    """The quadratic with a validation loss of its own curvature, E(w) = ½(w − c)ᵀH_E(w − c)."""
+
+    def __init__(self, H_E: torch.Tensor, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.H_E = H_E
+
+    def grad_E(self, w: torch.Tensor) -> torch.Tensor:
+        return self.H_E @ (w - self.c)
+
+    def outer_loss(self, batch: object) -> torch.Tensor:
+        r = self.w - self.c
+        return 0.5 * r @ self.H_E @ r
+
+    def validation_product(self, u: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.H_E @ u[0]]
+
+    def along_eigenvector(self, k: int) -> float:
+        """w_t − w* along the k-th eigenvector of H; its eigenvalue."""
+        h, V = torch.linalg.eigh(self.H())
+        with torch.no_grad():
+            self.w.copy_(torch.linalg.solve(self.H(), self.b) + 1.5 * V[:, k])
+        return float(h[k])
+
+
+def _validation_hessians() -> dict[str, torch.Tensor]:
+    """H_E ≠ H: another random spectrum, and one flat along H's 4th eigenvector (a direction the
+    training fits and the validation loss does not curve along: memorising)."""
+    g = torch.Generator().manual_seed(5)
+    other = symmetric_with_spectrum(torch.logspace(-1.5, 0.5, 8, dtype=D), g)
+    H = _Quadratic().H()
+    v = torch.linalg.eigh(H)[1][:, 3]
+    flat = H - float(v @ H @ v) * torch.outer(v, v)  # H with v's eigenvalue set to 0
+    return {"other": other, "flat": flat}
+
+
+@pytest.mark.parametrize("steps", [1, 7, 60])
+@pytest.mark.parametrize("which", ["other", "flat"])
+def test_validation_curvature_is_exact_along_an_eigenvector(steps: int, which: str) -> None:
+    """∇₁ℓ̂ along an eigenvector of H, E with another Hessian: eq. valcurvgrad is the validation
+    gradient after T steps exactly; TrainedWeights (which takes H_E = H) is not."""
+    q, eta = _OtherCurvature(_validation_hessians()[which]), 0.2
+    h = q.along_eigenvector(3)
+    look = ValidationCurvature()
+    look.observe(remaining_steps=steps, step_size=eta)
+    now = q.grad_E(q.w.detach())
+    (target,) = look.target([now], q.train_gradient, q.validation_product)
+    truth = q.grad_E(q.after(eta, steps))
+    torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-12)
+    trained = TrainedWeights(filter="rayleigh")
+    trained.observe(remaining_steps=steps, step_size=eta)
+    (gap_target,) = trained.target([now], q.train_gradient)
+    assert float((gap_target - truth).norm()) > 1e-3 * float(truth.norm())
+    if which == "flat":  # E does not curve along what the training still fits: nothing removed
+        torch.testing.assert_close(target, now, rtol=1e-9, atol=1e-12)
+    assert math.isclose(look.shrink(h) / h, (1 - (1 - eta * h) ** steps) / h)
+
+
+def test_validation_curvature_with_the_training_curvature_is_trained_weights() -> None:
+    """H_E = H along an eigenvector: the same target as TrainedWeights' Rayleigh filter; with no
+    step left, or unknown/negative curvature, the current weights' gradient."""
+    q = _OtherCurvature(_Quadratic().H())
+    q.along_eigenvector(2)
+    now = q.grad_E(q.w.detach())
+    look, trained = ValidationCurvature(), TrainedWeights(filter="rayleigh")
+    for x in (look, trained):
+        x.observe(remaining_steps=20, step_size=0.3)
+    (a,) = look.target([now], q.train_gradient, q.validation_product)
+    (b,) = trained.target([now], q.train_gradient)
+    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    look.observe(remaining_steps=0, step_size=0.3)
+    (kept,) = look.target([now], q.train_gradient, q.validation_product)
+    torch.testing.assert_close(kept, now)
+    look.observe(remaining_steps=20, step_size=0.3)
+    (kept,) = look.target(
+        [now], lambda n, c: ([q.grad_l(q.w.detach())], -1.0), q.validation_product
+    )
+    torch.testing.assert_close(kept, now)
+
+
+@pytest.mark.filterwarnings("ignore:.*far from a fixed point")
+def test_sid_reads_the_validation_curvature_on_the_validation_batch() -> None:
+    """Through Algorithm 1 the hypergradient with ValidationCurvature is the current-weights one
+    of E(w) − Σ_T(h_g)⟨H_E g, w⟩ (g held): the hyper step's validation product is H_E g."""
+    q = _OtherCurvature(_validation_hessians()["other"])
+    h = q.along_eigenvector(5)
+    look = ValidationCurvature()
+    look.observe(remaining_steps=9, step_size=0.2)
+    g = q.grad_l(q.w.detach())
+    shift = look.shrink(h) / h * (q.H_E @ g)
+
+    def moved(batch: object) -> torch.Tensor:
+        return q.outer_loss(batch) - shift @ q.w
+
+    g_look = _hopt(q, look).hypergradient([0], None)[0]
+    g_moved = _hopt(q, CurrentWeights(), moved).hypergradient([0], None)[0]
+    torch.testing.assert_close(g_look, g_moved, rtol=1e-7, atol=1e-12)
+    g_now = _hopt(q, CurrentWeights()).hypergradient([0], None)[0]
+    assert float((g_look - g_now).norm()) > 0.01 * float(g_now.norm())
+
+
+@pytest.mark.parametrize("kwargs", [{"batches": 0}, {"filter": "converged"}])
+def test_validation_curvature_refuses_bad_settings(kwargs) -> None:
+    with pytest.raises(ConfigurationError):
+        ValidationCurvature(**kwargs)
+    q = _OtherCurvature(_Quadratic().H())
+    with pytest.raises(ConfigurationError, match="validation curvature"):
+        ValidationCurvature().target([q.grad_E(q.w.detach())], q.train_gradient)
+
+
+def test_the_drop_in_with_validation_curvature_on_a_tanh_network() -> None:
+    """Seconds: a tanh network through LearnedWeightDecay(look_ahead=ValidationCurvature())
+    trains with finite weights and λ, and costs at most one product per hyper step more than
+    TrainedWeights' Rayleigh filter (H_E g on the validation batch)."""
+    products = {}
+    for name, look in (
+        ("trained", TrainedWeights(filter="rayleigh")),
+        ("validation", ValidationCurvature()),
+    ):
+        cb = LearnedWeightDecay(1e-2, every_n_steps=5, look_ahead=look, max_overhead=None)
+        trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
+        trainer.fit(TanhRegressor(), datamodule=RidgeData())
+        lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
+        assert bool(torch.isfinite(lam).all()) and len(cb.history) == 6
+        products[name] = cb.sid.cost.jacobian_vector_products
+    assert look.remaining_steps == 0 and look.step_size is not None
+    # H_E g at every hyper step with steps left (none at the last one, T = 0: nothing to move)
+    assert 5 <= products["validation"] - products["trained"] <= 6

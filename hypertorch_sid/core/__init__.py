@@ -38,7 +38,14 @@ from .estimation import (
     lanczos_extremes,
 )
 from .gauss_newton import GaussNewton
-from .horizon import CurrentWeights, HorizonDamping, HorizonSolver, LookAhead, TrainedWeights
+from .horizon import (
+    CurrentWeights,
+    HorizonDamping,
+    HorizonSolver,
+    LookAhead,
+    TrainedWeights,
+    ValidationCurvature,
+)
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
@@ -139,6 +146,7 @@ __all__ = [
     "LookAhead",
     "CurrentWeights",
     "TrainedWeights",
+    "ValidationCurvature",
     "HoldInvariant",
     "InvariantRule",
     "LearnInvariant",

@@ -341,9 +341,10 @@ class HorizonSolver(AdjointSolver):
 class LookAhead:
     """Which validation gradient the adjoint system α(∇²₁₁ℓ̂ + δI)v = ∇₁E is solved for: *where*
     the hypergradient looks at E (the damping and the adjoint solver set *how far* along the
-    training it looks). The hyper step calls :meth:`target` with ∇₁E(w_t) and a function that
-    returns ∇₁ℓ̂(w_t) on fresh training minibatches (read only if the strategy asks for it);
-    :meth:`observe` gets the training's remaining steps T and step size η."""
+    training it looks). The hyper step calls :meth:`target` with ∇₁E(w_t), a function that
+    returns ∇₁ℓ̂(w_t) on fresh training minibatches and one that returns the validation
+    curvature ∇²₁₁E(w_t)·u on the hyper step's validation batch (each read only if the strategy
+    asks for it); :meth:`observe` gets the training's remaining steps T and step size η."""
 
     #: training minibatches the strategy reads per hyper step (the compute budget plans them)
     train_batches: int = 0
@@ -351,7 +352,9 @@ class LookAhead:
     def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
         """The training's steps still to run and its step size η (unused here)."""
 
-    def target(self, grad_w_E: Sequence[Tensor], train_gradient: Any) -> Tensors:
+    def target(
+        self, grad_w_E: Sequence[Tensor], train_gradient: Any, validation_product: Any = None
+    ) -> Tensors:
         """The right-hand side of the adjoint system (here ∇₁E(w_t) itself)."""
         return [g.detach() for g in grad_w_E]
 
@@ -436,10 +439,71 @@ class TrainedWeights(LookAhead):
             return 1.0
         return float(-math.expm1(steps * math.log1p(-x)))
 
-    def target(self, grad_w_E: Sequence[Tensor], train_gradient: Any) -> Tensors:
+    def target(
+        self, grad_w_E: Sequence[Tensor], train_gradient: Any, validation_product: Any = None
+    ) -> Tensors:
         """∇₁E(w_t) − c ∇₁ℓ̂(w_t) (eq. trainedgrad, c the filter); ``train_gradient(n,
         curvature)`` returns the mean ∇₁ℓ̂ over n fresh minibatches and, with curvature=True,
         its Rayleigh quotient h_g."""
         g, h = train_gradient(self.batches, self.filter == "rayleigh")
         c = self.shrink(h)
         return [e.detach() - c * gi for e, gi in zip(grad_w_E, g)]
+
+
+@dataclass
+class ValidationCurvature(TrainedWeights):
+    """∇₁E at the weights the training will reach, moved there by the *validation* curvature:
+    the validation loss E itself after the training, not the gap E − ℓ̂ that
+    :class:`TrainedWeights` follows.
+
+    Linearised at w_t, the T remaining steps move the weights by Δw = −Σ_T(H)∇₁ℓ̂(w_t)
+    (eq. horizon, H the training Hessian), and the validation gradient by H_E Δw, H_E = ∇²₁₁E.
+    Along the training gradient g = ∇₁ℓ̂(w_t), with its Rayleigh quotient h_g = ⟨g, Hg⟩/⟨g, g⟩
+    (Δw ≈ −Σ_T(h_g) g):
+
+        ∇₁E(w_{t+T}) ≈ ∇₁E(w_t) − Σ_T(h_g) H_E g,   Σ_T(h) = (1 − (1 − ηh)^T)/h   (eq. valcurvgrad)
+
+    with H_E g one Hessian–vector product of E on the hyper step's validation batch. Where the
+    validation loss has the training loss's curvature along g (H_E g = h_g g) it is
+    :class:`TrainedWeights`' Rayleigh filter (eq. trainedgrad); where the training fits
+    directions the validation loss is flatter along (memorising: ⟨g, H_E g⟩ < ⟨g, Hg⟩) it
+    removes less of ∇₁E(w_t), and none of what E does not curve along — so no longer a push
+    towards more decay wherever decay narrows the generalisation gap.
+
+    Σ_T(h_g) follows :meth:`TrainedWeights.shrink` divided by h_g: 1/h_g while T or η is unknown
+    and where ηh_g ≥ 1, 0 with no step left or where h_g ≤ 0 (the linearisation says nothing
+    there: the current weights' gradient is kept). Per hyper step: ``batches`` training
+    gradients, one training and one validation Hessian–vector product.
+    """
+
+    filter: str = "rayleigh"
+
+    def __post_init__(self) -> None:
+        self.batches = check_integer("ValidationCurvature.batches", self.batches, 1)
+        if self.filter != "rayleigh":
+            raise ConfigurationError(
+                f"ValidationCurvature(filter={self.filter!r}): it always uses the Rayleigh "
+                "quotient of ∇₁ℓ̂ (leave filter out); TrainedWeights() has the 'converged' filter."
+            )
+
+    def target(
+        self, grad_w_E: Sequence[Tensor], train_gradient: Any, validation_product: Any = None
+    ) -> Tensors:
+        """∇₁E(w_t) − Σ_T(h_g) H_E g (eq. valcurvgrad); ``validation_product(u)`` returns
+        ∇²₁₁E(w_t)·u on the hyper step's validation batch."""
+        if validation_product is None:
+            raise ConfigurationError(
+                "ValidationCurvature needs the validation curvature (a validation_product "
+                "function); the hyper step of SIDHyperOptimizer passes it."
+            )
+        g, h = train_gradient(self.batches, True)
+        if h is None or h <= 0:
+            return [e.detach() for e in grad_w_E]
+        sigma = self.shrink(h) / h
+        if sigma == 0.0:
+            return [e.detach() for e in grad_w_E]
+        hg = validation_product(g)
+        return [e.detach() - sigma * x for e, x in zip(grad_w_E, hg)]
+
+    def __repr__(self) -> str:
+        return f"ValidationCurvature(batches={self.batches})"

@@ -40,7 +40,7 @@ from .errors import ConfigurationError, DivergenceError
 from .estimation import CurvatureProbe
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
-from .outer import outer_gradients
+from .outer import outer_gradients, outer_hessian_vector_product
 from .rows import RowSnapshot, all_finite, stored
 from .schedules import StepSchedule
 from .second_order import (
@@ -485,7 +485,11 @@ class SIDHyperOptimizer:
             else [torch.zeros_like(g) for g in g_w]
         )
         # eq. trainedgrad where the look-ahead asks for it (∇₁E(w_t) itself by default)
-        g_w = c.look_ahead.target(g_w, lambda n, h: self._train_gradient(stream, n, h))
+        g_w = c.look_ahead.target(
+            g_w,
+            lambda n, h: self._train_gradient(stream, n, h),
+            lambda u: self._validation_product(val_batch, u),
+        )
         target = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
         # no q to choose (or accelerate) with where a scheduled or a full-batch adjoint was asked
         q = self.q if c.adjoint_step_size is None and c.batches.adjoint != "full" else None
@@ -531,6 +535,16 @@ class SIDHyperOptimizer:
         if self.mean_across_processes is not None:  # one filter on every rank
             ghg = float(self.mean_across_processes(torch.tensor(ghg, dtype=mean[0].dtype)))
         return mean, (ghg / gg if gg > 0 else None)
+
+    def _validation_product(self, val_batch: Any, u: Sequence[Tensor]) -> Tensors:
+        """∇²₁₁E(w_t)·u on the hyper step's validation batch, in eval mode as ∇₁E was read (for
+        the look-ahead, :class:`~.horizon.ValidationCurvature`; under DDP the processes' mean)."""
+        with frozen_mode(self.module, "eval"):
+            hu = outer_hessian_vector_product(self.outer_loss, val_batch, self.inner_parameters, u)
+        self.cost.jacobian_vector_products += 1
+        if self.mean_across_processes is not None:  # every rank solves the same system
+            hu = [self.mean_across_processes(x) for x in hu]
+        return hu
 
     def _assemble(self, stream: BatchStream, adjoint: _Adjoint) -> Tensors:
         """Step 3: ∇̂f(λ) = ∇₂E(w_t, λ) + mean_j ∂₂Φ̂(w_t, λ, ζ_j)ᵀ v_k on J fresh minibatches (or

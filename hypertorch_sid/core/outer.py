@@ -233,3 +233,28 @@ def outer_gradients(
             data=bool(all(torch.isfinite(w).all() for w in inner_parameters)),
         )
     return g1, g2, value
+
+
+def outer_hessian_vector_product(
+    outer_loss: Callable[[Any], Tensor],
+    val_batch: Any,
+    inner_parameters: Sequence[Tensor],
+    vector: Sequence[Tensor],
+) -> Tensors:
+    """∇²₁₁E(w, λ)·u on ``val_batch`` (the validation curvature along u; batches read as in
+    :func:`outer_gradients` and averaged): double backward, one product per batch."""
+    batches, _ = _validation_batches(val_batch)
+    params = list(inner_parameters)
+    total = [torch.zeros_like(p) for p in params]
+    for batch in batches:
+        loss = outer_loss(batch).reshape(())
+        grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+        pairs = [(g, u) for g, u in zip(grads, vector) if g is not None and g.requires_grad]
+        if not pairs:
+            continue  # E is linear in w on this batch: no curvature
+        dot = sum((g * u.detach()).sum() for g, u in pairs)
+        hu = torch.autograd.grad(dot, params, allow_unused=True)
+        for t, h in zip(total, hu):
+            if h is not None:
+                t.add_(h.detach(), alpha=1.0 / len(batches))
+    return total
