@@ -29,6 +29,7 @@ from hypertorch_sid import (
     SIDConfig,
     SIDHyperOptimizer,
     TrainedWeights,
+    TrajectoryWeights,
     ValidationCurvature,
 )
 from hypertorch_sid.core.errors import ConfigurationError
@@ -191,6 +192,12 @@ class _OtherCurvature(_Quadratic):
     def validation_product(self, u: list[torch.Tensor]) -> list[torch.Tensor]:
         return [self.H_E @ u[0]]
 
+    def train_product(self, u: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.H() @ u[0]]
+
+    def products(self) -> tuple:
+        return self.train_gradient, self.validation_product, self.train_product
+
     def along_eigenvector(self, k: int) -> float:
         """w_t − w* along the k-th eigenvector of H; its eigenvalue."""
         h, V = torch.linalg.eigh(self.H())
@@ -210,18 +217,24 @@ def _validation_hessians() -> dict[str, torch.Tensor]:
     return {"other": other, "flat": flat}
 
 
+def _exact_target(q: _OtherCurvature, eta: float, steps: int) -> torch.Tensor:
+    """∇₁E(w_{t+T}) = ∇₁E(w_t) + H_E(w_{t+T} − w_t): T gradient steps on the quadratic ℓ̂."""
+    return q.grad_E(q.after(eta, steps))
+
+
 @pytest.mark.parametrize("steps", [1, 7, 60])
 @pytest.mark.parametrize("which", ["other", "flat"])
 def test_validation_curvature_is_exact_along_an_eigenvector(steps: int, which: str) -> None:
-    """∇₁ℓ̂ along an eigenvector of H, E with another Hessian: eq. valcurvgrad is the validation
-    gradient after T steps exactly; TrainedWeights (which takes H_E = H) is not."""
+    """∇₁ℓ̂ along an eigenvector of H, E with another Hessian: eq. valcurvgrad with one Lanczos
+    step (the Rayleigh quotient) is the validation gradient after T steps exactly;
+    TrainedWeights (which takes H_E = H) is not."""
     q, eta = _OtherCurvature(_validation_hessians()[which]), 0.2
     h = q.along_eigenvector(3)
-    look = ValidationCurvature()
+    look = ValidationCurvature(iters=1)
     look.observe(remaining_steps=steps, step_size=eta)
     now = q.grad_E(q.w.detach())
-    (target,) = look.target([now], q.train_gradient, q.validation_product)
-    truth = q.grad_E(q.after(eta, steps))
+    (target,) = look.target([now], *q.products())
+    truth = _exact_target(q, eta, steps)
     torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-12)
     trained = TrainedWeights(filter="rayleigh")
     trained.observe(remaining_steps=steps, step_size=eta)
@@ -232,38 +245,58 @@ def test_validation_curvature_is_exact_along_an_eigenvector(steps: int, which: s
     assert math.isclose(look.shrink(h) / h, (1 - (1 - eta * h) ** steps) / h)
 
 
+@pytest.mark.parametrize("steps", [3, 25])
+def test_validation_curvature_is_exact_in_any_direction_with_a_full_krylov_space(steps) -> None:
+    """An underfit start (∇₁ℓ̂ along every eigenvector; ηh_min·T < 1, far from converged) and
+    as many Lanczos steps as dimensions: Σ_T(H)g is exact, and so is eq. valcurvgrad, for a
+    validation Hessian of another spectrum; fewer steps approximate it."""
+    q, eta = _OtherCurvature(_validation_hessians()["other"]), 0.2
+    now, truth = q.grad_E(q.w.detach()), _exact_target(q, eta, steps)
+    errors = []
+    for iters in (1, 3, 8):
+        look = ValidationCurvature(iters=iters)
+        look.observe(remaining_steps=steps, step_size=eta)
+        (target,) = look.target([now], *q.products())
+        errors.append(float((target - truth).norm()))
+    torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-11)
+    assert errors[0] > 1e-3 * float(truth.norm())
+
+
 def test_validation_curvature_with_the_training_curvature_is_trained_weights() -> None:
     """H_E = H along an eigenvector: the same target as TrainedWeights' Rayleigh filter; with no
-    step left, or unknown/negative curvature, the current weights' gradient."""
+    step left, or negative training curvature, the current weights' gradient."""
     q = _OtherCurvature(_Quadratic().H())
     q.along_eigenvector(2)
     now = q.grad_E(q.w.detach())
     look, trained = ValidationCurvature(), TrainedWeights(filter="rayleigh")
     for x in (look, trained):
         x.observe(remaining_steps=20, step_size=0.3)
-    (a,) = look.target([now], q.train_gradient, q.validation_product)
+    (a,) = look.target([now], *q.products())
     (b,) = trained.target([now], q.train_gradient)
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
     look.observe(remaining_steps=0, step_size=0.3)
-    (kept,) = look.target([now], q.train_gradient, q.validation_product)
+    (kept,) = look.target([now], *q.products())
     torch.testing.assert_close(kept, now)
     look.observe(remaining_steps=20, step_size=0.3)
-    (kept,) = look.target(
-        [now], lambda n, c: ([q.grad_l(q.w.detach())], -1.0), q.validation_product
-    )
+    negative = (q.train_gradient, q.validation_product, lambda u: [-u[0]])
+    (kept,) = look.target([now], *negative)
     torch.testing.assert_close(kept, now)
 
 
 @pytest.mark.filterwarnings("ignore:.*far from a fixed point")
 def test_sid_reads_the_validation_curvature_on_the_validation_batch() -> None:
     """Through Algorithm 1 the hypergradient with ValidationCurvature is the current-weights one
-    of E(w) − Σ_T(h_g)⟨H_E g, w⟩ (g held): the hyper step's validation product is H_E g."""
+    of E(w) − ⟨H_E Σ_T(H)g, w⟩ (g held): the hyper step's products are H on the training batch
+    and H_E on the validation batch."""
     q = _OtherCurvature(_validation_hessians()["other"])
-    h = q.along_eigenvector(5)
-    look = ValidationCurvature()
+    with torch.no_grad():  # underfit weights, a fifth of the way to w*
+        q.w.copy_(0.2 * torch.linalg.solve(q.H(), q.b))
+    look = ValidationCurvature(iters=8)
     look.observe(remaining_steps=9, step_size=0.2)
     g = q.grad_l(q.w.detach())
-    shift = look.shrink(h) / h * (q.H_E @ g)
+    h, V = torch.linalg.eigh(q.H())
+    sigma = V @ torch.diag((1 - (1 - 0.2 * h) ** 9) / h) @ V.T
+    shift = q.H_E @ sigma @ g
 
     def moved(batch: object) -> torch.Tensor:
         return q.outer_loss(batch) - shift @ q.w
@@ -275,7 +308,7 @@ def test_sid_reads_the_validation_curvature_on_the_validation_batch() -> None:
     assert float((g_look - g_now).norm()) > 0.01 * float(g_now.norm())
 
 
-@pytest.mark.parametrize("kwargs", [{"batches": 0}, {"filter": "converged"}])
+@pytest.mark.parametrize("kwargs", [{"batches": 0}, {"iters": 0}, {"filter": "converged"}])
 def test_validation_curvature_refuses_bad_settings(kwargs) -> None:
     with pytest.raises(ConfigurationError):
         ValidationCurvature(**kwargs)
@@ -286,13 +319,10 @@ def test_validation_curvature_refuses_bad_settings(kwargs) -> None:
 
 def test_the_drop_in_with_validation_curvature_on_a_tanh_network() -> None:
     """Seconds: a tanh network through LearnedWeightDecay(look_ahead=ValidationCurvature())
-    trains with finite weights and λ, and costs at most one product per hyper step more than
-    TrainedWeights' Rayleigh filter (H_E g on the validation batch)."""
+    trains with finite weights and λ, and reads iters training products and one validation
+    product per hyper step with steps left (none at the last, T = 0)."""
     products = {}
-    for name, look in (
-        ("trained", TrainedWeights(filter="rayleigh")),
-        ("validation", ValidationCurvature()),
-    ):
+    for name, look in (("now", CurrentWeights()), ("validation", ValidationCurvature(iters=2))):
         cb = LearnedWeightDecay(1e-2, every_n_steps=5, look_ahead=look, max_overhead=None)
         trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
         trainer.fit(TanhRegressor(), datamodule=RidgeData())
@@ -300,5 +330,104 @@ def test_the_drop_in_with_validation_curvature_on_a_tanh_network() -> None:
         assert bool(torch.isfinite(lam).all()) and len(cb.history) == 6
         products[name] = cb.sid.cost.jacobian_vector_products
     assert look.remaining_steps == 0 and look.step_size is not None
-    # H_E g at every hyper step with steps left (none at the last one, T = 0: nothing to move)
-    assert 5 <= products["validation"] - products["trained"] <= 6
+    assert 5 * 3 <= products["validation"] - products["now"] <= 6 * 3
+
+
+def _step_along(q: _Quadratic, k: int, eta: float, steps: int) -> tuple[float, torch.Tensor]:
+    """w_t − w* along the k-th eigenvector of H, then ``steps`` gradient steps (which stay
+    along it): its eigenvalue and the weights before the steps."""
+    h, V = torch.linalg.eigh(q.H())
+    with torch.no_grad():
+        q.w.copy_(torch.linalg.solve(q.H(), q.b) + 1.5 * V[:, k])
+        before = q.w.detach().clone()
+        q.w.copy_(q.after(eta, steps))
+    return float(h[k]), before
+
+
+def _trajectory_target(look: TrajectoryWeights, q: _Quadratic, before: torch.Tensor):
+    """The look-ahead's target at w_t after a first hyper step at ``before``."""
+    products = (q.train_gradient, None, lambda u: [q.H() @ u[0]])
+    now = q.w.detach().clone()
+    with torch.no_grad():
+        q.w.copy_(before)
+    (first,) = look.target([q.grad_E(before)], *products, weights=[q.w])
+    torch.testing.assert_close(first, q.grad_E(before))  # no path yet: the current weights
+    with torch.no_grad():
+        q.w.copy_(now)
+    return look.target([q.grad_E(now)], *products, weights=[q.w])[0]
+
+
+@pytest.mark.parametrize(("k", "steps"), [(0, 40), (3, 7), (7, 60)])
+def test_trajectory_weights_is_exact_along_the_path_of_an_eigenvector(k: int, steps: int) -> None:
+    """The training's path along one eigenvector of H (E with H's curvature): the Rayleigh
+    quotient along the movement is its eigenvalue, and eq. pathgrad is ∇₁E after the T
+    remaining steps exactly — also along the flattest direction (k = 0, ηhT = 0.4: the training
+    removes a third of g there, TrainedWeights all of it)."""
+    q, eta, remaining = _Quadratic(), 0.2, 40
+    h, before = _step_along(q, k, eta, 5)
+    look = TrajectoryWeights()
+    look.observe(remaining_steps=remaining, step_size=eta)
+    target = _trajectory_target(look, q, before)
+    truth = q.grad_E(q.after(eta, remaining))
+    torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-12)
+    assert math.isclose(look.last_curvature, h, rel_tol=1e-9)
+    assert math.isclose(look.last_filter, 1 - (1 - eta * h) ** remaining, rel_tol=1e-9)
+    if k == 0:
+        now = q.grad_E(q.w.detach())
+        converged = now - q.grad_l(q.w.detach())  # TrainedWeights()
+        assert float((converged - truth).norm()) > float((now - truth).norm())
+
+
+def test_trajectory_weights_starts_its_path_where_the_hyper_optimizer_was_built() -> None:
+    """SIDHyperOptimizer hands the look-ahead the weights it starts from: the first hyper step's
+    path runs from there (here 5 gradient steps along an eigenvector: exact, as above)."""
+    q, eta = _Quadratic(), 0.2
+    h, before = _step_along(q, 2, eta, 5)
+    now = q.w.detach().clone()
+    with torch.no_grad():
+        q.w.copy_(before)
+    look = TrajectoryWeights()
+    _hopt(q, look)  # built at `before`
+    assert look.previous is not None
+    with torch.no_grad():
+        q.w.copy_(now)
+    look.observe(remaining_steps=20, step_size=eta)
+    products = (q.train_gradient, None, lambda u: [q.H() @ u[0]])
+    (target,) = look.target([q.grad_E(now)], *products, weights=[q.w])
+    torch.testing.assert_close(target, q.grad_E(q.after(eta, 20)), rtol=1e-9, atol=1e-12)
+    assert math.isclose(look.last_curvature, h, rel_tol=1e-9)
+
+
+def test_trajectory_weights_on_a_retry_and_at_the_end() -> None:
+    """A retried hyper step (same weights again) reuses the filter it read; with no step left
+    the current weights' gradient; bad settings and a missing product are refused."""
+    q, eta = _Quadratic(), 0.2
+    _, before = _step_along(q, 4, eta, 5)
+    look = TrajectoryWeights()
+    look.observe(remaining_steps=30, step_size=eta)
+    target = _trajectory_target(look, q, before)
+    products = (q.train_gradient, None, lambda u: [q.H() @ u[0]])
+    (again,) = look.target([q.grad_E(q.w.detach())], *products, weights=[q.w])
+    torch.testing.assert_close(again, target)
+    look.observe(remaining_steps=0, step_size=eta)
+    (end,) = look.target([q.grad_E(q.w.detach())], *products, weights=[q.w])
+    torch.testing.assert_close(end, q.grad_E(q.w.detach()))
+    for kwargs in ({"batches": 0}, {"filter": "converged"}):
+        with pytest.raises(ConfigurationError):
+            TrajectoryWeights(**kwargs)
+    with pytest.raises(ConfigurationError, match="weights"):
+        TrajectoryWeights().target([q.grad_E(q.w.detach())], q.train_gradient)
+
+
+def test_the_drop_in_with_trajectory_weights_on_a_tanh_network() -> None:
+    """Seconds: a tanh network through LearnedWeightDecay(look_ahead=TrajectoryWeights())
+    trains with finite weights and λ; from the second hyper step on the filter is read along
+    the weights' movement (a curvature, a filter in [0, 1])."""
+    look = TrajectoryWeights()
+    cb = LearnedWeightDecay(1e-2, every_n_steps=5, look_ahead=look, max_overhead=None)
+    trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
+    trainer.fit(TanhRegressor(), datamodule=RidgeData())
+    lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
+    assert bool(torch.isfinite(lam).all()) and len(cb.history) == 6
+    assert look.last_curvature is not None and 0.0 <= look.last_filter <= 1.0
+    assert look.previous is not None and look.remaining_steps == 0

@@ -43,7 +43,9 @@ from .horizon import (
     HorizonDamping,
     HorizonSolver,
     LookAhead,
+    SharedFit,
     TrainedWeights,
+    TrajectoryWeights,
     ValidationCurvature,
 )
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
@@ -146,6 +148,8 @@ __all__ = [
     "LookAhead",
     "CurrentWeights",
     "TrainedWeights",
+    "SharedFit",
+    "TrajectoryWeights",
     "ValidationCurvature",
     "HoldInvariant",
     "InvariantRule",

@@ -352,8 +352,17 @@ class LookAhead:
     def observe(self, remaining_steps: int | None, step_size: float | None) -> None:
         """The training's steps still to run and its step size η (unused here)."""
 
+    def start(self, weights: Sequence[Tensor]) -> None:
+        """The weights the training starts from (the hyper-optimizer's construction; unused
+        here)."""
+
     def target(
-        self, grad_w_E: Sequence[Tensor], train_gradient: Any, validation_product: Any = None
+        self,
+        grad_w_E: Sequence[Tensor],
+        train_gradient: Any,
+        validation_product: Any = None,
+        train_product: Any = None,
+        weights: Sequence[Tensor] | None = None,
     ) -> Tensors:
         """The right-hand side of the adjoint system (here ∇₁E(w_t) itself)."""
         return [g.detach() for g in grad_w_E]
@@ -440,7 +449,12 @@ class TrainedWeights(LookAhead):
         return float(-math.expm1(steps * math.log1p(-x)))
 
     def target(
-        self, grad_w_E: Sequence[Tensor], train_gradient: Any, validation_product: Any = None
+        self,
+        grad_w_E: Sequence[Tensor],
+        train_gradient: Any,
+        validation_product: Any = None,
+        train_product: Any = None,
+        weights: Sequence[Tensor] | None = None,
     ) -> Tensors:
         """∇₁E(w_t) − c ∇₁ℓ̂(w_t) (eq. trainedgrad, c the filter); ``train_gradient(n,
         curvature)`` returns the mean ∇₁ℓ̂ over n fresh minibatches and, with curvature=True,
@@ -456,54 +470,184 @@ class ValidationCurvature(TrainedWeights):
     the validation loss E itself after the training, not the gap E − ℓ̂ that
     :class:`TrainedWeights` follows.
 
-    Linearised at w_t, the T remaining steps move the weights by Δw = −Σ_T(H)∇₁ℓ̂(w_t)
-    (eq. horizon, H the training Hessian), and the validation gradient by H_E Δw, H_E = ∇²₁₁E.
-    Along the training gradient g = ∇₁ℓ̂(w_t), with its Rayleigh quotient h_g = ⟨g, Hg⟩/⟨g, g⟩
-    (Δw ≈ −Σ_T(h_g) g):
+    Linearised at w_t, the T remaining steps move the weights by Δw = −Σ_T(H)g, g = ∇₁ℓ̂(w_t)
+    (eq. horizon, H the training Hessian), and the validation gradient by H_E Δw, H_E = ∇²₁₁E:
 
-        ∇₁E(w_{t+T}) ≈ ∇₁E(w_t) − Σ_T(h_g) H_E g,   Σ_T(h) = (1 − (1 − ηh)^T)/h   (eq. valcurvgrad)
+        ∇₁E(w_{t+T}) ≈ ∇₁E(w_t) − H_E Σ_T(H) g,   Σ_T(h) = (1 − (1 − ηh)^T)/h    (eq. valcurvgrad)
 
-    with H_E g one Hessian–vector product of E on the hyper step's validation batch. Where the
-    validation loss has the training loss's curvature along g (H_E g = h_g g) it is
-    :class:`TrainedWeights`' Rayleigh filter (eq. trainedgrad); where the training fits
-    directions the validation loss is flatter along (memorising: ⟨g, H_E g⟩ < ⟨g, Hg⟩) it
-    removes less of ∇₁E(w_t), and none of what E does not curve along — so no longer a push
-    towards more decay wherever decay narrows the generalisation gap.
+    Σ_T(H)g is read from ``iters`` Lanczos steps on H from g (the Krylov approximation of a
+    matrix function, ‖g‖ Q_m Σ_T(T_m) e₁; ``iters=1``: along g's Rayleigh quotient h_g =
+    ⟨g, Hg⟩/⟨g, g⟩, Σ_T(h_g)·g), H_E times it by one Hessian–vector product of E on the hyper
+    step's validation batch. Where E has ℓ̂'s curvature (H_E = H) it is eq. trainedgrad, (I − (I −
+    ηH)^T)g removed; where the training moves the weights along directions E curves along less
+    (memorising) it removes less, and where it moves them far along directions ℓ̂ is nearly
+    flat but E is not, more — decay's case.
 
-    Σ_T(h_g) follows :meth:`TrainedWeights.shrink` divided by h_g: 1/h_g while T or η is unknown
-    and where ηh_g ≥ 1, 0 with no step left or where h_g ≤ 0 (the linearisation says nothing
-    there: the current weights' gradient is kept). Per hyper step: ``batches`` training
-    gradients, one training and one validation Hessian–vector product.
+    Per Ritz value θ the filter is :meth:`TrainedWeights.shrink`(θ)/θ: 1/θ while T or η is
+    unknown and where ηθ ≥ 1, 0 with no step left or where θ ≤ 0 (the linearisation is not
+    followed into negative curvature). Per hyper step: ``batches`` training gradients, ``iters``
+    training and one validation Hessian–vector products (none with no step left).
     """
 
     filter: str = "rayleigh"
+    iters: int = 4
 
     def __post_init__(self) -> None:
         self.batches = check_integer("ValidationCurvature.batches", self.batches, 1)
+        self.iters = check_integer("ValidationCurvature.iters", self.iters, 1)
         if self.filter != "rayleigh":
             raise ConfigurationError(
-                f"ValidationCurvature(filter={self.filter!r}): it always uses the Rayleigh "
-                "quotient of ∇₁ℓ̂ (leave filter out); TrainedWeights() has the 'converged' filter."
+                f"ValidationCurvature(filter={self.filter!r}): it always filters along the "
+                "Lanczos Ritz values of H (leave filter out); TrainedWeights() has the "
+                "'converged' filter."
             )
+
+    def displacement(self, g: Sequence[Tensor], train_product: Any) -> Tensors:
+        """Σ_T(H)g of eq. valcurvgrad by ``iters`` Lanczos steps on H from g."""
+        g_norm = norm(g)
+        if g_norm == 0.0:
+            return [torch.zeros_like(x) for x in g]
+        basis: list[Tensors] = []
+        alphas, betas = lanczos(train_product, [x / g_norm for x in g], self.iters, basis=basis)
+        theta, S = ritz_pairs(alphas, betas)
+        f = torch.tensor(
+            [self.shrink(t) / t if t > 0 else 0.0 for t in theta.tolist()], dtype=S.dtype
+        )
+        y = S @ (f * S[0, :]) * g_norm
+        out = [torch.zeros_like(x) for x in g]
+        for coefficient, q in zip(y.tolist(), basis):
+            for o, qi in zip(out, q):
+                o.add_(qi, alpha=coefficient)
+        return out
 
     def target(
-        self, grad_w_E: Sequence[Tensor], train_gradient: Any, validation_product: Any = None
+        self,
+        grad_w_E: Sequence[Tensor],
+        train_gradient: Any,
+        validation_product: Any = None,
+        train_product: Any = None,
+        weights: Sequence[Tensor] | None = None,
     ) -> Tensors:
-        """∇₁E(w_t) − Σ_T(h_g) H_E g (eq. valcurvgrad); ``validation_product(u)`` returns
-        ∇²₁₁E(w_t)·u on the hyper step's validation batch."""
-        if validation_product is None:
+        """∇₁E(w_t) − H_E Σ_T(H) g (eq. valcurvgrad); ``train_product(u)`` returns H·u on the
+        training batch of g, ``validation_product(u)`` H_E·u on the validation batch."""
+        if validation_product is None or train_product is None:
             raise ConfigurationError(
-                "ValidationCurvature needs the validation curvature (a validation_product "
-                "function); the hyper step of SIDHyperOptimizer passes it."
+                "ValidationCurvature needs the training and validation curvature "
+                "(train_product and validation_product functions); the hyper step of "
+                "SIDHyperOptimizer passes them."
             )
-        g, h = train_gradient(self.batches, True)
-        if h is None or h <= 0:
+        g, _ = train_gradient(self.batches, False)
+        if self.remaining_steps == 0:
+            return [e.detach() for e in grad_w_E]  # no step left: the current weights
+        moved = self.displacement(g, train_product)
+        if norm(moved) == 0.0:
             return [e.detach() for e in grad_w_E]
-        sigma = self.shrink(h) / h
-        if sigma == 0.0:
-            return [e.detach() for e in grad_w_E]
-        hg = validation_product(g)
-        return [e.detach() - sigma * x for e, x in zip(grad_w_E, hg)]
+        return [e.detach() - x for e, x in zip(grad_w_E, validation_product(moved))]
 
     def __repr__(self) -> str:
-        return f"ValidationCurvature(batches={self.batches})"
+        return f"ValidationCurvature(batches={self.batches}, iters={self.iters})"
+
+
+@dataclass
+class SharedFit(TrainedWeights):
+    """∇₁E at the trained weights, where the training removes from the validation gradient at
+    most the part it shares with it — never more, and nothing where the two disagree.
+
+    Write ∇₁E(w_t) = a·g + r with g = ∇₁ℓ̂(w_t), r ⟂ g, a = ⟨∇₁E, g⟩/⟨g, g⟩. Eq. trainedgrad
+    (H_E = H, converged filter) predicts ∇₁E(w_{t+T}) = (a − 1)·g + r: where a < 1 it adds
+    −(1 − a)g, which E does not ask for — the gradient of the generalisation gap E − ℓ̂,
+    which decay always narrows. Here
+
+        ∇₁E(w_{t+T}) ≈ ∇₁E(w_t) − c·g,   c = min(max(a, 0), 1)·s      (eq. sharedfit)
+
+    (s the filter of :meth:`TrainedWeights.shrink`, 1 with ``filter="converged"``): where the
+    training still fits what E wants (a ≥ 1) the whole g goes, as in eq. trainedgrad; where it
+    shares part of it (0 < a < 1) that part goes (r is left: what the training will not fix);
+    where it moves against E (a ≤ 0) nothing goes. A noisy g (small batches, dropout) inflates
+    ⟨g, g⟩ and so moves c towards 0: the current weights' gradient. Per hyper step ``batches``
+    training gradients (and one product with ``filter="rayleigh"``).
+    """
+
+    def target(
+        self,
+        grad_w_E: Sequence[Tensor],
+        train_gradient: Any,
+        validation_product: Any = None,
+        train_product: Any = None,
+        weights: Sequence[Tensor] | None = None,
+    ) -> Tensors:
+        """∇₁E(w_t) − c·∇₁ℓ̂(w_t) (eq. sharedfit)."""
+        g, h = train_gradient(self.batches, self.filter == "rayleigh")
+        eg = sum(float((e.double() * x.double()).sum()) for e, x in zip(grad_w_E, g))
+        gg = sum(float(x.double().pow(2).sum()) for x in g)
+        c = min(max(eg / gg, 0.0), 1.0) * self.shrink(h) if gg > 0 else 0.0
+        return [e.detach() - c * x for e, x in zip(grad_w_E, g)]
+
+
+@dataclass
+class TrajectoryWeights(TrainedWeights):
+    """Eq. trainedgrad with its filter read along the path the training actually takes.
+
+    The T remaining steps remove the share 1 − (1 − ηh)^T of ∇₁ℓ̂ along a curvature h. Where the
+    training converges (ηhT ≫ 1) the whole g = ∇₁ℓ̂(w_t) goes (:class:`TrainedWeights`); where it
+    still moves along flat directions at the end of the fit (underfit: ηhT ≲ 1) it removes only
+    that share, and ∇₁E at the trained weights stays close to ∇₁E(w_t). The curvature that
+    decides is the one along the weights' own recent movement d = w_t − w_{t−k} (since the last
+    hyper step, the optimizer's momentum and preconditioning included), not along g (whose
+    Rayleigh quotient is dominated by the sharp directions the training has already settled):
+
+        ∇₁E(w_{t+T}) ≈ ∇₁E(w_t) − (1 − (1 − ηh_d)^T)·g,   h_d = ⟨d, Hd⟩/⟨d, d⟩    (eq. pathgrad)
+
+    (:meth:`TrainedWeights.shrink`: 0 where h_d ≤ 0 and with no step left, 1 where ηh_d ≥ 1).
+    The first hyper step's path starts at the weights the hyper-optimizer was built with
+    (:meth:`start`; the Lightning callback builds it as the training starts); without them it
+    keeps ∇₁E(w_t). Per hyper step: ``batches`` training
+    gradients and one Hessian–vector product; memory: one copy of the weights.
+    """
+
+    filter: str = "rayleigh"
+    #: the weights at the last hyper step, and the filter and h_d used at this one
+    previous: Tensors | None = field(default=None, init=False, repr=False)
+    last_filter: float | None = field(default=None, init=False)
+    last_curvature: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.batches = check_integer("TrajectoryWeights.batches", self.batches, 1)
+        if self.filter != "rayleigh":
+            raise ConfigurationError(
+                f"TrajectoryWeights(filter={self.filter!r}): its filter is always read along "
+                "the weights' movement (leave filter out)."
+            )
+
+    def start(self, weights: Sequence[Tensor]) -> None:
+        """The training's first weights: the first hyper step's path starts there."""
+        self.previous = [w.detach().clone() for w in weights]
+
+    def target(
+        self,
+        grad_w_E: Sequence[Tensor],
+        train_gradient: Any,
+        validation_product: Any = None,
+        train_product: Any = None,
+        weights: Sequence[Tensor] | None = None,
+    ) -> Tensors:
+        """∇₁E(w_t) − (1 − (1 − ηh_d)^T)·∇₁ℓ̂(w_t) (eq. pathgrad)."""
+        if weights is None or train_product is None:
+            raise ConfigurationError(
+                "TrajectoryWeights needs the weights and the training curvature (weights and "
+                "train_product); the hyper step of SIDHyperOptimizer passes them."
+            )
+        previous, self.previous = self.previous, [w.detach().clone() for w in weights]
+        if previous is None or self.remaining_steps == 0:
+            self.last_filter = 0.0
+            return [e.detach() for e in grad_w_E]
+        g, _ = train_gradient(self.batches, False)
+        d = [w.detach() - p for w, p in zip(weights, previous)]
+        dd = sum(float(x.double().pow(2).sum()) for x in d)
+        if dd == 0.0:  # the same weights again (a retried hyper step): the filter it read
+            c = self.last_filter or 0.0
+            return [e.detach() - c * x for e, x in zip(grad_w_E, g)]
+        hd = train_product(d)
+        h = sum(float((x.double() * y.double()).sum()) for x, y in zip(d, hd)) / dd
+        self.last_curvature, self.last_filter = h, self.shrink(h)
+        return [e.detach() - self.last_filter * x for e, x in zip(grad_w_E, g)]

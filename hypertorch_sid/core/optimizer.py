@@ -198,6 +198,7 @@ class SIDHyperOptimizer:
             on_rescale=self._change_coordinates,
         )
         self.constants.bind(self.phi, self.probe)
+        self.config.look_ahead.start(self.inner_parameters)  # where the training starts from
         self.last: dict[str, float] = {}
         self._checked = False
         self._probe_batch: Any = None  # the first checks' batch: ℓ̂ before/after the first solve
@@ -489,6 +490,8 @@ class SIDHyperOptimizer:
             g_w,
             lambda n, h: self._train_gradient(stream, n, h),
             lambda u: self._validation_product(val_batch, u),
+            self._look_ahead_product,
+            self.inner_parameters,
         )
         target = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
         # no q to choose (or accelerate) with where a scheduled or a full-batch adjoint was asked
@@ -519,6 +522,7 @@ class SIDHyperOptimizer:
         ⟨g, Hg⟩/⟨g, g⟩ on the first of them (one Hessian–vector product; under DDP the
         processes' mean)."""
         batches = stream.take(n)
+        self._look_ahead_batch = batches[0]
         with frozen_mode(self.module, self.config.mode):
             # the whole ℓ̂'s (the proximal map's data term ĝ leaves out the penalty's λw)
             grads = [grad(self.phi.loss(b), self.inner_parameters) for b in batches]
@@ -535,6 +539,17 @@ class SIDHyperOptimizer:
         if self.mean_across_processes is not None:  # one filter on every rank
             ghg = float(self.mean_across_processes(torch.tensor(ghg, dtype=mean[0].dtype)))
         return mean, (ghg / gg if gg > 0 else None)
+
+    def _look_ahead_product(self, u: Sequence[Tensor]) -> Tensors:
+        """H·u on the training minibatch the look-ahead's ∇₁ℓ̂ was first read on (Lanczos steps
+        of :class:`~.horizon.ValidationCurvature`; under DDP the processes' mean)."""
+        with frozen_mode(self.module, self.config.mode):
+            hu = self.phi.hessian_vector_product(self._look_ahead_batch, list(u))
+        self.cost.jacobian_vector_products += 1
+        hu = [x.detach() for x in hu]
+        if self.mean_across_processes is not None:
+            hu = [self.mean_across_processes(x) for x in hu]
+        return hu
 
     def _validation_product(self, val_batch: Any, u: Sequence[Tensor]) -> Tensors:
         """∇²₁₁E(w_t)·u on the hyper step's validation batch, in eval mode as ∇₁E was read (for
