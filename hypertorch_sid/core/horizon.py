@@ -549,42 +549,6 @@ class ValidationCurvature(TrainedWeights):
 
 
 @dataclass
-class SharedFit(TrainedWeights):
-    """∇₁E at the trained weights, where the training removes from the validation gradient at
-    most the part it shares with it — never more, and nothing where the two disagree.
-
-    Write ∇₁E(w_t) = a·g + r with g = ∇₁ℓ̂(w_t), r ⟂ g, a = ⟨∇₁E, g⟩/⟨g, g⟩. Eq. trainedgrad
-    (H_E = H, converged filter) predicts ∇₁E(w_{t+T}) = (a − 1)·g + r: where a < 1 it adds
-    −(1 − a)g, which E does not ask for — the gradient of the generalisation gap E − ℓ̂,
-    which decay always narrows. Here
-
-        ∇₁E(w_{t+T}) ≈ ∇₁E(w_t) − c·g,   c = min(max(a, 0), 1)·s      (eq. sharedfit)
-
-    (s the filter of :meth:`TrainedWeights.shrink`, 1 with ``filter="converged"``): where the
-    training still fits what E wants (a ≥ 1) the whole g goes, as in eq. trainedgrad; where it
-    shares part of it (0 < a < 1) that part goes (r is left: what the training will not fix);
-    where it moves against E (a ≤ 0) nothing goes. A noisy g (small batches, dropout) inflates
-    ⟨g, g⟩ and so moves c towards 0: the current weights' gradient. Per hyper step ``batches``
-    training gradients (and one product with ``filter="rayleigh"``).
-    """
-
-    def target(
-        self,
-        grad_w_E: Sequence[Tensor],
-        train_gradient: Any,
-        validation_product: Any = None,
-        train_product: Any = None,
-        weights: Sequence[Tensor] | None = None,
-    ) -> Tensors:
-        """∇₁E(w_t) − c·∇₁ℓ̂(w_t) (eq. sharedfit)."""
-        g, h = train_gradient(self.batches, self.filter == "rayleigh")
-        eg = sum(float((e.double() * x.double()).sum()) for e, x in zip(grad_w_E, g))
-        gg = sum(float(x.double().pow(2).sum()) for x in g)
-        c = min(max(eg / gg, 0.0), 1.0) * self.shrink(h) if gg > 0 else 0.0
-        return [e.detach() - c * x for e, x in zip(grad_w_E, g)]
-
-
-@dataclass
 class TrajectoryWeights(TrainedWeights):
     """Eq. trainedgrad with its filter read along the path the training actually takes.
 
