@@ -58,7 +58,7 @@ ARMS = [
     ("trajectory_start", ["trajectory_start"], "trajectory_start",
      "path filter from the start; 0 at h_d ≤ 0"),
     ("trajectory_abs", ["trajectory_abs", "trajectory_abs_s3-8"], "trajectory_abs",
-     "`TrajectoryWeights()` (eq. pathgrad: from the start, along abs h_d)"),
+     "`TrajectoryWeights()` (eq. pathgrad: from the start, along \\|h_d\\|)"),
 ]  # fmt: skip
 
 

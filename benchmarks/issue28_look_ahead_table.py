@@ -89,11 +89,15 @@ def main() -> None:
     p.add_argument("--arm", default="trained")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--runs", type=Path, default=None, help="folder of the arm's per-seed files")
+    p.add_argument(
+        "--digits-small-arm", default=None, help="digits_small's arm, where named otherwise"
+    )
     a = p.parse_args()
     rows, table = [], {}
     for s in SETTINGS:
         old = learned_runs(default_pattern(s), s)
-        new = learned_runs(arm_pattern(s, a.arm, a.runs), s)
+        arm = a.digits_small_arm if s == "digits_small" and a.digits_small_arm else a.arm
+        new = learned_runs(arm_pattern(s, arm, a.runs), s)
         if not new:
             continue
         d = paired(new, old)

@@ -35,7 +35,13 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import CurrentWeights, LearnedWeightDecay, TrainedWeights
+from hypertorch_sid import (
+    CurrentWeights,
+    LearnedWeightDecay,
+    TrainedWeights,
+    TrajectoryWeights,
+    ValidationCurvature,
+)
 from hypertorch_sid.plots import lambda_names, plot_training, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,11 +211,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--look-ahead",
-        choices=("default", "current", "trained"),
+        choices=("default", "current", "trained", "trajectory", "validation"),
         default="default",
         help="where the learned run's hypergradient reads the validation gradient: at the "
-        "current weights (CurrentWeights) or at the trained ones (TrainedWeights); default: the "
-        "drop-in's own",
+        "current weights (CurrentWeights) or at the trained ones (TrainedWeights; "
+        "TrajectoryWeights: its filter along the weights' movement; ValidationCurvature: moved "
+        "by the validation curvature); default: the drop-in's own",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -231,7 +238,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print("LearnedWeightDecay() — the progress bar shows the mean λ (lam) and ‖∇̂f‖ (hg):")
     options = {} if args.max_overhead == "default" else {"max_overhead": args.max_overhead}
     if args.look_ahead != "default":
-        look = {"current": CurrentWeights, "trained": TrainedWeights}[args.look_ahead]
+        look = {
+            "current": CurrentWeights,
+            "trained": TrainedWeights,
+            "trajectory": TrajectoryWeights,
+            "validation": ValidationCurvature,
+        }[args.look_ahead]
         options["look_ahead"] = look()
     runs["learned"] = train(
         data, args, "learned", callbacks=[LearnedWeightDecay(**options)], progress_bar=True
