@@ -719,7 +719,9 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     a ``"look_ahead"`` dict is :class:`~hypertorch_sid.TrainedWeights` with those settings
     (``'{"look_ahead": {}}'``: the validation gradient at the trained weights, eq. trainedgrad),
     or the look-ahead its ``"class"`` names (``'{"look_ahead": {"class":
-    "ValidationCurvature"}}'``: eq. valcurvgrad)."""
+    "ValidationCurvature"}}'``: eq. valcurvgrad); a ``"max_overhead"`` dict is a budget object,
+    built afresh for each training (``'{"max_overhead": {"class_path":
+    "hypertorch_sid.core.budget.PlannedBudget", "init_args": {"max_overhead": 0.5}}}'``)."""
     if isinstance(kwargs.get("look_ahead"), dict):  # e.g. {"filter": "rayleigh"}
         import hypertorch_sid
 
@@ -732,6 +734,8 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
         kwargs = {**kwargs, "elements": TiedToLayer(**kwargs["elements"])}
     if isinstance(kwargs.get("outer_optimizer"), dict):
         kwargs = {**kwargs, "outer_optimizer": _outer_factory(kwargs["outer_optimizer"])}
+    if isinstance(kwargs.get("max_overhead"), dict):  # a Budget, e.g. PlannedBudget(0.5)
+        kwargs = {**kwargs, "max_overhead": _outer_factory(kwargs["max_overhead"])()}
     if damping == "default":
         return kwargs
     from hypertorch_sid import HorizonDamping

@@ -307,7 +307,9 @@ class HyperOptimizationCallback(Callback):
         products = cost.jacobian_vector_products + cost.curvature_products
         if self._world_size == 1:
             needed = self.sid.minimum_products()
-            self.sid.allowance = self.budget.allowance(remaining_steps(trainer), needed)
+            self.sid.allowance = self.budget.allowance(
+                remaining_steps(trainer), needed, self._due_left(trainer)
+            )
         self.budget.start_hyper_step()
         try:
             self._hyper_step(trainer, pl_module)
@@ -330,7 +332,9 @@ class HyperOptimizationCallback(Callback):
             ):
                 cost = self.sid.time_product(self.data.train_stream, self.budget.clock)
             self.budget.note_product_cost(cost)
-        allowed = self.budget.allows(remaining_steps(trainer), self.sid.minimum_products())
+        allowed = self.budget.allows(
+            remaining_steps(trainer), self.sid.minimum_products(), self._due_left(trainer)
+        )
         if self._world_size > 1:
             allowed = bool(trainer.strategy.broadcast(allowed, src=0))
         return allowed
@@ -579,6 +583,16 @@ class HyperOptimizationCallback(Callback):
             return False
         self._last_step = step
         return step >= max(self.start_step, 1) and step % self.every_n_steps == 0
+
+    def _due_left(self, trainer: pl.Trainer) -> int | None:
+        """The hyper steps due from now to the end of the fit: the one waiting now and those
+        due at the steps that remain (None where the fit's length is unknown)."""
+        left = remaining_steps(trainer)
+        if left is None:
+            return None
+        step, n = trainer.global_step, self.every_n_steps
+        after = max(step, max(self.start_step, 1) - 1)
+        return 1 + max((step + left) // n - after // n, 0)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit never ends silently with NaN weights, nor with λ unlearned because the budget
