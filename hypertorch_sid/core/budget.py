@@ -450,54 +450,64 @@ class PlannedBudget(OverheadBudget):
     """The hyper steps of a fit of known length planned from its length: what the fit can still
     spend, shared evenly among the hyper steps still due (eq. budgetplan),
 
-        share = (credit + remaining · payback) / due_left,
-        a due hyper step runs when max(share, credit) ≥ predicted(min), and spends at most
-        max(share, credit),
+        share = (credit + remaining · payback) / due_left,    part = max(share, credit),
+        a due hyper step runs when part (+ the first's curvature allowance) pays for its
+        products at their measured cost (its predicted minimum, for the fit's last one),
 
     with :meth:`OverheadBudget.ceiling`'s ``credit + remaining · payback`` (what the steps so far
     left unspent plus what the remaining steps pay back) and ``due_left`` the hyper steps due
-    from now to the end of the fit, this one included. :class:`OverheadBudget` gives a hyper step
-    all the fit can still pay back (its curvature estimate a third of it) and then holds the next
-    ones until that is paid back: on a 384-step fit (an MLP on 20 Newsgroups) it ran 9–12 of the
-    19 due hyper steps, the first (with its one-off curvature estimate) holding λ still from step
-    20 to 110. Here each hyper step is cut to its part (the curvature estimate to
-    ``curvature_share`` of it, then fewer adjoint steps): a cheaper first hyper step, the
-    others spread evenly. ``credit`` (already earned, never owed) lets the first run when it
-    falls due even if its predicted minimum is above its share. Spending at most its part, the
-    fit's final share stays within ``max_overhead``, give or take the fewest products a hyper
-    step is made with (MIN_LANCZOS Lanczos steps, one adjoint step); before the end it may run
-    above it, the steps still to come paying it back. Where the fit's length is unknown:
-    :class:`OverheadBudget`'s rule.
+    from now to the end of the fit, this one included. A hyper step may spend its part; the
+    first, whose curvature estimate sets the adjoint's step size, may spend on that estimate
+    ``curvature_share`` of all the fit can still spend, as under :class:`OverheadBudget` (later
+    estimates, a guard's re-estimate, get that share of their part). What a hyper step spends
+    beyond its share is taken from the shares of all the hyper steps still due, not paid back
+    before the next one runs: :class:`OverheadBudget` ran 9–12 of the 19 due hyper steps of a
+    384-step fit (an MLP on 20 Newsgroups), its first holding λ still from step 20 to 110. The
+    fixed part of a hyper step (its validation gradient, outer step, checks) is counted once
+    measured on two hyper steps (the first's holds one-off work). The fit's final share stays
+    within ``max_overhead``, give or take what its last hyper step spends beyond its predicted
+    minimum; before the end it may run above it, a debt the steps still to come pay back. Where
+    the fit's length is unknown: :class:`OverheadBudget`'s rule.
     """
 
     def share(self, remaining_steps: int, products: int, due_left: int) -> float:
         """This hyper step's part of what the fit can still spend (eq. budgetplan)."""
-        return max(
-            self.ceiling(remaining_steps, products) / max(due_left, 1), min(self.credit, 0.0)
-        )
+        return self.ceiling(remaining_steps, products) / max(due_left, 1)
 
-    def _part(self, remaining_steps: int, products: int, due_left: int) -> float:
-        return max(self.share(remaining_steps, products, due_left), self.credit)
+    def _plan(self, remaining_steps: int, products: int, due_left: int) -> tuple[float, float]:
+        """(part, curvature allowance) of the next hyper step (eq. budgetplan)."""
+        part = max(self.share(remaining_steps, products, due_left), self.credit, 0.0)
+        if self.hyper_steps:
+            return part, self.curvature_share * part
+        return part, self.curvature_share * max(self.ceiling(remaining_steps, products), 0.0)
 
     def allows(
         self, remaining_steps: int | None = None, products: int = 0, due_left: int | None = None
     ) -> bool:
-        """Its part, max(share, credit) (eq. budgetplan), pays for the hyper step's predicted
-        minimum (``products`` products); without the fit's length,
-        :meth:`OverheadBudget.allows`."""
+        """Its part (eq. budgetplan) pays for the hyper step's ``products`` products at their
+        measured cost and the fixed part measured so far (the fit's last: its predicted
+        minimum); without the fit's length, :meth:`OverheadBudget.allows`."""
         if remaining_steps is None or due_left is None or not self.training_steps:
             return super().allows(remaining_steps, products, due_left)
-        ok = self._part(remaining_steps, products, due_left) >= self.predicted(products)
+        part, curvature = self._plan(remaining_steps, products, due_left)
+        if due_left <= 1:
+            need = self.predicted(products)
+        else:
+            need = products * self.product_cost + self.fixed_cost * (self.hyper_steps >= 2)
+        ok = part + curvature * (not self.hyper_steps) >= need
         self.skipped += not ok
         return ok
 
     def allowance(
         self, remaining_steps: int | None = None, products: int = 0, due_left: int | None = None
     ) -> Allowance:
-        """A :class:`Deadline` of its part, max(share, credit), from now (eq. budgetplan)."""
+        """A :class:`Deadline` of its part from now, the first's curvature allowance on top
+        (eq. budgetplan)."""
         if remaining_steps is None or due_left is None:
             return super().allowance(remaining_steps, products, due_left)
-        return self._deadline(self._part(remaining_steps, products, due_left))
+        part, curvature = self._plan(remaining_steps, products, due_left)
+        now, extra = self.clock(), curvature * (not self.hyper_steps)
+        return Deadline(self, now + part + extra, now + curvature, self.predicted(0))
 
 
 _BUDGET_KEYS = (
