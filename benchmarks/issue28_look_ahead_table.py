@@ -28,27 +28,32 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "benchmarks" / "results" / "weight_decay" / "runs"
 DEFAULT = REPO / "benchmarks" / "results" / "network_cost" / "runs" / "default05"
-SETTINGS = ["digits_small", "mnist_mlp", "fashion_mlp", "digits_mlp", "mnist_cnn", "fashion_cnn"]
+SETTINGS = ["news_mlp", "digits_small", "mnist_mlp", "fashion_mlp", "digits_mlp", "mnist_cnn",
+            "fashion_cnn"]  # fmt: skip
+#: settings whose default runs are stored with their no-WD training (the files of the seeds)
+WITH_PLAIN = {"digits_small", "news_mlp"}
 #: two-sided 97.5 % Student-t quantiles by degrees of freedom
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
-def learned_runs(pattern: str, setting: str) -> dict[int, dict[str, Any]]:
-    """The learned-per-layer record of each seed's file matching ``pattern``."""
+def learned_runs(
+    pattern: str, setting: str, method: str = "learned_per_layer"
+) -> dict[int, dict[str, Any]]:
+    """The ``method`` record (learned per layer) of each seed's file matching ``pattern``."""
     out = {}
     for f in sorted(glob.glob(pattern)):
         if f.endswith("_seeds.json"):
             continue
         d = json.loads(Path(f).read_text())
-        rec = d["settings"].get(setting, {}).get("runs", {}).get("learned_per_layer")
+        rec = d["settings"].get(setting, {}).get("runs", {}).get(method)
         if rec is not None:
             out[int(d["seed"])] = rec
     return out
 
 
 def default_pattern(setting: str) -> str:
-    if setting == "digits_small":
-        return str(RUNS / "digits_small" / "digits_small_seed[0-9].json")
+    if setting in WITH_PLAIN:
+        return str(RUNS / setting / f"{setting}_seed[0-9].json")
     return str(DEFAULT / f"{setting}_default05_seed[0-9].json")
 
 
@@ -71,11 +76,20 @@ def paired(new: dict[int, dict], old: dict[int, dict]) -> dict[str, float] | Non
     return {"mean": mean, "se": se, "lo": mean - t * se, "hi": mean + t * se, "n": len(d)}
 
 
-def summary(recs: dict[int, dict]) -> dict[str, float]:
+def summary(recs: dict[int, dict], plain: dict[int, dict] | None = None) -> dict[str, float]:
+    """Means over the seeds; ``plain``: the same seeds' no-WD trainings (another process), for
+    the CPU-time ratio."""
+
     def mean(key: Any) -> float:
         return statistics.mean(key(r) for r in recs.values())
 
+    cpu_ratio = (
+        statistics.mean(r["cpu_s"] / plain[s]["cpu_s"] for s, r in recs.items())
+        if plain and set(recs) <= set(plain)
+        else math.nan
+    )
     return {
+        "cpu_ratio": cpu_ratio,
         "test_loss": mean(lambda r: r["test_loss"]),
         "lambda_mean": mean(lambda r: r["lambda_summary"]["mean"]),
         "hyper_steps": mean(lambda r: r["hyper_steps"] or 0),
@@ -102,7 +116,8 @@ def main() -> None:
             continue
         d = paired(new, old)
         old = {k: v for k, v in old.items() if k in new}  # the seeds both arms ran
-        table[s] = {"difference": d, "default": summary(old), a.arm: summary(new)}
+        plain = learned_runs(default_pattern(s), s, "no_wd") if s in WITH_PLAIN else None
+        table[s] = {"difference": d, "default": summary(old, plain), a.arm: summary(new, plain)}
         so, sn = table[s]["default"], table[s][a.arm]
         diff = (
             f"{d['mean']:+.4f} ± {d['se']:.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] ({d['n']})"
@@ -113,12 +128,14 @@ def main() -> None:
             f"| {s} | {diff} | {so['test_loss']:.4f} / {sn['test_loss']:.4f} | "
             f"{so['lambda_mean']:.2g} / {sn['lambda_mean']:.2g} | "
             f"{so['hyper_steps']:.1f} / {sn['hyper_steps']:.1f} | "
-            f"{so['overhead']:.2f} / {sn['overhead']:.2f} |"
+            f"{so['overhead']:.2f} / {sn['overhead']:.2f} | "
+            f"{so['cpu_ratio']:.2f} / {sn['cpu_ratio']:.2f} |"
         )
     head = (
         f"| setting | {a.arm} − default: mean ± s.e. [95 %] (n) | mean test loss (default / "
-        f"{a.arm}) | final λ, mean | hyper steps | budget's overhead (measured in-run) |\n"
-        "|---|---|---|---|---|---|"
+        f"{a.arm}) | final λ, mean | hyper steps | budget's overhead (measured in-run) | "
+        "CPU time × no WD's (same seed, stored file) |\n"
+        "|---|---|---|---|---|---|---|"
     )
     text = head + "\n" + "\n".join(rows) + "\n"
     a.out.write_text(text)

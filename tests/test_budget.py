@@ -18,7 +18,13 @@ import torch
 from lightning_problems import RidgeData, TanhRegressor
 
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
-from hypertorch_sid.core.budget import Deadline, NoBudget, OverheadBudget, make_budget
+from hypertorch_sid.core.budget import (
+    Deadline,
+    NoBudget,
+    OverheadBudget,
+    PlannedBudget,
+    make_budget,
+)
 
 
 class _Clock:
@@ -261,18 +267,19 @@ def test_the_drop_in_has_a_budget_by_default_and_the_general_callback_none():
     assert isinstance(HyperOptimizationCallback().budget, NoBudget)
 
 
-def test_a_fit_whose_budget_allows_no_hyper_step_says_so():
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+def test_a_fit_whose_budget_allows_no_hyper_step_says_so(budget_cls):
     """A product costs 30 training steps: no hyper step of a 100-step fit fits in the default
     budget. λ is not learned, and the fit says so at its end, naming max_overhead and the
     fixes, instead of ending silently at the initial λ."""
     with pytest.warns(
         UserWarning, match=r"allowed none of the 5 hyper steps due.*max_overhead=None"
     ):
-        cb, ran = _priced_fit(per_hvp=30.0, steps=100)
+        cb, ran = _priced_fit(per_hvp=30.0, steps=100, budget_cls=budget_cls)
     assert ran == [] and not cb.history
     with warnings.catch_warnings():
         warnings.filterwarnings("error", ".*allowed none of the.*")
-        cb, ran = _priced_fit(per_hvp=1.0, steps=40)  # a 40-step fit that can pay for one
+        cb, ran = _priced_fit(per_hvp=1.0, steps=40, budget_cls=budget_cls)  # pays for one
     assert len(ran) >= 1
 
 
@@ -366,8 +373,9 @@ class _SmallNet(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
 @pytest.mark.parametrize("kind", ["cnn_bn", "lstm"])
-def test_the_budget_holds_on_small_networks_counted_in_products(kind):
+def test_the_budget_holds_on_small_networks_counted_in_products(kind, budget_cls):
     """On a CNN with BatchNorm and an LSTM, a hyper step due at every step and the drop-in's
     curvature estimates: counted in products (a training step 1, an HVP 2 for the LSTM's dearer
     double backward, 1.5 for the CNN; a validation gradient 1), what the hyper steps spent stays
@@ -392,7 +400,7 @@ def test_the_budget_holds_on_small_networks_counted_in_products(kind):
     def clock() -> float:
         return float(trainer.global_step) + units()
 
-    cb.budget = OverheadBudget(0.5, clock=clock)
+    cb.budget = budget_cls(0.5, clock=clock)
     original = cb._hyper_step
 
     def hyper_step(trainer, module):
@@ -413,7 +421,7 @@ def test_the_budget_holds_on_small_networks_counted_in_products(kind):
     assert budget.spent_hyper >= 0.5 * train - 2 * max(spent)  # and it spends what it may
 
 
-def _priced_fit(per_hvp: float, steps: int, max_overhead: float = 0.5):
+def _priced_fit(per_hvp: float, steps: int, max_overhead: float = 0.5, budget_cls=OverheadBudget):
     """The drop-in with its defaults (a hyper step every 20 steps, k = 3, a curvature estimate
     of 2 batches × 10 Lanczos products) on the CNN with BatchNorm, a clock counting a training
     step 1 and a Hessian–vector product ``per_hvp``: the callback, and each hyper step's
@@ -429,7 +437,7 @@ def _priced_fit(per_hvp: float, steps: int, max_overhead: float = 0.5):
         c = cb.sid.cost if cb.sid is not None else None
         return 0.0 if c is None else per_hvp * (c.jacobian_vector_products + c.curvature_products)
 
-    cb.budget = OverheadBudget(max_overhead, clock=lambda: float(trainer.global_step) + units())
+    cb.budget = budget_cls(max_overhead, clock=lambda: float(trainer.global_step) + units())
     original = cb._hyper_step
 
     def hyper_step(trainer, module):
@@ -444,12 +452,13 @@ def _priced_fit(per_hvp: float, steps: int, max_overhead: float = 0.5):
     return cb, steps_run
 
 
-def test_a_curvature_estimate_dearer_than_the_allowance_is_shortened():
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+def test_a_curvature_estimate_dearer_than_the_allowance_is_shortened(budget_cls):
     """A product costs 5 training steps: the drop-in's first curvature estimate (20 products,
     100 steps) is the whole allowance of a 200-step fit at max_overhead=0.5. It is shortened to
     its share of what the fit can pay back (≥ 2 Lanczos steps), the fit's final share stays
     within the budget — no slack — and hyper steps still run after it."""
-    cb, ran = _priced_fit(per_hvp=5.0, steps=200)
+    cb, ran = _priced_fit(per_hvp=5.0, steps=200, budget_cls=budget_cls)
     budget = cb.budget
     assert budget.spent_hyper <= 0.5 * budget.spent_training  # the end of the fit: a ceiling
     assert budget.spent_training == 200
@@ -459,12 +468,13 @@ def test_a_curvature_estimate_dearer_than_the_allowance_is_shortened():
     assert budget.product_cost == 5.0
 
 
-def test_a_hyper_step_that_cannot_fit_does_not_run():
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+def test_a_hyper_step_that_cannot_fit_does_not_run(budget_cls):
     """A product costs 30 training steps: even the fewest products of a first hyper step (two
     Lanczos steps, three adjoint steps, the cross term and its check) cost more than a 100-step
     fit pays at max_overhead=0.5. No hyper step runs; what was spent — the one product timed to
     learn that — stays within the budget."""
-    cb, ran = _priced_fit(per_hvp=30.0, steps=100)
+    cb, ran = _priced_fit(per_hvp=30.0, steps=100, budget_cls=budget_cls)
     budget = cb.budget
     assert ran == [] and budget.hyper_steps == 0 and budget.skipped > 0
     assert budget.spent_hyper == 30.0 <= 0.5 * budget.spent_training
@@ -522,3 +532,84 @@ def test_the_default_clock_is_cpu_time_on_the_cpu_and_wall_time_elsewhere():
         _Net(), datamodule=RidgeData()
     )
     assert cb.budget.clock is time.process_time
+
+
+def _planned_run(budget: OverheadBudget, clock: _Clock, steps: int, every: int, first: float,
+                 regular: float, products: int = 4) -> list[int]:  # fmt: skip
+    """A fit of known length: each step costs 1, a hyper step is due every ``every`` steps
+    (a due one waits, as in the callback, until the budget allows it), the first costs
+    ``first`` (its curvature estimate), the others ``regular``; a product costs 1."""
+    budget.training_step_done()
+    budget.note_product_cost(1.0)
+    ran, waiting = [], False
+    for step in range(1, steps + 1):
+        clock.now += 1.0
+        budget.training_step_done()
+        waiting = waiting or step % every == 0
+        due_left = 1 + steps // every - step // every
+        if waiting and budget.allows(steps - step, products, due_left):
+            waiting = False
+            budget.start_hyper_step()
+            clock.now += first if not ran else regular
+            budget.end_hyper_step(products)
+            ran.append(step)
+    return ran
+
+
+def test_the_planned_budget_runs_every_due_hyper_step_the_fit_can_pay_for():
+    """A 400-step fit, a hyper step due every 20 steps, the first 40 units (its curvature
+    estimate), the others 8, max_overhead 0.5: the fit pays for 200, and 40 + 19 × 8 = 192.
+    PlannedBudget (eq. budgetplan) runs all 20 at their due steps; OverheadBudget pays the
+    first back before the next (credit 0.5 · t − 40 ≥ 0 at t = 80), so none at 40 or 60."""
+    clock = _Clock()
+    planned = PlannedBudget(0.5, clock=clock)
+    ran = _planned_run(planned, clock, 400, 20, first=40.0, regular=8.0)
+    assert ran == list(range(20, 401, 20))
+    assert planned.spent_training == 400 and planned.spent_hyper == 40 + 19 * 8 <= 0.5 * 400
+    clock = _Clock()
+    paid_back = OverheadBudget(0.5, clock=clock)
+    old = _planned_run(paid_back, clock, 400, 20, first=40.0, regular=8.0)
+    assert old[:2] == [20, 80] and len(old) < 20
+
+
+def test_the_planned_budget_shares_what_is_left_evenly_and_keeps_the_final_share():
+    """Its plan by hand: after 20 of 400 steps (a product timed at 1), credit = 10 and the
+    ceiling 10 + 380 · 0.5 = 200 over the 20 hyper steps still due: share 10; the first's
+    curvature estimate may spend a third of the 200 on top (its deadline 10 + 66.7 from now).
+    Where the hyper steps cost more than the fit can pay (first 60, then 16 each: 364 > 200),
+    as many run as it pays for, spread to the end, and the final share stays within
+    max_overhead."""
+    clock = _Clock()
+    budget = PlannedBudget(0.5, clock=clock)
+    budget.training_step_done()
+    budget.note_product_cost(1.0)
+    for _ in range(20):
+        clock.now += 1.0
+        budget.training_step_done()
+    assert budget.share(380, 4, 20) == 10.0
+    deadline = budget.allowance(380, 4, 20)
+    assert math.isclose(deadline.end, 20 + 10 + 200 / 3)
+    assert math.isclose(deadline.curvature_end, 20 + 200 / 3)
+    clock = _Clock()
+    budget = PlannedBudget(0.5, clock=clock)
+    ran = _planned_run(budget, clock, 400, 20, first=60.0, regular=16.0)
+    assert budget.spent_hyper <= 0.5 * 400  # no slack at the end
+    assert len(ran) == 1 + (200 - 60) // 16  # all it can pay for
+    assert ran[-1] > 300  # spread to the end, not spent at the start
+    # the second runs at its due step (its fixed part not yet measured), then the debt is paid
+    # and one runs every 16 / 0.5 steps
+    assert ran[:2] == [20, 40] and {b - a for a, b in zip(ran[2:], ran[3:])} == {32}
+
+
+def test_the_callback_counts_the_hyper_steps_still_due():
+    """1 (the one waiting) + those due at the steps left: every 20 steps of 400, from step 20
+    (start_step 0) or step 100 (start_step 100)."""
+    cb = LearnedWeightDecay(1e-2, every_n_steps=20)
+    trainer = SimpleNamespace(global_step=20, estimated_stepping_batches=400)
+    assert cb._due_left(trainer) == 20
+    trainer.global_step = 33  # the one due at 20 still waiting
+    assert cb._due_left(trainer) == 1 + 19
+    cb.start_step, trainer.global_step = 100, 10
+    assert cb._due_left(trainer) == 1 + 16  # 100, 120, ..., 400
+    trainer.estimated_stepping_batches = float("inf")
+    assert cb._due_left(trainer) is None
