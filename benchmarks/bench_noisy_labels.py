@@ -74,6 +74,7 @@ sys.path.insert(0, str(REPO))
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 from hypertorch_sid.core.sample_weights import (  # noqa: E402
+    ForwardDifference,
     SharedLossWeights,
     biased_hinge_basis,
     hinge_basis,
@@ -255,7 +256,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         model: Classifier = Reweighted(args.ren_lr or args.lr, d["Xv"], d["yv"])
     elif method == "gce":
         model = GCE(args.lr, args.gce_q)
-    elif method in ("drop_in", "drop_in_beta0", "drop_in_beta09", "per_class"):
+    elif method in ("drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "per_class"):
         model = Classifier(args.lr, reduction="none")
         per = "class" if method == "per_class" else "sample"
         kwargs = dict(args.drop_in_kwargs)
@@ -266,6 +267,10 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             shared = dict(kwargs["parameterization"])
             shared["basis"] = BASES[shared.get("basis", "hinge")]
             kwargs["parameterization"] = SharedLossWeights(**shared)
+        if method == "drop_in_fd":  # the cross term by a forward difference (eq. fdcross)
+            kwargs.setdefault("directional", "forward_difference")
+        if isinstance(kwargs.get("directional"), dict):  # JSON: ForwardDifference's fields
+            kwargs["directional"] = ForwardDifference(**kwargs["directional"])
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
             kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
         cb = LearnedDataWeights(

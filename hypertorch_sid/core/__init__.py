@@ -56,7 +56,10 @@ from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .sample_weights import (
     BelowWeight,
+    DirectionalDerivative,
     FlagRule,
+    ForwardDifference,
+    ForwardMode,
     Indexed,
     IndexedDataset,
     LazyAdam,
@@ -109,6 +112,9 @@ __all__ = [
     "SampleWeights",
     "TrainingCrossTerm",
     "directional_losses",
+    "DirectionalDerivative",
+    "ForwardDifference",
+    "ForwardMode",
     "SharedLossWeights",
     "SigmoidWeights",
     "SoftmaxWeights",

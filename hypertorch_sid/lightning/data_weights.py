@@ -41,9 +41,11 @@ over a stream (``IterableDataset``) or without automatic batching; manual optimi
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal, NamedTuple
 
 import pytorch_lightning as pl
 import torch
@@ -54,7 +56,10 @@ from ..core.config import Batches
 from ..core.errors import ConfigurationError
 from ..core.sample_weights import (
     BelowWeight,
+    DirectionalDerivative,
     FlagRule,
+    ForwardDifference,
+    ForwardMode,
     Indexed,
     IndexedDataset,
     LazyAdam,
@@ -67,7 +72,7 @@ from ..core.sample_weights import (
     split_indexed,
     weighted_loss,
 )
-from ..core.sample_weights import directional_losses as core_directional_losses
+from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
 from .problem import BilevelProblem
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
@@ -89,6 +94,31 @@ def _default_target(data: Any) -> Tensor:
             "LearnedDataWeights(per='class') reads the labels as batch[1]; this batch has none: "
             "pass target=lambda batch: <the label tensor>."
         ) from err
+
+
+class RandomState(NamedTuple):
+    """The RNG state at the start of a training step (CPU, and the module's accelerator), so
+    that the cross term's extra forward draws the same dropout masks as the step itself."""
+
+    cpu: Tensor
+    device: torch.device
+    accelerator: Tensor | None
+
+    @classmethod
+    def capture(cls, device: torch.device) -> RandomState:
+        accelerator = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        return cls(torch.get_rng_state(), device, accelerator)
+
+    @contextmanager
+    def replayed(self) -> Iterator[None]:
+        """Inside: the captured state, in a forked stream; after: the caller's stream exactly
+        as it was (the training's own randomness is neither replayed nor advanced)."""
+        devices = [self.device] if self.accelerator is not None else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.cpu)
+            if self.accelerator is not None:
+                torch.cuda.set_rng_state(self.accelerator, self.device)
+            yield
 
 
 class DataWeightsProblem:
@@ -140,9 +170,10 @@ class DataWeightsProblem:
         self._original: Callable[..., Any] | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
         self.sparse_grad = False
-        #: called with (index, data) at every training step before the losses are returned (the
-        #: callback's cross term on the training batch, ``cross_term="training"``)
-        self.on_training_batch: Callable[[Tensor, Any, Tensor], None] | None = None
+        #: called with (index, data, losses, RNG state at the step's start) at every training
+        #: step before the losses are returned (the callback's cross term on the training
+        #: batch, ``cross_term="training"``)
+        self.on_training_batch: Callable[[Tensor, Any, Tensor, RandomState], None] | None = None
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -260,12 +291,13 @@ class DataWeightsProblem:
         @functools.wraps(original)
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
+            rng = RandomState.capture(module.device) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             losses = check_per_sample(out.get("loss") if isinstance(out, Mapping) else out, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
-            if self.on_training_batch is not None:
-                self.on_training_batch(index, data, losses.detach())
+            if self.on_training_batch is not None and rng is not None:
+                self.on_training_batch(index, data, losses.detach(), rng)
             loss = weighted_loss(losses, weights, self.normalize)
             return {**out, "loss": loss} if isinstance(out, Mapping) else loss
 
@@ -284,11 +316,19 @@ def directional_losses(
     data: Any,
     params: list[Tensor],
     tangents: list[Tensor],
+    directional: DirectionalDerivative | None = None,
+    at: Tensor | None = None,
+    rng: RandomState | None = None,
 ) -> Tensor:
-    """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data``: the core
-    :func:`~hypertorch_sid.core.sample_weights.directional_losses` of the per-sample losses that
-    ``step(data, 0)`` returns, with ``params`` (parameters of ``module``) swapped in for the pass;
-    buffers are swapped for clones, so BatchNorm's running statistics are not updated by it.
+    """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data`` by ``directional`` (default
+    :class:`~hypertorch_sid.core.sample_weights.ForwardMode`: one dual-number pass;
+    :class:`~hypertorch_sid.core.sample_weights.ForwardDifference`: one forward at w + hv,
+    against ``at`` = ℓ(w) from the training step) of the per-sample losses that
+    ``step(data, 0)`` returns, with ``params`` (parameters of ``module``) swapped in for the
+    pass. Buffers are swapped for clones, so BatchNorm's running statistics are not updated
+    by it; with ``rng`` (the training step's :class:`RandomState`) every pass replays the
+    step's randomness (its dropout masks) in a forked stream, leaving the training's own
+    stream as it was.
     """
     from torch.nn.utils.stateless import _reparametrize_module
 
@@ -297,13 +337,14 @@ def directional_losses(
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
 
     def losses(*flat: Tensor) -> Tensor:
-        with _reparametrize_module(module, {**buffers, **dict(zip(keys, flat))}):
-            with _muted_logging(module):  # type: ignore[arg-type]
+        swapped = {**buffers, **dict(zip(keys, flat))}
+        with _reparametrize_module(module, swapped), _muted_logging(module):  # type: ignore[arg-type]
+            with rng.replayed() if rng is not None else contextlib.nullcontext():
                 out = step(data, 0)
         out = out.get("loss") if isinstance(out, Mapping) else out
         return out.reshape(out.shape[0], -1).mean(1) if out.dim() > 1 else out
 
-    return core_directional_losses(losses, params, tangents)
+    return (directional or ForwardMode())(losses, params, tangents, at)
 
 
 def _lazy_adam(
@@ -354,6 +395,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ``"training"`` (default): every training batch's rows also get their hypergradient, from
         the last hyper step's v by one forward-mode pass (``_training_cross_term``);
         ``"hyper_step"``: only the hyper steps' own minibatches (Algorithm 1 as written).
+    directional:
+        How that cross term's uⱼ = ⟨∇ℓⱼ(w), v⟩ is computed: ``"forward_mode"`` /
+        :class:`~hypertorch_sid.core.sample_weights.ForwardMode` (default; one dual-number
+        pass, exact) or ``"forward_difference"`` /
+        :class:`~hypertorch_sid.core.sample_weights.ForwardDifference` (eq. fdcross:
+        (ℓⱼ(w + hv) − ℓⱼ(w))/h from the losses the training step already computed and one
+        no-grad forward, with the step's own dropout masks; falls back to ForwardMode, with a
+        warning, for half-precision parameters or under autocast).
     row_scale:
         :class:`LazyAdam`'s ``row_scale`` (each row's own second moment, default; ``False``: one
         running scale shared by all rows; ``"batch"``: the RMS of the rows of each step, eq.
@@ -401,6 +450,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         cross_term: Literal["training", "hyper_step"] = "training",
+        directional: str | DirectionalDerivative = "forward_mode",
         row_scale: bool | Literal["batch"] = True,
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
@@ -414,6 +464,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 f"LearnedDataWeights: cross_term must be 'training' or 'hyper_step', got "
                 f"{cross_term!r}."
             )
+        self.directional: DirectionalDerivative = as_strategy(
+            "LearnedDataWeights: directional",
+            directional,
+            DirectionalDerivative,
+            {"forward_mode": ForwardMode, "forward_difference": ForwardDifference},
+            "ForwardDifference(relative_step=1e-3)",
+        )
         kwargs.setdefault("every_n_steps", 40 if cross_term == "training" else 10)
         # the first 100 optimizer steps train plainly: a network near its initialisation says
         # little about which example to trust (bench_noisy_labels: +2 to +4 points, 25 % less cost)
@@ -494,11 +551,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
         wanted = max(batch_size or 1, -(-floor // world))
         return max(1, min(wanted, len(dataset) // world))
 
-    def _training_cross_term(self, index: Tensor, data: Any, losses: Tensor) -> None:
+    def _training_cross_term(
+        self, index: Tensor, data: Any, losses: Tensor, rng: RandomState | None = None
+    ) -> None:
         """Eq. gradestim's cross term on the training batch ζ with the last hyper step's v, and
         the outer step on ζ's rows: the core
         :class:`~hypertorch_sid.core.sample_weights.TrainingCrossTerm`, with
-        uⱼ = ⟨∇ℓⱼ(w), v⟩ by one forward-mode pass (:func:`directional_losses`). Every example is
+        uⱼ = ⟨∇ℓⱼ(w), v⟩ by ``directional`` (:func:`directional_losses`; the training step's
+        ``losses`` are ℓ(w) and its ``rng`` its dropout masks). Every example is
         then visited once per epoch at the cost of about one more forward/backward per step,
         instead of only in the hyper steps' own J minibatches."""
         sid, weights, problem = self.sid, self.problem.weights, self.problem
@@ -514,7 +574,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ):
             self._cross = TrainingCrossTerm(weights, sid.outer_optimizer, problem.normalize)
         u = directional_losses(
-            self._module, problem._original, data, self._active.inner_parameters, sid.v
+            self._module,
+            problem._original,
+            data,
+            self._active.inner_parameters,
+            sid.v,
+            self.directional,
+            at=losses,
+            rng=rng,
         )
         g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
         g = g.coalesce()
