@@ -89,8 +89,9 @@ def fit(cb: LearnedDataWeights, epochs: int, model=None, data=None, **kwargs) ->
     return model
 
 
-def test_weights_of_corrupted_examples_fall_below_the_clean_ones():
-    cb = callback()
+@pytest.mark.parametrize("directional", ["forward_mode", "forward_difference"])
+def test_weights_of_corrupted_examples_fall_below_the_clean_ones(directional):
+    cb = callback(directional=directional)
     fit(cb, 15)
     w = cb.data_weights()
     assert w.shape == (N,)
@@ -235,6 +236,7 @@ def test_a_stream_is_refused_with_the_fix():
         ({"per": "pixel"}, "per must be"),
         ({"per": "class"}, "num_classes"),
         ({"parameterization": "tanh"}, "parameterization"),
+        ({"directional": "central"}, "directional must be"),
     ],
 )
 def test_argument_errors(kwargs, match):
@@ -352,3 +354,52 @@ def test_hyper_steps_read_at_least_256_validation_examples(n_val, kwargs, expect
     fit(cb, 1, data=WideValidation(n_val))
     assert cb.data.val.sampler.batch_size == expected
     assert cb.data.val_samples == expected * len(cb.history)
+
+
+class DropoutBatchNorm(pl.LightningModule):
+    """A user's module with dropout and BatchNorm (training mode), per-sample losses."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+            torch.nn.Dropout(0.3), torch.nn.Linear(32, 4),
+        ).to(dtype)  # fmt: skip
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y, reduction="none")
+
+
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.float32, 1e-2), (torch.float64, 1e-6)])
+def test_forward_difference_matches_forward_mode_with_dropout_and_batchnorm(dtype, bound):
+    """Eq. fdcross through the drop-in's pass: (ℓᵢ(w + hv) − ℓᵢ(w))/h from the training step's
+    own losses, replaying its dropout masks, agrees with the dual-number uᵢ (float32: relative
+    error < 1e-2 and correlation > 0.999; float64: < 1e-6). Neither pass advances the
+    training's RNG stream or touches BatchNorm's running statistics; without the replay the
+    masks differ and the difference is wrong."""
+    from hypertorch_sid import ForwardDifference, ForwardMode
+    from hypertorch_sid.lightning.data_weights import RandomState, directional_losses
+
+    model = DropoutBatchNorm(dtype)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(48, 6, generator=gen, dtype=dtype), torch.randint(0, 4, (48,), generator=gen)
+    params = list(model.parameters())
+    v = [torch.randn(p.shape, generator=gen, dtype=dtype) for p in params]
+    step = DropoutBatchNorm.training_step.__get__(model)
+    torch.manual_seed(7)
+    rng = RandomState.capture(torch.device("cpu"))
+    at = step((x, y), 0).detach()  # the training step (it updates the running statistics)
+    stream = torch.get_rng_state()
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    exact = directional_losses(model, step, (x, y), params, v, ForwardMode(), rng=rng)
+    approx = directional_losses(model, step, (x, y), params, v, ForwardDifference(), at, rng)
+    error = float((approx - exact).norm() / exact.norm())
+    assert error < bound, error
+    assert float(torch.corrcoef(torch.stack([approx, exact]))[0, 1]) > 0.999
+    assert torch.equal(torch.get_rng_state(), stream)
+    for n, b in model.named_buffers():
+        assert torch.equal(b, buffers[n]), n
+    unreplayed = directional_losses(model, step, (x, y), params, v, ForwardDifference(), at)
+    assert float((unreplayed - exact).norm() / exact.norm()) > 0.1

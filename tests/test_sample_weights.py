@@ -7,6 +7,8 @@ stochastic hypergradients), and central finite differences on a small logistic m
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,8 @@ from hypertorch_sid import (
 from hypertorch_sid.core.rows import RowSnapshot
 from hypertorch_sid.core.sample_weights import (
     BelowWeight,
+    ForwardDifference,
+    ForwardMode,
     Indexed,
     IndexedDataset,
     LazyAdam,
@@ -641,3 +645,72 @@ def test_shared_loss_weights_outer_groups_and_bad_settings():
     for kwargs in ({"lr": 0.0}, {"clip": -1.0}):
         with pytest.raises(ConfigurationError, match="SharedLossWeights"):
             SharedLossWeights(**kwargs)
+
+
+# ---------------------------------------------------------------------- uᵢ by a forward difference
+def _tanh_losses(seed: int = 0, dtype=torch.float64, scale: float = 1.0):
+    """Per-sample squared losses of a tanh network, its parameters (scaled by ``scale``) and v."""
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(12, 4, generator=gen, dtype=dtype)
+    y = torch.randn(12, generator=gen, dtype=dtype)
+    params = [scale * torch.randn(s, generator=gen, dtype=dtype) for s in ((4, 6), (6,), (6,))]
+    v = [torch.randn(p.shape, generator=gen, dtype=dtype) for p in params]
+
+    def losses(W, b, a):
+        return 0.5 * (torch.tanh(X @ W + b) @ a - y) ** 2
+
+    return losses, params, v
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0])
+def test_forward_difference_matches_forward_mode_in_float64_at_any_scale(scale):
+    """Eq. fdcross in float64: (ℓᵢ(w + hv) − ℓᵢ(w))/h with h‖v‖ = c‖w‖ agrees with the
+    dual-number uᵢ to ~1e-5 relative, whatever the scale of w (and of v: ×1e4)."""
+    losses, params, v = _tanh_losses(scale=scale)
+    for v_scale in (1.0, 1e4):
+        tangents = [v_scale * t for t in v]
+        exact = ForwardMode()(losses, params, tangents)
+        at = losses(*params)
+        approx = ForwardDifference()(losses, params, tangents, at)
+        assert float((approx - exact).norm() / exact.norm()) < 1e-5
+        # without the training step's losses it computes ℓ(w) itself
+        again = ForwardDifference()(losses, params, tangents)
+        assert torch.allclose(again, approx, rtol=0, atol=1e-12 * float(exact.abs().max()))
+
+
+def test_forward_difference_step_is_relative_and_zero_v_gives_zero():
+    losses, params, v = _tanh_losses()
+    fd = ForwardDifference(relative_step=1e-4)
+    w_norm = float(torch.sqrt(sum((p**2).sum() for p in params)))
+    assert w_norm > 1
+    v_norm = float(torch.sqrt(sum((t**2).sum() for t in v)))
+    assert fd.step(params, v) == pytest.approx(1e-4 * w_norm / v_norm)
+    assert ForwardDifference().step(params, v) == pytest.approx(
+        torch.finfo(torch.float64).eps ** 0.5 * w_norm / v_norm
+    )
+    zero = [torch.zeros_like(t) for t in v]
+    assert torch.equal(fd(losses, params, zero), torch.zeros(12, dtype=torch.float64))
+
+
+def test_forward_difference_falls_back_to_forward_mode_for_half_precision_and_autocast():
+    """bfloat16 parameters, or an autocast region: a difference of losses rounds to nothing,
+    so it says so (once) and computes the dual-number uᵢ instead."""
+    low_losses, low, low_v = _tanh_losses(dtype=torch.bfloat16)
+    fd = ForwardDifference()
+    with pytest.warns(UserWarning, match="bfloat16.*ForwardMode"):
+        u = fd(low_losses, low, low_v)
+    assert torch.equal(u, ForwardMode()(low_losses, low, low_v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        fd(low_losses, low, low_v)
+    losses, params, v = _tanh_losses(dtype=torch.float32)
+    with pytest.warns(UserWarning, match="autocast"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ForwardDifference()(losses, params, v)
+    assert ForwardDifference().inaccurate(params) is None
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e-3, 1.0])
+def test_forward_difference_refuses_a_bad_step(bad):
+    with pytest.raises(ConfigurationError, match="relative_step"):
+        ForwardDifference(relative_step=bad)

@@ -1,0 +1,8 @@
+# held-out seeds 1-5, all four settings, clipped recipe: plain, the default drop-in (ForwardMode) and
+# directional="forward_difference", back to back in one process per data set (1 thread, shared 2-core CPU)
+R=benchmarks/results/noisy_labels/runs/forward_difference
+export PYTHONPATH=$PWD OMP_NUM_THREADS=1
+PY=/work/main/.venv/bin/python
+for DS in mnist fashion; do
+$PY benchmarks/bench_noisy_labels.py --datasets $DS --epochs 12 --clip 1 --seeds 1 2 3 4 5 --methods plain drop_in drop_in_fd --out $R/${DS}.json
+done
