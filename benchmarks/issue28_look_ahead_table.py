@@ -106,13 +106,20 @@ def main() -> None:
     p.add_argument(
         "--digits-small-arm", default=None, help="digits_small's arm, where named otherwise"
     )
+    p.add_argument(
+        "--against",
+        default=None,
+        help="the baseline's arm (its runs, e.g. a default rerun) "
+        "instead of the stored default runs",
+    )
     a = p.parse_args()
     rows, table = [], {}
     for s in SETTINGS:
-        old = learned_runs(default_pattern(s), s)
+        base = default_pattern(s) if a.against is None else arm_pattern(s, a.against, a.runs)
+        old = learned_runs(base, s)
         arm = a.digits_small_arm if s == "digits_small" and a.digits_small_arm else a.arm
         new = learned_runs(arm_pattern(s, arm, a.runs), s)
-        if not new:
+        if not new or not old:
             continue
         d = paired(new, old)
         old = {k: v for k, v in old.items() if k in new}  # the seeds both arms ran
@@ -131,8 +138,9 @@ def main() -> None:
             f"{so['overhead']:.2f} / {sn['overhead']:.2f} | "
             f"{so['cpu_ratio']:.2f} / {sn['cpu_ratio']:.2f} |"
         )
+    base = a.against or "default"
     head = (
-        f"| setting | {a.arm} − default: mean ± s.e. [95 %] (n) | mean test loss (default / "
+        f"| setting | {a.arm} − {base}: mean ± s.e. [95 %] (n) | mean test loss ({base} / "
         f"{a.arm}) | final λ, mean | hyper steps | budget's overhead (measured in-run) | "
         "CPU time × no WD's (same seed, stored file) |\n"
         "|---|---|---|---|---|---|---|"
