@@ -883,6 +883,12 @@ class ForwardMode(DirectionalDerivative):
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+def _norm(tensors: Sequence[Tensor]) -> float:
+    """‖(t₁, …, tₖ)‖ over a set of tensors, in their own dtype."""
+    norms = [torch.linalg.vector_norm(t.detach()).float() for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
 class ForwardDifference(DirectionalDerivative):
     """uᵢ ≈ (ℓᵢ(w + hv) − ℓᵢ(w)) / h (eq. fdcross), reusing ℓ(w) that the training step already
     computed: ONE no-grad forward at w + hv per training batch instead of a dual-number pass.
@@ -926,10 +932,10 @@ class ForwardDifference(DirectionalDerivative):
 
     def step(self, params: Sequence[Tensor], tangents: Sequence[Tensor]) -> float:
         """h with h·‖v‖ = c·max(‖w‖, 1) (0 where v = 0)."""
-        v_norm = float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tangents)))
+        v_norm = _norm(tangents)
         if v_norm == 0.0 or not math.isfinite(v_norm):
             return 0.0
-        w_norm = float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in params)))
+        w_norm = _norm(params)
         dtype = params[0].dtype if params else torch.get_default_dtype()
         c = self.relative_step or math.sqrt(torch.finfo(dtype).eps)
         return c * max(w_norm, 1.0) / v_norm
@@ -960,7 +966,10 @@ class ForwardDifference(DirectionalDerivative):
             at = at.detach()
             if h == 0.0:
                 return torch.zeros_like(at)
-            moved = [p.detach() + h * t.detach().to(p.dtype) for p, t in zip(params, tangents)]
+            moved = [  # one fused w + h·v per tensor (a temporary h·v doubles the time on an MLP)
+                torch.add(p.detach(), t.detach().to(p.dtype), alpha=h)
+                for p, t in zip(params, tangents)
+            ]
             return (losses(*moved).detach() - at) / h
 
     def __repr__(self) -> str:
