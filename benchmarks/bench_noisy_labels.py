@@ -239,6 +239,11 @@ def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.
     )  # fmt: skip
 
 
+#: the methods that run LearnedDataWeights (drop_in_fd / drop_in_fm: directional=
+#: "forward_difference" (the default since it was measured) / "forward_mode")
+DROP_INS = ("drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "drop_in_fm", "per_class")
+
+
 def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """One training; returns test accuracy, wall time and (drop-in) the learned weights."""
     torch.manual_seed(seed)
@@ -256,7 +261,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         model: Classifier = Reweighted(args.ren_lr or args.lr, d["Xv"], d["yv"])
     elif method == "gce":
         model = GCE(args.lr, args.gce_q)
-    elif method in ("drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "per_class"):
+    elif method in DROP_INS:
         model = Classifier(args.lr, reduction="none")
         per = "class" if method == "per_class" else "sample"
         kwargs = dict(args.drop_in_kwargs)
@@ -267,8 +272,10 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             shared = dict(kwargs["parameterization"])
             shared["basis"] = BASES[shared.get("basis", "hinge")]
             kwargs["parameterization"] = SharedLossWeights(**shared)
-        if method == "drop_in_fd":  # the cross term by a forward difference (eq. fdcross)
-            kwargs.setdefault("directional", "forward_difference")
+        if method in ("drop_in_fd", "drop_in_fm"):  # the cross term's u (eq. fdcross / a JVP)
+            kwargs.setdefault(
+                "directional", {"drop_in_fd": "forward_difference"}.get(method, "forward_mode")
+            )
         if isinstance(kwargs.get("directional"), dict):  # JSON: ForwardDifference's fields
             kwargs["directional"] = ForwardDifference(**kwargs["directional"])
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields

@@ -185,24 +185,34 @@ def test_per_class_weights_from_the_same_machinery():
     assert not torch.allclose(w, torch.full((3,), 0.5))
 
 
-@pytest.mark.parametrize("parameterization", ["sigmoid", "shared_loss"])
-def test_resume_reproduces_the_learned_weights(tmp_path, parameterization):
-    cb = callback(parameterization=parameterization)
+@pytest.mark.parametrize(
+    ("parameterization", "directional", "tolerance"),
+    [
+        ("sigmoid", "forward_mode", 1e-4),
+        ("sigmoid", "forward_difference", 2e-3),
+        ("shared_loss", "forward_difference", 2e-3),
+    ],
+)
+def test_resume_reproduces_the_learned_weights(tmp_path, parameterization, directional, tolerance):
+    """Resumed from a checkpoint, the weights end where the straight fit's do: up to the
+    rounding of the resumed run's arithmetic (dual numbers), which a forward difference divides
+    by its step (√ε relative): ~1e-3 instead of ~1e-5."""
+    cb = callback(parameterization=parameterization, directional=directional)
     fit(cb, 4, data=Data(shuffle=False))
     straight = cb.data_weights()
 
-    cb = callback(parameterization=parameterization)
+    cb = callback(parameterization=parameterization, directional=directional)
     t = trainer([cb], max_epochs=2)
     t.fit(Classifier(), datamodule=Data(shuffle=False))
     t.save_checkpoint(tmp_path / "half.ckpt")
     half = cb.data_weights()
     assert not torch.allclose(half, torch.full((N,), 0.5))
-    cb = callback(parameterization=parameterization)
+    cb = callback(parameterization=parameterization, directional=directional)
     trainer([cb], max_epochs=4).fit(
         Classifier(), datamodule=Data(shuffle=False), ckpt_path=tmp_path / "half.ckpt"
     )
     # float32 weights: equal up to rounding of the resumed run's arithmetic
-    torch.testing.assert_close(cb.data_weights(), straight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cb.data_weights(), straight, rtol=tolerance, atol=tolerance / 10)
 
 
 def test_an_already_reduced_loss_is_refused_with_the_fix():

@@ -58,7 +58,7 @@ if news.exists():
         f"| {ratio(cpu['drop_in'], cpu['plain'])} | {ratio(cpu['drop_in_fd'], cpu['plain'])} | – |"
     )
 text = (
-    "# The training cross term by a forward difference (`directional=\"forward_difference\"`)\n\n"
+    '# The training cross term by a forward difference (`directional="forward_difference"`)\n\n'
     "Test accuracy (%, mean over seeds; MNIST/Fashion: held-out seeds 1–5, clipped recipe, 12 "
     "epochs), paired difference FD − FM (mean ± s.e.), CPU time over plain's (ratio of sums, "
     "per-seed range), all three methods back to back in one process per data set, 1 thread, "
