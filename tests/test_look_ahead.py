@@ -28,6 +28,7 @@ from hypertorch_sid import (
     NoDamping,
     SIDConfig,
     SIDHyperOptimizer,
+    StepReads,
     TrainedWeights,
     TrajectoryWeights,
     ValidationCurvature,
@@ -83,7 +84,7 @@ def test_the_target_is_the_validation_gradient_after_a_converged_training() -> N
     q, eta = _Quadratic(), 0.2
     look = TrainedWeights()
     look.observe(remaining_steps=3000, step_size=eta)  # ηh_min·T = 30: converged
-    (target,) = look.target([q.grad_E(q.w.detach())], q.train_gradient)
+    (target,) = look.target([q.grad_E(q.w.detach())], StepReads(q.train_gradient))
     truth = q.grad_E(q.after(eta, 3000))
     torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-12)
     # the validation gradient at the (underfit) current weights is far from it
@@ -101,7 +102,7 @@ def test_the_rayleigh_filter_is_exact_along_an_eigenvector(steps: int) -> None:
         q.w.copy_(w_star + 1.5 * V[:, 3])
     look = TrainedWeights(filter="rayleigh")
     look.observe(remaining_steps=steps, step_size=eta)
-    (target,) = look.target([q.grad_E(q.w.detach())], q.train_gradient)
+    (target,) = look.target([q.grad_E(q.w.detach())], StepReads(q.train_gradient))
     torch.testing.assert_close(target, q.grad_E(q.after(eta, steps)), rtol=1e-9, atol=1e-12)
     assert math.isclose(look.shrink(float(h[3])), 1 - (1 - eta * float(h[3])) ** steps)
 
@@ -195,8 +196,8 @@ class _OtherCurvature(_Quadratic):
     def train_product(self, u: list[torch.Tensor]) -> list[torch.Tensor]:
         return [self.H() @ u[0]]
 
-    def products(self) -> tuple:
-        return self.train_gradient, self.validation_product, self.train_product
+    def reads(self) -> StepReads:
+        return StepReads(self.train_gradient, self.validation_product, self.train_product)
 
     def along_eigenvector(self, k: int) -> float:
         """w_t − w* along the k-th eigenvector of H; its eigenvalue."""
@@ -233,12 +234,12 @@ def test_validation_curvature_is_exact_along_an_eigenvector(steps: int, which: s
     look = ValidationCurvature(iters=1)
     look.observe(remaining_steps=steps, step_size=eta)
     now = q.grad_E(q.w.detach())
-    (target,) = look.target([now], *q.products())
+    (target,) = look.target([now], q.reads())
     truth = _exact_target(q, eta, steps)
     torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-12)
     trained = TrainedWeights(filter="rayleigh")
     trained.observe(remaining_steps=steps, step_size=eta)
-    (gap_target,) = trained.target([now], q.train_gradient)
+    (gap_target,) = trained.target([now], StepReads(q.train_gradient))
     assert float((gap_target - truth).norm()) > 1e-3 * float(truth.norm())
     if which == "flat":  # E does not curve along what the training still fits: nothing removed
         torch.testing.assert_close(target, now, rtol=1e-9, atol=1e-12)
@@ -256,7 +257,7 @@ def test_validation_curvature_is_exact_in_any_direction_with_a_full_krylov_space
     for iters in (1, 3, 8):
         look = ValidationCurvature(iters=iters)
         look.observe(remaining_steps=steps, step_size=eta)
-        (target,) = look.target([now], *q.products())
+        (target,) = look.target([now], q.reads())
         errors.append(float((target - truth).norm()))
     torch.testing.assert_close(target, truth, rtol=1e-9, atol=1e-11)
     assert errors[0] > 1e-3 * float(truth.norm())
@@ -271,15 +272,15 @@ def test_validation_curvature_with_the_training_curvature_is_trained_weights() -
     look, trained = ValidationCurvature(), TrainedWeights(filter="rayleigh")
     for x in (look, trained):
         x.observe(remaining_steps=20, step_size=0.3)
-    (a,) = look.target([now], *q.products())
-    (b,) = trained.target([now], q.train_gradient)
+    (a,) = look.target([now], q.reads())
+    (b,) = trained.target([now], StepReads(q.train_gradient))
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
     look.observe(remaining_steps=0, step_size=0.3)
-    (kept,) = look.target([now], *q.products())
+    (kept,) = look.target([now], q.reads())
     torch.testing.assert_close(kept, now)
     look.observe(remaining_steps=20, step_size=0.3)
-    negative = (q.train_gradient, q.validation_product, lambda u: [-u[0]])
-    (kept,) = look.target([now], *negative)
+    negative = StepReads(q.train_gradient, q.validation_product, lambda u: [-u[0]])
+    (kept,) = look.target([now], negative)
     torch.testing.assert_close(kept, now)
 
 
@@ -314,7 +315,7 @@ def test_validation_curvature_refuses_bad_settings(kwargs) -> None:
         ValidationCurvature(**kwargs)
     q = _OtherCurvature(_Quadratic().H())
     with pytest.raises(ConfigurationError, match="validation curvature"):
-        ValidationCurvature().target([q.grad_E(q.w.detach())], q.train_gradient)
+        ValidationCurvature().target([q.grad_E(q.w.detach())], StepReads(q.train_gradient))
 
 
 def test_the_drop_in_with_validation_curvature_on_a_tanh_network() -> None:
@@ -344,17 +345,27 @@ def _step_along(q: _Quadratic, k: int, eta: float, steps: int) -> tuple[float, t
     return float(h[k]), before
 
 
+class _PathReads(StepReads):
+    def at(self, weights: list[torch.Tensor]) -> StepReads:
+        return StepReads(self.train_gradient, None, self.train_product, weights)
+
+
+def _path_reads(q: _Quadratic) -> _PathReads:
+    """What TrajectoryWeights reads on the quadratic: ∇₁ℓ̂ and H·u (with the weights: ``at``)."""
+    return _PathReads(q.train_gradient, None, lambda u: [q.H() @ u[0]])
+
+
 def _trajectory_target(look: TrajectoryWeights, q: _Quadratic, before: torch.Tensor):
     """The look-ahead's target at w_t after a first hyper step at ``before``."""
-    products = (q.train_gradient, None, lambda u: [q.H() @ u[0]])
+    reads = _path_reads(q)
     now = q.w.detach().clone()
     with torch.no_grad():
         q.w.copy_(before)
-    (first,) = look.target([q.grad_E(before)], *products, weights=[q.w])
+    (first,) = look.target([q.grad_E(before)], reads.at([q.w]))
     torch.testing.assert_close(first, q.grad_E(before))  # no path yet: the current weights
     with torch.no_grad():
         q.w.copy_(now)
-    return look.target([q.grad_E(now)], *products, weights=[q.w])[0]
+    return look.target([q.grad_E(now)], reads.at([q.w]))[0]
 
 
 @pytest.mark.parametrize(("k", "steps"), [(0, 40), (3, 7), (7, 60)])
@@ -392,8 +403,8 @@ def test_trajectory_weights_starts_its_path_where_the_hyper_optimizer_was_built(
     with torch.no_grad():
         q.w.copy_(now)
     look.observe(remaining_steps=20, step_size=eta)
-    products = (q.train_gradient, None, lambda u: [q.H() @ u[0]])
-    (target,) = look.target([q.grad_E(now)], *products, weights=[q.w])
+    reads = _path_reads(q)
+    (target,) = look.target([q.grad_E(now)], reads.at([q.w]))
     torch.testing.assert_close(target, q.grad_E(q.after(eta, 20)), rtol=1e-9, atol=1e-12)
     assert math.isclose(look.last_curvature, h, rel_tol=1e-9)
 
@@ -406,26 +417,26 @@ def test_trajectory_weights_on_a_retry_and_at_the_end() -> None:
     look = TrajectoryWeights()
     look.observe(remaining_steps=30, step_size=eta)
     target = _trajectory_target(look, q, before)
-    products = (q.train_gradient, None, lambda u: [q.H() @ u[0]])
-    (again,) = look.target([q.grad_E(q.w.detach())], *products, weights=[q.w])
+    reads = _path_reads(q)
+    (again,) = look.target([q.grad_E(q.w.detach())], reads.at([q.w]))
     torch.testing.assert_close(again, target)
     # along negative curvature the filter reads the time scale 1/(η|h_d|) of the movement
     h, before = _step_along(q, 4, eta, 5)
     look = TrajectoryWeights()
     look.observe(remaining_steps=30, step_size=eta)
-    look.target([q.grad_E(before)], *products, weights=[before])
-    negative = (q.train_gradient, None, lambda u: [-(q.H() @ u[0])])
-    (flipped,) = look.target([q.grad_E(q.w.detach())], *negative, weights=[q.w])
+    look.target([q.grad_E(before)], reads.at([before]))
+    negative = StepReads(q.train_gradient, None, lambda u: [-(q.H() @ u[0])], [q.w])
+    (flipped,) = look.target([q.grad_E(q.w.detach())], negative)
     torch.testing.assert_close(flipped, target)
     assert math.isclose(look.last_curvature, -h, rel_tol=1e-9)
     look.observe(remaining_steps=0, step_size=eta)
-    (end,) = look.target([q.grad_E(q.w.detach())], *products, weights=[q.w])
+    (end,) = look.target([q.grad_E(q.w.detach())], reads.at([q.w]))
     torch.testing.assert_close(end, q.grad_E(q.w.detach()))
     for kwargs in ({"batches": 0}, {"filter": "converged"}):
         with pytest.raises(ConfigurationError):
             TrajectoryWeights(**kwargs)
     with pytest.raises(ConfigurationError, match="weights"):
-        TrajectoryWeights().target([q.grad_E(q.w.detach())], q.train_gradient)
+        TrajectoryWeights().target([q.grad_E(q.w.detach())], StepReads(q.train_gradient))
 
 
 def test_the_drop_in_with_trajectory_weights_on_a_tanh_network() -> None:

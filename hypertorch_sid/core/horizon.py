@@ -32,7 +32,7 @@ unknown length) δ is the base strategy's alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -338,13 +338,29 @@ class HorizonSolver(AdjointSolver):
         return math.inf if math.isinf(steps) else eta * steps / self._alpha(ctx.phi)
 
 
+@dataclass
+class StepReads:
+    """What a look-ahead may read at the hyper step, each only if it asks (the hyper step of
+    :class:`~hypertorch_sid.core.optimizer.SIDHyperOptimizer` passes them)."""
+
+    #: ``train_gradient(n, curvature)``: the mean ∇₁ℓ̂(w_t) over n fresh training minibatches
+    #: and, with ``curvature``, its Rayleigh quotient ⟨g, Hg⟩/⟨g, g⟩ (else None)
+    train_gradient: Callable[[int, bool], tuple[Tensors, float | None]]
+    #: ``validation_product(u)``: ∇²₁₁E(w_t)·u on the hyper step's validation batch
+    validation_product: Callable[[Sequence[Tensor]], Tensors] | None = None
+    #: ``train_product(u)``: H·u on the training minibatch ``train_gradient`` read first
+    train_product: Callable[[Sequence[Tensor]], Tensors] | None = None
+    #: the weights w_t
+    weights: Sequence[Tensor] | None = None
+
+
 class LookAhead:
     """Which validation gradient the adjoint system α(∇²₁₁ℓ̂ + δI)v = ∇₁E is solved for: *where*
     the hypergradient looks at E (the damping and the adjoint solver set *how far* along the
-    training it looks). The hyper step calls :meth:`target` with ∇₁E(w_t), a function that
-    returns ∇₁ℓ̂(w_t) on fresh training minibatches and one that returns the validation
-    curvature ∇²₁₁E(w_t)·u on the hyper step's validation batch (each read only if the strategy
-    asks for it); :meth:`observe` gets the training's remaining steps T and step size η."""
+    training it looks). The hyper step calls :meth:`target` with ∇₁E(w_t) and what the strategy
+    may read (:class:`StepReads`: ∇₁ℓ̂(w_t) on fresh training minibatches, Hessian–vector
+    products of ℓ̂ and E, the weights; each read only if it asks); :meth:`observe` gets the
+    training's remaining steps T and step size η, :meth:`start` the weights it starts from."""
 
     #: training minibatches the strategy reads per hyper step (the compute budget plans them)
     train_batches: int = 0
@@ -356,14 +372,7 @@ class LookAhead:
         """The weights the training starts from (the hyper-optimizer's construction; unused
         here)."""
 
-    def target(
-        self,
-        grad_w_E: Sequence[Tensor],
-        train_gradient: Any,
-        validation_product: Any = None,
-        train_product: Any = None,
-        weights: Sequence[Tensor] | None = None,
-    ) -> Tensors:
+    def target(self, grad_w_E: Sequence[Tensor], reads: StepReads) -> Tensors:
         """The right-hand side of the adjoint system (here ∇₁E(w_t) itself)."""
         return [g.detach() for g in grad_w_E]
 
@@ -448,18 +457,10 @@ class TrainedWeights(LookAhead):
             return 1.0
         return float(-math.expm1(steps * math.log1p(-x)))
 
-    def target(
-        self,
-        grad_w_E: Sequence[Tensor],
-        train_gradient: Any,
-        validation_product: Any = None,
-        train_product: Any = None,
-        weights: Sequence[Tensor] | None = None,
-    ) -> Tensors:
-        """∇₁E(w_t) − c ∇₁ℓ̂(w_t) (eq. trainedgrad, c the filter); ``train_gradient(n,
-        curvature)`` returns the mean ∇₁ℓ̂ over n fresh minibatches and, with curvature=True,
-        its Rayleigh quotient h_g."""
-        g, h = train_gradient(self.batches, self.filter == "rayleigh")
+    def target(self, grad_w_E: Sequence[Tensor], reads: StepReads) -> Tensors:
+        """∇₁E(w_t) − c ∇₁ℓ̂(w_t) (eq. trainedgrad, c the filter; ∇₁ℓ̂ and its Rayleigh
+        quotient h_g from ``reads.train_gradient``)."""
+        g, h = reads.train_gradient(self.batches, self.filter == "rayleigh")
         c = self.shrink(h)
         return [e.detach() - c * gi for e, gi in zip(grad_w_E, g)]
 
@@ -520,29 +521,22 @@ class ValidationCurvature(TrainedWeights):
                 o.add_(qi, alpha=coefficient)
         return out
 
-    def target(
-        self,
-        grad_w_E: Sequence[Tensor],
-        train_gradient: Any,
-        validation_product: Any = None,
-        train_product: Any = None,
-        weights: Sequence[Tensor] | None = None,
-    ) -> Tensors:
-        """∇₁E(w_t) − H_E Σ_T(H) g (eq. valcurvgrad); ``train_product(u)`` returns H·u on the
-        training batch of g, ``validation_product(u)`` H_E·u on the validation batch."""
-        if validation_product is None or train_product is None:
+    def target(self, grad_w_E: Sequence[Tensor], reads: StepReads) -> Tensors:
+        """∇₁E(w_t) − H_E Σ_T(H) g (eq. valcurvgrad; H from ``reads.train_product`` on the
+        training batch of g, H_E from ``reads.validation_product`` on the validation batch)."""
+        if reads.validation_product is None or reads.train_product is None:
             raise ConfigurationError(
                 "ValidationCurvature needs the training and validation curvature "
                 "(train_product and validation_product functions); the hyper step of "
                 "SIDHyperOptimizer passes them."
             )
-        g, _ = train_gradient(self.batches, False)
+        g, _ = reads.train_gradient(self.batches, False)
         if self.remaining_steps == 0:
             return [e.detach() for e in grad_w_E]  # no step left: the current weights
-        moved = self.displacement(g, train_product)
+        moved = self.displacement(g, reads.train_product)
         if norm(moved) == 0.0:
             return [e.detach() for e in grad_w_E]
-        return [e.detach() - x for e, x in zip(grad_w_E, validation_product(moved))]
+        return [e.detach() - x for e, x in zip(grad_w_E, reads.validation_product(moved))]
 
     def __repr__(self) -> str:
         return f"ValidationCurvature(batches={self.batches}, iters={self.iters})"
@@ -596,15 +590,9 @@ class TrajectoryWeights(TrainedWeights):
         """The training's first weights: the first hyper step's path starts there."""
         self.previous = [w.detach().clone() for w in weights]
 
-    def target(
-        self,
-        grad_w_E: Sequence[Tensor],
-        train_gradient: Any,
-        validation_product: Any = None,
-        train_product: Any = None,
-        weights: Sequence[Tensor] | None = None,
-    ) -> Tensors:
+    def target(self, grad_w_E: Sequence[Tensor], reads: StepReads) -> Tensors:
         """∇₁E(w_t) − (1 − (1 − ηh_d)^T)·∇₁ℓ̂(w_t) (eq. pathgrad)."""
+        weights, train_product = reads.weights, reads.train_product
         if weights is None or train_product is None:
             raise ConfigurationError(
                 "TrajectoryWeights needs the weights and the training curvature (weights and "
@@ -614,7 +602,7 @@ class TrajectoryWeights(TrainedWeights):
         if previous is None or self.remaining_steps == 0:
             self.last_filter = 0.0
             return [e.detach() for e in grad_w_E]
-        g, _ = train_gradient(self.batches, False)
+        g, _ = reads.train_gradient(self.batches, False)
         d = [w.detach() - p for w, p in zip(weights, previous)]
         dd = sum(float(x.double().pow(2).sum()) for x in d)
         if dd == 0.0:  # the same weights again (a retried hyper step): the filter it read

@@ -38,6 +38,7 @@ from .cost import Cost
 from .divergence import DivergenceGuard
 from .errors import ConfigurationError, DivergenceError
 from .estimation import CurvatureProbe
+from .horizon import StepReads
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
 from .outer import outer_gradients, outer_hessian_vector_product
@@ -486,13 +487,13 @@ class SIDHyperOptimizer:
             else [torch.zeros_like(g) for g in g_w]
         )
         # eq. trainedgrad where the look-ahead asks for it (∇₁E(w_t) itself by default)
-        g_w = c.look_ahead.target(
-            g_w,
+        reads = StepReads(
             lambda n, h: self._train_gradient(stream, n, h),
             lambda u: self._validation_product(val_batch, u),
             self._look_ahead_product,
             self.inner_parameters,
         )
+        g_w = c.look_ahead.target(g_w, reads)
         target = self._solver_map.adjoint_target(g_w)  # S∇₁E when preconditioned
         # no q to choose (or accelerate) with where a scheduled or a full-batch adjoint was asked
         q = self.q if c.adjoint_step_size is None and c.batches.adjoint != "full" else None
