@@ -214,6 +214,22 @@ class Deadline(Allowance):
             self.budget.note_product_cost((self.budget.clock() - started) / steps)
 
 
+@dataclass
+class PlannedDeadline(Deadline):
+    """A hyper step's allowance under :class:`PlannedBudget`: its part by ``end``, and a
+    refresh or a retry after a divergence — dear work a hyper step cannot plan for — afforded
+    while it fits by ``spare_end`` (a share of all the fit can still spend); granting one moves
+    ``end`` to cover its products (eq. budgetplan takes it from the shares still due)."""
+
+    spare_end: float = 0.0
+
+    def affords(self, products: int) -> bool:
+        if self._room(self.spare_end) < products:
+            return False
+        self.end = max(self.end, self.budget.clock() + self.fixed + products * self.product)
+        return True
+
+
 class NoBudget(Budget):
     """Every due hyper step runs (the callback's default)."""
 
@@ -459,7 +475,10 @@ class PlannedBudget(OverheadBudget):
     from now to the end of the fit, this one included. A hyper step may spend its part; the
     first, whose curvature estimate sets the adjoint's step size, may spend on that estimate
     ``curvature_share`` of all the fit can still spend, as under :class:`OverheadBudget` (later
-    estimates, a guard's re-estimate, get that share of their part). What a hyper step spends
+    estimates get that share of their part; a retry after a divergence, or a refresh, is
+    afforded while it fits in ``curvature_share`` of all the fit can still spend on top of the
+    part, :class:`PlannedDeadline` — without it the main job's due hyper steps were given up
+    after diverged solves, "no room to retry", 6 of 20). What a hyper step spends
     beyond its share is taken from the shares of all the hyper steps still due, not paid back
     before the next one runs: :class:`OverheadBudget` ran 9–12 of the 19 due hyper steps of a
     384-step fit (an MLP on 20 Newsgroups), its first holding λ still from step 20 to 110. The
@@ -507,7 +526,10 @@ class PlannedBudget(OverheadBudget):
             return super().allowance(remaining_steps, products, due_left)
         part, curvature = self._plan(remaining_steps, products, due_left)
         now, extra = self.clock(), curvature * (not self.hyper_steps)
-        return Deadline(self, now + part + extra, now + curvature, self.predicted(0))
+        spare = self.curvature_share * max(self.ceiling(remaining_steps, products), 0.0)
+        return PlannedDeadline(
+            self, now + part + extra, now + curvature, self.predicted(0), now + part + spare
+        )
 
 
 _BUDGET_KEYS = (
