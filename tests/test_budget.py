@@ -613,3 +613,22 @@ def test_the_callback_counts_the_hyper_steps_still_due():
     assert cb._due_left(trainer) == 1 + 16  # 100, 120, ..., 400
     trainer.estimated_stepping_batches = float("inf")
     assert cb._due_left(trainer) is None
+
+
+def test_the_planned_deadline_affords_a_retry_from_the_spare_and_moves_its_end():
+    """A retry after a divergence (or a refresh) is dear work a hyper step cannot plan for: under
+    PlannedBudget it is afforded while its products fit by ``spare_end`` (a third of all the fit
+    can still spend, on top of the part), and granting it moves ``end`` to cover them, so the
+    retried solve gets its adjoint steps."""
+    from hypertorch_sid.core.budget import PlannedDeadline
+
+    clock = _Clock()
+    budget = PlannedBudget(0.5, clock=clock)
+    budget.product_cost = 2.0
+    deadline = PlannedDeadline(budget, end=10.0, curvature_end=3.0, fixed=2.0, spare_end=30.0)
+    clock.now = 9.0  # the part is spent
+    assert deadline.adjoint_steps(3) == 1
+    assert deadline.affords(5)  # 9 + 2 + 5 · 2 = 21 ≤ 30
+    assert deadline.end == 21.0 and deadline.adjoint_steps(3) == 3
+    assert not deadline.affords(10)  # 9 + 2 + 20 > 30
+    assert deadline.end == 21.0
