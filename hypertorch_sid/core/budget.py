@@ -553,10 +553,9 @@ def check_budget_state(state: object) -> None:
 
 def make_budget(max_overhead: float | None | Budget) -> Budget:
     """``max_overhead`` as a :class:`Budget`: None → :class:`NoBudget`, a number →
-    :class:`PlannedBudget` (eq. budgetplan; :class:`OverheadBudget` pays a dear hyper step back
-    before the next one runs: ``max_overhead=OverheadBudget(0.5)``), a Budget as it is."""
+    :class:`OverheadBudget`, a Budget as it is (e.g. ``PlannedBudget(0.5)``, eq. budgetplan)."""
     if max_overhead is None:
         return NoBudget()
     if isinstance(max_overhead, Budget):
         return max_overhead
-    return PlannedBudget(max_overhead)
+    return OverheadBudget(max_overhead)

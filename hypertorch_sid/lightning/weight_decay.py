@@ -539,8 +539,9 @@ def _defaults(granularity: str, elements: ElementModel, kwargs: dict[str, Any]) 
     A hyper step every 20 training steps with k = 3 adjoint steps and Adam on log λ at lr 0.3,
     within a compute budget of half the training's (``max_overhead=0.5``: no worse on held-out
     test loss than no budget on five settings × nine seeds, ``docs/weight_decay_budget.md``;
-    planned over the fit's known length, :class:`~hypertorch_sid.core.budget.PlannedBudget`:
-    −0.0064 ± 0.0015 on an MLP on 20 Newsgroups, within noise on six other settings);
+    planned over the fit's known length, :class:`~hypertorch_sid.core.budget.PlannedBudget`, is
+    an option: −0.0100 ± 0.0008 on an MLP on 20 Newsgroups, but the MNIST and Fashion MLPs'
+    means +0.007–0.012 worse, 9 seeds);
     per element the element model's own budget (none:
     :attr:`~hypertorch_sid.core.decay.ElementModel.max_overhead`) and outer lr
     (:class:`~hypertorch_sid.core.decay.TiedToLayer`: 0.3 with the curvature refreshed, as per
