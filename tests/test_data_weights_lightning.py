@@ -7,6 +7,7 @@ import argparse
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -413,3 +414,26 @@ def test_forward_difference_matches_forward_mode_with_dropout_and_batchnorm(dtyp
         assert torch.equal(b, buffers[n]), n
     unreplayed = directional_losses(model, step, (x, y), params, v, ForwardDifference(), at)
     assert float((unreplayed - exact).norm() / exact.norm()) > 0.1
+
+
+def test_forward_difference_falls_back_to_dual_numbers_where_the_rng_cannot_be_replayed():
+    """On a device whose random state torch cannot read back, the training step's dropout masks
+    cannot be replayed, so the drop-in's cross term uses ForwardMode and says so once; on the
+    CPU it keeps the forward difference and its replay leaves the CPU stream as it was."""
+    from hypertorch_sid import ForwardDifference, ForwardMode
+    from hypertorch_sid.lightning.data_weights import RandomState
+
+    drop_in = LearnedDataWeights()
+    cpu = RandomState.capture(torch.device("cpu"))
+    assert cpu.replayable and isinstance(drop_in._directional_for(cpu), ForwardDifference)
+    lost = RandomState.capture(torch.device("meta"))  # no torch.meta module: nothing to read
+    assert not lost.replayable
+    with pytest.warns(UserWarning, match="cannot read back the random state of 'meta'"):
+        assert isinstance(drop_in._directional_for(lost), ForwardMode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(drop_in._directional_for(lost), ForwardMode)  # said once
+    stream = torch.get_rng_state()
+    with cpu.replayed():
+        torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), stream)

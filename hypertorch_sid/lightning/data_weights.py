@@ -49,6 +49,7 @@ from typing import Any, Literal, NamedTuple
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
@@ -97,27 +98,42 @@ def _default_target(data: Any) -> Tensor:
 
 
 class RandomState(NamedTuple):
-    """The RNG state at the start of a training step (CPU, and the module's accelerator), so
-    that the cross term's extra forward draws the same dropout masks as the step itself."""
+    """The RNG state at the start of a training step (CPU, and the module's accelerator through
+    torch's device module: CUDA, XPU, MPS, ...), so that the cross term's extra forward draws the
+    same dropout masks as the step itself. ``replayable`` is False on an accelerator whose RNG
+    torch cannot read back: there a forward difference would difference two different dropout
+    masks, and the drop-in uses dual numbers instead."""
 
     cpu: Tensor
     device: torch.device
     accelerator: Tensor | None
+    replayable: bool = True
 
     @classmethod
     def capture(cls, device: torch.device) -> RandomState:
-        accelerator = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        return cls(torch.get_rng_state(), device, accelerator)
+        if device.type == "cpu":
+            return cls(torch.get_rng_state(), device, None)
+        try:
+            module = torch.get_device_module(device.type)
+        except RuntimeError:  # a device type with no torch.<type> module (e.g. "meta")
+            module = None
+        if module is None or not hasattr(module, "get_rng_state"):
+            return cls(torch.get_rng_state(), device, None, replayable=False)
+        return cls(torch.get_rng_state(), device, module.get_rng_state(device))
 
     @contextmanager
     def replayed(self) -> Iterator[None]:
         """Inside: the captured state, in a forked stream; after: the caller's stream exactly
         as it was (the training's own randomness is neither replayed nor advanced)."""
-        devices = [self.device] if self.accelerator is not None else []
-        with torch.random.fork_rng(devices=devices):
+        if self.accelerator is None:
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(self.cpu)
+                yield
+            return
+        module = torch.get_device_module(self.device.type)
+        with torch.random.fork_rng(devices=[self.device], device_type=self.device.type):
             torch.set_rng_state(self.cpu)
-            if self.accelerator is not None:
-                torch.cuda.set_rng_state(self.accelerator, self.device)
+            module.set_rng_state(self.accelerator, self.device)
             yield
 
 
@@ -473,6 +489,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             {"forward_mode": ForwardMode, "forward_difference": ForwardDifference},
             "ForwardDifference(relative_step=1e-3)",
         )
+        self._said_unreplayable = False
         kwargs.setdefault("every_n_steps", 40 if cross_term == "training" else 10)
         # the first 100 optimizer steps train plainly: a network near its initialisation says
         # little about which example to trust (bench_noisy_labels: +2 to +4 points, 25 % less cost)
@@ -581,7 +598,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             data,
             self._active.inner_parameters,
             sid.v,
-            self.directional,
+            self._directional_for(rng),
             at=losses,
             rng=rng,
         )
@@ -594,6 +611,22 @@ class LearnedDataWeights(HyperOptimizationCallback):
             g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
             shared = [strategy.reduce(t, reduce_op="mean") for t in shared]
         self._cross.apply([g, *shared])
+
+    def _directional_for(self, rng: RandomState | None) -> DirectionalDerivative:
+        """``directional``, or dual numbers where the training step's randomness cannot be
+        replayed (an accelerator whose RNG torch cannot read back): a difference of two
+        forwards with different dropout masks would be noise, not ⟨∇ℓᵢ, v⟩ (said once)."""
+        if rng is None or rng.replayable:
+            return self.directional
+        if not self._said_unreplayable:
+            self._said_unreplayable = True
+            rank_zero_warn(
+                f"LearnedDataWeights: torch cannot read back the random state of "
+                f"{rng.device.type!r}, so the cross term's extra forward could not reuse the "
+                "training step's dropout masks; it uses ForwardMode (dual numbers) instead. "
+                "Pass directional=ForwardMode() to silence this."
+            )
+        return ForwardMode()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""
