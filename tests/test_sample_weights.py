@@ -714,3 +714,35 @@ def test_forward_difference_falls_back_to_forward_mode_for_half_precision_and_au
 def test_forward_difference_refuses_a_bad_step(bad):
     with pytest.raises(ConfigurationError, match="relative_step"):
         ForwardDifference(relative_step=bad)
+    with pytest.raises(ConfigurationError, match="check_every"):
+        ForwardDifference(check_every=0)
+
+
+def test_forward_difference_watches_that_the_losses_reproduce_and_falls_back_when_not():
+    """The difference's premise, ℓ recomputed at w gives back the step's own ℓ(w), is checked at
+    the first call and every ``check_every`` calls: losses that start to carry randomness of
+    their own (here from call 3 on; checked at calls 0, 2, 4) are caught at the next check, said
+    once, and from then on uᵢ is the dual-number one, not noise / h."""
+    losses, params, v = _tanh_losses()
+    calls = {"n": 0}
+    noise = torch.Generator().manual_seed(5)
+
+    def drifting(*ps):  # reproducible until its 4th evaluation, then a fresh draw each time
+        calls["n"] += 1
+        jitter = 0.3 * torch.rand(12, generator=noise, dtype=torch.float64)
+        return losses(*ps) + (jitter if calls["n"] > 3 else 0.0)
+
+    fd = ForwardDifference(check_every=2)
+    exact = ForwardMode()(losses, params, v)
+    at = losses(*params)
+    for _ in range(2):  # calls 0 (checked) and 1: the difference itself
+        u = fd(drifting, params, v, at)
+        assert float((u - exact).norm() / exact.norm()) < 1e-5
+    with pytest.warns(UserWarning, match="recomputed at the same weights.*ForwardMode"):
+        u = fd(drifting, params, v, at)  # call 2, checked: the 4th evaluation drifts
+    assert fd.inaccurate(params) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once; the fallback from now on
+        later = fd(drifting, params, v, at)
+    for got in (u, later):  # ForwardMode of a constant jitter: the exact uᵢ again
+        torch.testing.assert_close(got, exact)

@@ -908,20 +908,39 @@ class ForwardDifference(DirectionalDerivative):
 
     The caller must evaluate ``losses`` with the same randomness (dropout masks) as ``at``,
     and leave normalisation statistics untouched (the Lightning drop-in replays the training
-    step's RNG state in a forked stream and swaps BatchNorm's buffers for copies)."""
+    step's RNG state in a forked stream and swaps BatchNorm's buffers for copies). That
+    assumption is watched while it runs: at the first call and every ``check_every`` calls after
+    it, ``losses`` is evaluated once more at w itself, and where it does not give back ``at``
+    (to ``REPRODUCIBLE_RTOL`` of the losses' scale: randomness outside torch's generator, e.g. a
+    mixup drawn with numpy, or a forward that changes state) the difference would be that
+    randomness divided by h, not ⟨∇ℓᵢ, v⟩: it says so once and uses :class:`ForwardMode` from
+    then on (one more forward every ``check_every`` batches, 2 % at the default)."""
 
-    def __init__(self, relative_step: float | None = None) -> None:
+    #: recomputed losses at w must match the step's own to this fraction of their scale
+    REPRODUCIBLE_RTOL = 1e-3
+
+    def __init__(self, relative_step: float | None = None, check_every: int = 50) -> None:
         if relative_step is not None and not (0.0 < float(relative_step) < 1.0):
             raise ConfigurationError(
                 f"ForwardDifference: relative_step must be in (0, 1) (the step h·‖v‖ relative "
                 f"to ‖w‖), got {relative_step!r}; None picks √ε of the parameters' dtype."
             )
+        if int(check_every) < 1:
+            raise ConfigurationError(
+                f"ForwardDifference: check_every must be a positive number of calls between "
+                f"reproducibility checks, got {check_every!r}."
+            )
         self.relative_step = None if relative_step is None else float(relative_step)
+        self.check_every = int(check_every)
         self.fallback = ForwardMode()
         self._warned = False
+        self._calls = 0
+        self._unreproducible: str | None = None
 
     def inaccurate(self, params: Sequence[Tensor]) -> str | None:
         """Why a forward difference would be inaccurate here (None: it is not)."""
+        if self._unreproducible is not None:
+            return self._unreproducible
         low = sorted({str(p.dtype) for p in params if p.dtype in _LOW_PRECISION})
         if low:
             return f"the parameters are {', '.join(low)}"
@@ -948,6 +967,8 @@ class ForwardDifference(DirectionalDerivative):
         at: Tensor | None = None,
     ) -> Tensor:
         why = self.inaccurate(params)
+        if why is None and at is not None and self._calls % self.check_every == 0:
+            why = self._unreproduced(losses, params, at)
         if why is not None:
             if not self._warned:
                 self._warned = True
@@ -959,6 +980,7 @@ class ForwardDifference(DirectionalDerivative):
                     stacklevel=2,
                 )
             return self.fallback(losses, params, tangents, at)
+        self._calls += 1
         h = self.step(params, tangents)
         with torch.no_grad():
             if at is None:
@@ -972,8 +994,33 @@ class ForwardDifference(DirectionalDerivative):
             ]
             return (losses(*moved).detach() - at) / h
 
+    def _unreproduced(
+        self, losses: Callable[..., Tensor], params: Sequence[Tensor], at: Tensor
+    ) -> str | None:
+        """Why ``losses`` at w does not give back the step's own ``at`` (the difference's
+        premise; None: it does). Once it has not, every later call takes the fallback."""
+        with torch.no_grad():
+            again = losses(*[p.detach() for p in params]).detach()
+        at = at.detach().to(again.dtype)
+        if again.shape == at.shape:
+            scale = float(at.abs().mean()) + torch.finfo(again.dtype).eps
+            gap = float((again - at).abs().max()) / scale
+            if gap <= self.REPRODUCIBLE_RTOL:
+                return None
+            what = f"differ from the step's own by {gap:.3g} of their mean"
+        else:
+            what = f"have shape {tuple(again.shape)}, the step's {tuple(at.shape)}"
+        self._unreproducible = (
+            "the per-sample losses recomputed at the same weights, with the training step's "
+            f"torch RNG state, {what} (randomness outside torch's generator, e.g. a mixup or "
+            "noise drawn with numpy or random, or a forward that changes state)"
+        )
+        return self._unreproducible
+
     def __repr__(self) -> str:
-        return f"ForwardDifference(relative_step={self.relative_step})"
+        return (
+            f"ForwardDifference(relative_step={self.relative_step}, check_every={self.check_every})"
+        )
 
 
 class TrainingCrossTerm:
