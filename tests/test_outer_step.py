@@ -1,9 +1,15 @@
-"""SignalGatedAdam: Adam on log λ gated by the t-statistic of the recent hypergradients.
+"""The outer steps on log λ: SignalGatedAdam (Adam gated by the t-statistic of the recent
+hypergradients) and TrustRprop (Rprop with the rise of λ held to what the next hyper step can
+judge, eq. decaytrust).
 
 Known answers: the squared weights of a bias-corrected average (eq. effw) against a brute-force
 sum; κ = 0 is Adam bit for bit; a constant hypergradient, however small, moves ρ at Adam's rate
 after the first hyper step; pure-noise hypergradients leave ρ within a bound far inside Adam's
 random walk; the state resumes exactly. Then a small CNN + BatchNorm through the drop-in.
+TrustRprop: torch's Rprop bit for bit where the trust bound does not bind; the λ path of a
+constant hypergradient (geometric, then arithmetic once bound); a sign flip answered at the
+next step where Adam keeps going; noise a bounded walk; resume; an MLP and a CNN + BN through
+the drop-in.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from lightning_problems import trainer
 from test_scale_invariance import CNN, _data
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, LearnedWeightDecay, SignalGatedAdam
+from hypertorch_sid import ConfigurationError, LearnedWeightDecay, SignalGatedAdam, TrustRprop
 from hypertorch_sid.core.outer_step import effective_weight
 from hypertorch_sid.core.watch import warn_if_lambda_stuck
 
@@ -164,3 +170,215 @@ def test_on_a_cnn_with_batchnorm_lambda_moves_no_further_than_adam():
             assert isinstance(opt, SignalGatedAdam) and 0.0 <= opt.last_gate <= 1.0
     assert float(moved["gated"].max()) <= 0.3 * (cb.sid.hyper_step - 3) + 1e-6
     assert float(moved["gated"].mean()) < float(moved["adam"].mean())
+
+
+# ====================================================================== TrustRprop
+def _observed_run(opt_of, grads, start=0.0, remaining=None, eta=None):
+    """As ``_run``, calling ``observe(remaining[i], eta)`` before step i."""
+    rho = torch.full_like(grads[0], start).requires_grad_(True)
+    opt = opt_of([rho])
+    out = []
+    for i, g in enumerate(grads):
+        if remaining is not None:
+            opt.observe(remaining[i], eta)
+        rho.grad = g.clone()
+        opt.step()
+        out.append(rho.detach().clone())
+    return torch.stack(out), opt
+
+
+def test_trust_rprop_is_torch_rprop_where_the_bound_does_not_bind():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(6, generator=g, dtype=f64) * 10.0 ** (-i % 5) for i in range(40)]
+    torch_rprop, _ = _run(lambda p: torch.optim.Rprop(p, lr=0.3, step_sizes=(1e-2, 2.0)), grads)
+    unobserved, opt = _run(lambda p: TrustRprop(p), grads)
+    assert torch.equal(torch_rprop, unobserved) and not opt.bound
+    # observed, with a bound far above any rise (λ ≤ e^{Σ Δ}): the same path
+    loose, opt = _observed_run(
+        lambda p: TrustRprop(p, trust=1e8), grads, remaining=list(range(4000, 0, -100)), eta=0.1
+    )
+    assert torch.equal(torch_rprop, loose) and not opt.bound
+
+
+def test_trust_rprop_constant_hypergradient_known_lambda_path():
+    """g = −1 (more decay) from λ₀ = 1e-4, η = 0.5, R = 400 at every step, δ = 0.1: δ/(ηR) =
+    5e-4. Δ_t = 0.3 · 1.2^(t−1) (eq. signsize) while λ·(e^Δ − 1) < 5e-4, so λ_t = 1e-4 ·
+    e^(Σ Δ); from then on the bound holds it and λ rises by exactly 5e-4 per step (eq.
+    decaytrust: the next Δ, 1.2 times the move made, overshoots the bound again)."""
+    grads = [torch.full((2,), -1.0, dtype=f64)] * 16
+    rho, opt = _observed_run(
+        lambda p: TrustRprop(p, trust=0.1), grads, start=math.log(1e-4),
+        remaining=[400] * 16, eta=0.5,
+    )  # fmt: skip
+    lam = rho[:, 0].exp().tolist()
+    free, expected, delta = [], 1e-4, 0.3
+    while expected * (math.exp(delta) - 1) < 5e-4:
+        expected *= math.exp(delta)
+        free.append(expected)
+        delta = min(delta * 1.2, 2.0)
+    k = len(free)
+    assert k == 5  # Σ Δ = 2.23 (λ = 9.3e-4) after 5 steps; the 6th (Δ = 0.75) would add 1e-3
+    assert lam[:k] == pytest.approx(free, rel=1e-12)
+    rises = [b - a for a, b in zip(lam[k - 1 :], lam[k:])]
+    assert rises == pytest.approx([5e-4] * len(rises), rel=1e-9)
+    assert opt.bound
+    # the bound is δ/(ηR): a quarter of the steps left, four times the rise
+    late, _ = _observed_run(
+        lambda p: TrustRprop(p, trust=0.1), grads, start=math.log(1e-1),
+        remaining=[100] * 16, eta=0.5,
+    )  # fmt: skip
+    assert (late[1:, 0].exp() - late[:-1, 0].exp()).tolist() == pytest.approx([2e-3] * 15)
+    # g = +1: λ falls, never held
+    down, _ = _observed_run(
+        lambda p: TrustRprop(p, trust=0.1), [torch.ones(1, dtype=f64)] * 10,
+        remaining=[400] * 10, eta=0.5,
+    )  # fmt: skip
+    expected = -sum(min(0.3 * 1.2**i, 2.0) for i in range(10))
+    assert float(down[-1]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_trust_rprop_answers_a_flip_at_the_next_step_where_adam_keeps_going():
+    """Five hyper steps of g = +1, then g = −1: Rprop stops at the flip (no move, Δ halved to
+    0.3·1.2⁴/2) and moves back by that at the next; Adam (lr 0.3) keeps lowering ρ for two
+    more steps on its momentum."""
+    grads = [torch.ones(1, dtype=f64)] * 5 + [-torch.ones(1, dtype=f64)] * 4
+    rho, opt = _run(lambda p: TrustRprop(p), grads)
+    r = rho[:, 0].tolist()
+    d5 = 0.3 * 1.2**4
+    assert r[4] == pytest.approx(-0.3 * sum(1.2**i for i in range(5)), rel=1e-12)
+    assert r[5] == r[4]  # the flip: no move
+    assert r[6] - r[5] == pytest.approx(d5 / 2, rel=1e-12)
+    assert r[7] - r[6] == pytest.approx(d5 / 2 * 1.2, rel=1e-12)
+    adam, _ = _run(lambda p: torch.optim.Adam(p, lr=0.3), grads)
+    a = adam[:, 0].tolist()
+    assert a[5] < a[4] and a[6] < a[5]  # still falling two steps after the flip
+
+
+def test_trust_rprop_a_flip_is_a_held_step_not_stuck():
+    rho = torch.zeros(1, requires_grad=True)
+    opt = TrustRprop([rho])
+    for g in (1.0, -1.0):
+        before = rho.detach().clone()
+        rho.grad = torch.tensor([g])
+        opt.step()
+    assert torch.equal(rho.detach(), before) and opt.held_back
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not warn_if_lambda_stuck([before], [rho.detach()], [torch.ones(1)], opt)
+
+
+def test_trust_rprop_pure_noise_is_a_bounded_walk():
+    """g_t ~ N(0, σ²) i.i.d., 200 steps, 64 entries: the sign flips every other step on average,
+    so Δ falls to Δ_min = 0.01 and the walk all but stops: the median entry's largest
+    excursion is about 1 (1.01–1.09 on seeds 0–3) and the final rms 1.35–1.92 against Adam's
+    4.0–5.1. Not a hard bound: a run of k equal signs (chance 2^−k per step) grows Δ by 1.2^k,
+    and the farthest of the 64 entries went 4.5–13.6 (Adam's 11–16)."""
+    gen = torch.Generator().manual_seed(2)
+    grads = [1e-6 * torch.randn(64, generator=gen, dtype=f64) for _ in range(200)]
+    adam, _ = _run(lambda p: torch.optim.Adam(p, lr=0.3), grads)
+    rprop, opt = _run(lambda p: TrustRprop(p), grads)
+    rms = lambda x: float(x.pow(2).mean().sqrt())  # noqa: E731
+    assert float(rprop.abs().max(0).values.median()) < 1.2
+    assert rms(rprop[-1]) < 0.4 * rms(adam[-1])
+    sizes = opt.state[opt.param_groups[0]["params"][0]]["step_size"]
+    assert float(sizes.median()) == pytest.approx(0.01) and float(sizes.max()) < 0.05
+    assert rms(rprop[-1] - rprop[99]) < 0.5  # the second hundred steps barely move
+
+
+def test_trust_rprop_resume_equals_a_straight_run():
+    gen = torch.Generator().manual_seed(3)
+    grads = [-(torch.randn(5, generator=gen, dtype=f64) + 1.5) for _ in range(20)]
+    remaining = [1000 - 25 * i for i in range(20)]
+    make = lambda p: TrustRprop(p, trust=0.02)  # noqa: E731
+    straight, opt = _observed_run(make, grads, math.log(1e-3), remaining, eta=0.4)
+    assert opt.bound
+    first, opt = _observed_run(make, grads[:8], math.log(1e-3), remaining[:8], eta=0.4)
+    rho = first[-1].clone().requires_grad_(True)
+    resumed = make([rho])
+    resumed.load_state_dict(opt.state_dict())
+    for g, r in zip(grads[8:], remaining[8:]):
+        resumed.observe(r, 0.4)
+        rho.grad = g.clone()
+        resumed.step()
+    assert torch.equal(rho.detach(), straight[-1])
+
+
+def test_trust_rprop_bad_settings_name_the_cause():
+    p = [torch.zeros(1, requires_grad=True)]
+    for kw, match in (({"lr": 0.0}, "lr"), ({"etas": (1.0, 1.2)}, r"etas\[0\]"),
+                      ({"etas": (0.5, 0.9)}, r"etas\[1\]"), ({"trust": 0.0}, "trust"),
+                      ({"step_sizes": (0.1, 0.01)}, r"step_sizes\[1\]"),
+                      ({"trust": True}, "trust")):  # fmt: skip
+        with pytest.raises(ConfigurationError, match=match):
+            TrustRprop(p, **kw)
+    TrustRprop(p, trust=math.inf)  # Rprop
+
+
+class _MLP(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)
+        )
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def _mlp_data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(256, 8, generator=g)
+    y = (X[:, :3] @ torch.randn(3, 3, generator=g)).argmax(1)
+    return X, y
+
+
+class _Recording(TrustRprop):
+    """TrustRprop that keeps (bound δ/(ηR), largest rise of λ) of every step."""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.steps: list[tuple[float, float]] = []
+
+    def step(self, closure=None):
+        ps = [p for g in self.param_groups for p in g["params"]]
+        before, bound = [p.detach().exp() for p in ps], self.max_rise
+        out = super().step(closure)
+        rise = max(float((p.detach().exp() - b).max()) for p, b in zip(ps, before))
+        self.steps.append((bound, rise))
+        return out
+
+
+@pytest.mark.parametrize("net", ["mlp", "cnn_bn"])
+def test_trust_rprop_through_the_drop_in_keeps_lambda_finite_and_its_rises_bounded(net):
+    """λ₀ = 1e-3, a hyper step every 2 training steps: the callback tells the optimizer R and η
+    before every hyper step (the bound is finite at each but the last, at R = 0), every rise of λ is within it, λ
+    moved and stays finite and positive."""
+    X, y = _mlp_data() if net == "mlp" else _data()
+    model = _MLP() if net == "mlp" else CNN()
+    pl.seed_everything(0, verbose=False)
+    cb = LearnedWeightDecay(
+        1e-3, every_n_steps=2, max_overhead=None, outer_optimizer=_Recording
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(callbacks=[cb], max_epochs=4).fit(
+            model,
+            DataLoader(TensorDataset(X[:192], y[:192]), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(X[192:], y[192:]), batch_size=64),
+        )
+    opt = cb.sid.outer_optimizer
+    assert isinstance(opt, _Recording) and len(opt.steps) == cb.sid.hyper_step >= 10
+    # bounded at every hyper step but one at the fit's last step (R = 0: no training left)
+    assert all(math.isfinite(bound) for bound, _ in opt.steps[:-1])
+    assert all(rise <= bound * (1 + 1e-4) for bound, rise in opt.steps)
+    lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
+    assert bool(torch.isfinite(lam).all()) and float(lam.min()) > 0
+    assert float((lam / 1e-3).log().abs().max()) > 0.3  # λ moved

@@ -52,7 +52,7 @@ from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGra
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
-from .outer_step import SignalGatedAdam
+from .outer_step import SignalGatedAdam, TrustRprop
 from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .sample_weights import (
@@ -128,6 +128,7 @@ __all__ = [
     "ProjectedDecay",
     "ShrinkageStep",
     "SignalGatedAdam",
+    "TrustRprop",
     "ShrunkToLayer",
     "TiedToLayer",
     "Untied",

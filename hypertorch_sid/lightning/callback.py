@@ -639,7 +639,8 @@ class HyperOptimizationCallback(Callback):
         return hypergrad
 
     def _observe_horizon(self, trainer: pl.Trainer) -> None:
-        """Tell the damping strategy and the adjoint solver the steps that remain and the
+        """Tell the damping strategy, the adjoint solver, the look-ahead and an outer optimizer
+        that has ``observe(remaining_steps, eta)`` the steps that remain and the
         training's step size: read from its optimizers (momentum's and Adam's gain included:
         :func:`effective_step_size`), else the one-step response measured on the last update."""
         assert self.sid is not None
@@ -648,6 +649,9 @@ class HyperOptimizationCallback(Callback):
         self.sid.config.damping.observe(remaining_steps(trainer), eta)
         self.sid.config.adjoint_solver.observe(remaining_steps(trainer), eta)
         self.sid.config.look_ahead.observe(remaining_steps(trainer), eta)
+        observe = getattr(self.sid.outer_optimizer, "observe", None)  # e.g. TrustRprop's
+        if callable(observe):
+            observe(remaining_steps(trainer), eta)
         self._step_size = None
         self.sid.refresh_damping()
 
