@@ -40,6 +40,7 @@ from hypertorch_sid import (
     LearnedWeightDecay,
     TrainedWeights,
     TrajectoryWeights,
+    TrustRprop,
     ValidationCurvature,
 )
 from hypertorch_sid.plots import lambda_names, plot_training, read_metrics
@@ -218,6 +219,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "TrajectoryWeights: its filter along the weights' movement; ValidationCurvature: moved "
         "by the validation curvature); default: the drop-in's own",
     )
+    parser.add_argument(
+        "--outer-step",
+        choices=("default", "trust_rprop"),
+        default="default",
+        help="the learned run's outer step on log λ: the drop-in's own, or TrustRprop (Rprop "
+        "with its rises of λ held to what the remaining training can take)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -245,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "validation": ValidationCurvature,
         }[args.look_ahead]
         options["look_ahead"] = look()
+    if args.outer_step == "trust_rprop":
+        options["outer_optimizer"] = TrustRprop
     runs["learned"] = train(
         data, args, "learned", callbacks=[LearnedWeightDecay(**options)], progress_bar=True
     )
@@ -261,7 +271,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
             pick,
             runs["grid_pick"]["grid_seconds"],
         ),
-        ("LearnedWeightDecay() (1 training)", runs["learned"], runs["learned"]["seconds"]),
+        (
+            "LearnedWeightDecay("
+            + ("outer_optimizer=TrustRprop" if args.outer_step == "trust_rprop" else "")
+            + ") (1 training)",
+            runs["learned"],
+            runs["learned"]["seconds"],
+        ),
     ]
     lines = [
         f"{'method':36s} {'val loss':>9s} {'val acc':>8s} {'test loss':>10s} {'test acc':>9s}"
