@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_problems import RidgeData, TanhRegressor
 
+import hypertorch_sid.lightning.callback as callback_module
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
 from hypertorch_sid.core.budget import (
     Deadline,
@@ -247,6 +248,73 @@ def test_one_off_work_is_not_reserved_from_the_steps_that_remain():
     assert math.isclose(budget.spent_per_step, 0.2 * 20) and budget.training_steps == 21
     credit = 0.5 * 20 - (0.2 * 20 + 5.0)
     assert math.isclose(budget.ceiling(80), credit + 80 * (0.5 * 20 / 21 - 0.2 * 20 / 21))
+
+
+def test_one_off_work_nested_in_the_work_of_every_step_stays_one_off():
+    """A hook that runs at every step (0.2) holding a one-off piece (5, timing a product): the
+    hook's own 0.2 is reserved from the steps that remain, the 5 is charged once; the total is
+    charged once, not twice."""
+    clock = _Clock()
+    budget = OverheadBudget(0.5, clock=clock)
+    budget.training_step_done()
+    clock.now += 1.0
+    budget.training_step_done()
+    with budget.added_work(every_step=True):
+        clock.now += 0.1
+        with budget.added_work():
+            clock.now += 5.0
+        clock.now += 0.1
+    clock.now += 1.0
+    budget.training_step_done()
+    assert math.isclose(budget.spent_added, 5.2) and math.isclose(budget.spent_hyper, 5.2)
+    assert math.isclose(budget.spent_per_step, 0.2) and budget.spent_training == 2.0
+
+
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+def test_the_callbacks_work_at_every_step_is_charged_and_planned_for(budget_cls, monkeypatch):
+    """The callback's hooks cost something at every training step besides the hyper steps:
+    applying λ (here 0.25 of a training step) and deciding whether a hyper step is due and
+    allowed (0.1). Counted, not timed: all of it is charged to the callback (not to the training,
+    which it inflated — the budget then granted half of it again as allowance), reserved from what
+    the remaining steps pay back, and the fit's final share, that work included, stays within
+    max_overhead on the drop-in's defaults."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(192, 1, 8, 8, generator=g), torch.randint(0, 3, (192,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), 16)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:], y[128:]), 32)
+    cb, hooks = LearnedWeightDecay(1e-3), {"apply": 0, "decide": 0, "read": 0}
+
+    def units() -> float:
+        c = cb.sid.cost if cb.sid is not None else None
+        products = 0.0 if c is None else c.jacobian_vector_products + c.curvature_products
+        hook_work = 0.25 * hooks["apply"] + 0.1 * hooks["decide"] + 0.5 * hooks["read"]
+        return 1.5 * products + hook_work
+
+    def counted(name, f):
+        def g(*args):
+            hooks[name] += 1
+            return f(*args)
+
+        return g
+
+    cb.problem.apply = counted("apply", cb.problem.apply)
+    cb._due = counted("decide", cb._due)
+    # reading the training's step size before a due hyper step (Adam's v̂: dear on a big layer)
+    # is once per hyper step, not reserved from every remaining step
+    monkeypatch.setattr(
+        callback_module, "effective_step_size", counted("read", callback_module.effective_step_size)
+    )
+    cb.budget = budget_cls(0.5, clock=lambda: float(trainer.global_step) + units())
+    steps = 400
+    trainer = lightning_problems.trainer([cb], max_steps=steps, limit_val_batches=0)
+    trainer.fit(_SmallNet("cnn_bn"), loader, val)
+    budget = cb.budget
+    assert hooks["apply"] == hooks["decide"] == steps and hooks["read"] >= 19
+    # the training's own steps, nothing of the callback's
+    assert math.isclose(budget.spent_training, steps)
+    assert math.isclose(budget.spent_per_step, 0.35 * steps)
+    assert budget.hyper_steps >= 3
+    assert budget.spent_hyper <= 0.5 * steps + 1e-9  # per-step work included: no slack
 
 
 def test_the_drop_in_has_a_budget_by_default_and_the_general_callback_none():

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
@@ -95,13 +95,14 @@ class Budget:
     def end_hyper_step(self, products: int = 0) -> None:
         """The hyper step ended, having made ``products`` Hessian–vector products."""
 
-    @contextmanager
-    def added_work(self, every_step: bool = False) -> Iterator[None]:
-        """Work the callback adds outside its hyper steps (applying λ to the gradients, the step
-        size probe, building at train start, timing a product): charged to the hyper steps, not
-        the training. ``every_step``: work every remaining training step will add too (applying
-        λ), reserved from what those steps pay back; one-off work (the rest) is not."""
-        yield
+    def added_work(self, every_step: bool = False) -> AbstractContextManager[None]:
+        """Work the callback adds outside its hyper steps (its hooks at every training step:
+        applying λ to the gradients, deciding whether a hyper step is due and allowed; once: the
+        step size probe, building at train start, timing a product): charged to the hyper steps,
+        not the training. ``every_step``: work every remaining training step will add too,
+        reserved from what those steps pay back; one-off work (the rest) is not. Added work may
+        nest: a one-off piece inside a hook that runs at every step is charged as one-off."""
+        return _NOTHING
 
     @property
     def overhead(self) -> float:
@@ -272,8 +273,8 @@ class OverheadBudget(Budget):
     fixed_cost: float = field(default=0.0, init=False)
     _mark: float | None = field(default=None, init=False, repr=False)
     _added_since_mark: float = field(default=0.0, init=False, repr=False)
-    _every_step_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
+    _open: list[float] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         value = self.max_overhead
@@ -303,9 +304,8 @@ class OverheadBudget(Budget):
         now = self.clock()
         if self._mark is not None:
             self.spent_training += max(now - self._mark - self._added_since_mark, 0.0)
-            self.spent_per_step += self._every_step_since_mark
             self.training_steps += 1
-        self._mark, self._added_since_mark, self._every_step_since_mark = now, 0.0, 0.0
+        self._mark, self._added_since_mark = now, 0.0
 
     @property
     def mean_hyper_step(self) -> float:
@@ -400,20 +400,23 @@ class OverheadBudget(Budget):
         self.hyper_steps += 1
         self._hyper_start = None
         # the hyper step's time is not training
-        self._mark, self._added_since_mark, self._every_step_since_mark = now, 0.0, 0.0
+        self._mark, self._added_since_mark = now, 0.0
 
-    @contextmanager
-    def added_work(self, every_step: bool = False) -> Iterator[None]:
-        start = self.clock()
-        try:
-            yield
-        finally:
-            spent = self.clock() - start
-            self.spent_hyper += spent
-            self.spent_added += spent
-            self._added_since_mark += spent
-            if every_step:
-                self._every_step_since_mark += spent
+    def added_work(self, every_step: bool = False) -> AbstractContextManager[None]:
+        """Nested: the inner work is charged as its own kind (one-off inside a hook that runs
+        at every step stays one-off), the outer gets the rest; the total is the outer's."""
+        return _AddedWork(self, every_step)
+
+    def _charge(self, elapsed: float, every_step: bool) -> None:
+        """Added work that took ``elapsed``, of which the work nested in it is charged already."""
+        spent = elapsed - self._open.pop()
+        if self._open:
+            self._open[-1] += elapsed
+        self.spent_hyper += spent
+        self.spent_added += spent
+        self._added_since_mark += spent
+        if every_step:
+            self.spent_per_step += spent
 
     @property
     def overhead(self) -> float:
@@ -458,7 +461,28 @@ class OverheadBudget(Budget):
         self.last_hyper = float(state.get("last_hyper", 0.0))
         self.product_cost = float(state.get("product_cost", 0.0))
         self.fixed_cost = float(state.get("fixed_cost", 0.0))
-        self._mark, self._added_since_mark, self._every_step_since_mark = None, 0.0, 0.0
+        self._mark, self._added_since_mark = None, 0.0
+
+
+class _AddedWork:
+    """:meth:`OverheadBudget.added_work`'s context (a class, not a generator: the hooks enter one
+    at every training step, and what the bookkeeping costs outside its clock readings counts as
+    training)."""
+
+    __slots__ = ("budget", "every_step", "start")
+
+    def __init__(self, budget: OverheadBudget, every_step: bool) -> None:
+        self.budget, self.every_step, self.start = budget, every_step, 0.0
+
+    def __enter__(self) -> None:
+        self.budget._open.append(0.0)  # the time the work nested in this one takes
+        self.start = self.budget.clock()
+
+    def __exit__(self, *exc: object) -> None:
+        self.budget._charge(self.budget.clock() - self.start, self.every_step)
+
+
+_NOTHING: AbstractContextManager[None] = nullcontext()
 
 
 @dataclass

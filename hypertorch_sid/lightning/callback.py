@@ -295,10 +295,12 @@ class HyperOptimizationCallback(Callback):
             with self.budget.added_work():
                 self._step_size, self._step_probe = self._step_probe.step_size(), None
         self.budget.training_step_done()
-        due = self._due(trainer)
-        self._due_in_fit += due
-        self._waiting = due or self._waiting
-        if self._waiting and self._budget_allows(trainer, pl_module):
+        with self.budget.added_work(every_step=True):  # deciding is the callback's work too
+            due = self._due(trainer)
+            self._due_in_fit += due
+            self._waiting = due or self._waiting
+            run = self._waiting and self._budget_allows(trainer, pl_module)
+        if run:
             self._waiting = False
             self._budgeted_hyper_step(trainer, pl_module)
 
@@ -347,11 +349,15 @@ class HyperOptimizationCallback(Callback):
     ) -> None:
         """Before the update a hyper step follows: start measuring the training's step size,
         where its optimizers give no reading of it (:func:`effective_step_size`)."""
-        step = trainer.global_step + 1
-        due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
-        if self.sid is not None and due and effective_step_size(trainer.optimizers) is None:
-            with self.budget.added_work():
-                self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
+        with self.budget.added_work(every_step=True):
+            step = trainer.global_step + 1
+            due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
+            if self.sid is not None and due:
+                # once per hyper step, not at every step (reading Adam's v̂ costs ms on a big
+                # layer: charged as every step's, it was reserved from all remaining steps)
+                with self.budget.added_work():
+                    if effective_step_size(trainer.optimizers) is None:
+                        self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its ``requires_grad`` back."""

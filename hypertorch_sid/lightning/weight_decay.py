@@ -204,6 +204,7 @@ class WeightDecayProblem:
         self._warned_new_tensors = False
         self._warned_at_limit = False
         self._checked_gradients = False
+        self._lambda_cache: tuple[tuple[int, int] | None, list[float]] = (None, [])
         #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
         #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
         self.data_curvature: Callable[[], float | None] = lambda: None
@@ -390,7 +391,10 @@ class WeightDecayProblem:
             return
         per_slot = None
         if not self.decay.per_element:
-            per_slot = self.parameterization.transform(self.decay.hyperparameters[0]).tolist()
+            per_slot = self._slot_lambdas()
+            if not self.decoupled:  # one fused add per slot: this runs at every training step
+                self._add_per_slot(optimizer, per_slot)
+                return
         for i, e in enumerate(self.decay.entries):
             if self.placement[i][0] is not optimizer or e.param.grad is None:
                 continue
@@ -401,6 +405,28 @@ class WeightDecayProblem:
                 e.param.grad.add_(e.param, alpha=lam)
             else:
                 e.param.grad.addcmul_(lam, e.param)
+
+    def _slot_lambdas(self) -> list[float]:
+        """λ of each slot as numbers, read again only after the hyperparameters changed (a hyper
+        step, a load: every in-place change bumps the tensor's version)."""
+        assert self.decay is not None
+        h = self.decay.hyperparameters[0]
+        key = (id(h), h._version)
+        if self._lambda_cache[0] != key:
+            self._lambda_cache = (key, self.parameterization.transform(h).tolist())
+        return self._lambda_cache[1]
+
+    def _add_per_slot(self, optimizer: torch.optim.Optimizer, per_slot: list[float]) -> None:
+        """``grad += λ_slot w`` for the tensors ``optimizer`` trains, one foreach add per slot."""
+        assert self.decay is not None
+        grads: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
+        for (opt, _), e in zip(self.placement, self.decay.entries):
+            if opt is optimizer and e.param.grad is not None:
+                g, w = grads.setdefault(e.slot, ([], []))
+                g.append(e.param.grad)
+                w.append(e.param)
+        for slot, (g, w) in grads.items():
+            torch._foreach_add_(g, w, alpha=per_slot[slot])
 
     # ------------------------------------------------------------------ Λ and P
     def _preconditioner(self, i: int) -> Tensor | float:
@@ -769,12 +795,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     ) -> None:
         """Apply the decay: ``grad += λ w`` (coupled) or ``w *= 1 − lr λ`` (decoupled)."""
         # the decay's own cost is the callback's, not training's; every step adds it
-        if not self.problem._checked_gradients and trainer.global_step == 0:
-            with self.budget.added_work():  # once
-                self.problem.check_gradients(pl_module)
         with self.budget.added_work(every_step=True):
+            if not self.problem._checked_gradients and trainer.global_step == 0:
+                with self.budget.added_work():  # once
+                    self.problem.check_gradients(pl_module)
             self.problem.apply(optimizer)
-        super().on_before_optimizer_step(trainer, pl_module, optimizer)
+            super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     def _validation_size(self) -> int:
         """n of the per-element prior: the validation set's size, or for a streamed one (no
