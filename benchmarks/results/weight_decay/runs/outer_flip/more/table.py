@@ -33,19 +33,26 @@ def stats(d: list[float]) -> dict:
 
 rows, table = [], {}
 for s in ("fashion_mlp", "mnist_mlp", "digits_small"):
-    adam, trust = runs(str(HERE / f"{s}_adam_seed*.json"), s), runs(str(HERE / f"{s}_trust_seed*.json"), s)
+    adam = runs(str(HERE / f"{s}_adam_seed*.json"), s)
+    trust = runs(str(HERE / f"{s}_trust_seed*.json"), s)
     seeds = sorted(set(adam) & set(trust))
     if len(seeds) < 2:
         continue
     late = [trust[k]["test_loss"] - adam[k]["test_loss"] for k in seeds]
-    old, new = t.learned_runs(t.default_pattern(s), s), t.learned_runs(t.arm_pattern(s, "trR10", HERE.parent), s)
+    old = t.learned_runs(t.default_pattern(s), s)
+    new = t.learned_runs(t.arm_pattern(s, "trR10", HERE.parent), s)
     early = [new[k]["test_loss"] - old[k]["test_loss"] for k in sorted(set(old) & set(new))]
     table[s] = {"seeds_9_17": stats(late), "seeds_0_8": stats(early), "pooled": stats(early + late)}
     f = lambda x: f"{x['mean']:+.4f} ± {x['se']:.4f} ({x['n']}; {x['above']} above 0)"  # noqa: E731
-    rows.append(f"| {s} | {f(table[s]['seeds_9_17'])} | {f(table[s]['seeds_0_8'])} | {f(table[s]['pooled'])} |")
+    cells = " | ".join(f(table[s][k]) for k in ("seeds_9_17", "seeds_0_8", "pooled"))
+    rows.append(f"| {s} | {cells} |")
 md = "\n".join(
-    ["| setting | seeds 9–17, both arms at once | seeds 0–8, against the stored Adam runs | pooled |",
-     "|---|---|---|---|", *rows]
+    [
+        "| setting | seeds 9–17, both arms at once | seeds 0–8, against the stored Adam runs "
+        "| pooled |",
+        "|---|---|---|---|",
+        *rows,
+    ]
 )
 (HERE / "table.md").write_text(md + "\n")
 (HERE / "table.json").write_text(json.dumps(table, indent=2) + "\n")
