@@ -382,3 +382,18 @@ def test_trust_rprop_through_the_drop_in_keeps_lambda_finite_and_its_rises_bound
     lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
     assert bool(torch.isfinite(lam).all()) and float(lam.min()) > 0
     assert float((lam / 1e-3).log().abs().max()) > 0.3  # λ moved
+
+
+def test_the_drop_ins_outer_step_is_trust_rprop_starting_at_outer_lr():
+    """The drop-in's default outer step (per layer, log λ) is TrustRprop with Δ₀ = outer_lr; a
+    smaller outer_lr also lowers Δ_min (a user's 1e-4 is not raised to 0.01 after one step);
+    per element and with projection it stays Adam."""
+    rho = [torch.zeros(2, requires_grad=True)]
+    for kw, first, low in (({}, 0.3, 1e-2), ({"outer_lr": 1e-4}, 1e-4, 1e-4)):
+        opt = LearnedWeightDecay(**kw).outer_optimizer(rho)
+        assert isinstance(opt, TrustRprop)
+        assert opt.defaults["lr"] == first and opt.defaults["step_sizes"][0] == low
+    for kw in ({"granularity": "per_element"}, {"parameterization": "projection"}):
+        cb = LearnedWeightDecay(**kw)
+        made = cb.outer_optimizer(rho) if cb.outer_optimizer is not None else None
+        assert not isinstance(made, TrustRprop)

@@ -611,8 +611,9 @@ def _defaults(
         if per_element and own is not None:  # e.g. ShrunkToLayer's step
             defaults["outer_optimizer"] = own
         elif not per_element and parameterization == "log":
-            lr = kwargs.get("outer_lr", defaults["outer_lr"])
-            defaults["outer_optimizer"] = functools.partial(TrustRprop, lr=lr)
+            lr = kwargs.get("outer_lr", defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen to it
+            sizes = (min(1e-2, lr), max(2.0, lr))
+            defaults["outer_optimizer"] = functools.partial(TrustRprop, lr=lr, step_sizes=sizes)
     fixed = elements.refresh_curvature or {"config", "curvature"} & set(kwargs)
     if per_element and not fixed:
         defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
