@@ -397,3 +397,47 @@ def test_the_drop_ins_outer_step_is_trust_rprop_starting_at_outer_lr():
         cb = LearnedWeightDecay(**kw)
         made = cb.outer_optimizer(rho) if cb.outer_optimizer is not None else None
         assert not isinstance(made, TrustRprop)
+
+
+class _Observing(TrustRprop):
+    """TrustRprop that keeps the η it is told before each hyper step."""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.etas: list[float | None] = []
+
+    def observe(self, remaining_steps, eta):
+        self.etas.append(eta)
+        super().observe(remaining_steps, eta)
+
+
+class _AdamMLP(_MLP):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=3e-3)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_trust_rprops_bound_reads_the_shrink_rate_of_the_decay_it_bounds(decoupled):
+    """Eq. decaytrust bounds the shrink λ causes per training step: coupled decay (λw added to
+    Adam's gradient) shrinks by η_Adam·λ = lr/√v̂·λ, decoupled decay (w ← w(1 − lr·λ)) by lr·λ
+    whatever Adam's gain. The outer step is told η_Adam (≫ lr early in a fit, v̂ small) in the
+    first case and exactly lr in the second."""
+    X, y = _mlp_data()
+    pl.seed_everything(0, verbose=False)
+    cb = LearnedWeightDecay(
+        1e-3, decoupled=decoupled, every_n_steps=2, max_overhead=None,
+        outer_optimizer=_Observing,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(callbacks=[cb], max_epochs=2).fit(
+            _AdamMLP(),
+            DataLoader(TensorDataset(X[:192], y[:192]), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(X[192:], y[192:]), batch_size=64),
+        )
+    etas = cb.sid.outer_optimizer.etas
+    assert len(etas) >= 5 and all(e is not None for e in etas)
+    if decoupled:
+        assert all(e == pytest.approx(3e-3, rel=1e-12) for e in etas)
+    else:
+        assert all(e > 10 * 3e-3 for e in etas)  # Adam's gain lr/√v̂ on small gradients

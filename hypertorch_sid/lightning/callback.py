@@ -657,9 +657,16 @@ class HyperOptimizationCallback(Callback):
         self.sid.config.look_ahead.observe(remaining_steps(trainer), eta)
         observe = getattr(self.sid.outer_optimizer, "observe", None)  # e.g. TrustRprop's
         if callable(observe):
-            observe(remaining_steps(trainer), eta)
+            observe(remaining_steps(trainer), self._outer_step_size(eta))
         self._step_size = None
         self.sid.refresh_damping()
+
+    def _outer_step_size(self, eta: float | None) -> float | None:
+        """The step size an outer optimizer with ``observe`` is told: how far one training step
+        moves the weights per unit of the force the hyperparameters exert (here the training's
+        η; :class:`LearnedWeightDecay` with ``decoupled=True``: the optimizers' lr, since
+        ``w ← w(1 − lr·λ)`` bypasses the optimizer's gain)."""
+        return eta
 
     # ================================================================== logging
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

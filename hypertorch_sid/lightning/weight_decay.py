@@ -406,6 +406,20 @@ class WeightDecayProblem:
             else:
                 e.param.grad.addcmul_(lam, e.param)
 
+    def shrink_step_size(self, eta: float | None) -> float | None:
+        """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
+        gradient, so the training's own η (momentum's and Adam's gain included); decoupled decay
+        multiplies w by 1 − lr·λ, so the lr of the decayed tensors' groups (their mean, by
+        elements), whatever the optimizer's gain. What :class:`TrustRprop`'s bound (eq.
+        decaytrust) reads."""
+        if not self.decoupled or self.decay is None:
+            return eta
+        sizes = [(float(self._group(i).get("lr", 0.0) or 0.0), e.param.numel())
+                 for i, e in enumerate(self.decay.entries)]  # fmt: skip
+        total = sum(n for _, n in sizes)
+        lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
+        return lr if lr > 0 else eta
+
     def _slot_lambdas(self) -> list[float]:
         """λ of each slot as numbers, read again only after the hyperparameters changed (a hyper
         step, a load: every in-place change bumps the tensor's version)."""
@@ -772,6 +786,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if self.invariant.probes and self.invariant_groups is None:
             self._probe_batch = batch
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def _outer_step_size(self, eta: float | None) -> float | None:
+        return self.problem.shrink_step_size(eta)
 
     def _adjust_hypergradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: list[Tensor]
