@@ -13,6 +13,10 @@ linear 256→10; no BatchNorm, so every method trains the same network) is train
                 since the two-component flag rule (identical to ``drop_in`` now; kept so the
                 earlier runs' commands reproduce);
 * ``drop_in_beta09`` the drop-in with the earlier default ``outer_betas=(0.9, 0.999)``;
+* ``drop_in_gce`` the drop-in on GCE's per-sample losses (``reduction="none"`` of ``gce``;
+                the hyper steps' E is then GCE on the clean validation data);
+* ``drop_in_natural`` the drop-in with ``parameterization="natural_sigmoid"``
+                (``NaturalSigmoidWeights``, eq. natsig: each logit stepped along ∂Φ/∂ω);
 * ``oracle``    plain training on the clean-labelled training examples only (labels known);
 * ``ren``       Ren et al. 2018, "Learning to reweight examples": at every step the weights of
                 the batch are the clipped negative gradient of the validation loss after a
@@ -177,14 +181,15 @@ class GCE(Classifier):
     """The generalised cross entropy of Zhang & Sabuncu 2018, ℓ = (1 − p_y^q)/q (q → 0: CE,
     q = 1: MAE), a robust loss a user would try first: no validation data, no extra pass."""
 
-    def __init__(self, lr: float, q: float = 0.7) -> None:
-        super().__init__(lr)
+    def __init__(self, lr: float, q: float = 0.7, reduction: str = "mean") -> None:
+        super().__init__(lr, reduction)
         self.q = q
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
         p_y = F.softmax(self(x), dim=1).gather(1, y[:, None]).squeeze(1)
-        return ((1 - p_y.clamp_min(1e-7) ** self.q) / self.q).mean()
+        losses = (1 - p_y.clamp_min(1e-7) ** self.q) / self.q
+        return losses if self.reduction == "none" else losses.mean()
 
 
 def look_ahead_weighted_loss(
@@ -241,7 +246,10 @@ def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.
 
 #: the methods that run LearnedDataWeights (drop_in_fd / drop_in_fm: directional=
 #: "forward_difference" (the default since it was measured) / "forward_mode")
-DROP_INS = ("drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "drop_in_fm", "per_class")
+DROP_INS = (
+    "drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "drop_in_fm", "drop_in_natural",
+    "drop_in_gce", "per_class",
+)  # fmt: skip
 
 
 def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -262,12 +270,18 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
     elif method == "gce":
         model = GCE(args.lr, args.gce_q)
     elif method in DROP_INS:
-        model = Classifier(args.lr, reduction="none")
+        model = (
+            GCE(args.lr, args.gce_q, reduction="none")
+            if method == "drop_in_gce"
+            else Classifier(args.lr, reduction="none")
+        )
         per = "class" if method == "per_class" else "sample"
         kwargs = dict(args.drop_in_kwargs)
         betas = {"drop_in_beta0": (0.0, 0.999), "drop_in_beta09": (0.9, 0.999)}
         if method in betas:
             kwargs["outer_betas"] = betas[method]
+        if method == "drop_in_natural":  # eq. natsig: the logits stepped along ∂Φ/∂ω
+            kwargs.setdefault("parameterization", "natural_sigmoid")
         if isinstance(kwargs.get("parameterization"), dict):  # JSON: SharedLossWeights' fields
             shared = dict(kwargs["parameterization"])
             shared["basis"] = BASES[shared.get("basis", "hinge")]

@@ -147,6 +147,23 @@ def test_a_shared_loss_term_learns_beside_the_per_sample_weights():
     assert cb.sid.outer_optimizer.param_groups[1]["params"] == [theta]
 
 
+def test_natural_sigmoid_weights_through_the_drop_in():
+    """``parameterization="natural_sigmoid"`` (eq. natsig: the logits stepped along ∂Φ/∂ω): the
+    same ω = σ(x), and on the tiny noisy-label problem the corrupted examples' weights fall below
+    the clean ones' and further than the sigmoid's, whose steps shrink with σ'(x)."""
+    natural, plain = callback(parameterization="natural_sigmoid"), callback()
+    for cb in (natural, plain):
+        fit(cb, 15)
+    w = natural.data_weights()
+    corrupted, clean = w[:NOISY].mean(), w[NOISY:].mean()
+    assert corrupted < clean - 0.2, (float(corrupted), float(clean))
+    assert float(natural.weights.logits.detach()[:NOISY].median()) < float(
+        plain.weights.logits.detach()[:NOISY].median()
+    )
+    precision, recall = precision_recall(natural.flagged())
+    assert precision > 0.7 and recall > 0.85, (precision, recall)
+
+
 def precision_recall(flagged: Tensor) -> tuple[float, float]:
     """Of the flagged examples, the share corrupted; of the corrupted, the share flagged."""
     hits = len(set(flagged.tolist()) & set(range(NOISY)))

@@ -106,6 +106,8 @@ class WeightedRidge:
         r = self.A @ w - self.b
         if self.weights.parameterization.__class__.__name__ == "SigmoidWeights":
             dT = torch.sigmoid(x) * (1 - torch.sigmoid(x))
+        elif self.weights.parameterization.__class__.__name__ == "NaturalSigmoidWeights":
+            dT = torch.ones_like(x)  # eq. natsig: the gradient in ω, ∂f/∂ωᵢ
         else:  # softmax with log Z held fixed: T' = T
             dT = om
         return -(dT * r * (self.A @ u)) / self.n
@@ -130,7 +132,14 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize(
-    ("parameterization", "sparse_grad"), [("sigmoid", False), ("softmax", False), ("sigmoid", True)]
+    ("parameterization", "sparse_grad"),
+    [
+        ("sigmoid", False),
+        ("softmax", False),
+        ("sigmoid", True),
+        ("natural_sigmoid", False),
+        ("natural_sigmoid", True),
+    ],
 )
 def test_weighted_ridge_full_batch_matches_closed_form(parameterization, sparse_grad):
     p = WeightedRidge(parameterization=parameterization, sparse_grad=sparse_grad)
@@ -470,6 +479,36 @@ def test_training_cross_term_is_eq_gradestim_minibatch_cross_term(parameterizati
     moved = torch.nonzero(p.weights.logits.detach() != before).flatten()
     assert set(moved.tolist()) == set(index.tolist())
     assert not cross.step(index, u, None)  # no α (no adjoint solve yet): nothing moves
+
+
+def test_natural_sigmoid_steps_along_the_gradient_in_omega():
+    """NaturalSigmoidWeights (eq. natsig): the same ω as the sigmoid, and the training cross term
+    of each row is the sigmoid's divided by σ'(xᵢ) = ωᵢ(1 − ωᵢ) (float64; the self-normalised
+    loss's closed form −α (uᵢ − ū_ω)/Σω in ω); a row far down (x = −4) still moves by about lr
+    on its first visit, like a row at x = 0."""
+    gen = torch.Generator().manual_seed(5)
+    x0 = torch.tensor([0.0, -4.0, 2.0, -1.0, 0.5], dtype=torch.float64)
+    u = torch.randn(5, generator=gen, dtype=torch.float64)
+    index, alpha = torch.arange(5), 0.7
+    grads = {}
+    for name in ("sigmoid", "natural_sigmoid"):
+        w = SampleWeights(5, name, dtype=torch.float64, sparse_grad=True)
+        with torch.no_grad():
+            w.logits.copy_(x0)
+        assert torch.allclose(w.values(), torch.sigmoid(x0))
+        grads[name] = TrainingCrossTerm(w, LazyAdam([w.logits], lr=1.0), normalize=True)
+        grads[name] = grads[name].gradient(index, u, alpha).to_dense()
+    om = torch.sigmoid(x0)
+    ubar = (om * u).sum() / om.sum()
+    closed = -alpha * (u - ubar) / om.sum()
+    assert torch.allclose(grads["natural_sigmoid"], closed, rtol=1e-12)
+    assert torch.allclose(grads["sigmoid"], closed * om * (1 - om), rtol=1e-12)
+    w = SampleWeights(5, "natural_sigmoid", dtype=torch.float64)
+    with torch.no_grad():
+        w.logits.copy_(x0)
+    opt = LazyAdam([w.logits], lr=1.0, betas=(0.0, 0.999))
+    TrainingCrossTerm(w, opt, normalize=True).step(index, u, alpha)
+    assert torch.allclose((w.logits.detach() - x0).abs(), torch.ones(5, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------------- flag rules

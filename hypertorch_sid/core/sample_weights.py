@@ -209,6 +209,49 @@ class SigmoidWeights(WeightParameterization):
         return "SigmoidWeights()"
 
 
+class _SigmoidInWeightCoordinates(torch.autograd.Function):
+    """ω = σ(x) forward; backward hands ∂Φ/∂ω to x unchanged (no σ'(x) factor)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+        return torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        return grad
+
+
+class NaturalSigmoidWeights(SigmoidWeights):
+    """ωᵢ = σ(xᵢ) as :class:`SigmoidWeights`, stepped along the natural gradient of the logit:
+
+        xᵢ ← xᵢ − lr · Adam(∂Φ/∂ωᵢ),   ∂Φ/∂ωᵢ = (∂Φ/∂xᵢ) / σ'(xᵢ),                (eq. natsig)
+
+    the gradient in ω (the Fisher metric of the Bernoulli σ(x) is σ'(x), so this is x's natural
+    gradient, and the step is mirror descent on ω ∈ (0, 1) with the Bernoulli entropy as mirror
+    map). With the plain sigmoid the hypergradient of a row carries σ'(xᵢ), which falls from ¼
+    at x = 0 to 0.05 at x = −3: a corrupted example's logit slows down as it falls, although its
+    evidence (uᵢ − ū) does not weaken, and with the row's Adam scale dominated by its first,
+    larger hypergradients it stops near ω ≈ 0.1 (docs/data_weights.md, the diagnosis). In ω's
+    coordinates each visit moves the logit by its evidence relative to that row's earlier
+    evidence: steps shrink only where the evidence does (a clean example the network fits).
+
+    The gradient the logits receive (``logits.grad``, any hypergradient through
+    :meth:`SampleWeights.weights`) is therefore ∂Φ/∂ω, not ∂Φ/∂x.
+    """
+
+    def rows(
+        self,
+        x: Tensor,
+        family: SampleWeights,
+        index: Tensor | None = None,
+        losses: Tensor | None = None,
+    ) -> Tensor:
+        return _SigmoidInWeightCoordinates.apply(x)
+
+    def __repr__(self) -> str:
+        return "NaturalSigmoidWeights()"
+
+
 class SoftmaxWeights(WeightParameterization):
     """ωᵢ = n·exp(xᵢ − log Z), log Z = logsumexp(x): weights that average 1 over the data set.
 
@@ -369,6 +412,7 @@ PARAMETERIZATIONS: dict[str, Callable[[], WeightParameterization]] = {
     "sigmoid": SigmoidWeights,
     "softmax": SoftmaxWeights,
     "shared_loss": SharedLossWeights,
+    "natural_sigmoid": NaturalSigmoidWeights,
 }
 
 
