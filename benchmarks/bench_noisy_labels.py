@@ -15,6 +15,12 @@ linear 256→10; no BatchNorm, so every method trains the same network) is train
 * ``drop_in_beta09`` the drop-in with the earlier default ``outer_betas=(0.9, 0.999)``;
 * ``drop_in_gce`` the drop-in on GCE's per-sample losses (``reduction="none"`` of ``gce``;
                 the hyper steps' E is then GCE on the clean validation data);
+* ``drop_in_val_mae`` / ``drop_in_val_gce`` the drop-in whose outer objective E is the expected
+                0-1 error 1 − p_y of the validation data / GCE (q = 0.7) on it, not its cross
+                entropy (``validation_loss=``);
+* ``drop_in_mean_loss`` / ``drop_in_expected_error`` the drop-in with ``objective="mean_loss"``
+                (E = the validation cross entropy) / ``"expected_error"`` (``ExpectedError``,
+                eq. softerr: E = mean 1 − e^{−ℓ} = 1 − p_y, the library's own path);
 * ``drop_in_natural`` the drop-in with ``parameterization="natural_sigmoid"``
                 (``NaturalSigmoidWeights``, eq. natsig: each logit stepped along ∂Φ/∂ω);
 * ``oracle``    plain training on the clean-labelled training examples only (labels known);
@@ -248,8 +254,21 @@ def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.
 #: "forward_difference" (the default since it was measured) / "forward_mode")
 DROP_INS = (
     "drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "drop_in_fm", "drop_in_natural",
-    "drop_in_gce", "per_class",
+    "drop_in_gce", "drop_in_val_mae", "drop_in_val_gce", "drop_in_mean_loss",
+    "drop_in_expected_error", "per_class",
 )  # fmt: skip
+
+
+def soft_error(q: float) -> Any:
+    """E on the clean validation batch as GCE's (1 − p_y^q)/q (q = 1: 1 − p_y, the expected
+    0-1 error of the softmax; q → 0: cross entropy), for ``validation_loss=``."""
+
+    def loss(module: pl.LightningModule, batch: Any) -> Tensor:
+        x, y = batch
+        p_y = F.softmax(module(x), dim=1).gather(1, y[:, None]).squeeze(1)
+        return ((1 - p_y.clamp_min(1e-7) ** q) / q).mean()
+
+    return loss
 
 
 def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -280,6 +299,10 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         betas = {"drop_in_beta0": (0.0, 0.999), "drop_in_beta09": (0.9, 0.999)}
         if method in betas:
             kwargs["outer_betas"] = betas[method]
+        if method in ("drop_in_val_mae", "drop_in_val_gce"):  # the outer objective E
+            kwargs.setdefault("validation_loss", soft_error(1.0 if "mae" in method else 0.7))
+        if method in ("drop_in_mean_loss", "drop_in_expected_error"):  # E (eq. softerr)
+            kwargs.setdefault("objective", method.removeprefix("drop_in_"))
         if method == "drop_in_natural":  # eq. natsig: the logits stepped along ∂Φ/∂ω
             kwargs.setdefault("parameterization", "natural_sigmoid")
         if isinstance(kwargs.get("parameterization"), dict):  # JSON: SharedLossWeights' fields

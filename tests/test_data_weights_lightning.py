@@ -164,6 +164,22 @@ def test_natural_sigmoid_weights_through_the_drop_in():
     assert precision > 0.7 and recall > 0.85, (precision, recall)
 
 
+def test_expected_error_objective_through_the_drop_in():
+    """``objective="expected_error"`` (eq. softerr: E = mean 1 − e^{−ℓ}, the validation
+    predictions' expected 0-1 error for a cross entropy): the tiny noisy-label problem's
+    corrupted examples still fall below the clean ones, and E is what the hyper steps report."""
+    cb = callback(objective="expected_error")
+    fit(cb, 15)
+    w = cb.data_weights()
+    corrupted, clean = w[:NOISY].mean(), w[NOISY:].mean()
+    assert corrupted < clean - 0.2, (float(corrupted), float(clean))
+    precision, recall = precision_recall(cb.flagged())
+    assert precision > 0.7 and recall > 0.85, (precision, recall)
+    assert 0 < cb.history[-1]["hyper/outer_loss"] < 1  # an expected error (E ≤ 1)
+    with pytest.raises(ConfigurationError, match="validation objective"):
+        callback(objective="accuracy")
+
+
 def precision_recall(flagged: Tensor) -> tuple[float, float]:
     """Of the flagged examples, the share corrupted; of the corrupted, the share flagged."""
     hits = len(set(flagged.tolist()) & set(range(NOISY)))

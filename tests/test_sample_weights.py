@@ -26,15 +26,18 @@ from hypertorch_sid import (
 from hypertorch_sid.core.rows import RowSnapshot
 from hypertorch_sid.core.sample_weights import (
     BelowWeight,
+    ExpectedError,
     ForwardDifference,
     ForwardMode,
     Indexed,
     IndexedDataset,
     LazyAdam,
+    MeanLoss,
     SampleWeights,
     SharedLossWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
+    as_validation_objective,
     class_weights,
     directional_losses,
     split_indexed,
@@ -509,6 +512,62 @@ def test_natural_sigmoid_steps_along_the_gradient_in_omega():
     opt = LazyAdam([w.logits], lr=1.0, betas=(0.0, 0.999))
     TrainingCrossTerm(w, opt, normalize=True).step(index, u, alpha)
     assert torch.allclose((w.logits.detach() - x0).abs(), torch.ones(5, dtype=torch.float64))
+
+
+def test_expected_error_is_one_minus_p_y_of_the_cross_entropy_and_its_gradient():
+    """ExpectedError (eq. softerr) of cross-entropy losses: at q = 1 the mean of 1 − p_y, at q
+    the mean GCE (1 − p_y^q)/q, q → 0 the mean loss; its gradient weights each ∇ℓⱼ by p_y^q
+    (float64, closed forms)."""
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(7, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 4, (7,), generator=gen)
+    losses = F.cross_entropy(z, y, reduction="none")
+    p_y = F.softmax(z, 1).gather(1, y[:, None]).squeeze(1)
+    assert torch.allclose(ExpectedError()(losses), (1 - p_y).mean(), rtol=1e-14)
+    assert torch.allclose(ExpectedError(0.7)(losses), ((1 - p_y**0.7) / 0.7).mean(), rtol=1e-12)
+    assert torch.allclose(ExpectedError(1e-9)(losses), MeanLoss()(losses), rtol=1e-6)
+    (g,) = torch.autograd.grad(ExpectedError(0.5)(losses), z, retain_graph=True)
+    (g_ce,) = torch.autograd.grad((p_y.detach() ** 0.5 * losses).mean(), z)
+    assert torch.allclose(g, g_ce, rtol=1e-12)
+    assert isinstance(as_validation_objective("expected_error"), ExpectedError)
+    assert isinstance(as_validation_objective("mean_loss"), MeanLoss)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ConfigurationError, match="q must be a number > 0"):
+            ExpectedError(bad)
+    with pytest.raises(ConfigurationError, match="'mean_loss', 'expected_error'"):
+        as_validation_objective("accuracy")
+    with pytest.raises(ConfigurationError, match="negative one.*objective='mean_loss'"):
+        ExpectedError()(torch.tensor([0.3, -0.2]))
+
+
+def test_weighted_ridge_hypergradient_under_the_expected_error_matches_closed_form():
+    """The weighted ridge with E = mean (1 − e^{−ℓⱼ}) of its validation residuals ℓⱼ = ½rⱼ²:
+    ∇E(w*) = Σⱼ e^{−ℓⱼ} rⱼ aⱼ / m in the closed form of the per-sample hypergradient (float64,
+    full batch)."""
+    p = WeightedRidge()
+    objective = ExpectedError()
+    p.outer_loss = lambda batch: objective(0.5 * (batch[0] @ p.w - batch[1]) ** 2)
+    hopt = p.sid(
+        inner_steps=600, adjoint_steps=600, step_size="constant", eta=1.0,
+        batches=Batches(inner="full", adjoint="full", d2="full"),
+    )  # fmt: skip
+    g = hopt.hypergradient([p.full()], (p.Av, p.bv))[0]
+    x = p.weights.logits.detach()
+    w = p.w_star()
+    rv = p.Av @ w - p.bv
+    grad_E = p.Av.T @ (torch.exp(-0.5 * rv**2) * rv) / p.Av.shape[0]
+    r = p.A @ w - p.b
+    exact = (
+        -(
+            torch.sigmoid(x)
+            * (1 - torch.sigmoid(x))
+            * r
+            * (p.A @ torch.linalg.solve(p.hessian(), grad_E))
+        )
+        / p.n
+    )
+    assert rel(g, exact) < 1e-7
+    assert rel(g, p.exact()) > 1e-2  # not the mean loss's
 
 
 # ---------------------------------------------------------------------- flag rules

@@ -67,7 +67,9 @@ from ..core.sample_weights import (
     SampleWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
+    ValidationObjective,
     WeightParameterization,
+    as_validation_objective,
     as_weight_parameterization,
     check_per_sample,
     split_indexed,
@@ -156,6 +158,7 @@ class DataWeightsProblem:
         normalize: bool = True,
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+        objective: str | ValidationObjective = "mean_loss",
     ) -> None:
         if per not in ("sample", "class"):
             raise ConfigurationError(
@@ -178,6 +181,8 @@ class DataWeightsProblem:
         self.normalize = normalize
         self.target = target or _default_target
         self.validation_loss = validation_loss
+        #: E from the validation batch's per-sample losses (refused now, not at the fit)
+        self.objective = as_validation_objective(objective)
         #: the learned weights (built at the first fit's start; kept across fits)
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
@@ -280,7 +285,8 @@ class DataWeightsProblem:
         return _weighted(out, index, self.weights, self.normalize)
 
     def validation(self, module: pl.LightningModule, batch: Any) -> Tensor:
-        """E: the mean per-sample loss on a validation batch."""
+        """E: ``objective`` of the per-sample losses on a validation batch (their mean by
+        default; :class:`ExpectedError`: eq. softerr)."""
         data = batch.data if isinstance(batch, Indexed) else batch
         if self.validation_loss is not None:
             out = self.validation_loss(module, data)
@@ -293,7 +299,7 @@ class DataWeightsProblem:
                 f"LearnedDataWeights: the validation loss must be a tensor, got "
                 f"{type(out).__name__}."
             )
-        return out.mean()
+        return self.objective(out)
 
     # ------------------------------------------------------------------ the training's loss
     def _wrap(self, module: pl.LightningModule) -> None:
@@ -407,6 +413,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: E (default: ``training_step``'s per-sample
         losses on the validation batch, averaged).
+    objective:
+        E from the per-sample validation losses: ``"mean_loss"`` (:class:`MeanLoss`, their
+        mean, default) or ``"expected_error"`` / :class:`ExpectedError` (``q``; eq. softerr:
+        mean (1 − e^{−qℓ})/q, with the cross entropy the validation predictions' expected 0-1
+        error at q = 1), or any :class:`ValidationObjective`.
     cross_term:
         ``"training"`` (default): every training batch's rows also get their hypergradient, from
         the last hyper step's v by one extra forward (``_training_cross_term``, ``directional``);
@@ -467,6 +478,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         normalize: bool = True,
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+        objective: str | ValidationObjective = "mean_loss",
         cross_term: Literal["training", "hyper_step"] = "training",
         directional: str | DirectionalDerivative = "forward_difference",
         row_scale: bool | Literal["batch"] = True,
@@ -508,7 +520,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
         # class every row is read at every step, so each step moves it by ~0.02
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
         problem = DataWeightsProblem(
-            per, num_classes, parameterization, initial, normalize, target, validation_loss
+            per,
+            num_classes,
+            parameterization,
+            initial,
+            normalize,
+            target,
+            validation_loss,
+            objective,
         )
         self._own_outer = kwargs.get("outer_optimizer") is None
         if self._own_outer:
