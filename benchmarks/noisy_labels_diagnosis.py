@@ -4,7 +4,8 @@ For each data set, noise and seed (the clipped recipe of ``bench_noisy_labels.py
 process:
 
 * ``plain`` and ``oracle`` (as in the benchmark);
-* ``drop_in``: the default ``LearnedDataWeights()``, instrumented: every visit of a row by the
+* ``drop_in``: ``LearnedDataWeights(objective="mean_loss")`` (the default when this ran; E = the
+  validation cross entropy), instrumented: every visit of a row by the
   training batches' cross term (step, index, uᵢ, its batch's ω-weighted mean ū, the hypergradient
   gᵢ, the logit before and after, the row's Adam scale), and after every epoch each training
   example's probability of its (noisy) label and whether the network predicts it;
@@ -186,7 +187,7 @@ def run_seed(d: dict[str, Any], args: Any, seed: int) -> dict[str, Any]:
     rec.install()
     try:
         model = bench.Classifier(args.lr, reduction="none")
-        cb = bench.LearnedDataWeights(seed=seed)
+        cb = bench.LearnedDataWeights(seed=seed, objective=args.objective)
         steps = Steps(rec, d)
         data = IndexedDataset(TensorDataset(d["X"], d["y_noisy"]))
         out["drop_in"], out["drop_in_cpu"] = fit(model, data, d, args, seed, [cb, steps], True)
@@ -219,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--analyse", type=Path, nargs="*")
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument(
+        "--objective", default="mean_loss",
+        help="the drop-in's objective= (mean_loss: the default when the diagnosis ran)",
+    )  # fmt: skip
+    p.add_argument(
         "--pairs", type=Path, nargs="*",
         help="which (true → noisy) class pairs the corrupted rows with ω ≥ 0.25 come from",
     )  # fmt: skip
@@ -232,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
             pairs(read_json(path))
         return
     args = bench.parse(["--epochs", str(a.epochs), "--clip", "1"])
+    args.objective = a.objective
     torch.set_num_threads(1)
     result: dict[str, Any] = {"command": " ".join(sys.argv), "settings": {}}
     for ds in a.datasets:

@@ -22,7 +22,8 @@ the user's ``training_step`` and returns the weighted loss ℓ̂ = Σᵢ ωᵢ�
 (self-normalised: with equal weights this is the plain mean loss, so the training starts as the
 user's own). The validation loader stays as it is: its batches give the outer objective
 E = mean loss on validation data (the same ``training_step`` on validation batches, logging
-muted, unless ``validation_loss=`` is given).
+muted, unless ``validation_loss=`` is given; ``objective="expected_error"`` for the validation
+predictions' expected error).
 
 The weights ωᵢ = σ(xᵢ) (or n·softmax(x)) are a core
 :class:`~hypertorch_sid.core.sample_weights.SampleWeights`, tuned by SID through the
@@ -414,10 +415,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ``validation_loss(module, batch) -> tensor``: E (default: ``training_step``'s per-sample
         losses on the validation batch, averaged).
     objective:
-        E from the per-sample validation losses: ``"mean_loss"`` (:class:`MeanLoss`, their
-        mean, default) or ``"expected_error"`` / :class:`ExpectedError` (``q``; eq. softerr:
-        mean (1 − e^{−qℓ})/q, with the cross entropy the validation predictions' expected 0-1
-        error at q = 1), or any :class:`ValidationObjective`.
+        E from the per-sample validation losses: ``"mean_loss"`` (:class:`MeanLoss`, their mean,
+        default) or ``"expected_error"`` / :class:`ExpectedError` (eq. softerr: mean
+        (1 − e^{−qℓ})/q, q = 1: with the cross entropy the validation predictions' expected 0-1
+        error 1 − p_y, so the validation examples the network gets badly wrong do not decide
+        which training labels look helpful; a negative loss is refused), or any
+        :class:`ValidationObjective`. ``"expected_error"`` gained +0.8 / +1.0 / +0.8 / +1.0 points
+        of test accuracy on the noisy-label CNNs (MNIST / Fashion-MNIST × symmetric / pair-flip,
+        9 held-out seeds) but lost 2.0 ± 0.8 on the 20 Newsgroups MLP (6 seeds), so it is not
+        the default (docs/data_weights.md).
     cross_term:
         ``"training"`` (default): every training batch's rows also get their hypergradient, from
         the last hyper step's v by one extra forward (``_training_cross_term``, ``directional``);

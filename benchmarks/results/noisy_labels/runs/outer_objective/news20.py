@@ -5,7 +5,7 @@ entropy, the default until this version) and objective="expected_error" (Expecte
 softerr), back to back per seed in one process.
 
 PYTHONPATH=$PWD OMP_NUM_THREADS=1 python \
-    benchmarks/results/noisy_labels/runs/outer_objective/news20.py
+    benchmarks/results/noisy_labels/runs/outer_objective/news20.py [seeds; default 0 1 2]
 """
 
 import json
@@ -26,7 +26,9 @@ from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 torch.set_num_threads(1)
 X, y, X_test, y_test = load(REPO.parent / "shared" / "data")
 out: dict = {"command": " ".join(sys.argv), "runs": {}}
-for seed in (0, 1, 2):
+SEEDS = [int(a) for a in sys.argv[1:]] or [0, 1, 2]  # e.g. news20.py 3 4 5
+NAME = "news20.json" if SEEDS == [0, 1, 2] else f"news20_seeds{''.join(map(str, SEEDS))}.json"
+for seed in SEEDS:
     gen = np.random.default_rng(seed)  # the check's own split and noise
     perm = gen.permutation(len(y))
     tr, va = perm[: len(y) // 2], perm[len(y) // 2 : len(y) // 2 + 500]
@@ -49,4 +51,4 @@ for seed in (0, 1, 2):
         runs[name]["recall"] = len(flagged & bad) / len(bad)
     out["runs"][seed] = runs
     print(seed, json.dumps(runs), flush=True)
-    (Path(__file__).parent / "news20.json").write_text(json.dumps(out, indent=1))
+    (Path(__file__).parent / NAME).write_text(json.dumps(out, indent=1))

@@ -101,6 +101,33 @@ for ds in ("mnist", "fashion"):
                 f"| {pr[BASE][0]:.2f} / {pr[BASE][1]:.2f}; {pr[ARM][0]:.2f} / {pr[ARM][1]:.2f} "
                 f"| {shares} |"
             )
+news = {}
+for name in ("news20.json", "news20_seeds345.json"):
+    if (HERE / name).exists():
+        news.update(json.loads((HERE / name).read_text())["runs"])
+if news:
+    seeds = sorted(news, key=int)
+    acc = {
+        m: [100 * news[s][m]["acc"] for s in seeds]
+        for m in ("plain", "mean_loss", "expected_error")
+    }
+    cpu = {m: sum(news[s][m]["cpu"] for s in seeds) for m in acc}
+    diff = [b - a for a, b in zip(acc["mean_loss"], acc["expected_error"])]
+    pr = {
+        m: (st.mean(news[s][m]["precision"] for s in seeds),
+            st.mean(news[s][m]["recall"] for s in seeds))
+        for m in ("mean_loss", "expected_error")
+    }  # fmt: skip
+    rows.append(
+        f"| 20news symmetric 40 % (MLP, Adam) | {seeds[0]}–{seeds[-1]} "
+        f"| {st.mean(acc['plain']):.1f} | – "
+        f"| {st.mean(acc['mean_loss']):.1f} | {st.mean(acc['expected_error']):.1f} | – | – "
+        f"| {mean_se(diff)} ({', '.join(f'{d:+.1f}' for d in diff)}; "
+        f"{sum(d > 0 for d in diff)} of {len(diff)} up) "
+        f"| {cpu['mean_loss'] / cpu['plain']:.2f} / {cpu['expected_error'] / cpu['plain']:.2f} "
+        f"| {pr['mean_loss'][0]:.2f} / {pr['mean_loss'][1]:.2f}; "
+        f"{pr['expected_error'][0]:.2f} / {pr['expected_error'][1]:.2f} | – |"
+    )
 text = (
     "# The outer objective: `ExpectedError` (eq. softerr) against the mean validation loss\n\n"
     "Test accuracy (%, mean over the seeds; clipped recipe, 12 epochs); plain, "
