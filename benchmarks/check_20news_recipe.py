@@ -18,6 +18,7 @@ benchmarks/results/check_20news/check_20news.json)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -130,6 +131,12 @@ def look_aheads(spec: str | None) -> dict[str, dict[str, Any]]:
     return out
 
 
+def adam_arm(wanted: bool) -> dict[str, dict[str, Any]]:
+    """``--adam-arm``: the drop-in with the outer step it had before ``TrustRprop``."""
+    adam = functools.partial(torch.optim.Adam, lr=0.3)
+    return {"learned_adam": {"outer_optimizer": adam}} if wanted else {}
+
+
 def weight_decay_check(
     data: tuple[Tensor, ...], seed: int, variants: dict[str, dict[str, Any]] | None = None,
     searches: bool = True,
@@ -214,12 +221,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--no-searches", action="store_true", help="weight decay: no grid, no run without budget"
     )
+    p.add_argument(
+        "--adam-arm", action="store_true",
+        help="weight decay: also the previous default outer step, Adam(lr=0.3) on log λ",
+    )  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     data = load(args.data_root)
     checks = {
         "weight_decay": lambda d, s: weight_decay_check(
-            d, s, look_aheads(args.look_aheads), not args.no_searches
+            d, s, {**look_aheads(args.look_aheads), **adam_arm(args.adam_arm)}, not args.no_searches
         ),
         "data_weights": data_weights_check,
     }
