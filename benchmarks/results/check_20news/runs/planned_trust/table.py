@@ -1,5 +1,6 @@
-"""20 Newsgroups recipe, weight-decay check: the defaults of main at 1eefc9f (PlannedBudget, TrustRprop) against the previous outer
-step (Adam lr 0.3, same run: ``learned_adam``), no weight decay, the grid's pick, the default
+"""20 Newsgroups recipe, weight-decay check: the defaults of main at 1eefc9f (PlannedBudget,
+TrustRprop) against the previous outer step (Adam lr 0.3, same run: ``learned_adam``), no
+weight decay, the grid's pick, the default
 without budget, and the stored old-default runs (``learned`` of ../../check_20news.json, seeds
 0-2, and of ../../look_ahead_planned_trajectory.json, seeds 0-8). Held-out test loss, paired by
 seed. Writes table.md and table.json next to this file.
