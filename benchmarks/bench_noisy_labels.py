@@ -84,6 +84,7 @@ sys.path.insert(0, str(REPO))
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 from hypertorch_sid.core.sample_weights import (  # noqa: E402
+    ExpectedError,
     ForwardDifference,
     SharedLossWeights,
     biased_hinge_basis,
@@ -302,7 +303,9 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         if method in ("drop_in_val_mae", "drop_in_val_gce"):  # the outer objective E
             kwargs.setdefault("validation_loss", soft_error(1.0 if "mae" in method else 0.7))
         if method in ("drop_in_mean_loss", "drop_in_expected_error"):  # E (eq. softerr)
-            kwargs.setdefault("objective", method.removeprefix("drop_in_"))
+            kwargs["objective"] = method.removeprefix("drop_in_")
+        if isinstance(kwargs.get("objective"), dict):  # JSON: ExpectedError's fields
+            kwargs["objective"] = ExpectedError(**kwargs["objective"])
         if method == "drop_in_natural":  # eq. natsig: the logits stepped along ∂Φ/∂ω
             kwargs.setdefault("parameterization", "natural_sigmoid")
         if isinstance(kwargs.get("parameterization"), dict):  # JSON: SharedLossWeights' fields

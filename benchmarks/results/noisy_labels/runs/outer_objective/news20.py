@@ -22,12 +22,19 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from check_20news_recipe import Net, fit, load, scores  # noqa: E402
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+from hypertorch_sid.core.sample_weights import ExpectedError  # noqa: E402
 
 torch.set_num_threads(1)
 X, y, X_test, y_test = load(REPO.parent / "shared" / "data")
 out: dict = {"command": " ".join(sys.argv), "runs": {}}
-SEEDS = [int(a) for a in sys.argv[1:]] or [0, 1, 2]  # e.g. news20.py 3 4 5
+# e.g. news20.py 3 4 5; news20.py q=0.5 0 1 2 3 4 5 (ExpectedError(q=0.5) only)
+Q = [float(a[2:]) for a in sys.argv[1:] if a.startswith("q=")]
+SEEDS = [int(a) for a in sys.argv[1:] if not a.startswith("q=")] or [0, 1, 2]
 NAME = "news20.json" if SEEDS == [0, 1, 2] else f"news20_seeds{''.join(map(str, SEEDS))}.json"
+ARMS = (("mean_loss", "mean_loss"), ("expected_error", "expected_error"))
+if Q:
+    NAME = NAME.replace(".json", f"_q{Q[0]:g}.json")
+    ARMS = ((f"expected_error_q{Q[0]:g}", ExpectedError(Q[0])),)
 for seed in SEEDS:
     gen = np.random.default_rng(seed)  # the check's own split and noise
     perm = gen.permutation(len(y))
@@ -41,7 +48,7 @@ for seed in SEEDS:
     model = Net()
     cpu = fit(model, train, val, 15, [])
     runs["plain"] = {**scores(model, X_test, y_test), "cpu": cpu}
-    for name, objective in (("mean_loss", "mean_loss"), ("expected_error", "expected_error")):
+    for name, objective in ARMS:
         pl.seed_everything(seed, verbose=False)
         cb, model = LearnedDataWeights(objective=objective), Net(per_sample=True)
         cpu = fit(model, IndexedDataset(train), val, 15, [cb])
