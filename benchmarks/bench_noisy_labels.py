@@ -302,6 +302,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             kwargs["outer_betas"] = betas[method]
         if method in ("drop_in_val_mae", "drop_in_val_gce"):  # the outer objective E
             kwargs.setdefault("validation_loss", soft_error(1.0 if "mae" in method else 0.7))
+            kwargs.setdefault("objective", "mean_loss")  # E is that scalar itself, as screened
         if method in ("drop_in_mean_loss", "drop_in_expected_error"):  # E (eq. softerr)
             kwargs["objective"] = method.removeprefix("drop_in_")
         if isinstance(kwargs.get("objective"), dict):  # JSON: ExpectedError's fields
