@@ -180,6 +180,26 @@ def test_expected_error_objective_through_the_drop_in():
         callback(objective="accuracy")
 
 
+def test_a_scalar_validation_loss_is_the_outer_objective_as_given():
+    """The default objective (ExpectedError(q=0.5)) turns per-sample validation losses into E; a
+    user's ``validation_loss`` returning one number (here the validation accuracy's complement
+    from a soft count) is E itself: the hyper steps report exactly that number, not
+    (1 − e^{−0.5E})/0.5 of it."""
+    seen: list[float] = []
+
+    def soft_error(module: pl.LightningModule, batch: Any) -> Tensor:
+        x, y = batch
+        p = module.net(x).softmax(1).gather(1, y[:, None]).squeeze(1)
+        e = (1 - p).mean()
+        seen.append(float(e))
+        return e
+
+    cb = callback(validation_loss=soft_error)
+    fit(cb, 3)
+    assert seen and cb.history
+    assert cb.history[-1]["hyper/outer_loss"] == pytest.approx(seen[-1], rel=1e-6)
+
+
 def precision_recall(flagged: Tensor) -> tuple[float, float]:
     """Of the flagged examples, the share corrupted; of the corrupted, the share flagged."""
     hits = len(set(flagged.tolist()) & set(range(NOISY)))

@@ -291,7 +291,9 @@ class DataWeightsProblem:
 
     def validation(self, module: pl.LightningModule, batch: Any) -> Tensor:
         """E: ``objective`` of the per-sample losses on a validation batch
-        (:class:`ExpectedError` ``(q=0.5)`` by default: eq. softerr; :class:`MeanLoss`: mean)."""
+        (:class:`ExpectedError` ``(q=0.5)`` by default: eq. softerr; :class:`MeanLoss`: mean). A
+        scalar from the user's ``validation_loss`` is E itself: the objective needs per-sample
+        losses, and transforming a mean would only rescale its gradient."""
         data = batch.data if isinstance(batch, Indexed) else batch
         if self.validation_loss is not None:
             out = self.validation_loss(module, data)
@@ -304,6 +306,8 @@ class DataWeightsProblem:
                 f"LearnedDataWeights: the validation loss must be a tensor, got "
                 f"{type(out).__name__}."
             )
+        if self.validation_loss is not None and out.dim() == 0:
+            return out
         return self.objective(out)
 
     # ------------------------------------------------------------------ the training's loss
@@ -417,7 +421,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``).
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: the validation losses that ``objective``
-        turns into E (default: ``training_step``'s per-sample losses on the validation batch).
+        turns into E (default: ``training_step``'s per-sample losses on the validation batch); a
+        scalar it returns is E as it is, whatever ``objective``.
     objective:
         E from the per-sample validation losses. Default :class:`ExpectedError` ``(q=0.5)``
         (eq. softerr: mean (1 − e^{−qℓ})/q, with the cross entropy 2(1 − √p_y): each validation
