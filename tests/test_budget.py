@@ -102,7 +102,7 @@ def test_a_dearer_hyper_step_delays_the_next_ones():
 def test_no_budget_and_bad_values():
     assert isinstance(make_budget(None), NoBudget) and NoBudget().allows()
     assert math.isnan(NoBudget().overhead)
-    assert make_budget(0.3).max_overhead == 0.3 and isinstance(make_budget(0.3), PlannedBudget)
+    assert make_budget(0.3).max_overhead == 0.3 and isinstance(make_budget(0.3), OverheadBudget)
     custom = OverheadBudget(1.0)
     assert make_budget(custom) is custom
     for bad in (0, -0.5, float("nan"), "0.5", True):
@@ -325,7 +325,7 @@ def test_the_drop_in_has_a_budget_by_default_and_the_general_callback_none():
     from hypertorch_sid import HyperOptimizationCallback
 
     assert LearnedWeightDecay().budget.max_overhead == 0.5
-    assert isinstance(LearnedWeightDecay().budget, PlannedBudget)  # planned over the fit's length
+    assert isinstance(LearnedWeightDecay().budget, OverheadBudget)  # PlannedBudget: an option
     for elements in ("tied", "untied", "shrunk"):
         per_element = LearnedWeightDecay(granularity="per_element", elements=elements)
         assert isinstance(per_element.budget, NoBudget)

@@ -577,10 +577,11 @@ def check_budget_state(state: object) -> None:
 
 def make_budget(max_overhead: float | None | Budget) -> Budget:
     """``max_overhead`` as a :class:`Budget`: None → :class:`NoBudget`, a number →
-    :class:`PlannedBudget` (eq. budgetplan; ``OverheadBudget(0.5)`` pays a dear hyper step back
-    before the next one runs instead), a Budget as it is."""
+    :class:`OverheadBudget` (a dear hyper step is paid back before the next one runs;
+    ``PlannedBudget(0.5)``, eq. budgetplan, shares it among the hyper steps still due instead), a
+    Budget as it is."""
     if max_overhead is None:
         return NoBudget()
     if isinstance(max_overhead, Budget):
         return max_overhead
-    return PlannedBudget(max_overhead)
+    return OverheadBudget(max_overhead)

@@ -122,12 +122,11 @@ class HyperOptimizationCallback(Callback):
         runs (CPU time where it trains on the CPU, wall time on an accelerator); a due hyper step
         waits until the budget covers its fewest products, and each piece of it (Lanczos
         iterations, adjoint steps, a curvature refresh, a retry) is cut to what the fit can
-        still pay back (logged as ``hyper/overhead``). A number is a
-        :class:`~hypertorch_sid.core.budget.PlannedBudget`: what a fit of known length can still
-        spend is shared evenly among the hyper steps still due, a dear one (the first, with its
-        curvature estimate) taken from all their shares;
-        ``max_overhead=OverheadBudget(0.5)`` pays it back before the next one runs instead
-        (:class:`~hypertorch_sid.core.budget.OverheadBudget`, the default until this version).
+        still pay back (:class:`~hypertorch_sid.core.budget.OverheadBudget`; logged as
+        ``hyper/overhead``). ``max_overhead=PlannedBudget(0.5)`` (an option) shares what a fit of
+        known length can still spend evenly among the hyper steps still due, a dear one (the
+        first, with its curvature estimate) taken from all their shares instead of paid back
+        before the next one runs (:class:`~hypertorch_sid.core.budget.PlannedBudget`).
         Counted as overhead: the hyper steps (their batches, curvature estimates, retries) and
         the callback's work around them; the accounting is kept in checkpoints.
         ``None`` (default; :class:`~hypertorch_sid.LearnedWeightDecay`'s is 0.5): every due
