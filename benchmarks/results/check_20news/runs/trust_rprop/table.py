@@ -4,15 +4,18 @@ without budget, and the stored old-default runs (``learned`` of ../../check_20ne
 0-2, and of ../../look_ahead_planned_trajectory.json, seeds 0-8). Held-out test loss, paired by
 seed. Writes table.md and table.json next to this file.
 
-    python benchmarks/results/check_20news/runs/trust_rprop/table.py
+    python benchmarks/results/check_20news/runs/trust_rprop/table.py [FOLDER]
+
+(FOLDER: another run folder of the same layout, e.g. ../planned_trust; default this one.)
 """
 
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parent
 STORED = HERE.parents[1]
 
 
