@@ -256,7 +256,7 @@ def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.
 DROP_INS = (
     "drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "drop_in_fm", "drop_in_natural",
     "drop_in_gce", "drop_in_val_mae", "drop_in_val_gce", "drop_in_mean_loss",
-    "drop_in_expected_error", "per_class",
+    "drop_in_expected_error", "per_class", "per_class_mean_loss",
 )  # fmt: skip
 
 
@@ -295,7 +295,7 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             if method == "drop_in_gce"
             else Classifier(args.lr, reduction="none")
         )
-        per = "class" if method == "per_class" else "sample"
+        per = "class" if method.startswith("per_class") else "sample"
         kwargs = dict(args.drop_in_kwargs)
         betas = {"drop_in_beta0": (0.0, 0.999), "drop_in_beta09": (0.9, 0.999)}
         if method in betas:
@@ -305,6 +305,8 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             kwargs.setdefault("objective", "mean_loss")  # E is that scalar itself, as screened
         if method in ("drop_in_mean_loss", "drop_in_expected_error"):  # E (eq. softerr)
             kwargs["objective"] = method.removeprefix("drop_in_")
+        if method == "per_class_mean_loss":  # per class, E = the validation cross entropy
+            kwargs["objective"] = "mean_loss"
         if isinstance(kwargs.get("objective"), dict):  # JSON: ExpectedError's fields
             kwargs["objective"] = ExpectedError(**kwargs["objective"])
         if method == "drop_in_natural":  # eq. natsig: the logits stepped along ∂Φ/∂ω
@@ -632,6 +634,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--trace", action="store_true", help="per-epoch test accuracy and weights")
     p.add_argument("--imbalance", action="store_true", help="add the imbalanced-classes example")
+    p.add_argument(
+        "--imbalance-methods", nargs="+", default=["plain", "inverse_freq", "per_class", "drop_in"],
+        help="the imbalance example's methods (also per_class_mean_loss, drop_in_mean_loss: "
+        'objective="mean_loss", the default before ExpectedError(q=0.5))',
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds)")
     p.add_argument(
         "--out", type=Path,
@@ -692,11 +699,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for ds, kind in settings:
         arrays = cache.setdefault(ds, load(ds, args.data))
         name = f"{ds}_{kind}" if kind == "imbalance" else f"{ds}_{kind}{int(100 * args.rate)}"
-        methods = (
-            ["plain", "inverse_freq", "per_class", "drop_in"]
-            if kind == "imbalance"
-            else args.methods
-        )
+        methods = args.imbalance_methods if kind == "imbalance" else args.methods
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         first_clean = None
         for seed in args.seeds:
