@@ -273,13 +273,24 @@ def write_config(
 
 # ---------------------------------------------------------------------- summarising the runs
 #: the SID solver's defaults (benchmarks/benchopt/solvers/sid.py ``parameters``)
-SID_DEFAULTS = {"regime": "drop_in", "inner_lr": "1.0", "outer_beta1": "default"}
+SID_DEFAULTS = {
+    "regime": "drop_in",
+    "inner_lr": "1.0",
+    "outer_beta1": "default",
+    "outer_objective": "default",
+}
 
 
-def _sid_params(solver_name: str) -> tuple[str, str, str]:
-    """(regime, inner_lr, outer_beta1) of a SID entry, the solver's defaults where not written."""
+def _sid_params(solver_name: str) -> tuple[str, str, str, str]:
+    """(regime, inner_lr, outer_beta1, objective) of a SID entry, the solver's defaults where
+    not written."""
     get = lambda key: (re.search(rf"{key}=([\w.]+)", solver_name) or [0, SID_DEFAULTS[key]])[1]  # noqa: E731
-    return get("regime"), str(float(get("inner_lr"))), sid_beta1(get("outer_beta1"))
+    return (
+        get("regime"),
+        str(float(get("inner_lr"))),
+        sid_beta1(get("outer_beta1")),
+        get("outer_objective"),
+    )
 
 
 def sid_beta1(value: str) -> str:
@@ -287,21 +298,26 @@ def sid_beta1(value: str) -> str:
     return value if value == "default" else str(float(value))
 
 
-def sid_label(regime: str, inner_lr: str, beta1: str = "default") -> str:
+def sid_label(
+    regime: str, inner_lr: str, beta1: str = "default", objective: str = "default"
+) -> str:
     """'SID (defaults)': the drop-in's regime and defaults (``LearnedDataWeights``);
     'SID (Algorithm 1, SIDConfig())': one ``SIDHyperOptimizer.step`` per hyper step; the
     training's initial SGD step (a user's choice, one value for every p; 1.0 by default) is
-    written where not 1.0, and the outer ``LazyAdam``'s β₁ where not the drop-in's."""
+    written where not 1.0, the outer ``LazyAdam``'s β₁ where not the drop-in's, and the outer
+    objective E where not the drop-in's (``mean_loss``: the benchmark's own f)."""
     name = "defaults" if regime == "drop_in" else "Algorithm 1, SIDConfig()"
     lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 1.0 else ""
     b1 = f", outer β₁={float(beta1):g}" if beta1 != "default" else ""
-    return f"SID ({name}{lr}{b1})"
+    obj = f", E={objective}" if objective != "default" else ""
+    return f"SID ({name}{lr}{b1}{obj})"
 
 
-def sid_file(regime: str, inner_lr: str, beta1: str, p, seed: int) -> str:
+def sid_file(regime: str, inner_lr: str, beta1: str, objective: str, p, seed: int) -> str:
     """The name of the solver's ``SID_BENCH_OUT`` file (its ``tag``)."""
     b1 = "" if beta1 == "default" else f"_b1{beta1}"
-    return f"sid_{regime}_lr{inner_lr}{b1}_p{p}_seed{seed}.npz"
+    obj = "" if objective == "default" else f"_E{objective}"
+    return f"sid_{regime}_lr{inner_lr}{b1}{obj}_p{p}_seed{seed}.npz"
 
 
 def method_of(solver_name: str) -> str:
@@ -554,15 +570,16 @@ def sid_flagging(sid_dir: Path, problems: dict) -> dict:
     out: dict = {}
     for f in sorted(sid_dir.glob("sid_*_p*_seed*.npz")):
         m = re.match(
-            r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)(?:_b1([\d.]+))?_p([\d.]+)_seed(\d+)$",
+            r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)(?:_b1([\d.]+))?(?:_E([a-z_]+))?"
+            r"_p([\d.]+)_seed(\d+)$",
             f.stem,
         )
-        if not m or m.group(4) not in problems:
+        if not m or m.group(5) not in problems:
             continue
-        label = sid_label(m.group(1), m.group(2), m.group(3) or "default")
+        label = sid_label(m.group(1), m.group(2), m.group(3) or "default", m.group(4) or "default")
         weights = 1 / (1 + np.exp(-np.load(f)["logits"]))
-        out.setdefault(m.group(4), {})[f"{label}, seed {m.group(5)}"] = flagging(
-            weights, problems[m.group(4)]["corrupted"]
+        out.setdefault(m.group(5), {})[f"{label}, seed {m.group(6)}"] = flagging(
+            weights, problems[m.group(5)]["corrupted"]
         )
     return out
 

@@ -214,6 +214,11 @@ def test_sid_labels(dc) -> None:
     assert dc.sid_file(*dc._sid_params("SID[random_state=1]"), 0.5, 1) == (
         "sid_drop_in_lr1.0_p0.5_seed1.npz"
     )
+    entry = "SID[outer_objective=mean_loss,random_state=2]"
+    assert dc.method_of(entry) == "SID (defaults, E=mean_loss)"
+    assert (
+        dc.sid_file(*dc._sid_params(entry), 0.7, 2) == "sid_drop_in_lr1.0_Emean_loss_p0.7_seed2.npz"
+    )
     assert dc.method_of("SID[regime=algorithm1,random_state=2]") == (
         "SID (Algorithm 1, SIDConfig())"
     )

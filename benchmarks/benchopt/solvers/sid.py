@@ -59,6 +59,7 @@ with safe_import_context() as import_ctx:
     from hypertorch_sid.core.sample_weights import (
         Indexed,
         LazyAdam,
+        MeanLoss,
         SampleWeights,
         TrainingCrossTerm,
         directional_losses,
@@ -121,6 +122,7 @@ class DropIn:
         # what a user of the drop-in gets (``drop_in_kwargs``: what a user would change)
         drop_in = LearnedDataWeights(normalize=False, **drop_in_kwargs)
         self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
+        self.objective = drop_in.problem.objective  # E of the validation losses (the drop-in's)
         self.z = _linear_weight(z0)
         self.weights = SampleWeights(len(y), sparse_grad=drop_in.sparse_grad_for(world_size=1))
         with torch.no_grad():
@@ -162,9 +164,9 @@ class DropIn:
             + self.reg * (self.z**2).sum()
         )
 
-    def outer_loss(self, batch):  # f: mean CE on validation (f_outer)
+    def outer_loss(self, batch):  # E: the drop-in's objective of the validation CE losses
         X, y = batch
-        return self.losses(self.z, X, y).mean()
+        return self.objective(self.losses(self.z, X, y))
 
     @property
     def samples(self):
@@ -199,6 +201,7 @@ class Algorithm1:
 
     def __init__(self, X, y, Xv, yv, z0, x0, reg, batch_size, inner_lr, seed):
         self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
+        self.objective = MeanLoss()  # f itself (the benchmark's f_outer)
         self.z = _linear_weight(z0)
         self.weights = SampleWeights(len(y), sparse_grad=True)
         with torch.no_grad():
@@ -240,6 +243,7 @@ class Solver(BaseSolver):
         "inner_lr": [1.0],
         "batch_size": [256],
         "outer_beta1": ["default"],
+        "outer_objective": ["default"],
         "random_state": [1],
     }
     requirements = []  # torch and hypertorch_sid come from the project's environment
@@ -251,8 +255,9 @@ class Solver(BaseSolver):
         X_val, y_val = _closure(f_outer, ["X_val", "y_val"])
         self.reg = float(dataset.reg)
         b1 = "" if str(self.outer_beta1) == "default" else f"_b1{self.outer_beta1}"
+        obj = "" if str(self.outer_objective) == "default" else f"_E{self.outer_objective}"
         self.tag = (
-            f"sid_{self.regime}_lr{self.inner_lr}{b1}_p{dataset.ratio}_seed{self.random_state}"
+            f"sid_{self.regime}_lr{self.inner_lr}{b1}{obj}_p{dataset.ratio}_seed{self.random_state}"
         )
         self.n_features, self.n_classes = dataset.n_features, dataset.n_classes
         t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
@@ -269,6 +274,8 @@ class Solver(BaseSolver):
         user = {}  # what a user changes from the drop-in's defaults
         if str(self.outer_beta1) != "default":
             user["outer_betas"] = (float(self.outer_beta1), 0.999)
+        if str(self.outer_objective) != "default":  # 'mean_loss': E = the benchmark's own f
+            user["objective"] = str(self.outer_objective)
         method = REGIMES[self.regime](
             self.X_train, self.y_train, self.X_val, self.y_val, self.z0, self.x0, self.reg,
             self.batch_size, float(self.inner_lr), self.random_state, **user,
