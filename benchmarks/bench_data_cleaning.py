@@ -148,12 +148,16 @@ def error(z, X, y) -> float:
 
 
 def baselines(problem: dict) -> dict:
-    """Test error of the unweighted fit (all wᵢ = 1) and of perfect weights (1 clean, 0 wrong)."""
+    """Test error of the unweighted fit (all wᵢ = 1), of perfect weights (1 clean, 0 wrong) and
+    of perfect weights self-normalised (the data term Σ ωᵢℓᵢ / Σ ωᵢ: not the benchmark's g)."""
     X = problem["X_train"].astype(np.float64)
     out = {}
+    perfect = (~problem["corrupted"]).astype(np.float64)
     for name, w in (
         ("unweighted", np.ones(len(X))),
-        ("perfect weights", (~problem["corrupted"]).astype(np.float64)),
+        ("perfect weights", perfect),
+        # Σ ωᵢℓᵢ / Σ ωᵢ (the drop-in's normalize=True) with the perfect ω: n/n_clean on the clean
+        ("perfect weights, self-normalised", perfect / perfect.mean()),
     ):
         t0 = time.perf_counter()
         z = fit_weighted(X, problem["y_train"], w)
@@ -278,18 +282,20 @@ SID_DEFAULTS = {
     "inner_lr": "1.0",
     "outer_beta1": "default",
     "outer_objective": "default",
+    "normalize": "false",
 }
 
 
-def _sid_params(solver_name: str) -> tuple[str, str, str, str]:
-    """(regime, inner_lr, outer_beta1, objective) of a SID entry, the solver's defaults where
-    not written."""
+def _sid_params(solver_name: str) -> tuple[str, str, str, str, bool]:
+    """(regime, inner_lr, outer_beta1, objective, normalize) of a SID entry, the solver's
+    defaults where not written."""
     get = lambda key: (re.search(rf"{key}=([\w.]+)", solver_name) or [0, SID_DEFAULTS[key]])[1]  # noqa: E731
     return (
         get("regime"),
         str(float(get("inner_lr"))),
         sid_beta1(get("outer_beta1")),
         get("outer_objective"),
+        get("normalize").lower() in ("true", "1"),
     )
 
 
@@ -299,7 +305,11 @@ def sid_beta1(value: str) -> str:
 
 
 def sid_label(
-    regime: str, inner_lr: str, beta1: str = "default", objective: str = "default"
+    regime: str,
+    inner_lr: str,
+    beta1: str = "default",
+    objective: str = "default",
+    normalize: bool = False,
 ) -> str:
     """'SID (defaults)': the drop-in's regime and defaults (``LearnedDataWeights``);
     'SID (Algorithm 1, SIDConfig())': one ``SIDHyperOptimizer.step`` per hyper step; the
@@ -310,14 +320,18 @@ def sid_label(
     lr = f", SGD lr={float(inner_lr):g}" if float(inner_lr) != 1.0 else ""
     b1 = f", outer β₁={float(beta1):g}" if beta1 != "default" else ""
     obj = f", E={objective}" if objective != "default" else ""
-    return f"SID ({name}{lr}{b1}{obj})"
+    norm = ", self-normalised Σωℓ/Σω: not the benchmark's g" if normalize else ""
+    return f"SID ({name}{lr}{b1}{obj}{norm})"
 
 
-def sid_file(regime: str, inner_lr: str, beta1: str, objective: str, p, seed: int) -> str:
+def sid_file(
+    regime: str, inner_lr: str, beta1: str, objective: str, normalize: bool, p, seed: int
+) -> str:
     """The name of the solver's ``SID_BENCH_OUT`` file (its ``tag``)."""
     b1 = "" if beta1 == "default" else f"_b1{beta1}"
     obj = "" if objective == "default" else f"_E{objective}"
-    return f"sid_{regime}_lr{inner_lr}{b1}{obj}_p{p}_seed{seed}.npz"
+    norm = "_norm" if normalize else ""
+    return f"sid_{regime}_lr{inner_lr}{b1}{obj}{norm}_p{p}_seed{seed}.npz"
 
 
 def method_of(solver_name: str) -> str:
@@ -570,16 +584,22 @@ def sid_flagging(sid_dir: Path, problems: dict) -> dict:
     out: dict = {}
     for f in sorted(sid_dir.glob("sid_*_p*_seed*.npz")):
         m = re.match(
-            r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)(?:_b1([\d.]+))?(?:_E([a-z_]+))?"
-            r"_p([\d.]+)_seed(\d+)$",
+            r"sid_([a-z0-9]+(?:_[a-z0-9]+)?)_lr([\d.]+)(?:_b1([\d.]+))?(?:_E([a-z]+_[a-z]+))?"
+            r"(_norm)?_p([\d.]+)_seed(\d+)$",
             f.stem,
         )
-        if not m or m.group(5) not in problems:
+        if not m or m.group(6) not in problems:
             continue
-        label = sid_label(m.group(1), m.group(2), m.group(3) or "default", m.group(4) or "default")
+        label = sid_label(
+            m.group(1),
+            m.group(2),
+            m.group(3) or "default",
+            m.group(4) or "default",
+            bool(m.group(5)),
+        )
         weights = 1 / (1 + np.exp(-np.load(f)["logits"]))
-        out.setdefault(m.group(5), {})[f"{label}, seed {m.group(6)}"] = flagging(
-            weights, problems[m.group(5)]["corrupted"]
+        out.setdefault(m.group(6), {})[f"{label}, seed {m.group(7)}"] = flagging(
+            weights, problems[m.group(6)]["corrupted"]
         )
     return out
 

@@ -14,7 +14,8 @@ iterate's test error, f (validation cross-entropy), E = ExpectedError(q=0.5) on 
 and the mean weight on clean / corrupted examples: does a longer run still move, or has it
 reached its fixed point? ``--srba S``: the same quantities at the point SRBA (the best peer; its
 own JAX solver with its best parameters) reaches in S s of wall time in this process, for
-comparison (``$BENCH_DC_OUT/probe_srba_p<p>.json``).
+comparison (``$BENCH_DC_OUT/probe_srba_p<p>.json``). ``--plot 0.5 0.9`` (with any p, budget): the
+traces as ``$BENCH_DC_OUT/probe_long.png``.
 """
 
 import argparse
@@ -100,6 +101,39 @@ def srba_point(problem: dict, p: float, seconds: float) -> dict:
     return dict(entry=entry, wall_s=seconds, **final(problem, z, w))
 
 
+def plot(ratios: list[float]) -> Path:
+    """``probe_long.png``: test error and f against CPU time for every traced variant, with
+    SRBA's point (``--srba``) and the perfect weights (``baselines.json``) as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = json.loads((dc.OUT.parent / "baselines.json").read_text())
+    fig, axes = plt.subplots(2, len(ratios), figsize=(5 * len(ratios), 7), squeeze=False)
+    for col, p in enumerate(ratios):
+        runs = json.loads((dc.OUT / f"probe_drop_in_p{p}.json").read_text())
+        srba_path = dc.OUT / f"probe_srba_p{p}.json"
+        srba = list(json.loads(srba_path.read_text()).values())[-1] if srba_path.exists() else None
+        for row, (key, name) in enumerate((("test_error", "test error"), ("f", "f (val. CE)"))):
+            ax = axes[row][col]
+            for label, r in runs.items():
+                if "trace" in r:
+                    t = r["trace"]
+                    ax.plot([e["cpu_s"] for e in t], [e[key] for e in t], label=f"SID {label}")
+            if srba:
+                ax.axhline(srba[key], color="k", ls="--", label="SRBA's point")
+            if key == "test_error":
+                perfect = base[str(p)]["perfect weights"]["test_error"]
+                ax.axhline(perfect, color="g", ls=":", label="perfect weights (L-BFGS)")
+            ax.set(title=f"p = {p}", xlabel="CPU s (one thread)", ylabel=name)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = dc.OUT / "probe_long.png"
+    fig.savefig(path, dpi=90)
+    return path
+
+
 def _merge(path: Path, new: dict) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     path.write_text(json.dumps({**old, **new}, indent=1))
@@ -112,7 +146,11 @@ def main(argv=None) -> None:
     ap.add_argument("variants", nargs="*", default=["{}"])
     ap.add_argument("--trace", type=float, default=None, help="record every S CPU seconds")
     ap.add_argument("--srba", type=float, default=None, help="SRBA's point after S s")
+    ap.add_argument("--plot", type=float, nargs="+", help="only plot these ratios' traces")
     args = ap.parse_args(argv)
+    if args.plot:
+        print(plot(args.plot))
+        return
     torch.set_num_threads(1)
     problem = dc.load_problem(dc.BENCH_DIR / "mnist.pkl", args.p)
     dc.OUT.mkdir(parents=True, exist_ok=True)

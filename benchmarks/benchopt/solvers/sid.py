@@ -63,6 +63,7 @@ with safe_import_context() as import_ctx:
         SampleWeights,
         TrainingCrossTerm,
         directional_losses,
+        weighted_loss,
     )
     from hypertorch_sid.lightning.data_weights import MIN_VAL_BATCH, LearnedDataWeights
 
@@ -117,10 +118,14 @@ class DropIn:
         inner_lr,
         seed,
         inner_decay=0.75,
+        normalize=False,
         **drop_in_kwargs,
     ):
-        # what a user of the drop-in gets (``drop_in_kwargs``: what a user would change)
-        drop_in = LearnedDataWeights(normalize=False, **drop_in_kwargs)
+        # what a user of the drop-in gets (``drop_in_kwargs``: what a user would change);
+        # ``normalize=True`` (the drop-in's own default) trains on Σ ωᵢℓᵢ / Σ ωᵢ: not the
+        # benchmark's g, whose (1/n) Σ ωᵢℓᵢ caps the data term's scale at ω = 1
+        drop_in = LearnedDataWeights(normalize=normalize, **drop_in_kwargs)
+        self.normalize = bool(normalize)
         self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
         self.objective = drop_in.problem.objective  # E of the validation losses (the drop-in's)
         self.z = _linear_weight(z0)
@@ -135,7 +140,7 @@ class DropIn:
             self.weights.hyperparameters, [self.z], self.inner_loss, self.outer_loss, outer,
             config=config,
         )  # fmt: skip
-        self.cross = TrainingCrossTerm(self.weights, outer, normalize=False)
+        self.cross = TrainingCrossTerm(self.weights, outer, normalize=self.normalize)
         self.every, self.batch_size = drop_in.every_n_steps, batch_size
         self.start = max(drop_in.start_step, 1)  # the callback's _due: plain steps before
         self.inner = torch.optim.SGD([self.z], lr=inner_lr)
@@ -160,7 +165,7 @@ class DropIn:
     def inner_loss(self, batch):  # g on a minibatch (datasets/mnist.py::f_inner)
         index, (X, y) = batch
         return (
-            self.weights.weighted_mean(self.losses(self.z, X, y), index)
+            self.weights.weighted_mean(self.losses(self.z, X, y), index, self.normalize)
             + self.reg * (self.z**2).sum()
         )
 
@@ -182,7 +187,8 @@ class DropIn:
         if sid.v is not None and sid.alpha is not None:  # the drop-in's training cross term
             u = directional_losses(lambda z: self.losses(z, X, y), [self.z], sid.v)
             self.cross.step(index, u, float(sid.alpha))
-        loss = (omega * self.losses(self.z, X, y)).mean() + self.reg * (self.z**2).sum()
+        loss = weighted_loss(self.losses(self.z, X, y), omega, self.normalize)
+        loss = loss + self.reg * (self.z**2).sum()
         self.inner.zero_grad(set_to_none=True)
         loss.backward()
         self.inner.step()
@@ -202,6 +208,7 @@ class Algorithm1:
     def __init__(self, X, y, Xv, yv, z0, x0, reg, batch_size, inner_lr, seed):
         self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
         self.objective = MeanLoss()  # f itself (the benchmark's f_outer)
+        self.normalize = False  # g itself (the benchmark's f_inner)
         self.z = _linear_weight(z0)
         self.weights = SampleWeights(len(y), sparse_grad=True)
         with torch.no_grad():
@@ -244,6 +251,7 @@ class Solver(BaseSolver):
         "batch_size": [256],
         "outer_beta1": ["default"],
         "outer_objective": ["default"],
+        "normalize": ["false"],
         "random_state": [1],
     }
     requirements = []  # torch and hypertorch_sid come from the project's environment
@@ -269,6 +277,10 @@ class Solver(BaseSolver):
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.inner_var, self.outer_var = inner_var0, outer_var0
 
+    @property
+    def _normalize(self) -> bool:
+        return str(self.normalize).lower() in ("true", "1")
+
     def run(self, callback):
         torch.manual_seed(self.random_state)
         user = {}  # what a user changes from the drop-in's defaults
@@ -276,6 +288,8 @@ class Solver(BaseSolver):
             user["outer_betas"] = (float(self.outer_beta1), 0.999)
         if str(self.outer_objective) != "default":  # 'mean_loss': E = the benchmark's own f
             user["objective"] = str(self.outer_objective)
+        if self._normalize:  # Σ ωᵢℓᵢ / Σ ωᵢ: the drop-in's default, NOT the benchmark's g
+            user["normalize"] = True
         method = REGIMES[self.regime](
             self.X_train, self.y_train, self.X_val, self.y_val, self.z0, self.x0, self.reg,
             self.batch_size, float(self.inner_lr), self.random_state, **user,
