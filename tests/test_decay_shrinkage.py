@@ -26,6 +26,7 @@ from hypertorch_sid import (
     ShrinkageStep,
     ShrunkToLayer,
     TiedToLayer,
+    TrustRprop,
     WeightDecay,
 )
 from hypertorch_sid.core.decay import shrinkage
@@ -37,9 +38,19 @@ pytestmark = [
 ]
 
 
-def _ridge_fit(signal: bool, elements, seed: int, d: int = 20, n: int = 400, b: int = 20):
+def _ridge_fit(
+    signal: bool,
+    elements,
+    seed: int,
+    d: int = 20,
+    n: int = 400,
+    b: int = 20,
+    granularity="per_element",
+):
     """300 hyper steps on validation minibatches of b, exact hypergradients of the closed-form
-    ridge; returns (deviations s, the shrinkage factor c of the last step or None)."""
+    ridge; returns (deviations s, the shrinkage factor c of the last step or None, the path of
+    log λ_layer). ``granularity="per_layer"``: the per-layer default's TrustRprop on log λ (no
+    deviations: s and c None)."""
     g = torch.Generator().manual_seed(seed)
     N = 100
     Q, _ = torch.linalg.qr(torch.randn(N, d, generator=g, dtype=torch.float64))
@@ -51,21 +62,27 @@ def _ridge_fit(signal: bool, elements, seed: int, d: int = 20, n: int = 400, b: 
     Xv = torch.randn(n, d, generator=g, dtype=torch.float64)
     yv = Xv @ w_val + torch.randn(n, generator=g, dtype=torch.float64)
     w = torch.zeros(d, dtype=torch.float64, requires_grad=True)
-    decay = WeightDecay([("layer.w", w)], 0.5, "per_element", elements=elements)
-    make = elements.outer_optimizer(0.3)
+    decay = WeightDecay([("layer.w", w)], 0.5, granularity, elements=elements)
+    make = elements.outer_optimizer(0.3) if granularity == "per_element" else None
+    if granularity != "per_element":
+        make = lambda hs: TrustRprop(hs, 0.3, step_sizes=(1e-2, 2.0))  # noqa: E731
     opt = make(decay.hyperparameters) if make else torch.optim.Adam(decay.hyperparameters, 0.3)
+    path = []
     for _ in range(300):
         elements.observe(b / n)
         lam = decay.lambda_of(decay.entries[0])
-        w_star = torch.linalg.solve(X.T @ X / N + torch.diag(lam), X.T @ y / N)
+        w_star = torch.linalg.solve(X.T @ X / N + torch.diag(lam.expand(d)), X.T @ y / N)
         idx = torch.randint(0, n, (b,), generator=g)
         E = 0.5 * ((Xv[idx] @ w_star - yv[idx]) ** 2).mean()
         opt.zero_grad()
         E.backward()
         opt.step()
         decay.project()
+        path.append(float(decay.hyperparameters[0][0].detach()))
+    if granularity != "per_element":
+        return None, None, path
     s = decay.hyperparameters[1].detach()
-    return s, opt.state[decay.hyperparameters[1]].get("shrinkage")
+    return s, opt.state[decay.hyperparameters[1]].get("shrinkage"), path
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -73,8 +90,8 @@ def test_no_per_element_signal_leaves_the_deviations_near_zero(seed):
     """Every element wants λ = 1: the shrunk deviations stay small (rms < 0.45) while free ones
     (the same parameterisation, Adam, no prior: TiedToLayer with a negligible prior) wander
     three times as far; the layer's own λ is learned either way."""
-    s, c = _ridge_fit(False, ShrunkToLayer(), seed)
-    free, _ = _ridge_fit(False, TiedToLayer(scale=1e6, samples=400), seed)
+    s, c, _ = _ridge_fit(False, ShrunkToLayer(), seed)
+    free, _, _ = _ridge_fit(False, TiedToLayer(scale=1e6, samples=400), seed)
     rms, rms_free = float(s.pow(2).mean().sqrt()), float(free.pow(2).mean().sqrt())
     assert rms < 0.45, rms
     assert rms < rms_free / 3, (rms, rms_free)
@@ -85,7 +102,7 @@ def test_no_per_element_signal_leaves_the_deviations_near_zero(seed):
 def test_per_element_signal_moves_the_deviations_to_the_optimum(seed):
     """Half the elements want λ = 3, half 0.25: the deviations separate the halves by about
     log 12 = 2.48 (within 1), the right way round."""
-    s, _ = _ridge_fit(True, ShrunkToLayer(), seed)
+    s, _, _ = _ridge_fit(True, ShrunkToLayer(), seed)
     gap = float(s[:10].mean() - s[10:].mean())
     assert abs(gap - math.log(12)) < 1.0, gap
 

@@ -12,12 +12,14 @@ from .cost import Cost
 from .damping import CurvatureDamping, Damping, FixedDamping, NoDamping
 from .decay import (
     ElementModel,
+    LayerThenShrunk,
     LogDecay,
     Parameterization,
     ProjectedDecay,
     ShrinkageStep,
     ShrunkToLayer,
     TiedToLayer,
+    TrustShrinkageStep,
     Untied,
     WeightDecay,
 )
@@ -138,6 +140,8 @@ __all__ = [
     "SignalGatedAdam",
     "TrustRprop",
     "ShrunkToLayer",
+    "LayerThenShrunk",
+    "TrustShrinkageStep",
     "TiedToLayer",
     "Untied",
     "WeightDecay",

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .outer_step import TrustRprop
 from .validation import as_strategy
 
 Tensors = list[Tensor]
@@ -371,6 +372,38 @@ class ShrunkToLayer(LayerDeviations):
         return f"ShrunkToLayer(beta={self.beta})"
 
 
+class LayerThenShrunk(ShrunkToLayer):
+    """Per-layer decay first, per-element deviations only where the validation data show them
+    apart from noise: λ_e = λ_layer · exp(s_e) (eq. tied) with
+
+    - the layer part stepped exactly as the per-layer default: ρ_layer = log λ_layer gets the
+      per-layer hypergradient Σ_e ∂E/∂log λ_e (eq. tied at s = 0 is per-layer decay) and
+      :class:`~hypertorch_sid.core.outer_step.TrustRprop` steps on it (eqs. signsize,
+      signstep, decaytrust; Δ₀ = ``outer_lr`` 0.3, Δ_min/Δ_max = 0.01/2 as per layer);
+    - the deviations s_e moved by :class:`ShrunkToLayer`'s James–Stein step (eq. shrink), c = 0
+      while the spread of a tensor's averaged hypergradients is what their noise alone gives.
+
+    Where every c stays 0 the s_e stay exactly 0, λ_e = λ_layer bit for bit, and the fit IS
+    the per-layer default's (the same λ_layer path and weights, seed for seed, without a
+    clock-read budget: ``tests/test_decay_layer_first.py``). The outer step is
+    :class:`TrustShrinkageStep`.
+
+    Parameters
+    ----------
+    beta:
+        Decay of the deviations' hypergradient averages (as :class:`ShrunkToLayer`).
+    """
+
+    def outer_optimizer(self, lr: float) -> Callable[[Tensors], torch.optim.Optimizer]:
+        sizes = (min(1e-2, lr), max(2.0, lr))  # as the per-layer default's TrustRprop
+        return lambda params: TrustShrinkageStep(
+            params, lr, self.beta, lambda: self.share, step_sizes=sizes
+        )
+
+    def __repr__(self) -> str:
+        return f"LayerThenShrunk(beta={self.beta})"
+
+
 class ShrinkageStep(torch.optim.Optimizer):
     """The outer step of :class:`ShrunkToLayer` on ``[ρ_layers, s_1, ..., s_m]``: Adam on ρ,
     the shrunk averaged step (eq. shrink) on each s_i. The state (averages, step counts, the
@@ -416,25 +449,78 @@ class ShrinkageStep(torch.optim.Optimizer):
         p.addcdiv_(st["exp_avg"], denom, value=-group["lr"] / (1 - b1 ** st["step"]))
 
     def _shrunk(self, p: Tensor, g: Tensor, group: dict) -> None:
-        st = self.state[p]
-        if not st:
-            st.update(step=0, mean=torch.zeros_like(p), square=torch.zeros_like(p), shrinkage=0.0)
-            st["lagged"] = 0.0
-        beta, st["step"] = group["beta"], st["step"] + 1
-        g = g - g.mean()  # the common part is the layer's ρ
-        if "last" in st:  # successive hypergradients share w and the warm-started adjoint
-            st["lagged"] = beta * st["lagged"] + (1 - beta) * float((g * st["last"]).sum())
-        st["last"] = g.clone()
-        st["mean"].mul_(beta).add_(g, alpha=1 - beta)
-        st["square"].mul_(beta).addcmul_(g, g, value=1 - beta)
-        c = shrinkage(
-            st["mean"], st["square"], beta, st["step"], self.share(), st.get("lagged", 0.0)
-        )
-        st["shrinkage"] = c
-        if c > 0:  # Adam-like per element: |m_e| ≤ √(mean g_e²), so at most lr · c
-            c1 = 1 - beta ** st["step"]
-            denom = (st["square"] / c1).sqrt_().add_(group["eps"])
-            p.addcdiv_(st["mean"] / c1, denom, value=-group["lr"] * c)
+        _shrunk_step(self.state[p], p, g, group, self.share())
+
+
+def _shrunk_step(st: dict, p: Tensor, g: Tensor, group: dict, share: float) -> None:
+    """One shrunk averaged step (eq. shrink) on the deviations ``p`` of one tensor; ``st`` its
+    optimizer state (averages, step count, the factor c as ``st["shrinkage"]``)."""
+    if not st:
+        st.update(step=0, mean=torch.zeros_like(p), square=torch.zeros_like(p), shrinkage=0.0)
+        st["lagged"] = 0.0
+    beta, st["step"] = group["beta"], st["step"] + 1
+    g = g - g.mean()  # the common part is the layer's ρ
+    if "last" in st:  # successive hypergradients share w and the warm-started adjoint
+        st["lagged"] = beta * st["lagged"] + (1 - beta) * float((g * st["last"]).sum())
+    st["last"] = g.clone()
+    st["mean"].mul_(beta).add_(g, alpha=1 - beta)
+    st["square"].mul_(beta).addcmul_(g, g, value=1 - beta)
+    c = shrinkage(st["mean"], st["square"], beta, st["step"], share, st.get("lagged", 0.0))
+    st["shrinkage"] = c
+    if c > 0:  # Adam-like per element: |m_e| ≤ √(mean g_e²), so at most lr · c
+        c1 = 1 - beta ** st["step"]
+        denom = (st["square"] / c1).sqrt_().add_(group["eps"])
+        p.addcdiv_(st["mean"] / c1, denom, value=-group["lr"] * c)
+
+
+class TrustShrinkageStep(TrustRprop):
+    """The outer step of :class:`LayerThenShrunk` on ``[ρ_layers, s_1, ..., s_m]``: on ρ_layers
+    exactly the per-layer default's step, :class:`~hypertorch_sid.core.outer_step.TrustRprop`
+    (eqs. signsize, signstep, decaytrust: Rprop on log λ_layer, rises held to δ/(ηR)), on
+    each s_i the shrunk averaged step of eq. shrink (as :class:`ShrinkageStep`). Told R and η
+    by the callback (``observe``) like per-layer TrustRprop. Its state (Rprop's step sizes and
+    last signs on ρ; the averages, step counts and factor c per s_i) is an optimizer's,
+    checkpointed with it.
+
+    ``share``: ``() -> b/n`` (the floor of the averages' noise; 0: none). ``lr``: Δ₀ of ρ and
+    the deviations' step scale (as ``ShrinkageStep``'s lr); ``beta``: the averages' decay.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.3,
+        beta: float = 0.9,
+        share: Callable[[], float] = lambda: 0.0,
+        step_sizes: tuple[float, float] = (1e-2, 2.0),
+        trust: float = 0.1,
+        eps: float = 1e-8,
+    ) -> None:
+        params = list(params)
+        super().__init__(params[:1], lr=lr, step_sizes=step_sizes, trust=trust)
+        self.add_param_group({"params": params[1:], "beta": beta, "eps": eps})
+        self.share = share
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        (layers, deviations), self.bound = self.param_groups, False
+        moved = []
+        for p in layers["params"]:  # TrustRprop.step on ρ_layers alone
+            if p.grad is not None:
+                st, old = self._state_of(p, layers["lr"]), p.clone()
+                moved.append(bool(self._signed_step(p, p.grad, layers, st).any()))
+                self._trusted(p, old, st, layers)
+        self.held_back = bool(moved) and not any(moved)
+        self.max_rise = math.inf  # one observation, one step
+        share = self.share()
+        for p in deviations["params"]:
+            if p.grad is not None:
+                _shrunk_step(self.state[p], p, p.grad, deviations, share)
+        return loss
+
+    def __repr__(self) -> str:
+        return f"TrustShrinkageStep({super().__repr__()})"
 
 
 def shrinkage(
@@ -466,6 +552,7 @@ ELEMENT_MODELS: dict[str, Callable[[], ElementModel]] = {
     "tied": TiedToLayer,
     "untied": Untied,
     "shrunk": ShrunkToLayer,
+    "layer_then_shrunk": LayerThenShrunk,
 }
 
 
