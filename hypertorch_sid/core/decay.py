@@ -187,6 +187,12 @@ class ElementModel(ABC):
         the learned tensors (default: one learned tensor per decayed tensor, as :class:`Untied`)."""
         return [_filled(e.param, float(layers[e.layer])).detach() for e in decay.entries]
 
+    def applied(self, decay: WeightDecay, entry: Decayed) -> float | Tensor:
+        """λ of one decayed tensor as the training step applies it, detached: a number where it
+        is one value over the tensor (then applied as cheaply as a per-layer λ), else the
+        tensor (default: the tensor)."""
+        return self.lambda_of(decay, entry).detach()
+
     def outer_optimizer(self, lr: float) -> Callable[[Tensors], torch.optim.Optimizer] | None:
         """The model's own outer step (``params -> Optimizer``), or None: Adam at ``lr``."""
         return None
@@ -269,6 +275,13 @@ class LayerDeviations(ElementModel):
                 new.hyperparameters[1 + e.slot].copy_(old.hyperparameters[1 + before[id(e.param)]])
                 carried += 1
         return carried
+
+    def applied(self, decay: WeightDecay, entry: Decayed) -> float | Tensor:
+        """λ_layer as a number where every deviation s_e of the tensor is 0 (λ_e = λ_layer · 1
+        exactly), else λ_e."""
+        if bool((decay.hyperparameters[1 + entry.slot] == 0).all()):
+            return decay.parameterization.transform(decay.hyperparameters[0])[entry.layer].item()
+        return self.lambda_of(decay, entry).detach()
 
     def floor(self, decay: WeightDecay, lower: float) -> None:
         """Every layer's λ ≥ ``lower`` (the deviations s_e are left to the prior or shrinkage)."""
@@ -674,6 +687,16 @@ class WeightDecay:
         if self.per_element:
             return self.elements.lambda_of(self, entry)
         return self.parameterization.transform(self.hyperparameters[0])[entry.slot]
+
+    @torch.no_grad()
+    def applied_lambdas(self) -> list[float | Tensor]:
+        """λ of every decayed tensor as the training step applies it (detached): a number where
+        it is one value over the tensor (every slot but per element's; per element where the
+        element model says so, :meth:`ElementModel.applied`), else a tensor shaped like it."""
+        if self.per_element:
+            return [self.elements.applied(self, e) for e in self.entries]
+        lam = self.parameterization.transform(self.hyperparameters[0]).tolist()
+        return [lam[e.slot] for e in self.entries]
 
     def prior(self, samples: int | None = None) -> Tensor | None:
         """The per-element model's prior term of the outer objective (eq. prior: add it to E),

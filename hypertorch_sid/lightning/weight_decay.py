@@ -204,7 +204,7 @@ class WeightDecayProblem:
         self._warned_new_tensors = False
         self._warned_at_limit = False
         self._checked_gradients = False
-        self._lambda_cache: tuple[tuple[int, int] | None, list[float]] = (None, [])
+        self._lambda_cache: tuple[tuple | None, list[float | Tensor]] = (None, [])
         #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
         #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
         self.data_curvature: Callable[[], float | None] = lambda: None
@@ -389,21 +389,16 @@ class WeightDecayProblem:
         """Add the decay before ``optimizer`` steps: ``grad += λ w`` or ``w *= 1 − lr λ``."""
         if self.decay is None:
             return
-        per_slot = None
-        if not self.decay.per_element:
-            per_slot = self._slot_lambdas()
-            if not self.decoupled:  # one fused add per slot: this runs at every training step
-                self._add_per_slot(optimizer, per_slot)
-                return
+        lams = self._entry_lambdas()
+        if not self.decoupled:  # one fused add per layer/slot of constant λ: runs every step
+            self._add_per_slot(optimizer, lams)
         for i, e in enumerate(self.decay.entries):
             if self.placement[i][0] is not optimizer or e.param.grad is None:
                 continue
-            lam: Any = per_slot[e.slot] if per_slot is not None else self.decay.lambda_of(e)
+            lam = lams[i]
             if self.decoupled:
                 e.param.mul_(1 - self._group(i)["lr"] * lam)
-            elif per_slot is not None:
-                e.param.grad.add_(e.param, alpha=lam)
-            else:
+            elif isinstance(lam, Tensor):  # per element, λ_e varying over the tensor
                 e.param.grad.addcmul_(lam, e.param)
 
     def shrink_step_size(self, eta: float | None) -> float | None:
@@ -420,29 +415,32 @@ class WeightDecayProblem:
         lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
         return lr if lr > 0 else eta
 
-    def _slot_lambdas(self) -> list[float]:
-        """λ of each slot as numbers, read again only after the hyperparameters changed (a hyper
-        step, a load: every in-place change bumps the tensor's version)."""
+    def _entry_lambdas(self) -> list[float | Tensor]:
+        """λ of each decayed tensor, a number where it is one value over the tensor (every slot
+        of per layer/tensor/group/global; per element where the model says so, e.g. a layer's
+        tensor with every deviation 0), else a detached tensor; read again only after the
+        hyperparameters changed (a hyper step, a load: every in-place change bumps a tensor's
+        version). Per element this keeps the every-step cost of a λ the validation data did not
+        tell apart from its layer's at per layer's (one fused add per layer)."""
         assert self.decay is not None
-        h = self.decay.hyperparameters[0]
-        key = (id(h), h._version)
+        key = tuple((id(h), h._version) for h in self.decay.hyperparameters)
         if self._lambda_cache[0] != key:
-            self._lambda_cache = (key, self.parameterization.transform(h).tolist())
+            self._lambda_cache = (key, self.decay.applied_lambdas())
         return self._lambda_cache[1]
 
-    def _add_per_slot(self, optimizer: torch.optim.Optimizer, per_slot: list[float]) -> None:
-        """``grad += λ_slot w`` for the tensors ``optimizer`` trains, one foreach add per slot."""
+    def _add_per_slot(self, optimizer: torch.optim.Optimizer, lams: list[float | Tensor]) -> None:
+        """``grad += λ w`` for the tensors ``optimizer`` trains whose λ is a number, one foreach
+        add per value."""
         assert self.decay is not None
-        grads: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
-        for (opt, _), e in zip(self.placement, self.decay.entries):
-            if opt is optimizer and e.param.grad is not None:
-                g, w = grads.setdefault(e.slot, ([], []))
+        grads: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
+        for (opt, _), e, lam in zip(self.placement, self.decay.entries, lams):
+            if opt is optimizer and e.param.grad is not None and not isinstance(lam, Tensor):
+                g, w = grads.setdefault(lam, ([], []))
                 g.append(e.param.grad)
                 w.append(e.param)
-        for slot, (g, w) in grads.items():
-            torch._foreach_add_(g, w, alpha=per_slot[slot])
+        for lam, (g, w) in grads.items():
+            torch._foreach_add_(g, w, alpha=lam)
 
-    # ------------------------------------------------------------------ Λ and P
     def _preconditioner(self, i: int) -> Tensor | float:
         """P of the decoupled fixed point P⁻¹∇ℓ + λw = 0, from the optimizer's state."""
         assert self.decay is not None
