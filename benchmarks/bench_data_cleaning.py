@@ -1003,7 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="resolve: the SID solver's saved logits (SID_BENCH_OUT of a run)",
     )
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
-    parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS))
+    parser.add_argument("--peers", nargs="*", default=list(DEFAULT_PEERS))
     parser.add_argument(
         "--sid",
         nargs="+",

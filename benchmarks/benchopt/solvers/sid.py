@@ -264,8 +264,10 @@ class Solver(BaseSolver):
         self.reg = float(dataset.reg)
         b1 = "" if str(self.outer_beta1) == "default" else f"_b1{self.outer_beta1}"
         obj = "" if str(self.outer_objective) == "default" else f"_E{self.outer_objective}"
+        norm = "_norm" if self._normalize else ""
         self.tag = (
-            f"sid_{self.regime}_lr{self.inner_lr}{b1}{obj}_p{dataset.ratio}_seed{self.random_state}"
+            f"sid_{self.regime}_lr{self.inner_lr}{b1}{obj}{norm}_p{dataset.ratio}"
+            f"_seed{self.random_state}"
         )
         self.n_features, self.n_classes = dataset.n_features, dataset.n_classes
         t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
