@@ -17,9 +17,9 @@ wait
  run every20_k2 --methods drop_in --drop-in-kwargs '{"every_n_steps": 20, "adjoint_steps": 2}'
  run every30 --methods drop_in --drop-in-kwargs '{"every_n_steps": 30}') &
 wait
-# third round (every 20 with k = 2 lost what every 20 with k = 3 gained): k = 5 at every 40; every 30 from step 50
-(run k5 --methods drop_in --drop-in-kwargs '{"adjoint_steps": 5}'
- run every30_start50 --methods drop_in --drop-in-kwargs '{"every_n_steps": 30, "start_step": 50}') &
-wait
-# 20 Newsgroups: plain, the default and every_n_steps=25 / 30, seeds 0-2
+# third round (every 20 with k = 2 lost what every 20 with k = 3 gained): k = 5 at every 40
+# (an every-30-from-step-50 arm was started and stopped unfinished, for CPU)
+run k5 --methods drop_in --drop-in-kwargs '{"adjoint_steps": 5}'
+# (every30.log was lost: an accidental second run of the same arm truncated it; its JSON is whole)
+# 20 Newsgroups: plain, the default and every_n_steps=25 / 30, seeds 0-2 (stopped after seed 0, for CPU)
 $PY $R/news20.py every=25 every=30 0 1 2 > $R/news20_every25_30_seeds012.log 2>&1

@@ -1,7 +1,7 @@
 """Table of the symmetric-noise screen: each arm's test accuracy and share of the plain-oracle gap.
 
 Plain and oracle come from ``base.json`` (the same seeds); every other JSON holds one drop-in arm.
-Run from the repository root: ``python benchmarks/results/noisy_labels/runs/sym_screen/table.py [folder]``.
+From the repository root: ``python benchmarks/results/noisy_labels/runs/sym_screen/table.py``.
 """
 
 import json
@@ -17,7 +17,8 @@ def load(name: str) -> dict:
 
 def main() -> None:
     base = load("base")
-    arms = ["base"] + sorted(p.stem for p in HERE.glob("*.json") if p.stem != "base" and not p.stem.startswith("news20"))
+    stems = [p.stem for p in HERE.glob("*.json")]
+    arms = ["base"] + sorted(s for s in stems if s != "base" and not s.startswith("news20"))
     settings = list(base)
     head = "| arm | " + " | ".join(f"{s}: acc (gap), cpu ×plain" for s in settings) + " |"
     print(head)
@@ -32,7 +33,10 @@ def main() -> None:
                 continue
             b = base[s]["runs"]
             n = min(len(runs["drop_in"]), len(b["plain"]))
-            mean = lambda rs, k="test_acc": sum(r[k] for r in rs[:n]) / n  # noqa: E731
+
+            def mean(rs: list[dict], k: str = "test_acc", n: int = n) -> float:
+                return sum(r[k] for r in rs[:n]) / n
+
             plain, oracle, drop = mean(b["plain"]), mean(b["oracle"]), mean(runs["drop_in"])
             ratio = mean(runs["drop_in"], "cpu_s") / mean(b["plain"], "cpu_s")
             cells.append(
