@@ -586,7 +586,9 @@ def _defaults(
     held-out test loss, 9 seeds × 7 settings, against Adam: the main job's recipe −0.0075 ±
     0.0072, 20 Newsgroups MLP −0.0067 ± 0.0005, MNIST MLP −0.0039 ± 0.0045, Fashion MLP
     +0.0068 ± 0.0083, CNNs and digits MLP within ±0.0003 (docs/weight_decay_budget.md, "The
-    outer step without memory"); Adam stays the outer step per element and with projection.
+    outer step without memory"); Adam stays the outer step per element and with projection,
+    except an element model with its own step (``elements="layer_then_shrunk"``: TrustRprop on
+    the layers' λ as here, shrunk deviations; ``"shrunk"``: Adam and shrinkage).
     All within a compute budget of half the training's (``max_overhead=0.5``: no worse on held-out
     test loss than no budget on five settings × nine seeds, ``docs/weight_decay_budget.md``;
     planned over the fit's known length, :class:`~hypertorch_sid.core.budget.PlannedBudget`, is
@@ -689,7 +691,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         a N(0, 1) prior added to the validation loss as the MAP term of the n validation samples,
         Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread), ``"shrunk"``
         (:class:`~hypertorch_sid.ShrunkToLayer`: the deviations move along their averaged
-        hypergradient shrunk by a James–Stein factor toward the layer's λ), ``"untied"``
+        hypergradient shrunk by a James–Stein factor toward the layer's λ),
+        ``"layer_then_shrunk"`` (:class:`~hypertorch_sid.LayerThenShrunk`: the layers' λ
+        stepped exactly as per layer, TrustRprop; the deviations shrunk as ``"shrunk"``; with
+        every deviation 0 the fit is per layer's bit for bit), ``"untied"``
         (:class:`~hypertorch_sid.Untied`: one free λ per element, as in 0.1 — it fitted
         the validation set), or an :class:`~hypertorch_sid.ElementModel`.
     **kwargs:
