@@ -234,7 +234,7 @@ def test_the_drop_in_defaults_are_the_benchmarked_ones():
     cb = LearnedWeightDecay(1e-4, granularity="per_layer")
     assert (cb.every_n_steps, cb.adjoint_steps, cb.outer_lr) == (20, 3, 0.3)
     assert cb.config.curvature.every == 10
-    per_element = LearnedWeightDecay(1e-4, granularity="per_element")  # tied: as per layer
+    per_element = LearnedWeightDecay(1e-4, granularity="per_element")  # as per layer
     assert per_element.outer_lr == 0.3 and per_element.config.curvature.every == 10
     untied = LearnedWeightDecay(1e-4, granularity="per_element", elements="untied")
     assert untied.outer_lr == 1.0 and untied.config.curvature.every is None

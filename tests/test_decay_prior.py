@@ -187,7 +187,9 @@ class _Linear(pl.LightningModule):
 def test_the_drop_in_adds_the_prior_for_its_validation_set():
     """n is the validation set's size; the logged outer loss is E + Σ s²/(2σ²n); s moves."""
     data = RidgeData()
-    cb = LearnedWeightDecay(1e-2, granularity="per_element", every_n_steps=2, max_overhead=None)
+    cb = LearnedWeightDecay(
+        1e-2, granularity="per_element", elements="tied", every_n_steps=2, max_overhead=None
+    )
     trainer = lightning_problems.trainer([cb], max_steps=8, limit_val_batches=0)
     trainer.fit(_Linear(), datamodule=data)
     n = len(data.yv)

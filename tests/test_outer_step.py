@@ -25,7 +25,13 @@ from lightning_problems import trainer
 from test_scale_invariance import CNN, _data
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, LearnedWeightDecay, SignalGatedAdam, TrustRprop
+from hypertorch_sid import (
+    ConfigurationError,
+    LearnedWeightDecay,
+    SignalGatedAdam,
+    TrustRprop,
+    TrustShrinkageStep,
+)
 from hypertorch_sid.core.outer_step import effective_weight
 from hypertorch_sid.core.watch import warn_if_lambda_stuck
 
@@ -387,13 +393,20 @@ def test_trust_rprop_through_the_drop_in_keeps_lambda_finite_and_its_rises_bound
 def test_the_drop_ins_outer_step_is_trust_rprop_starting_at_outer_lr():
     """The drop-in's default outer step (per layer, log λ) is TrustRprop with Δ₀ = outer_lr; a
     smaller outer_lr also lowers Δ_min (a user's 1e-4 is not raised to 0.01 after one step);
-    per element and with projection it stays Adam."""
+    per element (``"layer_then_shrunk"``) the same on the layers' λ; ``"tied"`` and with
+    projection it stays Adam."""
     rho = [torch.zeros(2, requires_grad=True)]
     for kw, first, low in (({}, 0.3, 1e-2), ({"outer_lr": 1e-4}, 1e-4, 1e-4)):
         opt = LearnedWeightDecay(**kw).outer_optimizer(rho)
         assert isinstance(opt, TrustRprop)
         assert opt.defaults["lr"] == first and opt.defaults["step_sizes"][0] == low
-    for kw in ({"granularity": "per_element"}, {"parameterization": "projection"}):
+    per_element = LearnedWeightDecay(granularity="per_element")  # layer_then_shrunk: as per layer
+    made = per_element.outer_optimizer([rho[0], torch.zeros(3, requires_grad=True)])
+    assert isinstance(made, TrustShrinkageStep) and made.defaults["lr"] == 0.3
+    for kw in (
+        {"granularity": "per_element", "elements": "tied"},
+        {"parameterization": "projection"},
+    ):
         cb = LearnedWeightDecay(**kw)
         made = cb.outer_optimizer(rho) if cb.outer_optimizer is not None else None
         assert not isinstance(made, TrustRprop)

@@ -686,15 +686,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         30–50 % of the training (decay only slows fitting then) and up once the training
         overfits, so λ climbs late from 10⁻⁵ (docs/weight_decay_budget.md).
     elements:
-        Per element only, how a layer's λ relate: ``"tied"`` (default,
-        :class:`~hypertorch_sid.TiedToLayer`: λ_e = λ_layer · exp(s_e), each deviation s_e under
-        a N(0, 1) prior added to the validation loss as the MAP term of the n validation samples,
-        Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread), ``"shrunk"``
-        (:class:`~hypertorch_sid.ShrunkToLayer`: the deviations move along their averaged
-        hypergradient shrunk by a James–Stein factor toward the layer's λ),
-        ``"layer_then_shrunk"`` (:class:`~hypertorch_sid.LayerThenShrunk`: the layers' λ
-        stepped exactly as per layer, TrustRprop; the deviations shrunk as ``"shrunk"``; with
-        every deviation 0 the fit is per layer's bit for bit), ``"untied"``
+        Per element only, how a layer's λ relate: ``"layer_then_shrunk"`` (default,
+        :class:`~hypertorch_sid.LayerThenShrunk`: the layers' λ stepped exactly as per layer,
+        TrustRprop; the per-element deviations moved by the James–Stein step of ``"shrunk"``;
+        with every deviation 0 the fit is per layer's bit for bit; held-out test loss against
+        per layer and ``"tied"``: docs/per_element_decay.md), ``"tied"`` (the default until
+        this version, :class:`~hypertorch_sid.TiedToLayer`: λ_e = λ_layer · exp(s_e), each
+        deviation s_e under a N(0, 1) prior added to the validation loss as the MAP term of the
+        n validation samples, Σ s_e² / (2n); ``TiedToLayer(scale=σ)`` for another spread),
+        ``"shrunk"`` (:class:`~hypertorch_sid.ShrunkToLayer`: the deviations move along their
+        averaged hypergradient shrunk by a James–Stein factor toward the layer's λ, Adam on the
+        layers'), ``"untied"``
         (:class:`~hypertorch_sid.Untied`: one free λ per element, as in 0.1 — it fitted
         the validation set), or an :class:`~hypertorch_sid.ElementModel`.
     **kwargs:
@@ -731,7 +733,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         proximal: bool = False,
-        elements: str | ElementModel = "tied",
+        elements: str | ElementModel = "layer_then_shrunk",
         invariant: str | InvariantRule = "implicit",
         min_weight_decay: float = 0.0,
         **kwargs: Any,
