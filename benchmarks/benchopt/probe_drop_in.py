@@ -6,7 +6,8 @@ and the flags.
     ../venv-benchopt/bin/python benchmarks/benchopt/probe_drop_in.py 0.5 35 '{}' '{"outer_lr": 0.1}'
 
 Each further argument is a JSON dict of ``LearnedDataWeights`` arguments (``'{}'``: its defaults,
-``'{"objective": "mean_loss"}'``: E = the benchmark's f); results in
+``'{"objective": "mean_loss"}'``: E = the benchmark's f, ``'{"objective": {"q": 0.25}}'``:
+``ExpectedError(q=0.25)``); results in
 ``$BENCH_DC_OUT/probe_drop_in_p<p>.json`` (entries of earlier runs are kept).
 
 ``--trace S`` also records, every S s of CPU time (the measurements are not counted), the
@@ -31,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE / "solvers"), str(HERE.parents[1])]
 import bench_data_cleaning as dc  # noqa: E402
 import sid  # noqa: E402
+
+from hypertorch_sid import ExpectedError  # noqa: E402
 
 
 def expected_error(z: np.ndarray, X: np.ndarray, y: np.ndarray, q: float = 0.5) -> float:
@@ -72,9 +75,10 @@ def run_variant(problem: dict, variant: str, budget: float, trace: float | None)
     y, yv = torch.as_tensor(problem["y_train"]), torch.as_tensor(problem["y_val"])
     torch.manual_seed(1)
     x0 = torch.full((len(y),), -2.0)
-    m = sid.DropIn(
-        X, y, Xv, yv, torch.zeros(784, 10), x0, dc.REG, 256, 1.0, 1, **json.loads(variant)
-    )
+    kwargs = json.loads(variant)
+    if isinstance(kwargs.get("objective"), dict):  # JSON: ExpectedError's fields, e.g. {"q": 0.25}
+        kwargs["objective"] = ExpectedError(**kwargs["objective"])
+    m = sid.DropIn(X, y, Xv, yv, torch.zeros(784, 10), x0, dc.REG, 256, 1.0, 1, **kwargs)
 
     def snapshot():
         z = m.z.detach().t().double().numpy()
