@@ -11,41 +11,22 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytorch_lightning as pl
 import torch
-from torch.utils.data import TensorDataset
 
 REPO = Path(__file__).resolve().parents[5]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from check_20news_recipe import Net, fit, load, scores  # noqa: E402
-
-from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+from check_20news_recipe import drop_in_scores, load, noisy_split, plain_scores  # noqa: E402
 
 torch.set_num_threads(1)
 X, y, X_test, y_test = load(REPO.parent / "shared" / "data")
 out: dict = {"command": " ".join(sys.argv), "runs": {}}
 for seed in (0, 1, 2):
-    gen = np.random.default_rng(seed)  # the check's own split and noise
-    perm = gen.permutation(len(y))
-    tr, va = perm[: len(y) // 2], perm[len(y) // 2 : len(y) // 2 + 500]
-    noisy = torch.tensor(gen.random(len(tr)) < 0.4)
-    y_noisy = y[tr].clone()
-    y_noisy[noisy] = torch.tensor(gen.integers(0, 20, int(noisy.sum())))
-    train, val = TensorDataset(X[tr], y_noisy), TensorDataset(X[va], y[va])
-    runs = {}
-    pl.seed_everything(seed, verbose=False)
-    model = Net()
-    cpu = fit(model, train, val, 15, [])
-    runs["plain"] = {**scores(model, X_test, y_test), "cpu": cpu}
+    train, val, noisy = noisy_split(X, y, seed)  # the check's own split and noise
+    runs = {"plain": plain_scores(train, val, (X_test, y_test), seed)}
     for name, directional in (("drop_in", "forward_mode"), ("drop_in_fd", "forward_difference")):
-        pl.seed_everything(seed, verbose=False)
-        cb, model = LearnedDataWeights(directional=directional), Net(per_sample=True)
-        cpu = fit(model, IndexedDataset(train), val, 15, [cb])
-        runs[name] = {**scores(model, X_test, y_test), "cpu": cpu}
-        flagged, bad = set(cb.flagged().tolist()), set(torch.nonzero(noisy).ravel().tolist())
-        runs[name]["precision"] = len(flagged & bad) / max(len(flagged), 1)
-        runs[name]["recall"] = len(flagged & bad) / len(bad)
+        runs[name] = drop_in_scores(
+            train, val, (X_test, y_test), noisy, seed, directional=directional
+        )
     out["runs"][seed] = runs
     print(seed, json.dumps(runs), flush=True)
     (Path(__file__).parent / "news20.json").write_text(json.dumps(out, indent=1))
