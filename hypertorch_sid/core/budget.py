@@ -271,11 +271,7 @@ class OverheadBudget(Budget):
     #: step's part besides its products
     product_cost: float = field(default=0.0, init=False)
     fixed_cost: float = field(default=0.0, init=False)
-    #: the part of ``spent_hyper`` charged to the training steps right after hyper steps (their
-    #: excess over the mean step: :meth:`training_step_done`)
-    spent_after_hyper: float = field(default=0.0, init=False)
     _mark: float | None = field(default=None, init=False, repr=False)
-    _after_hyper: bool = field(default=False, init=False, repr=False)
     _added_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
     _open: list[float] = field(default_factory=list, init=False, repr=False)
@@ -305,22 +301,11 @@ class OverheadBudget(Budget):
             self.clock = time.process_time if kind == "cpu" else time.perf_counter
 
     def training_step_done(self) -> None:
-        """Count the step since the last mark. The first step after a hyper step pays, as
-        overhead, what it took beyond the mean step so far (at most one mean step, so an epoch's
-        validation loop falling there stays training): the caches and allocator state the hyper
-        step left cost the training steps around it time no timed block contains."""
         now = self.clock()
         if self._mark is not None:
-            step = max(now - self._mark - self._added_since_mark, 0.0)
-            if self._after_hyper and self.training_steps:
-                mean = self.mean_training_step
-                excess = min(max(step - mean, 0.0), mean)
-                self.spent_hyper += excess
-                self.spent_after_hyper += excess
-                step -= excess
-            self.spent_training += step
+            self.spent_training += max(now - self._mark - self._added_since_mark, 0.0)
             self.training_steps += 1
-        self._mark, self._added_since_mark, self._after_hyper = now, 0.0, False
+        self._mark, self._added_since_mark = now, 0.0
 
     @property
     def mean_hyper_step(self) -> float:
@@ -414,8 +399,8 @@ class OverheadBudget(Budget):
         self.spent_hyper += self.last_hyper
         self.hyper_steps += 1
         self._hyper_start = None
-        # the hyper step's time is not training; the step after it pays its excess
-        self._mark, self._added_since_mark, self._after_hyper = now, 0.0, True
+        # the hyper step's time is not training
+        self._mark, self._added_since_mark = now, 0.0
 
     def added_work(self, every_step: bool = False) -> AbstractContextManager[None]:
         """Nested: the inner work is charged as its own kind (one-off inside a hook that runs
@@ -457,7 +442,6 @@ class OverheadBudget(Budget):
         return dict(spent_training=self.spent_training, spent_hyper=self.spent_hyper,
                     hyper_steps=self.hyper_steps, skipped=self.skipped,
                     spent_added=self.spent_added, spent_per_step=self.spent_per_step,
-                    spent_after_hyper=self.spent_after_hyper,
                     training_steps=self.training_steps,
                     first_hyper=self.first_hyper, last_hyper=self.last_hyper,
                     product_cost=self.product_cost, fixed_cost=self.fixed_cost)  # fmt: skip
@@ -472,13 +456,12 @@ class OverheadBudget(Budget):
         self.skipped = int(state.get("skipped", 0))
         self.spent_added = float(state.get("spent_added", 0.0))
         self.spent_per_step = float(state.get("spent_per_step", 0.0))
-        self.spent_after_hyper = float(state.get("spent_after_hyper", 0.0))
         self.training_steps = int(state.get("training_steps", 0))
         self.first_hyper = float(state.get("first_hyper", 0.0))
         self.last_hyper = float(state.get("last_hyper", 0.0))
         self.product_cost = float(state.get("product_cost", 0.0))
         self.fixed_cost = float(state.get("fixed_cost", 0.0))
-        self._mark, self._added_since_mark, self._after_hyper = None, 0.0, False
+        self._mark, self._added_since_mark = None, 0.0
 
 
 class _AddedWork:
@@ -575,7 +558,7 @@ class PlannedBudget(OverheadBudget):
 
 _BUDGET_KEYS = (
     "spent_training", "spent_hyper", "hyper_steps", "skipped", "spent_added", "spent_per_step",
-    "spent_after_hyper", "training_steps",
+    "training_steps",
     "first_hyper", "last_hyper", "product_cost", "fixed_cost",
 )  # fmt: skip
 
