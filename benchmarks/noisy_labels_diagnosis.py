@@ -58,6 +58,23 @@ def read_json(path: Path) -> Any:
         return json.load(f)
 
 
+def diagnosed_runs(path: Path) -> Any:
+    """Each (setting, seed) of a diagnosis JSON (``main``'s output) with its data set rebuilt:
+    yields (setting name, seed, the diagnosis' record, the noisy setting ``d``, its
+    ``IndexedDataset``, the benchmark's args); the recipe is the diagnosis' (12 epochs, clip 1,
+    one thread)."""
+    diag = read_json(path)
+    args = bench.parse(["--epochs", "12", "--clip", "1"])
+    torch.set_num_threads(1)
+    for name, seeds in diag["settings"].items():
+        ds, kind = name.split("_")[0], name.split("_")[1].rstrip("0123456789")
+        arrays = bench.load(ds, args.data)
+        for seed, r in seeds.items():
+            d = bench.noisy_setting(arrays, kind, args, int(seed))
+            data = IndexedDataset(TensorDataset(d["X"], d["y_noisy"]))
+            yield name, seed, r, d, data, args
+
+
 def write_json(path: Path, obj: Any) -> None:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as f:

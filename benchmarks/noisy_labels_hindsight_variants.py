@@ -20,10 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_noisy_labels as bench  # noqa: E402
-from noisy_labels_diagnosis import FixedWeights, fit, read_json  # noqa: E402
-
-from hypertorch_sid import IndexedDataset  # noqa: E402
+from noisy_labels_diagnosis import FixedWeights, diagnosed_runs, fit  # noqa: E402
 
 
 def variants(w: torch.Tensor, clean: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -39,29 +36,21 @@ def main() -> None:
     p.add_argument("--diagnosis", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    diag = read_json(a.diagnosis)
-    args = bench.parse(["--epochs", "12", "--clip", "1"])
-    torch.set_num_threads(1)
     out: dict = {"command": " ".join(sys.argv), "settings": {}}
-    for name, seeds in diag["settings"].items():
-        ds, kind = name.split("_")[0], name.split("_")[1].rstrip("0123456789")
-        arrays = bench.load(ds, args.data)
-        for seed, r in seeds.items():
-            d = bench.noisy_setting(arrays, kind, args, int(seed))
-            data = IndexedDataset(torch.utils.data.TensorDataset(d["X"], d["y_noisy"]))
-            w = torch.tensor(r["weights"], dtype=torch.float32)
-            rec = {"final": r["hindsight"], "drop_in": r["drop_in"], "plain": r["plain"],
-                   "oracle": r["oracle"]}  # fmt: skip
-            for vname, wv in variants(w, d["clean"]).items():
-                torch.manual_seed(int(seed))
-                rec[vname], _ = fit(FixedWeights(args.lr, wv, 0), data, d, args, int(seed), [])
-            gap = {k: (v - r["plain"]) / (r["oracle"] - r["plain"]) for k, v in rec.items()}
-            print(
-                f"{name} seed {seed}: "
-                + ", ".join(f"{k} {v:.4f} ({gap[k]:.0%})" for k, v in rec.items()),
-                flush=True,
-            )
-            out["settings"].setdefault(name, {})[seed] = rec
+    for name, seed, r, d, data, args in diagnosed_runs(a.diagnosis):
+        w = torch.tensor(r["weights"], dtype=torch.float32)
+        rec = {"final": r["hindsight"], "drop_in": r["drop_in"], "plain": r["plain"],
+               "oracle": r["oracle"]}  # fmt: skip
+        for vname, wv in variants(w, d["clean"]).items():
+            torch.manual_seed(int(seed))
+            rec[vname], _ = fit(FixedWeights(args.lr, wv, 0), data, d, args, int(seed), [])
+        gap = {k: (v - r["plain"]) / (r["oracle"] - r["plain"]) for k, v in rec.items()}
+        print(
+            f"{name} seed {seed}: "
+            + ", ".join(f"{k} {v:.4f} ({gap[k]:.0%})" for k, v in rec.items()),
+            flush=True,
+        )
+        out["settings"].setdefault(name, {})[seed] = rec
     a.out.write_text(json.dumps(out, indent=1))
 
 

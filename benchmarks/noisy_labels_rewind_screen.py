@@ -18,10 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_noisy_labels as bench  # noqa: E402
-from noisy_labels_diagnosis import FixedWeights, fit, read_json  # noqa: E402
-
-from hypertorch_sid import IndexedDataset  # noqa: E402
+from noisy_labels_diagnosis import FixedWeights, diagnosed_runs, fit  # noqa: E402
 
 
 def weights_at(visits: dict, n: int, step: int) -> torch.Tensor:
@@ -42,38 +39,30 @@ def main() -> None:
         help="plain steps before the fixed weights (100: a rewind to the end of the warm-up)",
     )  # fmt: skip
     a = p.parse_args()
-    diag = read_json(a.diagnosis)
-    args = bench.parse(["--epochs", "12", "--clip", "1"])
-    torch.set_num_threads(1)
     out: dict = {"command": " ".join(sys.argv), "settings": {}}
-    for name, seeds in diag["settings"].items():
-        ds, kind = name.split("_")[0], name.split("_")[1].rstrip("0123456789")
-        arrays = bench.load(ds, args.data)
-        for seed, r in seeds.items():
-            d = bench.noisy_setting(arrays, kind, args, int(seed))
-            data = IndexedDataset(torch.utils.data.TensorDataset(d["X"], d["y_noisy"]))
-            rec = {}
-            for step in a.steps:
-                w = weights_at(r["visits"], len(d["y"]), step)
-                torch.manual_seed(int(seed))
-                acc, cpu = fit(FixedWeights(args.lr, w, a.start), data, d, args, int(seed), [])
-                clean = d["clean"]
-                rec[str(step)] = {
-                    "acc": acc,
-                    "cpu": cpu,
-                    "w_clean": float(w[clean].mean()),
-                    "w_corrupted": float(w[~clean].mean()),
-                    "share_corrupted": float(w[~clean].sum() / w.sum()),
-                }
-                gap = (acc - r["plain"]) / (r["oracle"] - r["plain"])
-                print(
-                    f"{name} seed {seed} weights of step {step} from step {a.start}: "
-                    f"acc {acc:.4f} ({gap:.0%}) "
-                    f"drop-in {r['drop_in']:.4f} hindsight {r['hindsight']:.4f} "
-                    f"corrupted share {rec[str(step)]['share_corrupted']:.3f}",
-                    flush=True,
-                )
-            out["settings"].setdefault(name, {})[seed] = rec
+    for name, seed, r, d, data, args in diagnosed_runs(a.diagnosis):
+        rec = {}
+        for step in a.steps:
+            w = weights_at(r["visits"], len(d["y"]), step)
+            torch.manual_seed(int(seed))
+            acc, cpu = fit(FixedWeights(args.lr, w, a.start), data, d, args, int(seed), [])
+            clean = d["clean"]
+            rec[str(step)] = {
+                "acc": acc,
+                "cpu": cpu,
+                "w_clean": float(w[clean].mean()),
+                "w_corrupted": float(w[~clean].mean()),
+                "share_corrupted": float(w[~clean].sum() / w.sum()),
+            }
+            gap = (acc - r["plain"]) / (r["oracle"] - r["plain"])
+            print(
+                f"{name} seed {seed} weights of step {step} from step {a.start}: "
+                f"acc {acc:.4f} ({gap:.0%}) "
+                f"drop-in {r['drop_in']:.4f} hindsight {r['hindsight']:.4f} "
+                f"corrupted share {rec[str(step)]['share_corrupted']:.3f}",
+                flush=True,
+            )
+        out["settings"].setdefault(name, {})[seed] = rec
     a.out.write_text(json.dumps(out, indent=1))
 
 
