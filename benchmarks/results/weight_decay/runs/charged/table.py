@@ -6,7 +6,6 @@ Writes table.md and table.json beside this file.
 python benchmarks/results/weight_decay/runs/charged/table.py
 """
 
-import glob
 import json
 import math
 import statistics as st
@@ -16,13 +15,6 @@ from pathlib import Path
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parents[3]))
 from issue28_look_ahead_table import default_pattern, learned_runs  # noqa: E402
-
-
-def runs(pattern: str, setting: str) -> dict[int, dict]:
-    out = {}
-    for f in sorted(glob.glob(pattern)):
-        out.update(learned_runs(f, setting))
-    return out
 
 
 def summary(new: dict[int, dict], old: dict[int, dict]) -> dict[str, float]:
@@ -41,9 +33,9 @@ def summary(new: dict[int, dict], old: dict[int, dict]) -> dict[str, float]:
 HEAD = "| setting | against | charged − it | hyper steps (it / charged) | in-run share (charged) |"
 table, rows = {}, [HEAD, "|---|---|---|---|---|"]
 for s in ("digits_small", "mnist_mlp"):
-    new = runs(str(here / f"{s}_charged*_seed*.json"), s)
-    for name, old in (("rerun (same time)", runs(str(here / f"{s}_rerun*_seed*.json"), s)),
-                      ("stored default", runs(default_pattern(s), s))):  # fmt: skip
+    new = learned_runs(str(here / f"{s}_charged*_seed*.json"), s)
+    for name, old in (("rerun (same time)", learned_runs(str(here / f"{s}_rerun*_seed*.json"), s)),
+                      ("stored default", learned_runs(default_pattern(s), s))):  # fmt: skip
         r = table.setdefault(s, {})[name] = summary(new, old)
         rows.append(
             f"| {s} | {name} | {r['mean']:+.4f} ± {r['se']:.4f} (n = {r['n']}, "

@@ -1,24 +1,21 @@
 """Paired held-out test loss, learned per layer: TrustRprop(lr=1.0) − the default (rerun at the
 same time where there is one, else the stored runs of ../final_s38_overhead). Writes table.md."""
 
-import json
-import re
+import sys
 from pathlib import Path
 
-here = Path(__file__).parent
+here = Path(__file__).resolve().parent
+sys.path.insert(0, str(here.parents[3]))
+from issue28_look_ahead_table import learned_runs  # noqa: E402
+
 stored = here.parent / "final_s38_overhead"
 SETTINGS = ["news_mlp", "digits_small", "mnist_mlp", "fashion_mlp", "digits_mlp", "mnist_cnn",
             "fashion_cnn"]  # fmt: skip
 
 
-def test_losses(folder: Path, stem: str) -> dict[int, float]:
-    out = {}
-    for f in folder.glob(f"{stem}_seed*.json"):
-        if re.search(r"_seed\d+\.json$", f.name):
-            d = json.loads(f.read_text())
-            run = next(iter(d["settings"].values()))["runs"]["learned_per_layer"]
-            out[d["seed"]] = run["test_loss"]
-    return out
+def test_losses(folder: Path, stem: str, setting: str) -> dict[int, float]:
+    runs = learned_runs(str(folder / f"{stem}_seed[0-9].json"), setting)
+    return {seed: r["test_loss"] for seed, r in runs.items()}
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> str:
@@ -34,8 +31,8 @@ rows = [
     "|---|---|---|---|",
 ]
 for s in SETTINGS:
-    lr1, old = test_losses(here, f"{s}_lr1"), test_losses(stored, s)
-    ctl = test_losses(here, f"{s}_ctl")
+    lr1, old = test_losses(here, f"{s}_lr1", s), test_losses(stored, s, s)
+    ctl = test_losses(here, f"{s}_ctl", s)
     now = paired(lr1, ctl) if ctl else ""
     rows.append(f"| {s} | {now} | {paired(lr1, old)} | {paired(ctl, old) if ctl else ''} |")
 (here / "table.md").write_text("\n".join(rows) + "\n")

@@ -5,7 +5,6 @@ against the stored default runs). Writes table.md beside this file.
 python benchmarks/results/weight_decay/runs/planned_more/table.py
 """
 
-import glob
 import math
 import statistics as st
 import sys
@@ -17,10 +16,7 @@ from issue28_look_ahead_table import DEFAULT, learned_runs  # noqa: E402
 
 
 def runs(pattern: str, setting: str) -> dict[int, float]:
-    out = {}
-    for f in sorted(glob.glob(pattern)):
-        out.update({s: r["test_loss"] for s, r in learned_runs(f, setting).items()})
-    return out
+    return {s: r["test_loss"] for s, r in learned_runs(pattern, setting).items()}
 
 
 def summary(d: list[float]) -> str:

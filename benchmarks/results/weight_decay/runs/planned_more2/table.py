@@ -6,7 +6,6 @@ Writes table.md and table.json beside this file.
 python benchmarks/results/weight_decay/runs/planned_more2/table.py
 """
 
-import glob
 import json
 import math
 import statistics as st
@@ -19,10 +18,7 @@ from issue28_look_ahead_table import DEFAULT, learned_runs  # noqa: E402
 
 
 def runs(pattern: str, setting: str) -> dict[int, float]:
-    out = {}
-    for f in sorted(glob.glob(pattern)):
-        out.update({s: r["test_loss"] for s, r in learned_runs(f, setting).items()})
-    return out
+    return {s: r["test_loss"] for s, r in learned_runs(pattern, setting).items()}
 
 
 def diffs(folder: Path, setting: str, old_pattern: str | None = None) -> list[float]:

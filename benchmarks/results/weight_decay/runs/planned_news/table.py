@@ -5,7 +5,6 @@ with the hyper steps. Writes table.md and table.json beside this file.
 python benchmarks/results/weight_decay/runs/planned_news/table.py
 """
 
-import glob
 import json
 import math
 import statistics as st
@@ -16,18 +15,10 @@ here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parents[3]))
 from issue28_look_ahead_table import default_pattern, learned_runs  # noqa: E402
 
-
-def runs(pattern: str) -> dict[int, dict]:
-    out = {}
-    for f in sorted(glob.glob(pattern)):
-        out.update(learned_runs(f, "news_mlp"))
-    return out
-
-
 arms = {
-    "planned": runs(str(here / "news_mlp_planned_seed[0-9].json")),
-    "default": runs(str(here / "news_mlp_default_seed[0-9].json")),
-    "stored default": runs(default_pattern("news_mlp")),
+    "planned": learned_runs(str(here / "news_mlp_planned_seed[0-9].json"), "news_mlp"),
+    "default": learned_runs(str(here / "news_mlp_default_seed[0-9].json"), "news_mlp"),
+    "stored default": learned_runs(default_pattern("news_mlp"), "news_mlp"),
 }
 table, rows = {}, ["| pair | difference | test loss | hyper steps |", "|---|---|---|---|"]
 for a, b in (("planned", "default"), ("planned", "stored default"), ("default", "stored default")):

@@ -5,7 +5,6 @@ loss paired by seed, with the hyper steps. Writes table.md and table.json beside
 python benchmarks/results/weight_decay/runs/planned_trust/table.py
 """
 
-import glob
 import json
 import math
 import statistics as st
@@ -16,22 +15,14 @@ here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parents[3]))
 from issue28_look_ahead_table import learned_runs  # noqa: E402
 
-
-def runs(pattern: str, setting: str) -> dict[int, dict]:
-    out = {}
-    for f in sorted(glob.glob(pattern)):
-        out.update(learned_runs(f, setting))
-    return out
-
-
 table = {}
 rows = [
     "| setting | planned − default | test loss (planned / default) | hyper steps |",
     "|---|---|---|---|",
 ]
 for s in ("news_mlp", "fashion_mlp"):
-    new = runs(str(here / f"{s}_planned_seed[0-9].json"), s)
-    old = runs(str(here / f"{s}_default_seed[0-9].json"), s)
+    new = learned_runs(str(here / f"{s}_planned_seed[0-9].json"), s)
+    old = learned_runs(str(here / f"{s}_default_seed[0-9].json"), s)
     k = sorted(set(new) & set(old))
     d = [new[i]["test_loss"] - old[i]["test_loss"] for i in k]
     r = table[s] = {

@@ -5,7 +5,6 @@ seeds 9-17 run here (both arms at once, run.sh), and pooled with seeds 0-8 (Trus
     python benchmarks/results/weight_decay/runs/outer_flip/more/table.py
 """
 
-import glob
 import json
 import math
 import statistics
@@ -17,15 +16,6 @@ sys.path.insert(0, str(HERE.parents[4]))  # benchmarks/
 import issue28_look_ahead_table as t  # noqa: E402
 
 
-def runs(pattern: str, setting: str) -> dict:
-    out = {}
-    for f in glob.glob(pattern):
-        if not f.endswith("_seeds.json"):
-            d = json.loads(Path(f).read_text())
-            out[int(d["seed"])] = d["settings"][setting]["runs"]["learned_per_layer"]
-    return out
-
-
 def stats(d: list[float]) -> dict:
     m, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
     return {"mean": m, "se": se, "n": len(d), "above": sum(x > 0 for x in d)}
@@ -33,8 +23,8 @@ def stats(d: list[float]) -> dict:
 
 rows, table = [], {}
 for s in ("fashion_mlp", "mnist_mlp", "digits_small"):
-    adam = runs(str(HERE / f"{s}_adam_seed*.json"), s)
-    trust = runs(str(HERE / f"{s}_trust_seed*.json"), s)
+    adam = t.learned_runs(str(HERE / f"{s}_adam_seed*.json"), s)
+    trust = t.learned_runs(str(HERE / f"{s}_trust_seed*.json"), s)
     seeds = sorted(set(adam) & set(trust))
     if len(seeds) < 2:
         continue
