@@ -6,15 +6,14 @@ python benchmarks/results/noisy_labels/runs/forward_difference/table.py
 
 import json
 import statistics as st
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+from bench_noisy_labels import mean_se  # noqa: E402
 
 HERE = Path(__file__).parent
 OUT = HERE.parents[1] / "forward_difference.md"
-
-
-def mean_se(xs: list[float]) -> str:
-    se = st.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
-    return f"{st.mean(xs):+.2f} ± {se:.2f}"
 
 
 def ratio(num: list[float], den: list[float]) -> str:

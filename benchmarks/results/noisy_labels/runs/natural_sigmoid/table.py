@@ -8,25 +8,16 @@ python benchmarks/results/noisy_labels/runs/natural_sigmoid/table.py
 
 import json
 import statistics as st
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+from bench_noisy_labels import mean_se, ratio_of_means  # noqa: E402
 
 HERE = Path(__file__).parent
 RUNS = HERE.parent
 OUT = HERE.parents[1] / "natural_sigmoid.md"
 ARM = "drop_in_natural"
-
-
-def mean_se(xs: list[float]) -> str:
-    se = st.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
-    return f"{st.mean(xs):+.2f} ± {se:.2f}"
-
-
-def ratio_of_means(m: list[float], p: list[float], o: list[float]) -> str:
-    a = [x - y for x, y in zip(m, p)]
-    b = [x - y for x, y in zip(o, p)]
-    r = st.mean(a) / st.mean(b)
-    se = st.stdev([x - r * y for x, y in zip(a, b)]) / (abs(st.mean(b)) * len(a) ** 0.5)
-    return f"{100 * r:.0f} ± {100 * se:.0f} %"
 
 
 def oracle(ds: str, name: str, seeds: list[int]) -> list[float]:
