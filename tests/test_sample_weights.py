@@ -31,6 +31,7 @@ from hypertorch_sid.core.sample_weights import (
     ForwardMode,
     Indexed,
     IndexedDataset,
+    KeptEvidenceError,
     LazyAdam,
     MeanLoss,
     SampleWeights,
@@ -538,6 +539,56 @@ def test_expected_error_is_one_minus_p_y_of_the_cross_entropy_and_its_gradient()
         as_validation_objective("accuracy")
     with pytest.raises(ConfigurationError, match="negative one.*objective='mean_loss'"):
         ExpectedError()(torch.tensor([0.3, -0.2]))
+
+
+def _ess_share(losses: torch.Tensor, q: float) -> float:
+    w = torch.exp(-q * losses)
+    return float(w.sum() ** 2 / (w * w).sum() / losses.numel())
+
+
+def test_kept_evidence_error_is_the_expected_error_when_p_y_are_high_and_the_mean_loss_when_spread():
+    """KeptEvidenceError (eq. keptevidence): every p_y high → ESS(q_max) ≈ |V|, q* = q_max and
+    E = ExpectedError(q_max); p_y spread over orders of magnitude → q* falls toward 0, the mean loss,
+    as 1/(the losses' scale); q* is the largest grid q with ESS(q) ≥ κ|V| (the next
+    grid value misses it); q readable after the calls (float64)."""
+    gen = torch.Generator().manual_seed(3)
+    high = -torch.log(1 - 0.05 * torch.rand(50, generator=gen, dtype=torch.float64))
+    objective = KeptEvidenceError()
+    assert objective.q == 0.5 and repr(objective) == "KeptEvidenceError(q_max=0.5, kappa=0.5)"
+    assert torch.equal(objective(high), ExpectedError(0.5)(high)) and objective.q == 0.5
+    spread = 120 * torch.rand(200, generator=gen, dtype=torch.float64) ** 2  # p_y 1 to e^-120
+    z = spread.clone().requires_grad_(True)
+    q = float(objective.choose_q(spread))
+    assert 0 < q < 0.05
+    assert _ess_share(spread, q) >= 0.5 > _ess_share(spread, q + 0.5 / 64)
+    (g,) = torch.autograd.grad(objective(z), z)
+    assert torch.allclose(g, torch.exp(-q * spread) / 200, rtol=1e-12)  # ∇E = p_y^q* / |V|
+    assert _ess_share(spread, 0.5) < 0.2 and objective.q == q  # q_max would keep < 20 %
+    # ESS(q; cℓ) = ESS(cq; ℓ): losses c times larger slide q* c times nearer the mean loss
+    assert abs(float(objective.choose_q(4 * spread)) - q / 4) <= 0.5 / 64
+    assert len(objective.qs) == 2
+    wild = torch.tensor([0.0, 0.0, 500.0, 900.0], dtype=torch.float64)  # ESS < |V|/2 at any q > 0
+    assert float(KeptEvidenceError(kappa=0.9).choose_q(wild)) == 0.0
+    assert torch.equal(KeptEvidenceError(kappa=0.9)(wild), MeanLoss()(wild))
+    assert isinstance(as_validation_objective("kept_evidence"), KeptEvidenceError)
+
+
+def test_kept_evidence_error_gradient_matches_finite_differences_and_refuses_bad_input():
+    """∇E of eq. keptevidence through a cross entropy, q* held fixed, against central finite
+    differences of E (float64; q* does not switch within ±h); clear errors for bad settings and
+    negative losses."""
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 5, (9,), generator=gen)
+    objective = KeptEvidenceError(q_max=1.0, kappa=0.8)
+    assert torch.autograd.gradcheck(
+        lambda z: objective(F.cross_entropy(z, y, reduction="none")), (z,), eps=1e-6, atol=1e-8
+    )
+    for bad in ({"q_max": 0}, {"q_max": True}, {"kappa": 0}, {"kappa": 1.5}, {"grid": 0}):
+        with pytest.raises(ConfigurationError, match="KeptEvidenceError: .* must"):
+            KeptEvidenceError(**bad)
+    with pytest.raises(ConfigurationError, match="negative one.*objective='mean_loss'"):
+        KeptEvidenceError()(torch.tensor([0.3, -0.2]))
 
 
 def test_weighted_ridge_hypergradient_under_the_expected_error_matches_closed_form():

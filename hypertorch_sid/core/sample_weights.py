@@ -630,6 +630,12 @@ class ExpectedError(ValidationObjective):
         self.q = float(q)
 
     def __call__(self, losses: Tensor) -> Tensor:
+        self.refuse_negative(losses)
+        return (-torch.expm1(-self.q * losses)).mean() / self.q
+
+    @staticmethod
+    def refuse_negative(losses: Tensor) -> None:
+        """A clear error for a negative validation loss (e^(−ℓ) is then no probability)."""
         if bool((losses.detach() < 0).any()):
             raise ConfigurationError(
                 f"ExpectedError reads each validation loss as −log p of the right answer (≥ 0), "
@@ -637,21 +643,86 @@ class ExpectedError(ValidationObjective):
                 "no probability and its gradient grows without bound. Use objective='mean_loss' "
                 "for such a loss (e.g. a Gaussian negative log-likelihood)."
             )
-        return (-torch.expm1(-self.q * losses)).mean() / self.q
 
     def __repr__(self) -> str:
         return f"ExpectedError(q={self.q})"
+
+
+class KeptEvidenceError(ValidationObjective):
+    """ExpectedError whose q each validation batch chooses: the largest q ≤ ``q_max`` whose
+    weights p_y^q = e^{−qℓⱼ} keep at least a share κ of the batch's evidence, measured by their
+    effective sample size,
+
+        ESS(q) = (Σⱼ e^{−qℓⱼ})² / Σⱼ e^{−2qℓⱼ},   q* = max {q ∈ [0, q_max] : ESS(q) ≥ κ|V|},
+        E(w) = (1/|V|) Σⱼ (1 − exp(−q* ℓⱼ(w))) / q*   (q* held fixed; q* = 0: the mean loss)
+                                                                            (eq. keptevidence)
+
+    ESS(0) = |V| and ESS falls as q grows (d log ESS/dq = 2(E_{2q}[ℓ] − E_q[ℓ]) ≤ 0, the
+    tilted mean of ℓ falling in the tilt), so q* is well defined. A well-fit validation batch
+    (every p_y high, the weights nearly equal) keeps q* = q_max: :class:`ExpectedError`
+    ``(q_max)``. A poorly fit one, whose p_y^q_max would hand most of the gradient to the few
+    examples already right, slides toward q = 0, the mean loss (:class:`MeanLoss`), which keeps
+    every example's evidence. q* is searched on ``grid`` + 1 equally spaced values of [0, q_max]
+    in one tensor operation (no host synchronisation) and is not differentiated. ``q``: the q*
+    of the last batch (q_max before the first); ``qs``: every batch's q* so far (a list of
+    0-d tensors, read after the fit).
+    """
+
+    def __init__(self, q_max: float = 0.5, kappa: float = 0.5, grid: int = 64) -> None:
+        if not (isinstance(q_max, (int, float)) and not isinstance(q_max, bool) and q_max > 0):
+            raise ConfigurationError(
+                f"KeptEvidenceError: q_max must be a number > 0, got {q_max!r}."
+            )
+        if not (isinstance(kappa, (int, float)) and not isinstance(kappa, bool) and 0 < kappa <= 1):
+            raise ConfigurationError(
+                f"KeptEvidenceError: kappa (the share of the validation batch's effective sample "
+                f"size to keep) must lie in (0, 1], got {kappa!r}."
+            )
+        if not (isinstance(grid, int) and not isinstance(grid, bool) and grid >= 1):
+            raise ConfigurationError(f"KeptEvidenceError: grid must be an int ≥ 1, got {grid!r}.")
+        self.q_max, self.kappa, self.grid = float(q_max), float(kappa), grid
+        self.qs: list[Tensor] = []
+
+    @property
+    def q(self) -> float:
+        """q* of the last validation batch (q_max before the first)."""
+        return float(self.qs[-1]) if self.qs else self.q_max
+
+    def choose_q(self, losses: Tensor) -> Tensor:
+        """q* of eq. keptevidence for these losses (0-d, detached)."""
+        ell = losses.detach().reshape(-1).to(torch.float64)
+        candidates = torch.linspace(
+            0.0, self.q_max, self.grid + 1, dtype=ell.dtype, device=ell.device
+        )
+        log_w = -candidates[:, None] * (ell - ell.min())[None, :]  # shift: ESS is scale-free
+        log_ess = 2 * torch.logsumexp(log_w, 1) - torch.logsumexp(2 * log_w, 1)
+        keep = log_ess >= math.log(self.kappa * ell.numel()) - 1e-12
+        keep[0] = True  # ESS(0) = |V|
+        return candidates[keep.cumprod(0).sum() - 1].to(losses.dtype)
+
+    def __call__(self, losses: Tensor) -> Tensor:
+        ExpectedError.refuse_negative(losses)
+        q = self.choose_q(losses)
+        self.qs.append(q)
+        safe = torch.where(q > 0, q, torch.ones_like(q))
+        soft = -torch.expm1(-safe * losses) / safe
+        return torch.where(q > 0, soft, losses).mean()
+
+    def __repr__(self) -> str:
+        return f"KeptEvidenceError(q_max={self.q_max}, kappa={self.kappa})"
 
 
 #: objectives by name (``LearnedDataWeights(objective=...)``)
 OBJECTIVES: dict[str, Callable[[], ValidationObjective]] = {
     "mean_loss": MeanLoss,
     "expected_error": ExpectedError,
+    "kept_evidence": KeptEvidenceError,
 }
 
 
 def as_validation_objective(value: str | ValidationObjective) -> ValidationObjective:
-    """A :class:`ValidationObjective` from its name (``"mean_loss"``, ``"expected_error"``)."""
+    """A :class:`ValidationObjective` from its name (``"mean_loss"``, ``"expected_error"``,
+    ``"kept_evidence"``)."""
     return as_strategy(
         "the validation objective", value, ValidationObjective, OBJECTIVES, "ExpectedError(q=0.7)"
     )

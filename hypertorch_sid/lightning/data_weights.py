@@ -429,7 +429,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         example counts by √p_y, so the ones the network gets badly wrong do not decide which
         training labels look helpful; a negative loss, e.g. a Gaussian NLL, is refused naming
         ``"mean_loss"``). ``"mean_loss"`` (:class:`MeanLoss`, their mean: the default until
-        this version), ``"expected_error"`` (q = 1) or any :class:`ValidationObjective`.
+        this version), ``"expected_error"`` (q = 1), ``"kept_evidence"``
+        (:class:`KeptEvidenceError`: q chosen per validation batch, eq. keptevidence) or any
+        :class:`ValidationObjective`.
         q = 0.5 against the mean loss, test accuracy: +0.65 / +1.23 / +0.93 / +1.12 points on
         the noisy-label CNNs (MNIST / Fashion-MNIST × symmetric / pair-flip, 14 seeds), +0.96 on
         the 20 Newsgroups MLP (12 seeds), where q = 1 lost 2.0 (docs/data_weights.md).
