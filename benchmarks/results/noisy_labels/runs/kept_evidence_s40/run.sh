@@ -18,3 +18,5 @@ for DS in mnist fashion; do
     --methods drop_in --drop-in-kwargs '{"objective": "kept_evidence"}' --out "$here/${DS}_r04.json" > "$here/${DS}_r04.log" 2>&1 &
 done
 wait
+# 20 Newsgroups data weights, seeds 0-2 (pairs with ../outer_objective/news20_seeds012345_q0.5.json)
+PYTHONPATH=$PWD OMP_NUM_THREADS=1 ${PYTHON:-python} "$here/news20.py" 0 1 2 > "$here/news20.log" 2>&1
