@@ -454,3 +454,73 @@ def test_trust_rprops_bound_reads_the_shrink_rate_of_the_decay_it_bounds(decoupl
         assert all(e == pytest.approx(3e-3, rel=1e-12) for e in etas)
     else:
         assert all(e > 10 * 3e-3 for e in etas)  # Adam's gain lr/√v̂ on small gradients
+
+
+class _StopAt(pl.Callback):
+    """Ends the fit after ``steps`` optimizer steps, as early stopping would: the trainer cannot
+    know its length in advance."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        trainer.should_stop = trainer.global_step >= self.steps
+
+
+class _Told(_Recording):
+    """_Recording that also keeps the R it is told before each hyper step."""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.told: list[int | None] = []
+
+    def observe(self, remaining_steps, eta):
+        self.told.append(remaining_steps)
+        super().observe(remaining_steps, eta)
+
+
+def _fit_of_unknown_length(**trainer_kw) -> LearnedWeightDecay:
+    X, y = _mlp_data()
+    pl.seed_everything(0, verbose=False)
+    cb = LearnedWeightDecay(1e-3, every_n_steps=2, max_overhead=None, outer_optimizer=_Told)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        trainer(callbacks=[cb, _StopAt(24)], **trainer_kw).fit(
+            _MLP(),
+            DataLoader(TensorDataset(X[:192], y[:192]), batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(X[192:], y[192:]), batch_size=64),
+        )
+    cb.said = [str(w.message) for w in said]  # type: ignore[attr-defined]
+    return cb
+
+
+def test_a_fit_of_unknown_length_bounds_lambdas_rises_by_the_steps_run_and_says_so():
+    """max_epochs=-1 stopped by a callback (early stopping's case): R is the steps run so far
+    (Gott's estimate), so every rise of λ is bounded (eq. decaytrust) where it used to be
+    Rprop's unbounded step (the main job's recipe, seed 0: λ 0.33 and test loss 2.23), and the
+    user is told once how R was taken and how to give the exact one."""
+    cb = _fit_of_unknown_length(max_epochs=-1)
+    opt = cb.sid.outer_optimizer
+    assert cb.sid.hyper_step >= 10
+    assert opt.told == [2 * (j + 1) for j in range(len(opt.told))]  # the steps run so far
+    assert all(math.isfinite(bound) for bound, _ in opt.steps)
+    assert all(rise <= bound * (1 + 1e-4) for bound, rise in opt.steps)
+    unknown = [m for m in cb.said if "length is unknown" in m]
+    assert len(unknown) == 1 and "max_steps" in unknown[0]
+
+
+def test_a_fit_limited_by_max_time_takes_its_horizon_from_the_pace_so_far():
+    """max_time alone (Lightning's Timer): R = the steps the time left allows at the pace so far
+    (finite: an hour at milliseconds per step), and no unknown-length warning."""
+    cb = _fit_of_unknown_length(max_epochs=-1, max_time={"hours": 1})
+    told = cb.sid.outer_optimizer.told
+    assert len(told) >= 10 and all(r is not None and 1000 < r < 10**9 for r in told)
+    assert not [m for m in cb.said if "length is unknown" in m]
+
+
+def test_a_known_length_is_the_exact_horizon():
+    """max_steps known: R = the steps left (the horizon as before), no warning."""
+    cb = _fit_of_unknown_length(max_steps=24)
+    told = cb.sid.outer_optimizer.told
+    assert told == [24 - 2 * (j + 1) for j in range(len(told))]
+    assert not [m for m in cb.said if "length is unknown" in m]

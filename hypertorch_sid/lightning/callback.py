@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, Timer
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
@@ -224,6 +224,7 @@ class HyperOptimizationCallback(Callback):
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
+        self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -465,7 +466,7 @@ class HyperOptimizationCallback(Callback):
                 "adjoint warm start and samplers."
             )
         self._last_step = trainer.global_step
-        self._due_in_fit = 0
+        self._due_in_fit, self._said_horizon = 0, False
         rank_zero_info(
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
@@ -652,12 +653,16 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None
         eta = effective_step_size(trainer.optimizers)
         eta = self._step_size if eta is None else eta
-        self.sid.config.damping.observe(remaining_steps(trainer), eta)
-        self.sid.config.adjoint_solver.observe(remaining_steps(trainer), eta)
-        self.sid.config.look_ahead.observe(remaining_steps(trainer), eta)
+        left, how = horizon(trainer)
+        if how is not None and not self._said_horizon:
+            self._said_horizon = True
+            rank_zero_warn(f"{type(self).__name__}: {how}")
+        self.sid.config.damping.observe(left, eta)
+        self.sid.config.adjoint_solver.observe(left, eta)
+        self.sid.config.look_ahead.observe(left, eta)
         observe = getattr(self.sid.outer_optimizer, "observe", None)  # e.g. TrustRprop's
         if callable(observe):
-            observe(remaining_steps(trainer), self._outer_step_size(eta))
+            observe(left, self._outer_step_size(eta))
         self._step_size = None
         self.sid.refresh_damping()
 
@@ -700,6 +705,46 @@ def remaining_steps(trainer: pl.Trainer) -> int | None:
     """The optimizer steps left in the fit (None where its length is unknown)."""
     total = trainer.estimated_stepping_batches
     return int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
+
+
+def horizon(trainer: pl.Trainer) -> tuple[int, str | None]:
+    """R, the training steps the hypergradient's horizon and the outer step's bound count on
+    (eq. decaytrust), and where the fit's length is unknown, how R was estimated (a message).
+
+    * A known length (``max_steps``, ``max_epochs`` with a sized loader): the steps left, or
+      fewer where a ``max_time`` limit will end the fit sooner at the pace so far.
+    * ``max_time`` alone: the time left at the pace so far.
+    * Neither (``max_epochs=-1`` with early stopping, a stream): as many steps again as have
+      run — Gott's Copernican estimate (the present is no special moment of the fit, so the
+      steps left are as likely below as above the steps run). Unbounded, an outer step that
+      grows λ while the hypergradient agrees outruns the weights' answer to it (on the main
+      job's recipe, seed 0: λ 0.33 and held-out test loss 2.23 against 0.05 and 0.225).
+    """
+    steps = max(trainer.global_step, 1)
+    known = remaining_steps(trainer)
+    paced = _steps_left_in_time(trainer, steps)
+    if known is not None:
+        return (known if paced is None else min(known, paced)), None
+    if paced is not None:
+        return paced, None
+    return steps, (
+        "the fit's length is unknown (max_epochs=-1 without max_steps, or a loader without "
+        "len), so the horizon of the hypergradient and of λ's rises (eq. decaytrust) is taken "
+        "as the steps run so far, re-estimated at every hyper step. Pass max_steps or "
+        "max_epochs (an upper bound will do) for the exact one."
+    )
+
+
+def _steps_left_in_time(trainer: pl.Trainer, steps: int) -> int | None:
+    """The steps a ``max_time`` limit (Lightning's ``Timer``) leaves at the pace so far (None:
+    no limit, or no time measured yet)."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is None:
+        return None
+    spent, left = timer.time_elapsed("train"), timer.time_remaining("train")
+    if left is None or spent <= 0:
+        return None
+    return max(int(steps * left / spent), 0)
 
 
 def runs_in_new_processes(trainer: pl.Trainer) -> bool:
