@@ -34,4 +34,7 @@ open(p, "w").write(s.replace(old, new))
 PY
 # Our solver (SID through hypertorch_sid) next to theirs, so one benchopt run holds all methods.
 cp "$HERE/solvers/sid.py" "$DEST/solvers/sid.py"
-echo "benchmark_bilevel at $(git -C "$DEST" rev-parse HEAD) in $DEST (patched: epochs block_until_ready; + solvers/sid.py)"
+# The seed paper's problem (MNIST odd/even, one L2 coefficient per pixel) as one of its datasets;
+# its data file: python benchmarks/benchopt/make_mnist_oddeven.py --out "$DEST/mnist_oddeven.npz"
+cp "$HERE/datasets/mnist_oddeven.py" "$DEST/datasets/mnist_oddeven.py"
+echo "benchmark_bilevel at $(git -C "$DEST" rev-parse HEAD) in $DEST (patched: epochs block_until_ready; + solvers/sid.py, datasets/mnist_oddeven.py)"
