@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import Batches, SIDConfig, SIDHyperOptimizer
+
+
+def import_from(folder: Path, name: str) -> ModuleType:
+    """The module ``name`` from ``folder`` outside the package (a benchmark script), without
+    leaving ``folder`` on ``sys.path``."""
+    sys.path.insert(0, str(folder))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(folder))
 
 
 @dataclass

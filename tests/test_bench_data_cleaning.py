@@ -6,31 +6,23 @@ from __future__ import annotations
 
 import gzip
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from problems import import_from
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _import(folder: Path, name: str):
-    sys.path.insert(0, str(folder))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(folder))
-
-
 @pytest.fixture(scope="module")
 def dc():
-    return _import(BENCH, "bench_data_cleaning")
+    return import_from(BENCH, "bench_data_cleaning")
 
 
 @pytest.fixture(scope="module")
 def builder():
-    return _import(BENCH / "benchopt", "make_mnist_pkl")
+    return import_from(BENCH / "benchopt", "make_mnist_pkl")
 
 
 def _write_idx(path: Path, array: np.ndarray, images: bool) -> None:

@@ -5,26 +5,18 @@ on the real MNIST when ``../shared/data/mnist`` is there."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from problems import import_from
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _import(folder: Path, name: str):
-    sys.path.insert(0, str(folder))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(folder))
-
-
 @pytest.fixture(scope="module")
 def builder():
-    return _import(ROOT / "benchmarks" / "benchopt", "make_mnist_oddeven")
+    return import_from(ROOT / "benchmarks" / "benchopt", "make_mnist_oddeven")
 
 
 def _synthetic(n, rng):
@@ -59,8 +51,8 @@ def test_same_split_as_the_examples_on_real_mnist(builder):
     mnist = ROOT.parent / "shared" / "data" / "mnist"
     if not (mnist / "train-images-idx3-ubyte.gz").exists():
         pytest.skip(f"{mnist} not found: the real-data check needs the MNIST IDX files")
-    datasets = _import(ROOT / "examples", "datasets")
-    m = _import(ROOT / "benchmarks" / "benchopt", "make_mnist_pkl").build(mnist)
+    datasets = import_from(ROOT / "examples", "datasets")
+    m = import_from(ROOT / "benchmarks" / "benchopt", "make_mnist_pkl").build(mnist)
     out = builder.odd_even_split(
         m["training_images"], m["training_labels"], m["test_images"], m["test_labels"], 300, 200
     )
