@@ -7,6 +7,7 @@ batches per iteration × batch size; SID: what its solver counted, runs/sid/*.np
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+#: which run: "" for config.yml (runs/config.parquet, runs/sid), "_long" for config_long.yml
+SUFFIX = sys.argv[1] if len(sys.argv) > 1 else ""
 BATCHES_PER_ITER = dict(SOBA=2, SABA=2, SRBA=2, StocBiO=22, AmIGO=22, MRBO=12, FSLA=5)
 METRICS = ["test_error", "test_error_star", "value_func"]
 
@@ -28,7 +31,11 @@ def _spread(x):
 def samples_of(r):
     method = r["solver_name"].split("[")[0]
     if method == "SID":
-        f = HERE / "runs/sid" / f"sid_regsel_b256_seed{int(r['p_solver_random_state'])}.npz"
+        f = (
+            HERE
+            / f"runs/sid{SUFFIX}"
+            / f"sid_regsel_b256_seed{int(r['p_solver_random_state'])}.npz"
+        )
         s = np.load(f)["samples"]
         return float(s[min(int(r["stop_val"]), len(s) - 1)])
     freq = int(re.search(r"eval_freq=(\d+)", r["solver_name"]).group(1))
@@ -37,7 +44,7 @@ def samples_of(r):
 
 
 def main():
-    d = pd.read_parquet(HERE / "runs/config.parquet")
+    d = pd.read_parquet(HERE / f"runs/config{SUFFIX}.parquet")
     d = d.rename(columns={f"objective_{k}": k for k in METRICS})
     d["method"] = d["solver_name"].str.split("[").str[0]
     d["seed"] = d["p_solver_random_state"].astype(int)
@@ -64,13 +71,13 @@ def main():
     axes[0].legend(fontsize=7)
     fig.suptitle("MNIST odd/even, one λ per pixel (benchopt benchmark_bilevel), 3 seeds")
     fig.tight_layout()
-    fig.savefig(HERE / "test_error.png", dpi=110)
+    fig.savefig(HERE / f"test_error{SUFFIX}.png", dpi=110)
     out = dict(
         command="bash benchmarks/results/regularization_selection/run.sh (config.yml: 20 s a run)",
         methods=table,
         baselines=dict(zero=base["zero"], best_shared=base["best_shared"]),
     )
-    (HERE / "table.json").write_text(json.dumps(out, indent=1) + "\n")
+    (HERE / f"table{SUFFIX}.json").write_text(json.dumps(out, indent=1) + "\n")
     fmt = lambda m: f"{m['median']:.4f} [{m['min']:.4f}, {m['max']:.4f}]"  # noqa: E731
     lines = [
         "| method | test error of w (returned) | test error of w*(λ) | val loss f(w*(λ)) "
@@ -87,7 +94,7 @@ def main():
         lines.append(
             f"| {name} (L-BFGS, float64) | | {b['test_error']:.4f} | {b['val_loss']:.4f} | | |"
         )
-    (HERE / "table.md").write_text("\n".join(lines) + "\n")
+    (HERE / f"table{SUFFIX}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
