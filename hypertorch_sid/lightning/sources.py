@@ -19,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler, Subset
 
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError
@@ -176,6 +176,7 @@ class HyperData:
                 loader, self._prepare(), self.world_size, batch_size, "train dataloader"
             )
         dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
+        dataset = self._read_by_training(loader, dataset, loader_bs)
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
@@ -185,6 +186,37 @@ class HyperData:
         sampler = ShardedSampler(self.n_train, batch_size, seed, self.rank, self.world_size)
         self.train_parts = (dataset, collate)
         return SampledBatches(dataset, collate, sampler, self._prepare())
+
+    def _read_by_training(
+        self, loader: DataLoader, dataset: Dataset, loader_bs: int | None
+    ) -> Dataset:
+        """The part of the training set the training loop reads: all of it, unless the loop
+        reads only the first k batches of a loader that does not shuffle (``overfit_batches=k``,
+        or ``limit_train_batches`` on a loader with ``shuffle=False``): then its first k·b
+        samples, every epoch. ℓ̂ must be the loss the training minimises: drawn from the whole
+        set, the hyper steps would tune λ for a training on samples it never sees (with
+        ``overfit_batches=2`` on 640 digits, a fixed point of 64 samples differentiated as
+        one of 640)."""
+        k = self.trainer.num_training_batches
+        try:
+            n_batches = len(loader)
+        except TypeError:
+            return dataset
+        if not isinstance(k, int) or k >= n_batches or loader_bs is None:
+            return dataset
+        sampler = loader.sampler
+        if isinstance(sampler, RandomSampler) or getattr(sampler, "shuffle", False):
+            return dataset  # a new random subset each epoch: the training sees the whole set
+        if self.world_size > 1 or not isinstance(sampler, SequentialSampler):
+            rank_zero_warn(
+                f"HyperOptimizationCallback: the training reads only {k} of the train "
+                f"dataloader's {n_batches} batches (overfit_batches / limit_train_batches) in "
+                "an order that does not shuffle, but the hyper steps draw from the whole "
+                "training set: λ is tuned for a training on samples it never sees. Shuffle the "
+                "train dataloader, or train on all of it."
+            )
+            return dataset
+        return Subset(dataset, range(min(len(dataset), k * loader_bs)))
 
     def _whole_set_at_most(self, loader_batch_size: int | None, n: int) -> int | None:
         """A loader's batch size, capped at this process's share of its ``n`` samples: a
