@@ -23,6 +23,7 @@ c = 2 against c = 1 (the same batch, the same randomness).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
@@ -34,20 +35,36 @@ from .validation import as_strategy
 
 #: the scalings probed (exact in binary floating point: the weights come back bit for bit)
 FACTORS = (0.5, 2.0)
+#: an invariant group's loss changes under the scalings at most this share of its change under a
+#: random move of the same size (measured 3·10⁻⁴–3·10⁻³ invariant, ≥ 0.3 plain)
+RELATIVE_TO_A_MOVE = 0.03
 
 
 @torch.no_grad()
 def scale_invariant(
-    loss: Callable[[], Tensor], tensors: Sequence[Tensor], rtol: float = 1e-3
+    loss: Callable[[], Tensor],
+    tensors: Sequence[Tensor],
+    rtol: float = 1e-3,
+    reference: float = RELATIVE_TO_A_MOVE,
 ) -> bool:
     """Whether ``loss()`` is unchanged (to relative ``rtol``) when ``tensors`` are scaled by ½
-    and by 2 together (eq. invariant); the tensors are restored exactly.
+    and by 2 together (eq. invariant), and changed at most ``reference`` times as much as by a
+    random move of the same size; the tensors are restored exactly.
 
     ``loss`` must be deterministic (the same batch; dropout seeded by the caller) and free of
     side effects the caller cares about (BatchNorm's running statistics: restore them, e.g.
     with :func:`~hypertorch_sid.core.modes.frozen_mode`). The tolerance covers BatchNorm's ε
     (the normalisation divides by √(σ² + ε), not σ) and float32 rounding: a layer the loss
     does see changes it by far more (a linear output layer scaled by 2: tens of percent).
+
+    The second test makes the first scale-free: near initialisation a network's loss is
+    ≈ log(classes) whatever a middle layer's size, so scaling a plain layer by 2 moved the
+    loss by under 10⁻³ of its value and the layer passed as invariant (digits MLPs, a
+    squeeze-excitation's fc1). Moving each tensor by ±½ of a seeded random direction of its
+    own norm (the size of the move from c = 1 to ½ or 2) changes the loss of an invariant
+    group by orders of magnitude more than the scalings do (ratio 3·10⁻⁴–3·10⁻³ after
+    LayerNorm, GroupNorm, BatchNorm), of a plain layer about as much (0.3–30): ``reference``
+    = 0.03 lies between.
     """
     if not tensors:
         raise ConfigurationError("scale_invariant: give at least one tensor to scale.")
@@ -56,6 +73,7 @@ def scale_invariant(
     base = float(loss())
     if not torch.isfinite(torch.tensor(base)):
         return False
+    scaled = 0.0
     for c in FACTORS:
         for t in tensors:
             t.mul_(c)
@@ -66,7 +84,29 @@ def scale_invariant(
                 t.div_(c)
         if not abs(value - base) <= rtol * max(abs(base), 1e-12):
             return False
-    return True
+        scaled = max(scaled, abs(value - base))
+    return scaled <= reference * _random_move(loss, tensors, base)
+
+
+def _random_move(loss: Callable[[], Tensor], tensors: Sequence[Tensor], base: float) -> float:
+    """The largest change of ``loss()`` when every tensor moves by ±½ of a seeded random
+    direction of its own norm; the tensors are restored bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    saved = [t.clone() for t in tensors]
+    moves = []
+    for t in tensors:
+        u = torch.randn(t.shape, generator=generator, dtype=torch.float64)
+        moves.append((u * (t.double().norm() / u.norm().clamp_min(1e-30))).to(t))
+    change = 0.0
+    try:
+        for sign in (0.5, -0.5):
+            for t, u, keep in zip(tensors, moves, saved):
+                t.copy_(keep).add_(u, alpha=sign)
+            change = max(change, abs(float(loss()) - base))
+    finally:
+        for t, keep in zip(tensors, saved):
+            t.copy_(keep)
+    return change if change == change else math.inf  # a NaN loss: no reference
 
 
 class InvariantRule(ABC):
