@@ -49,6 +49,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ..core.errors import ConfigurationError
@@ -210,8 +211,18 @@ class BilevelModule(pl.LightningModule):
         check_inner_optimizers(list(optimizers), list(self.hyperparameters()))
 
     def on_fit_start(self) -> None:
-        """Validates the training optimizers (see :meth:`check_optimizers`)."""
+        """Validates the training optimizers (see :meth:`check_optimizers`); says when no
+        hyper-optimization callback tunes λ in this fit (it would stay at its registered value
+        with no word: a forgotten ``callbacks=[HyperOptimizationCallback()]``)."""
         self.check_optimizers()
+        if not self.__dict__.get("_check_lambda_read"):  # set by the callback's on_fit_start
+            names = ", ".join(self._hyperparameter_names)
+            rank_zero_warn(
+                f"{type(self).__name__}: no HyperOptimizationCallback tunes this fit, so its "
+                f"hyperparameters ({names}) stay at their registered values while the weights "
+                "train. Pass pl.Trainer(callbacks=[HyperOptimizationCallback(...)]) to learn "
+                "them (or ignore this where fixed λ is meant, e.g. a baseline)."
+            )
 
     # ------------------------------------------------------------------ λ reaches the training
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
