@@ -351,3 +351,16 @@ def test_invariance_probe_does_not_flag_a_plain_layer_near_initialisation():
         warnings.simplefilter("ignore")
         _trainer(cb, 1, max_steps=4).fit(UserNet(), *_digits_loaders())
     assert cb.invariant_groups == {"net.0": False, "net.3": False, "net.5": False}
+
+
+class AdamWDefault(UserNet):
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)  # weight_decay=0.01 left on
+
+
+def test_adamw_with_its_default_decay_left_on_names_both_fixes():
+    """Refused (never decayed twice); the message also says how to keep AdamW's decoupled
+    decay, which coupled decay (the drop-in's default) is not."""
+    match = r"AdamW \(group 0\) already applies weight_decay=0\.01.*decoupled=True"
+    with pytest.raises(ConfigurationError, match=match):
+        _trainer(LearnedWeightDecay(1e-3), 1).fit(AdamWDefault(), *_digits_loaders())

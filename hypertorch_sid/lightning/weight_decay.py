@@ -366,11 +366,18 @@ class WeightDecayProblem:
                             if len(opt.param_groups) > 1 and self.apply_to == "all"
                             else ""
                         )
+                        adamw_hint = (
+                            " For AdamW's decoupled decay pass LearnedWeightDecay(..., "
+                            "decoupled=True) (the default adds λw to the gradient, as Adam's "
+                            "weight_decay= does)."
+                            if isinstance(opt, torch.optim.AdamW) and not self.decoupled
+                            else ""
+                        )
                         raise ConfigurationError(
                             f"LearnedWeightDecay: the optimizer {type(opt).__name__} (group {gi}) "
                             f"already applies weight_decay={group['weight_decay']}: remove it "
                             "(pass weight_decay=0 — AdamW's default is 0.01); the callback "
-                            f"applies the learned decay itself.{groups_hint}"
+                            f"applies the learned decay itself.{groups_hint}{adamw_hint}"
                         )
                     name = names.get(id(p), f"optimizer{oi}.param{len(found)}")
                     found.append((name, p, f"optimizer{oi}/group{gi}"))
