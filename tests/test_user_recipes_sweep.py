@@ -379,3 +379,42 @@ def test_a_normalised_layer_is_held_whatever_its_slots_hold(decay_kw):
     assert float(cb.decay_values()["net.0.weight"]) == pytest.approx(1e-3)
     plain, _ = _fit(dict(norm="layer"), {}, _loaders, (), decay=False)
     assert _val_loss(model) <= _val_loss(plain) + 0.05
+
+
+class IndexedValidation(UserNet):
+    """Validation batches carry an index the training batches do not have."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y, _ = batch
+        self.log("val_loss", F.cross_entropy(self.net(x), y))
+
+
+def test_validation_batches_training_step_cannot_read_are_named():
+    """E is ℓ on validation batches: a 3-part validation batch failed inside the user's
+    ``training_step`` with "too many values to unpack" and nothing else."""
+    X, y, Xv, yv = DATA
+    val = DataLoader(TensorDataset(Xv, yv, torch.arange(len(yv))), batch_size=100)
+    match = r"training loss on validation batches.*too many values.*validation_loss="
+    with pytest.raises(ConfigurationError, match=match):
+        _trainer(LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None), 1).fit(
+            IndexedValidation(), _digits_loaders()[0], val
+        )
+
+
+class SkipsSomeBatches(UserNet):
+    def training_step(self, batch, batch_idx):
+        return None if batch[1][0] == 0 else super().training_step(batch, batch_idx)
+
+
+def test_training_step_returning_none_says_why_the_hyper_step_needs_a_loss():
+    pl.seed_everything(0, verbose=False)
+    with pytest.raises(ConfigurationError, match="returned NoneType.*Lightning skips a batch"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _trainer(LearnedWeightDecay(1e-3, every_n_steps=2, max_overhead=None), 2).fit(
+                SkipsSomeBatches(), *_digits_loaders()
+            )

@@ -596,11 +596,10 @@ class WeightDecayProblem:
     def _data_loss(self, module: pl.LightningModule, batch: Any, which: str) -> Tensor:
         if which == "validation" and self.validation_loss is not None:
             source, out = "validation_loss", self.validation_loss(module, batch)
-        elif self.training_loss is not None:
-            source, out = "training_loss", self.training_loss(module, batch)
+        elif which == "validation":  # the training loss on a validation batch
+            source, out = self._training_loss_on_validation(module, batch)
         else:
-            with _muted_logging(module):
-                source, out = "training_step", module.training_step(batch, 0)
+            source, out = self._training_loss(module, batch)
         if isinstance(out, Mapping):
             out = out.get("loss")
         if not isinstance(out, Tensor) or out.numel() != 1:
@@ -610,11 +609,43 @@ class WeightDecayProblem:
                 if source != "training_step"
                 else "pass training_loss=lambda module, batch: <scalar tensor>"
             )
+            if out is None and source == "training_step":
+                fix += (
+                    " (Lightning skips a batch whose training_step returns None; a hyper step "
+                    "needs the loss of every batch it draws)"
+                )
             raise ConfigurationError(
                 f"LearnedWeightDecay: {source} returned {type(out).__name__}, not a scalar "
                 f"tensor ({which} loss): {fix}."
             )
         return out.reshape(())
+
+    def _training_loss(self, module: pl.LightningModule, batch: Any) -> tuple[str, Any]:
+        """(where it came from, ℓ on ``batch``): ``training_loss`` or ``training_step``."""
+        if self.training_loss is not None:
+            return "training_loss", self.training_loss(module, batch)
+        with _muted_logging(module):
+            return "training_step", module.training_step(batch, 0)
+
+    def _training_loss_on_validation(
+        self, module: pl.LightningModule, batch: Any
+    ) -> tuple[str, Any]:
+        """ℓ on a validation batch (E without ``validation_loss=``); a failure there is named:
+        a validation loader whose batches differ from the training's (an extra index, a dict)
+        failed inside the user's ``training_step`` with its bare message ("too many values to
+        unpack")."""
+        try:
+            return self._training_loss(module, batch)
+        except ConfigurationError:
+            raise
+        except Exception as err:
+            source = "training_loss" if self.training_loss is not None else "training_step"
+            raise ConfigurationError(
+                f"LearnedWeightDecay: E is the training loss on validation batches, and "
+                f"{source} failed on one ({type(err).__name__}: {err}). The validation "
+                "loader's batches must have the training batches' structure, or pass "
+                "validation_loss=lambda module, batch: <scalar tensor> for its batches."
+            ) from err
 
 
 def scale_invariant_slots(
