@@ -14,6 +14,7 @@ callback, initial values the drop-in cannot take.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -189,9 +190,14 @@ def test_best_checkpoint_reloads_and_resumes_with_lambda(tmp_path):
     RecipeNet.load_from_checkpoint(best.best_model_path)
     lam = cb.decay_values()
     resumed = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a short continuation: "λ will barely move"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         _trainer(resumed, 5).fit(RecipeNet(), *_loaders(), ckpt_path=best.best_model_path)
+    # a short continuation, said in its own steps (it said "runs 100 optimizer steps, so only 5")
+    short = [str(w.message) for w in caught if "barely move" in str(w.message)]
+    assert len(short) == 1 and re.search(
+        r"runs (\d+) more optimizer steps \(from step (\d+) to 100\), so only", short[0]
+    )
     assert resumed.history and len(resumed.history) > len(cb.history)
     assert resumed.history[: len(cb.history)] == cb.history
     assert all(torch.isfinite(v).all() for v in resumed.decay_values().values())

@@ -117,8 +117,13 @@ def few_hyper_steps(
             f", or pass every_n_steps={suggest} for {remaining // suggest} hyper steps (each "
             "costs its k adjoint products and a validation gradient)"
         )
+    runs = (
+        f"{total - global_step} more optimizer steps (from step {global_step} to {total})"
+        if global_step > 0
+        else f"{total} optimizer steps"
+    )
     return (
-        f"this fit runs {total} optimizer steps, so only {planned} "
+        f"this fit runs {runs}, so only {planned} "
         f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
         f"steps{f', from start_step={start_step}' if start_step else ''}): λ will "
         f"barely move from where it starts. {advice}."
