@@ -424,3 +424,19 @@ def test_training_step_returning_none_says_why_the_hyper_step_needs_a_loss():
             _trainer(LearnedWeightDecay(1e-3, every_n_steps=2, max_overhead=None), 2).fit(
                 SkipsSomeBatches(), *_digits_loaders()
             )
+
+
+class TrainsLambdaToo(BareBilevel):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)  # λ among them
+
+
+def test_lambda_in_the_training_optimizer_is_named():
+    """Refused as before, but by name (was "hyperparameter 0")."""
+    with pytest.raises(
+        ConfigurationError,
+        match=r"hyperparameter 'log_lam' is also in.*inner_parameters\(\), not self\.parameters\(\)",
+    ):
+        _trainer(HyperOptimizationCallback(every_n_steps=5), 1).fit(
+            TrainsLambdaToo(), *_digits_loaders()
+        )

@@ -249,18 +249,24 @@ def check_outer_optimizer(
 
 
 def check_inner_optimizers(
-    optimizers: Iterable[torch.optim.Optimizer], hyper: Sequence[Tensor]
+    optimizers: Iterable[torch.optim.Optimizer],
+    hyper: Sequence[Tensor],
+    names: Sequence[str] | None = None,
 ) -> None:
-    """No inner (training) optimizer may hold a hyperparameter."""
+    """No inner (training) optimizer may hold a hyperparameter (named by ``names`` where
+    given, else by position)."""
     hyper_ids = {id(x): i for i, x in enumerate(hyper)}
     for opt in optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
                 if id(p) in hyper_ids:
+                    i = hyper_ids[id(p)]
+                    which = f"{names[i]!r}" if names is not None else str(i)
                     raise ConfigurationError(
-                        f"hyperparameter {hyper_ids[id(p)]} is also in the training optimizer "
+                        f"hyperparameter {which} is also in the training optimizer "
                         f"{type(opt).__name__}: the training optimizer must see only the inner "
-                        "parameters (use BilevelModule.inner_parameters())."
+                        "parameters (use BilevelModule.inner_parameters(), not "
+                        "self.parameters(), in configure_optimizers)."
                     )
 
 

@@ -208,7 +208,8 @@ class BilevelModule(pl.LightningModule):
         """Raise if a training optimizer holds a hyperparameter (default: the trainer's)."""
         if optimizers is None:
             optimizers = self.trainer.optimizers if self._trainer is not None else []
-        check_inner_optimizers(list(optimizers), list(self.hyperparameters()))
+        named = list(self.named_hyperparameters())
+        check_inner_optimizers(list(optimizers), [h for _, h in named], [n for n, _ in named])
 
     def on_fit_start(self) -> None:
         """Validates the training optimizers (see :meth:`check_optimizers`); says when no

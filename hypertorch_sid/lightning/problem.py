@@ -103,7 +103,8 @@ class ModuleProblem:
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         check_module_not_compiled(module)
         if isinstance(module, BilevelModule):
-            check_inner_optimizers(trainer.optimizers, list(module.hyperparameters()))
+            named = list(module.named_hyperparameters())
+            check_inner_optimizers(trainer.optimizers, [h for _, h in named], [n for n, _ in named])
             module._check_lambda_read = True
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
