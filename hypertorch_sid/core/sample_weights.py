@@ -119,7 +119,14 @@ class IndexedDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> Indexed:
-        return Indexed(int(i), self.dataset[i])
+        sample = self.dataset[i]
+        if isinstance(sample, Indexed):  # e.g. IndexedDataset(Subset(IndexedDataset(...)))
+            raise ConfigurationError(
+                f"IndexedDataset: sample {int(i)} of {type(self.dataset).__name__} already carries "
+                "an index (an IndexedDataset sits inside it): wrap only the outermost dataset, "
+                "IndexedDataset(Subset(train_set, ...)), not the set inside it too."
+            )
+        return Indexed(int(i), sample)
 
 
 def split_indexed(batch: Any, what: str = "the training batch") -> tuple[Tensor, Any]:

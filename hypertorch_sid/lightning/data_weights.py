@@ -94,6 +94,37 @@ DEFAULT_OBJECTIVE = ExpectedError(q=0.5)
 MIN_VAL_BATCH = 256
 
 
+def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
+    """Where an :class:`IndexedDataset` sits inside ``dataset`` (a ``Subset``'s ``.dataset``, a
+    ``ConcatDataset``'s ``.datasets``, a few levels deep), for the refusal's advice; else None."""
+    if depth == 0:
+        return None
+    children = [getattr(dataset, "dataset", None), *getattr(dataset, "datasets", ())]
+    for child in children:
+        if isinstance(child, IndexedDataset):
+            return f"{type(dataset).__name__}(IndexedDataset(...))"
+        found = _inner_indexed(child, depth - 1) if child is not None else None
+        if found is not None:
+            return f"{type(dataset).__name__}({found})"
+    return None
+
+
+#: a row not yet visited (labels may be any integer, e.g. an ignore index of -100)
+_UNSEEN = torch.iinfo(torch.long).min
+
+
+def _integer_vector(labels: Any, b: int | None = None) -> bool:
+    """Whether ``labels`` is a 1-D integer tensor (of ``b`` entries where given)."""
+    return (
+        isinstance(labels, Tensor)
+        and labels.dim() == 1
+        and not labels.is_floating_point()
+        and not labels.is_complex()
+        and labels.dtype != torch.bool
+        and (b is None or labels.shape[0] == b)
+    )
+
+
 def _default_target(data: Any) -> Tensor:
     try:
         return data[1]
@@ -185,6 +216,7 @@ class DataWeightsProblem:
         self.initial = initial
         self.normalize = normalize
         self.target = target or _default_target
+        self._own_target = target is not None
         self.validation_loss = validation_loss
         #: E from the validation batch's per-sample losses (refused now, not at the fit)
         self.objective = as_validation_objective(objective)
@@ -200,6 +232,11 @@ class DataWeightsProblem:
         #: step before the losses are returned (the callback's cross term on the training
         #: batch, ``cross_term="training"``)
         self.on_training_batch: Callable[[Tensor, Any, Tensor, RandomState], None] | None = None
+        #: per row: the label seen at its first visit (per sample, where the batch holds integer
+        #: labels: an index whose label changes is not a stable index) and the training loss at
+        #: its last visit (the evidence :meth:`flag_evidence` reads)
+        self._labels: Tensor | None = None
+        self._last_loss: Tensor | None = None
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -215,7 +252,14 @@ class DataWeightsProblem:
         if self.per == "sample":
             n = len(dataset)
             if self.weights is None or self.weights.n != n:
+                if self.weights is not None:
+                    rank_zero_warn(
+                        f"LearnedDataWeights: the training set has {n} examples, the weights "
+                        f"this callback learned {self.weights.n}: they are dropped and every "
+                        "weight starts again (a new callback says so by itself)."
+                    )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
+                self._labels = self._last_loss = None
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
@@ -262,10 +306,27 @@ class DataWeightsProblem:
                 "whole batches), so samples carry no index of their own: give it a batch_size."
             )
         if self.per == "sample" and not isinstance(dataset, IndexedDataset):
+            inner = _inner_indexed(dataset)
+            if inner is not None:
+                raise ConfigurationError(
+                    f"LearnedDataWeights: the training dataset is a {type(dataset).__name__} "
+                    f"of an IndexedDataset ({inner}): its samples carry the indices of the set "
+                    "inside, which need not run from 0 to len - 1 nor be distinct (two "
+                    "IndexedDatasets in one ConcatDataset both start at 0). Wrap the outermost "
+                    "dataset instead: IndexedDataset(random_split(train_set, ...)[0]), "
+                    "IndexedDataset(ConcatDataset([a, b]))."
+                )
             raise ConfigurationError(
                 f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
                 "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
                 "that each batch says which examples (and so which weights) it holds."
+            )
+        if self.normalize and loader.batch_size == 1:
+            raise ConfigurationError(
+                "LearnedDataWeights: the train DataLoader has batch_size=1, and the "
+                "self-normalised loss Σ ωᵢℓᵢ / Σ ωᵢ of one sample is ℓ itself: no weight would "
+                "change the training, nor get a hypergradient. Use batches of several samples, "
+                "or normalize=False (the mean of ωᵢℓᵢ)."
             )
         return dataset
 
@@ -273,7 +334,93 @@ class DataWeightsProblem:
         if self.per == "sample":
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
-        return self.target(data), data
+        labels = self.target(data)
+        if not _integer_vector(labels):
+            what = (
+                f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
+                if isinstance(labels, Tensor)
+                else type(labels).__name__
+            )
+            raise ConfigurationError(
+                f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
+                f"and the batch's target is {what} (one-hot or soft labels?): pass "
+                "target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
+                "batch[1].argmax(1)."
+            )
+        return labels, data
+
+    def _seen(self, index: Tensor, data: Any, losses: Tensor) -> None:
+        """Record a training batch's rows: refuse an index whose label changed since its
+        first visit (the dataset's order moved, so a weight no longer belongs to one example),
+        and keep each row's training loss at this visit (the batch's mean for a row it holds
+        twice, or per class: the class's mean)."""
+        n = self.weights.n  # type: ignore[union-attr]
+        labels = self._labels_of(data, int(index.numel())) if self.per == "sample" else None
+        if labels is not None:
+            if self._labels is None or self._labels.shape[0] != n:
+                self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
+            known = self._labels[index]
+            clash = (known != _UNSEEN) & (known != labels)
+            if bool(clash.any()):
+                j = int(clash.nonzero()[0, 0])
+                raise ConfigurationError(
+                    f"LearnedDataWeights: example {int(index[j])} had label {int(known[j])} on "
+                    f"an earlier visit and has label {int(labels[j])} now: the training set's "
+                    "indices are not stable (its order changes between epochs, or its labels "
+                    "are drawn anew, or this callback learned its weights on another data set "
+                    "of the same size), so a weight would not belong to one example. Keep the "
+                    "order fixed (shuffle in the DataLoader, not in the dataset), or use a "
+                    "new LearnedDataWeights for another data set."
+                )
+            self._labels[index] = labels
+        if self._last_loss is None or self._last_loss.shape[0] != n:
+            self._last_loss = torch.full((n,), float("nan"), device=index.device)
+        rows, inverse = index.unique(return_inverse=True)
+        values = losses.detach().float().reshape(-1)
+        sums = torch.zeros(rows.shape, device=values.device).index_add_(0, inverse, values)
+        counts = torch.zeros(rows.shape, device=values.device).index_add_(
+            0, inverse, torch.ones_like(values)
+        )
+        self._last_loss[rows.to(self._last_loss.device)] = (sums / counts).to(
+            self._last_loss.device
+        )
+
+    def _labels_of(self, data: Any, b: int) -> Tensor | None:
+        """The batch's integer labels (``target``, by default ``data[1]``), or None where it
+        holds none to read (dict samples, soft labels, a sequence target)."""
+        if not self._own_target and not isinstance(data, (list, tuple)):
+            return None  # only a (x, y, ...) sample names its label by position
+        try:
+            labels = self.target(data) if self._own_target else data[1]
+        except (TypeError, IndexError, KeyError, ConfigurationError):
+            return None
+        return labels.reshape(-1).long() if _integer_vector(labels, b) else None
+
+    def flag_evidence(self, flags: Tensor) -> str | None:
+        """None where the flagged rows' training losses at their last visit are higher than
+        the kept rows' (mislabelled examples are the ones the network does not fit); else why
+        the flags are no evidence of corrupted labels."""
+        loss = self._last_loss
+        if loss is None or flags.numel() == 0:
+            return None
+        mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
+        mask[flags.to(loss.device)] = True
+        seen = torch.isfinite(loss)
+        low, kept = loss[mask & seen], loss[~mask & seen]
+        if low.numel() == 0 or kept.numel() == 0:
+            return None
+        a, b = float(low.median()), float(kept.median())
+        if a > b:
+            return None
+        rows = "examples" if self.per == "sample" else "classes"
+        return (
+            f"the {flags.numel()} {rows} with low weights are fitted no worse than the rest "
+            f"(median training loss at their last visit {a:.3g}, the others' {b:.3g}): their "
+            "weights went down because the validation data values them least (under the "
+            "self-normalised loss only ratios of weights count, and examples the network "
+            "already fits drift down too), not because their labels disagree with the rest. "
+            "No group of corrupted labels stands out (e.g. a clean data set)."
+        )
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
@@ -327,6 +474,7 @@ class DataWeightsProblem:
             losses = check_per_sample(out.get("loss") if isinstance(out, Mapping) else out, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
+            self._seen(index, data, losses)  # after the weights checked the index's range
             if self.on_training_batch is not None and rng is not None:
                 self.on_training_batch(index, data, losses.detach(), rng)
             loss = weighted_loss(losses, weights, self.normalize)
@@ -696,6 +844,18 @@ class LearnedDataWeights(HyperOptimizationCallback):
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
+        default = rule is None
         if rule is None:
             rule = TwoComponentSplit() if self.per == "sample" else BelowWeight()
-        return w.flagged(rule)
+        flags = w.flagged(rule)
+        said = self.problem.flag_evidence(flags)
+        if said is None:
+            return flags
+        if default:
+            rank_zero_warn(
+                f"LearnedDataWeights.flagged: {said} Flagged nothing; flagged(rule) returns a "
+                "rule's rows anyway."
+            )
+            return flags[:0]
+        rank_zero_warn(f"LearnedDataWeights.flagged: {said}")
+        return flags
