@@ -29,13 +29,24 @@ def main() -> None:
         held = sum(h["test_loss"] for _, h, _ in pairs) / n
         impl = sum(i["test_loss"] for _, _, i in pairs) / n
         ratio = sum(h["wall_s"] for _, h, _ in pairs) / sum(i["wall_s"] for _, _, i in pairs)
-        out[setting] = dict(seeds=[s for s, _, _ in pairs], diff=d, mean=mean, se=se, held=held,
-                            implicit=impl, wall_ratio=ratio)
+        out[setting] = dict(
+            seeds=[s for s, _, _ in pairs],
+            diff=d,
+            mean=mean,
+            se=se,
+            held=held,
+            implicit=impl,
+            wall_ratio=ratio,
+        )
         per = ", ".join(f"{x:+.4f}" for x in d)
-        rows.append(f"| {setting} | {n} | {impl:.4f} | {held:.4f} | {mean:+.4f} ± {se:.4f} "
-                    f"| {sum(x < 0 for x in d)} of {n} | {ratio:.2f} | {per} |")
-    head = ("| setting | seeds | implicit (old default) | held (new default) | held − implicit "
-            "| held lower | wall held / implicit | per seed |\n|---|---:|---:|---:|---|---|---:|---|")
+        rows.append(
+            f"| {setting} | {n} | {impl:.4f} | {held:.4f} | {mean:+.4f} ± {se:.4f} "
+            f"| {sum(x < 0 for x in d)} of {n} | {ratio:.2f} | {per} |"
+        )
+    head = (
+        "| setting | seeds | implicit (old default) | held (new default) | held − implicit "
+        "| held lower | wall held / implicit | per seed |\n|---|---:|---:|---:|---|---|---:|---|"
+    )
     (HERE / "table.md").write_text(head + "\n" + "\n".join(rows) + "\n")
     (HERE / "table.json").write_text(json.dumps(out, indent=1))
     print(head + "\n" + "\n".join(rows))
