@@ -355,3 +355,21 @@ def test_a_second_fit_on_relabelled_data_of_the_same_size_is_refused():
     other = loader(IndexedDataset(TensorDataset(X, (Y + 1) % 3)))
     with pytest.raises(ConfigurationError, match="another data set of the same size"):
         fit(train=other, cb=cb, epochs=1)
+
+
+def test_a_resume_on_relabelled_data_of_the_same_size_is_refused(tmp_path):
+    """The labels of the first visits travel in the checkpoint: the sampler's state (same
+    size, same batch) let such a resume continue the old examples' weights, silently."""
+    cb = callback()
+    t = trainer([cb], max_epochs=2)
+    t.fit(Classifier(), loader(), val_loader())
+    t.save_checkpoint(tmp_path / "a.ckpt")
+    other = loader(IndexedDataset(TensorDataset(X, (Y + 1) % 3)))
+    with pytest.raises(ConfigurationError, match="indices are not stable"):
+        trainer([callback()], max_epochs=3).fit(
+            Classifier(), other, val_loader(), ckpt_path=tmp_path / "a.ckpt"
+        )
+    trainer([same := callback()], max_epochs=3).fit(
+        Classifier(), loader(), val_loader(), ckpt_path=tmp_path / "a.ckpt"
+    )
+    assert same.data_weights().shape == (N,)

@@ -236,6 +236,8 @@ class DataWeightsProblem:
         #: labels: an index whose label changes is not a stable index) and the training loss at
         #: its last visit (the evidence :meth:`flag_evidence` reads)
         self._labels: Tensor | None = None
+        #: the labels a checkpoint held, taken over at the resumed fit's ``build``
+        self.checkpointed_labels: Tensor | None = None
         self._last_loss: Tensor | None = None
 
     # ------------------------------------------------------------------ ProblemSource
@@ -256,10 +258,13 @@ class DataWeightsProblem:
                     rank_zero_warn(
                         f"LearnedDataWeights: the training set has {n} examples, the weights "
                         f"this callback learned {self.weights.n}: they are dropped and every "
-                        "weight starts again (a new callback says so by itself)."
+                        "weight starts again (use a new LearnedDataWeights for another data set)."
                     )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 self._labels = self._last_loss = None
+            labels, self.checkpointed_labels = self.checkpointed_labels, None
+            if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
+                self._labels = labels
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
@@ -359,6 +364,7 @@ class DataWeightsProblem:
         if labels is not None:
             if self._labels is None or self._labels.shape[0] != n:
                 self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
+            labels = labels.to(self._labels.device)
             known = self._labels[index]
             clash = (known != _UNSEEN) & (known != labels)
             if bool(clash.any()):
@@ -811,6 +817,29 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 "Pass directional=ForwardMode() to silence this."
             )
         return ForwardMode()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's state and, per sample, each example's label at its first visit (a
+        resumed fit on relabelled or reordered data is refused as a continued one is)."""
+        state = super().state_dict()
+        labels = self.problem._labels
+        if state and labels is not None:
+            state["data_labels"] = labels.detach().cpu().clone()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and "data_labels" in state_dict:
+            state_dict = dict(state_dict)
+            labels = state_dict.pop("data_labels")
+            if not (
+                isinstance(labels, Tensor) and labels.dim() == 1 and labels.dtype == torch.long
+            ):
+                raise ConfigurationError(
+                    "LearnedDataWeights: the checkpoint's data_labels must be a 1-D int64 "
+                    "tensor: it is corrupted."
+                )
+            self.problem.checkpointed_labels = labels
+        super().load_state_dict(state_dict)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""
