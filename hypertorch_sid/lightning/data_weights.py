@@ -364,7 +364,9 @@ class DataWeightsProblem:
         if labels is not None:
             if self._labels is None or self._labels.shape[0] != n:
                 self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
-            labels = labels.to(self._labels.device)
+            if self._labels.device != index.device:  # restored from a checkpoint on the CPU
+                self._labels = self._labels.to(index.device)
+            labels = labels.to(index.device)
             known = self._labels[index]
             clash = (known != _UNSEEN) & (known != labels)
             if bool(clash.any()):
