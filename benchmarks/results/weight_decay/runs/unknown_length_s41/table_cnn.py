@@ -1,5 +1,7 @@
-"""table_cnn.md / .json: per CNN setting, held-out test loss of the unknown-length fit minus the
-known-length fit (paired by seed), with the optimizer steps and CPU seconds of both."""
+"""table_cnn.md / .json: per setting, held-out test loss of the unknown-length fit minus the
+known-length fit (paired by seed), with the optimizer steps and CPU seconds of both: the CNNs
+stopped by a callback (settings_*.json, run_cnn.sh) and two settings trained from a stream
+(streams_*.json, run_streams.sh)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,19 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     lines = [
-        "| setting | seeds | known: test loss | unknown: test loss | unknown − known (per seed) "
+        "| setting | how the length is unknown | seeds | known: test loss | unknown: test loss "
+        "| unknown − known (per seed) "
         "| steps known / unknown | CPU s known / unknown | warnings (unknown) |",
-        "|---|---:|---:|---:|---|---|---|---|",
+        "|---|---|---:|---:|---:|---|---|---|---|",
     ]
     out = {}
-    for setting in ("mnist_cnn", "fashion_cnn"):
-        path = HERE / f"settings_{setting}.json"
+    cases = [
+        ("settings", s, "max_epochs=-1, stopped by a callback")
+        for s in ("mnist_cnn", "fashion_cnn")
+    ]
+    cases += [("streams", s, "a stream without __len__") for s in ("mnist_mlp", "fashion_cnn")]
+    for kind, setting, how in cases:
+        path = HERE / f"{kind}_{setting}.json"
         if not path.exists():
             continue
         runs = {(r["seed"], r["known"]): r for r in json.loads(path.read_text())}
@@ -33,11 +41,11 @@ def main() -> None:
         warns = sorted({str(w)[:60] for s in seeds for w in (runs[s, False].get("warnings") or [])})
         each = ", ".join(f"{x:+.4f}" for x in d)
         lines.append(
-            f"| {setting} | {len(seeds)} | {k.mean():.4f} | {u.mean():.4f} | "
+            f"| {setting} | {how} | {len(seeds)} | {k.mean():.4f} | {u.mean():.4f} | "
             f"{d.mean():+.4f} ± {se:.4f} ({each}) | {steps[0]:.0f} / {steps[1]:.0f} | "
             f"{cpu[0]:.1f} / {cpu[1]:.1f} | {'; '.join(warns) or '—'} |"
         )
-        out[setting] = {"seeds": seeds, "known": k.tolist(), "unknown": u.tolist()}
+        out[f"{kind}/{setting}"] = {"seeds": seeds, "known": k.tolist(), "unknown": u.tolist()}
     (HERE / "table_cnn.md").write_text("\n".join(lines) + "\n")
     (HERE / "table_cnn.json").write_text(json.dumps(out, indent=1))
     print("\n".join(lines))
