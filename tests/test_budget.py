@@ -114,7 +114,19 @@ def _Net() -> TanhRegressor:
     return TanhRegressor(hidden=8, seed=3)
 
 
-def _fit_counting(max_overhead: float | None) -> tuple[LearnedWeightDecay, float, float, float]:
+class _StopAt(pl.Callback):
+    """Ends the fit after ``steps`` optimizer steps, as early stopping would (length unknown)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        trainer.should_stop = trainer.global_step >= self.steps
+
+
+def _fit_counting(
+    max_overhead: float | None, **trainer_kw
+) -> tuple[LearnedWeightDecay, float, float, float]:
     """A fit with a hyper step due after every optimizer step; returns the callback, the
     counted units of the training, of the hyper steps, and of the dearest hyper step."""
     state: dict = {}
@@ -131,7 +143,9 @@ def _fit_counting(max_overhead: float | None) -> tuple[LearnedWeightDecay, float
 
     budget = None if max_overhead is None else OverheadBudget(max_overhead, clock=clock)
     cb = LearnedWeightDecay(1e-2, every_n_steps=1, max_overhead=budget)
-    trainer = lightning_problems.trainer([cb], max_epochs=40, limit_val_batches=0)
+    trainer_kw.setdefault("max_epochs", 40)
+    extra = trainer_kw.pop("callbacks", [])
+    trainer = lightning_problems.trainer([cb, *extra], limit_val_batches=0, **trainer_kw)
     state.update(cb=cb, trainer=trainer)
     dearest = [0.0]
     original = cb._hyper_step
@@ -166,6 +180,34 @@ def test_the_callback_keeps_the_budget_counted_in_products():
     assert "hyper/overhead" not in free.history[-1]
 
 
+def test_a_fit_of_unknown_length_is_planned_as_one_of_its_expected_length(monkeypatch):
+    """The same fit of N steps, its length known (max_steps=N) or not (max_epochs=-1, ended by a
+    callback at N): the budget is told the horizon's R (the steps left; unknown: Gott's estimate,
+    the steps run so far, never None), runs as many hyper steps within the two that estimate's
+    error at the fit's ends allows, and stays within its share as the known one does."""
+    told: list[tuple[int | None, int]] = []
+    allows = OverheadBudget.allows
+
+    def recording(self, remaining_steps=None, products=0, due_left=None):
+        told.append((remaining_steps, self.training_steps))
+        return allows(self, remaining_steps, products, due_left)
+
+    monkeypatch.setattr(OverheadBudget, "allows", recording)
+    known, train, hyper, dearest = _fit_counting(0.5, max_steps=120)
+    assert all(r == 120 - t for r, t in told)  # the steps left after the t run
+    told.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unknown length's warning
+        unknown, train_u, hyper_u, dearest_u = _fit_counting(
+            0.5, max_epochs=-1, callbacks=[_StopAt(120)]
+        )
+    assert told and all(r == t for r, t in told)  # the steps run
+    assert train == train_u == 120
+    n_known, n_unknown = known.budget.hyper_steps, unknown.budget.hyper_steps
+    assert n_known >= 3 and abs(n_unknown - n_known) <= 2
+    assert hyper_u <= 0.5 * train_u + dearest_u and hyper_u >= 0.5 * train_u - 2 * dearest_u
+
+
 def test_under_ddp_rank_0_decides_for_every_rank():
     """Each rank measures its own times; a hyper step has collectives, so every rank must run it
     or none: the decision is rank 0's, broadcast."""
@@ -177,7 +219,7 @@ def test_under_ddp_rank_0_decides_for_every_rank():
 
     class Trainer:
         strategy = Strategy()
-        estimated_stepping_batches, global_step = 100, 10
+        estimated_stepping_batches, global_step, callbacks = 100, 10, []
 
     cb = LearnedWeightDecay(1e-2, max_overhead=0.5)
     clock = _Clock()
@@ -674,14 +716,14 @@ def test_the_callback_counts_the_hyper_steps_still_due():
     """1 (the one waiting) + those due at the steps left: every 20 steps of 400, from step 20
     (start_step 0) or step 100 (start_step 100)."""
     cb = LearnedWeightDecay(1e-2, every_n_steps=20)
-    trainer = SimpleNamespace(global_step=20, estimated_stepping_batches=400)
+    trainer = SimpleNamespace(global_step=20, estimated_stepping_batches=400, callbacks=[])
     assert cb._due_left(trainer) == 20
     trainer.global_step = 33  # the one due at 20 still waiting
     assert cb._due_left(trainer) == 1 + 19
     cb.start_step, trainer.global_step = 100, 10
     assert cb._due_left(trainer) == 1 + 16  # 100, 120, ..., 400
-    trainer.estimated_stepping_batches = float("inf")
-    assert cb._due_left(trainer) is None
+    trainer.estimated_stepping_batches, trainer.global_step = float("inf"), 100
+    assert cb._due_left(trainer) == 1 + 5  # length unknown: the horizon's R = 100 steps run
 
 
 def test_the_planned_deadline_affords_a_retry_from_the_spare_and_moves_its_end():

@@ -314,7 +314,7 @@ class HyperOptimizationCallback(Callback):
         if self._world_size == 1:
             needed = self.sid.minimum_products()
             self.sid.allowance = self.budget.allowance(
-                remaining_steps(trainer), needed, self._due_left(trainer)
+                horizon(trainer)[0], needed, self._due_left(trainer)
             )
         self.budget.start_hyper_step()
         try:
@@ -339,7 +339,7 @@ class HyperOptimizationCallback(Callback):
                 cost = self.sid.time_product(self.data.train_stream, self.budget.clock)
             self.budget.note_product_cost(cost)
         allowed = self.budget.allows(
-            remaining_steps(trainer), self.sid.minimum_products(), self._due_left(trainer)
+            horizon(trainer)[0], self.sid.minimum_products(), self._due_left(trainer)
         )
         if self._world_size > 1:
             allowed = bool(trainer.strategy.broadcast(allowed, src=0))
@@ -594,12 +594,12 @@ class HyperOptimizationCallback(Callback):
         self._last_step = step
         return step >= max(self.start_step, 1) and step % self.every_n_steps == 0
 
-    def _due_left(self, trainer: pl.Trainer) -> int | None:
+    def _due_left(self, trainer: pl.Trainer) -> int:
         """The hyper steps due from now to the end of the fit: the one waiting now and those
-        due at the steps that remain (None where the fit's length is unknown)."""
-        left = remaining_steps(trainer)
-        if left is None:
-            return None
+        due at the steps that remain, where :func:`horizon` estimates those steps where the fit's
+        length is unknown (so the budget plans an unknown-length fit as one of the expected
+        length)."""
+        left = horizon(trainer)[0]
         step, n = trainer.global_step, self.every_n_steps
         after = max(step, max(self.start_step, 1) - 1)
         return 1 + max((step + left) // n - after // n, 0)
