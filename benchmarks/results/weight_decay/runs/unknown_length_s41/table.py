@@ -23,8 +23,10 @@ def main() -> None:
         "|---|---:|---:|---:|---|",
     ]
     out = {}
-    for log in sorted(HERE.glob("log_*.txt")):
-        by = {(r["seed"], r["known"]): r["test_loss"] for r in rows(log)}
+    names = sorted({log.stem.removeprefix("log_").split("_s5-9")[0] for log in HERE.glob("log_*")})
+    for name in names:
+        logs = [HERE / f"log_{name}.txt", HERE / f"log_{name}_s5-9.txt"]  # seeds 0-4, 5-9
+        by = {(r["seed"], r["known"]): r["test_loss"] for g in logs if g.exists() for r in rows(g)}
         seeds = sorted({s for s, _ in by if (s, True) in by and (s, False) in by})
         if not seeds:
             continue
@@ -33,7 +35,6 @@ def main() -> None:
         d = u - k
         se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
         each = ", ".join(f"{x:+.4f}" for x in d)
-        name = log.stem.removeprefix("log_")
         lines.append(
             f"| {name} | {len(seeds)} | {k.mean():.4f} | {u.mean():.4f} | "
             f"{d.mean():+.4f} ± {se:.4f} ({each}) |"
