@@ -13,8 +13,13 @@ run $HERE/probe_stream.py mnist_mlp $HERE/stream_mnist_mlp.json 0 1 2 3 4 > $HER
 for S in news_mlp mnist_mlp digits_small; do
   run $P $S $HERE/budget_horizon_$S.json 0 1 2 3 4 > $HERE/log_bh_$S.txt 2>&1
 done
+for S in news_mlp digits_small; do  # seeds 5-9 (pooled by table.py)
+  run $P $S /dev/null 5 6 7 8 9 > $HERE/log_bh_${S}_s5-9.txt 2>&1
+done
 if [ -n "${BEFORE:-}" ]; then
   (cd $BEFORE && OMP_NUM_THREADS=1 PYTHONPATH=$BEFORE nice -n 15 $PY $P \
     digits_small /dev/null 0 1 2 3 4) > $HERE/log_before_digits_small.txt 2>&1
+  (cd $BEFORE && OMP_NUM_THREADS=1 PYTHONPATH=$BEFORE nice -n 15 $PY $P \
+    digits_small /dev/null 5 6 7 8 9) > $HERE/log_before_digits_small_s5-9.txt 2>&1
 fi
 $PY $HERE/table.py
