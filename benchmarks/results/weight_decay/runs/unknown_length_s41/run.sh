@@ -10,7 +10,7 @@ P=benchmarks/results/weight_decay/runs/unknown_length_s40/probe_settings.py
 PY=${PY:-/work/main/.venv/bin/python}
 run() { OMP_NUM_THREADS=1 PYTHONPATH=$PWD nice -n 15 $PY "$@"; }
 run $HERE/probe_stream.py mnist_mlp $HERE/stream_mnist_mlp.json 0 1 2 3 4 > $HERE/log_stream_mnist_mlp.txt 2>&1
-for S in news_mlp mnist_mlp digits_small; do
+for S in news_mlp mnist_mlp digits_small fashion_mlp fashion_cnn; do  # the Fashion pair: lead, after the change
   run $P $S $HERE/budget_horizon_$S.json 0 1 2 3 4 > $HERE/log_bh_$S.txt 2>&1
 done
 for S in news_mlp digits_small; do  # seeds 5-9 (pooled by table.py)
