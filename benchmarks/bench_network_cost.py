@@ -71,6 +71,15 @@ OUT = Path(__file__).resolve().parent / "results" / "network_cost" / "network_co
 CONFIGS = ("plain", "unbudgeted", "default")
 #: the fixed decay of the plain training (what ``LearnedWeightDecay(1e-4)`` replaces)
 PLAIN_DECAY = 1e-4
+#: Lightning's accelerator of every fit (``--accelerator``); on a GPU the ratios are of wall time
+#: (the process's CPU time there is launches and waiting, not the compute)
+ACCELERATOR = "cpu"
+
+
+def _synchronize() -> None:
+    """Wait for queued GPU work, so a timer read after it counts it (CUDA is asynchronous)."""
+    if ACCELERATOR != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------------------------------- networks
@@ -194,10 +203,12 @@ class FitTimer(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.key == "start":
+            _synchronize()
             self.times["start"], self.times["cpu_start"] = time.perf_counter(), time.process_time()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.key == "end":
+            _synchronize()
             self.times["end"], self.times["cpu_end"] = time.perf_counter(), time.process_time()
 
 
@@ -253,7 +264,7 @@ def run_one(network: str, config: str, repeat: int, budget: float | None, steps:
         callbacks += [cb, phases]
     callbacks.append(FitTimer(times, "end"))
     trainer = pl.Trainer(
-        max_steps=steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
+        max_steps=steps, max_epochs=-1, accelerator=ACCELERATOR, devices=1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks,
     )  # fmt: skip
@@ -262,6 +273,7 @@ def run_one(network: str, config: str, repeat: int, budget: float | None, steps:
         "network": network, "config": config, "repeat": repeat, "steps": trainer.global_step,
         "fit_s": times["end"] - times["start"], "fit_cpu_s": times["cpu_end"] - times["cpu_start"],
         "load": os.getloadavg()[0],  # the machine's 1-minute load as the fit ended
+        "accelerator": ACCELERATOR,
     }  # fmt: skip
     if cb is not None:
         assert cb.sid is not None
@@ -284,7 +296,8 @@ def summarise(records: list[dict[str, Any]], budget: float | None) -> dict[str, 
     out: dict[str, Any] = {}
     for network in dict.fromkeys(r["network"] for r in records):
         rows = [r for r in records if r["network"] == network]
-        plain = {r["repeat"]: r["fit_cpu_s"] for r in rows if r["config"] == "plain"}
+        key = "fit_cpu_s" if rows[0].get("accelerator", "cpu") == "cpu" else "fit_s"
+        plain = {r["repeat"]: r[key] for r in rows if r["config"] == "plain"}
         plain_wall = {r["repeat"]: r["fit_s"] for r in rows if r["config"] == "plain"}
         entry: dict[str, Any] = {"plain_s": statistics.median(plain.values())}
         loads = [r["load"] for r in rows if "load" in r]
@@ -294,7 +307,7 @@ def summarise(records: list[dict[str, Any]], budget: float | None) -> dict[str, 
             runs = [r for r in rows if r["config"] == config and r["repeat"] in plain]
             if not runs:
                 continue
-            ratios = [r["fit_cpu_s"] / plain[r["repeat"]] for r in runs]
+            ratios = [r[key] / plain[r["repeat"]] for r in runs]
             wall = [r["fit_s"] / plain_wall[r["repeat"]] for r in runs]
             hyper = sum(sum(r["phases"].values()) for r in runs)
             entry[config] = {
@@ -339,7 +352,8 @@ def _label(budget: float | None) -> str:
 
 def markdown(summary: dict[str, Any], budget: float | None) -> str:
     lines = [
-        f"| network | plain fit (CPU s) | no budget: × plain | {_label(budget)}: × plain | "
+        "| network | plain fit (s: CPU time on a CPU, wall on a GPU) | no budget: × plain | "
+        f"{_label(budget)}: × plain | "
         "hyper steps run of due (no budget / default) | curvature products (no budget / default) "
         "| share measured by the callback (no budget / default) | "
         "training steps' time ÷ plain fit (no budget / default) | "
@@ -532,6 +546,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=None, help="override every network's steps")
     p.add_argument("--n-train", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--accelerator",
+        default="cpu",
+        help="Lightning accelerator of every fit (cpu, gpu); on a GPU the ratios are of wall time",
+    )
     p.add_argument("--quick", action="store_true", help="1 repeat, 40 steps: a smoke test")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument(
@@ -563,6 +582,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.quick:
         args.repeats, args.steps, args.n_train = 1, args.steps or 40, 256
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
     torch.set_num_threads(args.threads)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
@@ -586,13 +607,17 @@ def main(argv: list[str] | None = None) -> None:
                 "commit": _commit(),
                 "budget": args.budget, "threads": args.threads, "repeats": args.repeats,
                 "environment": {"platform": platform.platform(), "torch": torch.__version__,
-                                "pytorch_lightning": pl.__version__},
+                                "pytorch_lightning": pl.__version__,
+                                "accelerator": args.accelerator,
+                                "gpu": torch.cuda.get_device_name(0)
+                                if torch.cuda.is_available() else None},
                 "wall_s": time.time() - started, "summary": summary, "records": records,
             }  # fmt: skip
             args.out.write_text(json.dumps(result, indent=1))  # after every repeat: partial
     table = markdown(summary, args.budget)
     args.out.with_suffix(".md").write_text(
-        f"Command: `{result['command']}` ({args.threads} thread, {platform.processor() or 'CPU'},"
+        f"Command: `{result['command']}` ({args.threads} thread, "
+        f"{result['environment']['gpu'] or platform.processor() or 'CPU'},"
         f" {result['wall_s'] / 60:.0f} min)\n\n{table}"
     )
     figure(summary, args.budget, args.out.with_suffix(".png"))

@@ -230,12 +230,12 @@ def look_ahead_weighted_loss(
     x, y = batch
     Xv, yv = val
     params = dict(net.named_parameters())
-    eps = torch.zeros(len(y), requires_grad=True)
+    eps = torch.zeros(len(y), requires_grad=True, device=x.device)
     losses = F.cross_entropy(functional_call(net, params, (x,)), y, reduction="none")
     grads = torch.autograd.grad((eps * losses).sum(), list(params.values()), create_graph=True)
     ahead = {k: p - lr * g for (k, p), g in zip(params.items(), grads)}
     j = torch.randint(0, len(yv), (val_batch,), generator=gen)
-    outer = F.cross_entropy(functional_call(net, ahead, (Xv[j],)), yv[j])
+    outer = F.cross_entropy(functional_call(net, ahead, (Xv[j].to(x.device),)), yv[j].to(x.device))
     (g_eps,) = torch.autograd.grad(outer, eps)
     w = torch.clamp(-g_eps, min=0)
     w = w / w.sum() if float(w.sum()) > 0 else w
@@ -257,16 +257,29 @@ class Reweighted(Classifier):
 
 
 def accuracy(net: nn.Module, X: Tensor, y: Tensor) -> Tensor:
+    device = next(net.parameters()).device
     with torch.no_grad():
         net.eval()
-        pred = torch.cat([net(X[i : i + 1000]).argmax(1) for i in range(0, len(y), 1000)])
+        pred = torch.cat(
+            [net(X[i : i + 1000].to(device)).argmax(1).cpu() for i in range(0, len(y), 1000)]
+        )
         net.train()
     return pred == y
 
 
+#: Lightning's accelerator of every training (``--accelerator``)
+ACCELERATOR = "cpu"
+
+
+def _synchronize() -> None:
+    """Wait for queued GPU work, so that a timer read after it counts it (CUDA is asynchronous)."""
+    if ACCELERATOR != "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.Trainer:
     return pl.Trainer(
-        max_epochs=epochs, accelerator="cpu", devices=1, logger=False, callbacks=callbacks,
+        max_epochs=epochs, accelerator=ACCELERATOR, devices=1, logger=False, callbacks=callbacks,
         gradient_clip_val=clip,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0,
@@ -355,12 +368,14 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         model = Classifier(args.lr, class_weight=class_weight)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, generator=gen)
     val = DataLoader(TensorDataset(d["Xv"], d["yv"]), batch_size=args.batch)
+    _synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tracer = [Trace(d, callbacks[0] if callbacks else None)] if args.trace else []
         fit = trainer(args.epochs, callbacks + tracer, args.clip)
         fit.fit(model, loader, val if callbacks else None)
+    _synchronize()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     correct = accuracy(model.net, d["Xt"], d["yt"])
     rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall, "cpu_s": cpu}
@@ -379,8 +394,9 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
     if args.trace:
         rec["trace"] = tracer[0].rows
         with torch.no_grad():  # each training example's loss under its true label (hardness)
+            device = next(model.net.parameters()).device
             rec["true_label_loss"] = F.cross_entropy(
-                model.net(d["X"]), d["y"], reduction="none"
+                model.net(d["X"].to(device)), d["y"].to(device), reduction="none"
             ).tolist()
         if method.startswith("drop_in"):
             rec["flagged"] = callbacks[0].flagged().tolist()
@@ -662,6 +678,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds)")
     p.add_argument(
+        "--accelerator", default="cpu", help="Lightning accelerator of every training (cpu, gpu)"
+    )
+    p.add_argument(
         "--out", type=Path,
         default=REPO / "benchmarks" / "results" / "noisy_labels" / "noisy_labels.json",
     )  # fmt: skip
@@ -703,6 +722,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     if args.combine:
         return combine(args.combine, args.out)
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
     torch.set_num_threads(args.threads)
     Classifier.schedule = args.schedule
     results: dict[str, Any] = {

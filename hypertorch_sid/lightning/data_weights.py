@@ -862,23 +862,24 @@ class LearnedDataWeights(HyperOptimizationCallback):
         return self.problem.weights
 
     def data_weights(self) -> Tensor:
-        """ω of every example (or class), detached; empty before a fit built them."""
+        """ω of every example (or class), detached, on the CPU; empty before a fit built them."""
         w = self.problem.weights
-        return w.values() if w is not None else torch.empty(0)
+        return w.values().cpu() if w is not None else torch.empty(0)
 
     def flagged(self, rule: FlagRule | str | float | None = None) -> Tensor:
         """Indices of the examples (classes) the validation data says not to trust, by
         ``rule`` (see :meth:`SampleWeights.flagged`: a number t flags ω < t). Default: per
         sample the :class:`~hypertorch_sid.core.sample_weights.TwoComponentSplit` of the
         learned logits (the corrupted examples' bump, apart from the clean examples' spread);
-        per class (a handful of rows, no mixture to fit) ω below half its start."""
+        per class (a handful of rows, no mixture to fit) ω below half its start. On the CPU,
+        wherever the training ran."""
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
         default = rule is None
         if rule is None:
             rule = TwoComponentSplit() if self.per == "sample" else BelowWeight()
-        flags = w.flagged(rule)
+        flags = w.flagged(rule).cpu()
         said = self.problem.flag_evidence(flags)
         if said is None:
             return flags
