@@ -85,6 +85,33 @@ def test_learned_weight_decay_on_the_gpu(granularity, adam):
         assert bool(torch.isfinite(lam).all()) and bool((lam >= 0).all()), name
 
 
+class RowLSTM(pl.LightningModule):
+    """pytorch/examples' MNIST LSTM shape: rows as a sequence, LSTM, linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm, self.head = torch.nn.LSTM(14, 16, batch_first=True), torch.nn.Linear(16, 4)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        out, _ = self.lstm(x.view(x.shape[0], 14, 14))
+        return F.cross_entropy(self.head(out[:, -1]), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def test_learned_weight_decay_on_an_lstm_on_the_gpu():
+    """cuDNN's RNN has no double backward: the hyper steps run without cuDNN, the training
+    with it."""
+    cb = LearnedWeightDecay(1e-4, every_n_steps=4, max_overhead=None)
+    gpu_trainer([cb], max_epochs=2).fit(RowLSTM(), *image_loaders())
+    assert len(cb.history) > 0 and torch.backends.cudnn.enabled
+    for name, lam in cb.decay_values().items():
+        assert bool(torch.isfinite(lam).all()), name
+
+
 def test_weight_decay_checkpoint_written_on_the_gpu_resumes(tmp_path):
     """tests/test_weight_decay.py's resume check (float64 MLP, per layer), on the GPU."""
 

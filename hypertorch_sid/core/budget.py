@@ -49,6 +49,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
+import torch
+
 from .errors import ConfigurationError
 from .validation import is_real
 
@@ -65,6 +67,10 @@ class Budget:
 
     def training_step_done(self) -> None:
         """The training ran one more step (called once per optimizer step)."""
+
+    def synchronized_clock(self) -> float:
+        """The clock, read after the device's queued work is done (an accelerator's)."""
+        return self.clock()
 
     def allows(
         self, remaining_steps: int | None = None, products: int = 0, due_left: int | None = None
@@ -275,6 +281,7 @@ class OverheadBudget(Budget):
     _added_since_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
     _open: list[float] = field(default_factory=list, init=False, repr=False)
+    _synchronize: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         value = self.max_overhead
@@ -296,9 +303,20 @@ class OverheadBudget(Budget):
 
     def use_device(self, kind: str) -> None:
         """CPU time on the CPU, wall time on an accelerator (a given clock is kept). Call it
-        before the accounting starts: the readings of two clocks do not mix."""
+        before the accounting starts: the readings of two clocks do not mix. An accelerator
+        runs its work asynchronously: a hyper step's start and end and the product's timing
+        wait for it (:meth:`synchronized_clock`), so the queued training work is charged to
+        the training and the hyper step's own to it (the readings at every training step do
+        not wait: the training keeps its overlap)."""
         if not self._clock_given:
             self.clock = time.process_time if kind == "cpu" else time.perf_counter
+        self._synchronize = _synchronizer(kind)
+
+    def synchronized_clock(self) -> float:
+        """The clock, read after the device's queued work is done."""
+        if self._synchronize is not None:
+            self._synchronize()
+        return self.clock()
 
     def training_step_done(self) -> None:
         now = self.clock()
@@ -382,12 +400,12 @@ class OverheadBudget(Budget):
         return Deadline(self, now + ceiling, now + curvature, fixed)
 
     def start_hyper_step(self) -> None:
-        self._hyper_start = self.clock()
+        self._hyper_start = self.synchronized_clock()
 
     def end_hyper_step(self, products: int = 0) -> None:
         if self._hyper_start is None:
             return
-        now = self.clock()
+        now = self.synchronized_clock()
         self.last_hyper = now - self._hyper_start
         if not self.hyper_steps:
             self.first_hyper = self.last_hyper
@@ -554,6 +572,16 @@ class PlannedBudget(OverheadBudget):
         return PlannedDeadline(
             self, now + part + extra, now + curvature, self.predicted(0), now + part + spare
         )
+
+
+def _synchronizer(kind: str) -> Callable[[], None] | None:
+    """What waits for the queued work of a device of this kind (nothing on the CPU)."""
+    if kind == "cpu":
+        return None
+    try:
+        return torch.get_device_module(kind).synchronize
+    except (RuntimeError, AttributeError):  # a device type without a torch module (meta)
+        return None
 
 
 _BUDGET_KEYS = (

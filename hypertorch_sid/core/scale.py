@@ -95,7 +95,7 @@ def _random_move(loss: Callable[[], Tensor], tensors: Sequence[Tensor], base: fl
     saved = [t.clone() for t in tensors]
     moves = []
     for t in tensors:
-        u = torch.randn(t.shape, generator=generator, dtype=torch.float64)
+        u = torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device)
         moves.append((u * (t.double().norm() / u.norm().clamp_min(1e-30))).to(t))
     change = 0.0
     try:

@@ -10,7 +10,8 @@ operation between the inner parameters and ℓ̂ must therefore have a second de
 * :func:`twice_differentiable` is the context of every hyper step: it routes ops that have a
   twice-differentiable equivalent to it — attention's fused kernels to the math backend, and
   ``F.hardsigmoid`` (MobileNetV3's squeeze-excitation) to relu6(x + 3)/6 — and leaves the
-  training's own steps on the fast ones;
+  training's own steps on the fast ones; an RNN on a CUDA device runs without cuDNN there
+  (cuDNN's RNN kernels have no double backward);
 * :func:`not_twice_differentiable` says what any other such op, met in a product, means.
 """
 
@@ -89,18 +90,25 @@ class _TwiceDifferentiableHardsigmoid(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _on_cuda(module: torch.nn.Module) -> bool:
+    return any(p.is_cuda for p in module.parameters())
+
+
 @contextlib.contextmanager
 def twice_differentiable(module: Any = None) -> Iterator[None]:
     """The hyper step's context (see the module docstring). ``F.scaled_dot_product_attention``
     runs on its math backend (its fused kernels, on the CPU too, have no second derivative);
-    where ``module`` holds an ``nn.Hardsigmoid``, ``F.hardsigmoid`` is computed twice
-    differentiably (a torch function mode, only then: it adds a Python call to every op)."""
-    has_hardsigmoid = isinstance(module, torch.nn.Module) and any(
-        isinstance(m, torch.nn.Hardsigmoid) for m in module.modules()
-    )
-    with sdpa_kernel([SDPBackend.MATH]):
-        if not has_hardsigmoid:
-            yield
-            return
-        with _TwiceDifferentiableHardsigmoid():
-            yield
+    where ``module`` holds an RNN (LSTM, GRU, RNN) on a CUDA device, cuDNN is off (its RNN
+    kernels have no double backward; PyTorch's own have); where it holds an ``nn.Hardsigmoid``,
+    ``F.hardsigmoid`` is computed twice differentiably (a torch function mode, only then: it
+    adds a Python call to every op)."""
+    modules = list(module.modules()) if isinstance(module, torch.nn.Module) else []
+    has_hardsigmoid = any(isinstance(m, torch.nn.Hardsigmoid) for m in modules)
+    cuda_rnn = any(isinstance(m, torch.nn.RNNBase) and _on_cuda(m) for m in modules)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        if cuda_rnn:
+            stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        if has_hardsigmoid:
+            stack.enter_context(_TwiceDifferentiableHardsigmoid())
+        yield

@@ -76,11 +76,11 @@ def norm(xs: Sequence[Tensor]) -> float:
     if not xs:
         return 0.0
     if len(xs) == 1:  # no stack, no float64 copy: this runs at every solver step
-        x = xs[0].detach()
+        x = rows.stored(xs[0].detach())  # a sparse tensor's rows (no SparseCUDA norm kernel)
         return float(torch.linalg.vector_norm(x, dtype=_NORM_DTYPE.get(x.dtype)))
     per_tensor = [
-        torch.linalg.vector_norm(x.detach(), dtype=_NORM_DTYPE.get(x.dtype)).to(torch.float64)
-        for x in xs
+        torch.linalg.vector_norm(x, dtype=_NORM_DTYPE.get(x.dtype)).to(torch.float64)
+        for x in (rows.stored(x.detach()) for x in xs)
     ]
     return float(torch.linalg.vector_norm(torch.stack(per_tensor)))
 
