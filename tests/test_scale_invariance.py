@@ -181,6 +181,39 @@ def test_probe_on_a_cnn_leaves_the_module_as_it_was():
         assert torch.equal(v, weights[k]), k
 
 
+class _Counted:
+    """A problem whose training loss records the batch sizes it was called on; ``refuse``: a
+    training_step that fails on any batch but the full one (a time-first sequence batch whose
+    dim 0 is not its samples')."""
+
+    def __init__(self, decay, refuse=False):
+        self.decay, self.sizes, self.refuse = decay, [], refuse
+
+    def _data_loss(self, module, batch, which):
+        self.sizes.append(len(batch[0]))
+        if self.refuse and len(batch[0]) != 64:
+            raise RuntimeError("shape mismatch")
+        return module.training_step(batch, 0)
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_probe_reads_a_few_samples_and_one_base_loss(refuse):
+    """The probe reads the first PROBE_SAMPLES samples (falls back to the whole batch where
+    they cannot be cut off), one base loss for every slot; the answer is the full batch's."""
+    from hypertorch_sid.lightning.weight_decay import PROBE_SAMPLES
+
+    X, y = _data()
+    torch.manual_seed(0)
+    model = CNN()
+    problem = _Counted(WeightDecay(model.named_parameters(), 1e-3, granularity="per_layer"), refuse)
+    assert scale_invariant_slots(problem, model, (X[:64], y[:64])) == INVARIANT
+    probed = problem.sizes[1:] if refuse else problem.sizes  # refused: the 16-sample try
+    assert set(probed) == ({64} if refuse else {PROBE_SAMPLES})
+    # base once, then per slot: 2 scalings (+ 2 random moves where both pass), early exit
+    invariant, plain = sum(INVARIANT.values()), len(INVARIANT) - sum(INVARIANT.values())
+    assert len(probed) <= 1 + 4 * invariant + 2 * plain
+
+
 def test_held_rule_keeps_invariant_layers_and_learns_the_others():
     _, cb = _fit("held")
     assert cb.invariant_groups == INVARIANT

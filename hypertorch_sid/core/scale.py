@@ -46,6 +46,7 @@ def scale_invariant(
     tensors: Sequence[Tensor],
     rtol: float = 1e-3,
     reference: float = RELATIVE_TO_A_MOVE,
+    base: float | None = None,
 ) -> bool:
     """Whether ``loss()`` is unchanged (to relative ``rtol``) when ``tensors`` are scaled by ½
     and by 2 together (eq. invariant), and changed at most ``reference`` times as much as by a
@@ -64,14 +65,15 @@ def scale_invariant(
     own norm (the size of the move from c = 1 to ½ or 2) changes the loss of an invariant
     group by orders of magnitude more than the scalings do (ratio 3·10⁻⁴–3·10⁻³ after
     LayerNorm, GroupNorm, BatchNorm), of a plain layer about as much (0.3–30): ``reference``
-    = 0.03 lies between.
+    = 0.03 lies between. ``base``: ``loss()`` at the tensors as they are, where the caller
+    probes several groups on one batch (each comes back bit for bit, so one reading serves).
     """
     if not tensors:
         raise ConfigurationError("scale_invariant: give at least one tensor to scale.")
     if not rtol > 0:
         raise ConfigurationError(f"scale_invariant: rtol must be > 0, got {rtol!r}.")
-    base = float(loss())
-    if not torch.isfinite(torch.tensor(base)):
+    base = float(loss()) if base is None else base
+    if not math.isfinite(base):
         return False
     scaled = 0.0
     for c in FACTORS:
