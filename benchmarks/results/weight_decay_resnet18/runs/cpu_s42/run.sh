@@ -5,9 +5,9 @@
 python benchmarks/bench_weight_decay.py --settings fashion_resnet18 --seeds 0 1 2 --optuna-trials 0 \
   --methods no_wd learned_per_layer --threads 1 \
   --reuse 'benchmarks/results/weight_decay_resnet18/runs/weight_decay_resnet18_cpu_seed{seed}.json' \
-  --out benchmarks/results/weight_decay_resnet18/runs/cpu_s42/main_f9d5262_plus_gpu_fixes/resnet18_cpu_s42.json
+  --out benchmarks/results/weight_decay_resnet18/runs/cpu_s42/main_687c9ad/resnet18_cpu_s42.json
 # 2. the probe on 16 samples with one base loss (the default learned again, the rest reused from 1.):
 python benchmarks/bench_weight_decay.py --settings fashion_resnet18 --seeds 0 1 2 --optuna-trials 0 \
   --methods learned_per_layer --threads 1 \
-  --reuse 'benchmarks/results/weight_decay_resnet18/runs/cpu_s42/main_f9d5262_plus_gpu_fixes/resnet18_cpu_s42_seed{seed}.json' \
+  --reuse 'benchmarks/results/weight_decay_resnet18/runs/cpu_s42/main_687c9ad/resnet18_cpu_s42_seed{seed}.json' \
   --out benchmarks/results/weight_decay_resnet18/runs/cpu_s42/probe16/resnet18_cpu_probe16.json
