@@ -5,7 +5,8 @@ Stored (the README's "77 / 87 / 76 / 86 %", ../adjoint5/table.py): drop-in ../ou
 (seeds 1-5), q05_seeds6to9, q05_seeds10to14 (seed 10); plain ../adjoint5/{ds}_seeds{1to5,6to10};
 oracle ../clip1_v2/{ds}_seeds{123,45}, ../outer_objective/seeds6to9, ../adjoint5/oracle_seed10.
 Today: this folder ({ds}_seeds12345.json, {ds}_seeds678910.json: plain and drop-in back to back;
-oracle_{ds}.json), one process at a time. Gap recovered: the benchmark's ratio of means
+oracle_{ds}.json), one process at a time, with this machine's AVX-512 kernels; avx2/: the same
+with torch's AVX2 kernels, as the stored runs had. Gap recovered: the benchmark's ratio of means
 (bench_noisy_labels.recovered_ratio), ± its delta-method s.e.
 Run from the repository root: python benchmarks/results/noisy_labels/runs/refresh_s42/table.py
 """
@@ -64,6 +65,11 @@ TODAY = {
     "drop_in": ["refresh_s42/{ds}_seeds12345.json", "refresh_s42/{ds}_seeds678910.json"],
     "oracle": ["refresh_s42/oracle_{ds}.json"],
 }
+#: today's code with torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
+AVX2 = {
+    m: ["refresh_s42/avx2/{ds}_seeds12345.json", "refresh_s42/avx2/{ds}_seeds678910.json"]
+    for m in ("plain", "drop_in", "oracle")
+}
 GPU = RUNS / "gpu_h100_s42" / "noisy_labels_gpu.json"
 
 
@@ -119,6 +125,32 @@ def control(today: dict[str, dict[str, dict[int, dict]]]) -> None:
                 )
             ]
             print(f"| {setting} | {m} | " + " | ".join(cells) + " |")
+
+
+def avx2(stored: dict[str, dict[str, dict[int, dict]]]) -> None:
+    """Today's code with torch's AVX2 kernels against the stored runs, seed by seed."""
+    print("\n## Today's code with AVX2 kernels against the stored runs, seeds 1–10\n")
+    print(
+        "| setting | method | test acc identical | weights identical (first seed) | "
+        "flags P / R identical | gap recovered (AVX2) | CPU × plain, per-seed mean (range) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for setting in SETTINGS:
+        runs = load(AVX2, setting)
+        for m in ("plain", "drop_in", "oracle"):
+            if not runs[m]:
+                continue
+            cells = [
+                identical(stored[setting][m], runs[m], keys)
+                for keys in (("test_acc",), ("weights",), ("flag_precision", "flag_recall"))
+            ]
+            seeds = [s for s in SEEDS if all(s in runs[k] for k in ("plain", "drop_in", "oracle"))]
+            g = cpu = ""
+            if m == "drop_in" and seeds:
+                g = gap(runs, seeds)
+                r = [runs["drop_in"][s]["cpu_s"] / runs["plain"][s]["cpu_s"] for s in seeds]
+                cpu = f"{np.mean(r):.2f} ({min(r):.2f}–{max(r):.2f})"
+            print(f"| {setting} | {m} | " + " | ".join(cells) + f" | {g} | {cpu} |")
 
 
 def main() -> None:
@@ -197,6 +229,7 @@ def main() -> None:
             )
 
     control(today)
+    avx2(stored)
 
     pairs = sorted(HERE.glob("timing_ab/head_*.json"))
     if pairs:
