@@ -3,7 +3,8 @@
 # 5000 examples, 1 thread, seeds 1-10, MNIST and Fashion-MNIST x symmetric and pair-flip 40 %. The drop-in with its
 # defaults (ExpectedError(q=0.5), which the stored runs passed as --drop-in-kwargs '{"objective": {"q": 0.5}}').
 # ONE process at a time (the stored runs ran 2-3 at a time). Machine: Linux 6.18.44-fc-v669, AMD EPYC (AVX-512),
-# torch 2.14.1 CPU; the stored runs: 6.18.44-fc-v782, same torch.
+# torch 2.14.1 CPU; the stored runs: 6.18.44-fc-v782, same torch. Steps 1-2 use this CPU's default (AVX-512) kernels,
+# step 6 torch's AVX2 kernels, with which today's code gives every stored run bit for bit.
 # Stored runs compared (../adjoint5/table.py): drop-in ../outer_objective/q05 (seeds 1-5), q05_seeds6to9,
 # q05_seeds10to14 (seed 10); plain ../adjoint5; oracle ../clip1_v2, ../outer_objective/seeds6to9,
 # ../adjoint5/oracle_seed10.json.   Table: python benchmarks/results/noisy_labels/runs/refresh_s42/table.py
