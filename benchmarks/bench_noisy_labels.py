@@ -730,7 +730,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "python benchmarks/bench_noisy_labels.py " + " ".join(argv or sys.argv[1:]),
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(),
-                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                    # the CPU kernels torch chose (AVX2 / AVX512 round differently)
+                    "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "settings": {},
     }  # fmt: skip

@@ -1272,7 +1272,9 @@ def run_seed(args: argparse.Namespace, command: str) -> dict[str, Any]:
         log(f"news_mlp skipped: {why}")
         settings = [s for s in settings if s.data != "news"]
     versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "pytorch_lightning": pl.__version__}  # fmt: skip
+                "pytorch_lightning": pl.__version__,
+                # the CPU kernels torch chose (AVX2 / AVX512 round differently)
+                "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
     try:
         import optuna
 
