@@ -84,7 +84,7 @@ from ..core.outer_step import TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule, scale_invariant
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import private_rng
-from .problem import BilevelProblem, check_module_not_compiled
+from .problem import BilevelProblem
 
 __all__ = ["LearnedWeightDecay", "WeightDecayProblem", "scale_invariant_slots"]
 
@@ -245,7 +245,6 @@ class WeightDecayProblem:
                 "LearnedWeightDecay: with manual optimization, training_step cannot be called to "
                 "evaluate the training loss: pass training_loss=lambda module, batch: ..."
             )
-        check_module_not_compiled(module)
         if not module.automatic_optimization and len(trainer.optimizers) > 1:
             rank_zero_warn(
                 f"LearnedWeightDecay: manual optimization with {len(trainer.optimizers)} "
