@@ -21,7 +21,11 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint, StochasticWeightAveraging
+from pytorch_lightning.callbacks import (
+    EMAWeightAveraging,
+    ModelCheckpoint,
+    StochasticWeightAveraging,
+)
 from pytorch_lightning.plugins.precision import MixedPrecision
 from test_data_weights_recipes import Classifier, assert_separates, loader, val_loader
 from test_gpu import SmallCNN, image_loaders
@@ -167,6 +171,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "benchmark_nondeterministic": dict(trainer=dict(benchmark=True, deterministic=False)),
     "swa": dict(callbacks=(lambda: StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2),)),
     "ema_callback": dict(callbacks=(EMA,)),
+    "ema_weight_averaging": dict(callbacks=(lambda: EMAWeightAveraging(decay=0.9),)),
     "accumulate_4": dict(trainer=dict(accumulate_grad_batches=4)),
     "clip_bf16_mixed": dict(trainer=dict(gradient_clip_val=0.5, precision="bf16-mixed")),
     "max_time": dict(trainer=dict(max_time={"minutes": 5})),
@@ -282,3 +287,31 @@ def test_resume_mid_epoch_from_a_step_checkpoint(drop_in: str, tmp_path: Any) ->
     assert state["history"] and len(resumed.history) > len(state["history"])
     assert resumed.history[: len(state["history"])] == state["history"]
     assert_learned(drop_in, resumed, model)
+
+
+class LastLambda(pl.Callback):
+    """λ of the module as the training's last step left it (before any ``on_train_end``)."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
+        self.value = module.log_lam.detach().clone()
+
+
+@pytest.mark.parametrize(
+    "averaging",
+    [EMAWeightAveraging, lambda: StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2)],
+    ids=["ema_weight_averaging", "swa"],
+)
+def test_weight_averaging_leaves_a_bilevel_modules_lambda_as_learned(averaging: Any) -> None:
+    """Lightning's averaging callbacks copy their average into every parameter of the module at
+    the end of the fit, a ``BilevelModule``'s λ included: with EMAWeightAveraging's default
+    decay (0.999) a log λ learned to -0.35 came back as -0.007 — silently. λ ends as learned;
+    the weights keep the average."""
+    last = LastLambda()
+    SETTINGS["averaging"] = dict(callbacks=(averaging, lambda: last))
+    try:
+        cb, model = _run("bilevel", "averaging")
+    finally:
+        del SETTINGS["averaging"]
+    assert_learned("bilevel", cb, model)
+    torch.testing.assert_close(model.log_lam.detach(), last.value, rtol=0, atol=0)
+    assert float(last.value.abs().max()) > 0.1
