@@ -19,6 +19,7 @@ operation between the inner parameters and ℓ̂ must therefore have a second de
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -111,7 +112,8 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
     cuda_rnn = any(isinstance(m, torch.nn.RNNBase) and _on_cuda(m) for m in modules)
     with contextlib.ExitStack() as stack:
         stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-        stack.enter_context(torch.compiler.set_stance("force_eager"))
+        if "torch._dynamo" in sys.modules:  # else nothing was compiled (and importing costs 1.5 s)
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
         if cuda_rnn:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         if has_hardsigmoid:
