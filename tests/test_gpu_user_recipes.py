@@ -8,7 +8,11 @@ Each setting is applied, as a careless user would write it, to the three ways in
   examples' weights end below the clean ones', finite;
 * ``BilevelModule`` + ``HyperOptimizationCallback`` on a ridge regression: λ moved, finite.
 
-Each either works so, or is refused with a ``ConfigurationError`` naming the cause and the fix.
+Each either works so, or is refused with a ``ConfigurationError`` naming the cause and the fix
+(``REFUSED``). Beside the table: a mid-epoch resume from a step checkpoint, Lightning's weight
+averaging leaving a ``BilevelModule``'s λ as learned, and the module passed to ``fit`` compiled.
+Compiled cases use ``backend="aot_eager"`` (AOTAutograd, where double backward fails, without
+inductor's code generation: seconds, not tens of seconds).
 """
 
 from __future__ import annotations
@@ -315,3 +319,42 @@ def test_weight_averaging_leaves_a_bilevel_modules_lambda_as_learned(averaging: 
     assert_learned("bilevel", cb, model)
     torch.testing.assert_close(model.log_lam.detach(), last.value, rtol=0, atol=0)
     assert float(last.value.abs().max()) > 0.1
+
+
+class ForwardCNN(SmallCNN):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+
+class ForwardClassifier(Classifier):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self.loss(self(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize("drop_in", ["weight_decay", "data_weights"])
+def test_the_module_passed_to_fit_compiled(drop_in: str) -> None:
+    """``trainer.fit(torch.compile(model))`` (Lightning compiles ``forward``): was refused; the
+    training runs compiled, the hyper steps eagerly (BilevelModule: test_silent_wrong_lightning)."""
+    torch._dynamo.reset()
+    counters.clear()
+    pl.seed_everything(0, verbose=False)
+    if drop_in == "weight_decay":
+        model: Any = ForwardCNN()
+        cb: Any = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
+        loaders, epochs = image_loaders(), 3
+    else:
+        model = ForwardClassifier()
+        cb = LearnedDataWeights(every_n_steps=2, start_step=0, seed=0)
+        loaders, epochs = (loader(), val_loader()), 15
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(model, backend="aot_eager")
+        _trainer([cb], max_epochs=epochs).fit(compiled, *loaders)
+    assert counters["stats"]["unique_graphs"] > 0
+    assert_learned(drop_in, cb, model)
