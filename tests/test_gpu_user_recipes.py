@@ -358,3 +358,39 @@ def test_the_module_passed_to_fit_compiled(drop_in: str) -> None:
         _trainer([cb], max_epochs=epochs).fit(compiled, *loaders)
     assert counters["stats"]["unique_graphs"] > 0
     assert_learned(drop_in, cb, model)
+
+
+class FusedAdamCNN(SmallCNN):
+    """The CNN trained by ``Adam(fused=True)``, which unscales a GradScaler's gradients inside
+    its own step."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2, fused=self.fused)
+
+
+def _weight_norm(fused: bool, lam: float | None) -> float:
+    pl.seed_everything(0, verbose=False)
+    model = FusedAdamCNN(fused)
+    callbacks: list[Any] = []
+    if lam is not None:  # λ held (no hyper step): only the decay the training applies counts
+        callbacks.append(LearnedWeightDecay(lam, every_n_steps=10**6, start_step=10**6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = _trainer(callbacks, max_epochs=3, plugins=[fp16_with_scaler()])
+        trainer.fit(model, *image_loaders())
+    weights = [p.detach() for name, p in model.named_parameters() if "weight" in name]
+    return float(sum((w**2).sum() for w in weights)) ** 0.5
+
+
+def test_a_fused_optimizer_under_a_grad_scaler_gets_the_whole_decay() -> None:
+    """float16 mixed precision's GradScaler with ``Adam(fused=True)``: the gradients the decay is
+    added to are still scaled (the optimizer unscales them in its step). λ w was added
+    unscaled, so divided by the scale (65536): the weights ended as without decay (‖w‖ 3.541
+    against 3.103 with the unfused Adam) — silently, and the hyper steps assumed the decay."""
+    plain, fused = _weight_norm(False, 0.05), _weight_norm(True, 0.05)
+    assert fused == pytest.approx(plain, rel=2e-3)
+    assert fused < _weight_norm(True, None) - 0.2
