@@ -394,3 +394,26 @@ def test_a_fused_optimizer_under_a_grad_scaler_gets_the_whole_decay() -> None:
     plain, fused = _weight_norm(False, 0.05), _weight_norm(True, 0.05)
     assert fused == pytest.approx(plain, rel=2e-3)
     assert fused < _weight_norm(True, None) - 0.2
+
+
+@pytest.mark.parametrize(
+    "callback_kw, trainer_kw",
+    [({}, dict(precision="bf16-mixed")), (dict(directional="forward_mode"), {})],
+    ids=["bf16_mixed_falls_back_to_forward_mode", "forward_mode"],
+)
+def test_data_weights_forward_mode_cross_term_through_a_compiled_network(
+    callback_kw: dict[str, Any], trainer_kw: dict[str, Any]
+) -> None:
+    """The training's cross term by a dual-number pass (chosen, or the fallback under autocast)
+    runs through the compiled network inside the training step, outside the hyper steps."""
+    torch._dynamo.reset()
+    counters.clear()
+    pl.seed_everything(0, verbose=False)
+    model = Classifier()
+    model.net = torch.compile(model.net, backend="aot_eager")
+    cb = LearnedDataWeights(every_n_steps=2, start_step=0, seed=0, **callback_kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([cb], max_epochs=15, **trainer_kw).fit(model, loader(), val_loader())
+    assert counters["stats"]["unique_graphs"] > 0
+    assert_separates(cb)
