@@ -17,12 +17,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, KnownCurvature, SIDConfig, SIDHyperOptimizer
 from hypertorch_sid.core.outer import _validation_batches, outer_gradients
-from hypertorch_sid.core.second_order import check_second_derivatives
+from hypertorch_sid.core.second_order import check_second_derivatives, twice_differentiable
 from hypertorch_sid.core.validation import (
     check_batch_dtype,
     check_contraction,
     check_dtypes,
-    check_not_compiled,
     check_outer_optimizer,
     check_parameters,
     estimate_contraction,
@@ -333,17 +332,24 @@ def test_expansive_linear_map_is_caught():
 # ====================================================================== 8. torch.compile
 
 
-def test_compiled_module_is_refused():
-    model = nn.Linear(3, 1)
-    compiled = torch.compile(model)  # wrapping only: nothing is compiled until it is called
-    with pytest.raises(
-        ConfigurationError, match=r"torch.compile.*second derivatives.*model._orig_mod"
-    ):
-        check_not_compiled(compiled)
-    with pytest.raises(ConfigurationError, match=r"submodule 'head'.*_orig_mod"):
-        check_not_compiled(nn.ModuleDict({"body": nn.Linear(3, 3), "head": compiled}))
-    check_not_compiled(model)
-    check_not_compiled(nn.Sequential(model, nn.ReLU()))
+def test_a_compiled_module_is_differentiated_twice_eagerly_in_the_hyper_steps():
+    """Compiled graphs have no double backward (it was refused until session 42): inside
+    ``twice_differentiable`` compiled code runs eagerly, outside it stays compiled."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    compiled = torch.compile(model, backend="aot_eager")
+    x, params = torch.randn(5, 3), list(model.parameters())
+
+    def hvp(net: nn.Module) -> list[torch.Tensor]:
+        g = torch.autograd.grad(net(x).pow(2).sum(), params, create_graph=True)
+        return list(torch.autograd.grad(sum((gi * gi).sum() for gi in g), params))
+
+    with pytest.raises(RuntimeError, match="double backward|donated buffers"):
+        hvp(compiled)  # torch's own limit, outside the hyper step's context
+    with twice_differentiable(compiled):
+        in_hyper_step = hvp(compiled)
+    for a, b in zip(in_hyper_step, hvp(model)):
+        torch.testing.assert_close(a, b)
 
 
 # ====================================================================== 9. second derivatives

@@ -61,7 +61,6 @@ from .solvers import (
 from .validation import (
     as_tensor_list,
     check_batch_dtype,
-    check_not_compiled,
     check_outer_optimizer,
     check_parameters,
 )
@@ -163,7 +162,6 @@ class SIDHyperOptimizer:
         #: the one owner of α, L, μ, λ_min, q and the damping δ
         self.constants = StepConstants(self.config)
         if module is not None:
-            check_not_compiled(module)
             check_second_derivatives(module, self.inner_parameters)
         self.module = module
         self.penalty = penalty

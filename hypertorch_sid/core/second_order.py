@@ -11,13 +11,15 @@ operation between the inner parameters and ℓ̂ must therefore have a second de
   twice-differentiable equivalent to it — attention's fused kernels to the math backend, and
   ``F.hardsigmoid`` (MobileNetV3's squeeze-excitation) to relu6(x + 3)/6 — and leaves the
   training's own steps on the fast ones; an RNN on a CUDA device runs without cuDNN there
-  (cuDNN's RNN kernels have no double backward);
+  (cuDNN's RNN kernels have no double backward), and ``torch.compile``d code runs eagerly there
+  (compiled graphs have no double backward: the training keeps its compiled speed);
 * :func:`not_twice_differentiable` says what any other such op, met in a product, means.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -98,6 +100,9 @@ def _on_cuda(module: torch.nn.Module) -> bool:
 def twice_differentiable(module: Any = None) -> Iterator[None]:
     """The hyper step's context (see the module docstring). ``F.scaled_dot_product_attention``
     runs on its math backend (its fused kernels, on the CPU too, have no second derivative);
+    whatever ``torch.compile`` compiled — ``torch.compile(model)``, ``model.compile()``, a
+    compiled submodule or function — runs its original Python eagerly (AOTAutograd's graphs have
+    no double backward: "donated buffers", "does not currently support double backward");
     where ``module`` holds an RNN (LSTM, GRU, RNN) on a CUDA device, cuDNN is off (its RNN
     kernels have no double backward; PyTorch's own have); where it holds an ``nn.Hardsigmoid``,
     ``F.hardsigmoid`` is computed twice differentiably (a torch function mode, only then: it
@@ -107,6 +112,8 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
     cuda_rnn = any(isinstance(m, torch.nn.RNNBase) and _on_cuda(m) for m in modules)
     with contextlib.ExitStack() as stack:
         stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        if "torch._dynamo" in sys.modules:  # else nothing was compiled (and importing costs 1.5 s)
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
         if cuda_rnn:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         if has_hardsigmoid:

@@ -464,22 +464,3 @@ def check_contraction(q: float, where: str) -> float:
         "satisfies the paper's contraction "
         "assumption (e.g. gradient descent with α < 2/L on a strongly convex inner loss)."
     )
-
-
-def check_not_compiled(module: Any) -> None:
-    """Refuse a ``torch.compile``d module (or one with a compiled submodule).
-
-    SID needs second derivatives (Hessian- and Jacobian-vector products through the training
-    loss), which compiled graphs do not support (double backward fails deep inside dynamo).
-    """
-    if not isinstance(module, torch.nn.Module):
-        return
-    for name, m in module.named_modules():
-        if hasattr(m, "_orig_mod") or type(m).__name__ == "OptimizedModule":
-            what = "the module" if not name else f"submodule {name!r}"
-            raise ConfigurationError(
-                f"{what} was built with torch.compile: SID needs second derivatives "
-                "(double backward through the training loss), which compiled modules do not "
-                "support. Pass the uncompiled module to the hyper-optimization (model._orig_mod, "
-                "or keep a reference to the model before calling torch.compile)."
-            )

@@ -252,6 +252,7 @@ class HyperOptimizationCallback(Callback):
         self._last_step = -1
         self._pending: dict[str, Any] | None = None
         self._frozen: list[tuple[Tensor, bool]] = []
+        self._learned: list[Tensor] = []  # λ living in the module, as the hyper steps left it
         self._fitting = False  # between setup("fit") and teardown / on_exception
         self._before_build = False  # in a fit, before on_train_start built the core object
 
@@ -363,9 +364,10 @@ class HyperOptimizationCallback(Callback):
                         self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Give λ its ``requires_grad`` back."""
+        """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""
         if stage == "fit":
             self._fitting = self._before_build = False
+            self._keep_learned()
             self._unfreeze()
 
     def on_exception(
@@ -444,7 +446,35 @@ class HyperOptimizationCallback(Callback):
     def _unfreeze(self) -> None:
         for h, flag in self._frozen:
             h.requires_grad_(flag)
-        self._frozen = []
+        self._frozen, self._learned = [], []
+
+    def _remember_learned(self) -> None:
+        self._learned = [h.detach().clone() for h, _ in self._frozen]
+
+    def _keep_learned(self) -> None:
+        """λ living in the module (a ``BilevelModule``'s) ends the fit at the values the hyper
+        steps gave it. A callback that averages the module's parameters — Lightning's
+        ``EMAWeightAveraging``/``WeightAveraging``, ``StochasticWeightAveraging`` — copies its
+        average into all of them at the end of the training, λ included (measured: a log λ
+        learned to -0.35 came back as -0.007, its EMA with decay 0.999); the weights keep that
+        callback's average, λ is put back (teardown runs after every callback's
+        ``on_train_end``)."""
+        changed = [
+            h for (h, _), learned in zip(self._frozen, self._learned)
+            if not torch.equal(h.detach(), learned.to(h.device))
+        ]  # fmt: skip
+        if not changed:
+            return
+        with torch.no_grad():
+            for (h, _), learned in zip(self._frozen, self._learned):
+                h.copy_(learned)
+        rank_zero_info(
+            f"{type(self).__name__}: {len(changed)} hyperparameter tensor(s) of the module were "
+            "changed after the last hyper step (a callback averaging the module's parameters, "
+            "such as EMAWeightAveraging or StochasticWeightAveraging, copies its average into "
+            "them at the end of the fit): they are given back the values the hyper steps "
+            "learned; the weights keep that callback's average."
+        )
 
     # ================================================================== building
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -467,6 +497,7 @@ class HyperOptimizationCallback(Callback):
                 "callback: λ continues from its current value with a fresh outer optimizer, "
                 "adjoint warm start and samplers."
             )
+        self._remember_learned()
         self._last_step = trainer.global_step
         self._due_in_fit, self._said_horizon = 0, False
         rank_zero_info(
@@ -637,6 +668,7 @@ class HyperOptimizationCallback(Callback):
                 return
             hypergrad = self._adjust_hypergradient(trainer, pl_module, hypergrad)
             self.sid.apply(hypergrad)
+            self._remember_learned()
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
 

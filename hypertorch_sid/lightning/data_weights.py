@@ -268,11 +268,6 @@ class DataWeightsProblem:
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
-        with torch.no_grad():
-            weights.logits.data = weights.logits.data.to(module.device)
-            weights.log_normaliser = weights.log_normaliser.to(module.device)
-            weights.parameterization.bind(weights)
-        self._wrap(module)
         inner = list(
             {
                 id(p): p
@@ -282,6 +277,14 @@ class DataWeightsProblem:
                 if p.requires_grad
             }.values()
         )
+        # the weights take the model's device and dtype (float64 under precision="64-true",
+        # bfloat16 under "bf16-true"), as LearnedWeightDecay's λ does
+        dtype = next((p.dtype for p in inner if p.is_floating_point()), weights.logits.dtype)
+        with torch.no_grad():
+            weights.logits.data = weights.logits.data.to(module.device, dtype)
+            weights.log_normaliser = weights.log_normaliser.to(module.device, dtype)
+            weights.parameterization.bind(weights)
+        self._wrap(module)
         return BilevelProblem(
             hyperparameters=weights.hyperparameters,
             inner_parameters=inner,
@@ -382,13 +385,14 @@ class DataWeightsProblem:
                 )
             self._labels[index] = labels
         if self._last_loss is None or self._last_loss.shape[0] != n:
-            self._last_loss = torch.full((n,), float("nan"), device=index.device)
+            self._last_loss = torch.full(
+                (n,), float("nan"), dtype=torch.float32, device=index.device
+            )
         rows, inverse = index.unique(return_inverse=True)
         values = losses.detach().float().reshape(-1)
-        sums = torch.zeros(rows.shape, device=values.device).index_add_(0, inverse, values)
-        counts = torch.zeros(rows.shape, device=values.device).index_add_(
-            0, inverse, torch.ones_like(values)
-        )
+        # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
+        sums = values.new_zeros(rows.shape).index_add_(0, inverse, values)
+        counts = values.new_zeros(rows.shape).index_add_(0, inverse, torch.ones_like(values))
         self._last_loss[rows.to(self._last_loss.device)] = (sums / counts).to(
             self._last_loss.device
         )

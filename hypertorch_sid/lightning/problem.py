@@ -25,7 +25,7 @@ import pytorch_lightning as pl
 from torch import Tensor
 
 from ..core.errors import ConfigurationError
-from ..core.validation import check_inner_optimizers, check_not_compiled
+from ..core.validation import check_inner_optimizers
 from .module import BilevelModule
 
 Tensors = list[Tensor]
@@ -78,20 +78,6 @@ class ProblemSource(Protocol):
         """Refresh what the problem reads from the training, before each hyper step."""
 
 
-def check_module_not_compiled(module: pl.LightningModule) -> None:
-    """Refuse a module passed to ``fit`` compiled (``torch.compile(model)``): Lightning unwraps
-    it and compiles ``forward`` again, so the core's check (which looks for the compiled
-    wrapper) would pass and the first hyper step fail with a donated-buffers message."""
-    check_not_compiled(module)
-    if getattr(module, "_compiler_ctx", None) is not None:
-        raise ConfigurationError(
-            f"{type(module).__name__} was passed to trainer.fit through torch.compile: SID needs "
-            "second derivatives (double backward through the training loss), which compiled "
-            "modules do not support. Fit the uncompiled module (compile submodules that the "
-            "hyper steps do not differentiate twice, if any)."
-        )
-
-
 class ModuleProblem:
     """The problem a :class:`BilevelModule` declares (its λ, w, ``inner_loss``, ``outer_loss``).
 
@@ -101,7 +87,6 @@ class ModuleProblem:
     """
 
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        check_module_not_compiled(module)
         if isinstance(module, BilevelModule):
             named = list(module.named_hyperparameters())
             check_inner_optimizers(trainer.optimizers, [h for _, h in named], [n for n, _ in named])

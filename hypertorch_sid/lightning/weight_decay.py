@@ -85,7 +85,7 @@ from ..core.outer_step import TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule, scale_invariant
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import private_rng
-from .problem import BilevelProblem, check_module_not_compiled
+from .problem import BilevelProblem
 
 __all__ = ["LearnedWeightDecay", "WeightDecayProblem", "scale_invariant_slots"]
 
@@ -131,6 +131,23 @@ def _initial_value_fix(value: Any, parameterization: str) -> str:
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigurationError(f"LearnedWeightDecay: {name} must be a bool, got {value!r}.")
+
+
+def loss_scale(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor | None:
+    """The loss scale that the gradients ``on_before_optimizer_step`` sees still carry, or None.
+
+    Under float16 mixed precision (``precision="16-mixed"`` on a GPU) Lightning scales the loss
+    by a ``GradScaler`` and unscales the gradients before that hook, except for an optimizer
+    that unscales inside its own step (``fused=True``: ``_step_supports_amp_scaling``): there
+    the hook sees S·∇ℓ, so ``λ w`` is added as S·λ w (measured without: the decay was divided
+    by S = 65536, the weights ended as without decay). The scale stays a tensor: no device
+    synchronisation per step."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is None or not scaler.is_enabled():
+        return None
+    if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return None  # Lightning has unscaled the gradients
+    return scaler._get_scale_async()  # get_scale() would synchronise the device every step
 
 
 class WeightDecayProblem:
@@ -246,7 +263,6 @@ class WeightDecayProblem:
                 "LearnedWeightDecay: with manual optimization, training_step cannot be called to "
                 "evaluate the training loss: pass training_loss=lambda module, batch: ..."
             )
-        check_module_not_compiled(module)
         if not module.automatic_optimization and len(trainer.optimizers) > 1:
             rank_zero_warn(
                 f"LearnedWeightDecay: manual optimization with {len(trainer.optimizers)} "
@@ -459,13 +475,15 @@ class WeightDecayProblem:
         )
 
     @torch.no_grad()
-    def apply(self, optimizer: torch.optim.Optimizer) -> None:
-        """Add the decay before ``optimizer`` steps: ``grad += λ w`` or ``w *= 1 − lr λ``."""
+    def apply(self, optimizer: torch.optim.Optimizer, scale: Tensor | None = None) -> None:
+        """Add the decay before ``optimizer`` steps: ``grad += λ w`` or ``w *= 1 − lr λ``.
+        ``scale``: the loss scale the gradients still carry (:func:`loss_scale`), by which the
+        added ``λ w`` is multiplied too."""
         if self.decay is None:
             return
         lams = self._entry_lambdas()
         if not self.decoupled:  # one fused add per layer/slot of constant λ: runs every step
-            self._add_per_slot(optimizer, lams)
+            self._add_per_slot(optimizer, lams, scale)
         for i, e in enumerate(self.decay.entries):
             if self.placement[i][0] is not optimizer or e.param.grad is None:
                 continue
@@ -473,7 +491,7 @@ class WeightDecayProblem:
             if self.decoupled:
                 e.param.mul_(1 - self._group(i)["lr"] * lam)
             elif isinstance(lam, Tensor):  # per element, λ_e varying over the tensor
-                e.param.grad.addcmul_(lam, e.param)
+                e.param.grad.addcmul_(lam if scale is None else lam * scale, e.param)
 
     def shrink_step_size(self, eta: float | None) -> float | None:
         """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
@@ -502,9 +520,11 @@ class WeightDecayProblem:
             self._lambda_cache = (key, self.decay.applied_lambdas())
         return self._lambda_cache[1]
 
-    def _add_per_slot(self, optimizer: torch.optim.Optimizer, lams: list[float | Tensor]) -> None:
-        """``grad += λ w`` for the tensors ``optimizer`` trains whose λ is a number, one foreach
-        add per value."""
+    def _add_per_slot(
+        self, optimizer: torch.optim.Optimizer, lams: list[float | Tensor], scale: Tensor | None
+    ) -> None:
+        """``grad += λ w`` (times the gradients' loss ``scale``, if any) for the tensors
+        ``optimizer`` trains whose λ is a number, one foreach add per value."""
         assert self.decay is not None
         grads: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
         for (opt, _), e, lam in zip(self.placement, self.decay.entries, lams):
@@ -513,7 +533,7 @@ class WeightDecayProblem:
                 g.append(e.param.grad)
                 w.append(e.param)
         for lam, (g, w) in grads.items():
-            torch._foreach_add_(g, w, alpha=lam)
+            torch._foreach_add_(g, w if scale is None else torch._foreach_mul(w, scale), alpha=lam)
 
     def _preconditioner(self, i: int) -> Tensor | float:
         """P of the decoupled fixed point P⁻¹∇ℓ + λw = 0, from the optimizer's state."""
@@ -972,7 +992,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             if not self.problem._checked_gradients and first:
                 with self.budget.added_work():  # once
                     self.problem.check_gradients(pl_module, optimizer)
-            self.problem.apply(optimizer)
+            self.problem.apply(optimizer, loss_scale(trainer, optimizer))
             super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     def _validation_size(self) -> int:
