@@ -337,9 +337,7 @@ class HyperOptimizationCallback(Callback):
                 private_rng(seed, pl_module.device),
                 metric_states_kept(pl_module),
             ):
-                cost = self.sid.time_product(
-                    self.data.train_stream, self.budget.synchronized_clock
-                )
+                cost = self.sid.time_product(self.data.train_stream, self.budget.synchronized_clock)
             self.budget.note_product_cost(cost)
         allowed = self.budget.allows(
             horizon(trainer)[0], self.sid.minimum_products(), self._due_left(trainer)
