@@ -8,6 +8,16 @@
 #   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR full    # the runs the issues ask for (~9 min)
 #
 # DATA_DIR holds mnist/ and fashion-mnist/ (the IDX .gz files of ../shared/data).
+#
+# Sending the checkout to a lent GPU machine (session 42): the tracked tree is ~100 MiB, over the
+# device tool's 64 MiB, almost all of it benchmarks/results. Before the call, in the checkout:
+#   mkdir -p .gpudata && cp -r ../shared/data/mnist ../shared/data/fashion-mnist .gpudata/
+#   printf '/.gpudata/\n/benchmarks/results/\n' >> .git/info/exclude
+#   git rm -r -q --cached benchmarks/results      # untracked for the call only
+# run with carry [".gpudata"] and the command `bash scripts/gpu_checks.sh $OUT .gpudata full`;
+# afterwards `git reset -q`, drop the /benchmarks/results/ line from .git/info/exclude and
+# `rm -rf .gpudata`. The machine's python3 has torch, Lightning, torchvision, pytest (no Optuna:
+# carry it as wheels, see the device tool's README, for the Optuna arm).
 set -u
 OUT=$(realpath "$1")
 DATA=$(realpath "$2")
