@@ -417,3 +417,29 @@ def test_data_weights_forward_mode_cross_term_through_a_compiled_network(
         _trainer([cb], max_epochs=15, **trainer_kw).fit(model, loader(), val_loader())
     assert counters["stats"]["unique_graphs"] > 0
     assert_separates(cb)
+
+
+class NaNLossCNN(SmallCNN):
+    """A CNN whose loss is NaN at every step: float16's GradScaler skips every optimizer step."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return super().training_step(batch, batch_idx) * float("nan")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=0.1, weight_decay=0.0)
+
+
+def test_decoupled_decay_skips_with_the_steps_the_grad_scaler_skips() -> None:
+    """Decoupled decay shrinks w itself (w ← (1 − lr λ) w), so it must not shrink on a step the
+    GradScaler skips (inf/NaN gradients: the optimizer does not step). Every step skipped: the
+    weights end exactly as they started (before: shrunk by (1 − 0.1·0.05) per step)."""
+    pl.seed_everything(0, verbose=False)
+    model = NaNLossCNN()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    cb = LearnedWeightDecay(0.05, decoupled=True, every_n_steps=100, max_overhead=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([cb], max_steps=4, plugins=[fp16_with_scaler()]).fit(model, *image_loaders())
+    for k, v in model.state_dict().items():
+        if v.is_floating_point() and "running" not in k:
+            assert torch.equal(v, start[k]), k

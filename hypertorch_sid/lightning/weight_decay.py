@@ -150,6 +150,21 @@ def loss_scale(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor 
     return scaler._get_scale_async()  # get_scale() would synchronise the device every step
 
 
+def scaler_skips(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor | None:
+    """1.0 where float16 mixed precision's ``GradScaler`` found inf/NaN in this step's gradients
+    (``scaler.step`` will skip ``optimizer.step``), else 0.0, as a tensor (no synchronisation);
+    None without a scaler or before it unscaled (a fused optimizer unscales in its own step).
+    Decoupled decay shrinks w itself, so it must skip with the step: it did not (a few steps
+    while the scale settles, each a factor 1 − lr·λ)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is None or not scaler.is_enabled():
+        return None
+    found = scaler._per_optimizer_states.get(id(optimizer), {}).get("found_inf_per_device")
+    if not found:
+        return None
+    return torch.stack([v.float().reshape(()) for v in found.values()]).amax()
+
+
 class WeightDecayProblem:
     """Weight decay on any ``LightningModule`` as a :class:`~.problem.ProblemSource`.
 
@@ -475,10 +490,16 @@ class WeightDecayProblem:
         )
 
     @torch.no_grad()
-    def apply(self, optimizer: torch.optim.Optimizer, scale: Tensor | None = None) -> None:
+    def apply(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scale: Tensor | None = None,
+        skips: Tensor | None = None,
+    ) -> None:
         """Add the decay before ``optimizer`` steps: ``grad += λ w`` or ``w *= 1 − lr λ``.
         ``scale``: the loss scale the gradients still carry (:func:`loss_scale`), by which the
-        added ``λ w`` is multiplied too."""
+        added ``λ w`` is multiplied too; ``skips``: 1 where the step will be skipped
+        (:func:`scaler_skips`), and with it the decoupled shrink."""
         if self.decay is None:
             return
         lams = self._entry_lambdas()
@@ -489,7 +510,8 @@ class WeightDecayProblem:
                 continue
             lam = lams[i]
             if self.decoupled:
-                e.param.mul_(1 - self._group(i)["lr"] * lam)
+                shrink = self._group(i)["lr"] * lam
+                e.param.mul_(1 - (shrink if skips is None else shrink * (1 - skips)))
             elif isinstance(lam, Tensor):  # per element, λ_e varying over the tensor
                 e.param.grad.addcmul_(lam if scale is None else lam * scale, e.param)
 
@@ -992,7 +1014,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             if not self.problem._checked_gradients and first:
                 with self.budget.added_work():  # once
                     self.problem.check_gradients(pl_module, optimizer)
-            self.problem.apply(optimizer, loss_scale(trainer, optimizer))
+            self.problem.apply(
+                optimizer, loss_scale(trainer, optimizer), scaler_skips(trainer, optimizer)
+            )
             super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     def _validation_size(self) -> int:
