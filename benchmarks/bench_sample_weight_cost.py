@@ -32,6 +32,7 @@ Usage (from the repository root)::
 
     python benchmarks/bench_sample_weight_cost.py                 # n = 1e3, 1e4, 1e5, 1e6
     python benchmarks/bench_sample_weight_cost.py --sizes 1000 1000000 --steps 10
+    python benchmarks/bench_sample_weight_cost.py --device cuda   # on a GPU (peak GPU memory too)
 """
 
 from __future__ import annotations
@@ -73,17 +74,24 @@ OPTIMIZERS = {
 
 
 def measure(
-    n: int, optimizer: str, steps: int, batch: int = 64, dense: bool = False
+    n: int, optimizer: str, steps: int, batch: int = 64, dense: bool = False, device: str = "cpu"
 ) -> dict[str, Any]:
     torch.manual_seed(0)
-    pool_X, pool_y = torch.randn(1000, 784), torch.randint(0, 10, (1000,))
-    weights = SampleWeights(n, sparse_grad=optimizer in SPARSE and not dense)
-    W = torch.zeros(784, 10, requires_grad=True)
+    pool_X = torch.randn(1000, 784).to(device)
+    pool_y = torch.randint(0, 10, (1000,)).to(device)
+    weights = SampleWeights(n, sparse_grad=optimizer in SPARSE and not dense, device=device)
+    W = torch.zeros(784, 10, device=device, requires_grad=True)
     gen = torch.Generator().manual_seed(1)
+    cuda = torch.device(device).type == "cuda"
+
+    def clock() -> float:  # after the device's queued work (CUDA is asynchronous)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def batches():
         while True:
-            idx = torch.randint(0, n, (batch,), generator=gen)
+            idx = torch.randint(0, n, (batch,), generator=gen).to(device)
             yield Indexed(idx, (pool_X[idx % 1000], pool_y[idx % 1000]))
 
     def inner(b):
@@ -112,12 +120,14 @@ def measure(
     )
     stream, val = batches(), (pool_X[:256], pool_y[:256])
     grad_s, apply_s = [], []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for step in range(steps + 3):
-        t0 = time.perf_counter()
+        t0 = clock()
         g = hopt.hypergradient(stream, val)
-        t1 = time.perf_counter()
+        t1 = clock()
         hopt.apply(g)
-        t2 = time.perf_counter()
+        t2 = clock()
         if step >= 3:
             grad_s.append(t1 - t0)
             apply_s.append(t2 - t1)
@@ -133,6 +143,8 @@ def measure(
         "hyper_step_ms": 1e3 * statistics.median(a + b for a, b in zip(grad_s, apply_s)),
         "storage_bytes": storage, "rows_moved": moved,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "device": device,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
     }  # fmt: skip
 
 
@@ -167,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--dense", action="store_true", help="dense hypergradients for every optimizer")
+    p.add_argument("--device", default="cpu", help="where the weights and the model live (cuda)")
     p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # n optimizer: in a child process
     p.add_argument(
         "--out",
@@ -176,13 +189,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     if args.one:
-        print(json.dumps(measure(int(args.one[0]), args.one[1], args.steps, dense=args.dense)))
+        one = measure(int(args.one[0]), args.one[1], args.steps, dense=args.dense,
+                      device=args.device)  # fmt: skip
+        print(json.dumps(one))
         return {}
     runs = []
     for name in args.optimizers:
         for n in args.sizes:
             out = subprocess.run(
-                [sys.executable, __file__, "--one", str(n), name, "--steps", str(args.steps)]
+                [sys.executable, __file__, "--one", str(n), name, "--steps", str(args.steps),
+                 "--device", args.device]
                 + ["--dense"] * args.dense,
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
@@ -196,7 +212,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {
         "command": "python benchmarks/bench_sample_weight_cost.py "
         + " ".join(argv or sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": 1},
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": 1,
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
+        },
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

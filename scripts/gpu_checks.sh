@@ -74,6 +74,9 @@ else
   # issue 28 item 1 on the GPU: the default's cost ratio on every network of the matrix
   step network_cost 130 "$PY" benchmarks/bench_network_cost.py --accelerator gpu --repeats 2 \
     --configs plain default --out "$WORK/res/network_cost_gpu.json"
+  # issue 27 item 1 on the GPU: a hyper step's time and memory for n = 1e3 ... 1e6 weights
+  step sample_weight_cost 90 "$PY" benchmarks/bench_sample_weight_cost.py --device cuda \
+    --steps 10 --out "$WORK/res/sample_weight_cost_gpu.json"
   # issue 27: the noisy-label CNN benchmark (40 % symmetric noise, 12 epochs), seeds 1-3
   step noisy_labels 130 "$PY" benchmarks/bench_noisy_labels.py --accelerator gpu \
     --datasets fashion mnist --noise symmetric --epochs 12 --seeds 1 2 3 \

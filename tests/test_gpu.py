@@ -215,3 +215,24 @@ def test_bilevel_module_on_the_gpu_moves_lambda_like_on_the_cpu():
     cpu, gpu = run("cpu"), run("gpu")
     assert bool((cpu != 0).any())
     torch.testing.assert_close(gpu, cpu, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
+def test_learned_weight_decay_under_float16_mixed_precision(decoupled, fused):
+    """``precision="16-mixed"``: float16 autocast and a GradScaler (its loss scale, its skipped
+    steps: tests/test_gpu_user_recipes.py checks both on the CPU's stand-in)."""
+
+    class Model(SmallCNN):
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            make = torch.optim.AdamW if decoupled else torch.optim.Adam
+            kwargs = {"weight_decay": 0.0} if decoupled else {}
+            return make(self.parameters(), lr=1e-3, fused=fused, **kwargs)
+
+    cb = LearnedWeightDecay(1e-4, decoupled=decoupled, every_n_steps=4, max_overhead=None)
+    model = Model()
+    gpu_trainer([cb], max_epochs=3, precision="16-mixed").fit(model, *image_loaders())
+    assert len(cb.history) > 0
+    for name, lam in cb.decay_values().items():
+        assert bool(torch.isfinite(lam).all()), name
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
