@@ -173,29 +173,18 @@ def main() -> None:
                 f"{sum(x > 0 for x in d)} of {len(d)} | {max(abs(x) for x in d):.2f} |"
             )
 
-    print("\n## Drop-in per seed, stored → today (test accuracy %)\n")
-    print("| seed | " + " | ".join(SETTINGS) + " |")
-    print("| --- |" + " --- |" * len(SETTINGS))
-    for s in SEEDS:
-        cells = []
-        for setting in SETTINGS:
-            a, b = today[setting]["drop_in"].get(s), stored[setting]["drop_in"].get(s)
-            cells.append(
-                f"{100 * b['test_acc']:.2f} → {100 * a['test_acc']:.2f}" if a and b else "–"
-            )
-        print(f"| {s} | " + " | ".join(cells) + " |")
-
-    print("\n## Plain per seed, stored → today (test accuracy %)\n")
-    print("| seed | " + " | ".join(SETTINGS) + " |")
-    print("| --- |" + " --- |" * len(SETTINGS))
-    for s in SEEDS:
-        cells = []
-        for setting in SETTINGS:
-            a, b = today[setting]["plain"].get(s), stored[setting]["plain"].get(s)
-            cells.append(
-                f"{100 * b['test_acc']:.2f} → {100 * a['test_acc']:.2f}" if a and b else "–"
-            )
-        print(f"| {s} | " + " | ".join(cells) + " |")
+    for method, title in (("drop_in", "Drop-in"), ("plain", "Plain")):
+        print(f"\n## {title} per seed, stored → today (test accuracy %)\n")
+        print("| seed | " + " | ".join(SETTINGS) + " |")
+        print("| --- |" + " --- |" * len(SETTINGS))
+        for s in SEEDS:
+            cells = []
+            for setting in SETTINGS:
+                a, b = today[setting][method].get(s), stored[setting][method].get(s)
+                cells.append(
+                    f"{100 * b['test_acc']:.2f} → {100 * a['test_acc']:.2f}" if a and b else "–"
+                )
+            print(f"| {s} | " + " | ".join(cells) + " |")
 
     print("\n## Seeds 1–10: stored and today\n")
     print(
