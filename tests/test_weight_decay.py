@@ -107,6 +107,62 @@ def test_coupled_decay_trains_like_the_optimizers_weight_decay(opt, granularity)
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14, msg=name)
 
 
+MORE_COUPLED = {
+    "sgd_nesterov": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True),
+    "rmsprop_centered": functools.partial(
+        torch.optim.RMSprop, lr=0.01, centered=True, momentum=0.5
+    ),
+    "adagrad": functools.partial(torch.optim.Adagrad, lr=0.05, lr_decay=0.01),
+    "nadam": functools.partial(torch.optim.NAdam, lr=0.01),
+    "radam": functools.partial(torch.optim.RAdam, lr=0.01),
+    "adamax": functools.partial(torch.optim.Adamax, lr=0.01),
+    "adadelta": functools.partial(torch.optim.Adadelta, lr=1.0),
+    "asgd": functools.partial(torch.optim.ASGD, lr=0.05),
+    "adam_amsgrad": functools.partial(torch.optim.Adam, lr=0.01, amsgrad=True),
+}
+DECOUPLING = {
+    "adam": functools.partial(torch.optim.Adam, lr=0.01, decoupled_weight_decay=True),
+    "nadam": functools.partial(torch.optim.NAdam, lr=0.01, decoupled_weight_decay=True),
+    "radam": functools.partial(torch.optim.RAdam, lr=0.01, decoupled_weight_decay=True),
+    "adamw_amsgrad": functools.partial(torch.optim.AdamW, lr=0.01, amsgrad=True),
+}
+
+
+@pytest.mark.parametrize("opt", list(MORE_COUPLED))
+def test_coupled_decay_trains_like_every_torch_optimizers_weight_decay(opt):
+    """A fixed λ is the optimizer's own ``weight_decay=λ``, whatever torch optimizer it is."""
+    c = 0.03
+    reference = MLP(functools.partial(MORE_COUPLED[opt], weight_decay=c), groups=True)
+    _fit(reference)
+    model = MLP(MORE_COUPLED[opt], groups=True)
+    _fit(model, [LearnedWeightDecay(c, every_n_steps=NEVER)])
+    for (name, a), b in zip(reference.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("opt", list(DECOUPLING))
+def test_decoupled_decay_trains_like_every_decoupling_optimizer(opt):
+    """``decoupled=True`` is Adam/NAdam/RAdam's ``decoupled_weight_decay=True`` too; the
+    coupled default on such an optimizer warns, naming the fix."""
+    c = 0.05
+    reference = MLP(functools.partial(DECOUPLING[opt], weight_decay=c))
+    _fit(reference)
+    model = MLP(functools.partial(DECOUPLING[opt], weight_decay=0.0))
+    _fit(model, [LearnedWeightDecay(c, decoupled=True, every_n_steps=NEVER)])
+    for a, b in zip(reference.state_dict().values(), model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    coupled = MLP(functools.partial(DECOUPLING[opt], weight_decay=0.0))
+    with pytest.warns(UserWarning, match=r"decoupled=True"):
+        _fit(coupled, [LearnedWeightDecay(c, every_n_steps=NEVER)])
+
+
+def test_a_decoupling_optimizers_own_decay_is_refused_naming_decoupled():
+    model = MLP(functools.partial(torch.optim.Adam, lr=0.01, weight_decay=0.01,
+                                  decoupled_weight_decay=True))  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"Adam's decoupled decay.*decoupled=True"):
+        _fit(model, [LearnedWeightDecay(1e-3)])
+
+
 def test_coupled_decay_with_projection_is_bitwise_the_optimizers():
     """λ stored as is (projection): the same floating-point operations as SGD's weight_decay."""
     c = 0.03

@@ -51,10 +51,12 @@ Positivity: ``parameterization="log"`` learns ρ with λ = exp(ρ) (λ > 0 alway
 ``"projection"`` learns λ directly and projects onto λ ≥ 0 after each outer step.
 
 Caveats: the decay is added before Lightning's gradient clipping (so clipping sees ``g + λw``,
-unlike the optimizer's own ``weight_decay``); with AMP a skipped (non-finite) step still applies
-decoupled decay; by default ℓ is obtained by calling ``training_step`` with ``self.log`` muted and
-the module's torchmetrics states restored after each hyper step, so a ``training_step`` with other
-side effects (appending to lists, manual optimisation) needs ``training_loss=``.
+unlike the optimizer's own ``weight_decay``); under float16 mixed precision a step the
+``GradScaler`` skips (non-finite gradients) skips the decoupled shrink with it
+(:func:`scaler_skips`); by default ℓ is obtained by calling ``training_step`` with ``self.log``
+muted and the module's torchmetrics states restored after each hyper step, so a
+``training_step`` with other side effects (appending to lists, manual optimisation) needs
+``training_loss=``.
 """
 
 from __future__ import annotations
@@ -148,6 +150,12 @@ def loss_scale(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor 
     if not getattr(optimizer, "_step_supports_amp_scaling", False):
         return None  # Lightning has unscaled the gradients
     return scaler._get_scale_async()  # get_scale() would synchronise the device every step
+
+
+def decouples(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> bool:
+    """Whether the optimizer applies its ``weight_decay`` decoupled, as ``w ← w(1 − lr·λ)``:
+    AdamW, and Adam / NAdam / RAdam with ``decoupled_weight_decay=True``."""
+    return isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
 
 
 def scaler_skips(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor | None:
@@ -383,6 +391,7 @@ class WeightDecayProblem:
         found: list[tuple[str, Tensor, str]] = []
         placement: list[tuple[torch.optim.Optimizer, int]] = []
         inner: dict[int, Tensor] = {}
+        coupled_in: set[str] = set()  # decoupling optimizers given coupled decay
         for oi, opt in enumerate(trainer.optimizers):
             for gi, group in enumerate(opt.param_groups):
                 for p in group["params"]:
@@ -399,10 +408,10 @@ class WeightDecayProblem:
                             else ""
                         )
                         adamw_hint = (
-                            " For AdamW's decoupled decay pass LearnedWeightDecay(..., "
-                            "decoupled=True) (the default adds λw to the gradient, as Adam's "
-                            "weight_decay= does)."
-                            if isinstance(opt, torch.optim.AdamW) and not self.decoupled
+                            f" For {type(opt).__name__}'s decoupled decay pass "
+                            "LearnedWeightDecay(..., decoupled=True) (the default adds λw to "
+                            "the gradient, as Adam's weight_decay= does)."
+                            if decouples(opt, group) and not self.decoupled
                             else ""
                         )
                         raise ConfigurationError(
@@ -411,6 +420,8 @@ class WeightDecayProblem:
                             "(pass weight_decay=0 — AdamW's default is 0.01); the callback "
                             f"applies the learned decay itself.{groups_hint}{adamw_hint}"
                         )
+                    if decouples(opt, group) and not self.decoupled:
+                        coupled_in.add(type(opt).__name__)
                     name = names.get(id(p), f"optimizer{oi}.param{len(found)}")
                     found.append((name, p, f"optimizer{oi}/group{gi}"))
                     placement.append((opt, gi))
@@ -419,6 +430,14 @@ class WeightDecayProblem:
             raise ConfigurationError(
                 "LearnedWeightDecay: no parameter to decay: the training optimizers hold no "
                 f"trainable parameter{which}."
+            )
+        if coupled_in:
+            rank_zero_warn(
+                f"LearnedWeightDecay: {', '.join(sorted(coupled_in))} decouples its weight decay "
+                "(w ← w(1 − lr·λ)), but this callback adds λw to the gradient (decoupled=False, "
+                "the default: Adam's L2 through its preconditioner, a different regulariser at "
+                "the same λ). For the decay your optimizer was set up for pass "
+                "LearnedWeightDecay(..., decoupled=True)."
             )
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
