@@ -84,6 +84,7 @@ sys.path.insert(0, str(REPO))
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 from hypertorch_sid.core.sample_weights import (  # noqa: E402
+    OBJECTIVES,
     ExpectedError,
     ForwardDifference,
     SharedLossWeights,
@@ -342,8 +343,12 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             kwargs["objective"] = method.removeprefix("drop_in_")
         if method == "per_class_mean_loss":  # per class, E = the validation cross entropy
             kwargs["objective"] = "mean_loss"
-        if isinstance(kwargs.get("objective"), dict):  # JSON: ExpectedError's fields
-            kwargs["objective"] = ExpectedError(**kwargs["objective"])
+        if isinstance(kwargs.get("objective"), dict):  # JSON: ExpectedError's fields, or
+            fields = kwargs["objective"]  # {"margin_error": {"tau": 1}}: that objective's
+            named = [k for k in fields if k in OBJECTIVES]
+            kwargs["objective"] = (
+                OBJECTIVES[named[0]](**fields[named[0]]) if named else ExpectedError(**fields)
+            )
         if method == "drop_in_natural":  # eq. natsig: the logits stepped along ∂Φ/∂ω
             kwargs.setdefault("parameterization", "natural_sigmoid")
         if isinstance(kwargs.get("parameterization"), dict):  # JSON: SharedLossWeights' fields

@@ -25,14 +25,18 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.rows import RowSnapshot
 from hypertorch_sid.core.sample_weights import (
+    AdaptiveMarginError,
     BelowWeight,
+    ClassRelativeError,
     ExpectedError,
     ForwardDifference,
     ForwardMode,
     Indexed,
     IndexedDataset,
     KeptEvidenceError,
+    LabelledLosses,
     LazyAdam,
+    MarginError,
     MeanLoss,
     SampleWeights,
     SharedLossWeights,
@@ -589,6 +593,142 @@ def test_kept_evidence_error_gradient_matches_finite_differences_and_refuses_bad
             KeptEvidenceError(**bad)
     with pytest.raises(ConfigurationError, match="negative one.*objective='mean_loss'"):
         KeptEvidenceError()(torch.tensor([0.3, -0.2]))
+
+
+def test_margin_error_is_the_smoothed_error_count_and_its_gradient_reads_the_top_rival_only():
+    """MarginError (eq. marginerr): mⱼ = z_y − max_{k≠y} z_k, E = mean σ(−mⱼ/τ) → the 0-1 error
+    count as τ → 0; its gradient in the logits is −σ'(mⱼ/τ)/τ/|V| at the label, the opposite at
+    the top rival, zero elsewhere (closed form), and matches central finite differences (float64);
+    read() takes the logits from module(batch[0]) or ``logits=``; clear errors."""
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(11, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 4, (11,), generator=gen)
+    objective = MarginError(tau=0.7)
+    m = objective.margins(z, y)
+    others = z.detach().clone()
+    others[torch.arange(11), y] = -torch.inf
+    rival = others.argmax(1)
+    assert torch.equal(
+        m.detach(), z.detach()[torch.arange(11), y] - z.detach()[torch.arange(11), rival]
+    )
+    wrong = (z.detach().argmax(1) != y).double().mean()
+    assert torch.allclose(MarginError(1e-6)(m.detach()), wrong)  # τ → 0: the error count
+    (g,) = torch.autograd.grad(objective(m), z)
+    s = torch.sigmoid(m.detach() / 0.7)
+    kernel = s * (1 - s) / 0.7 / 11
+    exact = torch.zeros_like(g)
+    exact[torch.arange(11), y] = -kernel
+    exact[torch.arange(11), rival] = kernel
+    assert torch.allclose(g, exact, rtol=1e-12, atol=1e-15)
+    assert torch.autograd.gradcheck(
+        lambda z: objective(objective.margins(z, y)), (z,), eps=1e-6, atol=1e-8
+    )
+    # softening: moving mass from class a to b changes E by the same kernel weight on both
+    # sides of the boundary (m = ±δ), unlike the cross entropy (1 − p_y on the wrong side only)
+    d = torch.tensor([0.3, -0.3], dtype=torch.float64, requires_grad=True)
+    (gd,) = torch.autograd.grad(objective(d), d)
+    assert torch.allclose(gd[0], gd[1])
+    net = torch.nn.Linear(3, 4).double()
+    x = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    yb = torch.tensor([0, 1, 2, 3, 0])
+    read = objective.read(net, (x, yb), lambda: pytest.fail("the losses are not read"))
+    assert torch.allclose(read, objective.margins(net(x), yb))
+    custom = MarginError(logits=lambda module, batch: (module(batch["x"]), batch["y"]))
+    assert torch.allclose(custom.read(net, {"x": x, "y": yb}, lambda: None), read)
+    assert isinstance(as_validation_objective("margin_error"), MarginError)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ConfigurationError, match="tau .* must be a number > 0"):
+            MarginError(bad)
+    with pytest.raises(ConfigurationError, match="logits must be a callable"):
+        MarginError(logits=3)
+    with pytest.raises(ConfigurationError, match=r"\(batch, classes\)"):
+        objective.margins(torch.zeros(5), yb)
+    with pytest.raises(ConfigurationError, match="integer class indices.*argmax"):
+        objective.margins(net(x), F.one_hot(yb, 4))
+    with pytest.raises(ConfigurationError, match="give logits="):
+        objective.read(net, {"x": x}, lambda: None)
+
+
+def test_adaptive_margin_error_takes_tau_from_silverman_s_rule_and_scales_with_the_logits():
+    """AdaptiveMarginError (eq. marginbw): τ = √3/π · 0.9 min(sd, IQR/1.34) |V|^{−1/5} of the
+    batch's margins, held fixed (∇E = σ'(m/τ)/τ/|V| · ∇m); logits c times larger give τ c times
+    larger and the same E (scale-free); floored at min_tau for equal margins (float64)."""
+    gen = torch.Generator().manual_seed(6)
+    m = (3 * torch.randn(64, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    objective = AdaptiveMarginError()
+    assert objective.last_tau is None
+    e = objective(m)
+    md = m.detach()
+    iqr = (md.quantile(0.75) - md.quantile(0.25)) / 1.34
+    tau = 3**0.5 / torch.pi * 0.9 * torch.minimum(md.std(), iqr) * 64**-0.2
+    assert torch.allclose(objective.last_tau, tau, rtol=1e-12)
+    assert torch.allclose(e, torch.sigmoid(-md / tau).mean(), rtol=1e-12)
+    (g,) = torch.autograd.grad(e, m)
+    s = torch.sigmoid(md / tau)
+    assert torch.allclose(g, -s * (1 - s) / tau / 64, rtol=1e-12)  # τ not differentiated
+    assert torch.allclose(AdaptiveMarginError()(5 * md), e, rtol=1e-12)
+    assert float(objective(torch.zeros(8, dtype=torch.float64))) == 0.5
+    assert float(objective.last_tau) == 0.05
+    assert isinstance(as_validation_objective("adaptive_margin_error"), AdaptiveMarginError)
+
+
+def test_class_relative_error_is_the_mean_log_of_shrunk_class_errors_and_its_gradient():
+    """ClassRelativeError (eq. classrel): E = mean over the batch's classes of log Ē_c,
+    Ē_c = (Σ_{y=c} eⱼ + ē)/(n_c + 1), eⱼ = (1 − e^{−qℓⱼ})/q (by hand, float64); ∇E in the losses
+    is e^{−qℓⱼ} / ((n_c + 1) Ē_c |C|) with ē held fixed (closed form), and matches central finite
+    differences of E along directions that leave ē unchanged; a class's gain counts relative to its error (the same
+    absolute change in the easier class moves E more); read() takes batch[1] or labels=;
+    clear errors."""
+    gen = torch.Generator().manual_seed(7)
+    losses = (2 * torch.rand(10, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    y = torch.tensor([0, 0, 0, 1, 1, 3, 3, 3, 3, 1])  # class 2 absent: |C| = 3
+    objective = ClassRelativeError(q=0.5)
+    e_all = (1 - torch.exp(-0.5 * losses.detach())) / 0.5
+    bar = e_all.mean()
+    per = {c: (e_all[y == c].sum() + bar) / (int((y == c).sum()) + 1) for c in (0, 1, 3)}
+    e = objective(LabelledLosses(losses, y))
+    assert torch.allclose(e, sum(torch.log(v) for v in per.values()) / 3, rtol=1e-12)
+    (g,) = torch.autograd.grad(e, losses)
+    exact = torch.stack(
+        [torch.exp(-0.5 * losses[j].detach()) / ((int((y == y[j]).sum()) + 1) * per[int(y[j])] * 3)
+         for j in range(10)]
+    )  # fmt: skip
+    assert torch.allclose(g, exact, rtol=1e-12)
+    # central differences of E itself along directions that leave ē unchanged to first order
+    # (Σⱼ ∂eⱼ/∂ℓⱼ δⱼ = 0), where ∇E with ē held fixed is the whole first-order change
+    de = torch.exp(-0.5 * losses.detach())
+    for _ in range(3):
+        delta = torch.randn(10, generator=gen, dtype=torch.float64)
+        delta -= de * (de @ delta) / (de @ de)
+        h = 1e-6
+        up = objective(LabelledLosses(losses.detach() + h * delta, y))
+        down = objective(LabelledLosses(losses.detach() - h * delta, y))
+        assert torch.allclose((up - down) / (2 * h), g @ delta, rtol=1e-6, atol=1e-10)
+    # the easier class (smaller Ē_c) weighs the same change in its examples' error more
+    easy_hard = torch.tensor([0.05, 0.05, 1.5, 1.5], dtype=torch.float64, requires_grad=True)
+    (g2,) = torch.autograd.grad(
+        objective(LabelledLosses(easy_hard, torch.tensor([0, 0, 1, 1]))), easy_hard
+    )
+    slope = torch.exp(-0.5 * easy_hard.detach())  # ∂eⱼ/∂ℓⱼ
+    assert float((g2 / slope)[0]) > 3 * float((g2 / slope)[2])
+    read = objective.read(None, (torch.zeros(10, 2), y), lambda: losses)
+    assert read.losses is losses and torch.equal(read.labels, y)
+    by = ClassRelativeError(labels=lambda b: b["y"]).read(None, {"y": y}, lambda: losses)
+    assert torch.equal(by.labels, y)
+    assert isinstance(as_validation_objective("class_relative_error"), ClassRelativeError)
+    for bad in (0, -1.0, True):
+        with pytest.raises(ConfigurationError, match="q must be a number > 0"):
+            ClassRelativeError(bad)
+    with pytest.raises(ConfigurationError, match="labels must be a callable"):
+        ClassRelativeError(labels=1)
+    with pytest.raises(ConfigurationError, match="batch\\[1\\].*labels="):
+        objective.read(None, {"x": 1}, lambda: losses)
+    with pytest.raises(ConfigurationError, match="integer class indices.*argmax"):
+        objective(LabelledLosses(losses, F.one_hot(y, 4)))
+    with pytest.raises(ConfigurationError, match="needs the validation labels.*validation_loss"):
+        objective(losses)
+    with pytest.raises(ConfigurationError, match="negative one"):
+        objective(LabelledLosses(torch.tensor([0.3, -0.2]), torch.tensor([0, 1])))
 
 
 def test_weighted_ridge_hypergradient_under_the_expected_error_matches_closed_form():

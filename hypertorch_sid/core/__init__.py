@@ -58,7 +58,9 @@ from .outer_step import SignalGatedAdam, TrustRprop
 from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .sample_weights import (
+    AdaptiveMarginError,
     BelowWeight,
+    ClassRelativeError,
     DirectionalDerivative,
     ExpectedError,
     FlagRule,
@@ -68,6 +70,7 @@ from .sample_weights import (
     IndexedDataset,
     KeptEvidenceError,
     LazyAdam,
+    MarginError,
     MeanLoss,
     NaturalSigmoidWeights,
     SampleWeights,
@@ -125,6 +128,9 @@ __all__ = [
     "ForwardMode",
     "ExpectedError",
     "KeptEvidenceError",
+    "MarginError",
+    "ClassRelativeError",
+    "AdaptiveMarginError",
     "MeanLoss",
     "NaturalSigmoidWeights",
     "SharedLossWeights",

@@ -604,6 +604,12 @@ class ValidationObjective(ABC):
     def __call__(self, losses: Tensor) -> Tensor:
         """E (a scalar, differentiable in the losses)."""
 
+    def read(self, module: Callable[..., Any], batch: Any, losses: Callable[[], Tensor]) -> Tensor:
+        """What :meth:`__call__` reads from a validation ``batch``: by default the per-sample
+        losses (``losses()``, the user's own on that batch); :class:`MarginError` reads the
+        logits' margins instead."""
+        return losses()
+
 
 class MeanLoss(ValidationObjective):
     """E = mean ℓⱼ: the validation loss itself (with cross entropy, its calibration too)."""
@@ -719,17 +725,219 @@ class KeptEvidenceError(ValidationObjective):
         return f"KeptEvidenceError(q_max={self.q_max}, kappa={self.kappa})"
 
 
+class MarginError(ValidationObjective):
+    """E = the validation predictions' 0-1 error smoothed in the logit margin:
+
+        mⱼ = z_{yⱼ} − max_{k≠yⱼ} z_k,   E(w) = (1/|V|) Σⱼ σ(−mⱼ/τ),
+        ∇E = −(1/|V|) Σⱼ σ'(mⱼ/τ)/τ · (∇z_{yⱼ} − ∇z_{kⱼ*})                    (eq. marginerr)
+
+    (τ → 0: the error count; kⱼ* the top rival). Unlike the cross entropy and
+    :class:`ExpectedError`, each validation example's gradient reads only its label against its
+    top rival, weighted by a kernel symmetric about the decision boundary (m = 0): a training
+    label that moves probability from class a to b gains on the validation examples of b just
+    wrong and loses on those of a just right by the same weight, so softening the network
+    between two look-alike classes is not rewarded for its own sake (under the cross entropy the
+    wrong side weighs 1 − p_y, the right side almost 0). It reads the logits, not the losses:
+    ``logits(module, batch) -> (z, y)`` (default ``module(batch[0]), batch[1]``; z of shape
+    (B, C), C ≥ 2, y integer labels); a ``validation_loss=`` given to the drop-in must then
+    return the per-sample margins itself.
+    """
+
+    def __init__(
+        self,
+        tau: float = 1.0,
+        logits: Callable[[Any, Any], tuple[Tensor, Tensor]] | None = None,
+    ) -> None:
+        if not (isinstance(tau, (int, float)) and not isinstance(tau, bool) and tau > 0):
+            raise ConfigurationError(
+                f"{type(self).__name__}: tau (the margin's temperature, in logit units) must be "
+                f"a number > 0, got {tau!r}."
+            )
+        if logits is not None and not callable(logits):
+            raise ConfigurationError(
+                f"{type(self).__name__}: logits must be a callable (module, batch) -> (logits, "
+                f"labels), got {type(logits).__name__}."
+            )
+        self.tau, self.logits = float(tau), logits
+
+    def read(self, module: Callable[..., Any], batch: Any, losses: Callable[[], Tensor]) -> Tensor:
+        if self.logits is not None:
+            z, y = self.logits(module, batch)
+        else:
+            if not (isinstance(batch, (tuple, list)) and len(batch) >= 2):
+                raise ConfigurationError(
+                    f"{type(self).__name__} reads (inputs, labels) from the validation batch, "
+                    f"got a {type(batch).__name__}: give logits=lambda module, batch: "
+                    "(logits, labels)."
+                )
+            z, y = module(batch[0]), batch[1]
+        return self.margins(z, y)
+
+    def margins(self, z: Tensor, y: Tensor) -> Tensor:
+        """mⱼ = z_{yⱼ} − max_{k≠yⱼ} z_k of logits z (B, C) and integer labels y (B,)."""
+        if not isinstance(z, Tensor) or z.dim() != 2 or z.shape[1] < 2:
+            shape = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
+            raise ConfigurationError(
+                f"{type(self).__name__}: the validation logits must have shape (batch, classes) "
+                f"with ≥ 2 classes, got {shape}: give logits=lambda module, batch: (logits, "
+                "labels)."
+            )
+        if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.shape != z.shape[:1]:
+            shape = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
+            raise ConfigurationError(
+                f"{type(self).__name__}: the validation labels must be integer class indices of "
+                f"shape ({z.shape[0]},), got {shape}"
+                + (f" of {y.dtype}" if isinstance(y, Tensor) else "")
+                + " (one-hot labels: give logits=lambda m, b: (m(b[0]), b[1].argmax(1)))."
+            )
+        z_y = z.gather(1, y[:, None]).squeeze(1)
+        rival = z.scatter(1, y[:, None], float("-inf")).amax(1)
+        return z_y - rival
+
+    def temperature(self, margins: Tensor) -> Tensor | float:
+        """τ of eq. marginerr for this batch (fixed here)."""
+        return self.tau
+
+    def __call__(self, margins: Tensor) -> Tensor:
+        return torch.sigmoid(-margins / self.temperature(margins)).mean()
+
+    def __repr__(self) -> str:
+        return f"MarginError(tau={self.tau})"
+
+
+class AdaptiveMarginError(MarginError):
+    """:class:`MarginError` whose τ each validation batch takes from its own margins: ∇E of
+    eq. marginerr is a kernel estimate (logistic kernel, standard deviation πτ/√3) of the margins'
+    density at the decision boundary, times their direction, so τ is set by Silverman's rule for
+    that kernel's bandwidth,
+
+        h = 0.9 · min(sd(m), IQR(m)/1.34) · |V|^{−1/5},   τ = √3 h / π   (held fixed; eq. marginbw)
+
+    floored at ``min_tau``: the same smoothing relative to the margins' spread early in the fit
+    (small logits) and late (large ones), where a fixed τ first counts every example and then
+    only the few at the boundary. ``last_tau``: τ of the last batch (0-d; ``None`` before the
+    first).
+    """
+
+    def __init__(
+        self,
+        min_tau: float = 0.05,
+        logits: Callable[[Any, Any], tuple[Tensor, Tensor]] | None = None,
+    ) -> None:
+        super().__init__(min_tau, logits)
+        self.min_tau = float(min_tau)
+        self.last_tau: Tensor | None = None
+
+    def temperature(self, margins: Tensor) -> Tensor:
+        m = margins.detach().reshape(-1).to(torch.float64)
+        n = m.numel()
+        sd = m.std() if n > 1 else m.new_zeros(())
+        iqr = (torch.quantile(m, 0.75) - torch.quantile(m, 0.25)) / 1.34
+        spread = torch.where(iqr > 0, torch.minimum(sd, iqr), sd)
+        tau = (math.sqrt(3) / math.pi) * 0.9 * spread * n ** (-0.2)
+        self.last_tau = tau.clamp_min(self.min_tau).to(margins.dtype)
+        return self.last_tau
+
+    def __repr__(self) -> str:
+        return f"AdaptiveMarginError(min_tau={self.min_tau})"
+
+
+class LabelledLosses(NamedTuple):
+    """Per-sample validation losses with the batch's integer labels (what
+    :class:`ClassRelativeError` reads)."""
+
+    losses: Tensor
+    labels: Tensor
+
+
+class ClassRelativeError(ValidationObjective):
+    """E = the mean over the batch's classes of the log of each class's expected error, each
+    shrunk toward the batch's error by one pseudo-example:
+
+        eⱼ = (1 − e^{−qℓⱼ})/q,   Ē_c = (Σ_{j: yⱼ=c} eⱼ + ē) / (n_c + 1),   ē = mean eⱼ (held fixed),
+        E(w) = (1/|C|) Σ_{c ∈ C} log Ē_c,   ∇E = (1/|C|) Σ_c Σ_{j: yⱼ=c} ∇eⱼ / ((n_c + 1) Ē_c)
+                                                                              (eq. classrel)
+
+    (C: the classes present in the batch; q = 0.5 by default: the per-example error of
+    :class:`ExpectedError` ``(0.5)``). Each class counts by its *relative* change in error, so a
+    training label that moves a look-alike pair's boundary toward the harder class a (large
+    Ē_a) at the cost of the easier b gains δ/Ē_a and loses δ/Ē_b: softening between two classes
+    pays only where it lowers the pair's errors in proportion, not because the hard class's
+    examples dominate the mean (under :class:`ExpectedError` and the cross entropy the gain and
+    the loss count in absolute terms, and the hard classes' examples carry most of ∇E). The
+    pseudo-example keeps a class whose few validation examples of the batch are all right from
+    dividing by ≈ 0. Reads the labels as ``batch[1]`` (or ``labels(batch)``); the per-sample losses
+    are the user's own (a negative one is refused, as by :class:`ExpectedError`).
+    """
+
+    def __init__(self, q: float = 0.5, labels: Callable[[Any], Tensor] | None = None) -> None:
+        if not (isinstance(q, (int, float)) and not isinstance(q, bool) and q > 0):
+            raise ConfigurationError(f"ClassRelativeError: q must be a number > 0, got {q!r}.")
+        if labels is not None and not callable(labels):
+            raise ConfigurationError(
+                f"ClassRelativeError: labels must be a callable batch -> integer labels, got "
+                f"{type(labels).__name__}."
+            )
+        self.q, self.labels = float(q), labels
+
+    def read(
+        self, module: Callable[..., Any], batch: Any, losses: Callable[[], Tensor]
+    ) -> LabelledLosses:
+        if self.labels is not None:
+            y = self.labels(batch)
+        elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+            y = batch[1]
+        else:
+            raise ConfigurationError(
+                f"ClassRelativeError reads the labels as batch[1], got a {type(batch).__name__}: "
+                "give labels=lambda batch: ..."
+            )
+        return LabelledLosses(losses(), y)
+
+    def __call__(self, read: LabelledLosses) -> Tensor:  # type: ignore[override]
+        if not isinstance(read, LabelledLosses):
+            raise ConfigurationError(
+                "ClassRelativeError needs the validation labels with the losses (read() gives "
+                f"both), got a {type(read).__name__}: a validation_loss= returning per-sample "
+                "losses cannot be used with it; drop validation_loss= (it then reads "
+                "training_step's losses and the labels batch[1], or labels=)."
+            )
+        losses, y = read
+        losses = losses.reshape(losses.shape[0], -1).mean(1) if losses.dim() > 1 else losses
+        if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.shape != losses.shape:
+            shape = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
+            raise ConfigurationError(
+                f"ClassRelativeError: the validation labels must be integer class indices, one per "
+                f"validation loss ({tuple(losses.shape)}), got {shape}"
+                + (f" of {y.dtype}" if isinstance(y, Tensor) else "")
+                + " (one-hot labels: labels=lambda batch: batch[1].argmax(1))."
+            )
+        ExpectedError.refuse_negative(losses)
+        e = -torch.expm1(-self.q * losses) / self.q
+        classes, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+        sums = e.new_zeros(classes.shape[0]).index_add(0, inverse, e)
+        per_class = (sums + e.detach().mean()) / (counts.to(e.dtype) + 1)
+        return per_class.log().mean()
+
+    def __repr__(self) -> str:
+        return f"ClassRelativeError(q={self.q})"
+
+
 #: objectives by name (``LearnedDataWeights(objective=...)``)
 OBJECTIVES: dict[str, Callable[[], ValidationObjective]] = {
     "mean_loss": MeanLoss,
     "expected_error": ExpectedError,
     "kept_evidence": KeptEvidenceError,
+    "margin_error": MarginError,
+    "adaptive_margin_error": AdaptiveMarginError,
+    "class_relative_error": ClassRelativeError,
 }
 
 
 def as_validation_objective(value: str | ValidationObjective) -> ValidationObjective:
     """A :class:`ValidationObjective` from its name (``"mean_loss"``, ``"expected_error"``,
-    ``"kept_evidence"``)."""
+    ``"kept_evidence"``, ``"margin_error"``, ``"adaptive_margin_error"``,
+    ``"class_relative_error"``)."""
     return as_strategy(
         "the validation objective", value, ValidationObjective, OBJECTIVES, "ExpectedError(q=0.7)"
     )

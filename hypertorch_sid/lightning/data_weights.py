@@ -455,19 +455,13 @@ class DataWeightsProblem:
         losses, and transforming a mean would only rescale its gradient."""
         data = batch.data if isinstance(batch, Indexed) else batch
         if self.validation_loss is not None:
-            out = self.validation_loss(module, data)
-        else:
-            with _muted_logging(module):
-                out = self._losses(module, data)
-        out = out.get("loss") if isinstance(out, Mapping) else out
-        if not isinstance(out, Tensor):
-            raise ConfigurationError(
-                f"LearnedDataWeights: the validation loss must be a tensor, got "
-                f"{type(out).__name__}."
+            out = _validation_tensor(self.validation_loss(module, data))
+            return out if out.dim() == 0 else self.objective(out)
+        with _muted_logging(module):
+            read = self.objective.read(
+                module, data, lambda: _validation_tensor(self._losses(module, data))
             )
-        if self.validation_loss is not None and out.dim() == 0:
-            return out
-        return self.objective(out)
+        return self.objective(read)
 
     # ------------------------------------------------------------------ the training's loss
     def _wrap(self, module: pl.LightningModule) -> None:
@@ -546,6 +540,16 @@ def _lazy_adam(
     return LazyAdam(parameterization.param_groups(hyperparameters), **settings)
 
 
+def _validation_tensor(out: Any) -> Tensor:
+    """The validation losses from ``training_step``'s (or ``validation_loss``'s) output."""
+    out = out.get("loss") if isinstance(out, Mapping) else out
+    if not isinstance(out, Tensor):
+        raise ConfigurationError(
+            f"LearnedDataWeights: the validation loss must be a tensor, got {type(out).__name__}."
+        )
+    return out
+
+
 def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:
     """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output, the
     weights of the rows ``index`` differentiable in the hyperparameters."""
@@ -590,8 +594,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
         training labels look helpful; a negative loss, e.g. a Gaussian NLL, is refused naming
         ``"mean_loss"``). ``"mean_loss"`` (:class:`MeanLoss`, their mean: the default until
         this version), ``"expected_error"`` (q = 1), ``"kept_evidence"``
-        (:class:`KeptEvidenceError`: q chosen per validation batch, eq. keptevidence) or any
-        :class:`ValidationObjective`.
+        (:class:`KeptEvidenceError`: q chosen per validation batch, eq. keptevidence),
+        ``"margin_error"`` / ``"adaptive_margin_error"`` (:class:`MarginError`: the 0-1 error
+        smoothed in the logit margin, read from ``module(batch[0])``; eq. marginerr),
+        ``"class_relative_error"`` (:class:`ClassRelativeError`: the mean log of each class's
+        error, labels ``batch[1]``; eq. classrel) — options, not better than the default on
+        the noisy-label screen (docs/data_weights.md, session 43) — or any
+        :class:`ValidationObjective` (its ``read`` says what it takes from a validation batch).
         q = 0.5 against the mean loss, test accuracy: +0.65 / +1.23 / +0.93 / +1.12 points on
         the noisy-label CNNs (MNIST / Fashion-MNIST × symmetric / pair-flip, 14 seeds), +0.96 on
         the 20 Newsgroups MLP (12 seeds), where q = 1 lost 2.0 (docs/data_weights.md).
