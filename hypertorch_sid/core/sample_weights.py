@@ -816,7 +816,9 @@ class AdaptiveMarginError(MarginError):
     floored at ``min_tau``: the same smoothing relative to the margins' spread early in the fit
     (small logits) and late (large ones), where a fixed τ first counts every example and then
     only the few at the boundary. ``last_tau``: τ of the last batch (0-d; ``None`` before the
-    first).
+    first). Measured worse than the default on the noisy-label screen (−7.6 / −4.1 points on
+    MNIST / Fashion-MNIST symmetric 40 %, seeds 1–2; docs/data_weights.md, session 43): kept for
+    the record, not for use.
     """
 
     def __init__(
