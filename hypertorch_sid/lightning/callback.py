@@ -44,6 +44,7 @@ from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
 from ..core.validation import check_choice, check_integer, check_positive
+from .averaging import put_learned_in_averages
 from .isolation import (
     check_weights,
     hyperparameters_require_grad,
@@ -253,6 +254,7 @@ class HyperOptimizationCallback(Callback):
         self._pending: dict[str, Any] | None = None
         self._frozen: list[tuple[Tensor, bool]] = []
         self._learned: list[Tensor] = []  # λ living in the module, as the hyper steps left it
+        self._names: list[str] = []  # their names in the module
         self._fitting = False  # between setup("fit") and teardown / on_exception
         self._before_build = False  # in a fit, before on_train_start built the core object
 
@@ -365,7 +367,7 @@ class HyperOptimizationCallback(Callback):
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""
         if stage == "fit":
             self._fitting = self._before_build = False
-            self._keep_learned()
+            self._keep_learned(trainer)
             self._unfreeze()
 
     def on_exception(
@@ -396,6 +398,18 @@ class HyperOptimizationCallback(Callback):
             "history": [dict(h) for h in self.history],
             "budget": self.budget.state_dict(),
         }
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The checkpoint's ``state_dict`` holds λ as learned, also where a weight-averaging
+        callback writes its average there (before or after this hook: both are set,
+        :mod:`~hypertorch_sid.lightning.averaging`)."""
+        put_learned_in_averages(trainer, self._names, self._learned)
+        state = checkpoint.get("state_dict", {})
+        for name, learned in zip(self._names, self._learned):
+            if name in state:
+                state[name] = learned.clone()
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -436,7 +450,9 @@ class HyperOptimizationCallback(Callback):
     # ================================================================== the problem
     def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
         if isinstance(pl_module, BilevelModule):
-            self._frozen = [(h, h.requires_grad) for h in pl_module.hyperparameters()]
+            named = list(pl_module.named_hyperparameters())
+            self._frozen = [(h, h.requires_grad) for _, h in named]
+            self._names = [name for name, _ in named]
             for h, _ in self._frozen:
                 h.requires_grad_(False)
                 h.grad = None
@@ -444,12 +460,16 @@ class HyperOptimizationCallback(Callback):
     def _unfreeze(self) -> None:
         for h, flag in self._frozen:
             h.requires_grad_(flag)
-        self._frozen, self._learned = [], []
+        self._frozen, self._learned, self._names = [], [], []
 
-    def _remember_learned(self) -> None:
+    def _remember_learned(self, trainer: pl.Trainer) -> None:
+        """Note λ as the hyper steps left it; weight-averaging callbacks' copies of the module
+        carry it too (:mod:`~hypertorch_sid.lightning.averaging`: else they average λ, then swap
+        that average in for validation and write it into checkpoints)."""
         self._learned = [h.detach().clone() for h, _ in self._frozen]
+        put_learned_in_averages(trainer, self._names, self._learned)
 
-    def _keep_learned(self) -> None:
+    def _keep_learned(self, trainer: pl.Trainer) -> None:
         """λ living in the module (a ``BilevelModule``'s) ends the fit at the values the hyper
         steps gave it. A callback that averages the module's parameters — Lightning's
         ``EMAWeightAveraging``/``WeightAveraging``, ``StochasticWeightAveraging`` — copies its
@@ -461,6 +481,7 @@ class HyperOptimizationCallback(Callback):
             h for (h, _), learned in zip(self._frozen, self._learned)
             if not torch.equal(h.detach(), learned.to(h.device))
         ]  # fmt: skip
+        put_learned_in_averages(trainer, self._names, self._learned)  # for a save after the fit
         if not changed:
             return
         with torch.no_grad():
@@ -495,7 +516,7 @@ class HyperOptimizationCallback(Callback):
                 "callback: λ continues from its current value with a fresh outer optimizer, "
                 "adjoint warm start and samplers."
             )
-        self._remember_learned()
+        self._remember_learned(trainer)
         self._last_step = trainer.global_step
         self._due_in_fit, self._said_horizon = 0, False
         rank_zero_info(
@@ -666,7 +687,7 @@ class HyperOptimizationCallback(Callback):
                 return
             hypergrad = self._adjust_hypergradient(trainer, pl_module, hypergrad)
             self.sid.apply(hypergrad)
-            self._remember_learned()
+            self._remember_learned(trainer)
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
 

@@ -1,0 +1,75 @@
+"""A careless user's Trainer settings against the drop-ins (session 43; the table of every setting
+tried and its outcome is in docs/failures.md, "Trainer settings (session 43)").
+
+Session 42's tests (test_gpu_user_recipes.py) cover precision, compilation, accumulation, clipping
+by norm, ``max_time``, a float ``val_check_interval`` and the end of a fit under weight averaging;
+these cover what they leave: the checkpoints written *during* weight averaging, and the Trainer
+and LightningModule settings listed in the table.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import EMAWeightAveraging, ModelCheckpoint
+from test_gpu_user_recipes import Ridge, _trainer, ridge_loaders
+
+from hypertorch_sid import HyperOptimizationCallback
+
+
+class LambdaSeen(pl.Callback):
+    """λ of the module after each training step (listed after the hyper-optimization callback:
+    after that step's hyper step) and while each validation runs."""
+
+    def __init__(self) -> None:
+        self.train: dict[int, torch.Tensor] = {}
+        self.val: dict[int, torch.Tensor] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
+        self.train[trainer.global_step] = module.log_lam.detach().clone()
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
+        self.val[trainer.global_step] = module.log_lam.detach().clone()
+
+
+@pytest.mark.parametrize("order", ["averaging_first", "hyper_first"])
+def test_checkpoints_written_while_averaging_hold_the_learned_lambda(
+    order: str, tmp_path: Any
+) -> None:
+    """EMAWeightAveraging writes its average of every parameter into a checkpoint's
+    ``state_dict`` (the learned ones go to ``current_model_state``) and swaps it into the module
+    while validation runs. A ``BilevelModule``'s λ was averaged with the weights: the step-35
+    checkpoint held log λ -0.243 where the hyper steps had learned -0.350, and
+    ``Ridge.load_from_checkpoint`` (or ``trainer.test(ckpt_path=...)``) gave that average;
+    validation ran with it too. The averaged model carries the learned λ; its weights stay
+    averaged."""
+    cb = HyperOptimizationCallback(every_n_steps=5, adjoint_steps=20, outer_lr=0.05)
+    ema, seen = EMAWeightAveraging(decay=0.9), LambdaSeen()
+    callbacks = [ema, cb] if order == "averaging_first" else [cb, ema]
+    callbacks += [seen, ModelCheckpoint(tmp_path, every_n_train_steps=7, save_top_k=-1)]
+    pl.seed_everything(0, verbose=False)
+    trainer = _trainer(callbacks, max_epochs=3, enable_checkpointing=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Ridge(), *ridge_loaders())
+        trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
+    files = sorted(tmp_path.glob("*.ckpt"))
+    assert len(files) == 6
+    for file in files:
+        saved = torch.load(file, weights_only=False)
+        learned = seen.train[saved["global_step"]]
+        assert bool((learned != 0).all())  # λ has moved: its average would differ
+        torch.testing.assert_close(saved["state_dict"]["log_lam"], learned, rtol=0, atol=0)
+        loaded = Ridge.load_from_checkpoint(file)
+        torch.testing.assert_close(loaded.log_lam.detach(), learned, rtol=0, atol=0)
+        if file.name != "after_fit.ckpt":  # (after the fit the module holds the average)
+            averaged, current = saved["state_dict"], saved["current_model_state"]
+            assert not torch.equal(averaged["net.0.weight"], current["net.0.weight"])
+    assert seen.val
+    for step, lam in seen.val.items():  # validation ran with the averaged weights, learned λ
+        # (to rounding: between hyper steps EMA's 0.9·λ + 0.1·λ keeps λ to an ulp or two)
+        torch.testing.assert_close(lam, seen.train[step])
