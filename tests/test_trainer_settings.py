@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EMAWeightAveraging, ModelCheckpoint
+from pytorch_lightning.callbacks import BackboneFinetuning, EMAWeightAveraging, ModelCheckpoint
+from test_data_weights_recipes import Classifier, loader, val_loader
 from test_gpu_user_recipes import Ridge, _trainer, ridge_loaders
+from torch import Tensor, nn
 
-from hypertorch_sid import HyperOptimizationCallback
+from hypertorch_sid import HyperOptimizationCallback, LearnedDataWeights
 
 
 class LambdaSeen(pl.Callback):
@@ -73,3 +75,51 @@ def test_checkpoints_written_while_averaging_hold_the_learned_lambda(
     for step, lam in seen.val.items():  # validation ran with the averaged weights, learned λ
         # (to rounding: between hyper steps EMA's 0.9·λ + 0.1·λ keeps λ to an ulp or two)
         torch.testing.assert_close(lam, seen.train[step])
+
+
+# ---------------------------------------------------------------------------- unfrozen mid-fit
+class RidgeWithBackbone(Ridge):
+    """Ridge on the features of a linear backbone that BackboneFinetuning unfreezes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Linear(8, 8)
+
+    def inner_loss(self, batch: Any) -> Tensor:
+        return super().inner_loss((self.backbone(batch[0]), batch[1]))
+
+    def outer_loss(self, batch: Any) -> Tensor:
+        return super().outer_loss((self.backbone(batch[0]), batch[1]))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.inner_parameters(), lr=0.1)
+
+
+class ClassifierWithBackbone(Classifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = self.net[0]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.2)
+
+
+@pytest.mark.parametrize("drop_in", ["bilevel", "data_weights"])
+def test_tensors_unfrozen_during_the_fit_are_named(drop_in: str) -> None:
+    """BackboneFinetuning unfreezes the backbone into a new parameter group mid-fit: the training
+    trains it from then on, but the hypergradient's inner parameters were collected when the fit
+    started. LearnedWeightDecay said so; a BilevelModule and LearnedDataWeights went on without a
+    word (the backbone left out of every later hyper step)."""
+    finetune = BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.0)
+    if drop_in == "bilevel":
+        cb: Any = HyperOptimizationCallback(every_n_steps=5, adjoint_steps=20, outer_lr=0.05)
+        model: Any = RidgeWithBackbone()
+        loaders, names = ridge_loaders(), "backbone.weight, backbone.bias"
+    else:
+        cb, model, names = LearnedDataWeights(every_n_steps=2, start_step=0), None, "net.0.weight"
+        model, loaders = ClassifierWithBackbone(), (loader(), val_loader())
+    pl.seed_everything(0, verbose=False)
+    match = rf"{type(cb).__name__}: the optimizers now train 2 tensors the fit did not start "
+    with pytest.warns(UserWarning, match=match + rf"with \({names}.*e.g. BackboneFinetuning"):
+        _trainer([cb, finetune], max_epochs=3).fit(model, *loaders)
+    assert len(cb.sid.inner_parameters) == (1 if drop_in == "bilevel" else 2)  # backbone left out

@@ -167,6 +167,9 @@ class HyperOptimizationCallback(Callback):
     start of the epoch); the callback's own samplers always continue where they stopped.
     """
 
+    #: what happens to tensors the optimizers train that the fit did not start with
+    _new_tensors_get = "are left out of the hypergradient"
+
     def __init__(
         self,
         every_n_steps: int = 10,
@@ -226,6 +229,7 @@ class HyperOptimizationCallback(Callback):
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
+        self._said_new_tensors = False  # tensors trained that the fit did not start with, said
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -518,7 +522,7 @@ class HyperOptimizationCallback(Callback):
             )
         self._remember_learned(trainer)
         self._last_step = trainer.global_step
-        self._due_in_fit, self._said_horizon = 0, False
+        self._due_in_fit, self._said_horizon, self._said_new_tensors = 0, False, False
         rank_zero_info(
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
@@ -670,6 +674,7 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None and self.data is not None
         check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
         self.problem.before_hyper_step(trainer, pl_module)
+        self._warn_if_new_tensors(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)
         with (
@@ -690,6 +695,33 @@ class HyperOptimizationCallback(Callback):
             self._remember_learned(trainer)
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
+
+    def _warn_if_new_tensors(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Say once per fit when the optimizers train tensors that are no inner parameters of
+        the hypergradient: unfrozen or added during the fit (``BackboneFinetuning`` adds a
+        parameter group), while the inner parameters are collected when a fit starts."""
+        assert self.sid is not None
+        if self._said_new_tensors:
+            return
+        known = {id(p) for p in self.sid.inner_parameters}
+        names = {id(p): n for n, p in pl_module.named_parameters()}
+        new = [
+            names.get(id(p), "an unnamed tensor")
+            for opt in trainer.optimizers
+            for group in opt.param_groups
+            for p in group["params"]
+            if p.requires_grad and id(p) not in known
+        ]
+        if new:
+            self._said_new_tensors = True
+            rank_zero_warn(
+                f"{type(self).__name__}: the optimizers now train {len(new)} tensors the fit did "
+                f"not start with ({', '.join(new[:3])}{', ...' if len(new) > 3 else ''}; e.g. "
+                f"BackboneFinetuning unfroze them): they {self._new_tensors_get}, because "
+                "the inner parameters are collected when a fit starts. Unfreeze before the fit, "
+                "or continue in a new fit (trainer.fit again with this callback: λ carries over "
+                "and the new tensors are collected)."
+            )
 
     def _adjust_hypergradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: Tensors
