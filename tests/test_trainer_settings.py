@@ -16,11 +16,17 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import BackboneFinetuning, EMAWeightAveraging, ModelCheckpoint
-from test_data_weights_recipes import Classifier, loader, val_loader
+from test_data_weights_recipes import Classifier, X, Y, loader, val_loader
 from test_gpu_user_recipes import Ridge, _trainer, ridge_loaders
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from hypertorch_sid import HyperOptimizationCallback, LearnedDataWeights
+from hypertorch_sid import (
+    ConfigurationError,
+    HyperOptimizationCallback,
+    IndexedDataset,
+    LearnedDataWeights,
+)
 
 
 class LambdaSeen(pl.Callback):
@@ -123,3 +129,61 @@ def test_tensors_unfrozen_during_the_fit_are_named(drop_in: str) -> None:
     with pytest.warns(UserWarning, match=match + rf"with \({names}.*e.g. BackboneFinetuning"):
         _trainer([cb, finetune], max_epochs=3).fit(model, *loaders)
     assert len(cb.sid.inner_parameters) == (1 if drop_in == "bilevel" else 2)  # backbone left out
+
+
+# ---------------------------------------------------------------------------- reloaded loaders
+class GrowingRidge(Ridge):
+    """``reload_dataloaders_every_n_epochs=1`` with loaders over data sets that grow after the
+    first epoch (a curriculum): 100 then 400 training rows, 100 then 200 validation rows."""
+
+    def _loaders(self) -> tuple[DataLoader, DataLoader]:
+        train, val = ridge_loaders()
+        if self.trainer.current_epoch > 0:
+            return train, val
+        small = [Subset(loader.dataset, range(100)) for loader in (train, val)]
+        return DataLoader(small[0], batch_size=32, shuffle=True), DataLoader(small[1], 200)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loaders()[0]
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loaders()[1]
+
+
+def test_hyper_steps_draw_from_the_loaders_lightning_reloaded() -> None:
+    """With ``reload_dataloaders_every_n_epochs`` the training reads a new data set each epoch,
+    but the hyper steps kept drawing from the one of the first epoch (100 of the 400 training
+    rows, 100 of the 200 validation rows), with no word: λ tuned for a training that was no
+    longer running. They now follow the reloaded loaders."""
+    cb = HyperOptimizationCallback(every_n_steps=5, adjoint_steps=20, outer_lr=0.05)
+    pl.seed_everything(0, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([cb], max_epochs=3, reload_dataloaders_every_n_epochs=1).fit(GrowingRidge())
+    assert cb.data is not None and (cb.data.n_train, cb.data.n_val) == (400, 200)
+    assert len(cb.history) == 6  # 4 + 13 + 13 = 30 steps, a hyper step every 5
+    rows = ridge_loaders()[0].dataset.tensors[0]
+    batch = next(cb.data.train)[0]
+    drawn = (batch[:, None, :] == rows[None, :, :]).all(-1).nonzero()[:, 1]
+    assert len(drawn) == len(batch) and int(drawn.max()) >= 100
+
+
+class GrowingClassifier(Classifier):
+    """The first two epochs on half the training set, then all of it (reloaded)."""
+
+    def train_dataloader(self) -> DataLoader:
+        n = len(X) // 2 if self.trainer.current_epoch < 2 else len(X)
+        return loader(IndexedDataset(TensorDataset(X[:n], Y[:n])))
+
+    def val_dataloader(self) -> DataLoader:
+        return val_loader()
+
+
+def test_data_weights_refuse_a_reloaded_training_set_of_another_size() -> None:
+    """The weights were sized for the 120 examples of the first epochs; the reloaded loader
+    reads 240. It failed at the next hyper step as 'sample-weight index out of range', naming
+    neither the reload nor the fix."""
+    cb = LearnedDataWeights(every_n_steps=2, start_step=0)
+    match = r"reloaded \(reload_dataloaders_every_n_epochs\).*240 examples.*the 120 examples"
+    with pytest.raises(ConfigurationError, match=match):
+        _trainer([cb], max_epochs=4, reload_dataloaders_every_n_epochs=1).fit(GrowingClassifier())

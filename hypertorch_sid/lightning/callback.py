@@ -505,10 +505,7 @@ class HyperOptimizationCallback(Callback):
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         problem = self.problem.build(trainer, pl_module)
         self._active = problem
-        self.data = HyperData(
-            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
-            val=self.val, seed=self.seed,
-        )  # fmt: skip
+        self.data = self._hyper_data(trainer)
         with hyperparameters_require_grad([h for h, _ in self._frozen]):
             self.sid = self._make_sid(trainer, pl_module, problem)
         self._sync_hyperparameters(trainer)
@@ -527,6 +524,35 @@ class HyperOptimizationCallback(Callback):
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
         self._warn_if_few_hyper_steps(trainer)
+
+    def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
+        return HyperData(
+            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
+            val=self.val, seed=self.seed,
+        )  # fmt: skip
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Where Lightning has reloaded the dataloaders over other data sets
+        (``reload_dataloaders_every_n_epochs``), the hyper steps draw from those from now on
+        (with fresh samplers): ℓ̂ is the loss the training now minimises, E on the validation
+        data it now reads."""
+        if self.data is None or not self.data.reloaded():
+            return
+        assert self.sid is not None
+        if self.sid.full_train_batch is not None:
+            raise ConfigurationError(
+                f"{type(self).__name__}: the train dataloader was reloaded over another data set "
+                "(reload_dataloaders_every_n_epochs), but these settings read the whole training "
+                "set once, when the fit started (batches='full', or a full-batch preset): use "
+                "minibatch settings, or keep one data set for the fit."
+            )
+        with self.budget.added_work():
+            val_samples, self.data = self.data.val_samples, self._hyper_data(trainer)
+            self.data.val_samples = val_samples
+        rank_zero_info(
+            f"{type(self).__name__}: the dataloaders were reloaded over other data sets; the "
+            f"hyper steps now draw from them ({self.data.n_train} training samples)."
+        )
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
         """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""

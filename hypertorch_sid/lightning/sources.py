@@ -73,6 +73,30 @@ class HyperData:
         self._build_val(val, val_batch_size, seed + 1)
         #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
         self.order = TrainingOrder(trainer.train_dataloader)
+        self._loaded = self._loaded_datasets()
+
+    # ------------------------------------------------------------------ reloaded loaders
+    def _loaded_datasets(self) -> tuple[Any, Any]:
+        """The data sets of the train and validation loaders Lightning holds now (None where
+        it holds none yet: the validation loop sets its loaders up when it first runs)."""
+
+        def dataset(loaders: Any) -> Any:
+            if isinstance(loaders, (list, tuple)):
+                loaders = loaders[0] if loaders else None
+            return getattr(loaders, "dataset", loaders)
+
+        return dataset(self.trainer.train_dataloader), dataset(self.trainer.val_dataloaders)
+
+    def reloaded(self) -> bool:
+        """Whether Lightning has reloaded a loader over another data set since these samplers
+        were built (``reload_dataloaders_every_n_epochs``, e.g. a curriculum): they would draw
+        from the old one."""
+        now = self._loaded_datasets()
+        changed = any(
+            o is not None and n is not None and n is not o for n, o in zip(now, self._loaded)
+        )
+        self._loaded = tuple(n if n is not None else o for n, o in zip(now, self._loaded))
+        return changed
 
     # ------------------------------------------------------------------ reading
     def full_train_batch(self) -> Any:
