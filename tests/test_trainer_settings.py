@@ -265,3 +265,30 @@ def test_a_second_fit_continues_from_the_learned_lambda(drop_in: str) -> None:
     assert steps > 0 and len(cb.history) == 2 * steps
     torch.testing.assert_close(seen.value, first, rtol=0, atol=0)
     assert not torch.equal(_learned(drop_in, cb, model), first)  # and it moved on
+
+
+class ReloadedRidge(Ridge):
+    """Loaders over new data set objects of the same data every epoch (not shuffled: the
+    training's order is the one without reloads)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(*ridge_loaders()[0].dataset.tensors), batch_size=32)
+
+    def val_dataloader(self) -> DataLoader:
+        return ridge_loaders()[1]
+
+
+def test_a_reload_over_the_same_data_changes_nothing() -> None:
+    """The samplers rebuilt on reloaded data sets of the same size continue where they stopped:
+    λ bit for bit that of the fit without reloads."""
+    lam = []
+    for reload in (0, 1):
+        cb = HyperOptimizationCallback(every_n_steps=5, adjoint_steps=20, outer_lr=0.05)
+        pl.seed_everything(0, verbose=False)
+        model = ReloadedRidge()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _trainer([cb], max_epochs=3, reload_dataloaders_every_n_epochs=reload).fit(model)
+        lam.append(model.log_lam.detach().clone())
+    assert bool((lam[0] != 0).all())
+    torch.testing.assert_close(lam[1], lam[0], rtol=0, atol=0)

@@ -534,8 +534,8 @@ class HyperOptimizationCallback(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Where Lightning has reloaded the dataloaders over other data sets
         (``reload_dataloaders_every_n_epochs``), the hyper steps draw from those from now on
-        (with fresh samplers): ℓ̂ is the loss the training now minimises, E on the validation
-        data it now reads."""
+        (:meth:`HyperData.continue_from`): ℓ̂ is the loss the training now minimises, E on the
+        validation data it now reads."""
         if self.data is None or not self.data.reloaded():
             return
         assert self.sid is not None
@@ -547,8 +547,8 @@ class HyperOptimizationCallback(Callback):
                 "minibatch settings, or keep one data set for the fit."
             )
         with self.budget.added_work():
-            val_samples, self.data = self.data.val_samples, self._hyper_data(trainer)
-            self.data.val_samples = val_samples
+            old, self.data = self.data, self._hyper_data(trainer)
+            self.data.continue_from(old)
         rank_zero_info(
             f"{type(self).__name__}: the dataloaders were reloaded over other data sets; the "
             f"hyper steps now draw from them ({self.data.n_train} training samples)."

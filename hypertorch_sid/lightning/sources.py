@@ -98,6 +98,23 @@ class HyperData:
         self._loaded = tuple(n if n is not None else o for n, o in zip(now, self._loaded))
         return changed
 
+    def continue_from(self, old: HyperData) -> None:
+        """Built after a reload: each sampler over a data set of the old one's size continues
+        where the old one stopped (a reload over equal data then changes nothing, and a fit
+        resumed after it, whose samplers are built on the reloaded loaders, draws the same); one
+        over a resized data set starts afresh."""
+        self.val_samples = old.val_samples
+        before = old.samplers()
+        for key, sampler in self.samplers().items():
+            if sampler is None or before[key] is None:
+                continue
+            state = before[key].state_dict()
+            try:
+                sampler.check_state(state, key)
+            except ConfigurationError:
+                continue
+            sampler.load_state_dict(state)
+
     # ------------------------------------------------------------------ reading
     def full_train_batch(self) -> Any:
         """This process's shard of the whole training set as one batch."""
