@@ -292,3 +292,36 @@ def test_a_reload_over_the_same_data_changes_nothing() -> None:
         lam.append(model.log_lam.detach().clone())
     assert bool((lam[0] != 0).all())
     torch.testing.assert_close(lam[1], lam[0], rtol=0, atol=0)
+
+
+class UnshuffledGrowingRidge(GrowingRidge):
+    def _loaders(self) -> tuple[DataLoader, DataLoader]:
+        train, val = super()._loaders()
+        return DataLoader(train.dataset, batch_size=32), val  # one training order in every run
+
+
+def test_a_resume_after_a_reload_resized_the_data_sets_repeats_the_fit(tmp_path: Any) -> None:
+    """A checkpoint written after the reload that grew the data sets holds the callback's
+    validation sampler over the old 100 rows (it follows the reloaded validation loader at the
+    next epoch); the resumed fit's loaders hold 200. It was refused ("Resume with the same
+    data"); the uninterrupted fit started a fresh sampler at that reload, and so does the
+    resume: λ bit for bit the same."""
+
+    def fit(ckpt_path: Any = None) -> Tensor:
+        cb = HyperOptimizationCallback(every_n_steps=5, adjoint_steps=20, outer_lr=0.05)
+        save = ModelCheckpoint(tmp_path, save_top_k=-1, every_n_epochs=1)
+        pl.seed_everything(0, verbose=False)
+        model = UnshuffledGrowingRidge()
+        trainer = _trainer(
+            [cb, save], max_epochs=4, reload_dataloaders_every_n_epochs=1,
+            enable_checkpointing=True,
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, ckpt_path=ckpt_path)
+        return model.log_lam.detach().clone()
+
+    straight = fit()
+    resumed = fit(tmp_path / "epoch=1-step=17.ckpt")
+    assert bool((straight != 0).all())
+    torch.testing.assert_close(resumed, straight, rtol=0, atol=0)

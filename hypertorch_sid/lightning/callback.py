@@ -651,7 +651,7 @@ class HyperOptimizationCallback(Callback):
     def _restore(self) -> None:
         """Load the pending state: everything is checked first, so a bad state changes nothing."""
         assert self.sid is not None and self.data is not None and self._pending is not None
-        state, self._pending = self._pending, None
+        state, self._pending = self.data.resized_by_reload(self._pending), None
         self.data.check_state(state)
         budget = state.get("budget", {})  # absent in checkpoints written before it was kept
         check_budget_state(budget)

@@ -98,6 +98,25 @@ class HyperData:
         self._loaded = tuple(n if n is not None else o for n, o in zip(now, self._loaded))
         return changed
 
+    def resized_by_reload(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's ``state`` in which, where Lightning reloads the loaders
+        (``reload_dataloaders_every_n_epochs``), a sampler's state over a data set of another
+        size than the loaders' now (written before a reload resized it) is this run's fresh
+        sampler's: the uninterrupted fit started a fresh sampler at that reload too
+        (:meth:`continue_from`). Without reloads a resized data set stays refused."""
+        if not self.trainer.reload_dataloaders_every_n_epochs:
+            return state
+        state = dict(state)
+        for key, sampler in self.samplers().items():
+            saved = state.get(key)
+            n = getattr(sampler, "n", None)
+            if n is None or not isinstance(saved, dict) or saved.get("n", n) == n:
+                continue
+            state[key] = sampler.state_dict()
+            if "loader_order" in saved:
+                state[key]["loader_order"] = saved["loader_order"]
+        return state
+
     def continue_from(self, old: HyperData) -> None:
         """Built after a reload: each sampler over a data set of the old one's size continues
         where the old one stopped (a reload over equal data then changes nothing, and a fit
