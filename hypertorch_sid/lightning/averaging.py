@@ -49,6 +49,8 @@ def put_learned_in_averages(
     Averaging then keeps them (to rounding: EMA's ``d·λ + (1 − d)·λ`` may move λ by an ulp)
     until the next call."""
     for copy in averaged_copies(trainer):
+        params = dict(copy.named_parameters())
         with torch.no_grad():
             for name, value in zip(names, learned):
-                copy.get_parameter(name).copy_(value)
+                if name in params:
+                    params[name].copy_(value)
