@@ -44,6 +44,7 @@ from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
 from ..core.validation import check_choice, check_integer, check_positive
+from .averaging import put_learned_in_averages
 from .isolation import (
     check_weights,
     hyperparameters_require_grad,
@@ -166,6 +167,9 @@ class HyperOptimizationCallback(Callback):
     start of the epoch); the callback's own samplers always continue where they stopped.
     """
 
+    #: what happens to tensors the optimizers train that the fit did not start with
+    _new_tensors_get = "are left out of the hypergradient"
+
     def __init__(
         self,
         every_n_steps: int = 10,
@@ -225,6 +229,7 @@ class HyperOptimizationCallback(Callback):
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
+        self._said_new_tensors = False  # tensors trained that the fit did not start with, said
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -253,6 +258,7 @@ class HyperOptimizationCallback(Callback):
         self._pending: dict[str, Any] | None = None
         self._frozen: list[tuple[Tensor, bool]] = []
         self._learned: list[Tensor] = []  # λ living in the module, as the hyper steps left it
+        self._names: list[str] = []  # their names in the module
         self._fitting = False  # between setup("fit") and teardown / on_exception
         self._before_build = False  # in a fit, before on_train_start built the core object
 
@@ -365,7 +371,7 @@ class HyperOptimizationCallback(Callback):
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""
         if stage == "fit":
             self._fitting = self._before_build = False
-            self._keep_learned()
+            self._keep_learned(trainer)
             self._unfreeze()
 
     def on_exception(
@@ -396,6 +402,18 @@ class HyperOptimizationCallback(Callback):
             "history": [dict(h) for h in self.history],
             "budget": self.budget.state_dict(),
         }
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The checkpoint's ``state_dict`` holds λ as learned, also where a weight-averaging
+        callback writes its average there (before or after this hook: both are set,
+        :mod:`~hypertorch_sid.lightning.averaging`)."""
+        put_learned_in_averages(trainer, self._names, self._learned)
+        state = checkpoint.get("state_dict", {})
+        for name, learned in zip(self._names, self._learned):
+            if name in state:
+                state[name] = learned.clone()
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -436,7 +454,9 @@ class HyperOptimizationCallback(Callback):
     # ================================================================== the problem
     def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
         if isinstance(pl_module, BilevelModule):
-            self._frozen = [(h, h.requires_grad) for h in pl_module.hyperparameters()]
+            named = list(pl_module.named_hyperparameters())
+            self._frozen = [(h, h.requires_grad) for _, h in named]
+            self._names = [name for name, _ in named]
             for h, _ in self._frozen:
                 h.requires_grad_(False)
                 h.grad = None
@@ -444,12 +464,16 @@ class HyperOptimizationCallback(Callback):
     def _unfreeze(self) -> None:
         for h, flag in self._frozen:
             h.requires_grad_(flag)
-        self._frozen, self._learned = [], []
+        self._frozen, self._learned, self._names = [], [], []
 
-    def _remember_learned(self) -> None:
+    def _remember_learned(self, trainer: pl.Trainer) -> None:
+        """Note λ as the hyper steps left it; weight-averaging callbacks' copies of the module
+        carry it too (:mod:`~hypertorch_sid.lightning.averaging`: else they average λ, then swap
+        that average in for validation and write it into checkpoints)."""
         self._learned = [h.detach().clone() for h, _ in self._frozen]
+        put_learned_in_averages(trainer, self._names, self._learned)
 
-    def _keep_learned(self) -> None:
+    def _keep_learned(self, trainer: pl.Trainer) -> None:
         """λ living in the module (a ``BilevelModule``'s) ends the fit at the values the hyper
         steps gave it. A callback that averages the module's parameters — Lightning's
         ``EMAWeightAveraging``/``WeightAveraging``, ``StochasticWeightAveraging`` — copies its
@@ -461,6 +485,7 @@ class HyperOptimizationCallback(Callback):
             h for (h, _), learned in zip(self._frozen, self._learned)
             if not torch.equal(h.detach(), learned.to(h.device))
         ]  # fmt: skip
+        put_learned_in_averages(trainer, self._names, self._learned)  # for a save after the fit
         if not changed:
             return
         with torch.no_grad():
@@ -480,10 +505,7 @@ class HyperOptimizationCallback(Callback):
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
         problem = self.problem.build(trainer, pl_module)
         self._active = problem
-        self.data = HyperData(
-            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
-            val=self.val, seed=self.seed,
-        )  # fmt: skip
+        self.data = self._hyper_data(trainer)
         with hyperparameters_require_grad([h for h, _ in self._frozen]):
             self.sid = self._make_sid(trainer, pl_module, problem)
         self._sync_hyperparameters(trainer)
@@ -495,13 +517,42 @@ class HyperOptimizationCallback(Callback):
                 "callback: λ continues from its current value with a fresh outer optimizer, "
                 "adjoint warm start and samplers."
             )
-        self._remember_learned()
+        self._remember_learned(trainer)
         self._last_step = trainer.global_step
-        self._due_in_fit, self._said_horizon = 0, False
+        self._due_in_fit, self._said_horizon, self._said_new_tensors = 0, False, False
         rank_zero_info(
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
         self._warn_if_few_hyper_steps(trainer)
+
+    def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
+        return HyperData(
+            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
+            val=self.val, seed=self.seed,
+        )  # fmt: skip
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Where Lightning has reloaded the dataloaders over other data sets
+        (``reload_dataloaders_every_n_epochs``), the hyper steps draw from those from now on
+        (:meth:`HyperData.continue_from`): ℓ̂ is the loss the training now minimises, E on the
+        validation data it now reads."""
+        if self.data is None or not self.data.reloaded():
+            return
+        assert self.sid is not None
+        if self.sid.full_train_batch is not None:
+            raise ConfigurationError(
+                f"{type(self).__name__}: the train dataloader was reloaded over another data set "
+                "(reload_dataloaders_every_n_epochs), but these settings read the whole training "
+                "set once, when the fit started (batches='full', or a full-batch preset): use "
+                "minibatch settings, or keep one data set for the fit."
+            )
+        with self.budget.added_work():
+            old, self.data = self.data, self._hyper_data(trainer)
+            self.data.continue_from(old)
+        rank_zero_info(
+            f"{type(self).__name__}: the dataloaders were reloaded over other data sets; the "
+            f"hyper steps now draw from them ({self.data.n_train} training samples)."
+        )
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
         """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""
@@ -600,7 +651,7 @@ class HyperOptimizationCallback(Callback):
     def _restore(self) -> None:
         """Load the pending state: everything is checked first, so a bad state changes nothing."""
         assert self.sid is not None and self.data is not None and self._pending is not None
-        state, self._pending = self._pending, None
+        state, self._pending = self.data.resized_by_reload(self._pending), None
         self.data.check_state(state)
         budget = state.get("budget", {})  # absent in checkpoints written before it was kept
         check_budget_state(budget)
@@ -649,6 +700,7 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None and self.data is not None
         check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
         self.problem.before_hyper_step(trainer, pl_module)
+        self._warn_if_new_tensors(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)
         with (
@@ -666,9 +718,36 @@ class HyperOptimizationCallback(Callback):
                 return
             hypergrad = self._adjust_hypergradient(trainer, pl_module, hypergrad)
             self.sid.apply(hypergrad)
-            self._remember_learned()
+            self._remember_learned(trainer)
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
+
+    def _warn_if_new_tensors(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Say once per fit when the optimizers train tensors that are no inner parameters of
+        the hypergradient: unfrozen or added during the fit (``BackboneFinetuning`` adds a
+        parameter group), while the inner parameters are collected when a fit starts."""
+        assert self.sid is not None
+        if self._said_new_tensors:
+            return
+        known = {id(p) for p in self.sid.inner_parameters}
+        names = {id(p): n for n, p in pl_module.named_parameters()}
+        new = [
+            names.get(id(p), "an unnamed tensor")
+            for opt in trainer.optimizers
+            for group in opt.param_groups
+            for p in group["params"]
+            if p.requires_grad and id(p) not in known
+        ]
+        if new:
+            self._said_new_tensors = True
+            rank_zero_warn(
+                f"{type(self).__name__}: the optimizers now train {len(new)} tensors the fit did "
+                f"not start with ({', '.join(new[:3])}{', ...' if len(new) > 3 else ''}; e.g. "
+                f"BackboneFinetuning unfroze them): they {self._new_tensors_get}, because "
+                "the inner parameters are collected when a fit starts. Unfreeze before the fit, "
+                "or continue in a new fit (trainer.fit again with this callback: λ carries over "
+                "and the new tensors are collected)."
+            )
 
     def _adjust_hypergradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: Tensors

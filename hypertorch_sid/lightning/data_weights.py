@@ -748,6 +748,23 @@ class LearnedDataWeights(HyperOptimizationCallback):
         hyper step has given v, so only a fit without any hyper step learns nothing."""
         return 1 if self.cross_term == "training" else super().hyper_steps_needed()
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A weight belongs to one example of one data set: dataloaders reloaded
+        (``reload_dataloaders_every_n_epochs``) over a training set of another size are refused
+        here, naming the cause (they failed at the next hyper step with an index error)."""
+        problem = self.problem
+        if self.data is not None and problem.per == "sample" and problem.weights is not None:
+            n = len(problem._training_dataset(trainer))
+            if n != problem.weights.n:
+                raise ConfigurationError(
+                    f"LearnedDataWeights: the train dataloader was reloaded "
+                    f"(reload_dataloaders_every_n_epochs) over a training set of {n} examples; "
+                    f"the weights belong to the {problem.weights.n} examples this fit started "
+                    "with. Keep one training set for the fit (reload loaders over the same data "
+                    "set), or learn its weights in a new fit (a new LearnedDataWeights)."
+                )
+        super().on_train_epoch_start(trainer, pl_module)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""

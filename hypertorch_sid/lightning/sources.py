@@ -73,6 +73,66 @@ class HyperData:
         self._build_val(val, val_batch_size, seed + 1)
         #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
         self.order = TrainingOrder(trainer.train_dataloader)
+        self._loaded = self._loaded_datasets()
+
+    # ------------------------------------------------------------------ reloaded loaders
+    def _loaded_datasets(self) -> tuple[Any, Any]:
+        """The data sets of the train and validation loaders Lightning holds now (None where
+        it holds none yet: the validation loop sets its loaders up when it first runs)."""
+
+        def dataset(loaders: Any) -> Any:
+            if isinstance(loaders, (list, tuple)):
+                loaders = loaders[0] if loaders else None
+            return getattr(loaders, "dataset", loaders)
+
+        return dataset(self.trainer.train_dataloader), dataset(self.trainer.val_dataloaders)
+
+    def reloaded(self) -> bool:
+        """Whether Lightning has reloaded a loader over another data set since these samplers
+        were built (``reload_dataloaders_every_n_epochs``, e.g. a curriculum): they would draw
+        from the old one."""
+        now = self._loaded_datasets()
+        changed = any(
+            o is not None and n is not None and n is not o for n, o in zip(now, self._loaded)
+        )
+        self._loaded = tuple(n if n is not None else o for n, o in zip(now, self._loaded))
+        return changed
+
+    def resized_by_reload(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's ``state`` in which, where Lightning reloads the loaders
+        (``reload_dataloaders_every_n_epochs``), a sampler's state over a data set of another
+        size than the loaders' now (written before a reload resized it) is this run's fresh
+        sampler's: the uninterrupted fit started a fresh sampler at that reload too
+        (:meth:`continue_from`). Without reloads a resized data set stays refused."""
+        if not self.trainer.reload_dataloaders_every_n_epochs:
+            return state
+        state = dict(state)
+        for key, sampler in self.samplers().items():
+            saved = state.get(key)
+            n = getattr(sampler, "n", None)
+            if n is None or not isinstance(saved, dict) or saved.get("n", n) == n:
+                continue
+            state[key] = sampler.state_dict()
+            if "loader_order" in saved:
+                state[key]["loader_order"] = saved["loader_order"]
+        return state
+
+    def continue_from(self, old: HyperData) -> None:
+        """Built after a reload: each sampler over a data set of the old one's size continues
+        where the old one stopped (a reload over equal data then changes nothing, and a fit
+        resumed after it, whose samplers are built on the reloaded loaders, draws the same); one
+        over a resized data set starts afresh."""
+        self.val_samples = old.val_samples
+        before = old.samplers()
+        for key, sampler in self.samplers().items():
+            if sampler is None or before[key] is None:
+                continue
+            state = before[key].state_dict()
+            try:
+                sampler.check_state(state, key)
+            except ConfigurationError:
+                continue
+            sampler.load_state_dict(state)
 
     # ------------------------------------------------------------------ reading
     def full_train_batch(self) -> Any:

@@ -259,7 +259,6 @@ class WeightDecayProblem:
         self.placement: list[tuple[torch.optim.Optimizer, int]] = []
         self._inner: list[Tensor] = []
         self._scales: list[Tensor | float] | None = None
-        self._warned_new_tensors = False
         self._warned_at_limit = False
         self._checked_gradients = False
         self._checked_optimizers: set[int] = set()
@@ -344,40 +343,13 @@ class WeightDecayProblem:
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        """Read the preconditioners P of decoupled decay from the optimizers' state; say once
-        when the optimizers now train tensors the fit did not start with."""
+        """Read the preconditioners P of decoupled decay from the optimizers' state."""
         if self.decoupled and self.decay is not None:
             self._scales = [self._preconditioner(i) for i in range(len(self.decay.entries))]
         if self.decay is not None:
             self.lambda_min_at_step = float(self.decay.summary().min())
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
-        if not self._warned_new_tensors:
-            self._warn_if_new_tensors(trainer, module)
-
-    def _warn_if_new_tensors(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        """Tensors unfrozen or added to an optimizer during the fit (``BackboneFinetuning``
-        adds a parameter group) are neither decayed nor inner parameters of the hypergradient:
-        the decayed tensors are collected when a fit starts."""
-        known = {id(p) for p in self._inner}
-        names = {id(p): n for n, p in module.named_parameters()}
-        new = [
-            names.get(id(p), "an unnamed tensor")
-            for opt in trainer.optimizers
-            for group in opt.param_groups
-            for p in group["params"]
-            if p.requires_grad and id(p) not in known
-        ]
-        if new:
-            self._warned_new_tensors = True
-            rank_zero_warn(
-                f"LearnedWeightDecay: the optimizers now train {len(new)} tensors the fit did "
-                f"not start with ({', '.join(new[:3])}{', ...' if len(new) > 3 else ''}; e.g. "
-                "BackboneFinetuning unfroze them): they get no learned decay and are left out "
-                "of the hypergradient, because the decayed tensors are collected when a fit "
-                "starts. Unfreeze before the fit, or continue in a new fit (trainer.fit again "
-                "with this callback: λ carries over and the new tensors are collected)."
-            )
 
     # ------------------------------------------------------------------ the decayed tensors
     def _group(self, i: int) -> dict[str, Any]:
@@ -932,6 +904,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     callback is the Lightning scheduling around it); λ lives in ``problem.decay``, a core
     :class:`~hypertorch_sid.core.decay.WeightDecay`.
     """
+
+    #: what happens to tensors the optimizers train that the fit did not start with
+    _new_tensors_get = "get no learned decay and are left out of the hypergradient"
 
     def __init__(
         self,
