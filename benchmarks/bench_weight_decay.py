@@ -1423,6 +1423,16 @@ def _slowest_seed(row: dict[str, Any], recs: list[dict[str, Any]]) -> str:
     return text
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal, floats to rounding (a grid built as 10**linspace once read 1e-05, now
+    9.999999999999999e-06)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
 def seed_summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Per setting and method, over the seeds: the best validation loss of each seed and their
     mean, the mean test loss / accuracy and wall-time ratio, for learned runs on how many seeds
@@ -1801,7 +1811,9 @@ def summarise(
             base = per_seed.get(int(res["seed"]), {}).get("settings", {}).get(name)
             free = ("learned_kwargs", "granularity_kwargs")
             same = base is not None and all(
-                base["config"].get(k) == v for k, v in setting["config"].items() if k not in free
+                _same_value(base["config"].get(k), v)
+                for k, v in setting["config"].items()
+                if k not in free
             )
             if not same:
                 raise SystemExit(
