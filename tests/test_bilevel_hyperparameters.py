@@ -590,3 +590,12 @@ def test_a_range_is_kept_by_a_feasible_set():
     history = _fit_mlp(kept, train, val, steps=100, feasible_set=project).history
     assert all(0.0 <= h["hyper/h_min"] <= h["hyper/h_max"] <= 1.0 for h in history)
     assert any(h["hyper/h_min"] == 0.0 for h in history)  # the projection acted
+
+
+def test_a_warm_start_at_the_solution_is_not_called_a_stall(caplog):
+    """Before: w started at w*(λ) (Newton) and the inner solve's steps shrank while ℓ̂ stayed
+    put, which the stall check read as "stalled rather than converged"."""
+    p = problem("input_noise")
+    with caplog.at_level("WARNING", logger="hypertorch_sid"):
+        library(p, p.h0)
+    assert "stalled" not in caplog.text
