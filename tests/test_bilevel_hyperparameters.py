@@ -599,3 +599,63 @@ def test_a_warm_start_at_the_solution_is_not_called_a_stall(caplog):
     with caplog.at_level("WARNING", logger="hypertorch_sid"):
         library(p, p.h0)
     assert "stalled" not in caplog.text
+
+
+def test_class_weights_through_cross_entropys_weight_argument_name_the_fix():
+    """Before: torch's bare RuntimeError ("nll_loss_forward is not differentiable with respect
+    to argument 'weight'") at the first hyper step, with no way out named."""
+    X, y, _, _ = _noise_injection_data(n=60)
+    labels = (X[:, 0] > 0).long() + (X[:, 1] > 0).long()
+    w = torch.zeros(X.shape[1], K, dtype=D64, requires_grad=True)
+    h = torch.zeros(K, dtype=D64, requires_grad=True)
+    sid = SIDHyperOptimizer(
+        [h], [w],
+        lambda b: F.cross_entropy(b[0] @ w, b[1], weight=K * h.softmax(0)),
+        lambda b: F.cross_entropy(b[0] @ w, b[1]),
+        config=SIDConfig(inner_steps=2, adjoint_steps=2),
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"'weight'.*reduction='none'"):
+        sid.hypergradient([(X, labels)] * 10, (X, labels))
+
+
+class Careless(MLP):
+    """Label smoothing with a careless second or only hyperparameter (see the test)."""
+
+    def __init__(self, mistake: str) -> None:
+        super().__init__("smoothing", 0)
+        self.mistake = mistake
+        if mistake in ("unused", "outer_only"):
+            self.register_hyperparameter("spare", 0.5)
+
+    def inner_loss(self, batch):
+        x, y = batch
+        if self.mistake == "float":  # F.cross_entropy's label_smoothing takes a float
+            eps = float(torch.sigmoid(self.h))
+            return F.cross_entropy(self.net(x), y, label_smoothing=eps)
+        if self.mistake == "torch_normal":  # N(x, σ²) by torch.normal: ∂/∂σ = 0 in autograd
+            x = torch.normal(x, 0.1 * self.h.exp().expand_as(x))
+        return smoothed_ce(self.net(x), y, torch.sigmoid(self.h))
+
+    def outer_loss(self, batch):
+        extra = 0.01 * self.spare**2 if self.mistake == "outer_only" else 0.0
+        return super().outer_loss(batch) + extra
+
+
+@pytest.mark.parametrize(
+    "mistake, match",
+    [
+        ("unused", r"positions \[1\].*register_hyperparameter.*neither inner_loss nor"),
+        ("float", r"none of the hyperparameters.*label_smoothing"),
+        ("torch_normal", r"torch\.normal.*randn_like"),
+        ("outer_only", None),  # legitimate: its hypergradient is ∂₂E
+    ],
+)
+def test_careless_hyperparameters_in_a_bilevel_module(mistake, match):
+    model = Careless(mistake)
+    train, val = _blobs(0, 200), _blobs(100, 100)
+    if match is None:
+        cb = _fit_mlp(model, train, val, steps=5)  # one hyper step, at spare = 0.5
+        assert float(cb.last_hypergradient[1]) == pytest.approx(0.01 * 2 * 0.5, rel=1e-6)
+        return
+    with pytest.raises(ConfigurationError, match=match):
+        _fit_mlp(model, train, val, steps=20)

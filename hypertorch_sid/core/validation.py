@@ -408,8 +408,18 @@ def check_dependencies(
     them: :func:`~hypertorch_sid.core.outer.check_read_by_outer_loss`).
     """
     watch = _SamplerWatch()
-    with watch:
-        loss = inner_loss(batch)
+    try:
+        with watch:
+            loss = inner_loss(batch)
+    except RuntimeError as err:  # e.g. F.cross_entropy(weight=λ-dependent class weights)
+        if "is not differentiable with respect to argument" not in str(err):
+            raise
+        raise ConfigurationError(
+            f"inner_loss passes λ to a torch argument autograd cannot differentiate ({err}). "
+            "Write that part with tensor operations, e.g. class weights c = K * "
+            "class_logits.softmax(0) as (c[y] * F.cross_entropy(logits, y, reduction='none'))"
+            ".sum() / c[y].sum() instead of F.cross_entropy(logits, y, weight=c)."
+        ) from err
     if watch.found:
         raise ConfigurationError(
             f"inner_loss draws random numbers with {watch.found[0]} from a tensor that requires "
