@@ -322,7 +322,8 @@ def test_fresh_gaussian_noise_in_inner_loss_gives_the_expected_objectives_hyperg
     """torch.randn_like inside inner_loss, not replayed: every product sees a fresh draw. For
     least squares E_ξ ½((x + σξ)ᵀw − y)² = ½(xᵀw − y)² + ½σ²‖w‖² (ridge with λ = σ²), so the
     oracle is exact; SID's stochastic adjoint (decreasing steps) averages the fresh draws like
-    fresh minibatches: each estimate within 6 %, their mean within 3 % (measured 0.8 %)."""
+    fresh minibatches: each estimate within 6 %, their mean within 3 % (measured: 2.9 %, 2.3 %,
+    0.7 %; mean 0.04 %)."""
     X, y, Xv, yv = _noise_injection_data()
     n, d = X.shape
 
