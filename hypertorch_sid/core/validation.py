@@ -427,7 +427,9 @@ def check_dependencies(
             "parameters, so the hypergradient would silently leave that dependence out. "
             "Reparameterise the noise: mean + std * torch.randn_like(mean) for a Gaussian "
             "(and replay the same draw for a batch, e.g. noise stored with each sample); "
-            "Bernoulli, Poisson and multinomial draws have no such form, keep λ out of them."
+            "Bernoulli, Poisson and multinomial draws have no such form: keep λ out of them, "
+            "and where the draw is meant to be a constant (a score-function estimator) pass "
+            "its parameters .detach()ed."
         )
     if not isinstance(loss, Tensor) or loss.numel() != 1:
         raise ConfigurationError("inner_loss(batch) must return a scalar tensor.")
