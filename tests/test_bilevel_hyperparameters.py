@@ -377,6 +377,8 @@ def _noisy_inner(sampler: str):
             x = torch.normal(x, h.exp().expand_as(x))
         elif sampler == "bernoulli":  # dropout with a learned rate through torch.bernoulli
             x = x * torch.bernoulli(torch.sigmoid(h).expand_as(x))
+        elif sampler == "detached":  # a draw meant as a constant: its parameters detached
+            x = x * torch.bernoulli(torch.sigmoid(h).detach().expand_as(x)) + h.exp() * 0.1
         else:
             x = x + h.exp() * torch.randn_like(x)
         return 0.5 * ((x @ w - b[1]) ** 2).mean() + _ridge(w)
@@ -397,8 +399,9 @@ def test_a_sampler_autograd_cannot_differentiate_is_refused(sampler):
         sid.hypergradient(train, val)
 
 
-def test_the_reparameterised_noise_is_accepted():
-    sid, train, val = _noisy_inner("reparameterised")
+@pytest.mark.parametrize("sampler", ["reparameterised", "detached"])
+def test_the_reparameterised_noise_is_accepted(sampler):
+    sid, train, val = _noisy_inner(sampler)
     assert math.isfinite(float(sid.hypergradient(train, val)[0]))
 
 
