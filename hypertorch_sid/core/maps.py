@@ -114,6 +114,10 @@ class FixedPointMap(ABC):
             "fixed_point_map, whose contraction constant is fixed at construction."
         )
 
+    #: positions of the hyperparameters the map does not read (found by
+    #: :meth:`check_first_batch`): the outer loss must read them
+    unread_hyperparameters: list[int] = []
+
     def check_first_batch(self, batch: Any, cost: Cost) -> None:
         """Checks of the map on the first batch (none for a general map given as an object)."""
         return None
@@ -247,7 +251,9 @@ class GradientDescentMap(FixedPointMap):
 
     def check_first_batch(self, batch: Any, cost: Cost) -> None:
         """ℓ̂ reads every inner parameter and at least one hyperparameter."""
-        check_dependencies(self.loss, batch, self.inner_parameters, self.hyperparameters)
+        self.unread_hyperparameters = check_dependencies(
+            self.loss, batch, self.inner_parameters, self.hyperparameters
+        )
 
     def training_loss(self, batch: Any) -> float | None:
         with torch.no_grad():

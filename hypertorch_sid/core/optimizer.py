@@ -41,7 +41,7 @@ from .estimation import CurvatureProbe
 from .horizon import StepReads
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
-from .outer import outer_gradients, outer_hessian_vector_product
+from .outer import check_read_by_outer_loss, outer_gradients, outer_hessian_vector_product
 from .rows import RowSnapshot, all_finite, stored
 from .schedules import StepSchedule
 from .second_order import (
@@ -476,6 +476,11 @@ class SIDHyperOptimizer:
             g_w, g_lam, value = outer_gradients(
                 self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters
             )
+            if self.cost.hypergradients == 0 and self.phi.unread_hyperparameters:
+                check_read_by_outer_loss(
+                    self.outer_loss, val_batch, self.hyperparameters,
+                    self.phi.unread_hyperparameters,
+                )  # fmt: skip
         if mean is not None:
             g_w, g_lam = [mean(g) for g in g_w], [mean(g) for g in g_lam]
             value = float(mean(torch.tensor(value, dtype=g_w[0].dtype)))

@@ -235,6 +235,30 @@ def outer_gradients(
     return g1, g2, value
 
 
+def check_read_by_outer_loss(
+    outer_loss: Callable[[Any], Tensor],
+    val_batch: Any,
+    hyperparameters: Sequence[Tensor],
+    unread: Sequence[int],
+) -> None:
+    """The hyperparameters at positions ``unread`` (which ℓ̂ does not read) must be read by E:
+    else their hypergradient is zero at every step and they never move, silently."""
+    loss = outer_loss(_validation_batches(val_batch)[0][0])
+    grads = torch.autograd.grad(
+        loss.reshape(()), [hyperparameters[i] for i in unread], allow_unused=True
+    )
+    never = [i for i, g in zip(unread, grads) if g is None]
+    if never:
+        raise ConfigurationError(
+            f"the hyperparameters at positions {never} (in the order given; a BilevelModule's "
+            "order of register_hyperparameter) are read by neither inner_loss nor outer_loss: "
+            "their hypergradient is zero and they never move. Use them in inner_loss as "
+            "tensors (float(lam), lam.item(), .detach() or an argument that takes a float, "
+            "such as F.cross_entropy's label_smoothing, cut them from autograd), or do not "
+            "register them."
+        )
+
+
 def outer_hessian_vector_product(
     outer_loss: Callable[[Any], Tensor],
     val_batch: Any,

@@ -918,11 +918,20 @@ def warn_if_stalled(
     first steps switched off the ReLUs; the residual fell from 2.2 to 0.062 while ℓ̂ went
     from 2.39 to 2.30 = ln 10 (uniform predictions), and the run ended at that validation
     loss with no error. Healthy runs fall by 85-97 % there.
+
+    Not said where the start was already (nearly) solved: a first step r = α‖∇ℓ̂‖ can lower ℓ̂
+    by only about r²/α, and where that is < 10 % of ℓ̂ a small fall is what convergence looks
+    like (before: w warm-started at w(λ) got this warning).
     """
     if after is None or not (math.isfinite(before) and math.isfinite(after)):
         return
     shrank = inner.first_residual / max(inner.residual, 1e-30)
-    if shrank >= _STALL_SHRINK and before - after < _STALL_DROP * abs(before):
+    room = inner.first_residual**2 / alpha if alpha else math.inf  # ℓ̂ the steps could shed
+    if (
+        shrank >= _STALL_SHRINK
+        and before - after < _STALL_DROP * abs(before)
+        and room >= _STALL_DROP * abs(before)
+    ):
         log.warning(
             "hypertorch_sid: the inner solve's steps shrank %.0fx but the training loss on a "
             "probe batch only went from %.4g to %.4g: the inner iteration stalled rather than "

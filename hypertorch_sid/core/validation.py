@@ -362,14 +362,75 @@ def check_bool(name: str, value: Any) -> bool:
     raise ConfigurationError(f"{name} must be True or False, got {value!r}.")
 
 
+#: torch samplers whose result autograd treats as constant in their tensor arguments (their
+#: derivative formulas are zeros): a draw from a λ- or w-dependent distribution made with them
+#: silently loses that dependence
+_NON_DIFFERENTIABLE_SAMPLERS = {
+    torch.normal: "torch.normal",
+    torch.bernoulli: "torch.bernoulli",
+    torch.poisson: "torch.poisson",
+    torch.binomial: "torch.binomial",
+    torch.multinomial: "torch.multinomial",
+    Tensor.bernoulli: "Tensor.bernoulli",
+    Tensor.bernoulli_: "Tensor.bernoulli_",
+    Tensor.multinomial: "Tensor.multinomial",
+}
+
+
+class _SamplerWatch(torch.overrides.TorchFunctionMode):
+    """Records the samplers of :data:`_NON_DIFFERENTIABLE_SAMPLERS` called on a tensor that
+    requires grad (one that depends on w or λ)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = _NON_DIFFERENTIABLE_SAMPLERS.get(func)
+        if name is not None and any(
+            isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values())
+        ):
+            self.found.append(name)
+        return func(*args, **kwargs)
+
+
 def check_dependencies(
     inner_loss: Callable[[Any], Tensor],
     batch: Any,
     inner: Sequence[Tensor],
     hyper: Sequence[Tensor],
-) -> None:
-    """ℓ̂ must depend on every inner parameter and on at least one hyperparameter."""
-    loss = inner_loss(batch)
+) -> list[int]:
+    """ℓ̂ must depend on every inner parameter and on at least one hyperparameter, and draw no
+    random numbers through a sampler autograd cannot differentiate (``torch.normal(0, σ)``).
+
+    Returns the positions of the hyperparameters ℓ̂ does not read (the outer loss must read
+    them: :func:`~hypertorch_sid.core.outer.check_read_by_outer_loss`).
+    """
+    watch = _SamplerWatch()
+    try:
+        with watch:
+            loss = inner_loss(batch)
+    except RuntimeError as err:  # e.g. F.cross_entropy(weight=λ-dependent class weights)
+        if "is not differentiable with respect to argument" not in str(err):
+            raise
+        raise ConfigurationError(
+            f"inner_loss passes λ to a torch argument autograd cannot differentiate ({err}). "
+            "Write that part with tensor operations, e.g. class weights c = K * "
+            "class_logits.softmax(0) as (c[y] * F.cross_entropy(logits, y, reduction='none'))"
+            ".sum() / c[y].sum() instead of F.cross_entropy(logits, y, weight=c)."
+        ) from err
+    if watch.found:
+        raise ConfigurationError(
+            f"inner_loss draws random numbers with {watch.found[0]} from a tensor that requires "
+            "grad (it depends on w or λ): autograd gives such a draw a zero derivative in its "
+            "parameters, so the hypergradient would silently leave that dependence out. "
+            "Reparameterise the noise: mean + std * torch.randn_like(mean) for a Gaussian "
+            "(and replay the same draw for a batch, e.g. noise stored with each sample); "
+            "Bernoulli, Poisson and multinomial draws have no such form: keep λ out of them, "
+            "and where the draw is meant to be a constant (a score-function estimator) pass "
+            "its parameters .detach()ed."
+        )
     if not isinstance(loss, Tensor) or loss.numel() != 1:
         raise ConfigurationError("inner_loss(batch) must return a scalar tensor.")
     if not loss.requires_grad:
@@ -383,12 +444,17 @@ def check_dependencies(
             f"inner_loss does not depend on inner parameters at positions {unused_w}: leave them "
             "out of inner_parameters (they have no fixed point to solve for)."
         )
-    if all(g is None for g in grads[len(inner) :]):
+    unread = [i for i, g in enumerate(grads[len(inner) :]) if g is None]
+    if len(unread) == len(hyper):
         raise ConfigurationError(
             "inner_loss depends on none of the hyperparameters: the implicit part of the "
             "hypergradient would be zero. Use λ inside the training objective (e.g. a penalty "
-            "0.5 * (log_lam.exp() * w**2).sum())."
+            "0.5 * (log_lam.exp() * w**2).sum()) as a tensor: a λ turned into a Python number "
+            "(float(lam), lam.item(), or passed to an argument that takes a float, such as "
+            "F.cross_entropy's label_smoothing or F.huber_loss's delta) is cut from autograd; "
+            "write that loss with tensor operations instead."
         )
+    return unread
 
 
 def estimate_contraction(
