@@ -782,14 +782,12 @@ class MarginError(ValidationObjective):
                 f"with ≥ 2 classes, got {shape}: give logits=lambda module, batch: (logits, "
                 "labels)."
             )
-        if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.shape != z.shape[:1]:
-            shape = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
-            raise ConfigurationError(
-                f"{type(self).__name__}: the validation labels must be integer class indices of "
-                f"shape ({z.shape[0]},), got {shape}"
-                + (f" of {y.dtype}" if isinstance(y, Tensor) else "")
-                + " (one-hot labels: give logits=lambda m, b: (m(b[0]), b[1].argmax(1)))."
-            )
+        _check_class_labels(
+            type(self).__name__,
+            y,
+            z.shape[:1],
+            "give logits=lambda m, b: (m(b[0]), b[1].argmax(1))",
+        )
         z_y = z.gather(1, y[:, None]).squeeze(1)
         rival = z.scatter(1, y[:, None], float("-inf")).amax(1)
         return z_y - rival
@@ -842,6 +840,18 @@ class AdaptiveMarginError(MarginError):
 
     def __repr__(self) -> str:
         return f"AdaptiveMarginError(min_tau={self.min_tau})"
+
+
+def _check_class_labels(who: str, y: Any, shape: torch.Size, one_hot_fix: str) -> None:
+    """Validation labels as integer class indices of ``shape`` (one per validation example)."""
+    if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.shape != shape:
+        got = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
+        raise ConfigurationError(
+            f"{who}: the validation labels must be integer class indices of shape "
+            f"{tuple(shape)}, one per validation example, got {got}"
+            + (f" of {y.dtype}" if isinstance(y, Tensor) else "")
+            + f" (one-hot labels: {one_hot_fix})."
+        )
 
 
 class LabelledLosses(NamedTuple):
@@ -906,14 +916,9 @@ class ClassRelativeError(ValidationObjective):
             )
         losses, y = read
         losses = losses.reshape(losses.shape[0], -1).mean(1) if losses.dim() > 1 else losses
-        if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.shape != losses.shape:
-            shape = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
-            raise ConfigurationError(
-                f"ClassRelativeError: the validation labels must be integer class indices, one per "
-                f"validation loss ({tuple(losses.shape)}), got {shape}"
-                + (f" of {y.dtype}" if isinstance(y, Tensor) else "")
-                + " (one-hot labels: labels=lambda batch: batch[1].argmax(1))."
-            )
+        _check_class_labels(
+            "ClassRelativeError", y, losses.shape, "labels=lambda batch: batch[1].argmax(1)"
+        )
         ExpectedError.refuse_negative(losses)
         e = -torch.expm1(-self.q * losses) / self.q
         classes, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
