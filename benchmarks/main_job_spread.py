@@ -12,7 +12,11 @@ budget's measured share. The arms of the session-43 measurement::
         --out R/none_seeds.json
 
 (``R=benchmarks/results/main_job_spread``; ``--seeds``: the callback's own sampling seed, one run
-each; the split, initial weights and batch order stay the example's seed 0.)
+each; the split, initial weights and batch order stay the example's seed 0.) ``--cost N`` instead
+times N rounds of a plain fit, the default and ``max_overhead=None`` back to back (CPU time of
+each whole training, as the main job runs it) and writes their ratios::
+
+    python benchmarks/main_job_spread.py --cost 6 --out R/cost.json
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 import os
 import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -82,6 +87,27 @@ def one_run(
     )
 
 
+def cost(data: dict, args: argparse.Namespace, rounds: int) -> dict[str, Any]:
+    """CPU time of the default and of ``max_overhead=None`` over a plain fit, per round."""
+    arms = {"plain": {}, "default": budget("default"), "none": budget("none")}
+    job.train(data, args, "warm-up")
+    cpu: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(rounds):
+        for name, kw in arms.items():
+            callbacks = [] if name == "plain" else [LearnedWeightDecay(**kw)]
+            start = time.process_time()
+            job.train(data, args, name, callbacks=callbacks)
+            cpu[name].append(time.process_time() - start)
+    ratios = {
+        name: [a / b for a, b in zip(cpu[name], cpu["plain"])] for name in ("default", "none")
+    }
+    for name, r in ratios.items():
+        print(
+            f"{name}: CPU × plain, median {statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]"
+        )
+    return dict(cpu_s=cpu, ratios=ratios, load_average=os.getloadavg()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8)
@@ -89,6 +115,7 @@ def main() -> None:
         "--max-overhead", default="default", help="default | none | planned | a number"
     )
     parser.add_argument("--seeds", type=int, nargs="*", default=None, help="the callback's seeds")
+    parser.add_argument("--cost", type=int, default=0, help="time this many rounds instead")
     parser.add_argument("--out", type=Path, required=True)
     a = parser.parse_args()
     torch.set_num_threads(1)
@@ -106,6 +133,10 @@ def main() -> None:
         logs=Path("/tmp/main_job_spread_logs"),
     )  # fmt: skip  (the example's defaults)
     data = job.splits(args.n_train, args.n_val, args.seed)
+    if a.cost:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps({"command": " ".join(sys.argv), **cost(data, args, a.cost)}))
+        return
     seeds = a.seeds if a.seeds else [None]
     runs = []
     for seed in seeds:

@@ -31,3 +31,18 @@ def test_main_job_short_run(tmp_path, capsys):
     assert fig.stat().st_size > 10_000
     assert (tmp_path / "main_hyper_steps.png").stat().st_size > 10_000
     assert "```text" in out.with_suffix(".txt").read_text()
+
+
+def test_main_job_with_the_default_budget_also_prints_the_unbudgeted_run(tmp_path, capsys):
+    """The default's row and, beside it, the same without a budget (every due hyper step)."""
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    import lightning_digits
+
+    out, fig = tmp_path / "main.json", tmp_path / "main.png"
+    argv = ["--epochs", "3", "--n-train", "200", "--grid", "1e-3", "--logs", str(tmp_path)]
+    result = lightning_digits.main([*argv, "--out", str(out), "--figure", str(fig)])
+    printed = capsys.readouterr().out
+    assert "LearnedWeightDecay() (1 training)" in printed
+    assert "the same, max_overhead=None" in printed
+    assert set(result["runs"]) == {"no_wd", "grid_pick", "learned", "learned_every_step"}
