@@ -18,9 +18,11 @@ import pytest
 import torch
 from lightning_problems import Ridge, RidgeData
 from test_data_weights_lightning import NOISY, Classifier, Data, callback, precision_recall
+from test_weight_decay import MLP
+from test_weight_decay import RidgeData as WDData
 from torch import Tensor
 
-from hypertorch_sid import Batches, HyperOptimizationCallback
+from hypertorch_sid import Batches, GaussNewton, HyperOptimizationCallback, LearnedWeightDecay
 from hypertorch_sid.lightning.optimizer_decay import OptimizerDecay
 
 WD = 0.5  # the optimizer's own weight decay (the failure row's setting)
@@ -186,3 +188,53 @@ def test_data_weights_with_sgd_weight_decay_still_flag_the_corrupted_examples():
     precision, recall = precision_recall(cb.flagged())
     assert precision > 0.8 and recall > 0.85, (precision, recall)
     assert math.isfinite(float(w.sum()))
+
+
+def test_learned_weight_decay_models_only_the_optimizer_decay_it_leaves_alone():
+    """LearnedWeightDecay refuses an optimizer decay on the tensors it decays (unchanged); with
+    ``apply_to="weights"`` a bias group keeping its own decay is trained with it, and that decay
+    is now in ℓ̂ beside the learned one: ℓ̂ = ℓ + ½ Σ λ w² + ½·0.1‖b‖². Without such a group
+    nothing is added."""
+
+    class BiasDecayed(MLP):
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            w = [p for p in self.parameters() if p.dim() > 1]
+            b = [p for p in self.parameters() if p.dim() == 1]
+            return torch.optim.SGD([{"params": w}, {"params": b, "weight_decay": 0.1}], lr=0.05)
+
+    for model, added in ((MLP(), False), (BiasDecayed(), True)):
+        cb = LearnedWeightDecay(1e-3, apply_to="weights", every_n_steps=4, max_overhead=None)
+        lp.trainer([cb], max_epochs=2, limit_val_batches=0).fit(model, datamodule=WDData())
+        assert cb.history and all(
+            math.isfinite(v) for v in cb.decay_values()["net.0.weight"].flatten().tolist()
+        )
+        assert (cb._optimizer_decay is not None) == added
+        if not added:
+            continue
+        assert cb._optimizer_decay.modelled == ["SGD (group 1): weight_decay=0.1, coupled"]
+        batch = next(iter(WDData().train_dataloader()))
+        with torch.no_grad():
+            learned = cb.problem._data_loss(model, batch, "training") + cb.problem.decay.penalty()
+            biases = 0.5 * 0.1 * sum((p**2).sum() for p in model.parameters() if p.dim() == 1)
+            torch.testing.assert_close(cb._active.inner_loss(batch) - learned, biases)
+
+
+def test_gauss_newton_with_its_own_regularizer_gets_the_optimizer_decay_too():
+    """``hvp=GaussNewton(..., regularizer=R)``: R is the user's λ-penalty; the optimizer's decay,
+    now inside ℓ̂, is added to it (else Gauss–Newton's check of its loss against ℓ̂ refuses), and
+    the hypergradient is still the closed form of the problem with the decay (linear model:
+    Gauss–Newton is the Hessian)."""
+    dm = RidgeData(batch_size=120)
+    model = OwnOptimizer(lambda p: torch.optim.SGD(p, lr=0.5, weight_decay=WD), lr=0.5)
+    gn = GaussNewton(
+        lambda b: model.lin(b[0]).squeeze(-1),
+        lambda z, b: 0.5 * ((z - b[1]) ** 2).mean(),
+        regularizer=lambda: 0.5 * (model.log_lam.exp() * model.lin.weight[0] ** 2).sum(),
+    )
+    cb = HyperOptimizationCallback(every_n_steps=300, outer_lr=1e-12, seed=3, hvp=gn, **EXACT)
+    lam = model.log_lam.detach().clone()
+    lp.trainer([cb], max_steps=300, limit_val_batches=0).fit(model, datamodule=dm)
+    with torch.no_grad():
+        model.log_lam.copy_(lam)
+    expected = implicit_hypergradient(model, dm, WD, None)
+    torch.testing.assert_close(cb.last_hypergradient[0], expected, rtol=1e-7, atol=1e-10)
