@@ -35,7 +35,7 @@ decay (one value, one per parameter group / layer / tensor, or one per element).
   fixed λ the training is exactly ``AdamW(weight_decay=λ)`` (tested). Its fixed points solve
   P⁻¹∇ℓ(w) + λ ⊙ w = 0 for the optimizer's preconditioner P: for Adam/AdamW P = diag(√v̂ + ε)
   (v̂ the bias-corrected second moment, ``max_exp_avg_sq`` with amsgrad); for SGD with momentum
-  μ and dampening d, P = (1 − d)/(1 − μ); otherwise P = 1. With P frozen at its current value these
+  μ and dampening d, P = (1 − μ)/(1 − d); otherwise P = 1. With P frozen at its current value these
   are the minimisers of ℓ(w) + ½ Σ (P λ) ⊙ w², so the hypergradient is computed for the inner loss
 
       ℓ̂(w, λ; ζ) = ℓ(w; ζ) + ½ Σ_p Σ_i P_{p,i} λ_{p,i} w_{p,i}²   (P read at each hyper step),
