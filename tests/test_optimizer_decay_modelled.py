@@ -243,3 +243,15 @@ def test_gauss_newton_with_its_own_regularizer_gets_the_optimizer_decay_too():
         model.log_lam.copy_(lam)
     expected = implicit_hypergradient(model, dm, WD, None)
     torch.testing.assert_close(cb.last_hypergradient[0], expected, rtol=1e-7, atol=1e-10)
+
+
+def test_tensors_of_several_dtypes_are_decayed_together():
+    """A float32 and a float64 tensor in decayed groups: D sums both (promoted)."""
+    a = torch.nn.Parameter(torch.ones(2, dtype=torch.float32))
+    b = torch.nn.Parameter(torch.full((3,), 2.0, dtype=torch.float64))
+    module = torch.nn.ParameterList([a, b])
+    opt = torch.optim.AdamW([a, b], lr=0.1, weight_decay=0.2)  # no step yet: P = 1
+    decay = OptimizerDecay([opt], [a, b], module)
+    torch.testing.assert_close(
+        decay.penalty(), torch.tensor(0.5 * 0.2 * (2 + 12), dtype=torch.float64)
+    )

@@ -130,7 +130,7 @@ class OptimizerDecay:
             0.5 * (c * current.get(name, p).pow(2)).sum() if name else 0.5 * (c * p.pow(2)).sum()
             for (_, _, p, name), c in zip(self.entries, self._coefficients)
         ]
-        return torch.stack(terms).sum()
+        return sum(terms[1:], terms[0])  # tensors of several dtypes may be decayed
 
 
 def _plus(first: Any, second: Any) -> Any:
