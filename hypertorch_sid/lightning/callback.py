@@ -53,6 +53,7 @@ from .isolation import (
 )
 from .metrics import FEW_HYPER_STEPS, describe, few_hyper_steps, hyper_metrics, lambda_mean
 from .module import BilevelModule
+from .optimizer_decay import OptimizerDecay, with_optimizer_decay
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .sources import HyperData
 
@@ -250,6 +251,9 @@ class HyperOptimizationCallback(Callback):
         #: the ``hyper/*`` metrics of every hyper step (also in checkpoints)
         self.history: list[dict[str, float]] = []
         self._active: BilevelProblem | None = None
+        #: the training optimizers' own weight decay, inside the hyper steps' ℓ̂ (built at
+        #: train start; see :mod:`~hypertorch_sid.lightning.optimizer_decay`)
+        self._optimizer_decay: OptimizerDecay | None = None
         #: the training stream and validation source of the hyper steps (built at train start)
         self.data: HyperData | None = None
         self._world_size = 1
@@ -503,7 +507,9 @@ class HyperOptimizationCallback(Callback):
     def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._before_build = False
         self._world_size, self._rank = trainer.world_size, trainer.global_rank
-        problem = self.problem.build(trainer, pl_module)
+        problem = self._with_optimizer_decay(
+            trainer, pl_module, self.problem.build(trainer, pl_module)
+        )
         self._active = problem
         self.data = self._hyper_data(trainer)
         with hyperparameters_require_grad([h for h, _ in self._frozen]):
@@ -524,6 +530,34 @@ class HyperOptimizationCallback(Callback):
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
         self._warn_if_few_hyper_steps(trainer)
+
+    def _with_optimizer_decay(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
+    ) -> BilevelProblem:
+        """The problem with the training optimizers' own ``weight_decay`` added to ℓ̂
+        (:func:`~hypertorch_sid.lightning.optimizer_decay.with_optimizer_decay`): the training
+        reaches the fixed point of ℓ̂ + D(w), so the hypergradient differentiates that. Said
+        once here; an optimizer whose decay is of unknown form (not a torch optimizer known to
+        couple or decouple it) is named, its decay left out."""
+        decay = OptimizerDecay(trainer.optimizers, problem.inner_parameters, pl_module)
+        self._optimizer_decay = decay if decay else None
+        who = type(self).__name__
+        if decay.modelled:
+            rank_zero_info(
+                f"{who}: the training optimizers' own weight decay ({'; '.join(decay.modelled)}) "
+                "is modelled: the hyper steps' inner loss is ℓ̂ + ½·wd·‖w‖² (decoupled: "
+                "½·wd·Σ P⊙w², P the optimizer's preconditioner at each hyper step), the "
+                "objective whose fixed point the training reaches."
+            )
+        if decay.unknown:
+            rank_zero_warn(
+                f"{who}: {'; '.join(decay.unknown)} keeps its own weight decay, whose fixed "
+                "point this callback does not know (not an SGD/Adam-family torch optimizer): the "
+                "hypergradient takes ℓ̂ without it, so it differentiates another problem than "
+                "the one trained. Put the decay into the loss (training_step / inner_loss) and "
+                "pass weight_decay=0, or use SGD, Adam or AdamW."
+            )
+        return with_optimizer_decay(problem, decay)
 
     def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
         return HyperData(
@@ -625,6 +659,11 @@ class HyperOptimizationCallback(Callback):
             # the drop-in's weight decay is inside ℓ̂: its Hessian stays exact
             hvp = dataclasses.replace(gauss_newton, regularizer=reg)
             config = config.replace(hvp=hvp)
+        elif gauss_newton is not None and self._optimizer_decay is not None:
+            # the user's R, and the optimizers' decay now inside ℓ̂ too
+            own, decay = gauss_newton.regularizer, self._optimizer_decay.penalty
+            hvp = dataclasses.replace(gauss_newton, regularizer=lambda: own() + decay())
+            config = config.replace(hvp=hvp)
         return SIDHyperOptimizer(
             problem.hyperparameters,
             problem.inner_parameters,
@@ -700,6 +739,8 @@ class HyperOptimizationCallback(Callback):
         assert self.sid is not None and self.data is not None
         check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
         self.problem.before_hyper_step(trainer, pl_module)
+        if self._optimizer_decay is not None:
+            self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step
         self._warn_if_new_tensors(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)

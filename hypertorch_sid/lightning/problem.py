@@ -13,6 +13,10 @@ points of a fit:
 :class:`ModuleProblem` (the default) reads the problem from a :class:`BilevelModule`;
 :class:`~hypertorch_sid.lightning.weight_decay.WeightDecayProblem` builds it for weight decay on any
 ``LightningModule`` (what :class:`~hypertorch_sid.LearnedWeightDecay` passes).
+
+A source's ``inner_loss`` leaves out the training optimizers' own ``weight_decay``: the callback
+adds it (:mod:`~hypertorch_sid.lightning.optimizer_decay`), since the training reaches the fixed
+point of ℓ̂ plus that decay.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ decay (one value, one per parameter group / layer / tensor, or one per element).
   fixed λ the training is exactly ``AdamW(weight_decay=λ)`` (tested). Its fixed points solve
   P⁻¹∇ℓ(w) + λ ⊙ w = 0 for the optimizer's preconditioner P: for Adam/AdamW P = diag(√v̂ + ε)
   (v̂ the bias-corrected second moment, ``max_exp_avg_sq`` with amsgrad); for SGD with momentum
-  μ and dampening d, P = (1 − d)/(1 − μ); otherwise P = 1. With P frozen at its current value these
+  μ and dampening d, P = (1 − μ)/(1 − d); otherwise P = 1. With P frozen at its current value these
   are the minimisers of ℓ(w) + ½ Σ (P λ) ⊙ w², so the hypergradient is computed for the inner loss
 
       ℓ̂(w, λ; ζ) = ℓ(w; ζ) + ½ Σ_p Σ_i P_{p,i} λ_{p,i} w_{p,i}²   (P read at each hyper step),
@@ -87,6 +87,7 @@ from ..core.outer_step import TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule, scale_invariant
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import private_rng
+from .optimizer_decay import decouples, preconditioner
 from .problem import BilevelProblem
 
 __all__ = ["LearnedWeightDecay", "WeightDecayProblem", "scale_invariant_slots"]
@@ -150,12 +151,6 @@ def loss_scale(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor 
     if not getattr(optimizer, "_step_supports_amp_scaling", False):
         return None  # Lightning has unscaled the gradients
     return scaler._get_scale_async()  # get_scale() would synchronise the device every step
-
-
-def decouples(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> bool:
-    """Whether the optimizer applies its ``weight_decay`` decoupled, as ``w ← w(1 − lr·λ)``:
-    AdamW, and Adam / NAdam / RAdam with ``decoupled_weight_decay=True``."""
-    return isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
 
 
 def scaler_skips(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor | None:
@@ -549,24 +544,10 @@ class WeightDecayProblem:
             torch._foreach_add_(g, w if scale is None else torch._foreach_mul(w, scale), alpha=lam)
 
     def _preconditioner(self, i: int) -> Tensor | float:
-        """P of the decoupled fixed point P⁻¹∇ℓ + λw = 0, from the optimizer's state."""
+        """P of the decoupled fixed point P⁻¹∇ℓ + λw = 0 for decayed tensor ``i``
+        (:func:`~hypertorch_sid.lightning.optimizer_decay.preconditioner`)."""
         assert self.decay is not None
-        optimizer, _ = self.placement[i]
-        param = self.decay.entries[i].param
-        state = optimizer.state.get(param, {})
-        group = self._group(i)
-        if "exp_avg_sq" in state:
-            v = state["exp_avg_sq"]
-            if group.get("amsgrad") and "max_exp_avg_sq" in state:
-                v = state["max_exp_avg_sq"]
-            step = float(state["step"])
-            beta2 = float(group["betas"][1])
-            return ((v / (1 - beta2**step)).sqrt() + group["eps"]).detach()
-        momentum = float(group.get("momentum", 0.0) or 0.0)
-        dampening = float(group.get("dampening", 0.0) or 0.0)
-        if momentum > 0 and dampening < 1:
-            return (1 - momentum) / (1 - dampening)
-        return 1.0
+        return preconditioner(self.placement[i][0], self._group(i), self.decay.entries[i].param)
 
     def stable_bound(self, i: int) -> float:
         """The largest λ the training optimizer can train decayed tensor ``i`` with, halved.
