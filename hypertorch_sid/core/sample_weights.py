@@ -644,7 +644,28 @@ class ExpectedError(ValidationObjective):
 
     def __call__(self, losses: Tensor) -> Tensor:
         self.refuse_negative(losses)
+        self.refuse_saturated(losses, self.q)
         return (-torch.expm1(-self.q * losses)).mean() / self.q
+
+    #: the largest e^{−qℓⱼ} below which E's gradient is refused as vanished (10⁻⁶ of the mean
+    #: loss's); with a cross entropy: every validation example at p_y < (10⁻⁶)^{1/q}
+    SATURATED = 1e-6
+
+    @classmethod
+    def refuse_saturated(cls, losses: Tensor, q: float) -> None:
+        """A clear error where every validation example's e^{−qℓⱼ} is below
+        :attr:`SATURATED`: E is then flat at 1/q and its gradient Σⱼ e^{−qℓⱼ}∇ℓⱼ vanishes (or
+        underflows to exactly 0), so no weight would learn; a loss in other units than −log p
+        (a squared error of targets in the tens) does this at the start of the fit."""
+        low = float(losses.detach().min()) if losses.numel() else 0.0
+        if q * low > -math.log(cls.SATURATED):
+            raise ConfigurationError(
+                f"ExpectedError(q={q:g}) reads each validation loss as −log p of the right "
+                f"answer, but the smallest in this batch is {low:.3g}: every e^(−qℓ) is below "
+                f"{cls.SATURATED:g}, so E is flat and its gradient vanishes (no weight would "
+                "learn). A loss that is not a log-likelihood of labels, e.g. a squared or "
+                "absolute error of a regression, needs objective='mean_loss'."
+            )
 
     @staticmethod
     def refuse_negative(losses: Tensor) -> None:

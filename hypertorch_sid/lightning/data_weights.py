@@ -35,9 +35,13 @@ They are checkpointed and resumed like λ, identical on every DDP rank, and read
 ``per="class"`` learns one weight per class (imbalance) from the same machinery, indexed by the
 label (``target(batch)``, by default ``batch[1]``); the training set need not be indexed then.
 
-Refused, each with what to do: a ``training_step`` that returns an already reduced loss; a
-training batch without indices (the dataset is not an ``IndexedDataset``); a training loader
-over a stream (``IterableDataset``) or without automatic batching; manual optimisation.
+Refused, each with what to do: a ``training_step`` that returns an already reduced loss, or
+a loss of more than one dimension with entries exactly 0 at the fit's first step (padding
+dropped by ``ignore_index``: reduce each sequence over its real tokens yourself); a regression
+(real-valued validation targets, one per loss) under the default objective (give
+``objective="mean_loss"``); a training batch without indices (the dataset is not an
+``IndexedDataset``); a training loader over a stream (``IterableDataset``) or without
+automatic batching; manual optimisation.
 """
 
 from __future__ import annotations
@@ -239,6 +243,10 @@ class DataWeightsProblem:
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
         self._last_loss: Tensor | None = None
+        #: whether the fit's first training step's losses were checked for masked entries
+        self._checked_entries = False
+        #: whether the default objective checked a validation batch's targets (a regression?)
+        self._checked_targets = False
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -456,12 +464,22 @@ class DataWeightsProblem:
         data = batch.data if isinstance(batch, Indexed) else batch
         if self.validation_loss is not None:
             out = _validation_tensor(self.validation_loss(module, data))
-            return out if out.dim() == 0 else self.objective(out)
+            if out.dim() == 0:
+                return out
+            self._check_targets(data, out)
+            return self.objective(out)
         with _muted_logging(module):
             read = self.objective.read(
                 module, data, lambda: _validation_tensor(self._losses(module, data))
             )
+        self._check_targets(data, read)
         return self.objective(read)
+
+    def _check_targets(self, data: Any, losses: Any) -> None:
+        """At the first validation batch under the default objective: refuse a regression."""
+        if self.objective is DEFAULT_OBJECTIVE and not self._checked_targets:
+            self._checked_targets = True
+            _refuse_real_targets(data, losses)
 
     # ------------------------------------------------------------------ the training's loss
     def _wrap(self, module: pl.LightningModule) -> None:
@@ -469,6 +487,7 @@ class DataWeightsProblem:
         if self._module is module:
             return
         self.unwrap()
+        self._checked_entries = False
         original = module.training_step
         self._module, self._original = module, original
 
@@ -477,7 +496,11 @@ class DataWeightsProblem:
             index, data = self._index_and_data(batch)
             rng = RandomState.capture(module.device) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
-            losses = check_per_sample(out.get("loss") if isinstance(out, Mapping) else out, index)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            if not self._checked_entries:  # once, at the fit's first step
+                self._checked_entries = True
+                _refuse_masked_entries(raw)
+            losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
             self._seen(index, data, losses)  # after the weights checked the index's range
@@ -540,6 +563,53 @@ def _lazy_adam(
     return LazyAdam(parameterization.param_groups(hyperparameters), **settings)
 
 
+def _refuse_masked_entries(losses: Any) -> None:
+    """A clear error for a per-sample loss of more than one dimension with entries exactly 0
+    at the fit's first step: a network (untrained, at a fresh fit's start) fits no entry
+    exactly, so these are masked ones (padding dropped by ``ignore_index``, a loss multiplied
+    by a mask), which averaging each row over all its entries would count as fitted."""
+    if not isinstance(losses, Tensor) or losses.dim() < 2 or losses.numel() == 0:
+        return
+    zeros = int((losses.detach() == 0).sum())
+    if zeros == 0:
+        return
+    raise ConfigurationError(
+        f"LearnedDataWeights: training_step returned per-sample losses of shape "
+        f"{tuple(losses.shape)} with {zeros} entries exactly 0 at the fit's first step: "
+        "masked entries (padding dropped by ignore_index, or a mask)? Each row would be "
+        "averaged over all its entries, padding included, so a padded sequence's loss would "
+        "shrink with its padding, and its weight, the outer objective and flagged() would read "
+        "it as better fitted. Reduce each row yourself to one loss per sample over its real "
+        "entries: tok = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=pad, "
+        "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
+        "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
+    )
+
+
+def _refuse_real_targets(data: Any, losses: Any) -> None:
+    """A clear error where the default objective (:class:`ExpectedError`, which reads a loss
+    as −log p of the right answer) meets a regression: a validation batch whose targets
+    ``batch[1]`` are real numbers, one per loss (same number of entries), some fractional and
+    outside [0, 1] (not class ids, not probabilities). e^(−qℓ) of a squared error depends on the
+    targets' units, and at large ones the few best-fit examples alone decide E."""
+    if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(losses, Tensor):
+        return
+    y = data[1]
+    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
+        return
+    y = y.detach()
+    real = ((y < 0) | (y > 1)) & (y != y.round())
+    if bool(real.any()):
+        raise ConfigurationError(
+            f"LearnedDataWeights: the validation targets (batch[1]) are real numbers, one per "
+            f"loss (e.g. {float(y[real][0]):.3g}): a regression? The default outer objective "
+            "ExpectedError(q=0.5) reads each loss as −log p of the right answer, and e^(−ℓ/2) "
+            "of a squared or absolute error depends on the targets' units (at large ones a few "
+            "best-fit validation examples decide it). Pass objective='mean_loss' (the mean "
+            "validation loss), or objective=ExpectedError(q=...) to keep it knowingly."
+        )
+
+
 def _validation_tensor(out: Any) -> Tensor:
     """The validation losses from ``training_step``'s (or ``validation_loss``'s) output."""
     out = out.get("loss") if isinstance(out, Mapping) else out
@@ -592,9 +662,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         (eq. softerr: mean (1 − e^{−qℓ})/q, with the cross entropy 2(1 − √p_y): each validation
         example counts by √p_y, so the ones the network gets badly wrong do not decide which
         training labels look helpful; a negative loss, e.g. a Gaussian NLL, is refused naming
-        ``"mean_loss"``). ``"mean_loss"`` (:class:`MeanLoss`, their mean: the default until
-        this version), ``"expected_error"`` (q = 1), ``"kept_evidence"``
-        (:class:`KeptEvidenceError`: q chosen per validation batch, eq. keptevidence),
+        ``"mean_loss"``, and so is a regression, whose validation targets are real numbers:
+        e^{−qℓ} of a squared error depends on the targets' units). ``"mean_loss"``
+        (:class:`MeanLoss`, their mean: the default until this version), ``"expected_error"``
+        (q = 1), ``"kept_evidence"`` (:class:`KeptEvidenceError`: q chosen per validation
+        batch, eq. keptevidence),
         ``"margin_error"`` / ``"adaptive_margin_error"`` (:class:`MarginError`: the 0-1 error
         smoothed in the logit margin, read from ``module(batch[0])``; eq. marginerr),
         ``"class_relative_error"`` (:class:`ClassRelativeError`: the mean log of each class's
