@@ -154,7 +154,9 @@ def test_without_optimizer_decay_the_problem_is_the_module_s_own():
 
 
 def test_the_modelled_decay_is_said_once_and_unknown_decay_is_warned(caplog):
-    with caplog.at_level(logging.INFO):
+    # Lightning's rank-zero logger at INFO (another test in this process, e.g. the main job's,
+    # may have set it to WARNING)
+    with caplog.at_level(logging.INFO, logger="pytorch_lightning.utilities.rank_zero"):
         fit_once(lambda p: torch.optim.SGD(p, lr=0.5, weight_decay=WD), 3)
     said = [r.getMessage() for r in caplog.records if "is modelled" in r.getMessage()]
     assert len(said) == 1 and "SGD (group 0): weight_decay=0.5, coupled" in said[0]
