@@ -27,6 +27,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -130,7 +131,7 @@ def main() -> None:
         batch_size=32,
         lr=0.05,
         seed=0,
-        logs=Path("/tmp/main_job_spread_logs"),
+        logs=Path(tempfile.gettempdir()) / "main_job_spread_logs",
     )  # fmt: skip  (the example's defaults)
     data = job.splits(args.n_train, args.n_val, args.seed)
     if a.cost:

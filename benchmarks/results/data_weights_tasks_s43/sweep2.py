@@ -6,7 +6,6 @@ Run from the repository root: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmark
 
 import sys
 
-sys.path.insert(0, "/tmp/dwr")
 sys.argv = [sys.argv[0], "none"] + sys.argv[1:]
 exec(open(__file__.rsplit("/", 1)[0] + "/sweep.py").read().split("which = sys.argv[1]")[0])
 which = sys.argv[2]
