@@ -18,6 +18,7 @@ import torch
 from lightning_problems import RidgeData, TanhRegressor
 
 import hypertorch_sid.lightning.callback as callback_module
+import hypertorch_sid.lightning.weight_decay as weight_decay_module
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
 from hypertorch_sid.core.budget import (
     Deadline,
@@ -26,6 +27,7 @@ from hypertorch_sid.core.budget import (
     PlannedBudget,
     make_budget,
 )
+from hypertorch_sid.core.scale import MAX_FORWARDS
 
 
 class _Clock:
@@ -589,6 +591,107 @@ def test_a_hyper_step_that_cannot_fit_does_not_run(budget_cls):
     budget = cb.budget
     assert ran == [] and budget.hyper_steps == 0 and budget.skipped > 0
     assert budget.spent_hyper == 30.0 <= 0.5 * budget.spent_training
+
+
+def _probed_fit(per_forward: float, steps: int, monkeypatch, budget_cls=OverheadBudget):
+    """:func:`_priced_fit`'s CNN with BatchNorm and the drop-in's default rule
+    (``invariant="held"``: a scale-invariance probe before the first hyper step), a clock counting
+    a training step 1, a product 1 and a forward pass of the probe ``per_forward``: the callback,
+    the probe's forwards, the one-off costs announced to the budget and the hyper steps run
+    (``budget_cls=None``: no budget)."""
+    forwards = [0]
+    original = weight_decay_module._probe_loss
+
+    def counted(*args):
+        loss = original(*args)
+
+        def f():
+            forwards[0] += 1
+            return loss()
+
+        return f
+
+    monkeypatch.setattr(weight_decay_module, "_probe_loss", counted)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(192, 1, 8, 8, generator=g), torch.randint(0, 3, (192,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), 16)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[128:], y[128:]), 32)
+    cb = LearnedWeightDecay(1e-3, max_overhead=None if budget_cls is None else 0.5)
+    announced: list[float] = []
+
+    def units() -> float:
+        c = cb.sid.cost if cb.sid is not None else None
+        products = 0.0 if c is None else c.jacobian_vector_products + c.curvature_products
+        return products + per_forward * forwards[0]
+
+    if budget_cls is not None:
+        cb.budget = budget_cls(0.5, clock=lambda: float(trainer.global_step) + units())
+        expect = cb.budget.expect_one_off
+        cb.budget.expect_one_off = lambda cost: (announced.append(cost), expect(cost))[1]
+    ran: list[int] = []
+    original_step = cb._hyper_step
+
+    def hyper_step(trainer, module):
+        assert cb.invariant_groups is not None  # probed before, not inside, the hyper step
+        ran.append(trainer.global_step)
+        original_step(trainer, module)
+
+    cb._hyper_step = hyper_step
+    trainer = lightning_problems.trainer([cb], max_steps=steps, limit_val_batches=0)
+    trainer.fit(_SmallNet("cnn_bn"), loader, val)
+    return cb, forwards[0], announced, ran
+
+
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+def test_the_budget_plans_the_invariance_probe_before_the_first_hyper_step(budget_cls, monkeypatch):
+    """The probe (1 base forward + at most 4 per λ slot) is one-off work the first hyper step
+    needs: the budget is told its worst case (one forward timed × the forwards planned) before
+    it allows that hyper step, and the probe runs as the callback's added work, not inside the
+    hyper step. Counted in forwards and products, never timed: what the budget was told is the
+    plan exactly, the probe stays within it, and the fit's final share within max_overhead."""
+    cb, forwards, announced, ran = _probed_fit(1.0, 200, monkeypatch, budget_cls)
+    slots = len(cb.problem.decay.group_names())
+    planned = 1 + MAX_FORWARDS * slots
+    assert slots == 3 and announced == [float(planned), 0.0]  # told, then cleared once run
+    assert cb.invariant_groups == {"body.0": True, "body.1": False, "body.4": False}
+    assert 1 < forwards - 1 <= planned  # the probe's own forwards (after the timed one)
+    budget = cb.budget
+    assert ran and budget.hyper_steps == len(ran) and budget.one_off == 0.0
+    assert budget.spent_added >= forwards  # the probe and its timing: the callback's work
+    assert budget.spent_training == 200
+    assert budget.spent_hyper <= 0.5 * budget.spent_training  # the end of the fit: no slack
+
+
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+def test_a_fit_that_cannot_pay_for_the_probe_runs_no_probe_and_says_so(budget_cls, monkeypatch):
+    """A probe forward costs 8 training steps: the probe's worst case (13 forwards, 104 steps)
+    is more than a 100-step fit's whole allowance (50). Neither the probe nor a hyper step runs
+    (before, the probe ran inside the first hyper step the budget allowed, unplanned: on
+    MobileNetV3-small that hyper step spent twice the fit's allowance), what was spent — one
+    forward and one product timed to learn it — stays within the budget, and the fit says why,
+    naming the probe."""
+    with pytest.warns(UserWarning, match=r"allowed none of the 5 hyper steps.*invariance probe"):
+        cb, forwards, announced, ran = _probed_fit(8.0, 100, monkeypatch, budget_cls)
+    assert announced == [8.0 * (1 + MAX_FORWARDS * 3)] and cb.budget.one_off == announced[0]
+    assert ran == [] and cb.invariant_groups is None and forwards == 1  # the timed one only
+    assert cb.budget.spent_hyper == 8.0 + 1.0 <= 0.5 * cb.budget.spent_training
+
+
+def test_without_a_budget_the_probe_is_not_timed(monkeypatch):
+    """``max_overhead=None``: nothing is announced or timed; the probe runs once, before the
+    first hyper step, within its planned forwards."""
+    cb, forwards, announced, ran = _probed_fit(1.0, 60, monkeypatch, budget_cls=None)
+    assert isinstance(cb.budget, NoBudget) and announced == [] and len(ran) == 3
+    assert cb.invariant_groups == {"body.0": True, "body.1": False, "body.4": False}
+    assert 1 < forwards <= 1 + MAX_FORWARDS * 3
+
+
+def test_a_bad_one_off_cost_is_refused():
+    budget = OverheadBudget(0.5, clock=_Clock())
+    for bad in (-1.0, math.nan, math.inf, "1"):
+        with pytest.raises(ConfigurationError, match="expect_one_off"):
+            budget.expect_one_off(bad)
+    assert budget.one_off == 0.0 and NoBudget().expect_one_off(3.0) is None
 
 
 def test_the_allowance_shortens_the_adjoint_solve_and_skips_what_does_not_fit():

@@ -35,6 +35,13 @@ from .validation import as_strategy
 
 #: the scalings probed (exact in binary floating point: the weights come back bit for bit)
 FACTORS = (0.5, 2.0)
+#: the random moves (± half a direction of the tensors' own norm) a group that passes the
+#: scalings is compared with
+MOVES = (0.5, -0.5)
+#: the most loss evaluations (forward passes) :func:`scale_invariant` makes given its ``base``:
+#: one per scaling, then one per random move where both scalings pass (a budget plans a probe of
+#: n groups as ``1 + n · MAX_FORWARDS`` forwards, its base included)
+MAX_FORWARDS = len(FACTORS) + len(MOVES)
 #: an invariant group's loss changes under the scalings at most this share of its change under a
 #: random move of the same size (measured 3·10⁻⁴–3·10⁻³ invariant, ≥ 0.3 plain)
 RELATIVE_TO_A_MOVE = 0.03
@@ -67,6 +74,7 @@ def scale_invariant(
     LayerNorm, GroupNorm, BatchNorm), of a plain layer about as much (0.3–30): ``reference``
     = 0.03 lies between. ``base``: ``loss()`` at the tensors as they are, where the caller
     probes several groups on one batch (each comes back bit for bit, so one reading serves).
+    With it, at most :data:`MAX_FORWARDS` evaluations of ``loss``; one more without it.
     """
     if not tensors:
         raise ConfigurationError("scale_invariant: give at least one tensor to scale.")
@@ -101,7 +109,7 @@ def _random_move(loss: Callable[[], Tensor], tensors: Sequence[Tensor], base: fl
         moves.append((u * (t.double().norm() / u.norm().clamp_min(1e-30))).to(t))
     change = 0.0
     try:
-        for sign in (0.5, -0.5):
+        for sign in MOVES:
             for t, u, keep in zip(tensors, moves, saved):
                 t.copy_(keep).add_(u, alpha=sign)
             change = max(change, abs(float(loss()) - base))

@@ -84,7 +84,7 @@ from ..core.decay import (
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.outer_step import TrustRprop
-from ..core.scale import InvariantRule, as_invariant_rule, scale_invariant
+from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_invariant
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import private_rng
 from .optimizer_decay import decouples, preconditioner
@@ -685,29 +685,73 @@ def scale_invariant_slots(
     On such a slot the decay acts through the effective learning rate η/‖w‖² only, and the
     implicit hypergradient has no fixed point to describe (see :mod:`~hypertorch_sid.core.scale`).
     """
-    decay = problem.decay
-    if decay is None:
-        raise ConfigurationError(
-            "scale_invariant_slots: λ is created when a fit starts (problem.decay is None)."
-        )
-
-    probed = head(batch, PROBE_SAMPLES)
-
-    def loss() -> Tensor:
-        with private_rng(seed, module.device):
-            return problem._data_loss(module, probed, "training")
-
+    decay = _probed_decay(problem, "scale_invariant_slots")
     found: dict[str, bool] = {}
-    with frozen_mode(module, "train"):
-        try:
-            base = float(loss())
-        except Exception:  # a batch whose dim 0 is not its samples' (time-first sequences)
-            probed = batch
-            base = float(loss())
+    with _probing(problem, module, batch, seed) as (loss, base):
         for i, name in enumerate(decay.group_names()):
             tensors = [e.param for e in decay.entries if decay.group_of(e) == i]
             found[name] = scale_invariant(loss, _with_their_layers(tensors, module), base=base)
     return found
+
+
+def probe_forwards(problem: WeightDecayProblem) -> int:
+    """The most forward passes :func:`scale_invariant_slots` makes: one base loss, then at most
+    :data:`~hypertorch_sid.core.scale.MAX_FORWARDS` per λ slot (2 scalings, 2 random moves)."""
+    decay = _probed_decay(problem, "probe_forwards")
+    return 1 + MAX_FORWARDS * len(decay.group_names())
+
+
+def probe_cost(
+    problem: WeightDecayProblem,
+    module: pl.LightningModule,
+    batch: Any,
+    clock: Callable[[], float],
+    seed: int = 0,
+) -> float:
+    """What :func:`scale_invariant_slots` on ``batch`` costs at most on ``clock``: its base
+    forward, timed (with the mode switch around it), × :func:`probe_forwards` (a budget plans the
+    probe before committing to it, :meth:`~hypertorch_sid.core.budget.Budget.expect_one_off`).
+    Leaves the module as the probe does."""
+    forwards = probe_forwards(problem)
+    start = clock()
+    with _probing(problem, module, batch, seed):
+        one = clock() - start
+    return max(one, 0.0) * forwards
+
+
+def _probed_decay(problem: WeightDecayProblem, who: str) -> Any:
+    if problem.decay is None:
+        raise ConfigurationError(f"{who}: λ is created when a fit starts (problem.decay is None).")
+    return problem.decay
+
+
+@contextmanager
+def _probing(
+    problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int
+) -> Iterator[tuple[Callable[[], Tensor], float]]:
+    """The probe's loss on the first :data:`PROBE_SAMPLES` samples of ``batch`` (all of it where
+    those cannot be cut off) and its base value, in train mode (BatchNorm's running statistics,
+    the train/eval flags and the training's random streams left as they were), no graph kept."""
+    with frozen_mode(module, "train"), torch.no_grad():
+        loss = _probe_loss(problem, module, head(batch, PROBE_SAMPLES), seed)
+        try:
+            base = float(loss())
+        except Exception:  # a batch whose dim 0 is not its samples' (time-first sequences)
+            loss = _probe_loss(problem, module, batch, seed)
+            base = float(loss())
+        yield loss, base
+
+
+def _probe_loss(
+    problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int
+) -> Callable[[], Tensor]:
+    """ℓ on ``batch``, one forward pass, its randomness (dropout) seeded by ``seed``."""
+
+    def loss() -> Tensor:
+        with private_rng(seed, module.device):
+            return problem._data_loss(module, batch, "training")
+
+    return loss
 
 
 def _with_their_layers(tensors: list[Tensor], module: pl.LightningModule) -> list[Tensor]:
@@ -947,6 +991,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         #: which λ groups (slots; per element, layers) are scale-invariant, once probed
         self.invariant_groups: dict[str, bool] | None = None
         self._probe_batch: Any = None
+        self._probe_planned = False  # the probe's cost announced to the budget
 
     def on_train_batch_end(
         self,
@@ -964,20 +1009,57 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def _outer_step_size(self, eta: float | None) -> float | None:
         return self.problem.shrink_step_size(eta)
 
+    def _probe_pending(self) -> bool:
+        return (
+            self.invariant.probes
+            and self.invariant_groups is None
+            and self.problem.decay is not None
+        )
+
+    def _probe(self, pl_module: pl.LightningModule) -> None:
+        """Find the invariant groups (:func:`scale_invariant_slots`) on the latest training batch,
+        once."""
+        self.invariant_groups = scale_invariant_slots(
+            self.problem, pl_module, self._probe_batch, seed=self.seed
+        )
+        self._probe_batch = None
+
+    def _budget_allows(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """The budget's decision, the invariance probe planned in: a rule that probes does it
+        once, just before the first hyper step the budget allows, and the budget knows its cost
+        before it commits — one forward pass timed (charged as one-off added work) ×
+        :func:`probe_forwards`, announced
+        (:meth:`~hypertorch_sid.core.budget.Budget.expect_one_off`) — so a fit that cannot pay
+        for the probe and a hyper step after it runs neither, and says so. The probe runs as
+        one-off added work, outside the hyper step (whose fixed part the budget measures for the
+        next ones). Without a budget, nothing is timed."""
+        probe = self._probe_pending()
+        if probe and not self._probe_planned and self.budget.plans_costs():
+            self._probe_planned = True
+            with self.budget.added_work():
+                cost = probe_cost(
+                    self.problem, pl_module, self._probe_batch,
+                    self.budget.synchronized_clock, seed=self.seed,
+                )  # fmt: skip
+            self.budget.expect_one_off(cost)
+        allowed = super()._budget_allows(trainer, pl_module)
+        if allowed and probe:
+            with self.budget.added_work():
+                self._probe(pl_module)
+            self.budget.expect_one_off(0.0)
+        return allowed
+
     def _adjust_hypergradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: list[Tensor]
     ) -> list[Tensor]:
-        """The invariant rule's hypergradient (``invariant=``); a rule that probes has the groups
-        probed once, at the first hyper step, on a training batch (:func:`scale_invariant_slots`);
-        one that does not sees no group flagged."""
+        """The invariant rule's hypergradient (``invariant=``); a rule that probes has had the
+        groups probed once, before the first hyper step, on a training batch
+        (:meth:`_budget_allows`); one that does not sees no group flagged."""
         decay = self.problem.decay
         if decay is None:
             return hypergrad
-        if self.invariant.probes and self.invariant_groups is None:
-            self.invariant_groups = scale_invariant_slots(
-                self.problem, pl_module, self._probe_batch, seed=self.seed
-            )
-            self._probe_batch = None
+        if self._probe_pending():  # a hyper step the budget was not asked for
+            self._probe(pl_module)
         found = self.invariant_groups or {}  # a rule that does not probe: no group flagged
         flags = [found.get(n, False) for n in decay.group_names()]
         return self.invariant.adjust(hypergrad, decay.mask(flags))
