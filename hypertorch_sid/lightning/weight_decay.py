@@ -90,7 +90,13 @@ from .isolation import private_rng
 from .optimizer_decay import decouples, preconditioner
 from .problem import BilevelProblem
 
-__all__ = ["LearnedWeightDecay", "WeightDecayProblem", "scale_invariant_slots"]
+__all__ = [
+    "LearnedWeightDecay",
+    "WeightDecayProblem",
+    "probe_cost",
+    "probe_forwards",
+    "scale_invariant_slots",
+]
 
 
 @contextmanager
@@ -874,9 +880,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         acts only through the effective learning rate η/‖w‖², and the implicit hypergradient
         describes a fixed point that does not exist; :mod:`~hypertorch_sid.core.scale`):
         ``"held"`` (default, :class:`~hypertorch_sid.core.scale.HoldInvariant`: it keeps the
-        user's value; the groups are found by a probe at the first hyper step — the training
-        loss of one batch with each slot scaled by ½ and 2, about 2 forward passes per slot,
-        once — :attr:`invariant_groups`), ``"implicit"``
+        user's value; the groups are found by a probe just before the first hyper step — the
+        training loss of 16 samples with each slot scaled by ½ and 2 (and moved at random where
+        both leave it unchanged), 1 to 4 forward passes per slot, once; under a budget its worst
+        case is planned into the first hyper step's cost, so a fit that cannot pay for both runs
+        neither — :attr:`invariant_groups`), ``"implicit"``
         (:class:`~hypertorch_sid.core.scale.LearnInvariant`: like every other λ, no probe; the
         default until this version), or an :class:`~hypertorch_sid.core.scale.InvariantRule`.
         Why held: a linear layer followed by LayerNorm or GroupNorm is scale-invariant too, and
