@@ -36,7 +36,7 @@ first hyper step is committed to, then re-measured from every Lanczos iteration 
 hyper step repeats — ``LearnedWeightDecay``'s scale-invariance probe: up to 1 + 4 forward passes
 per λ group, 4.24 s of CPU on MobileNetV3-small (88 groups) against a 6–7 s fit, which the plan
 of the first hyper step did not see (the one hyper step it allowed spent the fit's whole allowance
-twice over, a fit 1.9–2.2× a plain one) — predicts its cost (timing what it must, as added work)
+twice over: fits 1.7–2.2× a plain one) — predicts its cost (timing what it must, as added work)
 and announces it (:meth:`Budget.expect_one_off`): until the work has run, the known-length
 ceiling is net of it, so a hyper step is allowed only where what the fit can still spend pays
 for the work *and* the hyper step's predicted minimum after it; a fit that cannot runs neither,
