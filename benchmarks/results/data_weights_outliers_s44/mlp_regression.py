@@ -51,7 +51,10 @@ class Reg(pl.LightningModule):
         self.per_sample = per_sample
         torch.manual_seed(seed)
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(10, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+            torch.nn.Linear(10, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 64),
+            torch.nn.ReLU(),
             torch.nn.Linear(64, 1),
         )
 
@@ -73,8 +76,12 @@ for seed in seeds:
         t0 = time.process_time()
         keep = torch.arange(BAD if arm == "oracle" else 0, N)
         tl = DataLoader(
-            IndexedDataset(TensorDataset(X[keep], Y[keep])) if arm in ("batch", "auto") else TensorDataset(X[keep], Y[keep]),
-            batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed),
+            IndexedDataset(TensorDataset(X[keep], Y[keep]))
+            if arm in ("batch", "auto")
+            else TensorDataset(X[keep], Y[keep]),
+            batch_size=64,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
         )
         model = Reg(seed, arm in ("batch", "auto"))
         cbs = []
@@ -83,7 +90,9 @@ for seed in seeds:
             cbs = [cb]
         with warnings.catch_warnings(record=True) as ws:
             warnings.simplefilter("always")
-            trainer(cbs, max_epochs=epochs).fit(model, tl, DataLoader(TensorDataset(Xv, Yv), batch_size=NV))
+            trainer(cbs, max_epochs=epochs).fit(
+                model, tl, DataLoader(TensorDataset(Xv, Yv), batch_size=NV)
+            )
             fl = cb.flagged() if cbs else None
         with torch.no_grad():
             test = float(F.mse_loss(model.net(Xt)[:, 0], Yt))
@@ -92,6 +101,8 @@ for seed in seeds:
             w = cb.data_weights()
             tp = int((fl < BAD).sum())
             said = sorted({str(x.message)[:70] for x in ws if "flagged" in str(x.message)})
-            line += (f" | gauge {cb.problem.weights.gauge} omega out {w[:BAD].mean():.3f} clean {w[BAD:].mean():.3f}"
-                     f" | flagged {len(fl)} ({tp} outliers): precision {tp / max(len(fl), 1):.2f} recall {tp / BAD:.2f} {said}")
+            line += (
+                f" | gauge {cb.problem.weights.gauge} omega out {w[:BAD].mean():.3f} clean {w[BAD:].mean():.3f}"
+                f" | flagged {len(fl)} ({tp} outliers): precision {tp / max(len(fl), 1):.2f} recall {tp / BAD:.2f} {said}"
+            )
         print(line + f" | {time.process_time() - t0:.0f} cpu s", flush=True)

@@ -31,7 +31,15 @@ def spy(self, index, u, alpha, losses=None):
     omega = w.parameterization.rows(w.logits.detach()[index], w, index, losses).detach()
     uu = sw.check_per_sample(u, index).detach()
     uhat = float((omega * uu).sum() / omega.sum())
-    rec.append((index.clone(), uu.clone(), omega.clone(), uhat, out[0].coalesce().to_dense()[index].clone()))
+    rec.append(
+        (
+            index.clone(),
+            uu.clone(),
+            omega.clone(),
+            uhat,
+            out[0].coalesce().to_dense()[index].clone(),
+        )
+    )
     return out
 
 
@@ -43,23 +51,34 @@ with warnings.catch_warnings(record=True) as ws:
     warnings.simplefilter("always")
     fl = cb.flagged()
 tp = int((fl < BAD).sum())
-print(f"{loss}, gauge {cb.problem.weights.gauge}: omega outliers {w[:BAD].mean():.3f} clean {w[BAD:].mean():.3f}; "
-      f"flagged {len(fl)} ({tp} outliers)", [str(x.message)[:90] for x in ws])
+print(
+    f"{loss}, gauge {cb.problem.weights.gauge}: omega outliers {w[:BAD].mean():.3f} clean {w[BAD:].mean():.3f}; "
+    f"flagged {len(fl)} ({tp} outliers)",
+    [str(x.message)[:90] for x in ws],
+)
 print(f"{len(rec)} training batches with a cross term")
 for bad, name in ((True, "outlier"), (False, "clean")):
     u = torch.cat([r[1][(r[0] < BAD) == bad] for r in rec])
     c = torch.cat([(r[1] - r[3])[(r[0] < BAD) == bad] for r in rec])
     g = torch.cat([r[4][(r[0] < BAD) == bad] for r in rec])
-    print(f"  {name:8s} u: mean {u.mean():+9.3f} median {u.median():+8.3f} mean|u| {u.abs().mean():8.3f} "
-          f"u>0 {(u > 0).float().mean():.2f} | u - u_hat: mean {c.mean():+8.3f} >0 {(c > 0).float().mean():.2f} "
-          f"| step down {(g > 0).float().mean():.2f}")
+    print(
+        f"  {name:8s} u: mean {u.mean():+9.3f} median {u.median():+8.3f} mean|u| {u.abs().mean():8.3f} "
+        f"u>0 {(u > 0).float().mean():.2f} | u - u_hat: mean {c.mean():+8.3f} >0 {(c > 0).float().mean():.2f} "
+        f"| step down {(g > 0).float().mean():.2f}"
+    )
 uh = torch.tensor([r[3] for r in rec])
 print(f"  u_hat across batches: mean {uh.mean():+.3f} std {uh.std():.3f}")
 share = [float((r[2] * r[1]).abs()[r[0] < BAD].sum() / (r[2] * r[1]).abs().sum()) for r in rec]
-print(f"  outliers' share of sum |omega_i u_i| per batch: {sum(share) / len(share):.2f} (of the rows: {BAD / N:.2f})")
+print(
+    f"  outliers' share of sum |omega_i u_i| per batch: {sum(share) / len(share):.2f} (of the rows: {BAD / N:.2f})"
+)
 # per row over its visits: mean / rms of the hypergradient (what a per-row Adam steps by; > 0: down)
 s1, s2, k = torch.zeros(N), torch.zeros(N), torch.zeros(N)
 for idx, u, om, uh_, g in rec:
-    s1.index_add_(0, idx, g); s2.index_add_(0, idx, g * g); k.index_add_(0, idx, torch.ones_like(g))
+    s1.index_add_(0, idx, g)
+    s2.index_add_(0, idx, g * g)
+    k.index_add_(0, idx, torch.ones_like(g))
 snr = (s1 / k) / (s2 / k).sqrt().clamp_min(1e-30)
-print(f"  per row mean(g)/rms(g) (> 0: pushed down): outliers {snr[:BAD].mean():+.3f}, clean {snr[BAD:].mean():+.3f}")
+print(
+    f"  per row mean(g)/rms(g) (> 0: pushed down): outliers {snr[:BAD].mean():+.3f}, clean {snr[BAD:].mean():+.3f}"
+)
