@@ -23,17 +23,21 @@ from hypertorch_sid import ConfigurationError, LearnedDataWeights
 from hypertorch_sid.core.sample_weights import SampleWeights, TrainingCrossTerm, weighted_loss
 
 
-@pytest.mark.parametrize("outputs", [1, 3])
-def test_squared_error_with_outlying_targets_flags_them_under_the_defaults(outputs):
-    """Before (gauge="batch"): outliers 0.37 / clean 0.36 (D = 1), 0.32 / 0.37 (D = 3), nothing
-    flagged, with a warning. Measured now: 0.05 / 0.83, 75 flagged of which 69 of the 72
-    outliers (D = 1); 0.07 / 0.83, 88 flagged, 70 outliers (D = 3)."""
+@pytest.mark.parametrize(
+    "outputs, cross_term", [(1, "training"), (3, "training"), (1, "hyper_step")]
+)
+def test_squared_error_with_outlying_targets_flags_them_under_the_defaults(outputs, cross_term):
+    """Before (gauge="batch"): outliers 0.37 / clean 0.36 (D = 1), 0.32 / 0.37 (D = 3), 0.38 /
+    0.30 (D = 1, the hyper steps' cross term only), nothing flagged, with a warning. Measured
+    now: 0.05 / 0.83, 75 flagged of which 69 of the 72 outliers (D = 1); 0.07 / 0.83, 88
+    flagged, 70 outliers (D = 3); 0.06 / 0.82, 81 flagged, 69 outliers (hyper steps only)."""
 
     def step(z: Tensor, y: Tensor) -> Tensor:
         out = F.mse_loss(z, y, reduction="none")
         return out[:, 0] if outputs == 1 else out
 
-    cb = fit(Task(mlp(4, outputs), step), regression(outputs), objective="mean_loss")
+    data = regression(outputs)
+    cb = fit(Task(mlp(4, outputs), step), data, objective="mean_loss", cross_term=cross_term)
     assert cb.problem.weights is not None and cb.problem.weights.gauge == "mean_logit"
     outliers, clean = separation(cb)
     assert outliers < 0.15 and clean > 0.7, (outliers, clean)
