@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import warnings
 
+import lightning_problems as lp
 import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from test_data_weights_recipes import blobs
 from test_data_weights_tasks import BAD, Task, fit, flagged_quietly, mlp, regression, separation
+from test_optimizer_decay_modelled import EXACT, WD, PerSampleRegression
 from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, LearnedDataWeights
+from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
 from hypertorch_sid.core.sample_weights import SampleWeights, TrainingCrossTerm, weighted_loss
 
 
@@ -133,8 +136,45 @@ def test_a_gauge_the_weights_cannot_hold_is_refused():
         SampleWeights(4, "softmax", gauge="mean_logit")
     with pytest.raises(ConfigurationError, match="not a sigmoid"):
         LearnedDataWeights(parameterization="softmax", gauge="mean_logit")
+    with pytest.raises(ConfigurationError, match="normalize=False the loss sees it"):
+        LearnedDataWeights(normalize=False, gauge="mean_logit")
     with pytest.raises(ConfigurationError, match="gauge must be 'auto', 'batch' or 'mean_logit'"):
         LearnedDataWeights(gauge="global")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LearnedDataWeights(parameterization="softmax")  # "auto" stays "batch" there
+
+
+def test_the_mean_logit_gauge_is_the_exact_hypergradient_up_to_a_common_shift():
+    """The weighted least-squares oracle of tests/test_optimizer_decay_modelled.py (the
+    hypergradient of E(w*(x)) by autograd through the closed form) under the regression's
+    default gauge: at x = 0 every ω′ᵢ is ¼, so the two gauges differ by one constant over the
+    rows, −α ω′ û / Σ ω (the common shift the mean-logit projection then removes)."""
+    X, y, Xv, yv = lp.ridge_data()
+    n = len(X)
+
+    class Loaders(pl.LightningDataModule):
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=n)
+
+        def val_dataloader(self) -> DataLoader:
+            return DataLoader(TensorDataset(Xv, yv), batch_size=len(Xv))
+
+    steps = 300
+    cb = LearnedDataWeights(
+        cross_term="hyper_step", objective="mean_loss", every_n_steps=steps, start_step=0,
+        outer_lr=1e-12, seed=0, sparse_grad=False, **EXACT,
+    )  # fmt: skip
+    lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(
+        PerSampleRegression(), datamodule=Loaders()
+    )
+    assert cb.problem.weights is not None and cb.problem.weights.gauge == "mean_logit"
+    x = torch.zeros(n, dtype=torch.float64, requires_grad=True)
+    weights = torch.sigmoid(x) / torch.sigmoid(x).sum()
+    A = X.T @ (weights[:, None] * X) + WD * torch.eye(lp.D, dtype=torch.float64)
+    w = torch.linalg.solve(A, X.T @ (weights * y))
+    (exact,) = torch.autograd.grad(0.5 * ((Xv @ w - yv) ** 2).mean(), x)
+    shift = cb.last_hypergradient[0] - exact
+    scale = float(exact.abs().max())
+    torch.testing.assert_close(shift, shift.mean().expand(n), rtol=0, atol=1e-7 * scale)
+    assert abs(float(shift.mean())) > 1e-3 * scale  # the centre is really left out

@@ -235,8 +235,15 @@ class DataWeightsProblem:
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
             self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
-        if gauge == "mean_logit":  # refused now where the parameterisation cannot hold it
+        if gauge == "mean_logit":  # refused now where it cannot be held, or is no gauge
             SampleWeights(1, self.parameterization, initial, gauge=gauge)
+            if not normalize:
+                raise ConfigurationError(
+                    "LearnedDataWeights(gauge='mean_logit') fixes the scale that the "
+                    "self-normalised loss does not see; with normalize=False the loss sees it, "
+                    "and holding the mean logit would change the problem: use gauge='auto' or "
+                    "'batch' there (or normalize=True)."
+                )
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
@@ -287,7 +294,6 @@ class DataWeightsProblem:
         assert weights is not None
         # "auto": the exact minibatch derivative until the first training batch says regression
         weights.use_gauge("batch" if self.gauge == "auto" else self.gauge)
-        assert weights is not None
         inner = list(
             {
                 id(p): p
