@@ -99,13 +99,16 @@ LOSSES = {"l1": F.l1_loss, "huber": F.huber_loss}
 @pytest.mark.parametrize("outputs", [1, 3])
 def test_a_robust_regression_loss_drops_the_outlying_targets(loss, outputs):
     """L1 / Huber per sample, shape (B,) (one output) or (B, D) (three, averaged over D), with
-    the objective a regression needs (the mean validation loss)."""
+    the objective a regression needs (the mean validation loss), and the minibatch's centre
+    (gauge="batch", the default for regression until session 44; the default "mean_logit" on
+    these losses: tests/test_data_weights_outliers.py)."""
 
     def step(z: Tensor, y: Tensor) -> Tensor:
         out = LOSSES[loss](z, y, reduction="none")
         return out[:, 0] if outputs == 1 else out
 
-    cb = fit(Task(mlp(4, outputs), step), regression(outputs), objective="mean_loss")
+    data = regression(outputs)
+    cb = fit(Task(mlp(4, outputs), step), data, objective="mean_loss", gauge="batch")
     outliers, clean = separation(cb)
     assert outliers < 0.1 < 0.4 < clean, (outliers, clean)
     flagged = flagged_quietly(cb)

@@ -303,6 +303,7 @@ def test_data_weights_oracle_on_weighted_ridge_with_the_optimizer_decay():
     cb = LearnedDataWeights(
         cross_term="hyper_step", objective="mean_loss", every_n_steps=steps, start_step=0,
         outer_lr=1e-12, seed=0, sparse_grad=False, **EXACT,
+        gauge="batch",  # the exact derivative ("mean_logit", a regression's default: up to a shift)
     )  # fmt: skip
     model = PerSampleRegression()
     lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(model, datamodule=Loaders())

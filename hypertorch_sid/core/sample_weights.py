@@ -57,6 +57,8 @@ from .rows import ROW_SPARSE, mark_row_sparse
 from .validation import as_strategy
 
 Tensors = list[Tensor]
+#: how the self-normalised loss's scale is fixed (:class:`SampleWeights`' ``gauge``)
+Gauge = Literal["batch", "mean_logit"]
 
 __all__ = [
     "BelowWeight",
@@ -457,6 +459,18 @@ class SampleWeights:
         momentum (``torch.optim.Adam`` refuses them), in one process (a sparse tensor is not
         averaged across DDP ranks). ``False`` (default): a dense n-vector gradient (any
         optimizer, DDP), a few passes over n per hyper step.
+    gauge:
+        How the self-normalised loss's scale, which it does not see, is fixed (only with
+        ``weighted_mean(..., normalize=True)``). ``"batch"`` (default): the exact derivative of
+        the minibatch's Σ ωᵢℓᵢ / Σ ωᵢ, row i's hypergradient −α ω′ᵢ(uᵢ − û)/Σ ω with
+        uᵢ = ⟨∇ℓᵢ, v⟩ and û their weighted mean over the minibatch. ``"mean_logit"``: each row's
+        own −α ω′ᵢuᵢ/Σ ω (the normaliser held in the weights' gradient), and the mean logit
+        held at x₀ after every outer step (:meth:`projection`). The two differ only along
+        the common shift of the logits, which the self-normalised loss does not see (exactly for
+        small ω); they differ in noise where a few rows carry û: a squared error with
+        outlying targets, whose û then swings the whole minibatch with those rows (the
+        per-row outer step turns that common noise into each row's own walk). Sigmoid
+        parameterisations only.
 
     Attributes
     ----------
@@ -475,11 +489,13 @@ class SampleWeights:
         device: torch.device | str | None = None,
         logits: Tensor | None = None,
         sparse_grad: bool = False,
+        gauge: Gauge = "batch",
     ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigurationError(f"SampleWeights needs a number of rows n ≥ 1, got {n!r}.")
         self.n = n
         self.parameterization = as_weight_parameterization(parameterization)
+        self.gauge: Gauge = "batch"
         if initial is None:
             initial = 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
         self._initial = float(initial)
@@ -498,6 +514,21 @@ class SampleWeights:
         self.use_sparse_grad(sparse_grad)
         self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
         self.parameterization.refresh(self)
+        self.use_gauge(gauge)
+
+    def use_gauge(self, gauge: Gauge) -> None:
+        """Switch how the self-normalised loss's scale is fixed (see ``gauge``)."""
+        if gauge not in ("batch", "mean_logit"):
+            raise ConfigurationError(
+                f"SampleWeights: gauge must be 'batch' or 'mean_logit', got {gauge!r}."
+            )
+        if gauge == "mean_logit" and not isinstance(self.parameterization, SigmoidWeights):
+            raise ConfigurationError(
+                f"SampleWeights(gauge='mean_logit') holds the mean of independent logits; "
+                f"{self.parameterization!r} is not a sigmoid parameterisation: use "
+                "gauge='batch' (or parameterization='sigmoid')."
+            )
+        self.gauge = gauge
 
     def use_sparse_grad(self, sparse_grad: bool) -> None:
         """Switch between row-sparse and dense gradients of the logits (see ``sparse_grad``)."""
@@ -550,7 +581,8 @@ class SampleWeights:
         ``reduction="none"``.
         """
         losses = check_per_sample(losses, index)
-        return weighted_loss(losses, self.weights(index, losses), normalize)
+        held = self.gauge == "mean_logit"
+        return weighted_loss(losses, self.weights(index, losses), normalize, held)
 
     def values(self) -> Tensor:
         """Every ω (detached, shape ``(n,)``)."""
@@ -572,7 +604,12 @@ class SampleWeights:
     # ------------------------------------------------------------------ after an outer step
     def projection(self, hyperparameters: Iterable[Tensor] | None = None) -> None:
         """P_Λ for :class:`SIDHyperOptimizer` (``FeasibleSet(project=weights.projection)``): the
-        logits are unconstrained, but a normaliser (softmax) follows them."""
+        logits are unconstrained, but a normaliser (softmax) follows them; with
+        ``gauge="mean_logit"`` their mean is moved back to x₀ (a common shift)."""
+        if self.gauge == "mean_logit":
+            with torch.no_grad():
+                x0 = self.parameterization.logit(self._initial, self.n)
+                self.logits.sub_(self.logits.mean() - x0)
         self.parameterization.refresh(self)
 
     def state_dict(self) -> dict[str, Any]:
@@ -1096,11 +1133,19 @@ def class_weights(
     return SampleWeights(num_classes, parameterization, **kwargs)
 
 
-def weighted_loss(losses: Tensor, weights: Tensor, normalize: bool = False) -> Tensor:
-    """Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ (``normalize``) or (1/b) Σᵢ ωᵢℓᵢ (eq. weighted) of per-sample losses."""
+def weighted_loss(
+    losses: Tensor, weights: Tensor, normalize: bool = False, hold_normaliser: bool = False
+) -> Tensor:
+    """Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ (``normalize``) or (1/b) Σᵢ ωᵢℓᵢ (eq. weighted) of per-sample losses.
+
+    ``hold_normaliser`` (with ``normalize``): the same value and the same gradient in w, but
+    Σᵢ ωᵢ is a constant for the weights' gradient, which is then ω′ᵢℓᵢ / Σ ω instead of
+    ω′ᵢ(ℓᵢ − ℓ̂) / Σ ω: the minibatch's centre ℓ̂ is left to a global gauge
+    (:attr:`SampleWeights.gauge`)."""
     weights = weights.to(losses.dtype)
     if normalize:
-        return (weights * losses).sum() / weights.sum().clamp_min(1e-12)
+        total = weights.sum().clamp_min(1e-12)
+        return (weights * losses).sum() / (total.detach() if hold_normaliser else total)
     return (weights * losses).mean()
 
 
@@ -1457,6 +1502,8 @@ class TrainingCrossTerm:
         uⱼ = ⟨∇ℓⱼ(w), v⟩,
 
     for the rows i ∈ ζ only (zero elsewhere), then the outer optimizer's step on those rows.
+    With ``weights.gauge == "mean_logit"`` the normaliser of ℓ̂ᵤ is held: ĝᵢ = −α ω′ᵢuᵢ / Σ ω,
+    without the minibatch's centre û (the mean logit is held instead, after the step).
 
     Where the training's own SGD steps are the warm-started inner solve (inner_steps = 0, the
     Lightning drop-in, or a loop of the user's), every training batch thus moves the weights of
@@ -1492,7 +1539,8 @@ class TrainingCrossTerm:
         with torch.enable_grad():
             x = w.logits.detach().index_select(0, index).requires_grad_(True)
             omega = w.parameterization.rows(x, w, index, losses)
-            inner = weighted_loss(check_per_sample(u, index), omega, self.normalize)
+            held = w.gauge == "mean_logit"
+            inner = weighted_loss(check_per_sample(u, index), omega, self.normalize, held)
             g, *gs = torch.autograd.grad(inner, [x, *shared], allow_unused=True)
         g = -float(alpha) * g.to(w.logits.dtype)
         rows = torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)

@@ -54,7 +54,7 @@ from typing import Any, Literal, NamedTuple
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
@@ -71,6 +71,7 @@ from ..core.sample_weights import (
     IndexedDataset,
     LazyAdam,
     SampleWeights,
+    SigmoidWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
     ValidationObjective,
@@ -199,6 +200,7 @@ class DataWeightsProblem:
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         objective: str | ValidationObjective = DEFAULT_OBJECTIVE,
+        gauge: Literal["auto", "batch", "mean_logit"] = "auto",
     ) -> None:
         if per not in ("sample", "class"):
             raise ConfigurationError(
@@ -210,6 +212,10 @@ class DataWeightsProblem:
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
             )
+        if gauge not in ("auto", "batch", "mean_logit"):
+            raise ConfigurationError(
+                f"LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit', got {gauge!r}."
+            )
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
                 raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
@@ -219,6 +225,7 @@ class DataWeightsProblem:
         self.parameterization = as_weight_parameterization(parameterization)
         self.initial = initial
         self.normalize = normalize
+        self.gauge = gauge
         self.target = target or _default_target
         self._own_target = target is not None
         self.validation_loss = validation_loss
@@ -228,6 +235,15 @@ class DataWeightsProblem:
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
             self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
+        if gauge == "mean_logit":  # refused now where it cannot be held, or is no gauge
+            SampleWeights(1, self.parameterization, initial, gauge=gauge)
+            if not normalize:
+                raise ConfigurationError(
+                    "LearnedDataWeights(gauge='mean_logit') fixes the scale that the "
+                    "self-normalised loss does not see; with normalize=False the loss sees it, "
+                    "and holding the mean logit would change the problem: use gauge='auto' or "
+                    "'batch' there (or normalize=True)."
+                )
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
@@ -276,6 +292,8 @@ class DataWeightsProblem:
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
+        # "auto": the exact minibatch derivative until the first training batch says regression
+        weights.use_gauge("batch" if self.gauge == "auto" else self.gauge)
         inner = list(
             {
                 id(p): p
@@ -500,6 +518,7 @@ class DataWeightsProblem:
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
+                self._choose_gauge(data, raw)
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
@@ -510,6 +529,29 @@ class DataWeightsProblem:
             return {**out, "loss": loss} if isinstance(out, Mapping) else loss
 
         module.training_step = training_step  # type: ignore[method-assign]
+
+    def _choose_gauge(self, data: Any, losses: Any) -> None:
+        """``gauge="auto"``: ``"mean_logit"`` where the training targets are real numbers (a
+        regression: a squared error's outlying targets carry the minibatch's centre, and under
+        ``"batch"`` nothing was learned, docs/data_weights.md), per sample under the
+        self-normalised loss with a sigmoid parameterisation; ``"batch"`` otherwise (a
+        classification's path is unchanged)."""
+        weights = self.weights
+        if (
+            self.gauge != "auto"
+            or weights is None
+            or self.per != "sample"
+            or not self.normalize
+            or not isinstance(weights.parameterization, SigmoidWeights)
+            or _real_targets(data, losses) is None
+        ):
+            return
+        weights.use_gauge("mean_logit")
+        rank_zero_info(
+            "LearnedDataWeights: the training targets are real numbers (a regression), so the "
+            "weights' scale is held by their mean logit (gauge='mean_logit'), not by each "
+            "minibatch's centre: gauge='batch' to keep the minibatch's."
+        )
 
     def unwrap(self) -> None:
         """Give the module its own ``training_step`` back."""
@@ -586,23 +628,31 @@ def _refuse_masked_entries(losses: Any) -> None:
     )
 
 
+def _real_targets(data: Any, losses: Any) -> Tensor | None:
+    """The entries of ``batch[1]`` that say regression, or None: targets that are real
+    numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
+    class ids, not probabilities)."""
+    if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(losses, Tensor):
+        return None
+    y = data[1]
+    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
+        return None
+    y = y.detach()
+    real = ((y < 0) | (y > 1)) & (y != y.round())
+    return y[real] if bool(real.any()) else None
+
+
 def _refuse_real_targets(data: Any, losses: Any) -> None:
     """A clear error where the default objective (:class:`ExpectedError`, which reads a loss
     as −log p of the right answer) meets a regression: a validation batch whose targets
     ``batch[1]`` are real numbers, one per loss (same number of entries), some fractional and
     outside [0, 1] (not class ids, not probabilities). e^(−qℓ) of a squared error depends on the
     targets' units, and at large ones the few best-fit examples alone decide E."""
-    if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(losses, Tensor):
-        return
-    y = data[1]
-    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
-        return
-    y = y.detach()
-    real = ((y < 0) | (y > 1)) & (y != y.round())
-    if bool(real.any()):
+    real = _real_targets(data, losses)
+    if real is not None:
         raise ConfigurationError(
             f"LearnedDataWeights: the validation targets (batch[1]) are real numbers, one per "
-            f"loss (e.g. {float(y[real][0]):.3g}): a regression? The default outer objective "
+            f"loss (e.g. {float(real[0]):.3g}): a regression? The default outer objective "
             "ExpectedError(q=0.5) reads each loss as −log p of the right answer, and e^(−ℓ/2) "
             "of a squared or absolute error depends on the targets' units (at large ones a few "
             "best-fit validation examples decide it). Pass objective='mean_loss' (the mean "
@@ -651,6 +701,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
     normalize:
         ``True``: ℓ̂ = Σ ωᵢℓᵢ / Σ ωᵢ over the batch (Ren et al. 2018; equal weights give the plain
         loss). ``False``: ℓ̂ = mean ωᵢℓᵢ (the benchopt data-cleaning objective).
+    gauge:
+        How the self-normalised loss's scale (which it does not see) is fixed: ``"batch"``, each
+        row's hypergradient against its minibatch's weighted mean (the exact derivative);
+        ``"mean_logit"``, each row's own, with the mean logit held at its start (see
+        :class:`~hypertorch_sid.core.sample_weights.SampleWeights`). ``"auto"`` (default):
+        ``"mean_logit"`` where the training targets ``batch[1]`` are real numbers (a
+        regression: under ``"batch"`` a squared error with outlying targets learned nothing,
+        the outliers carrying each minibatch's centre), ``"batch"`` otherwise (classification
+        unchanged).
     target:
         ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``).
     validation_loss:
@@ -743,6 +802,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
         scale_prior: float = 0.0,
+        gauge: Literal["auto", "batch", "mean_logit"] = "auto",
         **kwargs: Any,
     ) -> None:
         if "problem" in kwargs:
@@ -786,6 +846,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             target,
             validation_loss,
             objective,
+            gauge,
         )
         self._own_outer = kwargs.get("outer_optimizer") is None
         if self._own_outer:
