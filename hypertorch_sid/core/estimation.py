@@ -23,10 +23,11 @@ Hessians is flatter at both ends (λ_max is convex, λ_min concave). The estimat
 the union of the B batches' spectra, by Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
 B stacked copies of w: the same B products per iteration as on their mean (3B vectors of memory).
 Measured on the main job (``examples/lightning_digits.py``, ``benchmarks/curvature_trace.py``):
-at the refresh at step 320 the mean of 2 batches read L = 0.94 (converged: 40 steps give 0.94),
-the whole training set 1.38, single batches of 32 a median 1.95 and up to 3.8; the adjoint solve
-at α = 2/L then diverged and Recover's re-estimate and retry took the budget of the last hyper
-steps. Per minibatch: L = 1.45–1.99 there, no divergence (3 of 3 seeds traced).
+at the refresh at step 320 the mean of 2 batches read L = 0.98 (converged: 40 steps give 0.97),
+the whole training set 1.42, single batches of 32 a median 2.0 and up to 3.8; the adjoint solve
+at α ≈ 2/L then diverged and Recover's re-estimate and retry took the budget of the last hyper
+steps. Per minibatch the refresh reads L = 1.45–3.06; a retry at or after step 290 came in 6 of
+36 runs, against 27 of 36 (docs/weight_decay_budget.md, "Session 44").
 
 Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimizer`):
 
