@@ -85,6 +85,11 @@ def test_curvature_estimate_covers_every_minibatch_not_their_mean():
     # the order of the batches does not matter; one batch: its own spectrum
     assert estimate_curvature(_Minibatches(H), [1, 0], iters=60).L == pytest.approx(4.0, rel=1e-8)
     assert estimate_curvature(_Minibatches(H), [1], iters=60).L == pytest.approx(2.0, rel=1e-8)
+    # minibatches="mean" (LearnedDataWeights' until measured): the mean Hessian's ends
+    old = estimate_curvature(_Minibatches(H), [0, 1], iters=60, minibatches="mean")
+    assert old.L == pytest.approx(float(mean[-1]), rel=1e-8)
+    with pytest.raises(ConfigurationError, match="minibatches must be 'each'.*or 'mean'"):
+        EstimatedCurvature(minibatches="max")
 
 
 class _Quadratic:

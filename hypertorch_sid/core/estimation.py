@@ -232,6 +232,7 @@ def estimate_curvature(
     seed: int = 0,
     margin: float = 1.0,
     more: Callable[[int], bool] | None = None,
+    minibatches: str = "each",
 ) -> CurvatureEstimate:
     """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' Hessians: the
     ends of the union of their spectra (each minibatch's, not their mean's: module docstring).
@@ -245,9 +246,17 @@ def estimate_curvature(
     mu_floor: μ is at least ``mu_floor × L``.
     margin: L is ``margin`` × the upper estimate θ_max + r (:class:`EstimatedCurvature`).
     more: asked before each Lanczos step after the first (:func:`lanczos_extremes`).
+    minibatches: ``"each"``: the union of the batches' spectra; ``"mean"``: their mean Hessian's.
     """
     params = list(phi.inner_parameters)  # type: ignore[attr-defined]
     n = len(params)
+
+    def mean(v: Sequence[Tensor]) -> Tensors:
+        acc = [torch.zeros_like(x) for x in v]
+        for b in batches:
+            for a, h in zip(acc, phi.hessian_vector_product(b, v)):  # type: ignore[attr-defined]
+                a.add_(h.detach(), alpha=1.0 / len(batches))
+        return acc
 
     def per_batch(v: Sequence[Tensor]) -> Tensors:  # diag(H_1, …, H_B) on B stacked copies of w
         out: Tensors = []
@@ -256,7 +265,10 @@ def estimate_curvature(
             out += [h.detach() for h in phi.hessian_vector_product(b, block)]  # type: ignore[attr-defined]
         return out
 
-    res = lanczos_extremes(per_batch, params * len(batches), iters, seed, more)
+    if minibatches == "mean":
+        res = lanczos_extremes(mean, params, iters, seed, more)
+    else:
+        res = lanczos_extremes(per_batch, params * len(batches), iters, seed, more)
     L = margin * (res.theta_max + res.error_max)
     if not math.isfinite(L) or L <= 0:
         log.warning("hypertorch_sid: Lanczos gave no positive L (%.3g); using L = 1.", L)
@@ -377,6 +389,11 @@ class EstimatedCurvature(Curvature):
     every: re-estimate every this many hyper steps (None: once, and when a guard asks).
     mu_floor: μ ≥ mu_floor·L for the schedules.
     mu: a known μ (e.g. the smallest weight decay): only L is estimated.
+    minibatches: ``"each"`` (default): L̂, λ̂_min are the ends of the union of the ``batches``'
+        spectra (each minibatch's: a stochastic adjoint step applies one; module docstring);
+        ``"mean"``: of their mean Hessian (the estimate before session 44, which
+        :class:`~hypertorch_sid.LearnedDataWeights` keeps until it is measured there). The same
+        where the estimate reads one batch (or the full batch).
     margin: L = ``margin`` × the estimate (≥ 1), so α = 2/(L + μ) leaves room for minibatches
         sharper than the ``batches`` the estimate read (it covers those: a stochastic adjoint
         step applies *one* minibatch's Hessian). Measured, when the estimate read the batches'
@@ -391,9 +408,15 @@ class EstimatedCurvature(Curvature):
     mu_floor: float = 1e-4
     mu: float | None = None
     margin: float = 1.0
+    minibatches: str = "each"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.minibatches not in ("each", "mean"):
+            raise ConfigurationError(
+                "EstimatedCurvature.minibatches must be 'each' (the union of the minibatches' "
+                f"spectra) or 'mean' (their mean Hessian's), got {self.minibatches!r}."
+            )
         if self.batches != "full":
             if not is_integer(self.batches) or self.batches < 1:
                 raise ConfigurationError(
@@ -466,7 +489,8 @@ class EstimatedCurvature(Curvature):
         self, probe: CurvatureProbe, batches: list[object]
     ) -> CurvatureEstimate:
         """L, λ_min in the map's coordinates; P dropped (and re-estimated) when non-convex."""
-        est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor, self.margin)
+        args = (batches, self.iters, self.mu, self.mu_floor, self.margin, self.minibatches)
+        est = probe.lanczos(*args)
         if probe.scale is not None and not est.convex:
             log.info(
                 "hypertorch_sid: lambda_min of the preconditioned Hessian is %.3g (non-convex): "
@@ -474,7 +498,7 @@ class EstimatedCurvature(Curvature):
                 est.lambda_min,
             )
             probe.set_scale(None)
-            est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor, self.margin)
+            est = probe.lanczos(*args)
         return est
 
 
@@ -544,6 +568,7 @@ class CurvatureProbe:
         mu: float | None,
         mu_floor: float,
         margin: float = 1.0,
+        minibatches: str = "each",
     ) -> CurvatureEstimate:
         """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted
         product by product; as many iterations as the allowance lets (at least
@@ -559,7 +584,7 @@ class CurvatureProbe:
         with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             est = estimate_curvature(
                 phi, batches, iters, mu=mu, mu_floor=mu_floor, seed=self.hyper_step,
-                margin=margin, more=more,
+                margin=margin, more=more, minibatches=minibatches,
             )  # fmt: skip
         if est.uncertain and not est.convex:
             fix = (
