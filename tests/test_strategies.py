@@ -59,6 +59,39 @@ def test_lanczos_bounds_hold_after_few_steps():
     assert res.theta_min - res.error_min <= -1.0 + 1e-6
 
 
+class _Minibatches:
+    """A map whose minibatch b has the Hessian H_b (ℓ̂_b = ½ wᵀH_b w): the spectra are known."""
+
+    def __init__(self, hessians: list[torch.Tensor]) -> None:
+        self.H = hessians
+        self.inner_parameters = [torch.zeros(hessians[0].shape[0], dtype=torch.float64)]
+
+    def hessian_vector_product(self, batch: int, v: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self.H[batch] @ v[0]]
+
+
+def test_curvature_estimate_covers_every_minibatch_not_their_mean():
+    """A stochastic adjoint step applies one minibatch's Hessian: L̂ ≥ λ_max(H_b) of each
+    estimated batch, λ̂_min ≤ λ_min(H_b), though their mean is flatter at both ends."""
+    g = torch.Generator().manual_seed(1)
+    Q, _ = torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=torch.float64))
+    top = torch.linspace(-0.5, 4.0, 30, dtype=torch.float64)
+    H = [torch.diag(top), Q @ torch.diag(top.flip(0) * 0.5) @ Q.T]  # λ_max 4 and 2, λ_min −0.5
+    mean = torch.linalg.eigvalsh((H[0] + H[1]) / 2)
+    assert mean[-1] < 3.6 and mean[0] > -0.45  # the mean's ends lie well inside
+    est = estimate_curvature(_Minibatches(H), [0, 1], iters=60)  # converged: 60 ≥ 2 × 30
+    assert est.L == pytest.approx(4.0, rel=1e-8)
+    assert est.lambda_min == pytest.approx(-0.5, rel=1e-6)
+    # the order of the batches does not matter; one batch: its own spectrum
+    assert estimate_curvature(_Minibatches(H), [1, 0], iters=60).L == pytest.approx(4.0, rel=1e-8)
+    assert estimate_curvature(_Minibatches(H), [1], iters=60).L == pytest.approx(2.0, rel=1e-8)
+    # minibatches="mean" (LearnedDataWeights' until measured): the mean Hessian's ends
+    old = estimate_curvature(_Minibatches(H), [0, 1], iters=60, minibatches="mean")
+    assert old.L == pytest.approx(float(mean[-1]), rel=1e-8)
+    with pytest.raises(ConfigurationError, match="minibatches must be 'each'.*or 'mean'"):
+        EstimatedCurvature(minibatches="max")
+
+
 class _Quadratic:
     """ℓ = ½ wᵀHw − bᵀw + ½ Σ λ w² with an indefinite H: the exact damped adjoint is known."""
 

@@ -6,7 +6,7 @@ non-convex model (a neural network) λ_min < 0 and Φ̂ = w − α∇ℓ̂ is *n
 the adjoint system is then damped (:mod:`.damping`) by a shift δ read from the same estimate.
 
 **Lanczos** (:func:`lanczos_extremes`): m steps of the Lanczos recurrence with Hessian–vector
-products (averaged over the estimate's batches) build the tridiagonal T_m; its extreme eigenvalues
+products build the tridiagonal T_m; its extreme eigenvalues
 θ_min ≤ θ_max (Ritz values) converge to λ_min and λ_max at a rate set by √κ — far faster than the
 power iteration (rate κ) — and both come from the same m products. Ritz values lie *inside* the
 spectrum, so θ_max ≤ L and θ_min ≥ λ_min; the residual bound r = |β_m s_m| (s the Ritz vector's last
@@ -16,6 +16,18 @@ component) says how far an eigenvalue may be. The estimate reports
 * ``lambda_min = θ_min`` and its bound ``lambda_min_error = r_min``; ``uncertain`` when
   r_min > |θ_min| (the sign of λ_min is not settled by m steps),
 * ``mu = max(θ_min, mu_floor·L)`` — the strong-convexity constant the schedules use.
+
+**Per minibatch, not their mean.** A stochastic adjoint step applies *one* minibatch's Hessian
+H_ζ, and it contracts only where that H_ζ's spectrum lies in [λ_min, L]; the mean of B minibatch
+Hessians is flatter at both ends (λ_max is convex, λ_min concave). The estimate therefore reads
+the union of the B batches' spectra, by Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
+B stacked copies of w: the same B products per iteration as on their mean (3B vectors of memory).
+Measured on the main job (``examples/lightning_digits.py``, ``benchmarks/curvature_trace.py``):
+at the refresh at step 320 the mean of 2 batches read L = 0.98 (converged: 40 steps give 0.97),
+the whole training set 1.42, single batches of 32 a median 2.0 and up to 3.8; the adjoint solve
+at α ≈ 2/L then diverged and Recover's re-estimate and retry took the budget of the last hyper
+steps. Per minibatch the refresh reads L = 1.45–3.06; a retry at or after step 290 came in 6 of
+36 runs, against 27 of 36 (docs/weight_decay_budget.md, "Session 44").
 
 Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimizer`):
 
@@ -220,29 +232,43 @@ def estimate_curvature(
     seed: int = 0,
     margin: float = 1.0,
     more: Callable[[int], bool] | None = None,
+    minibatches: str = "each",
 ) -> CurvatureEstimate:
-    """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' mean Hessian.
+    """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' Hessians: the
+    ends of the union of their spectra (each minibatch's, not their mean's: module docstring).
 
     Parameters
     ----------
     phi: a map with ``hessian_vector_product(batch, v)`` and ``inner_parameters`` (the GD map).
-    batches: minibatches whose averaged Hessian stands for ∇²₁₁ℓ.
+    batches: minibatches whose Hessians stand for those of ℓ̂'s minibatches.
     iters: Lanczos steps (Hessian–vector products per batch).
     mu: a known μ (e.g. the smallest weight decay); then λ_min is not estimated.
     mu_floor: μ is at least ``mu_floor × L``.
     margin: L is ``margin`` × the upper estimate θ_max + r (:class:`EstimatedCurvature`).
     more: asked before each Lanczos step after the first (:func:`lanczos_extremes`).
+    minibatches: ``"each"``: the union of the batches' spectra; ``"mean"``: their mean Hessian's.
     """
-    params = phi.inner_parameters  # type: ignore[attr-defined]
+    params = list(phi.inner_parameters)  # type: ignore[attr-defined]
+    n = len(params)
 
-    def hessian(v: Sequence[Tensor]) -> Tensors:
+    def mean(v: Sequence[Tensor]) -> Tensors:
         acc = [torch.zeros_like(x) for x in v]
         for b in batches:
             for a, h in zip(acc, phi.hessian_vector_product(b, v)):  # type: ignore[attr-defined]
                 a.add_(h.detach(), alpha=1.0 / len(batches))
         return acc
 
-    res = lanczos_extremes(hessian, params, iters, seed, more)
+    def per_batch(v: Sequence[Tensor]) -> Tensors:  # diag(H_1, …, H_B) on B stacked copies of w
+        out: Tensors = []
+        for i, b in enumerate(batches):
+            block = v[i * n : (i + 1) * n]
+            out += [h.detach() for h in phi.hessian_vector_product(b, block)]  # type: ignore[attr-defined]
+        return out
+
+    if minibatches == "mean":
+        res = lanczos_extremes(mean, params, iters, seed, more)
+    else:
+        res = lanczos_extremes(per_batch, params * len(batches), iters, seed, more)
     L = margin * (res.theta_max + res.error_max)
     if not math.isfinite(L) or L <= 0:
         log.warning("hypertorch_sid: Lanczos gave no positive L (%.3g); using L = 1.", L)
@@ -356,19 +382,24 @@ class EstimatedCurvature(Curvature):
 
     Parameters
     ----------
-    batches: minibatches whose averaged Hessian is used (the full batch where these would read as
-        many samples), or ``"full"``: the full training batch (``full_train_batch``), exact but
-        ``iters`` epochs per estimate.
+    batches: minibatches whose spectra the estimate covers (each one's, not their mean's; the
+        full batch where these would read as many samples), or ``"full"``: the full training
+        batch (``full_train_batch``), exact but ``iters`` epochs per estimate.
     iters: Lanczos steps per estimate.
     every: re-estimate every this many hyper steps (None: once, and when a guard asks).
     mu_floor: μ ≥ mu_floor·L for the schedules.
     mu: a known μ (e.g. the smallest weight decay): only L is estimated.
+    minibatches: ``"each"`` (default): L̂, λ̂_min are the ends of the union of the ``batches``'
+        spectra (each minibatch's: a stochastic adjoint step applies one; module docstring);
+        ``"mean"``: of their mean Hessian (the estimate before session 44, which
+        :class:`~hypertorch_sid.LearnedDataWeights` keeps until it is measured there). The same
+        where the estimate reads one batch (or the full batch).
     margin: L = ``margin`` × the estimate (≥ 1), so α = 2/(L + μ) leaves room for minibatches
-        sharper than the estimate's: a stochastic adjoint step applies *one* minibatch's
-        Hessian, whose top eigenvalue exceeds that of the mean the estimate reads. Measured on
-        the digits MLP of ``examples/lightning_digits.py`` at step 220: L̂ = 2.6 (2 batches),
-        λ_max = 3.9 on all 300 training images and 1.4–11.5 on single batches of 32; at
-        α = 2/(L̂ + μ) the warm-started adjoint solve diverged (relative residual 14 → 133).
+        sharper than the ``batches`` the estimate read (it covers those: a stochastic adjoint
+        step applies *one* minibatch's Hessian). Measured, when the estimate read the batches'
+        mean, on the digits MLP of ``examples/lightning_digits.py`` at step 220: L̂ = 2.6 (2
+        batches), λ_max = 3.9 on all 300 training images and 1.4–11.5 on single batches of 32;
+        at α = 2/(L̂ + μ) the warm-started adjoint solve diverged (relative residual 14 → 133).
     """
 
     batches: int | str = 4
@@ -377,9 +408,15 @@ class EstimatedCurvature(Curvature):
     mu_floor: float = 1e-4
     mu: float | None = None
     margin: float = 1.0
+    minibatches: str = "each"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.minibatches not in ("each", "mean"):
+            raise ConfigurationError(
+                "EstimatedCurvature.minibatches must be 'each' (the union of the minibatches' "
+                f"spectra) or 'mean' (their mean Hessian's), got {self.minibatches!r}."
+            )
         if self.batches != "full":
             if not is_integer(self.batches) or self.batches < 1:
                 raise ConfigurationError(
@@ -452,7 +489,8 @@ class EstimatedCurvature(Curvature):
         self, probe: CurvatureProbe, batches: list[object]
     ) -> CurvatureEstimate:
         """L, λ_min in the map's coordinates; P dropped (and re-estimated) when non-convex."""
-        est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor, self.margin)
+        args = (batches, self.iters, self.mu, self.mu_floor, self.margin, self.minibatches)
+        est = probe.lanczos(*args)
         if probe.scale is not None and not est.convex:
             log.info(
                 "hypertorch_sid: lambda_min of the preconditioned Hessian is %.3g (non-convex): "
@@ -460,7 +498,7 @@ class EstimatedCurvature(Curvature):
                 est.lambda_min,
             )
             probe.set_scale(None)
-            est = probe.lanczos(batches, self.iters, self.mu, self.mu_floor, self.margin)
+            est = probe.lanczos(*args)
         return est
 
 
@@ -530,6 +568,7 @@ class CurvatureProbe:
         mu: float | None,
         mu_floor: float,
         margin: float = 1.0,
+        minibatches: str = "each",
     ) -> CurvatureEstimate:
         """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted
         product by product; as many iterations as the allowance lets (at least
@@ -545,7 +584,7 @@ class CurvatureProbe:
         with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             est = estimate_curvature(
                 phi, batches, iters, mu=mu, mu_floor=mu_floor, seed=self.hyper_step,
-                margin=margin, more=more,
+                margin=margin, more=more, minibatches=minibatches,
             )  # fmt: skip
         if est.uncertain and not est.convex:
             fix = (

@@ -47,6 +47,7 @@ automatic batching; manual optimisation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -83,7 +84,7 @@ from ..core.sample_weights import (
     weighted_loss,
 )
 from ..core.validation import as_strategy
-from .callback import HyperOptimizationCallback
+from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .problem import BilevelProblem
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
@@ -834,6 +835,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         )
         if not {"config", "batches"} & set(kwargs):
             kwargs["batches"] = Batches(d2=1 if cross_term == "training" else 4)
+        if not {"config", "curvature"} & set(kwargs):  # not yet measured with "each" (session 44)
+            kwargs["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, minibatches="mean")
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
