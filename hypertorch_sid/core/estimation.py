@@ -17,17 +17,19 @@ component) says how far an eigenvalue may be. The estimate reports
   r_min > |θ_min| (the sign of λ_min is not settled by m steps),
 * ``mu = max(θ_min, mu_floor·L)`` — the strong-convexity constant the schedules use.
 
-**Per minibatch, not their mean.** A stochastic adjoint step applies *one* minibatch's Hessian
+**Per minibatch, or their mean** (``minibatches=``). A stochastic adjoint step applies *one* minibatch's Hessian
 H_ζ, and it contracts only where that H_ζ's spectrum lies in [λ_min, L]; the mean of B minibatch
-Hessians is flatter at both ends (λ_max is convex, λ_min concave). The estimate therefore reads
-the union of the B batches' spectra, by Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
+Hessians is flatter at both ends (λ_max is convex, λ_min concave). With ``"each"`` (the drop-ins'
+choice) the estimate reads the union of the B batches' spectra, by Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
 B stacked copies of w: the same B products per iteration as on their mean (3B vectors of memory).
 Measured on the main job (``examples/lightning_digits.py``, ``benchmarks/curvature_trace.py``):
 at the refresh at step 320 the mean of 2 batches read L = 0.98 (converged: 40 steps give 0.97),
 the whole training set 1.42, single batches of 32 a median 2.0 and up to 3.8; the adjoint solve
 at α ≈ 2/L then diverged and Recover's re-estimate and retry took the budget of the last hyper
 steps. Per minibatch the refresh reads L = 1.45–3.06; a retry at or after step 290 came in 6 of
-36 runs, against 27 of 36 (docs/weight_decay_budget.md, "Session 44").
+36 runs, against 27 of 36 (docs/weight_decay_budget.md, "Session 44"). The core's default stays
+``"mean"``: where ℓ draws fresh randomness at every product, the blocks' Lanczos reads a spurious
+negative λ_min (:class:`EstimatedCurvature`).
 
 Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimizer`):
 
@@ -232,10 +234,10 @@ def estimate_curvature(
     seed: int = 0,
     margin: float = 1.0,
     more: Callable[[int], bool] | None = None,
-    minibatches: str = "each",
+    minibatches: str = "mean",
 ) -> CurvatureEstimate:
-    """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' Hessians: the
-    ends of the union of their spectra (each minibatch's, not their mean's: module docstring).
+    """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' Hessians: their
+    mean's, or (``minibatches="each"``) the ends of the union of their spectra (module docstring).
 
     Parameters
     ----------
@@ -389,11 +391,16 @@ class EstimatedCurvature(Curvature):
     every: re-estimate every this many hyper steps (None: once, and when a guard asks).
     mu_floor: μ ≥ mu_floor·L for the schedules.
     mu: a known μ (e.g. the smallest weight decay): only L is estimated.
-    minibatches: ``"each"`` (default): L̂, λ̂_min are the ends of the union of the ``batches``'
-        spectra (each minibatch's: a stochastic adjoint step applies one; module docstring);
-        ``"mean"``: of their mean Hessian (the estimate before session 44, which
-        :class:`~hypertorch_sid.LearnedDataWeights` keeps until it is measured there). The same
-        where the estimate reads one batch (or the full batch).
+    minibatches: ``"mean"`` (default): L̂, λ̂_min of the ``batches``' mean Hessian; ``"each"``:
+        the ends of the union of their spectra (each minibatch's: a stochastic adjoint step
+        applies one; module docstring), the drop-ins' choice (:data:`CALLBACK_CONFIG`). Not the
+        core's default: where ℓ draws fresh randomness at every product (noise injection not
+        replayed, dropout), Lanczos runs on a changing operator, and per block it read
+        λ̂_min = −1.8 on a least-squares problem whose Hessian's spectrum is [1.3, 1.7]: the
+        damping that followed biased the hypergradient by 34–64 %
+        (``test_fresh_gaussian_noise_in_inner_loss_gives_the_expected_objectives_hypergradient``;
+        the mean of the batches: within 3 %). The same where the estimate reads one batch (or
+        the full batch).
     margin: L = ``margin`` × the estimate (≥ 1), so α = 2/(L + μ) leaves room for minibatches
         sharper than the ``batches`` the estimate read (it covers those: a stochastic adjoint
         step applies *one* minibatch's Hessian). Measured, when the estimate read the batches'
@@ -408,7 +415,7 @@ class EstimatedCurvature(Curvature):
     mu_floor: float = 1e-4
     mu: float | None = None
     margin: float = 1.0
-    minibatches: str = "each"
+    minibatches: str = "mean"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -568,7 +575,7 @@ class CurvatureProbe:
         mu: float | None,
         mu_floor: float,
         margin: float = 1.0,
-        minibatches: str = "each",
+        minibatches: str = "mean",
     ) -> CurvatureEstimate:
         """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted
         product by product; as many iterations as the allowance lets (at least
