@@ -17,10 +17,11 @@ component) says how far an eigenvalue may be. The estimate reports
   r_min > |θ_min| (the sign of λ_min is not settled by m steps),
 * ``mu = max(θ_min, mu_floor·L)`` — the strong-convexity constant the schedules use.
 
-**Per minibatch, or their mean** (``minibatches=``). A stochastic adjoint step applies *one* minibatch's Hessian
-H_ζ, and it contracts only where that H_ζ's spectrum lies in [λ_min, L]; the mean of B minibatch
-Hessians is flatter at both ends (λ_max is convex, λ_min concave). With ``"each"`` (the drop-ins'
-choice) the estimate reads the union of the B batches' spectra, by Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
+**Per minibatch, or their mean** (``minibatches=``). A stochastic adjoint step applies *one*
+minibatch's Hessian H_ζ, and it contracts only where that H_ζ's spectrum lies in [λ_min, L]; the
+mean of B minibatch Hessians is flatter at both ends (λ_max is convex, λ_min concave). With
+``"each"`` (the drop-ins' choice) the estimate reads the union of the B batches' spectra, by
+Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
 B stacked copies of w: the same B products per iteration as on their mean (3B vectors of memory).
 Measured on the main job (``examples/lightning_digits.py``, ``benchmarks/curvature_trace.py``):
 at the refresh at step 320 the mean of 2 batches read L = 0.98 (converged: 40 steps give 0.97),
