@@ -79,12 +79,18 @@ def test_curvature_estimate_covers_every_minibatch_not_their_mean():
     H = [torch.diag(top), Q @ torch.diag(top.flip(0) * 0.5) @ Q.T]  # λ_max 4 and 2, λ_min −0.5
     mean = torch.linalg.eigvalsh((H[0] + H[1]) / 2)
     assert mean[-1] < 3.6 and mean[0] > -0.45  # the mean's ends lie well inside
-    est = estimate_curvature(_Minibatches(H), [0, 1], iters=60, minibatches="each")  # converged: 60 ≥ 2 × 30
+    est = estimate_curvature(
+        _Minibatches(H), [0, 1], iters=60, minibatches="each"
+    )  # converged: 60 ≥ 2 × 30
     assert est.L == pytest.approx(4.0, rel=1e-8)
     assert est.lambda_min == pytest.approx(-0.5, rel=1e-6)
     # the order of the batches does not matter; one batch: its own spectrum
-    assert estimate_curvature(_Minibatches(H), [1, 0], iters=60, minibatches="each").L == pytest.approx(4.0, rel=1e-8)
-    assert estimate_curvature(_Minibatches(H), [1], iters=60, minibatches="each").L == pytest.approx(2.0, rel=1e-8)
+    assert estimate_curvature(
+        _Minibatches(H), [1, 0], iters=60, minibatches="each"
+    ).L == pytest.approx(4.0, rel=1e-8)
+    assert estimate_curvature(
+        _Minibatches(H), [1], iters=60, minibatches="each"
+    ).L == pytest.approx(2.0, rel=1e-8)
     # minibatches="mean" (the core's default): the mean Hessian's ends
     old = estimate_curvature(_Minibatches(H), [0, 1], iters=60)
     assert old.L == pytest.approx(float(mean[-1]), rel=1e-8)
