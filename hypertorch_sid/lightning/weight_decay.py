@@ -86,7 +86,7 @@ from ..core.modes import frozen_mode
 from ..core.outer_step import TrustRprop
 from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_invariant
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
-from .isolation import private_rng
+from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
 from .problem import BilevelProblem
 
@@ -1044,15 +1044,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         probe = self._probe_pending()
         if probe and not self._probe_planned and self.budget.plans_costs():
             self._probe_planned = True
-            with self.budget.added_work():
+            with self.budget.added_work(), metric_states_kept(pl_module):
                 cost = probe_cost(
                     self.problem, pl_module, self._probe_batch,
                     self.budget.synchronized_clock, seed=self.seed,
                 )  # fmt: skip
             self.budget.expect_one_off(cost)
         allowed = super()._budget_allows(trainer, pl_module)
-        if allowed and probe:
-            with self.budget.added_work():
+        if allowed and probe:  # the user's metrics see no probe forward (as in a hyper step)
+            with self.budget.added_work(), metric_states_kept(pl_module):
                 self._probe(pl_module)
             self.budget.expect_one_off(0.0)
         return allowed
