@@ -66,7 +66,7 @@ def test_the_flat_names_of_0_1_are_refused_with_their_replacement(name, replacem
 
 def test_strategies_are_refined_by_replacing_their_fields():
     c = CALLBACK_CONFIG.replace(curvature=dataclasses.replace(CALLBACK_CONFIG.curvature, iters=30))
-    assert c.curvature == EstimatedCurvature(batches=2, iters=30, every=10, minibatches="each")
+    assert c.curvature == EstimatedCurvature(batches=2, iters=30, every=10)
     assert c.on_divergence == Recover(retries=2)  # untouched
     c = SIDConfig(curvature=KnownCurvature(4.0, 0.5), on_divergence=BackOff(2))
     assert c.replace(batches=Batches(d2="full")).curvature == KnownCurvature(4.0, 0.5)

@@ -20,7 +20,7 @@ component) says how far an eigenvalue may be. The estimate reports
 **Per minibatch, or their mean** (``minibatches=``). A stochastic adjoint step applies *one*
 minibatch's Hessian H_ζ, and it contracts only where that H_ζ's spectrum lies in [λ_min, L]; the
 mean of B minibatch Hessians is flatter at both ends (λ_max is convex, λ_min concave). With
-``"each"`` (the drop-ins' choice) the estimate reads the union of the B batches' spectra, by
+``"each"`` (an option) the estimate reads the union of the B batches' spectra, by
 Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
 B stacked copies of w: the same B products per iteration as on their mean (3B vectors of memory).
 Measured on the main job (``examples/lightning_digits.py``, ``benchmarks/curvature_trace.py``):
@@ -28,8 +28,10 @@ at the refresh at step 320 the mean of 2 batches read L = 0.98 (converged: 40 st
 the whole training set 1.42, single batches of 32 a median 2.0 and up to 3.8; the adjoint solve
 at α ≈ 2/L then diverged and Recover's re-estimate and retry took the budget of the last hyper
 steps. Per minibatch the refresh reads L = 1.45–3.06; a retry at or after step 290 came in 6 of
-36 runs, against 27 of 36 (docs/weight_decay_budget.md, "Session 44"). The core's default stays
-``"mean"``: where ℓ draws fresh randomness at every product, the blocks' Lanczos reads a spurious
+36 runs, against 27 of 36 (docs/weight_decay_budget.md, "Session 44"). Not the default: with
+no budget the main job's final test loss was worse on 11 of 12 seeds (a larger L, a smaller α,
+less progress per adjoint step), the benchmark's settings within noise; and where ℓ draws fresh
+randomness at every product, the blocks' Lanczos reads a spurious
 negative λ_min (:class:`EstimatedCurvature`).
 
 Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimizer`):
@@ -394,11 +396,11 @@ class EstimatedCurvature(Curvature):
     mu: a known μ (e.g. the smallest weight decay): only L is estimated.
     minibatches: ``"mean"`` (default): L̂, λ̂_min of the ``batches``' mean Hessian; ``"each"``:
         the ends of the union of their spectra (each minibatch's: a stochastic adjoint step
-        applies one; module docstring), the drop-ins' choice (:data:`CALLBACK_CONFIG`). Not the
-        core's default: where ℓ draws fresh randomness at every product (noise injection not
-        replayed, dropout), Lanczos runs on a changing operator, and per block it read
-        λ̂_min = −1.8 on a least-squares problem whose Hessian's spectrum is [1.3, 1.7]: the
-        damping that followed biased the hypergradient by 34–64 %
+        applies one; module docstring), an option. Not the default (module docstring): where
+        ℓ draws fresh randomness at every product (noise injection not replayed, dropout),
+        Lanczos runs on a changing operator, and per block it read λ̂_min = −1.8 on a
+        least-squares problem whose Hessian's spectrum is [1.3, 1.7]: the damping that followed
+        biased the hypergradient by 34–64 %
         (``test_fresh_gaussian_noise_in_inner_loss_gives_the_expected_objectives_hypergradient``;
         the mean of the batches: within 3 %). The same where the estimate reads one batch (or
         the full batch).
