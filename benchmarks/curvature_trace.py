@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -189,20 +186,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="the callback's sampling seed")
     parser.add_argument("--out", type=Path, required=True)
     a = parser.parse_args()
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning", "hypertorch_sid"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    args = argparse.Namespace(
-        n_train=300,
-        n_val=300,
-        hidden=128,
-        epochs=40,
-        batch_size=32,
-        lr=0.05,
-        seed=0,
-        logs=Path(tempfile.gettempdir()) / "curvature_trace_logs",
-    )  # fmt: skip  (the example's defaults)
+    args = spread.example_args("curvature_trace_logs")
     data = job.splits(args.n_train, args.n_val, args.seed)
     patch()
     kw = {} if a.seed is None else {"seed": a.seed}

@@ -109,6 +109,19 @@ def cost(data: dict, args: argparse.Namespace, rounds: int) -> dict[str, Any]:
     return dict(cpu_s=cpu, ratios=ratios, load_average=os.getloadavg()[0])
 
 
+def example_args(logs: str) -> argparse.Namespace:
+    """The main job's own settings (its defaults), one thread, its logs under the temp dir, and
+    Lightning's and the library's messages quiet."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    for name in ("pytorch_lightning", "lightning", "hypertorch_sid"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return argparse.Namespace(
+        n_train=300, n_val=300, hidden=128, epochs=40, batch_size=32, lr=0.05, seed=0,
+        logs=Path(tempfile.gettempdir()) / logs,
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8)
@@ -119,20 +132,7 @@ def main() -> None:
     parser.add_argument("--cost", type=int, default=0, help="time this many rounds instead")
     parser.add_argument("--out", type=Path, required=True)
     a = parser.parse_args()
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning", "hypertorch_sid"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    args = argparse.Namespace(
-        n_train=300,
-        n_val=300,
-        hidden=128,
-        epochs=40,
-        batch_size=32,
-        lr=0.05,
-        seed=0,
-        logs=Path(tempfile.gettempdir()) / "main_job_spread_logs",
-    )  # fmt: skip  (the example's defaults)
+    args = example_args("main_job_spread_logs")
     data = job.splits(args.n_train, args.n_val, args.seed)
     if a.cost:
         a.out.parent.mkdir(parents=True, exist_ok=True)

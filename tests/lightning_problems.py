@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import BilevelModule
+from hypertorch_sid import BilevelModule, IndexedDataset
 
 D = 5  # features of the default ridge problem
 f64 = torch.float64
@@ -139,6 +139,21 @@ class RidgeData(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=self.val_batch_size)
+
+
+class IndexedFullBatch(pl.LightningDataModule):
+    """A training set (indexed, :class:`~hypertorch_sid.IndexedDataset`) and a validation set,
+    each as one full batch: the exact problems of the data-weight oracles."""
+
+    def __init__(self, X: Tensor, y: Tensor, Xv: Tensor, yv: Tensor) -> None:
+        super().__init__()
+        self.X, self.y, self.Xv, self.yv = X, y, Xv, yv
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(IndexedDataset(TensorDataset(self.X, self.y)), batch_size=len(self.X))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=len(self.Xv))
 
 
 def trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:

@@ -20,9 +20,8 @@ from test_data_weights_recipes import blobs
 from test_data_weights_tasks import BAD, Task, fit, flagged_quietly, mlp, regression, separation
 from test_optimizer_decay_modelled import EXACT, WD, PerSampleRegression
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
+from hypertorch_sid import ConfigurationError, LearnedDataWeights
 from hypertorch_sid.core.sample_weights import SampleWeights, TrainingCrossTerm, weighted_loss
 
 
@@ -153,20 +152,13 @@ def test_the_mean_logit_gauge_is_the_exact_hypergradient_up_to_a_common_shift():
     X, y, Xv, yv = lp.ridge_data()
     n = len(X)
 
-    class Loaders(pl.LightningDataModule):
-        def train_dataloader(self) -> DataLoader:
-            return DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=n)
-
-        def val_dataloader(self) -> DataLoader:
-            return DataLoader(TensorDataset(Xv, yv), batch_size=len(Xv))
-
     steps = 300
     cb = LearnedDataWeights(
         cross_term="hyper_step", objective="mean_loss", every_n_steps=steps, start_step=0,
         outer_lr=1e-12, seed=0, sparse_grad=False, **EXACT,
     )  # fmt: skip
     lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(
-        PerSampleRegression(), datamodule=Loaders()
+        PerSampleRegression(), datamodule=lp.IndexedFullBatch(X, y, Xv, yv)
     )
     assert cb.problem.weights is not None and cb.problem.weights.gauge == "mean_logit"
     x = torch.zeros(n, dtype=torch.float64, requires_grad=True)

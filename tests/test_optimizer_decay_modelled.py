@@ -22,13 +22,11 @@ from test_data_weights_lightning import NOISY, Classifier, Data, callback, preci
 from test_weight_decay import MLP
 from test_weight_decay import RidgeData as WDData
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
     Batches,
     GaussNewton,
     HyperOptimizationCallback,
-    IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
 )
@@ -292,13 +290,6 @@ def test_data_weights_oracle_on_weighted_ridge_with_the_optimizer_decay():
     X, y, Xv, yv = lp.ridge_data()
     n = len(X)
 
-    class Loaders(pl.LightningDataModule):
-        def train_dataloader(self) -> DataLoader:
-            return DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=n)
-
-        def val_dataloader(self) -> DataLoader:
-            return DataLoader(TensorDataset(Xv, yv), batch_size=len(Xv))
-
     steps = 300
     cb = LearnedDataWeights(
         cross_term="hyper_step", objective="mean_loss", every_n_steps=steps, start_step=0,
@@ -306,7 +297,9 @@ def test_data_weights_oracle_on_weighted_ridge_with_the_optimizer_decay():
         gauge="batch",  # the exact derivative ("mean_logit", a regression's default: up to a shift)
     )  # fmt: skip
     model = PerSampleRegression()
-    lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(model, datamodule=Loaders())
+    lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(
+        model, datamodule=lp.IndexedFullBatch(X, y, Xv, yv)
+    )
     x = torch.zeros(n, dtype=torch.float64, requires_grad=True)  # the logits the step read
     weights = torch.sigmoid(x) / torch.sigmoid(x).sum()
     A = X.T @ (weights[:, None] * X) + WD * torch.eye(lp.D, dtype=torch.float64)
