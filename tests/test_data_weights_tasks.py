@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
-from hypertorch_sid.core.sample_weights import ExpectedError
+from hypertorch_sid.core.sample_weights import BelowWeight, ExpectedError
 
 N, BAD = 240, 72  # the first BAD training examples are corrupted
 
@@ -130,7 +130,7 @@ def test_a_regression_is_refused_under_the_default_objective_naming_mean_loss():
 def test_squared_error_with_outliers_needs_the_unnormalised_weighted_loss(outputs):
     """MSE: the outliers' gradients (6² larger) dominate the self-normalised loss's batch mean,
     and every weight moves with it: measured 0.37 / 0.36, flagged() warned and flagged nothing.
-    normalize=False (mean ωᵢℓᵢ) separates, and what it flags are outliers."""
+    normalize=False (mean ωᵢℓᵢ) separates, and the rows below ω₀/2 are outliers."""
 
     def step(z: Tensor, y: Tensor) -> Tensor:
         out = F.mse_loss(z, y, reduction="none")
@@ -140,8 +140,14 @@ def test_squared_error_with_outliers_needs_the_unnormalised_weighted_loss(output
     cb = fit(Task(mlp(4, outputs), step), data, objective="mean_loss", normalize=False)
     outliers, clean = separation(cb)
     assert outliers < clean - 0.25, (outliers, clean)
-    flagged = flagged_quietly(cb)
-    assert len(flagged) >= 20 and bool((flagged < BAD).all())
+    # BelowWeight, not flagged()'s TwoComponentSplit: only about a third of the outliers move
+    # (their logits 10/50/90 % −4.0 / 2.0 / 4.2, the clean 3.3 / 4.1 / 5.0), no second bump, and
+    # the split sits at its D ≥ 2 edge: with three outputs under the curvature estimate
+    # minibatches="each" (session 44) the same logits (−4.25 / 2.0 / 4.1 under "mean") fit at
+    # D = 1.96 and it flags nothing (31 under "mean"); ω < ω₀/2 flags 21 / 24 under "each",
+    # 23 / 26 under "mean", all outliers (runs/s44_each/moved_tests_rules.txt)
+    flagged = cb.flagged(BelowWeight())
+    assert len(flagged) >= 18 and bool((flagged < BAD).all()), flagged
 
 
 @pytest.mark.parametrize("loss", list(LOSSES))
@@ -320,15 +326,28 @@ def test_noisy_labels_with_a_tiny_class_keep_its_clean_examples():
     assert len(tiny) >= 4 and bool((cb.data_weights()[tiny] > 0.5).all())
     flagged = flagged_quietly(cb)
     assert not set(tiny.tolist()) & set(flagged.tolist())
-    assert int((flagged < BAD).sum()) >= 65
+    # the flags are the corrupted labels: 64 of 72, 3 of the 67 flagged clean, since the
+    # curvature estimate minibatches="each" (session 44; the clean rows' logits 10/50/90 %
+    # −3.5 / 0.0 / 3.5, the corrupted rows' a tight bump at −5.4). Of the 8 not flagged, 3 sit at
+    # ω ≤ 0.011 and 5 are labelled 2 (the tiny class). Under "mean" the clean rows drifted down
+    # (median logit −1.1) and 175 rows were flagged, 70 corrupted (precision 0.40)
+    hits = int((flagged < BAD).sum())
+    assert hits >= 60 and hits / len(flagged) > 0.9, (hits, len(flagged))
 
 
-def test_per_class_weights_with_a_tiny_class_are_finite_and_flag_no_class():
-    """Per class: class 2's training labels are mostly shifted ones (of 1), so its weight is
-    the lowest, but above ω₀/2: no class is flagged."""
-    cb = fit(
-        Task(mlp(2, 3), cross_entropy), imbalanced(), indexed=False, per="class", num_classes=3
-    )
+def test_per_class_weights_with_a_tiny_class_are_finite_and_flag_only_the_mislabelled_one():
+    """Per class: the weights fall with each class's share of wrong training labels (class 0: 7
+    of 88, class 1: 33 of 115, class 2: 32 of 37, mostly shifted ones of class 1), and only
+    class 2 may be flagged. Measured: ω = 0.77 / 0.36 / 0.21, class 2 below ω₀/2 = 0.25 and
+    flagged, since the curvature estimate minibatches="each" (session 44); under "mean"
+    0.66 / 0.38 / 0.32, none flagged."""
+    data = imbalanced()
+    cb = fit(Task(mlp(2, 3), cross_entropy), data, indexed=False, per="class", num_classes=3)
+    given, true = data[1], data[1].clone()
+    true[:BAD] = (true[:BAD] - 1) % 3
+    wrong = [float((true[given == c] != c).float().mean()) for c in range(3)]
+    assert wrong[0] < 0.1 < wrong[1] < 0.5 < 0.8 < wrong[2]
     w = cb.data_weights()
-    assert w.shape == (3,) and bool(torch.isfinite(w).all()) and int(w.argmin()) == 2
-    assert flagged_quietly(cb).numel() == 0
+    assert w.shape == (3,) and bool(torch.isfinite(w).all())
+    assert float(w[2]) < float(w[1]) < float(w[0]), w
+    assert set(flagged_quietly(cb).tolist()) <= {2}
