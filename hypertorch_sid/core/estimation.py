@@ -397,10 +397,10 @@ class EstimatedCurvature(Curvature):
     minibatches: ``"mean"`` (default): L̂, λ̂_min of the ``batches``' mean Hessian; ``"each"``:
         the ends of the union of their spectra (each minibatch's: a stochastic adjoint step
         applies one; module docstring), ``LearnedDataWeights``' choice. Not the default
-        (module docstring): where ℓ draws fresh randomness at every product (noise injection not replayed, dropout),
-        Lanczos runs on a changing operator, and per block it read λ̂_min = −1.8 on a
-        least-squares problem whose Hessian's spectrum is [1.3, 1.7]: the damping that followed
-        biased the hypergradient by 34–64 %
+        (module docstring): where ℓ draws fresh randomness at every product (noise injection
+        not replayed, dropout), Lanczos runs on a changing operator, and per block it read
+        λ̂_min = −1.8 on a least-squares problem whose Hessian's spectrum is [1.3, 1.7]: the
+        damping that followed biased the hypergradient by 34–64 %
         (``test_fresh_gaussian_noise_in_inner_loss_gives_the_expected_objectives_hypergradient``;
         the mean of the batches: within 3 %). The same where the estimate reads one batch (or
         the full batch).
