@@ -7,7 +7,7 @@
 # Usage: bash run.sh (seeds 1-5) or SEEDS="6 7 8 9 10" TAG=seeds678910 bash run.sh; table: python $R/table.py
 R=benchmarks/results/noisy_labels/runs/s44_each
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-PY=/work/main/.venv/bin/python
+PY=${PYTHON:-python}
 B="$PY benchmarks/bench_noisy_labels.py --epochs 12 --clip 1 --threads 1"
 SEEDS=${SEEDS:-1 2 3 4 5}
 TAG=${TAG:-seeds12345}

@@ -2,7 +2,7 @@
 # difference was the largest, -0.23 +- 0.17 points). No stored oracle for these seeds: table.py pairs them by seed only.
 R=benchmarks/results/noisy_labels/runs/s44_each
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-PY=/work/main/.venv/bin/python
+PY=${PYTHON:-python}
 B="$PY benchmarks/bench_noisy_labels.py --epochs 12 --clip 1 --threads 1"
 C='"batches": 2, "iters": 10, "every": 10'
 for ARM in mean each; do

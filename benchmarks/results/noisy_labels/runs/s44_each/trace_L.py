@@ -6,7 +6,7 @@ Usage (repository root), e.g. (trace_L_seed1.txt):
 PYTHONPATH=$PWD OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 python <this folder>/trace_L.py \\
   --epochs 12 --clip 1 --threads 1 --datasets fashion --noise symmetric --seeds 1 \\
   --methods drop_in --drop-in-kwargs '{"curvature": {"batches": 2, "iters": 10, "every": 10,
-  "minibatches": "each"}}' --out /tmp/trace.json
+  "minibatches": "each"}}' --out trace.json
 """
 
 from __future__ import annotations
