@@ -218,11 +218,11 @@ def test_class_relative_error_through_the_drop_in():
     assert corrupted < clean - 0.2, (float(corrupted), float(clean))
     # its flags are imprecise here (ExpectedError above 0.7): the clean examples drift down too
     # (mean ω 0.23 against 0.03): on three easy classes every Ē_c is small and the log amplifies
-    # each batch's few errors. TwoComponentSplit takes 200 of 240 rows at seed 0, precision /
-    # recall 0.35 / 0.97 (72 of 240 corrupted: 0.30 by chance), and flagged()'s evidence gate
-    # refuses them, rightly (flagged rows fitted no worse than the 40 kept: median losses 0.020
-    # against 0.027); under the curvature estimate minibatches="mean" (before session 44) 186
-    # rows, 0.37 / 0.96, passed the gate. The rule's rows are read directly
+    # each batch's few errors. TwoComponentSplit takes 186 rows at seed 0, 0.37 / 0.96 (72 of
+    # 240 corrupted: 0.30 by chance); with the curvature estimate minibatches="each" (an option,
+    # session 44) 200 of 240, 0.35 / 0.97, which flagged()'s evidence gate refuses, rightly
+    # (flagged rows fitted no worse than the 40 kept: median losses 0.020 against 0.027). The
+    # rule's rows are read directly
     _, recall = precision_recall(cb.flagged(TwoComponentSplit()))
     assert recall > 0.8, recall
     assert cb.history[-1]["hyper/outer_loss"] < 0

@@ -326,21 +326,19 @@ def test_noisy_labels_with_a_tiny_class_keep_its_clean_examples():
     assert len(tiny) >= 4 and bool((cb.data_weights()[tiny] > 0.5).all())
     flagged = flagged_quietly(cb)
     assert not set(tiny.tolist()) & set(flagged.tolist())
-    # the flags are the corrupted labels: 64 of 72, 3 of the 67 flagged clean, since the
-    # curvature estimate minibatches="each" (session 44; the clean rows' logits 10/50/90 %
-    # −3.5 / 0.0 / 3.5, the corrupted rows' a tight bump at −5.4). Of the 8 not flagged, 3 sit at
-    # ω ≤ 0.011 and 5 are labelled 2 (the tiny class). Under "mean" the clean rows drifted down
-    # (median logit −1.1) and 175 rows were flagged, 70 corrupted (precision 0.40)
-    hits = int((flagged < BAD).sum())
-    assert hits >= 60 and hits / len(flagged) > 0.9, (hits, len(flagged))
+    # the corrupted labels are flagged (70 of 72), with many clean rows: the clean rows' weights
+    # drift down (median logit −1.1), 175 flagged, precision 0.40. With the curvature estimate
+    # minibatches="each" (an option, session 44): 64 of 72 among 67 flagged (precision 0.96),
+    # but on the benchmarks within noise and leaning worse (docs/data_weights.md)
+    assert int((flagged < BAD).sum()) >= 65
 
 
 def test_per_class_weights_with_a_tiny_class_are_finite_and_flag_only_the_mislabelled_one():
     """Per class: the weights fall with each class's share of wrong training labels (class 0: 7
     of 88, class 1: 33 of 115, class 2: 32 of 37, mostly shifted ones of class 1), and only
     class 2 may be flagged. Measured: ω = 0.77 / 0.36 / 0.21, class 2 below ω₀/2 = 0.25 and
-    flagged, since the curvature estimate minibatches="each" (session 44); under "mean"
-    0.66 / 0.38 / 0.32, none flagged."""
+    flagged with the curvature estimate minibatches="each" (session 44); under "mean"
+    0.66 / 0.38 / 0.32, none flagged (the default)."""
     data = imbalanced()
     cb = fit(Task(mlp(2, 3), cross_entropy), data, indexed=False, per="class", num_classes=3)
     given, true = data[1], data[1].clone()

@@ -20,7 +20,7 @@ component) says how far an eigenvalue may be. The estimate reports
 **Per minibatch, or their mean** (``minibatches=``). A stochastic adjoint step applies *one*
 minibatch's Hessian H_ζ, and it contracts only where that H_ζ's spectrum lies in [λ_min, L]; the
 mean of B minibatch Hessians is flatter at both ends (λ_max is convex, λ_min concave). With
-``"each"`` (``LearnedDataWeights``' choice) the estimate reads the union of the B batches'
+``"each"`` (an option) the estimate reads the union of the B batches'
 spectra, by Lanczos on the block-diagonal diag(H_1, …, H_B) acting on
 B stacked copies of w: the same B products per iteration as on their mean (3B vectors of memory).
 Measured on the main job (``examples/lightning_digits.py``, ``benchmarks/curvature_trace.py``):
@@ -396,7 +396,7 @@ class EstimatedCurvature(Curvature):
     mu: a known μ (e.g. the smallest weight decay): only L is estimated.
     minibatches: ``"mean"`` (default): L̂, λ̂_min of the ``batches``' mean Hessian; ``"each"``:
         the ends of the union of their spectra (each minibatch's: a stochastic adjoint step
-        applies one; module docstring), ``LearnedDataWeights``' choice. Not the default
+        applies one; module docstring), an option. Not the default
         (module docstring): where ℓ draws fresh randomness at every product (noise injection
         not replayed, dropout), Lanczos runs on a changing operator, and per block it read
         λ̂_min = −1.8 on a least-squares problem whose Hessian's spectrum is [1.3, 1.7]: the

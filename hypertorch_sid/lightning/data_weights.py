@@ -47,7 +47,6 @@ automatic batching; manual optimisation.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -84,7 +83,7 @@ from ..core.sample_weights import (
     weighted_loss,
 )
 from ..core.validation import as_strategy
-from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
+from .callback import HyperOptimizationCallback
 from .problem import BilevelProblem
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
@@ -835,16 +834,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
         )
         if not {"config", "batches"} & set(kwargs):
             kwargs["batches"] = Batches(d2=1 if cross_term == "training" else 4)
-        # the curvature estimate reads each minibatch (EstimatedCurvature(minibatches="each"): L
-        # and λ_min from the union of their spectra), not their mean Hessian as the other
-        # callbacks do. Against "mean" (this callback's until session 44), bench_noisy_labels
-        # 40 % noise, each − mean paired by seed, test accuracy: MNIST / Fashion symmetric
-        # −0.04 ± 0.36 / −0.13 ± 0.22 points (10 / 15 seeds), pair −0.21 ± 0.60 / +0.17 ± 0.53
-        # (10); flag precision and recall within ±0.01; on a tiny noisy class 64 of 67 flagged
-        # rows corrupted against 70 of 175 (docs/data_weights.md). (LearnedWeightDecay keeps
-        # "mean": with "each" its main job was worse on 11 of 12 seeds without a budget.)
-        if not {"config", "curvature"} & set(kwargs):
-            kwargs["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, minibatches="each")
+        # the curvature estimate is the callbacks' (the mean of its minibatches' Hessians).
+        # EstimatedCurvature(minibatches="each") (the union of their spectra), against it,
+        # paired by seed (session 44, docs/data_weights.md): bench_noisy_labels 40 % noise, test
+        # accuracy MNIST / Fashion symmetric −0.04 ± 0.36 / −0.13 ± 0.22 points (10 / 15 seeds;
+        # Fashion 11 of 15 lower), pair −0.21 ± 0.60 / +0.17 ± 0.53; the imbalanced example per
+        # class −0.15 ± 0.13 (4 of 5 lower), per sample +0.23 ± 0.73; better only on a toy tiny
+        # class (64 of 67 flagged rows corrupted, against 70 of 175). Not adopted.
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
