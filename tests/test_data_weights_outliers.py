@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import warnings
 
-import lightning_problems as lp
 import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from test_data_weights_recipes import blobs
 from test_data_weights_tasks import BAD, Task, fit, flagged_quietly, mlp, regression, separation
-from test_optimizer_decay_modelled import EXACT, WD, PerSampleRegression
+from test_optimizer_decay_modelled import fit_weighted_ridge
 from torch import Tensor
 
 from hypertorch_sid import ConfigurationError, LearnedDataWeights
@@ -149,23 +148,9 @@ def test_the_mean_logit_gauge_is_the_exact_hypergradient_up_to_a_common_shift():
     hypergradient of E(w*(x)) by autograd through the closed form) under the regression's
     default gauge: at x = 0 every ω′ᵢ is ¼, so the two gauges differ by one constant over the
     rows, −α ω′ û / Σ ω (the common shift the mean-logit projection then removes)."""
-    X, y, Xv, yv = lp.ridge_data()
-    n = len(X)
-
-    steps = 300
-    cb = LearnedDataWeights(
-        cross_term="hyper_step", objective="mean_loss", every_n_steps=steps, start_step=0,
-        outer_lr=1e-12, seed=0, sparse_grad=False, **EXACT,
-    )  # fmt: skip
-    lp.trainer([cb], max_steps=steps, limit_val_batches=0).fit(
-        PerSampleRegression(), datamodule=lp.IndexedFullBatch(X, y, Xv, yv)
-    )
+    cb, _, _, exact = fit_weighted_ridge()
+    n = len(exact)
     assert cb.problem.weights is not None and cb.problem.weights.gauge == "mean_logit"
-    x = torch.zeros(n, dtype=torch.float64, requires_grad=True)
-    weights = torch.sigmoid(x) / torch.sigmoid(x).sum()
-    A = X.T @ (weights[:, None] * X) + WD * torch.eye(lp.D, dtype=torch.float64)
-    w = torch.linalg.solve(A, X.T @ (weights * y))
-    (exact,) = torch.autograd.grad(0.5 * ((Xv @ w - yv) ** 2).mean(), x)
     shift = cb.last_hypergradient[0] - exact
     scale = float(exact.abs().max())
     torch.testing.assert_close(shift, shift.mean().expand(n), rtol=0, atol=1e-7 * scale)
