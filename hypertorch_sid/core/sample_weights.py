@@ -459,7 +459,8 @@ class Normaliser(ABC):
 
     xᵢ° a row's logit when a minibatch read it (:meth:`read` keeps it until the outer step), m
     the statistic at the last full pass (f(z) = z for the mean logit, eᶻ for log Z), in
-    float64: O(rows read) per outer step. Once the rows moved since the last full pass reach n,
+    float64: O(rows read) per outer step. Once the rows moved since the last full pass reach n
+    (about n/b steps of b rows moved: every row read is kept, only those that changed count),
     S is recomputed in one pass, so the amortised cost stays O(rows) and the rounding drift is
     that of at most n/b updates of a float64 sum. So it is wherever the logits were written
     other than by an outer step on the rows read (a checkpoint restored, a ``copy_``: the
@@ -565,7 +566,7 @@ class Normaliser(ABC):
         if not bool(torch.isfinite(total)):  # a non-finite step: λ is restored, then re-read
             self._exact_for, self._reads, self._read_rows = None, [], 0
             return
-        moved = self._moved + int(rows.numel())
+        moved = self._moved + int((new != old).sum())  # rows read that the step moved
         if moved < self.family.n and self.in_range(total):
             self._sum = total
             self._settle(moved)
