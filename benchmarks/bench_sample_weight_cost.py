@@ -189,6 +189,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("n (per-sample weights)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
+    axes[1].set_yscale("log")  # dense Adam's pass over n beside the sparse steps' fraction of a ms
     axes[2].set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
