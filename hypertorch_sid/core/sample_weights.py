@@ -581,6 +581,10 @@ class Normaliser(ABC):
         """After an outer step, one pass over the n rows."""
         self.full_pass()
 
+    def offset(self) -> Tensor | None:
+        """A common shift the weights read the stored logits with (None: none)."""
+        return None
+
     def release(self) -> None:
         """Before the family stops keeping this statistic (another gauge or gradient)."""
         return None
@@ -821,7 +825,7 @@ class SampleWeights:
             return x
         if index is not None:
             held.read(index, x)
-        offset = held.offset() if isinstance(held, MeanLogitGauge) else None
+        offset = held.offset()
         return x if offset is None else x - offset.to(x.dtype)
 
     @property
