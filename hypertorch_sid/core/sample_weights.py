@@ -18,7 +18,9 @@ A minibatch reads only its own rows of x, so the cross term of eq. gradestim,
 is zero outside ζ: the rows are gathered (``torch.gather``; with ``sparse_grad=True`` its
 backward is a sparse COO tensor of the rows read, else an ``index_add`` into the full tensor) and
 :class:`LazyAdam` moves only the rows whose hypergradient is non-zero. With ``sparse_grad=True``
-the whole hyper step (cross term, checks, outer step) costs the same for any n.
+the whole hyper step (cross term, checks, outer step) costs the same for any n, the statistics
+of all n rows that softmax weights and the mean-logit gauge read included: they are kept from
+the rows that moved (:class:`Normaliser`, eq. keptsum).
 :class:`IndexedDataset` adds the index to each sample so that a batch says which rows it reads.
 
 Usage with a plain :class:`~hypertorch_sid.SIDHyperOptimizer`::
@@ -66,9 +68,12 @@ __all__ = [
     "Indexed",
     "IndexedDataset",
     "LazyAdam",
+    "MeanLogitGauge",
+    "Normaliser",
     "SampleWeights",
     "SharedLossWeights",
     "SigmoidWeights",
+    "SoftmaxNormaliser",
     "SoftmaxWeights",
     "TrainingCrossTerm",
     "TwoComponentSplit",
@@ -173,7 +178,13 @@ class WeightParameterization(ABC):
         shared term, :class:`SharedLossWeights`; ignored by the per-row ones)."""
 
     def refresh(self, family: SampleWeights) -> None:
-        """Update any normaliser after x changed (called after each outer step)."""
+        """Update any state of the parameterisation after x changed (called after each outer
+        step; a normaliser over all rows is a :meth:`normaliser`, kept by the family)."""
+        return None
+
+    def normaliser(self, family: SampleWeights) -> Normaliser | None:
+        """The statistic of all n logits that :meth:`rows` reads (log Z of softmax weights), or
+        None: the family keeps it across outer steps."""
         return None
 
     def bind(self, family: SampleWeights) -> None:
@@ -186,8 +197,9 @@ class WeightParameterization(ABC):
         return []
 
     def effective_logits(self, family: SampleWeights) -> Tensor:
-        """The logit each row's weight is now the σ/softmax of (detached): x itself here."""
-        return family.logits.detach()
+        """The logit each row's weight is now the σ/softmax of (detached): x itself here
+        (:meth:`SampleWeights.logits_of`)."""
+        return family.logits_of().detach()
 
     def param_groups(self, hyperparameters: Tensors) -> list[dict[str, Any]]:
         """The outer optimizer's parameter groups over ``family.hyperparameters``: one here
@@ -264,7 +276,8 @@ class NaturalSigmoidWeights(SigmoidWeights):
 class SoftmaxWeights(WeightParameterization):
     """ωᵢ = n·exp(xᵢ − log Z), log Z = logsumexp(x): weights that average 1 over the data set.
 
-    log Z is recomputed after every outer step (one pass over the n logits) and held fixed
+    log Z follows the logits after every outer step (:class:`SoftmaxNormaliser`: one pass over
+    the n logits with dense gradients, O(rows moved) with row-sparse ones) and is held fixed
     within a hyper step: the exact gradient also moves every row j outside the minibatch, by
     −pⱼ·c with pⱼ = exp(xⱼ)/Z ≈ 1/n and c a scalar of the batch, a term of order 1/n per row
     that is dropped (it would make every hyper step cost O(n)).
@@ -287,9 +300,8 @@ class SoftmaxWeights(WeightParameterization):
     ) -> Tensor:
         return family.n * torch.exp(x - family.log_normaliser)
 
-    def refresh(self, family: SampleWeights) -> None:
-        with torch.no_grad():
-            family.log_normaliser = torch.logsumexp(family.logits.detach(), 0)
+    def normaliser(self, family: SampleWeights) -> Normaliser:
+        return SoftmaxNormaliser(family)
 
     def __repr__(self) -> str:
         return "SoftmaxWeights()"
@@ -408,7 +420,8 @@ class SharedLossWeights(WeightParameterization):
 
     def effective_logits(self, family: SampleWeights) -> Tensor:
         with torch.no_grad():
-            return family.logits.detach() + self.shift(self.last_z).to(family.logits.dtype)  # type: ignore[arg-type]
+            x = family.logits_of().detach()
+            return x + self.shift(self.last_z).to(x.dtype)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return (
@@ -428,6 +441,237 @@ PARAMETERIZATIONS: dict[str, Callable[[], WeightParameterization]] = {
 def as_weight_parameterization(value: str | WeightParameterization) -> WeightParameterization:
     """A :class:`WeightParameterization` from its name (``"sigmoid"``, ``"softmax"``) or itself."""
     return as_strategy("parameterization", value, WeightParameterization, PARAMETERIZATIONS)
+
+
+# ---------------------------------------------------------------------- statistics of all n rows
+class Normaliser(ABC):
+    """A statistic of all n logits that the weights read, held within a hyper step and kept
+    across outer steps: log Z of :class:`SoftmaxWeights` (:class:`SoftmaxNormaliser`), the mean
+    logit x̄ of the mean-logit gauge (:class:`MeanLogitGauge`). The family owns one
+    (:attr:`SampleWeights.normaliser`) and updates it after every outer step (its projection).
+
+    With dense gradients (every row may move: ``torch.optim.Adam``) it is recomputed after
+    every outer step, one pass over the n logits. With row-sparse ones (``sparse_grad=True``:
+    the outer optimizer moves only the rows of its gradient, which a minibatch read) it is kept
+    from a sum over the rows that moved,
+
+        S = Σᵢ f(xᵢ − m),   S ← S + Σ_{i read} [f(xᵢ − m) − f(xᵢ° − m)],          (eq. keptsum)
+
+    xᵢ° a row's logit when a minibatch read it (:meth:`read` keeps it until the outer step), m
+    the statistic at the last full pass (f(z) = z for the mean logit, eᶻ for log Z), in
+    float64: O(rows read) per outer step. Once the rows moved since the last full pass reach n
+    (about n/b steps of b rows moved: every row read is kept, only those that changed count),
+    S is recomputed in one pass, so the amortised cost stays O(rows) and the rounding drift is
+    that of at most n/b updates of a float64 sum. So it is wherever the logits were written
+    other than by an outer step on the rows read (a checkpoint restored, a ``copy_``: the
+    tensor's version counter says so at the next read or step). A due full pass that finds
+    the kept statistic off by more than rounding (an optimizer that moved rows it was not
+    given, e.g. SGD with momentum on sparse gradients) says so once and recomputes after every
+    step from then on. ``full_passes`` counts the passes over the n rows.
+    """
+
+    #: S right after a full pass, Σᵢ f(xᵢ − m): 0 for the mean, 1 for log Z
+    START: float = 0.0
+    #: |kept − recomputed| above DRIFT·(1 + |statistic|): rows moved that were not read
+    DRIFT = 1e-9
+
+    def __init__(self, family: SampleWeights) -> None:
+        self.family = family
+        self.full_passes = 0
+        #: False once a full pass found rows moved that no minibatch had read
+        self.trusted = True
+        self._centre = torch.zeros((), dtype=torch.float64)  # m of eq. keptsum
+        self._sum = torch.zeros((), dtype=torch.float64)  # S of eq. keptsum
+        self._exact_for: tuple[Any, ...] | None = None  # the logits m and S are exact for
+        self._reads: list[tuple[Tensor, Tensor]] = []
+        self._read_rows = 0
+        self._moved = 0  # rows moved since the last full pass
+
+    # ------------------------------------------------------------------ what it is
+    @staticmethod
+    @abstractmethod
+    def f(z: Tensor) -> Tensor:
+        """f of eq. keptsum, elementwise."""
+
+    @abstractmethod
+    def statistic_of(self, x: Tensor) -> Tensor:
+        """The statistic of all the logits ``x`` (float64), in one pass: m."""
+
+    @abstractmethod
+    def value_of(self, centre: Tensor, total: Tensor) -> Tensor:
+        """The statistic from m and S."""
+
+    def in_range(self, total: Tensor) -> bool:
+        """Whether S keeps its relative precision (else a full pass re-centres it)."""
+        return True
+
+    # ------------------------------------------------------------------ how it is kept
+    @property
+    def kept(self) -> bool:
+        """Whether S is kept from the rows moved (eq. keptsum) rather than recomputed."""
+        return self.family.sparse_grad and self.trusted
+
+    def value(self) -> Tensor:
+        """The statistic the weights read (float64, a 0-d tensor): that of the logits after the
+        last outer step, recomputed where anything else wrote them since."""
+        if self._exact_for != self._logits_now():
+            self.full_pass()
+        return self.value_of(self._centre, self._sum)
+
+    def read(self, index: Tensor, rows: Tensor) -> None:
+        """A minibatch reads the rows ``index`` (``rows``: their logits now), which the next
+        outer step may move: their values are kept until then (at most n of them)."""
+        if not self.kept:
+            return
+        if self._exact_for != self._logits_now():
+            self.full_pass()
+        if self._read_rows <= self.family.n:
+            self._reads.append((index, rows.detach().clone()))
+            self._read_rows += int(index.numel())
+
+    @torch.no_grad()
+    def full_pass(self) -> None:
+        """m ← the statistic of the n logits, S ← its value at m (``START``): one pass."""
+        self._centre = self.statistic_of(self.family.logits.detach().double())
+        self._sum = torch.full_like(self._centre, self.START)
+        self._settle(moved=0)
+        self.full_passes += 1
+
+    def _logits_now(self) -> tuple[Any, ...]:
+        """What identifies the logits' values (an in-place write bumps the version)."""
+        x = self.family.logits
+        return (x._version, x.data_ptr(), x.dtype, x.device)
+
+    def _settle(self, moved: int) -> None:
+        self._exact_for = self._logits_now()
+        self._reads, self._read_rows, self._moved = [], 0, moved
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """After an outer step: eq. keptsum over the rows it moved, or a full pass where due."""
+        if not self.kept:
+            self.step_full()
+            return
+        if self._exact_for == self._logits_now():
+            return  # nothing moved
+        if not self._reads or self._read_rows > self.family.n:
+            self.step_full()  # written without a read to account for it, or too many reads
+            return
+        index = torch.cat([i for i, _ in self._reads])
+        before = torch.cat([r for _, r in self._reads])
+        rows, inverse = torch.unique(index, return_inverse=True)
+        old = before.new_empty(rows.shape).scatter_(0, inverse, before).double()
+        new = self.family.logits.detach().index_select(0, rows).double()
+        total = self._sum + (self.f(new - self._centre) - self.f(old - self._centre)).sum()
+        if not bool(torch.isfinite(total)):  # a non-finite step: λ is restored, then re-read
+            self._exact_for, self._reads, self._read_rows = None, [], 0
+            return
+        moved = self._moved + int((new != old).sum())  # rows read that the step moved
+        if moved < self.family.n and self.in_range(total):
+            self._sum = total
+            self._settle(moved)
+            return
+        kept = self.value_of(self._centre, total)
+        exact = self.statistic_of(self.family.logits.detach().double())
+        if float((kept - exact).abs()) > self.DRIFT * (1 + float(exact.abs())):
+            self._untrusted(kept, exact)
+        self.step_full()
+
+    def step_full(self) -> None:
+        """After an outer step, one pass over the n rows."""
+        self.full_pass()
+
+    def offset(self) -> Tensor | None:
+        """A common shift the weights read the stored logits with (None: none)."""
+        return None
+
+    def release(self) -> None:
+        """Before the family stops keeping this statistic (another gauge or gradient)."""
+        return None
+
+    def _untrusted(self, kept: Tensor, exact: Tensor) -> None:
+        self.trusted = False
+        warnings.warn(
+            f"{type(self).__name__}: the outer step moved rows of the {self.family.n} logits "
+            f"that no minibatch had read (kept {float(kept):.10g}, recomputed "
+            f"{float(exact):.10g}): with sparse_grad=True the outer optimizer must move only the "
+            "rows of its gradient (LazyAdam, or SGD without momentum). It is recomputed over "
+            "all n rows after every outer step from now on.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
+class MeanLogitGauge(Normaliser):
+    """The mean logit x̄ that ``SampleWeights(gauge="mean_logit")`` holds at x₀.
+
+    With dense gradients each outer step is followed by the shift x ← x − (x̄ − x₀) of every
+    row. With row-sparse ones the shift is held, not applied: the weights read
+    ωᵢ = T(xᵢ − c), c = x̄ − x₀ (:meth:`SampleWeights.logits_of`; x̄ kept by eq. keptsum with
+    f(z) = z), the same numbers to rounding at O(rows) per step, and c is folded into the
+    logits (the shift applied) at each full pass after a step. The stored logits then differ
+    from the dense path's by c, one common shift that the self-normalised loss does not see;
+    :meth:`SampleWeights.logits_of` and :meth:`SampleWeights.state_dict` give them shifted.
+    """
+
+    START = 0.0
+
+    @staticmethod
+    def f(z: Tensor) -> Tensor:
+        return z
+
+    def statistic_of(self, x: Tensor) -> Tensor:
+        return x.mean()
+
+    def value_of(self, centre: Tensor, total: Tensor) -> Tensor:
+        return centre + total / self.family.n
+
+    @property
+    def x0(self) -> float:
+        family = self.family
+        return family.parameterization.logit(family.initial_weight, family.n)
+
+    def offset(self) -> Tensor | None:
+        """c = x̄ − x₀, the common shift the weights read the logits with (None: none held,
+        the logits are shifted in place)."""
+        return self.value() - self.x0 if self.kept else None
+
+    @torch.no_grad()
+    def step_full(self) -> None:
+        """x ← x − (x̄ − x₀) in place, then x̄ in one pass."""
+        x = self.family.logits
+        x.sub_(x.mean() - self.x0)
+        if self.kept:
+            self.full_pass()
+        else:  # x̄ = x₀ now; nothing else reads it
+            self.full_passes += 1
+
+    @torch.no_grad()
+    def release(self) -> None:
+        c = self.offset()
+        if c is not None and float(c) != 0.0:
+            self.family.logits.sub_(c.to(self.family.logits.dtype))
+
+
+class SoftmaxNormaliser(Normaliser):
+    """log Z = logsumexp(x) of :class:`SoftmaxWeights`, kept by eq. keptsum with f(z) = eᶻ
+    around the last full pass's log Z (S starts at 1; once it leaves [½, 2] a full pass
+    re-centres it, so a row's term cannot overflow and the sum keeps its relative precision)."""
+
+    START = 1.0
+
+    @staticmethod
+    def f(z: Tensor) -> Tensor:
+        return torch.exp(z)
+
+    def statistic_of(self, x: Tensor) -> Tensor:
+        return torch.logsumexp(x, 0)
+
+    def value_of(self, centre: Tensor, total: Tensor) -> Tensor:
+        return centre + torch.log(total)
+
+    def in_range(self, total: Tensor) -> bool:
+        return 0.5 <= float(total) <= 2.0
 
 
 # ---------------------------------------------------------------------- the family
@@ -465,18 +709,25 @@ class SampleWeights:
         the minibatch's Σ ωᵢℓᵢ / Σ ωᵢ, row i's hypergradient −α ω′ᵢ(uᵢ − û)/Σ ω with
         uᵢ = ⟨∇ℓᵢ, v⟩ and û their weighted mean over the minibatch. ``"mean_logit"``: each row's
         own −α ω′ᵢuᵢ/Σ ω (the normaliser held in the weights' gradient), and the mean logit
-        held at x₀ after every outer step (:meth:`projection`). The two differ only along
-        the common shift of the logits, which the self-normalised loss does not see (exactly for
-        small ω); they differ in noise where a few rows carry û: a squared error with
-        outlying targets, whose û then swings the whole minibatch with those rows (the
-        per-row outer step turns that common noise into each row's own walk). Sigmoid
-        parameterisations only.
+        held at x₀ after every outer step (:meth:`projection`; with ``sparse_grad`` the
+        shift is held and folded in by the readers, :class:`MeanLogitGauge`, O(rows) per
+        step). The two differ only along the common shift of the logits, which the
+        self-normalised loss does not see (exactly for small ω); they differ in noise where a
+        few rows carry û: a squared error with outlying targets, whose û then swings the whole
+        minibatch with those rows (the per-row outer step turns that common noise into each
+        row's own walk). Sigmoid parameterisations only.
 
     Attributes
     ----------
     logits:
         The learned tensor x, shape ``(n,)``, ``requires_grad=True``: the hyperparameter of
-        :class:`~hypertorch_sid.SIDHyperOptimizer` (``hyperparameters == [logits]``).
+        :class:`~hypertorch_sid.SIDHyperOptimizer` (``hyperparameters == [logits]``). Under
+        ``gauge="mean_logit"`` with ``sparse_grad`` it holds the logits up to a common shift
+        that the weights fold in: read them with :meth:`logits_of`.
+    normaliser:
+        The statistic of all n logits the weights read (:class:`Normaliser`: log Z of softmax
+        weights, the mean logit of the mean-logit gauge), or None; kept across outer steps at
+        O(rows moved) per step with ``sparse_grad``.
     """
 
     def __init__(
@@ -510,9 +761,9 @@ class SampleWeights:
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
+        self.normaliser: Normaliser | None = None
         self.parameterization.bind(self)
         self.use_sparse_grad(sparse_grad)
-        self.log_normaliser = torch.tensor(math.log(n), dtype=dtype, device=device)
         self.parameterization.refresh(self)
         self.use_gauge(gauge)
 
@@ -528,15 +779,30 @@ class SampleWeights:
                 f"{self.parameterization!r} is not a sigmoid parameterisation: use "
                 "gauge='batch' (or parameterization='sigmoid')."
             )
-        self.gauge = gauge
+        self._hold(lambda: setattr(self, "gauge", gauge))
 
     def use_sparse_grad(self, sparse_grad: bool) -> None:
         """Switch between row-sparse and dense gradients of the logits (see ``sparse_grad``)."""
-        self.sparse_grad = bool(sparse_grad)
-        if self.sparse_grad:
-            mark_row_sparse(self.logits)
-        elif hasattr(self.logits, ROW_SPARSE):
-            delattr(self.logits, ROW_SPARSE)
+
+        def switch() -> None:
+            self.sparse_grad = bool(sparse_grad)
+            if self.sparse_grad:
+                mark_row_sparse(self.logits)
+            elif hasattr(self.logits, ROW_SPARSE):
+                delattr(self.logits, ROW_SPARSE)
+
+        self._hold(switch)
+
+    def _hold(self, change: Callable[[], None]) -> None:
+        """Apply ``change`` (the gauge or the gradients) and the :class:`Normaliser` it asks
+        for: the parameterisation's (softmax's log Z) or the mean-logit gauge's, or none; a
+        shift the old one held is folded into the logits first (the weights do not change)."""
+        if self.normaliser is not None:
+            self.normaliser.release()
+        change()
+        self.normaliser = self.parameterization.normaliser(self)
+        if self.gauge == "mean_logit":
+            self.normaliser = MeanLogitGauge(self)
 
     @property
     def hyperparameters(self) -> Tensors:
@@ -545,6 +811,32 @@ class SampleWeights:
         return [self.logits, *self.parameterization.hyperparameters]
 
     # ------------------------------------------------------------------ reading the weights
+    def logits_of(self, index: Tensor | None = None) -> Tensor:
+        """x of the rows ``index`` (a checked 1-D long tensor; None: every row) as the weights
+        read them: gathered from :attr:`logits` (differentiable; a sparse backward with
+        ``sparse_grad``), less the mean-logit gauge's held shift (:class:`MeanLogitGauge`).
+        Every reader of the weights goes through here, which also tells the
+        :attr:`normaliser` which rows the next outer step may move."""
+        x = self.logits
+        if index is not None:
+            x = torch.gather(x, 0, index, sparse_grad=self.sparse_grad)
+        held = self.normaliser
+        if held is None:
+            return x
+        if index is not None:
+            held.read(index, x)
+        offset = held.offset()
+        return x if offset is None else x - offset.to(x.dtype)
+
+    @property
+    def log_normaliser(self) -> Tensor:
+        """log Z = logsumexp(x) of softmax weights (held within a hyper step), in the logits'
+        dtype; log n for another parameterisation."""
+        x = self.logits
+        if isinstance(self.normaliser, SoftmaxNormaliser):
+            return self.normaliser.value().to(x.dtype)
+        return torch.tensor(math.log(self.n), dtype=x.dtype, device=x.device)
+
     def check_index(self, index: Tensor) -> Tensor:
         """``index`` as a 1-D long tensor on the logits' device, or a clear error."""
         if not isinstance(index, Tensor):
@@ -568,8 +860,7 @@ class SampleWeights:
         ``losses``: the rows' per-sample losses now, for a parameterisation that reads them
         (:class:`SharedLossWeights`; without them it uses each row's last ones)."""
         index = self.check_index(index)
-        x = torch.gather(self.logits, 0, index, sparse_grad=self.sparse_grad)
-        return self.parameterization.rows(x, self, index, losses)
+        return self.parameterization.rows(self.logits_of(index), self, index, losses)
 
     def weighted_mean(self, losses: Tensor, index: Tensor, normalize: bool = False) -> Tensor:
         """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,));
@@ -588,7 +879,7 @@ class SampleWeights:
         """Every ω (detached, shape ``(n,)``)."""
         with torch.no_grad():
             every = torch.arange(self.n, device=self.logits.device)
-            return self.parameterization.rows(self.logits.detach(), self, every).clone()
+            return self.parameterization.rows(self.logits_of().detach(), self, every).clone()
 
     def flagged(self, rule: FlagRule | float | None = None) -> Tensor:
         """Indices of the rows the outer objective learned to distrust, by ``rule``: a
@@ -604,17 +895,20 @@ class SampleWeights:
     # ------------------------------------------------------------------ after an outer step
     def projection(self, hyperparameters: Iterable[Tensor] | None = None) -> None:
         """P_Λ for :class:`SIDHyperOptimizer` (``FeasibleSet(project=weights.projection)``): the
-        logits are unconstrained, but a normaliser (softmax) follows them; with
-        ``gauge="mean_logit"`` their mean is moved back to x₀ (a common shift)."""
-        if self.gauge == "mean_logit":
-            with torch.no_grad():
-                x0 = self.parameterization.logit(self._initial, self.n)
-                self.logits.sub_(self.logits.mean() - x0)
+        logits are unconstrained, but a normaliser (softmax's log Z) follows them; with
+        ``gauge="mean_logit"`` their mean is moved back to x₀ (a common shift). Both are kept
+        by the :attr:`normaliser`: O(rows moved) with ``sparse_grad``, one pass over n
+        otherwise."""
+        if self.normaliser is not None:
+            self.normaliser.update()
         self.parameterization.refresh(self)
 
     def state_dict(self) -> dict[str, Any]:
-        """The logits (what a checkpoint of the callback also holds, through the optimizer)."""
-        return {"logits": self.logits.detach().clone()}
+        """The logits as the weights read them (:meth:`logits_of`: a held mean-logit shift
+        folded in; a checkpoint of the callback holds the stored ones, through the optimizer,
+        from which the same weights follow)."""
+        with torch.no_grad():
+            return {"logits": self.logits_of().detach().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (the same n rows), or a clear error."""
@@ -625,7 +919,7 @@ class SampleWeights:
                 f"{self.n} rows: the checkpoint belongs to another data set."
             )
         with torch.no_grad():
-            self.logits.copy_(x)
+            self.logits.copy_(x)  # the normaliser sees the write (a full pass at the next read)
         self.parameterization.refresh(self)
 
     def __repr__(self) -> str:
@@ -1537,7 +1831,7 @@ class TrainingCrossTerm:
         index = w.check_index(index)
         shared = w.parameterization.hyperparameters
         with torch.enable_grad():
-            x = w.logits.detach().index_select(0, index).requires_grad_(True)
+            x = w.logits_of(index).detach().requires_grad_(True)
             omega = w.parameterization.rows(x, w, index, losses)
             held = w.gauge == "mean_logit"
             inner = weighted_loss(check_per_sample(u, index), omega, self.normalize, held)

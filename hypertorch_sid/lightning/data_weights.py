@@ -307,8 +307,7 @@ class DataWeightsProblem:
         # bfloat16 under "bf16-true"), as LearnedWeightDecay's λ does
         dtype = next((p.dtype for p in inner if p.is_floating_point()), weights.logits.dtype)
         with torch.no_grad():
-            weights.logits.data = weights.logits.data.to(module.device, dtype)
-            weights.log_normaliser = weights.log_normaliser.to(module.device, dtype)
+            weights.logits.data = weights.logits.data.to(module.device, dtype)  # log Z follows
             weights.parameterization.bind(weights)
         self._wrap(module)
         return BilevelProblem(
