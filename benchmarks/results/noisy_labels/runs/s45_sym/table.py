@@ -66,6 +66,18 @@ def cpu(runs: dict[int, dict], seeds: list[int], method: str) -> float:
     return sum(runs[s][method]["cpu_s"] for s in seeds)
 
 
+def mech(runs: dict[int, dict], seeds: list[int]) -> str:
+    """The drop-in's mean weight of the corrupted examples and flagged()'s precision / recall."""
+    keys = ("weight_corrupted_mean", "flag_precision", "flag_recall")
+    w, p, r = (sum(runs[s]["drop_in"][k] for s in seeds) / len(seeds) for k in keys)
+    return f"{w:.3f}, {p:.2f} / {r:.2f}"
+
+
+def rec(m: dict[int, float], p: dict[int, float], o: dict[int, float], seeds: list[int]) -> str:
+    """The gap recovered over ``seeds`` (accuracies by seed)."""
+    return pct(ratio([m[s] for s in seeds], [p[s] for s in seeds], [o[s] for s in seeds]))
+
+
 def paired(a: list[float], b: list[float]) -> str:
     diff = [y - x for x, y in zip(a, b)]
     m, se = mean_se(diff)
@@ -79,8 +91,9 @@ def pct(r: tuple[float, float]) -> str:
 lines = ["## Screen: seeds 1-10, symmetric 40 % (default, plain, oracle: ../refresh_s42/avx2)", ""]
 lines += [
     "| candidate | setting | default | candidate | candidate − default (points) "
-    "| gap recovered: default → candidate | CPU s per run: default (stored) / candidate |",
-    "| --- | --- | --- | --- | --- | --- | --- |",
+    "| gap recovered: default → candidate | CPU s per run: default (stored) / candidate "
+    "| ω corrupted, flags P / R: default; candidate |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- |",
 ]
 for arm in ARMS:
     for ds in ("mnist", "fashion"):
@@ -95,7 +108,8 @@ for arm in ARMS:
             f"| {arm} | {ds} symmetric, seeds {seeds[0]}–{seeds[-1]} | {mean_se(d)[0]:.2f} "
             f"| {mean_se(c)[0]:.2f} | {paired(d, c)} | {pct(ratio(d, p, o))} → "
             f"{pct(ratio(c, p, o))} | {cpu(base, seeds, 'drop_in') / len(seeds):.1f} / "
-            f"{cpu(cand, seeds, 'drop_in') / len(seeds):.1f} |"
+            f"{cpu(cand, seeds, 'drop_in') / len(seeds):.1f} | {mech(base, seeds)}; "
+            f"{mech(cand, seeds)} |"
         )
 
 for arm in ARMS:
@@ -106,8 +120,8 @@ for arm in ARMS:
     lines += [
         "| setting | seeds | plain | oracle | default | candidate | candidate − default (points) "
         "| gap recovered: default → candidate | CPU × plain: candidate (same process) / "
-        "default (plain of the next process) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "default (plain of the next process) | ω corrupted, flags P / R: default; candidate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for ds, noise in SETTINGS:
         fc = HERE / "confirm" / f"{arm}_{ds}_{noise}.json"
@@ -123,7 +137,44 @@ for arm in ARMS:
             f"| {ds} {noise} | {seeds[0]}–{seeds[-1]} | {mean_se(p)[0]:.2f} | {mean_se(o)[0]:.2f} "
             f"| {mean_se(d)[0]:.2f} | {mean_se(c)[0]:.2f} | {paired(d, c)} "
             f"| {pct(ratio(d, p, o))} → {pct(ratio(c, p, o))} "
-            f"| {cpu(cand, seeds, 'drop_in') / cp:.2f} / {cpu(base, seeds, 'drop_in') / cp:.2f} |"
+            f"| {cpu(cand, seeds, 'drop_in') / cp:.2f} / {cpu(base, seeds, 'drop_in') / cp:.2f} "
+            f"| {mech(base, seeds)}; {mech(cand, seeds)} |"
+        )
+
+for arm in ARMS:  # every seed run: stored 1-10 and fresh 16-30 (the candidate's screen: 1-10)
+    if not (HERE / "confirm" / f"{arm}_mnist_symmetric.json").exists():
+        continue
+    lines += ["", f"## Every seed run, default and {arm}: gap recovered (ratio of means)", ""]
+    lines += [
+        "| setting | default: seeds, gap recovered | candidate: seeds, gap recovered "
+        "| candidate − default (points, paired) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for ds, noise in SETTINGS:
+        fc = HERE / "confirm" / f"{arm}_{ds}_{noise}.json"
+        fd = HERE / "confirm" / f"default_{ds}_{noise}.json"
+        if not (fc.exists() and fd.exists()):
+            continue
+        cand, base, old = load(fc, ds, noise), load(fd, ds, noise), stored(ds, noise)
+        fresh = sorted(set(cand) & set(base))
+        acc_p = {s: acc(old, [s], "plain")[0] for s in old}
+        acc_p |= {s: acc(cand, [s], "plain")[0] for s in fresh}
+        acc_o = {s: acc(old, [s], "oracle")[0] for s in old}
+        acc_o |= {s: acc(base, [s], "oracle")[0] for s in fresh}
+        acc_d = {s: acc(old, [s], "drop_in")[0] for s in old}
+        acc_d |= {s: acc(base, [s], "drop_in")[0] for s in fresh}
+        acc_c = {s: acc(cand, [s], "drop_in")[0] for s in fresh}
+        screen = HERE / "screen" / f"{arm}_{ds}_{noise}.json"
+        if screen.exists():
+            scr = load(screen, ds, noise)
+            acc_c |= {s: acc(scr, [s], "drop_in")[0] for s in scr}
+        sd, sc = sorted(acc_d), sorted(acc_c)
+
+        both = sorted(set(sd) & set(sc))
+        diff = paired([acc_d[s] for s in both], [acc_c[s] for s in both])
+        lines.append(
+            f"| {ds} {noise} | {len(sd)} seeds, {rec(acc_d, acc_p, acc_o, sd)} | {len(sc)} seeds, "
+            f"{rec(acc_c, acc_p, acc_o, sc)} | {diff} |"
         )
 
 for arm in ARMS:
