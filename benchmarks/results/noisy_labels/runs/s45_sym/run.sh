@@ -7,6 +7,7 @@
 #        ARM=<name> bash run.sh confirm   (fresh seeds 16-30, all four settings: the default and
 #                              the oracle in one process, plain and the candidate in the next)
 #        ARM=<name> bash run.sh news20    (20 Newsgroups seeds 0-8: default and candidate per seed)
+#        ARMS=start50 bash run.sh screen   (a screen only, after the confirmation)
 #        python $R/table.py   (table.md)
 R=benchmarks/results/noisy_labels/runs/s45_sym
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
@@ -17,6 +18,7 @@ declare -A KW=(
   [d2x4]='{"batches": {"d2": 4}}'
   [val512]='{"val_batch_size": 512}'
   [classrel]='{"objective": {"class_relative_error": {"q": 0.5}}}'
+  [start50]='{"start_step": 50}'
 )
 case "$1" in
 screen)

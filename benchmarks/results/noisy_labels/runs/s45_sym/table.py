@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 STORED = HERE.parent / "refresh_s42" / "avx2"
-ARMS = ("q075", "d2x4", "val512", "classrel")
+ARMS = ("q075", "d2x4", "val512", "classrel", "start50")
 SETTINGS = [(ds, noise) for noise in ("symmetric", "pair") for ds in ("mnist", "fashion")]
 
 
