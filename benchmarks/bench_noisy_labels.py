@@ -82,6 +82,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+from hypertorch_sid.core.config import Batches  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 from hypertorch_sid.core.sample_weights import (  # noqa: E402
     OBJECTIVES,
@@ -363,6 +364,8 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
             kwargs["directional"] = ForwardDifference(**kwargs["directional"])
         if isinstance(kwargs.get("curvature"), dict):  # JSON: EstimatedCurvature's fields
             kwargs["curvature"] = EstimatedCurvature(**kwargs["curvature"])
+        if isinstance(kwargs.get("batches"), dict):  # JSON: Batches' fields, e.g. {"d2": 4}
+            kwargs["batches"] = Batches(**kwargs["batches"])
         cb = LearnedDataWeights(
             per=per, num_classes=10 if per == "class" else None, seed=seed, **kwargs
         )
