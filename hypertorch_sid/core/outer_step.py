@@ -218,8 +218,8 @@ class TrustRprop(torch.optim.Optimizer):
         so this sets how soon λ leaves a λ₀ where decay does not pay. Measured as the
         drop-in's outer step (``fall_eta=2.0``, 9 seeds × 7 settings,
         ``docs/weight_decay_budget.md``, "Session 45"): 20 Newsgroups −0.0043 ± 0.0006 test
-        loss, but the Fashion MLP and the main job's recipe worse by more than their s.e.
-        (late falls speed up too): an option for recipes where no decay is expected to pay.
+        loss, but the Fashion MLP and the main job's recipe worse by more than their s.e.:
+        an option for recipes where no decay is expected to pay.
     """
 
     def __init__(
