@@ -5,6 +5,7 @@
 # Writes OUT/weight_decay_<ARM>_<SETTING>_<base>_seed<N>.json (base: rerun 0-2, heldout 3-5,
 # heldout2 6-8), paired with the stored picks by benchmarks/issue28_beat_table.py.
 # usage (from anywhere): [OUT=folder] [PYTHON=python] bash benchmarks/issue28_beat_run_arm.sh SETTING ARM KWARGS_JSON
+#   (BENCH=a script taking bench_weight_decay.py's arguments, e.g. a probe that patches it)
 #   e.g. bash benchmarks/issue28_beat_run_arm.sh fashion_cnn held '{"invariant": "held"}'
 set -euo pipefail
 S=$1; ARM=$2; KW=$3
@@ -20,7 +21,7 @@ for pair in "rerun:0 1 2" "heldout:3 4 5" "heldout2:6 7 8"; do
     *) reuse="$R/weight_decay_${base}_seed{seed}.json" ;;
   esac
   # shellcheck disable=SC2086  # $seeds: one word per seed
-  PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 ${PYTHON:-python} benchmarks/bench_weight_decay.py \
+  PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 ${PYTHON:-python} "${BENCH:-benchmarks/bench_weight_decay.py}" \
     --settings "$S" --seeds $seeds --methods learned_per_layer --optuna-trials 0 \
     --learned-kwargs "$KW" --threads 1 --reuse "$reuse" \
     --out "$OUT/weight_decay_${ARM}_${S}_${base}.json"

@@ -6,7 +6,8 @@ against ctl, the default rerun in the same hour): writes table_<arm>.{md,json}; 
 of (arm − grid pick) for the arm, ctl and the stored default; and per arm and setting the paired
 differences with the number of seeds above 0: rule.{md,json}.
 
-usage (from anywhere): python table.py [ARM...]   (default: fall20 eta20 eta15)
+usage (from anywhere): python table.py [ARM[:CONTROL]...]   (default: fall20 eta20 eta15
+ff10:ctl2; CONTROL, the same-hour rerun of the default to pair with, defaults to ctl)
 """
 
 import json
@@ -60,10 +61,10 @@ def verdict(arm: str, d: dict, ctl: dict) -> tuple[dict, str]:
     return rec, row
 
 
-def per_setting(arm: str, d: dict, dep: dict) -> list[str]:
+def per_setting(arm: str, d: dict, dep: dict, ctl: str) -> list[str]:
+    heads = " | ".join(f"{arm} − {ctl if k is None else r}" for r, k in REFS)
     rows = ["", f"{arm}, per setting (mean ± s.e., seeds above 0 of 9):", "",
-            "| setting | " + " | ".join(f"{arm} − {r}" for r, _ in REFS) + " |",
-            "|---|" + "---|" * len(REFS)]  # fmt: skip
+            f"| setting | {heads} |", "|---|" + "---|" * len(REFS)]  # fmt: skip
     for s, rec in d.items():
         cells = []
         for _, key in REFS:
@@ -79,13 +80,13 @@ def per_setting(arm: str, d: dict, dep: dict) -> list[str]:
 
 
 def main() -> None:
-    arms = sys.argv[1:] or ["fall20", "eta20", "eta15"]
-    data = {}
-    for arm in ["ctl", *arms]:
-        settings = [s for s in SETTINGS if have(arm, s) and have("ctl", s)]
-        md, data[arm] = table(
-            arm, settings, None, here, DEPLOYMENTS, None if arm == "ctl" else "ctl"
-        )
+    specs = sys.argv[1:] or ["fall20", "eta20", "eta15", "ff10:ctl2"]
+    control = {a: c or "ctl" for a, _, c in (x.partition(":") for x in specs)}
+    arms, data = list(control), {}
+    for arm in [*dict.fromkeys(control.values()), *arms]:
+        ctl = control.get(arm)
+        settings = [s for s in SETTINGS if have(arm, s) and have(ctl or arm, s)]
+        md, data[arm] = table(arm, settings, None, here, DEPLOYMENTS, ctl)
         (here / f"table_{arm}.md").write_text(md + "\n")
         (here / f"table_{arm}.json").write_text(json.dumps(data[arm], indent=1))
         print(f"\n{arm}\n{md}")
@@ -93,16 +94,16 @@ def main() -> None:
     for path in DEPLOYMENTS:
         dep.update(json.loads(path.read_text())["deployment"]["settings"])
     rows = [
-        "| arm | settings | worse than ctl by > s.e. | mean (arm − grid) | mean (ctl − grid) "
+        "| arm | settings | worse than its ctl by > s.e. | mean (arm − grid) | mean (ctl − grid) "
         "| mean (stored default − grid) | rule |",
         "|---|---:|---|---:|---:|---:|---|",
     ]
     rule = {}
     for arm in arms:
-        rule[arm], row = verdict(arm, data[arm], data["ctl"])
+        rule[arm], row = verdict(arm, data[arm], data[control[arm]])
         rows.append(row)
     for arm in arms:
-        rows += per_setting(arm, data[arm], dep)
+        rows += per_setting(arm, data[arm], dep, control[arm])
     (here / "rule.md").write_text("\n".join(rows) + "\n")
     (here / "rule.json").write_text(json.dumps(rule, indent=1))
     print("\n" + "\n".join(rows))
