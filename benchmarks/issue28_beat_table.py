@@ -10,7 +10,12 @@ default; the stored runs ran on another machine and load, so their times do not 
 the variant's λ per layer at the end (in the JSON).
 
 Usage: ``python benchmarks/issue28_beat_table.py --arm held --settings fashion_cnn mnist_cnn``
-(prints a Markdown table; ``--out`` writes it and a JSON beside it).
+(prints a Markdown table; ``--out`` writes it and a JSON beside it). ``--runs FOLDER`` reads the
+variant's files from another folder (``issue28_beat_run_arm.sh`` with ``OUT=FOLDER``),
+``--deployment FILE...`` pairs with other stored summaries (their settings merged, e.g. session
+43's ``weight_decay_deployment_9seeds_final_s43.json`` and ``_news_final_s43.json``: today's
+default as "learned per_layer"), ``--control ARM`` adds the variant − another arm of the same
+folder (e.g. the default rerun in the same hour).
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ def base_of(seed: int) -> str:
     return BASE.get(seed, "heldout2")
 
 
-def variant(arm: str, setting: str, seed: int) -> dict | None:
-    path = RUNS / f"weight_decay_{arm}_{setting}_{base_of(seed)}_seed{seed}.json"
+def variant(arm: str, setting: str, seed: int, runs: Path = RUNS) -> dict | None:
+    path = runs / f"weight_decay_{arm}_{setting}_{base_of(seed)}_seed{seed}.json"
     if not path.is_file():
         return None
     return json.loads(path.read_text())["settings"][setting]["runs"]["learned_per_layer"]
@@ -59,17 +64,29 @@ def versus(pattern: str, setting: str, seeds: list[int]) -> list[float] | None:
     return out
 
 
-def table(arm: str, settings: list[str], against: str | None = None) -> tuple[str, dict]:
-    dep = json.loads(DEPLOYMENT.read_text())["deployment"]["settings"]
+def table(
+    arm: str,
+    settings: list[str],
+    against: str | None = None,
+    runs_dir: Path = RUNS,
+    deployments: tuple[Path, ...] = (DEPLOYMENT,),
+    control: str | None = None,
+) -> tuple[str, dict]:
+    dep: dict = {}
+    for path in deployments:
+        dep.update(json.loads(path.read_text())["deployment"]["settings"])
+    extra = (" − `--versus` |" if against else "") + (
+        f" − {control} (same hour) |" if control else ""
+    )
     lines = [
         f"| setting | seeds | {arm}: mean test loss | − grid pick | − Optuna pick | − no WD | "
-        "− default | products: variant / default |" + (" − `--versus` |" if against else ""),
-        "|---|---:|---:|---|---|---|---|---:|" + ("---|" if against else ""),
+        "− default | products: variant / default |" + extra,
+        "|---|---:|---:|---|---|---|---|---:|" + "---|" * extra.count("|"),
     ]
     out: dict = {}
     for s in settings:
-        seeds = [n for n in range(9) if variant(arm, s, n) is not None]
-        runs = {n: variant(arm, s, n) for n in seeds}
+        seeds = [n for n in range(9) if variant(arm, s, n, runs_dir) is not None]
+        runs = {n: variant(arm, s, n, runs_dir) for n in seeds}
         mine = [runs[n]["test_loss"] for n in seeds]
         refs = {r: [dep[s][r]["seeds"][str(n)]["test_loss"] for n in seeds] for r in REFERENCES}
         diffs = {r: paired_difference(mine, v) for r, v in refs.items()}
@@ -82,6 +99,7 @@ def table(arm: str, settings: list[str], against: str | None = None) -> tuple[st
             f"{text(diffs['Optuna pick'])} | {text(diffs['no WD'])} | "
             f"{text(diffs['learned per_layer'])} | {products[0]:.0f} / {products[1]:.0f} |"
             + (f" {_versus_text(against, s, seeds, mine, out[s])} |" if against else "")
+            + (f" {_control_text(control, s, seeds, mine, out[s], runs_dir)} |" if control else "")
         )
     return "\n".join(lines), out
 
@@ -93,6 +111,17 @@ def _versus_text(pattern: str, setting: str, seeds: list[int], mine: list[float]
         return "missing"
     record["versus"] = {"pattern": pattern, "difference": paired_difference(mine, other)}
     return text(record["versus"]["difference"])
+
+
+def _control_text(control: str, setting: str, seeds: list[int], mine: list[float],
+                  record: dict, runs_dir: Path) -> str:  # fmt: skip
+    other = [variant(control, setting, n, runs_dir) for n in seeds]
+    if any(o is None for o in other):
+        return "missing"
+    d = paired_difference(mine, [o["test_loss"] for o in other])  # type: ignore[index]
+    record["control"] = {"arm": control, "test_loss": [o["test_loss"] for o in other],  # type: ignore[index]
+                         "difference": d}  # fmt: skip
+    return text(d)
 
 
 def _products(setting: str, seeds: list[int], runs: dict) -> tuple[float, float]:
@@ -111,6 +140,8 @@ def _products(setting: str, seeds: list[int], runs: dict) -> tuple[float, float]
             RESULTS / "runs" / "final_recover"
             / f"weight_decay_default_{setting}_{base_of(n)}_seed{n}.json"
         )  # fmt: skip
+        if not path.is_file():  # a setting final_recover did not run (news_mlp, digits_small)
+            return mine, math.nan
         default += count(json.loads(path.read_text())["settings"][setting]["runs"]
                          ["learned_per_layer"])  # fmt: skip
     return mine, default
@@ -124,8 +155,13 @@ def main() -> None:
     p.add_argument(
         "--versus", default=None, help="another learned run per seed: a path with {setting}, {seed}"
     )
+    p.add_argument("--runs", type=Path, default=RUNS, help="folder of the variant's files")
+    p.add_argument("--deployment", type=Path, nargs="+", default=[DEPLOYMENT],
+                   help="stored deployment summaries to pair with (settings merged)")  # fmt: skip
+    p.add_argument("--control", default=None, help="another arm in --runs to pair with")
     args = p.parse_args()
-    md, data = table(args.arm, args.settings, args.versus)
+    md, data = table(args.arm, args.settings, args.versus, args.runs, tuple(args.deployment),
+                     args.control)  # fmt: skip
     print(md)
     if args.out is not None:
         args.out.write_text(md + "\n")

@@ -243,6 +243,28 @@ def test_trust_rprop_constant_hypergradient_known_lambda_path():
     assert float(down[-1]) == pytest.approx(expected, rel=1e-12)
 
 
+def test_trust_rprop_fall_eta_grows_only_the_steps_that_lower_lambda():
+    """fall_eta = 2: a hypergradient that keeps saying "less decay" (g = +1) lowers ρ by
+    0.3, 0.6, 1.2, 2.0, 2.0 (Δ ×2 per agreeing step, clipped at Δ_max); one that keeps saying
+    "more decay" (g = −1) still raises it by 0.3 · 1.2^k; after a fall and a flip, the rise
+    grows by 1.2 again. fall_eta = η₊ is Rprop bit for bit."""
+    fall, _ = _run(lambda p: TrustRprop(p, fall_eta=2.0), [torch.ones(1, dtype=f64)] * 5)
+    assert fall[:, 0].tolist() == pytest.approx([-0.3, -0.9, -2.1, -4.1, -6.1], rel=1e-12)
+    rise, _ = _run(lambda p: TrustRprop(p, fall_eta=2.0), [-torch.ones(1, dtype=f64)] * 4)
+    assert rise[:, 0].tolist() == pytest.approx([0.3 * sum(1.2**i for i in range(k + 1))
+                                                 for k in range(4)], rel=1e-12)  # fmt: skip
+    grads = [torch.ones(1, dtype=f64)] * 3 + [-torch.ones(1, dtype=f64)] * 3
+    back, _ = _run(lambda p: TrustRprop(p, fall_eta=2.0), grads)
+    r = back[:, 0].tolist()  # falls 0.3, 0.6, 1.2; the flip holds and halves Δ to 0.6
+    assert r[3] == r[2] == pytest.approx(-2.1) and r[4] - r[3] == pytest.approx(0.6)
+    assert r[5] - r[4] == pytest.approx(0.6 * 1.2)  # a rise grows by η₊, not by fall_eta
+    g = torch.Generator().manual_seed(1)
+    noisy = [torch.randn(6, generator=g, dtype=f64) for _ in range(30)]
+    same, _ = _run(lambda p: TrustRprop(p, fall_eta=1.2), noisy)
+    rprop = lambda p: torch.optim.Rprop(p, lr=0.3, step_sizes=(1e-2, 2.0))  # noqa: E731
+    assert torch.equal(same, _run(rprop, noisy)[0])
+
+
 def test_trust_rprop_answers_a_flip_at_the_next_step_where_adam_keeps_going():
     """Five hyper steps of g = +1, then g = −1: Rprop stops at the flip (no move, Δ halved to
     0.3·1.2⁴/2) and moves back by that at the next; Adam (lr 0.3) keeps lowering ρ for two
@@ -314,7 +336,7 @@ def test_trust_rprop_bad_settings_name_the_cause():
     for kw, match in (({"lr": 0.0}, "lr"), ({"etas": (1.0, 1.2)}, r"etas\[0\]"),
                       ({"etas": (0.5, 0.9)}, r"etas\[1\]"), ({"trust": 0.0}, "trust"),
                       ({"step_sizes": (0.1, 0.01)}, r"step_sizes\[1\]"),
-                      ({"trust": True}, "trust")):  # fmt: skip
+                      ({"trust": True}, "trust"), ({"fall_eta": 0.8}, "fall_eta")):  # fmt: skip
         with pytest.raises(ConfigurationError, match=match):
             TrustRprop(p, **kw)
     TrustRprop(p, trust=math.inf)  # Rprop
