@@ -585,6 +585,10 @@ class Normaliser(ABC):
         """A common shift the weights read the stored logits with (None: none)."""
         return None
 
+    def log_partition(self) -> Tensor | None:
+        """log Z that softmax weights divide by (float64; None: this statistic is no log Z)."""
+        return None
+
     def release(self) -> None:
         """Before the family stops keeping this statistic (another gauge or gradient)."""
         return None
@@ -672,6 +676,9 @@ class SoftmaxNormaliser(Normaliser):
 
     def in_range(self, total: Tensor) -> bool:
         return 0.5 <= float(total) <= 2.0
+
+    def log_partition(self) -> Tensor:
+        return self.value()
 
 
 # ---------------------------------------------------------------------- the family
@@ -833,8 +840,9 @@ class SampleWeights:
         """log Z = logsumexp(x) of softmax weights (held within a hyper step), in the logits'
         dtype; log n for another parameterisation."""
         x = self.logits
-        if isinstance(self.normaliser, SoftmaxNormaliser):
-            return self.normaliser.value().to(x.dtype)
+        log_z = None if self.normaliser is None else self.normaliser.log_partition()
+        if log_z is not None:
+            return log_z.to(x.dtype)
         return torch.tensor(math.log(self.n), dtype=x.dtype, device=x.device)
 
     def check_index(self, index: Tensor) -> Tensor:
