@@ -5,7 +5,8 @@
 # Writes OUT/weight_decay_<ARM>_<SETTING>_<base>_seed<N>.json (base: rerun 0-2, heldout 3-5,
 # heldout2 6-8), paired with the stored picks by benchmarks/issue28_beat_table.py.
 # usage (from anywhere): [OUT=folder] [PYTHON=python] bash benchmarks/issue28_beat_run_arm.sh SETTING ARM KWARGS_JSON
-#   (BENCH=a script taking bench_weight_decay.py's arguments, e.g. a probe that patches it)
+#   (BENCH=a script taking bench_weight_decay.py's arguments, e.g. a probe that patches it;
+#    METHOD=learned_per_element or learned_global: another granularity, its own defaults)
 #   e.g. bash benchmarks/issue28_beat_run_arm.sh fashion_cnn held '{"invariant": "held"}'
 set -euo pipefail
 S=$1; ARM=$2; KW=$3
@@ -22,7 +23,7 @@ for pair in "rerun:0 1 2" "heldout:3 4 5" "heldout2:6 7 8"; do
   esac
   # shellcheck disable=SC2086  # $seeds: one word per seed
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 ${PYTHON:-python} "${BENCH:-benchmarks/bench_weight_decay.py}" \
-    --settings "$S" --seeds $seeds --methods learned_per_layer --optuna-trials 0 \
+    --settings "$S" --seeds $seeds --methods "${METHOD:-learned_per_layer}" --optuna-trials 0 \
     --learned-kwargs "$KW" --threads 1 --reuse "$reuse" \
     --out "$OUT/weight_decay_${ARM}_${S}_${base}.json"
 done

@@ -44,7 +44,12 @@ def variant(arm: str, setting: str, seed: int, runs: Path = RUNS) -> dict | None
     path = runs / f"weight_decay_{arm}_{setting}_{base_of(seed)}_seed{seed}.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text())["settings"][setting]["runs"]["learned_per_layer"]
+    runs = json.loads(path.read_text())["settings"][setting]["runs"]
+    # the arm's one learned method: per layer, or what its run trained (METHOD of run_arm.sh)
+    learned = [
+        k for k in ("learned_per_layer", "learned_per_element", "learned_global") if k in runs
+    ]
+    return runs[learned[0]]
 
 
 def text(d: dict) -> str:

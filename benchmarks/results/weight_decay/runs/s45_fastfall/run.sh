@@ -7,6 +7,7 @@
 # usage (from anywhere): [PYTHON=python] bash run.sh ARM SETTING...
 #   ARM: ctl, ctl2 (today's default; ctl2 beside ff10) | eta15 (etas 0.5, 1.5) | eta20 (etas 0.5, 2.0) | fall20 (η₊ = 2.0 for falls of λ only)
 #        | ff10 (the default with a first step of 1.0 where it is a fall: first_fall.py, a probe)
+#        | elem (granularity="per_element" with its defaults: issue 28 item 3 against ctl, per layer)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 arm=$1; shift
@@ -16,6 +17,7 @@ case $arm in
   eta15) kw="{\"outer_optimizer\": {$trp, \"init_args\": {\"etas\": [0.5, 1.5]}}}" ;;
   eta20) kw="{\"outer_optimizer\": {$trp, \"init_args\": {\"etas\": [0.5, 2.0]}}}" ;;
   fall20) kw="{\"outer_optimizer\": {$trp, \"init_args\": {\"fall_eta\": 2.0}}}" ;;
+  elem) kw='{}'; export METHOD=learned_per_element ;;
   ff10) kw='{}'; export BENCH=benchmarks/results/weight_decay/runs/s45_fastfall/first_fall.py ;;
   *) echo "unknown arm $arm" >&2; exit 2 ;;
 esac
