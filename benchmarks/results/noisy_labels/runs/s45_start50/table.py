@@ -14,58 +14,24 @@ start50's screen seeds 1-10 of ../s45_sym/screen, symmetric only, and 16-30), 20
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import math
 from pathlib import Path
 
 HERE = Path(__file__).parent
 SYM = HERE.parent / "s45_sym"
-STORED = HERE.parent / "refresh_s42" / "avx2"
-SETTINGS = [(ds, noise) for noise in ("symmetric", "pair") for ds in ("mnist", "fashion")]
-
-
-def load(path: Path, ds: str, noise: str) -> dict[int, dict[str, dict]]:
-    """{seed: {method: run}} of one bench_noisy_labels output."""
-    d = json.loads(path.read_text())
-    s = d["settings"][f"{ds}_{noise}40"]["runs"]
-    return {
-        seed: {m: runs[i] for m, runs in s.items()} for i, seed in enumerate(d["args"]["seeds"])
-    }
-
-
-def stored(ds: str, noise: str) -> dict[int, dict[str, dict]]:
-    out: dict[int, dict[str, dict]] = {}
-    for tag in ("seeds12345", "seeds678910"):
-        out.update(load(STORED / f"{ds}_{tag}.json", ds, noise))
-    return out
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, math.nan
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-
-
-def ratio(m: list[float], p: list[float], o: list[float]) -> tuple[float, float]:
-    """R = mean(m - p) / mean(o - p) and its delta-method s.e. (paired by seed)."""
-    d = [a - b for a, b in zip(m, p)]
-    g = [a - b for a, b in zip(o, p)]
-    n, md, mg = len(d), sum(d) / len(d), sum(g) / len(g)
-    r = md / mg
-    if n < 2:
-        return r, math.nan
-    res = [x - r * y for x, y in zip(d, g)]
-    mr = sum(res) / n
-    return r, math.sqrt(sum((x - mr) ** 2 for x in res) / (n - 1) / n) / abs(mg)
-
-
-def acc(runs: dict[int, dict], seeds: list[int], method: str, key: str = "test_acc") -> list[float]:
-    return [100 * runs[s][method][key] for s in seeds]
-
-
-def cpu(runs: dict[int, dict], seeds: list[int], method: str) -> float:
-    return sum(runs[s][method]["cpu_s"] for s in seeds)
+_spec = importlib.util.spec_from_file_location("s45_sym_table", SYM / "table.py")
+_sym = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_sym)  # the same readers and statistics as sym45's table
+STORED, SETTINGS = _sym.STORED, _sym.SETTINGS
+load, stored, mean_se, ratio, acc, cpu = (
+    _sym.load,
+    _sym.stored,
+    _sym.mean_se,
+    _sym.ratio,
+    _sym.acc,
+    _sym.cpu,
+)
 
 
 def mech(runs: dict[int, dict], seeds: list[int]) -> str:

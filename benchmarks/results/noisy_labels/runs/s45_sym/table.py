@@ -58,8 +58,8 @@ def ratio(m: list[float], p: list[float], o: list[float]) -> tuple[float, float]
     return r, math.sqrt(sum((x - mr) ** 2 for x in res) / (n - 1) / n) / abs(mg)
 
 
-def acc(runs: dict[int, dict], seeds: list[int], method: str) -> list[float]:
-    return [100 * runs[s][method]["test_acc"] for s in seeds]
+def acc(runs: dict[int, dict], seeds: list[int], method: str, key: str = "test_acc") -> list[float]:
+    return [100 * runs[s][method][key] for s in seeds]
 
 
 def cpu(runs: dict[int, dict], seeds: list[int], method: str) -> float:
