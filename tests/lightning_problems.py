@@ -156,6 +156,14 @@ class IndexedFullBatch(pl.LightningDataModule):
         return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=len(self.Xv))
 
 
+def end_ddp_worker() -> None:
+    """Close a DDP test worker's process group before the interpreter exits: left open, gloo's
+    threads can abort the process at exit (``terminate called without an active exception``,
+    return code -6) after a fit that succeeded, seen once under load in CI."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:
     """A CPU ``pl.Trainer`` without logger, checkpoints, progress bar, summary or sanity check;
     deterministic. ``kwargs`` add to or override these settings."""

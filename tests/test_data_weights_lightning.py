@@ -16,7 +16,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import trainer
+from lightning_problems import end_ddp_worker, trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -452,6 +452,7 @@ def _ddp_worker(out: Path, directional: str) -> None:
     t = trainer([cb], devices=2, strategy="ddp", max_epochs=6)
     t.fit(Classifier(), datamodule=Data())
     torch.save(cb.data_weights(), out / f"{directional}_rank{t.global_rank}.pt")
+    end_ddp_worker()
 
 
 def _ddp_fit(out: Path, directional: str) -> tuple[Tensor, Tensor]:

@@ -49,6 +49,7 @@ import _kill_resume_job as job
 import pytest
 import pytorch_lightning as pl
 import torch
+from lightning_problems import end_ddp_worker
 
 from hypertorch_sid import ConfigurationError, HyperOptimizationCallback
 
@@ -487,6 +488,7 @@ def _ddp_worker(out: Path) -> None:
         trainer.fit(model, datamodule=job.Data())
         weights = {k: v.clone() for k, v in model.state_dict().items()}
         torch.save(weights, out / f"{tag}_rank{trainer.global_rank}_final.pt")
+    end_ddp_worker()
 
 
 @pytest.mark.ddp

@@ -213,6 +213,7 @@ def _worker(out: Path) -> None:
     for kind in KINDS:
         result = run(kind, devices=WORLD)
         torch.save(result, out / f"{kind}_rank{result['rank']}.pt")
+    lightning_problems.end_ddp_worker()
 
 
 @pytest.mark.ddp
