@@ -2,7 +2,7 @@
 paired by seed, with s45_fastfall/table.py's helpers (its table(), per-setting rows, settings
 and stored deployments).
 
-Writes table_<arm>.{md,json} (issue28_beat_table.py's columns, − ctl), and rule.{md,json}
+Writes table_<arm>.{md,json} (issue28_beat_table.py's columns, − ctl), and rule_<arm>.{md,json}
 here: the rule of rule.md (mean over settings of arm − grid pick against ctl's; no setting with
 arm − ctl above 2 s.e.; the budget's own final overhead, per-setting mean ≤ 0.5 and no fit above
 0.51), then per setting: arm − ctl, − s45's ctl, − grid / Optuna pick, hyper steps, overhead.
@@ -108,8 +108,8 @@ def main() -> None:
     rule = dict(settings=list(d), worse_than_ctl_2se=worse, mean_minus_grid=mine,
                 ctl_minus_grid=ref, overhead_ok=over_ok, held=held, budgets=budgets,
                 minus_s45_ctl=s45_ctl)  # fmt: skip
-    (here / "rule_result.md").write_text("\n".join(rows) + "\n")
-    (here / "rule_result.json").write_text(json.dumps(rule, indent=1))
+    (here / f"rule_{arm}.md").write_text("\n".join(rows) + "\n")
+    (here / f"rule_{arm}.json").write_text(json.dumps(rule, indent=1))
     print("\n" + "\n".join(rows))
 
 
