@@ -7,13 +7,14 @@
 # usage (from anywhere): [PYTHON=python] bash run.sh ARM SETTING...
 #   ARM: ctl (today's default) | pace (max_overhead=PacedBudget(0.5))
 #        | pacemin (pace and TrustRprop(step_sizes=(0.05, 2.0)): Δ_min 0.05, not 0.01)
+#        | ctlb, paceminb: ctl and pacemin again (after the rule: how far a rerun moves)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 arm=$1; shift
 case $arm in
-  ctl) kw='{}' ;;
+  ctl | ctlb) kw='{}' ;;
   pace) kw='{"max_overhead": {"class_path": "hypertorch_sid.core.budget.PacedBudget", "init_args": {"max_overhead": 0.5}}}' ;;
-  pacemin) kw='{"max_overhead": {"class_path": "hypertorch_sid.core.budget.PacedBudget", "init_args": {"max_overhead": 0.5}}, "outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.TrustRprop", "init_args": {"step_sizes": [0.05, 2.0]}}}' ;;
+  pacemin | paceminb) kw='{"max_overhead": {"class_path": "hypertorch_sid.core.budget.PacedBudget", "init_args": {"max_overhead": 0.5}}, "outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.TrustRprop", "init_args": {"step_sizes": [0.05, 2.0]}}}' ;;
   *) echo "unknown arm $arm" >&2; exit 2 ;;
 esac
 for setting in "$@"; do
