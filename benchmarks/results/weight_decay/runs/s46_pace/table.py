@@ -7,7 +7,8 @@ here: the rule of rule.md (mean over settings of arm − grid pick against ctl's
 arm − ctl above 2 s.e.; the budget's own final overhead, per-setting mean ≤ 0.5 and no fit above
 0.51), then per setting: arm − ctl, − s45's ctl, − grid / Optuna pick, hyper steps, overhead.
 
-usage (from anywhere): python table.py [ARM]   (default: pace; its control is ctl)
+usage (from anywhere): python table.py [ARM[:CONTROL]]   (default: pace; CONTROL: ctl; e.g.
+paceminb:ctlb, the reruns after the rule, on the settings both have)
 """
 
 import importlib.util
@@ -49,16 +50,17 @@ def budget_rows(arm: str, settings: list[str]) -> dict:
 
 
 def main() -> None:
-    arm = sys.argv[1] if len(sys.argv) > 1 else "pace"
-    settings = [s for s in s45.SETTINGS if have(arm, s) and have("ctl", s)]
+    arm, _, control = (sys.argv[1] if len(sys.argv) > 1 else "pace").partition(":")
+    control = control or "ctl"
+    settings = [s for s in s45.SETTINGS if have(arm, s) and have(control, s)]
     data = {}
-    for a, ctl in (("ctl", None), (arm, "ctl")):
+    for a, ctl in ((control, None), (arm, control)):
         md, data[a] = s45.table(a, settings, None, here, s45.DEPLOYMENTS, ctl)
         (here / f"table_{a}.md").write_text(md + "\n")
         (here / f"table_{a}.json").write_text(json.dumps(data[a], indent=1))
         print(f"\n{a}\n{md}")
-    d, c = data[arm], data["ctl"]
-    budgets = {a: budget_rows(a, settings) for a in ("ctl", arm)}
+    d, c = data[arm], data[control]
+    budgets = {a: budget_rows(a, settings) for a in (control, arm)}
     worse = [s for s in d if (x := d[s]["control"]["difference"])["mean"] > 2 * x["se"]]
     mine = statistics.mean(d[s]["differences"]["grid pick"]["mean"] for s in d)
     ref = statistics.mean(c[s]["differences"]["grid pick"]["mean"] for s in d)
@@ -68,7 +70,8 @@ def main() -> None:
     held = full and not worse and mine < ref and over_ok
     word = "holds" if held else "not met" if full else "screen only"
     rows = [
-        "| arm | settings | worse than ctl by > 2 s.e. | mean (arm − grid) | mean (ctl − grid) "
+        f"| arm | settings | worse than {control} by > 2 s.e. | mean (arm − grid) "
+        f"| mean ({control} − grid) "
         "| overhead ≤ 0.5 (mean), ≤ 0.51 (each fit) | rule |",
         "|---|---:|---|---:|---:|---|---|",
         f"| {arm} | {len(d)} | {', '.join(worse) or 'none'} | {mine:+.4f} | {ref:+.4f} "
@@ -77,9 +80,9 @@ def main() -> None:
         f"{arm}, per setting (mean ± s.e. over seeds 0-8, paired by seed; hyper steps and the "
         "budget's final overhead: mean [min, max] / mean, max over the 9 fits):",
         "",
-        f"| setting | {arm} − ctl | {arm} − ctl (s45) | {arm} − grid pick | ctl − grid pick "
-        f"| {arm} − Optuna pick | ctl − Optuna pick | hyper steps {arm} / ctl "
-        f"| overhead {arm} / ctl |",
+        f"| setting | {arm} − {control} | {arm} − ctl (s45) | {arm} − grid pick "
+        f"| {control} − grid pick | {arm} − Optuna pick | {control} − Optuna pick "
+        f"| hyper steps {arm} / {control} | overhead {arm} / {control} |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     s45_ctl = {}
@@ -88,11 +91,11 @@ def main() -> None:
         s45_ctl[s] = paired_difference(d[s]["test_loss"], old)
         hs = {a: budgets[a][s]["hyper_steps"] for a in budgets}
         hs_text = " / ".join(
-            f"{statistics.mean(h):.1f} [{min(h)}, {max(h)}]" for h in (hs[arm], hs["ctl"])
+            f"{statistics.mean(h):.1f} [{min(h)}, {max(h)}]" for h in (hs[arm], hs[control])
         )
         ov = " / ".join(
             f"{budgets[a][s]['overhead_mean']:.3f}, {budgets[a][s]['overhead_max']:.3f}"
-            for a in (arm, "ctl")
+            for a in (arm, control)
         )
         rows.append(
             f"| {s} | {s45.f(d[s]['control']['difference'])} | {s45.f(s45_ctl[s])} "
@@ -104,7 +107,7 @@ def main() -> None:
     dep: dict = {}
     for path in s45.DEPLOYMENTS:
         dep.update(json.loads(path.read_text())["deployment"]["settings"])
-    rows += s45.per_setting(arm, d, dep, "ctl")
+    rows += s45.per_setting(arm, d, dep, control)
     rule = dict(settings=list(d), worse_than_ctl_2se=worse, mean_minus_grid=mine,
                 ctl_minus_grid=ref, overhead_ok=over_ok, held=held, budgets=budgets,
                 minus_s45_ctl=s45_ctl)  # fmt: skip
