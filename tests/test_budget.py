@@ -869,10 +869,8 @@ def test_the_paced_budget_amortises_the_first_hyper_steps_excess_over_the_fit():
     assert paced.spent_training == 400 and paced.spent_hyper == 40 + 19 * 8 <= 0.5 * 400
     clock = _Clock()
     old = OverheadBudget(0.5, clock=clock)
-    assert _planned_run(old, clock, 400, 20, first=40.0, regular=8.0, first_products=36)[:2] == [
-        20,
-        80,
-    ]
+    ran_old = _planned_run(old, clock, 400, 20, first=40.0, regular=8.0, first_products=36)
+    assert ran_old[:2] == [20, 80]
 
 
 def test_the_paced_budget_repays_the_first_excess_evenly_and_keeps_the_final_share():

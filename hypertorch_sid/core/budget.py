@@ -713,8 +713,9 @@ def check_budget_state(state: object) -> None:
 def make_budget(max_overhead: float | None | Budget) -> Budget:
     """``max_overhead`` as a :class:`Budget`: None → :class:`NoBudget`, a number →
     :class:`OverheadBudget` (a dear hyper step is paid back before the next one runs;
-    ``PlannedBudget(0.5)``, eq. budgetplan, shares it among the hyper steps still due instead), a
-    Budget as it is."""
+    ``PlannedBudget(0.5)``, eq. budgetplan, shares it among the hyper steps still due instead;
+    ``PacedBudget(0.5)``, eq. budgetpace, repays only the first one's excess, to the end of the
+    fit), a Budget as it is."""
     if max_overhead is None:
         return NoBudget()
     if isinstance(max_overhead, Budget):
