@@ -24,6 +24,7 @@ from hypertorch_sid.core.budget import (
     Deadline,
     NoBudget,
     OverheadBudget,
+    PacedBudget,
     PlannedBudget,
     make_budget,
 )
@@ -486,7 +487,7 @@ class _SmallNet(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget, PacedBudget])
 @pytest.mark.parametrize("kind", ["cnn_bn", "lstm"])
 def test_the_budget_holds_on_small_networks_counted_in_products(kind, budget_cls):
     """On a CNN with BatchNorm and an LSTM, a hyper step due at every step and the drop-in's
@@ -565,7 +566,7 @@ def _priced_fit(per_hvp: float, steps: int, max_overhead: float = 0.5, budget_cl
     return cb, steps_run
 
 
-@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget, PacedBudget])
 def test_a_curvature_estimate_dearer_than_the_allowance_is_shortened(budget_cls):
     """A product costs 5 training steps: the drop-in's first curvature estimate (20 products,
     100 steps) is the whole allowance of a 200-step fit at max_overhead=0.5. It is shortened to
@@ -581,7 +582,7 @@ def test_a_curvature_estimate_dearer_than_the_allowance_is_shortened(budget_cls)
     assert budget.product_cost == 5.0
 
 
-@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget])
+@pytest.mark.parametrize("budget_cls", [OverheadBudget, PlannedBudget, PacedBudget])
 def test_a_hyper_step_that_cannot_fit_does_not_run(budget_cls):
     """A product costs 30 training steps: even the fewest products of a first hyper step (two
     Lanczos steps, three adjoint steps, the cross term and its check) cost more than a 100-step
@@ -749,10 +750,13 @@ def test_the_default_clock_is_cpu_time_on_the_cpu_and_wall_time_elsewhere():
 
 
 def _planned_run(budget: OverheadBudget, clock: _Clock, steps: int, every: int, first: float,
-                 regular: float, products: int = 4) -> list[int]:  # fmt: skip
+                 regular: float, products: int = 4, first_products: int | None = None
+                 ) -> list[int]:  # fmt: skip
     """A fit of known length: each step costs 1, a hyper step is due every ``every`` steps
     (a due one waits, as in the callback, until the budget allows it), the first costs
-    ``first`` (its curvature estimate), the others ``regular``; a product costs 1."""
+    ``first`` (its curvature estimate), the others ``regular``; a product costs 1; a hyper step
+    reports ``products`` products made (the first ``first_products``, its curvature estimate's
+    included, where given)."""
     budget.training_step_done()
     budget.note_product_cost(1.0)
     ran, waiting = [], False
@@ -765,7 +769,8 @@ def _planned_run(budget: OverheadBudget, clock: _Clock, steps: int, every: int, 
             waiting = False
             budget.start_hyper_step()
             clock.now += first if not ran else regular
-            budget.end_hyper_step(products)
+            made = first_products if first_products is not None and not ran else products
+            budget.end_hyper_step(made)
             ran.append(step)
     return ran
 
@@ -846,3 +851,48 @@ def test_the_planned_deadline_affords_a_retry_from_the_spare_and_moves_its_end()
     assert deadline.end == 21.0 and deadline.adjoint_steps(3) == 3
     assert not deadline.affords(10)  # 9 + 2 + 20 > 30
     assert deadline.end == 21.0
+
+
+def test_the_paced_budget_amortises_the_first_hyper_steps_excess_over_the_fit():
+    """A 400-step fit, a hyper step due every 20 steps, a product 1, each hyper step 4 products
+    and a fixed part of 4 (8 units); the first also makes a curvature estimate of 32 products
+    (40 units): its excess E = 40 − 8 = 32 (eq. budgetpace). After it the credit is
+    10 − 40 = −30, above −E · 380/400 = −30.4; each later one gains 0.5 · 20 − 8 = 2 per due
+    step while the allowed debt shrinks by 32 · 20/400 = 1.6, so all 20 due run, at their due
+    steps (OverheadBudget pays the 30 back first: none at 40 or 60), and the fit's final share
+    stays within max_overhead: 40 + 19 · 8 = 192 ≤ 200."""
+    clock = _Clock()
+    paced = PacedBudget(0.5, clock=clock)
+    ran = _planned_run(paced, clock, 400, 20, first=40.0, regular=8.0, first_products=36)
+    assert ran == list(range(20, 401, 20))
+    assert paced.first_excess(4) == 32.0
+    assert paced.spent_training == 400 and paced.spent_hyper == 40 + 19 * 8 <= 0.5 * 400
+    clock = _Clock()
+    old = OverheadBudget(0.5, clock=clock)
+    ran_old = _planned_run(old, clock, 400, 20, first=40.0, regular=8.0, first_products=36)
+    assert ran_old[:2] == [20, 80]
+
+
+def test_the_paced_budget_repays_the_first_excess_evenly_and_keeps_the_final_share():
+    """Hyper steps dearer than the due spacing pays for: the first 60 units (56 products), the
+    others 16 (4 products, fixed part 12). Once two have run, E = 60 − 16 = 44, repaid at
+    44/400 per step: a gap g between hyper steps with 0.5 · g − 16 = 44 · g/400, g ≈ 41 steps
+    (eq. budgetpace), from the second one at its due step 40 on — OverheadBudget holds the second
+    until the first is paid back (step 120), then one every 32 steps. The same number run; the
+    final share stays within max_overhead (no slack at the end)."""
+    clock = _Clock()
+    paced = PacedBudget(0.5, clock=clock)
+    ran = _planned_run(paced, clock, 400, 20, first=60.0, regular=16.0, first_products=56)
+    assert paced.first_excess(4) == 44.0
+    assert ran[:2] == [20, 40]
+    assert {b - a for a, b in zip(ran[2:], ran[3:])} <= {41, 42}  # the paced gap
+    assert paced.spent_hyper <= 0.5 * paced.spent_training == 200
+    clock = _Clock()
+    old = OverheadBudget(0.5, clock=clock)
+    ran_old = _planned_run(old, clock, 400, 20, first=60.0, regular=16.0, first_products=56)
+    assert ran_old[1] == 120 and len(ran_old) == len(ran)
+    assert old.spent_hyper == paced.spent_hyper
+    # where the fit's length is unknown: OverheadBudget's rule (debt paid back first)
+    clock = _Clock()
+    unknown = PacedBudget(0.5, clock=clock)
+    assert _simulate(unknown, clock, 100, lambda i: 20.0 if i == 0 else 4.0)[:2] == [1, 41]
