@@ -1,0 +1,67 @@
+"""Session 46, issue 28 item 3: per element (this folder's arm, run.sh) − the per-layer default,
+held-out test loss paired by seed.
+
+Per layer is s45_fastfall's ctl arm (the default rerun in session 45, the same seeds; its
+budget reads the clock, so it is not bit-reproducible and is not rerun). Per element has no
+budget, so this folder's elem arm must equal s45_fastfall's elem arm to the last digit (checked:
+"= s45 elem"). Reads the runs with issue28_beat_table.variant (the arm's own trained method,
+not the stored runs --reuse copied in) and s45_fastfall/table.py's settings.
+
+usage (from anywhere): python table.py [ARM...]   (default: elem) → table_<ARM>.{md,json}
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+S45 = here.parent / "s45_fastfall"
+spec = importlib.util.spec_from_file_location("s45_table", S45 / "table.py")
+s45 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(s45)  # puts benchmarks/ on sys.path
+from bench_weight_decay import paired_difference  # noqa: E402
+from issue28_beat_table import text, variant  # noqa: E402
+
+
+def rows(arm: str) -> tuple[list[str], dict]:
+    lines = [
+        f"| setting | seeds | per layer (s45 ctl) | per element ({arm}) | per element − per layer "
+        "| seeds worse | hyper steps element / layer | = s45 elem |",
+        "|---|---:|---:|---:|---|---:|---|---|",
+    ]
+    out = {}
+    for s in s45.SETTINGS:
+        seeds = [n for n in range(9) if variant(arm, s, n, here) is not None]
+        if not seeds:
+            continue
+        mine = [variant(arm, s, n, here) for n in seeds]
+        ctl = [variant("ctl", s, n, S45) for n in seeds]
+        old = [variant("elem", s, n, S45) for n in seeds]
+        a = [r["test_loss"] for r in mine]
+        b = [r["test_loss"] for r in ctl]
+        d = paired_difference(a, b)
+        worse = sum(x > y for x, y in zip(a, b))
+        steps = [sum(r["hyper_steps"] for r in rs) / len(rs) for rs in (mine, ctl)]
+        same = max(abs(x - o["test_loss"]) for x, o in zip(a, old))
+        out[s] = dict(seeds=seeds, element=a, layer=b, difference=d, worse=worse,
+                      hyper_steps=steps, max_abs_vs_s45_elem=same)  # fmt: skip
+        lines.append(
+            f"| {s} | {len(seeds)} | {sum(b) / len(b):.4f} | {sum(a) / len(a):.4f} | {text(d)} "
+            f"| {worse} | {steps[0]:.1f} / {steps[1]:.1f} | "
+            f"{'yes' if same == 0 else f'no (max {same:.1e})'} |"
+        )
+    return lines, out
+
+
+def main() -> None:
+    for arm in sys.argv[1:] or ["elem"]:
+        lines, data = rows(arm)
+        md = "\n".join(lines)
+        (here / f"table_{arm}.md").write_text(md + "\n")
+        (here / f"table_{arm}.json").write_text(json.dumps(data, indent=1))
+        print(f"\n{arm}\n{md}")
+
+
+if __name__ == "__main__":
+    main()
