@@ -7,7 +7,8 @@ budget, so this folder's elem arm must equal s45_fastfall's elem arm to the last
 "= s45 elem"). Reads the runs with issue28_beat_table.variant (the arm's own trained method,
 not the stored runs --reuse copied in) and s45_fastfall/table.py's settings.
 
-usage (from anywhere): python table.py [ARM...]   (default: elem) → table_<ARM>.{md,json}
+usage (from anywhere): python table.py [ARM...]   (default: elem) → table_<ARM>.{md,json}; with
+the layernone arm's runs also table_layernone.{md,json} (the budget's part and the deviations')
 """
 
 import importlib.util
@@ -54,7 +55,39 @@ def rows(arm: str) -> tuple[list[str], dict]:
     return lines, out
 
 
+def budget_rows() -> tuple[list[str], dict]:
+    """Where per element − per layer comes from: per layer without a budget (layernone, per
+    element whose deviations never move) against ctl (the budget) and per element against it
+    (the deviations; "equal" counts seeds where per element is layernone to the last digit)."""
+    lines = [
+        "| setting | seeds | per layer none − per layer (budget) | per element − per layer none "
+        "(deviations) | seeds equal | hyper steps layer none |",
+        "|---|---:|---|---|---:|---|",
+    ]
+    out = {}
+    for s in s45.SETTINGS:
+        seeds = [n for n in range(9) if variant("layernone", s, n, here) is not None]
+        if not seeds:
+            continue
+        none = [variant("layernone", s, n, here)["test_loss"] for n in seeds]
+        ctl = [variant("ctl", s, n, S45)["test_loss"] for n in seeds]
+        elem = [variant("elem", s, n, here)["test_loss"] for n in seeds]
+        steps = [variant("layernone", s, n, here)["hyper_steps"] for n in seeds]
+        budget, dev = paired_difference(none, ctl), paired_difference(elem, none)
+        equal = sum(a == b for a, b in zip(elem, none))
+        out[s] = dict(seeds=seeds, layer_none=none, budget=budget, deviations=dev, equal=equal)
+        lines.append(f"| {s} | {len(seeds)} | {text(budget)} | {text(dev)} | {equal} "
+                     f"| {sum(steps) / len(steps):.1f} |")  # fmt: skip
+    return lines, out
+
+
 def main() -> None:
+    lines, data = budget_rows()
+    if data:
+        md = "\n".join(lines)
+        (here / "table_layernone.md").write_text(md + "\n")
+        (here / "table_layernone.json").write_text(json.dumps(data, indent=1))
+        print(f"\nlayernone\n{md}")
     for arm in sys.argv[1:] or ["elem"]:
         lines, data = rows(arm)
         md = "\n".join(lines)
