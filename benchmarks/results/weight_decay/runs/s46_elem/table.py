@@ -8,7 +8,8 @@ budget, so this folder's elem arm must equal s45_fastfall's elem arm to the last
 not the stored runs --reuse copied in) and s45_fastfall/table.py's settings.
 
 usage (from anywhere): python table.py [ARM...]   (default: elem) → table_<ARM>.{md,json}; with
-the layernone arm's runs also table_layernone.{md,json} (the budget's part and the deviations')
+the layernone arm's runs also table_layernone.{md,json} (the budget's part and the deviations'),
+and with strict4's / the confirmation's runs table_screen / table_confirm.{md,json} (rule.md)
 """
 
 import importlib.util
@@ -81,7 +82,55 @@ def budget_rows() -> tuple[list[str], dict]:
     return lines, out
 
 
+def diff_rows(pairs: dict[str, tuple], seeds: range) -> tuple[list[str], dict]:
+    """Per setting, paired differences of the named pairs ((arm, folder, method) − (arm,
+    folder, method)), over the seeds where every run is there."""
+    heads = " | ".join(pairs)
+    lines = [f"| setting | seeds | {heads} |", "|---|---:|" + "---|" * len(pairs)]
+    out = {}
+    for s in s45.SETTINGS:
+        cells, rec = [], {}
+        for name, (a, b) in pairs.items():
+            n_ok = [n for n in seeds if all(variant(x[0], s, n, x[1]) is not None for x in (a, b))]
+            if not n_ok:
+                break
+            x = [variant(a[0], s, n, a[1], a[2])["test_loss"] for n in n_ok]
+            y = [variant(b[0], s, n, b[1], b[2])["test_loss"] for n in n_ok]
+            d = paired_difference(x, y)
+            up = sum(i > j for i, j in zip(x, y))
+            rec[name] = dict(seeds=n_ok, a=x, b=y, difference=d, above=up)
+            cells.append(f"{text(d)}, above 0 in {up}")
+        else:
+            out[s] = rec
+            lines.append(
+                f"| {s} | {len(rec[next(iter(pairs))]['seeds'])} | " + " | ".join(cells) + " |"
+            )
+    return lines, out
+
+
+SCREEN = {  # rule.md: strict4 against per element's default and per layer, seeds 0-8
+    "strict4 − elem": (("strict4", here, None), ("elem", here, None)),
+    "strict4 − per layer (s45 ctl)": (("strict4", here, None), ("ctl", S45, None)),
+    "elem − per layer (s45 ctl)": (("elem", here, None), ("ctl", S45, None)),
+}
+CONFIRM = {  # rule.md: fresh seeds 9-17, per layer and per element's default in one process
+    "strict4 − elem": (("strict4c", here, None), ("confirm", here, "learned_per_element")),
+    "strict4 − per layer": (("strict4c", here, None), ("confirm", here, "learned_per_layer")),
+    "elem − per layer": (
+        ("confirm", here, "learned_per_element"),
+        ("confirm", here, "learned_per_layer"),
+    ),
+}
+
+
 def main() -> None:
+    for name, pairs, seeds in (("screen", SCREEN, range(9)), ("confirm", CONFIRM, range(9, 18))):
+        lines, data = diff_rows(pairs, seeds)
+        if data:
+            md = "\n".join(lines)
+            (here / f"table_{name}.md").write_text(md + "\n")
+            (here / f"table_{name}.json").write_text(json.dumps(data, indent=1))
+            print(f"\n{name}\n{md}")
     lines, data = budget_rows()
     if data:
         md = "\n".join(lines)
