@@ -13,6 +13,9 @@
 #        | strict4 (per element, eq. shrink's noise counted 4 s.d. high: strict_shrink.py; rule.md)
 #        | confirm (fresh seeds 9-17: per layer and per element's default in one process, then
 #          strict4 on the same seeds with --reuse of that file, arm strict4c; rule.md)
+#        | fresh (fresh seeds 9-17: per layer and per element's default in one process only:
+#          item 3 on seeds that chose nothing, per layer paired in the same process)
+#        | freshnone (fresh seeds 9-17: per layer without a budget, as layernone)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 arm=$1; shift
@@ -20,21 +23,24 @@ case $arm in
   elem) kw='{}'; export METHOD=learned_per_element ;;
   layernone) kw='{"max_overhead": null}'; export METHOD=learned_per_layer ;;
   strict4) kw='{}'; export METHOD=learned_per_element BENCH="$here/strict_shrink.py" ;;
-  confirm) ;;
+  confirm | fresh) kw='{}' ;;
+  freshnone) kw='{"max_overhead": null}' ;;
   *) echo "unknown arm $arm" >&2; exit 2 ;;
 esac
-if [ "$arm" = confirm ]; then
+if [ "$arm" = confirm ] || [ "$arm" = fresh ] || [ "$arm" = freshnone ]; then
   cd "$here/../../../../.."
   out=benchmarks/results/weight_decay/runs/s46_elem
+  steps=("$arm:benchmarks/bench_weight_decay.py:learned_per_layer learned_per_element")
+  [ "$arm" = freshnone ] && steps=("$arm:benchmarks/bench_weight_decay.py:learned_per_layer")
+  [ "$arm" = confirm ] && steps+=("strict4c:$out/strict_shrink.py:learned_per_element")
   for setting in "$@"; do
-    for step in "confirm:benchmarks/bench_weight_decay.py:learned_per_layer learned_per_element" \
-                "strict4c:$out/strict_shrink.py:learned_per_element"; do
+    for step in "${steps[@]}"; do
       name=${step%%:*}; rest=${step#*:}; bench=${rest%%:*}; methods=${rest#*:}
       reuse=(); [ "$name" = strict4c ] && reuse=(--reuse "$out/weight_decay_confirm_${setting}_heldout2_seed{seed}.json")
       # shellcheck disable=SC2086  # $methods: one word per method
       PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 ${PYTHON:-python} "$bench" --settings "$setting" \
         --seeds 9 10 11 12 13 14 15 16 17 --methods $methods --optuna-trials 0 \
-        --learned-kwargs '{}' --threads 1 "${reuse[@]}" --out "$out/weight_decay_${name}_${setting}_heldout2.json"
+        --learned-kwargs "$kw" --threads 1 "${reuse[@]}" --out "$out/weight_decay_${name}_${setting}_heldout2.json"
       rm -f "$out"/weight_decay_"${name}_${setting}"_*.png
     done
   done

@@ -9,7 +9,8 @@ not the stored runs --reuse copied in) and s45_fastfall/table.py's settings.
 
 usage (from anywhere): python table.py [ARM...]   (default: elem) → table_<ARM>.{md,json}; with
 the layernone arm's runs also table_layernone.{md,json} (the budget's part and the deviations'),
-and with strict4's / the confirmation's runs table_screen / table_confirm.{md,json} (rule.md)
+with strict4's / the confirmation's runs table_screen / table_confirm.{md,json} (rule.md), and
+with run.sh fresh's (seeds 9-17, both in one process) table_fresh.{md,json}
 """
 
 import importlib.util
@@ -84,27 +85,30 @@ def budget_rows() -> tuple[list[str], dict]:
 
 def diff_rows(pairs: dict[str, tuple], seeds: range) -> tuple[list[str], dict]:
     """Per setting, paired differences of the named pairs ((arm, folder, method) − (arm,
-    folder, method)), over the seeds where every run is there."""
+    folder, method)), each over the seeds where both runs are there ("—": none); a setting
+    appears where the first pair has runs."""
     heads = " | ".join(pairs)
     lines = [f"| setting | seeds | {heads} |", "|---|---:|" + "---|" * len(pairs)]
     out = {}
     for s in s45.SETTINGS:
         cells, rec = [], {}
         for name, (a, b) in pairs.items():
-            n_ok = [n for n in seeds if all(variant(x[0], s, n, x[1]) is not None for x in (a, b))]
+            n_ok = [
+                n for n in seeds if all(variant(*x[:1], s, n, *x[1:]) is not None for x in (a, b))
+            ]
             if not n_ok:
-                break
+                cells.append("—")
+                continue
             x = [variant(a[0], s, n, a[1], a[2])["test_loss"] for n in n_ok]
             y = [variant(b[0], s, n, b[1], b[2])["test_loss"] for n in n_ok]
             d = paired_difference(x, y)
             up = sum(i > j for i, j in zip(x, y))
             rec[name] = dict(seeds=n_ok, a=x, b=y, difference=d, above=up)
             cells.append(f"{text(d)}, above 0 in {up}")
-        else:
+        first = rec.get(next(iter(pairs)))
+        if first is not None:
             out[s] = rec
-            lines.append(
-                f"| {s} | {len(rec[next(iter(pairs))]['seeds'])} | " + " | ".join(cells) + " |"
-            )
+            lines.append(f"| {s} | {len(first['seeds'])} | " + " | ".join(cells) + " |")
     return lines, out
 
 
@@ -123,8 +127,28 @@ CONFIRM = {  # rule.md: fresh seeds 9-17, per layer and per element's default in
 }
 
 
+FRESH = {  # run.sh fresh: item 3 on fresh seeds 9-17, per layer in the same process
+    "per element − per layer (same process)": (
+        ("fresh", here, "learned_per_element"),
+        ("fresh", here, "learned_per_layer"),
+    ),
+    "per layer without budget − per layer": (
+        ("freshnone", here, None),
+        ("fresh", here, "learned_per_layer"),
+    ),
+    "per element − per layer without budget (deviations)": (
+        ("fresh", here, "learned_per_element"),
+        ("freshnone", here, None),
+    ),
+}
+
+
 def main() -> None:
-    for name, pairs, seeds in (("screen", SCREEN, range(9)), ("confirm", CONFIRM, range(9, 18))):
+    for name, pairs, seeds in (
+        ("screen", SCREEN, range(9)),
+        ("confirm", CONFIRM, range(9, 18)),
+        ("fresh", FRESH, range(9, 18)),
+    ):
         lines, data = diff_rows(pairs, seeds)
         if data:
             md = "\n".join(lines)
