@@ -40,16 +40,32 @@ def base_of(seed: int) -> str:
     return BASE.get(seed, "heldout2")
 
 
-def variant(arm: str, setting: str, seed: int, runs: Path = RUNS) -> dict | None:
+def variant(
+    arm: str, setting: str, seed: int, runs: Path = RUNS, method: str | None = None
+) -> dict | None:
+    """The arm's learned run of a seed (None if its file is missing): ``method`` (e.g.
+    ``"learned_per_layer"`` of a file that trained two), else the one learned method its run
+    trained (per layer, or METHOD of run_arm.sh). A run made with ``--reuse`` also holds the
+    stored file's learned runs, copied (``reused["methods"]``): they are not the arm's."""
     path = runs / f"weight_decay_{arm}_{setting}_{base_of(seed)}_seed{seed}.json"
     if not path.is_file():
         return None
-    runs = json.loads(path.read_text())["settings"][setting]["runs"]
-    # the arm's one learned method: per layer, or what its run trained (METHOD of run_arm.sh)
-    learned = [
-        k for k in ("learned_per_layer", "learned_per_element", "learned_global") if k in runs
-    ]
-    return runs[learned[0]]
+    record = json.loads(path.read_text())["settings"][setting]
+    copied = set((record.get("reused") or {}).get("methods") or ())
+    trained = [k for k in record["runs"] if k.startswith("learned_") and k not in copied]
+    if method is None:
+        if len(trained) != 1:
+            raise ValueError(
+                f"{path} trained {len(trained)} learned methods ({', '.join(trained) or 'none'}):"
+                " name the one to read (method=...)."
+            )
+        method = trained[0]
+    if method not in trained:
+        raise ValueError(
+            f"{path} did not train {method} (trained: {', '.join(trained) or 'none'};"
+            f" copied with --reuse: {', '.join(sorted(copied)) or 'none'})."
+        )
+    return record["runs"][method]
 
 
 def text(d: dict) -> str:
