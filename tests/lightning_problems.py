@@ -38,6 +38,20 @@ def digits_split(n_train: int, n_val: int, seed: int = 0) -> tuple[Tensor, Tenso
     return X[train], y[train], X[val], y[val]
 
 
+def digits_cnn() -> torch.nn.Sequential:
+    """A small CNN with BatchNorm for :func:`digits_split`'s 64 pixels (an 8×8 image), 10 classes."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 16, 10),
+    )
+
+
 def ridge_data(
     n: int = 120, n_val: int = 60, d: int = D, seed: int = 1, noise: float = 0.5
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -20,7 +20,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import digits_split, trainer
+from lightning_problems import digits_cnn, digits_split, trainer
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -57,15 +57,7 @@ class LastStepLSTM(nn.Module):
 
 NETWORKS: dict[str, Callable[[], nn.Module]] = {
     "mlp": lambda: nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),
-    "cnn_bn": lambda: nn.Sequential(
-        nn.Unflatten(1, (1, 8, 8)),
-        nn.Conv2d(1, 8, 3, padding=1),
-        nn.BatchNorm2d(8),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(128, 10),
-    ),
+    "cnn_bn": digits_cnn,
     "lstm": LastStepLSTM,
 }
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {

@@ -16,7 +16,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import digits_split
+from lightning_problems import digits_cnn, digits_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -37,15 +37,7 @@ class Net(pl.LightningModule):
         super().__init__()
         self.kind, self.optimizer = kind, optimizer
         if kind == "cnn":
-            self.net = nn.Sequential(
-                nn.Unflatten(1, (1, 8, 8)),
-                nn.Conv2d(1, 8, 3, padding=1),
-                nn.BatchNorm2d(8),
-                nn.ReLU(),
-                nn.MaxPool2d(2),
-                nn.Flatten(),
-                nn.Linear(8 * 16, 10),
-            )
+            self.net = digits_cnn()
         else:
             act = nn.ReLU if kind == "mlp_relu" else nn.Tanh
             self.net = nn.Sequential(nn.Linear(64, 64), act(), nn.Linear(64, 64), act(),

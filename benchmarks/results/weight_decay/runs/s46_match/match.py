@@ -11,23 +11,21 @@ usage (from anywhere): python match.py [--runs FOLDER] [--arm ARM]
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-sys.path.insert(0, str(here.parents[3]))
+spec = importlib.util.spec_from_file_location(
+    "s45_table", here.parent / "s45_fastfall" / "table.py"
+)
+s45 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(s45)  # puts benchmarks/ on sys.path; its settings and stored picks
 from bench_weight_decay import optuna_trials_to_match  # noqa: E402
 from issue28_beat_table import variant  # noqa: E402
 
-RESULTS = here.parents[1]
-DEPLOYMENTS = (
-    RESULTS / "weight_decay_deployment_9seeds_final_s43.json",
-    RESULTS / "weight_decay_deployment_9seeds_news_final_s43.json",
-)
-SETTINGS = ("news_mlp", "mnist_mlp", "fashion_mlp", "mnist_cnn", "fashion_cnn", "digits_mlp",
-            "digits_small")  # fmt: skip
+DEPLOYMENTS, SETTINGS = s45.DEPLOYMENTS, s45.SETTINGS
 
 
 def optuna_trials() -> dict[str, dict[int, list[dict]]]:
