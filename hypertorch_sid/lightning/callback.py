@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -53,7 +54,7 @@ from .isolation import (
 )
 from .metrics import FEW_HYPER_STEPS, describe, few_hyper_steps, hyper_metrics, lambda_mean
 from .module import BilevelModule
-from .optimizer_decay import OptimizerDecay, with_optimizer_decay
+from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .sources import HyperData
 
@@ -562,7 +563,19 @@ class HyperOptimizationCallback(Callback):
                 "the one trained. Put the decay into the loss (training_step / inner_loss) and "
                 "pass weight_decay=0, or use SGD, Adam or AdamW."
             )
-        return with_optimizer_decay(problem, decay)
+        problem = with_optimizer_decay(problem, decay)
+        for other in trainer.callbacks:  # type: ignore[attr-defined]
+            if other is self or not isinstance(other, HyperOptimizationCallback):
+                continue
+            penalty = other.training_penalty(pl_module)
+            if penalty is not None:
+                rank_zero_info(
+                    f"{who}: {type(other).__name__} adds its penalty to the training's "
+                    "gradients; the hyper steps' inner loss holds it too, at its current "
+                    "hyperparameters (constants here)."
+                )
+                problem = with_penalty(problem, penalty)
+        return problem
 
     def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
         return HyperData(
@@ -601,6 +614,13 @@ class HyperOptimizationCallback(Callback):
         )  # fmt: skip
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")
+
+    def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor] | None:
+        """D(w), the penalty whose gradient this callback adds to the training's, its
+        hyperparameters held constant: another hyperparameter callback in the same fit adds it
+        to its hyper steps' ℓ̂ (:func:`~hypertorch_sid.lightning.optimizer_decay.with_penalty`),
+        as it adds the optimizers' own decay. None (here): the training's loss is all."""
+        return None
 
     def hyper_steps_needed(self) -> int:
         """Fewer hyper steps than this in a fit get a warning: λ moves only in hyper steps, a

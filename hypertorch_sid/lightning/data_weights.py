@@ -248,6 +248,10 @@ class DataWeightsProblem:
         self._original: Callable[..., Any] | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
         self.sparse_grad = False
+        #: the batch the Trainer's loop hands to ``training_step`` now (set by the callback at
+        #: ``on_train_batch_start``): only that call records its rows and moves their weights;
+        #: another callback's calls (``LearnedWeightDecay``'s hyper steps) get the loss alone
+        self.loop_batch: Any = None
         #: called with (index, data, losses, RNG state at the step's start) at every training
         #: step before the losses are returned (the callback's cross term on the training
         #: batch, ``cross_term="training"``)
@@ -511,6 +515,7 @@ class DataWeightsProblem:
         @functools.wraps(original)
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
+            in_loop = batch is self.loop_batch  # not another callback's hyper step
             rng = RandomState.capture(module.device) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             raw = out.get("loss") if isinstance(out, Mapping) else out
@@ -521,12 +526,23 @@ class DataWeightsProblem:
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
-            self._seen(index, data, losses)  # after the weights checked the index's range
-            if self.on_training_batch is not None and rng is not None:
-                self.on_training_batch(index, data, losses.detach(), rng)
+            if in_loop:
+                self._seen(index, data, losses)  # after the weights checked the index's range
+                if self.on_training_batch is not None and rng is not None:
+                    self.on_training_batch(index, data, losses.detach(), rng)
             loss = weighted_loss(losses, weights, self.normalize)
             return {**out, "loss": loss} if isinstance(out, Mapping) else loss
 
+        def unweighted(batch: Any, batch_idx: int = 0) -> Tensor:
+            """The mean of the per-sample losses on ``batch`` as its labels are, no weight
+            applied: the training loss of a validation batch, which another callback's E
+            (``LearnedWeightDecay`` without ``validation_loss=``) reads."""
+            data = batch.data if isinstance(batch, Indexed) else batch
+            out = original(data, batch_idx)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            return raw.mean() if isinstance(raw, Tensor) else raw
+
+        training_step.unweighted = unweighted  # type: ignore[attr-defined]
         module.training_step = training_step  # type: ignore[method-assign]
 
     def _choose_gauge(self, data: Any, losses: Any) -> None:
@@ -907,6 +923,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 )
         super().on_train_epoch_start(trainer, pl_module)
 
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Mark ``batch`` as the loop's: its ``training_step`` records its rows and, with
+        ``cross_term="training"``, moves their weights; nobody else's call does."""
+        self.problem.loop_batch = batch
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""
@@ -1021,6 +1044,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if stage == "fit":
             self.problem.unwrap()
             self.problem.on_training_batch = None
+            self.problem.loop_batch = None
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException

@@ -18,7 +18,7 @@ The hypergradient must differentiate that fixed point, so the callback adds the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .problem import BilevelProblem
 
-__all__ = ["OptimizerDecay", "decouples", "preconditioner", "with_optimizer_decay"]
+__all__ = ["OptimizerDecay", "decouples", "preconditioner", "with_optimizer_decay", "with_penalty"]
 
 #: optimizers whose ``weight_decay`` adds wd·w to the gradient (unless they decouple it)
 COUPLED = (
@@ -146,11 +146,19 @@ def with_optimizer_decay(problem: BilevelProblem, decay: OptimizerDecay) -> Bile
     fixed point the training reaches. D is batch-independent and does not read λ: it joins the
     ``regularizer`` (Gauss–Newton keeps its Hessian exact; eq. gradestim's cross term from R + D
     is that from R). Without such decay ``problem`` is returned as it is."""
-    if not decay:
-        return problem
+    return with_penalty(problem, decay.penalty) if decay else problem
+
+
+def with_penalty(problem: BilevelProblem, penalty: Callable[[], Tensor]) -> BilevelProblem:
+    """``problem`` with a batch-independent penalty D(w) that the training adds, constant in
+    λ, in its inner loss and its ``regularizer``: the optimizers' own decay
+    (:func:`with_optimizer_decay`) or another hyperparameter callback's
+    (:meth:`~hypertorch_sid.lightning.callback.HyperOptimizationCallback.training_penalty`,
+    e.g. :class:`~hypertorch_sid.LearnedWeightDecay`'s ½ Σ λᵢ‖wᵢ‖² in
+    :class:`~hypertorch_sid.LearnedDataWeights`' hyper steps)."""
     reg = problem.regularizer
     return dataclasses.replace(
         problem,
-        inner_loss=_plus(problem.inner_loss, decay.penalty),
-        regularizer=decay.penalty if reg is None else _plus(reg, decay.penalty),
+        inner_loss=_plus(problem.inner_loss, penalty),
+        regularizer=penalty if reg is None else _plus(reg, penalty),
     )

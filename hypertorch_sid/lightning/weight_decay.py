@@ -549,6 +549,23 @@ class WeightDecayProblem:
         for lam, (g, w) in grads.items():
             torch._foreach_add_(g, w if scale is None else torch._foreach_mul(w, scale), alpha=lam)
 
+    def training_penalty(self, module: pl.LightningModule) -> Tensor:
+        """D(w) = ½ Σᵢ λᵢ Pᵢ ⊙ ‖wᵢ‖², the decay :meth:`apply` adds to the training, with λ (and
+        a decoupled decay's preconditioner P, else 1) held constant: differentiable in w only,
+        the tensors read through ``module`` now (``hvp="forward"`` swaps them in). Zero, still
+        on w's graph, before the first build."""
+        current = dict(module.named_parameters())
+        if self.decay is None:
+            return sum((0.0 * p.sum() for p in current.values() if p.requires_grad),
+                       torch.zeros(()))  # fmt: skip
+        names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
+        terms = []
+        for i, (e, lam) in enumerate(zip(self.decay.entries, self._entry_lambdas())):
+            w = current.get(names.get(id(e.param), ""), e.param)
+            coefficient = lam * self._preconditioner(i) if self.decoupled else lam
+            terms.append(0.5 * (coefficient * w.pow(2)).sum())
+        return sum(terms[1:], terms[0]) if terms else torch.zeros(())
+
     def _preconditioner(self, i: int) -> Tensor | float:
         """P of the decoupled fixed point P⁻¹∇ℓ + λw = 0 for decayed tensor ``i``
         (:func:`~hypertorch_sid.lightning.optimizer_decay.preconditioner`)."""
@@ -651,11 +668,18 @@ class WeightDecayProblem:
     def _training_loss_on_validation(
         self, module: pl.LightningModule, batch: Any
     ) -> tuple[str, Any]:
-        """ℓ on a validation batch (E without ``validation_loss=``); a failure there is named:
+        """ℓ on a validation batch (E without ``validation_loss=``): where
+        :class:`~hypertorch_sid.LearnedDataWeights` weights the training step, its unweighted
+        mean (a validation batch has no example indices, and E is the loss as the data are).
+        A failure there is named:
         a validation loader whose batches differ from the training's (an extra index, a dict)
         failed inside the user's ``training_step`` with its bare message ("too many values to
         unpack")."""
+        unweighted = getattr(module.training_step, "unweighted", None)
         try:
+            if unweighted is not None and self.training_loss is None:  # LearnedDataWeights'
+                with _muted_logging(module):  # step: a validation batch's loss, unweighted
+                    return "training_step", unweighted(batch, 0)
             return self._training_loss(module, batch)
         except ConfigurationError:
             raise
@@ -1013,6 +1037,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if self.invariant.probes and self.invariant_groups is None:
             self._probe_batch = batch
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor]:
+        """½ Σᵢ λᵢ‖wᵢ‖² at the current λ (eq. weighted decay; decoupled: with the optimizer's P),
+        for :class:`~hypertorch_sid.LearnedDataWeights` in the same fit, whose training
+        minimises the weighted loss plus this decay."""
+        return functools.partial(self.problem.training_penalty, pl_module)
 
     def _outer_step_size(self, eta: float | None) -> float | None:
         return self.problem.shrink_step_size(eta)

@@ -1,0 +1,83 @@
+"""``LearnedWeightDecay`` and ``LearnedDataWeights`` in one fit: each callback's hyper steps see
+the training the other shapes (the weighted loss; the learned decay), E of the decay is the
+validation batches' unweighted loss, and only the Trainer's own training steps move the data
+weights. Before, the decay's first hyper step failed inside the data weights' training step
+("the training batch carries no example indices") although the training set was indexed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning_problems import trainer
+from test_data_weights_lightning import NOISY, Classifier, Data, precision_recall
+
+from hypertorch_sid import LearnedDataWeights, LearnedWeightDecay
+
+
+def both(order: str) -> tuple[LearnedWeightDecay, LearnedDataWeights, list[Any]]:
+    decay = LearnedWeightDecay(1e-3, every_n_steps=2, seed=0, max_overhead=None)
+    weights = LearnedDataWeights(every_n_steps=2, start_step=0, seed=0)
+    return decay, weights, ([decay, weights] if order == "decay_first" else [weights, decay])
+
+
+class Counted(Classifier):
+    """Counts the training steps Lightning runs (the loop's calls of ``training_step``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.steps += 1
+
+
+@pytest.mark.parametrize("order", ["decay_first", "weights_first"])
+def test_both_callbacks_learn_in_one_fit(order):
+    decay, weights, callbacks = both(order)
+    model, data = Counted(), Data()
+    seen = []
+    record = weights.problem._seen
+    weights.problem._seen = lambda index, *a: (seen.append(index.numel()), record(index, *a))
+    trainer(callbacks, max_epochs=15).fit(model, datamodule=data)
+
+    w = weights.data_weights()
+    assert w[:NOISY].mean() < w[NOISY:].mean() - 0.2, (w[:NOISY].mean(), w[NOISY:].mean())
+    precision, recall = precision_recall(weights.flagged())
+    assert precision > 0.8 and recall > 0.8, (precision, recall)
+    lam = torch.stack([v.reshape(-1)[0] for v in decay.decay_values().values()])
+    assert torch.isfinite(lam).all() and not torch.allclose(lam, torch.full_like(lam, 1e-3))
+    assert len(decay.history) > 5 and len(weights.history) > 5
+    # the data weights recorded the loop's batches only, none of the decay's hyper-step draws
+    assert len(seen) == model.steps
+
+
+def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_loss():
+    """ℓ̂ of the data weights' hyper steps = the weighted loss + ½ Σ λ‖w‖² at the decay's
+    current λ (per layer); E of the decay's hyper steps on a validation batch = the mean cross
+    entropy, no weight and no index."""
+    decay, weights, callbacks = both("decay_first")
+    model, data = Classifier(), Data()
+    trainer(callbacks, max_epochs=3).fit(model, datamodule=data)
+    batch = next(iter(data.train_dataloader()))
+    weights.problem._wrap(model)  # the fit gave the module its own training_step back
+    try:
+        with torch.no_grad():
+            inner = weights._active.inner_loss(batch)
+            weighted = weights.problem.weighted_loss(model, batch)
+            lams = decay.decay_values()
+            penalty = sum(
+                0.5 * (lams[name] * p.pow(2)).sum()
+                for name, p in model.named_parameters()
+                if name in lams
+            )
+            assert float(penalty) > 0
+            torch.testing.assert_close(inner, weighted + penalty, rtol=1e-6, atol=1e-9)
+
+            x, y = next(iter(data.val_dataloader()))
+            e = decay.problem._data_loss(model, (x, y), "validation")
+            torch.testing.assert_close(e, F.cross_entropy(model.net(x), y))
+    finally:
+        weights.problem.unwrap()
