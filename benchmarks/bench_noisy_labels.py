@@ -81,7 +81,7 @@ from torch.utils.data import DataLoader, TensorDataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
+from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
 from hypertorch_sid.core.config import Batches  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
 from hypertorch_sid.core.sample_weights import (  # noqa: E402
@@ -293,8 +293,11 @@ def trainer(epochs: int, callbacks: list[Any], clip: float | None = None) -> pl.
 DROP_INS = (
     "drop_in", "drop_in_beta0", "drop_in_beta09", "drop_in_fd", "drop_in_fm", "drop_in_natural",
     "drop_in_gce", "drop_in_val_mae", "drop_in_val_gce", "drop_in_mean_loss",
-    "drop_in_expected_error", "per_class", "per_class_mean_loss",
+    "drop_in_expected_error", "per_class", "per_class_mean_loss", "drop_in_decay",
 )  # fmt: skip
+#: the methods that also learn the weight decay, LearnedWeightDecay(1e-4) with its defaults
+#: (``decay``: alone, on the noisy labels; ``drop_in_decay``: beside the data weights)
+DECAYS = ("decay", "drop_in_decay")
 
 
 def soft_error(q: float) -> Any:
@@ -374,13 +377,16 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         data = IndexedDataset(data) if per == "sample" else data
     else:
         model = Classifier(args.lr, class_weight=class_weight)
+    if method in DECAYS:
+        callbacks.append(LearnedWeightDecay(1e-4, seed=seed))
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, generator=gen)
     val = DataLoader(TensorDataset(d["Xv"], d["yv"]), batch_size=args.batch)
     _synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tracer = [Trace(d, callbacks[0] if callbacks else None)] if args.trace else []
+        weights = next((c for c in callbacks if isinstance(c, LearnedDataWeights)), None)
+        tracer = [Trace(d, weights)] if args.trace else []
         fit = trainer(args.epochs, callbacks + tracer, args.clip)
         fit.fit(model, loader, val if callbacks else None)
     _synchronize()
@@ -389,6 +395,11 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
     rec: dict[str, Any] = {"test_acc": float(correct.float().mean()), "wall_s": wall, "cpu_s": cpu}
     minority = torch.isin(d["yt"], torch.tensor(MINORITY))
     rec["minority_acc"] = float(correct[minority].float().mean())
+    if method in DECAYS:
+        lams = callbacks[-1].decay_values()
+        rec["weight_decay"] = {k: float(v.mean()) for k, v in lams.items()}
+        rec["decay_hyper_steps"] = len(callbacks[-1].history)
+        callbacks = callbacks[:-1]
     if callbacks:
         w = callbacks[0].data_weights()
         rec["weights"] = [round(float(v), 4) for v in w]
