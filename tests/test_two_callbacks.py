@@ -81,3 +81,23 @@ def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_los
             torch.testing.assert_close(e, F.cross_entropy(model.net(x), y))
     finally:
         weights.problem.unwrap()
+
+
+def test_a_resumed_fit_continues_both_callbacks(tmp_path):
+    """Checkpointed after 2 epochs and resumed to 4, both callbacks end where the straight fit's
+    do (data weights by a forward difference: up to its ~1e-3 rounding; λ alike)."""
+
+    def run(epochs: int, ckpt: Any = None, save: Any = None) -> tuple[dict, torch.Tensor]:
+        decay, weights, callbacks = both("decay_first")
+        t = trainer(callbacks, max_epochs=epochs)
+        t.fit(Classifier(), datamodule=Data(shuffle=False), ckpt_path=ckpt)
+        if save is not None:
+            t.save_checkpoint(save)
+        return decay.decay_values(), weights.data_weights()
+
+    lam, w = run(4)
+    run(2, save=tmp_path / "half.ckpt")
+    lam_resumed, w_resumed = run(4, ckpt=tmp_path / "half.ckpt")
+    torch.testing.assert_close(w_resumed, w, rtol=2e-3, atol=2e-4)
+    for name in lam:
+        torch.testing.assert_close(lam_resumed[name], lam[name], rtol=2e-3, atol=1e-7)
