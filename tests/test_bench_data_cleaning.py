@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,22 @@ def test_summary_table_and_figure(dc, tmp_path) -> None:
     assert s["best_peer"] == "SOBA" and s["target"] == pytest.approx(0.21)
     assert sid["time_to_best_peer_median"] == pytest.approx((3 + 0.5) / 2)
     assert sid["gap_to_perfect_points"] == pytest.approx(1.5)
+    # within 0.5 point of the perfect weights (≤ 0.175): no SID seed; SOBA seed 1 only after
+    # the budget (t = 50), seed 2 never
+    assert s["near_perfect_target"] == pytest.approx(0.175)
+    assert sid["time_to_near_perfect_median"] == float("inf")
+    assert soba["time_to_near_perfect_median"] == float("inf")
+    # its own final median, 0.21: SOBA seed 1 at t = 2 (0.2), seed 2 never within the budget
+    # (0.22) -> median of (2, inf); SID's 0.185: seed 2 at t = 3, seed 1 never -> inf
+    assert soba["time_to_own_final_median"] == float("inf")
+    assert sid["time_to_own_final_median"] == float("inf")
+    base_near = {"0.9": {"perfect weights": {"test_error": 0.176}}}  # ≤ 0.181: SID seed 2 only
+    s_near = dc.summarise(runs, budget=10.0, baselines_=base_near)["0.9"]["methods"]
+    assert s_near["SID (defaults)"]["time_to_near_perfect_median"] == float("inf")
+    base_near = {"0.9": {"perfect weights": {"test_error": 0.186}}}  # ≤ 0.191: both, at 3 s
+    s_near = dc.summarise(runs, budget=10.0, baselines_=base_near)["0.9"]["methods"]
+    assert s_near["SID (defaults)"]["time_to_near_perfect_median"] == pytest.approx(3.0)
+    assert s_near["SID (defaults)"]["samples_to_near_perfect_median"] == pytest.approx(300)
     assert dc.time_to_reach(runs[(0.9, "SOBA")][2], 0.1) == float("inf")
     md = dc.markdown({"0.9": s}, 10.0)
     # samples: 100 per evaluation; SID reaches 0.21 at its 2nd (seed 2) and 3rd (seed 1) one
@@ -200,17 +217,81 @@ def test_sid_labels(dc) -> None:
     assert dc.method_of("SID[random_state=1]") == "SID (defaults)"
     assert dc.method_of("SID[inner_lr=0.1,random_state=2]") == "SID (defaults, SGD lr=0.1)"
     assert dc.method_of("SID[outer_beta1=0.0,random_state=2]") == "SID (defaults, outer β₁=0)"
+    # E is part of the problem: the default (the benchmark's f) is written in every file name
     assert dc.sid_file(*dc._sid_params("SID[outer_beta1=0.0]"), 0.9, 3) == (
-        "sid_drop_in_lr1.0_b10.0_p0.9_seed3.npz"
+        "sid_drop_in_lr1.0_b10.0_Ef_p0.9_seed3.npz"
     )
     assert dc.sid_file(*dc._sid_params("SID[random_state=1]"), 0.5, 1) == (
-        "sid_drop_in_lr1.0_p0.5_seed1.npz"
+        "sid_drop_in_lr1.0_Ef_p0.5_seed1.npz"
     )
+    full = "SID[batch_size=256,inner_lr=1.0,normalize=false,outer_beta1=default,{},random_state=2]"
+    f_row = full.format("outer_objective=f")  # benchopt's solver_name: every parameter
+    drop_in = full.format("outer_objective=drop_in")
+    old = full.format("outer_objective=default")  # sessions 41-46: the drop-in's E, no tag
+    assert dc.method_of(f_row) == "SID (defaults)"
+    assert dc.method_of(drop_in) == dc.method_of(old) == "SID (defaults, E=drop-in's default)"
+    names = {dc.sid_file(*dc._sid_params(e), 0.7, 2) for e in (f_row, drop_in, old)}
+    assert names == {
+        "sid_drop_in_lr1.0_Ef_p0.7_seed2.npz",
+        "sid_drop_in_lr1.0_Edrop_in_p0.7_seed2.npz",
+        "sid_drop_in_lr1.0_p0.7_seed2.npz",
+    }
     entry = "SID[outer_objective=mean_loss,random_state=2]"
     assert dc.method_of(entry) == "SID (defaults, E=mean_loss)"
     assert (
         dc.sid_file(*dc._sid_params(entry), 0.7, 2) == "sid_drop_in_lr1.0_Emean_loss_p0.7_seed2.npz"
     )
+
+
+def test_sid_flagging_reads_each_objective_from_its_file_name(dc, tmp_path) -> None:
+    """The flags of each SID file land under the label of the objective its tag names: the
+    default f (``_Ef``), the drop-in's E (``_Edrop_in``, with and without ``_norm``)."""
+    corrupted = np.arange(40) < 10
+    logits = np.where(corrupted, -6.0, 4.0)
+    for tag in ("Ef", "Edrop_in", "Edrop_in_norm", "Emean_loss_norm"):
+        np.savez(tmp_path / f"sid_drop_in_lr1.0_{tag}_p0.9_seed1.npz", logits=logits)
+    np.savez(tmp_path / "sid_drop_in_lr1.0_Ef_p0.9_seed2.npz", logits=-logits)  # all wrong
+    flags = dc.sid_flagging(tmp_path, {"0.9": {"corrupted": corrupted}})["0.9"]
+    norm = ", self-normalised Σωℓ/Σω: not the benchmark's g"
+    assert set(flags) == {
+        "SID (defaults), seed 1",
+        "SID (defaults), seed 2",
+        "SID (defaults, E=drop-in's default), seed 1",
+        f"SID (defaults, E=drop-in's default{norm}), seed 1",
+        f"SID (defaults, E=mean_loss{norm}), seed 1",
+    }
+    assert flags["SID (defaults), seed 1"]["recall"] == 1.0
+    assert flags["SID (defaults), seed 2"]["recall"] == 0.0
+
+
+def test_time_to_target_counts_only_evaluations_within_the_budget(dc) -> None:
+    """Time (and samples) to a test error, median over seeds: the first evaluation at or below
+    the target within the budget; a seed that gets there only after the budget has not."""
+    seeds = {
+        1: dict(
+            time=np.array([0.0, 2.0, 5.0, 9.0]),
+            samples=np.array([0.0, 10.0, 20.0, 30.0]),
+            test_error=np.array([0.9, 0.30, 0.16, 0.15]),
+        ),
+        2: dict(
+            time=np.array([0.0, 1.0, 4.0, 11.0]),
+            samples=np.array([0.0, 5.0, 15.0, 40.0]),
+            test_error=np.array([0.9, 0.20, 0.17, 0.15]),
+        ),
+        3: dict(
+            time=np.array([0.0, 3.0, 10.5]),
+            samples=np.array([0.0, 8.0, 50.0]),
+            test_error=np.array([0.9, 0.40, 0.10]),
+        ),
+    }
+    # ≤ 0.17: seed 1 at 5 s (20 samples), seed 2 at 4 s (15), seed 3 only after the budget
+    assert dc.time_to_target_median(seeds, 0.17, budget=10.0) == pytest.approx(5.0)
+    assert dc.time_to_target_median(seeds, 0.17, 10.0, "samples") == pytest.approx(20.0)
+    assert dc.time_to_reach(seeds[3], 0.17, budget=10.0) == float("inf")
+    assert dc.time_to_reach(seeds[3], 0.17) == pytest.approx(10.5)  # no budget: counted
+    # ≤ 0.15: seed 1 at 9 s, seed 2 after the budget, seed 3 after it: not reached
+    assert dc.time_to_target_median(seeds, 0.15, 10.0) == float("inf")
+    assert dc.time_to_target_median(seeds, 0.15, 12.0) == pytest.approx(10.5)
     assert dc.method_of("SID[regime=algorithm1,random_state=2]") == (
         "SID (Algorithm 1, SIDConfig())"
     )
@@ -268,3 +349,90 @@ def test_exact_hypergradient_matches_finite_differences(dc) -> None:
         e[i] = eps
         fd = (f(x + e)[0] - f(x - e)[0]) / (2 * eps)
         assert h[i] == pytest.approx(fd, rel=1e-3, abs=1e-8)
+
+
+@pytest.fixture
+def sid_solver(monkeypatch):
+    """``benchmarks/benchopt/solvers/sid.py`` imported without benchopt and JAX (neither is in
+    the project's environment): ``BaseSolver`` a plain class, ``jax.numpy`` an empty module."""
+    import contextlib
+    import importlib.util
+    import types
+
+    fake = {name: types.ModuleType(name) for name in ("benchopt", "jax", "jax.numpy")}
+    fake["benchopt"].BaseSolver = object
+    fake["benchopt"].safe_import_context = contextlib.nullcontext
+    criterion = types.ModuleType("benchopt.stopping_criterion")
+    criterion.SufficientProgressCriterion = lambda **kwargs: None
+    fake["benchopt.stopping_criterion"] = criterion
+    for name, module in fake.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    spec = importlib.util.spec_from_file_location("_sid_solver", BENCH / "benchopt/solvers/sid.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _benchmark_functions(n=30, m=12, d=4, k=3, seed=0):
+    """``f_inner`` / ``f_outer`` closing over their data as ``datasets/mnist.py``'s do."""
+    import types
+
+    rng = np.random.default_rng(seed)
+    X_train, X_val = rng.standard_normal((n, d)), rng.standard_normal((m, d))
+    y_train, y_val = np.eye(k)[rng.integers(0, k, n)], np.eye(k)[rng.integers(0, k, m)]
+    self = types.SimpleNamespace(reg=0.2, ratio=0.9, n_features=d, n_classes=k)
+
+    def f_inner(z, x, index):
+        return X_train, y_train, self
+
+    def f_outer(z, index):
+        return X_val, y_val
+
+    return f_inner, f_outer, np.zeros(d * k), -2 * np.ones(n)
+
+
+@pytest.mark.parametrize(
+    ("outer_objective", "objective", "tag"),
+    [("f", "MeanLoss", "Ef"), ("drop_in", "ExpectedError", "Edrop_in")],
+)
+def test_sid_solver_minimises_the_benchmark_f_by_default(
+    sid_solver, tmp_path, monkeypatch, outer_objective, objective, tag
+) -> None:
+    """The solver's default outer objective is the benchmark's f (the mean validation CE, E =
+    ``MeanLoss``); ``outer_objective=drop_in`` is ``LearnedDataWeights()``'s own default E
+    (``ExpectedError``); every other setting is the drop-in's; each writes its own file."""
+    assert sid_solver.Solver.parameters["outer_objective"] == ["f"]
+    solver = sid_solver.Solver()
+    for key, values in sid_solver.Solver.parameters.items():
+        setattr(solver, key, values[0])
+    solver.outer_objective = outer_objective
+    f_inner, f_outer, z0, x0 = _benchmark_functions()
+    solver.set_objective(f_inner, f_outer, 30, 12, z0, x0)
+    assert solver.tag == f"sid_drop_in_lr1.0_{tag}_p0.9_seed1"
+    kwargs = solver._outer_objective_kwargs()
+    method = sid_solver.DropIn(
+        solver.X_train, solver.y_train, solver.X_val, solver.y_val, solver.z0, solver.x0,
+        solver.reg, 8, 1.0, 1, **kwargs,
+    )  # fmt: skip
+    assert type(method.objective).__name__ == objective
+    drop_in = sid_solver.LearnedDataWeights(normalize=False)  # the solver settings: the drop-in's
+    assert (method.every, method.start) == (drop_in.every_n_steps, max(drop_in.start_step, 1))
+    assert type(method.sid.outer_optimizer) is type(drop_in.outer_optimizer([torch_param()]))
+    monkeypatch.setenv("SID_BENCH_OUT", str(tmp_path))
+    calls = iter([True, True, False])
+    solver.run(lambda: next(calls))  # two evaluations (a hyper step at step 80), then the file
+    saved = np.load(tmp_path / f"{solver.tag}.npz")
+    assert saved["samples"][-1] > saved["samples"][1] > 0 and saved["logits"].shape == (30,)
+
+
+def test_sid_solver_refuses_the_ambiguous_old_objective_value(sid_solver) -> None:
+    solver = sid_solver.Solver()
+    solver.outer_objective = "default"
+    with pytest.raises(ValueError, match="outer_objective=f .* outer_objective=drop_in"):
+        solver._outer_objective_kwargs()
+
+
+def torch_param():
+    import torch
+
+    return torch.nn.Parameter(torch.zeros(2))

@@ -11,16 +11,34 @@ scaling and regulariser are theirs; the model is the same multinomial logistic r
 in torch (float32, CPU), with z₀, x₀ the objective's initial point. Test/validation errors are
 computed by the benchmark's own ``metrics`` on the returned (z, x).
 
+**The problem is the benchmark's; the solver settings are the drop-in's.** The outer objective
+is part of the problem: the benchmark asks for min_x f(z*(x)) with f the mean validation
+cross-entropy, which every peer (SOBA, SRBA, AmIGO, ...) minimises. So SID minimises that f too
+(``outer_objective="f"``, the default since session 47: E = ``MeanLoss()`` of the validation
+CE losses, i.e. ``LearnedDataWeights(objective="mean_loss")``). Everything else that the drop-in
+chooses is a *solver* setting and is read from a ``LearnedDataWeights`` instance, unchanged:
+the hyper step's schedule (``every_n_steps``, ``start_step``, ``adjoint_steps``), the outer
+optimizer (``LazyAdam`` and its step sizes), the step sizes and damping of ``_sid_config()``,
+the validation batch floor ``MIN_VAL_BATCH`` and the row-sparse gradients.
+``outer_objective="drop_in"`` keeps the drop-in's own default objective instead
+(``LearnedDataWeights().problem.objective``, ``ExpectedError(q=0.5)`` when this was written): a
+*different* upper-level problem, which is what a user of the drop-in who changes nothing gets,
+and what the row "SID (defaults)" of sessions 41–46 ran (then written
+``outer_objective=default``, a value this solver now refuses as ambiguous). Any other name of
+``as_validation_objective`` (``"expected_error"``, ...) is passed to the drop-in as its
+``objective``. The ``SID_BENCH_OUT`` file tag always names E (``_Ef``, ``_Edrop_in``, ...), so no
+run's files can be mistaken for, or overwrite, another objective's.
+
 ``regime="drop_in"`` (default) runs exactly what ``LearnedDataWeights`` (the Lightning drop-in)
-does inside a fit, on tensors, with the drop-in's own defaults read from a
-``LearnedDataWeights(normalize=False)`` instance (``normalize=False``: the benchmark's objective
-g above, not the self-normalised loss): the training's minibatch SGD steps on z are the warm-
-started inner solve (t = 0); every ``every_n_steps`` steps a hyper step of ``adjoint_steps``
-warm-started adjoint steps refreshes v and moves the weights of its ∂₂Φ̂ minibatch (from step
-``start_step`` on); and every training batch moves its own rows by eq. gradestim's cross term
-from the last v (core ``TrainingCrossTerm``, u by one forward-mode pass), all through the drop-
-in's outer optimizer (``LazyAdam``; ``outer_beta1``: its β₁, the drop-in's 0 by default,
-``outer_betas=(β₁, 0.999)``) on row-sparse gradients
+does inside a fit, on tensors, with the drop-in's own solver defaults read from a
+``LearnedDataWeights(normalize=False, objective=E)`` instance (``normalize=False``: the
+benchmark's objective g above, not the self-normalised loss): the training's minibatch SGD
+steps on z are the warm-started inner solve (t = 0); every ``every_n_steps`` steps a hyper
+step of ``adjoint_steps`` warm-started adjoint steps refreshes v and moves the weights of its
+∂₂Φ̂ minibatch (from step ``start_step`` on); and every training batch moves its own rows by eq.
+gradestim's cross term from the last v (core ``TrainingCrossTerm``, u by one forward-mode
+pass), all through the drop-in's outer optimizer (``LazyAdam``; ``outer_beta1``: its β₁, the
+drop-in's 0 by default, ``outer_betas=(β₁, 0.999)``) on row-sparse gradients
 (``SampleWeights(sparse_grad=...)`` as the drop-in chooses). The settings that are not the
 library's are a user's, identical at every p: the training's own optimizer, SGD with a
 decaying step η_t = inner_lr / (t + 1)^0.75, inner_lr = 1.0 (constant steps plateau: with the
@@ -127,7 +145,9 @@ class DropIn:
         drop_in = LearnedDataWeights(normalize=normalize, **drop_in_kwargs)
         self.normalize = bool(normalize)
         self.X, self.y, self.Xv, self.yv, self.reg = X, y, Xv, yv, reg
-        self.objective = drop_in.problem.objective  # E of the validation losses (the drop-in's)
+        # E of the validation losses: the drop-in's ``objective`` (the solver passes the
+        # benchmark's f, MeanLoss(), unless outer_objective=drop_in)
+        self.objective = drop_in.problem.objective
         self.z = _linear_weight(z0)
         self.weights = SampleWeights(len(y), sparse_grad=drop_in.sparse_grad_for(world_size=1))
         with torch.no_grad():
@@ -169,7 +189,7 @@ class DropIn:
             + self.reg * (self.z**2).sum()
         )
 
-    def outer_loss(self, batch):  # E: the drop-in's objective of the validation CE losses
+    def outer_loss(self, batch):  # E of the validation CE losses (f: their mean)
         X, y = batch
         return self.objective(self.losses(self.z, X, y))
 
@@ -297,7 +317,7 @@ class Solver(BaseSolver):
         "inner_lr": [1.0],
         "batch_size": [256],
         "outer_beta1": ["default"],
-        "outer_objective": ["default"],
+        "outer_objective": ["f"],
         "normalize": ["false"],
         "random_state": [1],
     }
@@ -313,7 +333,7 @@ class Solver(BaseSolver):
         X_train, y_train, dataset = _closure(f_inner, ["X_train", "y_train", "self"])
         self.reg = float(dataset.reg)
         b1 = "" if str(self.outer_beta1) == "default" else f"_b1{self.outer_beta1}"
-        obj = "" if str(self.outer_objective) == "default" else f"_E{self.outer_objective}"
+        obj = f"_E{self._outer_objective_name}"  # always written: E is part of the problem
         norm = "_norm" if self._normalize else ""
         self.tag = (
             f"sid_{self.regime}_lr{self.inner_lr}{b1}{obj}{norm}_p{dataset.ratio}"
@@ -345,13 +365,32 @@ class Solver(BaseSolver):
     def _normalize(self) -> bool:
         return str(self.normalize).lower() in ("true", "1")
 
+    @property
+    def _outer_objective_name(self) -> str:
+        """``outer_objective`` checked: 'f' (the benchmark's f), 'drop_in' (the drop-in's own
+        default E) or a name ``LearnedDataWeights(objective=...)`` accepts."""
+        name = str(self.outer_objective)
+        if name == "default":
+            raise ValueError(
+                "SID: outer_objective='default' is ambiguous (before session 47 it meant the "
+                "drop-in's default objective, now the default is the benchmark's f): write "
+                "outer_objective=f (the mean validation cross-entropy, every peer's f) or "
+                "outer_objective=drop_in (LearnedDataWeights()'s default objective)."
+            )
+        return name
+
+    def _outer_objective_kwargs(self) -> dict:
+        """The drop-in's ``objective`` argument for E (empty: the drop-in's own default)."""
+        name = self._outer_objective_name
+        if name == "f":  # the benchmark's f_outer: the mean CE over the validation batch
+            return {"objective": MeanLoss()}
+        return {} if name == "drop_in" else {"objective": name}
+
     def run(self, callback):
         torch.manual_seed(self.random_state)
         user = {}  # what a user changes from the drop-in's defaults
         if str(self.outer_beta1) != "default":
             user["outer_betas"] = (float(self.outer_beta1), 0.999)
-        if str(self.outer_objective) != "default":  # 'mean_loss': E = the benchmark's own f
-            user["objective"] = str(self.outer_objective)
         if self._normalize:  # Σ ωᵢℓᵢ / Σ ωᵢ: the drop-in's default, NOT the benchmark's g
             user["normalize"] = True
         if self.problem == "regularization_selection":
@@ -361,6 +400,13 @@ class Solver(BaseSolver):
             )  # fmt: skip
             self._z, self._x = method.z, method.x
             return self._loop(method, callback)
+        if self.regime == "drop_in":  # E: part of the problem (the benchmark's f by default)
+            user.update(self._outer_objective_kwargs())
+        elif self._outer_objective_name != "f" or user:
+            raise ValueError(
+                f"SID: regime={self.regime!r} minimises the benchmark's f with SIDConfig(); "
+                "outer_objective, outer_beta1 and normalize are the drop_in regime's."
+            )
         method = REGIMES[self.regime](
             self.X_train, self.y_train, self.X_val, self.y_val, self.z0, self.x0, self.reg,
             self.batch_size, float(self.inner_lr), self.random_state, **user,
