@@ -1,0 +1,114 @@
+"""Session 47: warm-started curvature refreshes (EstimatedCurvature(warm_start=True, tol=0.05))
+against the default rerun in the same hour (ctl), paired by seed, with s45_fastfall/table.py's
+table() and s46_pace/table.py's helpers (the learned runs of an arm, their budget rows).
+
+Writes table_<arm>.{md,json} (issue28_beat_table.py's columns, − ctl) and result.{md,json} here:
+the rule of rule.md (screen: warm − ctl ≤ 0 and ≤ 2 s.e. on digits_small and news_mlp; decision
+on all four of digits_small, news_mlp, mnist_mlp, fashion_mlp: a. ≤ 0 on digits_small and
+news_mlp, b. none above 2 s.e., c. every warm fit's final overhead ≤ 0.51), then per setting:
+warm − ctl (n up), ctl / warm − grid pick, hyper steps and curvature products per fit.
+
+usage (from anywhere): python table.py
+"""
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+s45 = _load("s45_table", here.parent / "s45_fastfall" / "table.py")  # puts benchmarks/ on path
+s46 = _load("s46_table", here.parent / "s46_pace" / "table.py")
+ARM, CONTROL = "warm", "ctl"
+SCREEN = ["digits_small", "news_mlp"]
+DECISION = [*SCREEN, "mnist_mlp", "fashion_mlp"]
+MAX_FIT = 0.51
+
+
+def have(arm: str, setting: str) -> bool:
+    return len(list(here.glob(f"weight_decay_{arm}_{setting}_*_seed[0-9].json"))) == 9
+
+
+def mechanism(arm: str, setting: str) -> dict:
+    """Per fit: hyper steps run, curvature products, the budget's final overhead."""
+    rs = s46.runs(arm, setting, here)
+    return dict(hyper_steps=[r["hyper_steps"] for r in rs],
+                curvature_products=[r["sid_cost"]["curvature_products"] for r in rs],
+                overhead=[r["budget"]["overhead"] for r in rs])  # fmt: skip
+
+
+def spread(xs: list) -> str:
+    return f"{statistics.mean(xs):.1f} [{min(xs)}, {max(xs)}]"
+
+
+def main() -> None:
+    settings = [s for s in DECISION if have(ARM, s) and have(CONTROL, s)]
+    data = {}
+    for a, ctl in ((CONTROL, None), (ARM, CONTROL)):
+        md, data[a] = s45.table(a, settings, None, here, s45.DEPLOYMENTS, ctl)
+        (here / f"table_{a}.md").write_text(md + "\n")
+        (here / f"table_{a}.json").write_text(json.dumps(data[a], indent=1))
+    d, c = data[ARM], data[CONTROL]
+    diff = {s: d[s]["control"]["difference"] for s in settings}
+    mech = {a: {s: mechanism(a, s) for s in settings} for a in (CONTROL, ARM)}
+    above_2se = [s for s in settings if diff[s]["mean"] > 2 * diff[s]["se"]]
+    screened = [s for s in SCREEN if s in settings]
+    screen = (
+        len(screened) == 2
+        and all(diff[s]["mean"] <= 0 for s in SCREEN)
+        and not [s for s in SCREEN if s in above_2se]
+    )
+    over_ok = all(max(mech[ARM][s]["overhead"]) <= MAX_FIT for s in settings)
+    full = settings == DECISION
+    held = full and all(diff[s]["mean"] <= 0 for s in SCREEN) and not above_2se and over_ok
+    word = (
+        "holds"
+        if held
+        else "not met"
+        if full or (len(screened) == 2 and not screen)
+        else ("screen only")
+    )
+    rows = [
+        f"| settings run | screen (digits_small, news_mlp) | above 2 s.e. | overhead ≤ {MAX_FIT} "
+        "(every warm fit) | rule |",
+        "|---|---|---|---|---|",
+        f"| {', '.join(settings)} | {'passed' if screen else 'failed'} "
+        f"| {', '.join(above_2se) or 'none'} | {'yes' if over_ok else 'no'} | {word} |",
+        "",
+        "Per setting, seeds 0-8 paired by seed (mean ± s.e.; n up: seeds where warm's test loss "
+        "is above ctl's); hyper steps, curvature products and the budget's final overhead per "
+        "fit: mean [min, max] over the 9 fits, warm / ctl:",
+        "",
+        "| setting | warm − ctl | n up | ctl − grid pick | warm − grid pick | hyper steps "
+        "warm / ctl | curvature products warm / ctl | overhead warm / ctl |",
+        "|---|---|---:|---|---|---|---|---|",
+    ]
+    for s in settings:
+        up = sum(a > b for a, b in zip(d[s]["test_loss"], d[s]["control"]["test_loss"]))
+        m = {a: mech[a][s] for a in (ARM, CONTROL)}
+        rows.append(
+            f"| {s} | {s45.f(diff[s])} | {up} of 9 | {s45.f(c[s]['differences']['grid pick'])} "
+            f"| {s45.f(d[s]['differences']['grid pick'])} "
+            f"| {spread(m[ARM]['hyper_steps'])} / {spread(m[CONTROL]['hyper_steps'])} "
+            f"| {spread(m[ARM]['curvature_products'])} / "
+            f"{spread(m[CONTROL]['curvature_products'])} "
+            f"| {max(m[ARM]['overhead']):.3f} / {max(m[CONTROL]['overhead']):.3f} (max) |"
+        )
+    rule = dict(settings=settings, screen_passed=screen, above_2se=above_2se,
+                overhead_ok=over_ok, held=held, differences=diff, mechanism=mech)  # fmt: skip
+    (here / "result.md").write_text("\n".join(rows) + "\n")
+    (here / "result.json").write_text(json.dumps(rule, indent=1))
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
