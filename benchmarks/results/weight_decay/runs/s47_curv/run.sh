@@ -5,13 +5,13 @@
 # the same hour (ctl). Learned per layer only, seeds 0-8, grid/no decay reused from the stored runs
 # (benchmarks/issue28_beat_run_arm.sh); rule: rule.md; tables: table.py here.
 # usage (from anywhere): [PYTHON=python] bash run.sh ARM SETTING...
-#   ARM: ctl (today's default) | warm (the default's curvature, batches=2, iters=10, every=10,
+#   ARM: ctl (today's default), ctlb (ctl again: how far a rerun moves) | warm (the default's curvature, batches=2, iters=10, every=10,
 #        with warm_start=True, tol=0.05)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 arm=$1; shift
 case $arm in
-  ctl) kw='{}' ;;
+  ctl | ctlb) kw='{}' ;;
   warm) kw='{"curvature": {"class_path": "hypertorch_sid.core.estimation.EstimatedCurvature", "init_args": {"batches": 2, "iters": 10, "every": 10, "warm_start": true, "tol": 0.05}}}' ;;
   *) echo "unknown arm $arm" >&2; exit 2 ;;
 esac
