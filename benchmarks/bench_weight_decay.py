@@ -721,7 +721,9 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     or the look-ahead its ``"class"`` names (``'{"look_ahead": {"class":
     "ValidationCurvature"}}'``: eq. valcurvgrad); a ``"max_overhead"`` dict is a budget object,
     built afresh for each training (``'{"max_overhead": {"class_path":
-    "hypertorch_sid.core.budget.PlannedBudget", "init_args": {"max_overhead": 0.5}}}'``)."""
+    "hypertorch_sid.core.budget.PlannedBudget", "init_args": {"max_overhead": 0.5}}}'``), and so
+    is a ``"curvature"`` dict a curvature strategy (``'{"curvature": {"class_path":
+    "hypertorch_sid.EstimatedCurvature", "init_args": {"warm_start": true, ...}}}'``)."""
     if isinstance(kwargs.get("look_ahead"), dict):  # e.g. {"filter": "rayleigh"}
         import hypertorch_sid
 
@@ -734,8 +736,9 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
         kwargs = {**kwargs, "elements": TiedToLayer(**kwargs["elements"])}
     if isinstance(kwargs.get("outer_optimizer"), dict):
         kwargs = {**kwargs, "outer_optimizer": _outer_factory(kwargs["outer_optimizer"])}
-    if isinstance(kwargs.get("max_overhead"), dict):  # a Budget, e.g. PlannedBudget(0.5)
-        kwargs = {**kwargs, "max_overhead": _outer_factory(kwargs["max_overhead"])()}
+    for key in ("max_overhead", "curvature"):  # a Budget (PlannedBudget(0.5)), a Curvature
+        if isinstance(kwargs.get(key), dict):
+            kwargs = {**kwargs, key: _outer_factory(kwargs[key])()}
     if damping == "default":
         return kwargs
     from hypertorch_sid import HorizonDamping

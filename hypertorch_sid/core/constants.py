@@ -289,6 +289,8 @@ class StepConstants:
         self.alpha, self.L, self.mu, self.q = (constants[n] for n in NAMES)
         self.lambda_min = constants.get("lambda_min", self.mu)
         self.delta = float(constants.get("delta") or 0.0)
+        if self.probe is not None:  # Ritz vectors are not saved: the next estimate starts cold
+            self.probe.forget()
         if self.L is not None and self.mu is not None:
             self.estimate = CurvatureEstimate(
                 self.L, self.mu, False, 0, self.lambda_min if self.lambda_min is not None else None

@@ -34,6 +34,27 @@ less progress per adjoint step), the benchmark's settings within noise; and wher
 randomness at every product, the blocks' Lanczos reads a spurious
 negative λ_min (:class:`EstimatedCurvature`).
 
+**Warm-started refreshes** (``EstimatedCurvature(warm_start=True, tol=...)``, an option). The top
+and the bottom of the spectrum move slowly between estimates, so a re-estimate (the scheduled
+refresh, ``Recover``'s, a guard's) may start Lanczos from the last estimate's extreme Ritz vectors
+y_max, y_min (:attr:`CurvatureEstimate.ritz`) instead of a random vector:
+
+    q₁ ∝ y_max + y_min + ρ·√2·r,   r a random unit vector, ρ = 0.1                (eq. lanczoswarm)
+
+(y_min keeps λ_min in the Krylov space; r lets a direction the last estimate missed in), and stop
+after the m-th step (m ≥ 2) as soon as both extreme Ritz values are settled to ``tol`` of L̂:
+
+    max(r_max, r_min) ≤ tol · (θ_max + r_max)                                      (eq. lanczosstop)
+
+(r the residual bounds |β_{m+1} s_m| above; θ_max + r_max is the reported L). A refresh then costs
+the few products the moved spectrum needs instead of ``iters`` per batch, and the budget spends the
+rest on hyper steps. A small residual says θ is near *an* eigenvalue, not that none lies beyond it
+(as for a cold start after ``iters`` steps); the random part is what lets a new extreme in. The
+vectors are kept only with ``warm_start`` (the Lanczos basis is then held, ``iters`` vectors,
+and fully re-orthogonalised); they move with the preconditioner S as v does
+(:meth:`CurvatureProbe.set_scale`), and are not checkpointed: after a resume the first estimate is
+cold. Only for ``minibatches="mean"`` (the blocks of ``"each"`` are fresh minibatches each time).
+
 Strategies (passed as ``curvature=`` to :class:`~hypertorch_sid.SIDHyperOptimizer`):
 
 * :class:`KnownCurvature` — the user's L, μ;
@@ -50,11 +71,13 @@ preconditioner strategy (a change of S moves the warm-start v into the new coord
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,6 +112,9 @@ class CurvatureEstimate:
     iterations: Hessian–vector products per batch used.
     lambda_min: the estimate of λ_min(∇²₁₁ℓ) itself (negative on a non-convex model).
     lambda_min_error: its residual bound (0 when exact or known).
+    ritz: the extreme Ritz vectors (y_min, y_max), unit, in the map's coordinates, kept for a
+        warm-started re-estimate (eq. lanczoswarm); None where not kept (not asked, not
+        estimated, or restored from a checkpoint).
     """
 
     L: float
@@ -97,6 +123,7 @@ class CurvatureEstimate:
     iterations: int
     lambda_min: float | None = None
     lambda_min_error: float = 0.0
+    ritz: tuple[Tensors, Tensors] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.lambda_min is None:
@@ -116,6 +143,7 @@ class CurvatureEstimate:
             other.iterations,
             lowest.lambda_min,
             lowest.lambda_min_error,
+            other.ritz if other.ritz is not None else self.ritz,
         )
 
     @property
@@ -151,6 +179,8 @@ class LanczosResult:
     error_min: float
     error_max: float
     steps: int
+    #: (y_min, y_max), unit: the extreme Ritz vectors where asked (``vectors=True``), else None
+    vectors: tuple[Tensors, Tensors] | None = field(default=None, compare=False, repr=False)
 
 
 def ritz_pairs(alphas: Sequence[float], betas: Sequence[float]) -> tuple[Tensor, Tensor]:
@@ -170,12 +200,14 @@ def lanczos(
     iters: int,
     more: Callable[[int], bool] | None = None,
     basis: list[Tensors] | None = None,
+    converged: Callable[[list[float], list[float]], bool] | None = None,
 ) -> tuple[list[float], list[float]]:
     """``iters`` steps of the Lanczos recurrence β_{j+1} q_{j+1} = A q_j − α_j q_j − β_j q_{j−1}
     from the unit vector ``q``: T_m's diagonal α_1..α_m and off-diagonal β_2..β_{m+1} (the last,
     β_{m+1}, is the truncation's size). Stops early on an invariant subspace (β ≈ 0: exact).
 
-    ``more(done)``, where given, is asked before every step after the first: False stops there.
+    ``more(done)``, where given, is asked before every step after the first: False stops there;
+    so is ``converged(alphas, betas)`` (after ``more``, on T_m so far): True stops there.
     ``basis``, where given (a list), receives q_1..q_m, and each residual is re-orthogonalised
     against the earlier q (full re-orthogonalisation, for a function of T_m read through the whole
     basis); without it the memory stays at three vectors.
@@ -186,6 +218,8 @@ def lanczos(
     beta = 0.0
     for step in range(iters):
         if step and more is not None and not more(step):
+            break
+        if step and converged is not None and converged(alphas, betas):
             break
         aq = matvec(q)
         a = _dot(q, aq)
@@ -210,22 +244,71 @@ def lanczos_extremes(
     iters: int,
     seed: int = 0,
     more: Callable[[int], bool] | None = None,
+    *,
+    start: Sequence[Tensor] | None = None,
+    tol: float | None = None,
+    vectors: bool = False,
 ) -> LanczosResult:
     """Extreme eigenvalue estimates of a symmetric operator from ``iters`` Lanczos steps.
 
     ``more(done)``, where given, is asked before every step after the first: False stops there
     (a compute budget's allowance; the residual bounds then say how far the Ritz values are).
+    ``start``: the first Lanczos vector (normalised here; None: a random one from ``seed``).
+    ``tol``: stop after m ≥ 2 steps once both ends are settled (eq. lanczosstop); None: all
+    ``iters``. ``vectors``: also return the extreme Ritz vectors (the basis is then kept and
+    fully re-orthogonalised: ``iters`` vectors of memory).
 
     :func:`lanczos` without re-orthogonalisation (it does not affect the extreme Ritz values, and
     keeps the memory at three vectors) gives T_m = tridiag(β, α, β); its eigenpairs (θ, s) are the
     Ritz values, with residual ‖A y − θ y‖ = |β_{m+1} s_m|.
     """
-    alphas, betas = lanczos(matvec, _random_unit(like, seed), iters, more)
+    q = _random_unit(like, seed) if start is None else _unit(start)
+    basis: list[Tensors] | None = [] if vectors else None
+    stop = None if tol is None else functools.partial(_settled, tol=tol)
+    alphas, betas = lanczos(matvec, q, iters, more, basis, stop)
     m = len(alphas)
     theta, S = ritz_pairs(alphas, betas)
     tail = abs(betas[-1]) if math.isfinite(betas[-1]) else math.inf
     err = (tail * S[-1, :].abs()).tolist()
-    return LanczosResult(float(theta[0]), float(theta[-1]), err[0], err[-1], m)
+    ys = None
+    if basis is not None:
+        ys = tuple(_combine(basis, S[:, k].tolist()) for k in (0, -1))
+    return LanczosResult(float(theta[0]), float(theta[-1]), err[0], err[-1], m, ys)  # type: ignore[arg-type]
+
+
+def _settled(alphas: list[float], betas: list[float], tol: float) -> bool:
+    """Eq. lanczosstop on T_m so far: both extreme residual bounds within ``tol`` of L̂ (m ≥ 2)."""
+    if len(alphas) < 2 or not math.isfinite(betas[-1]):
+        return False
+    theta, S = ritz_pairs(alphas, betas)
+    r_min, r_max = (abs(betas[-1] * float(S[-1, k])) for k in (0, -1))
+    return max(r_min, r_max) <= tol * (float(theta[-1]) + r_max)
+
+
+def _unit(v: Sequence[Tensor]) -> Tensors:
+    n = math.sqrt(_dot(v, v))
+    return [x / n for x in v]
+
+
+def _combine(basis: Sequence[Sequence[Tensor]], coefficients: Sequence[float]) -> Tensors:
+    """Σ_j c_j q_j, normalised: a Ritz vector from the Lanczos basis and T_m's eigenvector."""
+    out = [torch.zeros_like(x) for x in basis[0]]
+    for c, q in zip(coefficients, basis):
+        for o, x in zip(out, q):
+            o.add_(x, alpha=c)
+    return _unit(out)
+
+
+def warm_start_vector(ritz: tuple[Tensors, Tensors], seed: int) -> Tensors:
+    """q₁ of a warm-started Lanczos run (eq. lanczoswarm): y_max + y_min + ρ√2·r, unit."""
+    y_min, y_max = ritz
+    r = _random_unit(y_max, seed)
+    c = WARM_RANDOM * math.sqrt(2.0)
+    return _unit([a + b + c * x for a, b, x in zip(y_max, y_min, r)])
+
+
+#: ρ of eq. lanczoswarm: the random part of a warm-started Lanczos run's first vector
+WARM_RANDOM = 0.1
 
 
 def estimate_curvature(
@@ -238,6 +321,10 @@ def estimate_curvature(
     margin: float = 1.0,
     more: Callable[[int], bool] | None = None,
     minibatches: str = "mean",
+    *,
+    start: Sequence[Tensor] | None = None,
+    tol: float | None = None,
+    keep_ritz: bool = False,
 ) -> CurvatureEstimate:
     """Estimate L and λ_min of ℓ at the current w, λ by Lanczos on ``batches``' Hessians: their
     mean's, or (``minibatches="each"``) the ends of the union of their spectra (module docstring).
@@ -252,6 +339,9 @@ def estimate_curvature(
     margin: L is ``margin`` × the upper estimate θ_max + r (:class:`EstimatedCurvature`).
     more: asked before each Lanczos step after the first (:func:`lanczos_extremes`).
     minibatches: ``"each"``: the union of the batches' spectra; ``"mean"``: their mean Hessian's.
+    start, tol: Lanczos' first vector (None: random) and its stopping rule (eq. lanczosstop;
+        None: ``iters`` steps), :func:`lanczos_extremes`.
+    keep_ritz: keep the extreme Ritz vectors in the estimate (:attr:`CurvatureEstimate.ritz`).
     """
     params = list(phi.inner_parameters)  # type: ignore[attr-defined]
     n = len(params)
@@ -270,16 +360,18 @@ def estimate_curvature(
             out += [h.detach() for h in phi.hessian_vector_product(b, block)]  # type: ignore[attr-defined]
         return out
 
+    warm = dict(start=start, tol=tol, vectors=keep_ritz)
     if minibatches == "mean":
-        res = lanczos_extremes(mean, params, iters, seed, more)
+        res = lanczos_extremes(mean, params, iters, seed, more, **warm)  # type: ignore[arg-type]
     else:
-        res = lanczos_extremes(per_batch, params * len(batches), iters, seed, more)
+        stacked = params * len(batches)
+        res = lanczos_extremes(per_batch, stacked, iters, seed, more, **warm)  # type: ignore[arg-type]
     L = margin * (res.theta_max + res.error_max)
     if not math.isfinite(L) or L <= 0:
         log.warning("hypertorch_sid: Lanczos gave no positive L (%.3g); using L = 1.", L)
         L = 1.0
     if mu is not None:
-        est = CurvatureEstimate(L, float(mu), False, res.steps, float(mu), 0.0)
+        est = CurvatureEstimate(L, float(mu), False, res.steps, float(mu), 0.0, res.vectors)
     else:
         lam_min = res.theta_min
         floored = not math.isfinite(lam_min) or lam_min < mu_floor * L
@@ -290,10 +382,11 @@ def estimate_curvature(
             iterations=res.steps,
             lambda_min=lam_min if math.isfinite(lam_min) else -L,
             lambda_min_error=res.error_min,
+            ritz=res.vectors,
         )
     log.info(
         "hypertorch_sid: estimated L = %.4g, lambda_min = %.4g (± %.2g), mu = %.4g%s by %d "
-        "Lanczos steps on %d batches",
+        "Lanczos steps on %d batches%s",
         est.L,
         est.lambda_min,
         est.lambda_min_error,
@@ -301,6 +394,7 @@ def estimate_curvature(
         " (floored)" if est.mu_floored else "",
         res.steps,
         len(batches),
+        " (warm start)" if start is not None else "",
     )
     return est
 
@@ -410,6 +504,11 @@ class EstimatedCurvature(Curvature):
         mean, on the digits MLP of ``examples/lightning_digits.py`` at step 220: L̂ = 2.6 (2
         batches), λ_max = 3.9 on all 300 training images and 1.4–11.5 on single batches of 32;
         at α = 2/(L̂ + μ) the warm-started adjoint solve diverged (relative residual 14 → 133).
+    warm_start: start each re-estimate from the last estimate's extreme Ritz vectors (eq.
+        lanczoswarm; module docstring), an option; the first estimate (and the first after a
+        resume) starts cold. Needs ``minibatches="mean"``.
+    tol: stop Lanczos once both extreme Ritz values are within ``tol`` · L̂ (eq. lanczosstop),
+        at most ``iters`` steps; None (default): always ``iters`` steps.
     """
 
     batches: int | str = 4
@@ -419,6 +518,8 @@ class EstimatedCurvature(Curvature):
     mu: float | None = None
     margin: float = 1.0
     minibatches: str = "mean"
+    warm_start: bool = False
+    tol: float | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -427,6 +528,19 @@ class EstimatedCurvature(Curvature):
                 "EstimatedCurvature.minibatches must be 'each' (the union of the minibatches' "
                 f"spectra) or 'mean' (their mean Hessian's), got {self.minibatches!r}."
             )
+        if not isinstance(self.warm_start, bool):
+            raise ConfigurationError(
+                f"EstimatedCurvature.warm_start must be True or False, got {self.warm_start!r}."
+            )
+        if self.warm_start and self.minibatches != "mean":
+            raise ConfigurationError(
+                "EstimatedCurvature(warm_start=True) needs minibatches='mean': the blocks of "
+                "'each' are fresh minibatches at every estimate, so the last Ritz vectors say "
+                "nothing about them. Pass minibatches='mean' or warm_start=False."
+            )
+        in_0_1 = "a number in (0, 1), or None for all iters steps"
+        tol = check_real("EstimatedCurvature.tol", self.tol, lambda x: 0 < x < 1, in_0_1, True)
+        set_(self, "tol", tol)
         if self.batches != "full":
             if not is_integer(self.batches) or self.batches < 1:
                 raise ConfigurationError(
@@ -500,7 +614,8 @@ class EstimatedCurvature(Curvature):
     ) -> CurvatureEstimate:
         """L, λ_min in the map's coordinates; P dropped (and re-estimated) when non-convex."""
         args = (batches, self.iters, self.mu, self.mu_floor, self.margin, self.minibatches)
-        est = probe.lanczos(*args)
+        warm = dict(warm_start=self.warm_start, tol=self.tol)
+        est = probe.lanczos(*args, **warm)  # type: ignore[arg-type]
         if probe.scale is not None and not est.convex:
             log.info(
                 "hypertorch_sid: lambda_min of the preconditioned Hessian is %.3g (non-convex): "
@@ -508,7 +623,7 @@ class EstimatedCurvature(Curvature):
                 est.lambda_min,
             )
             probe.set_scale(None)
-            est = probe.lanczos(*args)
+            est = probe.lanczos(*args, **warm)  # type: ignore[arg-type]
         return est
 
 
@@ -540,6 +655,8 @@ class CurvatureProbe:
         self.on_rescale = on_rescale
         self.stream: BatchStream | None = None
         self.hyper_step = 0
+        #: the last estimate read with its Ritz vectors kept: a warm start's q₁ (eq. lanczoswarm)
+        self.last: CurvatureEstimate | None = None
         #: what the current hyper step may spend (a compute budget's; set by the optimizer)
         self.allowance: Allowance = UNLIMITED
 
@@ -579,10 +696,15 @@ class CurvatureProbe:
         mu_floor: float,
         margin: float = 1.0,
         minibatches: str = "mean",
+        *,
+        warm_start: bool = False,
+        tol: float | None = None,
     ) -> CurvatureEstimate:
         """L, λ_min at the current w, λ by Lanczos (:func:`estimate_curvature`), cost counted
         product by product; as many iterations as the allowance lets (at least
-        :data:`~.budget.MIN_LANCZOS`, at most ``iters``)."""
+        :data:`~.budget.MIN_LANCZOS`, at most ``iters``), fewer where ``tol`` is met (eq.
+        lanczosstop). ``warm_start``: start from the last estimate's Ritz vectors (eq.
+        lanczoswarm; cold where there are none) and keep this one's."""
         phi: Any = _CountedHessian(self.phi, self.cost)
         if self.mean is not None:  # Lanczos on the global (averaged) Hessian
             phi = _GlobalHessian(phi, self.mean)
@@ -591,11 +713,16 @@ class CurvatureProbe:
         def more(done: int) -> bool:
             return allowance.lanczos_continues(started, done, len(batches))
 
+        last = self.last.ritz if warm_start and self.last is not None else None
+        start = None if last is None else warm_start_vector(last, self.hyper_step)
         with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
             est = estimate_curvature(
                 phi, batches, iters, mu=mu, mu_floor=mu_floor, seed=self.hyper_step,
-                margin=margin, more=more, minibatches=minibatches,
+                margin=margin, more=more, minibatches=minibatches, start=start, tol=tol,
+                keep_ritz=warm_start,
             )  # fmt: skip
+        if warm_start:
+            self.last = est
         if est.uncertain and not est.convex:
             fix = (
                 f"the compute budget (max_overhead) allowed {est.iterations} of the {iters} asked"
@@ -632,9 +759,24 @@ class CurvatureProbe:
         self.set_scale([d.rsqrt() for d in values])
 
     def set_scale(self, scale: Tensors | None) -> None:
-        """S of the preconditioned map; the warm-start v follows (``on_rescale(old, new)``)."""
-        self.on_rescale(self.phi.scale, scale)
+        """S of the preconditioned map; the warm-start v follows (``on_rescale(old, new)``), and
+        so do the last estimate's Ritz vectors: an eigenvector u of S∇²ℓS is S⁻¹ of a direction
+        of w, which the new S' reads as S'⁻¹Su (normalised)."""
+        old = self.phi.scale
+        self.on_rescale(old, scale)
         self.phi.scale = scale
+        last = self.last
+        if last is not None and last.ritz is not None and (old is not None or scale is not None):
+            ones = [torch.ones_like(x) for x in last.ritz[0]]
+            moved = tuple(
+                _unit([x * o / s for x, o, s in zip(y, old or ones, scale or ones)])
+                for y in last.ritz
+            )
+            self.last = dataclasses.replace(last, ritz=moved)  # type: ignore[arg-type]
+
+    def forget(self) -> None:
+        """Drop the last estimate's Ritz vectors (a resume: the next estimate starts cold)."""
+        self.last = None
 
 
 def _has_batchnorm(module: torch.nn.Module | None) -> bool:
