@@ -54,12 +54,30 @@ def test_both_callbacks_learn_in_one_fit(order):
     assert len(seen) == model.steps
 
 
-def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_loss():
+class DecoupledAdamW(Classifier):
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.0)
+
+
+def adamw_p(model: Classifier, name: str) -> Any:
+    """AdamW's √v̂ + ε for the parameter ``name`` (P of the decoupled decay's fixed point)."""
+    opt = model.trainer.optimizers[0]
+    p = dict(model.named_parameters())[name]
+    state, group = opt.state[p], opt.param_groups[0]
+    v = state["exp_avg_sq"] / (1 - group["betas"][1] ** float(state["step"]))
+    return v.sqrt() + group["eps"]
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_loss(decoupled):
     """ℓ̂ of the data weights' hyper steps = the weighted loss + ½ Σ λ‖w‖² at the decay's
-    current λ (per layer); E of the decay's hyper steps on a validation batch = the mean cross
-    entropy, no weight and no index."""
+    current λ (per layer; decoupled, AdamW: ½ Σ λ P⊙w² with P = √v̂ + ε); E of the decay's hyper
+    steps on a validation batch = the mean cross entropy, no weight and no index."""
     decay, weights, callbacks = both("decay_first")
-    model, data = Classifier(), Data()
+    if decoupled:
+        decay = LearnedWeightDecay(1e-3, every_n_steps=2, seed=0, max_overhead=None, decoupled=True)
+        callbacks = [decay, weights]
+    model, data = (DecoupledAdamW() if decoupled else Classifier()), Data()
     trainer(callbacks, max_epochs=3).fit(model, datamodule=data)
     batch = next(iter(data.train_dataloader()))
     weights.problem._wrap(model)  # the fit gave the module its own training_step back
@@ -69,7 +87,7 @@ def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_los
             weighted = weights.problem.weighted_loss(model, batch)
             lams = decay.decay_values()
             penalty = sum(
-                0.5 * (lams[name] * p.pow(2)).sum()
+                0.5 * (lams[name] * (adamw_p(model, name) if decoupled else 1) * p.pow(2)).sum()
                 for name, p in model.named_parameters()
                 if name in lams
             )
