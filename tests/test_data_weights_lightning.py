@@ -299,6 +299,38 @@ def test_few_hyper_steps_warn_only_when_no_weight_can_move():
         fit(callback(every_n_steps=20, cross_term="hyper_step"), 6)  # 60 steps
 
 
+class StopAt(pl.Callback):
+    """Stops the fit at an optimizer step, as EarlyStopping or max_time would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        trainer.should_stop = trainer.global_step >= self.step
+
+
+@pytest.mark.parametrize("make", [lambda: LearnedDataWeights(seed=0), lambda: None])
+def test_a_fit_stopped_before_its_first_hyper_step_says_it_learned_nothing(make):
+    """Planned long enough (15 epochs, 150 steps), stopped at step 30 by another callback: the
+    data weights' first hyper step (step 80) and the decay's (start_step=40) never
+    came, and the fit says so; stopped after them, it does not."""
+    from hypertorch_sid import LearnedWeightDecay
+
+    def run(stop: int) -> list[str]:
+        cb = make() or LearnedWeightDecay(1e-3, every_n_steps=10, start_step=40, seed=0)
+        model = Classifier(reduction="none" if isinstance(cb, LearnedDataWeights) else "mean")
+        data = Data(indexed=isinstance(cb, LearnedDataWeights))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer([cb, StopAt(stop)], max_epochs=15).fit(model, datamodule=data)
+        return [str(w.message) for w in caught if "learned nothing" in str(w.message)]
+
+    said = run(30)
+    assert len(said) == 1 and "after 30 optimizer steps" in said[0], said
+    assert "before its first hyper step (due at step" in said[0]
+    assert run(100) == []
+
+
 def test_the_module_gets_its_own_training_step_back_after_fit():
     cb = callback()
     model = fit(cb, 1)

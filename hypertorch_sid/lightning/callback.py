@@ -235,6 +235,8 @@ class HyperOptimizationCallback(Callback):
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
+        self._planned_short = False  # the fit's start warned that it plans too few hyper steps
+        self._fit_start = 0  # the optimizer step this fit started from (a resume: later)
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
         self._said_new_tensors = False  # tensors trained that the fit did not start with, said
         self.adjoint_steps = adjoint_steps
@@ -532,6 +534,7 @@ class HyperOptimizationCallback(Callback):
         self._remember_learned(trainer)
         self._last_step = trainer.global_step
         self._due_in_fit, self._said_horizon, self._said_new_tensors = 0, False, False
+        self._fit_start = trainer.global_step
         rank_zero_info(
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
@@ -612,8 +615,28 @@ class HyperOptimizationCallback(Callback):
             trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
             trainer.global_step, self.hyper_steps_needed(),
         )  # fmt: skip
+        self._planned_short = said is not None
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")
+
+    def _warn_if_ended_before_learning(self, trainer: pl.Trainer) -> None:
+        """A fit planned long enough that ended (``EarlyStopping``, ``max_time``, a
+        ``should_stop``) before its first hyper step was due learned nothing: say so, since the
+        hyperparameters then read as learned values (data weights all at their start, nothing
+        flagged; λ where it started)."""
+        ran = trainer.global_step - self._fit_start
+        if self._due_in_fit or self._planned_short or ran <= 0:
+            return
+        n = self.every_n_steps
+        first = -(-max(self.start_step, self._fit_start + 1, 1) // n) * n
+        rank_zero_warn(
+            f"{type(self).__name__}: the fit ended after {ran} optimizer steps (at step "
+            f"{trainer.global_step}), before its first hyper step (due at step {first}: "
+            f"start_step={self.start_step}, "
+            f"every_n_steps={n}), so it learned nothing: the hyperparameters are where they "
+            "started. If a callback stopped it early (EarlyStopping, max_time), let it run past "
+            "that step (e.g. EarlyStopping(patience=...) or min_steps), or lower start_step."
+        )
 
     def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor] | None:
         """D(w), the penalty whose gradient this callback adds to the training's, its
@@ -759,6 +782,7 @@ class HyperOptimizationCallback(Callback):
             said = self.budget.starved(self._due_in_fit, self.sid.minimum_products())
             if said is not None:
                 rank_zero_warn(f"{type(self).__name__}: {said}")
+            self._warn_if_ended_before_learning(trainer)
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None
