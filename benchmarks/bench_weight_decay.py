@@ -585,6 +585,8 @@ def _record_learned(rec: dict[str, Any], cb: Any) -> None:
     else:
         rec["lambda_finite"] = None
     rec["every_n_steps"] = cb.every_n_steps
+    # divergences recovered from (Recover's retries with their re-estimates), over all hyper steps
+    rec["retries"] = int(sum(h.get("hyper/retries", 0.0) for h in cb.history))
     budget = getattr(cb, "budget", None)  # max_overhead: what the budget measured and ran
     if budget is not None and math.isfinite(budget.overhead):
         rec["budget"] = {**budget.state_dict(), "overhead": budget.overhead}

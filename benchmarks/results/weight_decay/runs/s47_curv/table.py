@@ -9,12 +9,18 @@ news_mlp, b. none above 2 s.e., c. every warm fit's final overhead ≤ 0.51), th
 warm − ctl (n up), ctl / warm − grid pick, hyper steps and curvature products per fit; and
 where ctlb (the default rerun again) is there, ctlb − ctl (record only).
 
-usage (from anywhere): python table.py
+The confirmation on fresh seeds 9-17 (rule.md, its last section): `python table.py confirm`
+pairs fctl / fwarm by seed and writes confirm.{md,json}: per setting fwarm − fctl (n up), hyper
+steps, curvature products, the budget's final overhead and the divergence recoveries (`retries`)
+per fit, and the rule's verdict with each condition's numbers.
+
+usage (from anywhere): python table.py [confirm]
 """
 
 import importlib.util
 import json
 import statistics
+import sys
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
@@ -42,7 +48,10 @@ def have(arm: str, setting: str) -> bool:
 
 def mechanism(arm: str, setting: str) -> dict:
     """Per fit: hyper steps run, curvature products, the budget's final overhead."""
-    rs = s46.runs(arm, setting, here)
+    return mechanism_of(s46.runs(arm, setting, here))
+
+
+def mechanism_of(rs: list[dict]) -> dict:
     return dict(hyper_steps=[r["hyper_steps"] for r in rs],
                 curvature_products=[r["sid_cost"]["curvature_products"] for r in rs],
                 overhead=[r["budget"]["overhead"] for r in rs])  # fmt: skip
@@ -156,5 +165,79 @@ def main() -> None:
     print("\n".join(rows))
 
 
+FRESH = range(9, 18)  # the confirmation's seeds (rule.md, "Confirmation on fresh seeds 9-17")
+CONFIRM = ["news_mlp", "digits_small", "mnist_cnn", "fashion_cnn", "mnist_mlp", "fashion_mlp",
+           "digits_mlp"]  # fmt: skip
+FCTL, FWARM = "fctl", "fwarm"
+
+
+def fresh_runs(arm: str, setting: str) -> list[dict] | None:
+    """The arm's learned runs of seeds 9-17 (None unless all nine are there)."""
+    rs = [s46.variant(arm, setting, n, here) for n in FRESH]
+    return None if any(r is None for r in rs) else rs
+
+
+def confirm() -> None:
+    """The confirmation rule (rule.md): a. mean over the 7 settings of fwarm − fctl < 0; b. none
+    above 2 s.e.; c. news_mlp ≤ +1 s.e.; d. every fwarm fit's final overhead ≤ 0.51; e. fwarm's
+    recoveries summed ≤ fctl's + 5; all 7 settings run, else no decision."""
+    runs = {a: {s: fresh_runs(a, s) for s in CONFIRM} for a in (FCTL, FWARM)}
+    ran = [s for s in CONFIRM if runs[FCTL][s] and runs[FWARM][s]]
+    loss = {a: {s: [r["test_loss"] for r in runs[a][s]] for s in ran} for a in runs}
+    diff = {s: s46.paired_difference(loss[FWARM][s], loss[FCTL][s]) for s in ran}
+    mech = {
+        a: {s: dict(mechanism_of(runs[a][s]), retries=[r["retries"] for r in runs[a][s]])
+            for s in ran}
+        for a in runs
+    }  # fmt: skip
+    full = ran == CONFIRM
+    mean = statistics.mean(diff[s]["mean"] for s in ran) if ran else float("nan")
+    above_2se = [s for s in ran if diff[s]["mean"] > 2 * diff[s]["se"]]
+    news = diff.get("news_mlp")
+    over = max((max(mech[FWARM][s]["overhead"]) for s in ran), default=float("nan"))
+    rec = {a: sum(sum(mech[a][s]["retries"]) for s in ran) for a in runs}
+    conditions = {
+        "a": (mean < 0, f"mean over {len(ran)} settings of fwarm − fctl = {mean:+.4f} (< 0)"),
+        "b": (not above_2se, f"above 2 s.e.: {', '.join(above_2se) or 'none'}"),
+        "c": (news is not None and news["mean"] <= news["se"],
+              f"news_mlp fwarm − fctl = {s45.f(news)} (≤ +1 s.e.)" if news else "news_mlp not run"),
+        "d": (over <= MAX_FIT, f"max fwarm overhead = {over:.3f} (≤ {MAX_FIT})"),
+        "e": (rec[FWARM] <= rec[FCTL] + 5,
+              f"recoveries fwarm {rec[FWARM]} vs fctl {rec[FCTL]} (≤ fctl + 5)"),
+    }  # fmt: skip
+    held = full and all(ok for ok, _ in conditions.values())
+    word = "holds" if held else "not met" if full else "no decision (not all 7 settings run)"
+    rows = [
+        f"Settings run: {', '.join(ran) or 'none'}; rule: **{word}**.", "",
+        "| condition | holds | numbers |", "|---|---|---|",
+        *[f"| {k} | {'yes' if ok else 'no'} | {text} |" for k, (ok, text) in conditions.items()],
+        "",
+        "Per setting, seeds 9-17 paired by seed (mean ± s.e.; n up: seeds where fwarm's test loss "
+        "is above fctl's); per fit: hyper steps and curvature products mean [min, max], the "
+        "budget's final overhead (max) and divergence recoveries (sum over the 9 fits), "
+        "fwarm / fctl:", "",
+        "| setting | fwarm − fctl | n up | hyper steps | curvature products | overhead (max) "
+        "| recoveries |",
+        "|---|---|---:|---|---|---|---|",
+    ]  # fmt: skip
+    for s in ran:
+        m = {a: mech[a][s] for a in runs}
+        up = sum(w > c for w, c in zip(loss[FWARM][s], loss[FCTL][s]))
+        rows.append(
+            f"| {s} | {s45.f(diff[s])} | {up} of 9 "
+            f"| {spread(m[FWARM]['hyper_steps'])} / {spread(m[FCTL]['hyper_steps'])} "
+            f"| {spread(m[FWARM]['curvature_products'])} / "
+            f"{spread(m[FCTL]['curvature_products'])} "
+            f"| {max(m[FWARM]['overhead']):.3f} / {max(m[FCTL]['overhead']):.3f} "
+            f"| {sum(m[FWARM]['retries'])} / {sum(m[FCTL]['retries'])} |"
+        )
+    result = dict(settings=ran, held=held, decided=full, mean_difference=mean,
+                  conditions={k: ok for k, (ok, _) in conditions.items()}, differences=diff,
+                  test_loss=loss, mechanism=mech, recoveries=rec)  # fmt: skip
+    (here / "confirm.md").write_text("\n".join(rows) + "\n")
+    (here / "confirm.json").write_text(json.dumps(result, indent=1))
+    print("\n".join(rows))
+
+
 if __name__ == "__main__":
-    main()
+    confirm() if sys.argv[1:] == ["confirm"] else main()
