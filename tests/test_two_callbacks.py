@@ -6,12 +6,17 @@ weights. Before, the decay's first hyper step failed inside the data weights' tr
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning_problems import trainer
+from lightning_problems import end_ddp_worker, trainer
 from test_data_weights_lightning import NOISY, Classifier, Data, precision_recall
 
 from hypertorch_sid import LearnedDataWeights, LearnedWeightDecay
@@ -119,3 +124,33 @@ def test_a_resumed_fit_continues_both_callbacks(tmp_path):
     torch.testing.assert_close(w_resumed, w, rtol=2e-3, atol=2e-4)
     for name in lam:
         torch.testing.assert_close(lam_resumed[name], lam[name], rtol=2e-3, atol=1e-7)
+
+
+def _ddp_worker(out: Path) -> None:
+    """Both drop-ins on 2 CPU processes (Lightning's DDP); each rank saves what it learned."""
+    torch.set_num_threads(1)
+    decay, weights, callbacks = both("decay_first")
+    t = trainer(callbacks, devices=2, strategy="ddp", max_epochs=6)
+    t.fit(Classifier(), datamodule=Data())
+    lam = torch.stack([v.reshape(-1)[0] for v in decay.decay_values().values()])
+    torch.save((weights.data_weights(), lam), out / f"rank{t.global_rank}.pt")
+    end_ddp_worker()
+
+
+@pytest.mark.ddp
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+def test_both_callbacks_under_ddp_learn_the_same_on_every_rank(tmp_path):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    (w0, lam0), (w1, lam1) = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert torch.equal(w0, w1) and torch.equal(lam0, lam1)
+    assert w0[:NOISY].mean() < w0[NOISY:].mean() - 0.1
+    assert not torch.allclose(lam0, torch.full_like(lam0, 1e-3))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
+    _ddp_worker(parser.parse_args().worker)
