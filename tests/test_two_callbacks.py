@@ -106,6 +106,25 @@ def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_los
         weights.problem.unwrap()
 
 
+def test_the_decay_penalty_reads_the_tensors_swapped_into_the_module():
+    """Under ``hvp="forward"`` the core swaps the inner tensors into the module: the penalty must
+    read those (by name), not the tensors the decay was built on. Doubling every weight
+    quadruples it."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    decay, weights, callbacks = both("decay_first")
+    model = Classifier()
+    trainer(callbacks, max_epochs=1).fit(model, datamodule=Data())
+    penalty = decay.training_penalty(model)
+    with torch.no_grad():
+        plain = penalty()
+        doubled = {n: 2 * p for n, p in model.named_parameters()}
+        with _reparametrize_module(model, doubled):
+            swapped = penalty()
+    assert float(plain) > 0
+    torch.testing.assert_close(swapped, 4 * plain)
+
+
 def test_a_resumed_fit_continues_both_callbacks(tmp_path):
     """Checkpointed after 2 epochs and resumed to 4, both callbacks end where the straight fit's
     do (data weights by a forward difference: up to its ~1e-3 rounding; λ alike)."""

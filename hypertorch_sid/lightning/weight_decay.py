@@ -558,10 +558,9 @@ class WeightDecayProblem:
         if self.decay is None:
             return sum((0.0 * p.sum() for p in current.values() if p.requires_grad),
                        torch.zeros(()))  # fmt: skip
-        names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
         terms = []
         for i, (e, lam) in enumerate(zip(self.decay.entries, self._entry_lambdas())):
-            w = current.get(names.get(id(e.param), ""), e.param)
+            w = current.get(e.name, e.param)  # by name: a swap replaces the module's tensors
             coefficient = lam * self._preconditioner(i) if self.decoupled else lam
             terms.append(0.5 * (coefficient * w.pow(2)).sum())
         return sum(terms[1:], terms[0]) if terms else torch.zeros(())
