@@ -103,8 +103,11 @@ CASES = [  # (network, optimizer, seed): every network and every optimizer, two 
 ]
 
 
-@pytest.mark.parametrize(("network", "optimizer", "seed"), CASES)
-def test_the_defaults_learn_which_examples_to_trust_on_real_networks(network, optimizer, seed):
+def fit_noisy_digits(
+    network: str, optimizer: str, seed: int, callbacks: list[pl.Callback]
+) -> tuple[Classifier, Tensor]:
+    """One fit of ``network`` under ``optimizer`` on :func:`noisy_digits` with ``callbacks``
+    (a LearnedDataWeights among them); the model and the corrupted examples' mask."""
     X, y, Xv, yv, corrupted = noisy_digits(seed)
     train = DataLoader(
         IndexedDataset(TensorDataset(X, y)),
@@ -112,15 +115,27 @@ def test_the_defaults_learn_which_examples_to_trust_on_real_networks(network, op
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),
     )
-    cb, model = LearnedDataWeights(seed=seed), Classifier(network, optimizer)
+    model = Classifier(network, optimizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the short fit's unconverged adjoint solves warn
-        trainer([cb], max_epochs=EPOCHS).fit(
+        trainer(callbacks, max_epochs=EPOCHS).fit(
             model, train, DataLoader(TensorDataset(Xv, yv), batch_size=150)
         )
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return model, corrupted
+
+
+def assert_separates(cb: LearnedDataWeights, corrupted: Tensor) -> None:
+    """The corrupted examples' weights clearly below the clean ones' (module docstring)."""
     w = cb.data_weights()
     assert w.shape == (N,) and bool(torch.isfinite(w).all())
     bad, clean = float(w[corrupted].mean()), float(w[~corrupted].mean())
     assert bad < clean - 0.25, (bad, clean)
     assert auc(w, ~corrupted) > 0.65, auc(w, ~corrupted)
+
+
+@pytest.mark.parametrize(("network", "optimizer", "seed"), CASES)
+def test_the_defaults_learn_which_examples_to_trust_on_real_networks(network, optimizer, seed):
+    cb = LearnedDataWeights(seed=seed)
+    _, corrupted = fit_noisy_digits(network, optimizer, seed, [cb])
+    assert_separates(cb, corrupted)

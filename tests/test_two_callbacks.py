@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from lightning_problems import end_ddp_worker, trainer
 from test_data_weights_lightning import NOISY, Classifier, Data, precision_recall
+from test_data_weights_networks import assert_separates, fit_noisy_digits
 
 from hypertorch_sid import LearnedDataWeights, LearnedWeightDecay
 
@@ -143,6 +144,22 @@ def test_a_resumed_fit_continues_both_callbacks(tmp_path):
     torch.testing.assert_close(w_resumed, w, rtol=2e-3, atol=2e-4)
     for name in lam:
         torch.testing.assert_close(lam_resumed[name], lam[name], rtol=2e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("network", "optimizer", "seed"),
+    [("cnn_bn", "momentum", 0), ("cnn_bn", "adam", 1), ("mlp", "sgd", 1), ("mlp", "adam", 0)],
+)
+def test_both_drop_ins_on_real_networks(network, optimizer, seed):
+    """Both drop-ins with their defaults on noisy digits (30 % wrong labels), a CNN with
+    BatchNorm and an MLP under SGD, momentum and Adam: the data weights separate the corrupted
+    examples as they do alone (test_data_weights_networks' bounds), λ stays finite and moves."""
+    decay, weights = LearnedWeightDecay(1e-4, seed=seed), LearnedDataWeights(seed=seed)
+    _, corrupted = fit_noisy_digits(network, optimizer, seed, [decay, weights])
+    assert_separates(weights, corrupted)
+    lam = torch.cat([v.reshape(-1) for v in decay.decay_values().values()])
+    assert bool(torch.isfinite(lam).all()) and not torch.allclose(lam, torch.full_like(lam, 1e-4))
+    assert len(decay.history) > 5
 
 
 def _ddp_worker(out: Path) -> None:
