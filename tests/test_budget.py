@@ -22,6 +22,7 @@ import hypertorch_sid.lightning.weight_decay as weight_decay_module
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
 from hypertorch_sid.core.budget import (
     Deadline,
+    HyperWork,
     NoBudget,
     OverheadBudget,
     PacedBudget,
@@ -248,6 +249,46 @@ def test_the_callbacks_own_work_is_charged_to_it_not_to_the_training():
     budget.training_step_done()
     assert budget.spent_training == 2.0 and budget.spent_hyper == budget.spent_added == 0.25
     assert budget.hyper_steps == 0 and budget.overhead == 0.125
+
+
+def test_another_callbacks_hyper_work_is_not_training():
+    """Two callbacks in one fit: a budget and a callback without one (the data weights beside
+    the decay). The other's hyper steps and added work, run between the budget's training steps,
+    are left out of its training through the shared :class:`HyperWork`; work nested in another
+    callback's hyper step counts once. Without sharing they count as training (four times it)."""
+    for shared in (True, False):
+        clock = _Clock()
+        budget, other = OverheadBudget(0.5, clock=clock), NoBudget()
+        if shared:
+            work = HyperWork(clock)
+            budget.share_work(work)
+            other.share_work(work)
+        budget.training_step_done()
+        for _ in range(10):
+            clock.now += 1.0  # training
+            other.start_hyper_step()
+            clock.now += 2.0
+            with other.added_work():  # nested: counted once
+                clock.now += 0.5
+            other.end_hyper_step()
+            with other.added_work():
+                clock.now += 0.5
+            budget.training_step_done()
+        if shared:
+            assert budget.spent_training == 10.0 and work.spent == 30.0
+            assert budget.spent_hyper == 0.0 and other.clock is clock
+        else:
+            assert budget.spent_training == 40.0
+
+
+def test_a_budget_joins_shared_work_only_on_its_own_clock():
+    """Readings of two clocks do not mix: a budget given another clock keeps its own work."""
+    mine, theirs = _Clock(), _Clock()
+    budget, work = OverheadBudget(0.5, clock=mine), HyperWork(theirs)
+    budget.share_work(work)
+    assert budget.work is not work and budget.work.clock is mine
+    budget.share_work(HyperWork(mine))
+    assert budget.work.clock is mine and budget.work is not work
 
 
 def test_the_work_added_at_every_step_is_reserved_for_the_steps_that_remain():

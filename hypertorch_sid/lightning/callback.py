@@ -280,6 +280,7 @@ class HyperOptimizationCallback(Callback):
         if stage == "fit":
             self._fitting = self._before_build = True
             self._freeze_module_hyperparameters(pl_module)
+            self.budget.share_work(None)  # a previous fit's (on_train_start shares this fit's)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The training optimizers must not hold λ."""
@@ -297,9 +298,29 @@ class HyperOptimizationCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
         self.budget.use_device(pl_module.device.type)  # CPU time on the CPU, else wall time
+        self._share_hyper_work(trainer)
         with self.budget.added_work():
             self._build(trainer, pl_module)
         self.budget.training_step_done()  # the training's time is counted from here
+
+    def _share_hyper_work(self, trainer: pl.Trainer) -> None:
+        """Beside other hyper-optimization callbacks in the fit, a budget counts their hyper
+        work as hyper work, not as its training (eq. budget: the plain training's cost): the
+        first budget that plans costs times everyone's hyper work on its clock
+        (:class:`~hypertorch_sid.core.budget.HyperWork`), a later one joins it."""
+        if not self.budget.plans_costs():
+            return
+        others = [
+            c
+            for c in trainer.callbacks  # type: ignore[attr-defined]
+            if isinstance(c, HyperOptimizationCallback) and c is not self
+        ]
+        if not others:
+            return
+        shared = (c.budget.work for c in others if c.budget.plans_costs())
+        work = next((w for w in shared if w is not None and w.clock is self.budget.clock), None)
+        for callback in (self, *others):
+            callback.budget.share_work(work or self.budget.work)
 
     def on_train_batch_end(
         self,

@@ -966,7 +966,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
         uⱼ = ⟨∇ℓⱼ(w), v⟩ by ``directional`` (:func:`directional_losses`; the training step's
         ``losses`` are ℓ(w) and its ``rng`` its dropout masks). Every example is
         then visited once per epoch at the cost of about one more forward/backward per step,
-        instead of only in the hyper steps' own J minibatches."""
+        instead of only in the hyper steps' own J minibatches. Hyper work: a budget beside it
+        in the fit (``LearnedWeightDecay(max_overhead=…)``) does not count it as training."""
+        with self.budget.added_work(every_step=True):
+            self._move_training_rows(index, data, losses, rng)
+
+    def _move_training_rows(
+        self, index: Tensor, data: Any, losses: Tensor, rng: RandomState | None
+    ) -> None:
+        """:meth:`_training_cross_term`'s work."""
         sid, weights, problem = self.sid, self.problem.weights, self.problem
         if sid is None or sid.v is None or sid.alpha is None or weights is None:
             return
