@@ -103,10 +103,12 @@ class Budget:
     clock: Callable[[], float] = staticmethod(time.perf_counter)
     #: the fit's shared hyper work (:meth:`share_work`); None: this budget's alone
     work: HyperWork | None = None
+    _synchronize: Callable[[], None] | None = None
 
     def use_device(self, kind: str) -> None:
         """The training runs on a device of this kind (``"cpu"``, ``"cuda"`` ...): what the
-        clock reads, unless one was given."""
+        clock reads, unless one was given, and what a hyper step's readings wait for."""
+        self._synchronize = _synchronizer(kind)
 
     def share_work(self, work: HyperWork | None) -> None:
         """Record this callback's hyper work in ``work``, the fit's, where the other callbacks'
@@ -121,6 +123,8 @@ class Budget:
 
     def synchronized_clock(self) -> float:
         """The clock, read after the device's queued work is done (an accelerator's)."""
+        if self._synchronize is not None:
+            self._synchronize()
         return self.clock()
 
     def allows(
@@ -354,7 +358,6 @@ class OverheadBudget(Budget):
     _work_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
     _open: list[float] = field(default_factory=list, init=False, repr=False)
-    _synchronize: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         value = self.max_overhead
@@ -384,7 +387,7 @@ class OverheadBudget(Budget):
         not wait: the training keeps its overlap)."""
         if not self._clock_given:
             self.clock = time.process_time if kind == "cpu" else time.perf_counter
-        self._synchronize = _synchronizer(kind)
+        super().use_device(kind)
         if self.work is not None and self.work.clock is not self.clock:
             self.share_work(None)  # its own, on the new clock
 
@@ -397,12 +400,6 @@ class OverheadBudget(Budget):
         if work is None or work.clock is not self.clock:
             work = HyperWork(self.clock)
         self.work, self._work_mark = work, work.spent
-
-    def synchronized_clock(self) -> float:
-        """The clock, read after the device's queued work is done."""
-        if self._synchronize is not None:
-            self._synchronize()
-        return self.clock()
 
     def training_step_done(self) -> None:
         now, hyper = self.clock(), self.work.spent
