@@ -937,3 +937,40 @@ def test_the_paced_budget_repays_the_first_excess_evenly_and_keeps_the_final_sha
     clock = _Clock()
     unknown = PacedBudget(0.5, clock=clock)
     assert _simulate(unknown, clock, 100, lambda i: 20.0 if i == 0 else 4.0)[:2] == [1, 41]
+
+
+def test_the_data_weights_under_a_budget_move_rows_in_their_hyper_steps_only():
+    """``LearnedDataWeights(max_overhead=0.5)``: the cross term at every training batch is work
+    a budget cannot space (under one it left the hyper steps 3 of 400 due, no separation), so a
+    budget makes ``cross_term="hyper_step"`` the default and refuses ``"training"``. Counted in
+    work (one unit per training step, two per product, one per validation gradient): the hyper
+    steps stay within half of the training and the corrupted examples' weights fall."""
+    from test_data_weights_networks import fit_noisy_digits
+
+    from hypertorch_sid import LearnedDataWeights
+
+    with pytest.raises(ConfigurationError, match="cross_term='training'.*max_overhead=None"):
+        LearnedDataWeights(cross_term="training", max_overhead=0.5)
+    assert LearnedDataWeights().cross_term == "training"
+    assert LearnedDataWeights(max_overhead=None, cross_term="training").every_n_steps == 40
+    state: dict = {}
+
+    class KeepTrainer(pl.Callback):
+        def setup(self, trainer: pl.Trainer, *args, **kwargs) -> None:
+            state["trainer"] = trainer
+
+    def clock() -> float:
+        steps, sid = float(state["trainer"].global_step), state["cb"].sid
+        if sid is None:
+            return steps
+        c = sid.cost
+        return steps + 2.0 * (c.jacobian_vector_products + c.curvature_products) + c.hypergradients
+
+    cb = LearnedDataWeights(seed=0, max_overhead=OverheadBudget(0.5, clock=clock))
+    assert cb.cross_term == "hyper_step" and cb.every_n_steps == 10
+    state["cb"] = cb
+    _, corrupted = fit_noisy_digits("mlp", "sgd", 0, [KeepTrainer(), cb])
+    w, budget = cb.data_weights(), cb.budget
+    assert float(w[corrupted].mean()) < float(w[~corrupted].mean()) - 0.25
+    assert budget.hyper_steps >= 5 and budget.skipped > 0
+    assert budget.spent_hyper <= 0.5 * budget.spent_training + 2.0 * 40
