@@ -32,7 +32,9 @@ from .sampling import (
     fetch,
     first_loader,
     loader_parts,
+    sampled_part,
     shard_indices,
+    shared_examples,
     validation_loader,
 )
 
@@ -67,13 +69,34 @@ class HyperData:
         self.train_parts: tuple[Dataset, Callable[[list[Any]], Any]] | None = None
         self.val: SampledBatches | LoaderBatches | None = None
         self.val_full: Any = None
+        self.val_dataset: Any = None
         self.train = self._train_source(batch_size, seed)
         kind = "stream" if self.train_parts is None else "sampler"
         self.train_stream = BatchStream(self.train, f"the callback's training {kind}")
         self._build_val(val, val_batch_size, seed + 1)
+        self._warn_shared_examples()
         #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
         self.order = TrainingOrder(trainer.train_dataloader)
         self._loaded = self._loaded_datasets()
+
+    def _warn_shared_examples(self) -> None:
+        """A warning where the validation examples are training examples too (the same data
+        set passed as both, or overlapping splits of one): E then measures the fit to data the
+        training minimises over, and the hypergradient tunes λ for that (a weight decay falls
+        towards 0, data weights trust what the network fits) instead of for held-out data."""
+        if self.train_parts is None or self.val_dataset is None:
+            return
+        shared = shared_examples(self.train_parts[0], self.val_dataset)
+        if shared is None or shared[0] == 0:
+            return
+        rank_zero_warn(
+            f"HyperOptimizationCallback: {shared[0]} of the {shared[1]} validation examples are "
+            "training examples too (the validation loader reads the training loader's data "
+            "set): the hyper steps tune the hyperparameters for the fit to data the training "
+            "minimises over, not for held-out data (a learned weight decay falls towards 0). "
+            "Hold out validation examples the training never reads, e.g. "
+            "torch.utils.data.random_split(data, [0.8, 0.2])."
+        )
 
     # ------------------------------------------------------------------ reloaded loaders
     def _loaded_datasets(self) -> tuple[Any, Any]:
@@ -236,6 +259,7 @@ class HyperData:
                 loader, self._prepare(), self.world_size, batch_size, "train dataloader"
             )
         dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
+        dataset = sampled_part(loader, dataset, "train dataloader")
         dataset = self._read_by_training(loader, dataset, loader_bs)
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
@@ -311,6 +335,7 @@ class HyperData:
             )  # fmt: skip
             return
         dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
+        dataset = self.val_dataset = sampled_part(loader, dataset, "validation dataloader")
         self.n_val = len(dataset)
         if val == "full":
             idx = shard_indices(len(dataset), self.rank, self.world_size)
