@@ -4,11 +4,14 @@ tried and its outcome is in docs/failures.md, "Careless users (session 48)").
 Each test fails without its fix: the hyper steps drew from samples the loaders never read (one
 data set split by two ``SubsetRandomSampler``), validation data that is the training data went
 unsaid, a resumed fit kept the checkpoint's outer learning rate over the one asked for, and
-masked examples (``ignore_index``) had their data weights learned and flagged without a word.
+masked examples (``ignore_index``) had their data weights learned and flagged without a word,
+and settings the drop-ins do not read (``num_classes`` per sample, ``outer_lr`` beside
+``outer_optimizer=``, ``elements=`` per layer) were accepted and ignored.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -28,6 +31,7 @@ from torch.utils.data import (
 )
 
 from hypertorch_sid import (
+    ConfigurationError,
     IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
@@ -250,3 +254,50 @@ def test_masked_examples_in_the_data_weights_training_are_said():
         warnings.simplefilter("always")
         trainer([cb], max_epochs=1).fit(Net("none"), train, val)
     assert not [w for w in caught if "exactly 0" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (
+            lambda: LearnedDataWeights(num_classes=10),
+            r"num_classes=10 is read only with per='class'",
+        ),
+        (
+            lambda: LearnedDataWeights(
+                outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1), outer_lr=0.5
+            ),
+            r"outer_lr=0.5 sets the drop-in's own outer optimizer",
+        ),
+        (
+            lambda: LearnedDataWeights(
+                outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1), scale_prior=1.0
+            ),
+            r"scale_prior=1.0 sets",
+        ),
+        (
+            lambda: LearnedWeightDecay(
+                outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1), outer_lr=0.5
+            ),
+            r"outer_lr=0.5 sets the drop-in's own outer step",
+        ),
+        (
+            lambda: LearnedWeightDecay(elements="shrunk"),
+            r"elements='shrunk' .* only granularity='per_element'",
+        ),
+    ],
+)
+def test_settings_the_drop_ins_would_ignore_are_refused(make, match):
+    """Accepted and ignored before: ``LearnedDataWeights(num_classes=10)`` learned per-sample
+    weights (a user asking for class weights got none), ``outer_lr`` and the LazyAdam settings
+    beside ``outer_optimizer=`` did nothing, nor did ``elements=`` per layer."""
+    with pytest.raises(ConfigurationError, match=match):
+        make()
+
+
+def test_the_settings_that_are_read_are_still_taken():
+    LearnedDataWeights(per="class", num_classes=3)
+    LearnedDataWeights(outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
+    LearnedWeightDecay(outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
+    LearnedWeightDecay(granularity="per_element", elements="shrunk")
+    LearnedWeightDecay(elements="layer_then_shrunk")  # the default, named

@@ -212,6 +212,13 @@ class DataWeightsProblem:
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
             )
+        if per == "sample" and num_classes is not None:
+            raise ConfigurationError(
+                f"LearnedDataWeights: num_classes={num_classes!r} is read only with per='class' "
+                "(one weight per class); per='sample', the default, learns one weight per "
+                "training example and needs no class count. Pass per='class' for class weights, "
+                "or drop num_classes."
+            )
         if gauge not in ("auto", "batch", "mean_logit"):
             raise ConfigurationError(
                 f"LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit', got {gauge!r}."
@@ -906,6 +913,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         # class (64 of 67 flagged rows corrupted, against 70 of 175). Not adopted.
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
+        given_lr = kwargs.get("outer_lr")
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
         problem = DataWeightsProblem(
             per,
@@ -918,6 +926,25 @@ class LearnedDataWeights(HyperOptimizationCallback):
             objective,
             gauge,
         )
+        own_settings = {
+            name: value
+            for name, value, default in (
+                ("outer_betas", tuple(outer_betas), (0.0, 0.999)),
+                ("row_scale", row_scale, True),
+                ("scale_prior", scale_prior, 0.0),
+            )
+            if value != default
+        }
+        if given_lr is not None:
+            own_settings["outer_lr"] = given_lr
+        if kwargs.get("outer_optimizer") is not None and own_settings:
+            raise ConfigurationError(
+                f"LearnedDataWeights: {', '.join(f'{k}={v!r}' for k, v in own_settings.items())} "
+                f"{'sets' if len(own_settings) == 1 else 'set'} the drop-in's own outer optimizer "
+                "(LazyAdam), but outer_optimizer= replaces it, so it would be ignored: give it "
+                "to your optimizer (e.g. outer_optimizer=functools.partial(torch.optim.Adam, "
+                "lr=0.1)), or drop outer_optimizer=."
+            )
         self._own_outer = kwargs.get("outer_optimizer") is None
         if self._own_outer:
             kwargs["outer_optimizer"] = functools.partial(

@@ -986,6 +986,23 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 "LearnedWeightDecay builds its own problem; use HyperOptimizationCallback("
                 "problem=...) for another one."
             )
+        if kwargs.get("outer_optimizer") is not None and "outer_lr" in kwargs:
+            raise ConfigurationError(
+                f"LearnedWeightDecay: outer_lr={kwargs['outer_lr']!r} sets the drop-in's own "
+                "outer step (its first step on log λ), but outer_optimizer= replaces it, so "
+                "outer_lr would be ignored: give the learning rate to your optimizer (e.g. "
+                "outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1)), or drop "
+                "outer_optimizer=."
+            )
+        if granularity != "per_element" and not (
+            isinstance(elements, str) and elements == "layer_then_shrunk"
+        ):
+            raise ConfigurationError(
+                f"LearnedWeightDecay: elements={elements!r} says how the λ of one layer's "
+                f"elements relate, which only granularity='per_element' learns; with "
+                f"granularity={granularity!r} it would be ignored. Pass "
+                "granularity='per_element', or drop elements=."
+            )
         try:
             model = as_element_model(elements)
             rule = as_invariant_rule(invariant)
