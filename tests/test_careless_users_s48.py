@@ -301,3 +301,55 @@ def test_the_settings_that_are_read_are_still_taken():
     LearnedWeightDecay(outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
     LearnedWeightDecay(granularity="per_element", elements="shrunk")
     LearnedWeightDecay(elements="layer_then_shrunk")  # the default, named
+
+
+def _indexed() -> DataLoader:
+    return DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16, shuffle=True)
+
+
+def _val() -> DataLoader:
+    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+
+
+def test_a_data_weights_resume_under_another_parameterization_is_refused(tmp_path):
+    """Resumed with ``parameterization="softmax"`` from a sigmoid fit, the stored logits were
+    read as a softmax's: every weight jumped from ~0.5–0.98 to ~1e-4 and ``flagged()`` named
+    nothing (3-class toy, 30 % noise: 185 flagged before the resume, 0 after), silently."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    settings = dict(start_step=4, every_n_steps=4, max_overhead=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(
+            [LearnedDataWeights(**settings), ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+            max_epochs=1,
+            enable_checkpointing=True,
+        ).fit(Net("none"), _indexed(), _val())
+        last = str(tmp_path / "last.ckpt")
+        with pytest.raises(ConfigurationError, match=r"parameterization='SigmoidWeights'"):
+            trainer([LearnedDataWeights(parameterization="softmax", **settings)], max_epochs=2).fit(
+                Net("none"), _indexed(), _val(), ckpt_path=last
+            )
+        same = LearnedDataWeights(**settings)  # the same settings resume as before
+        trainer([same], max_epochs=2).fit(Net("none"), _indexed(), _val(), ckpt_path=last)
+    assert same.sid is not None and same.sid.hyper_step > 2
+
+
+@pytest.mark.parametrize(
+    "other, match",
+    [
+        ({"parameterization": "projection"}, r"parameterization='log' \(this run: 'projection'\)"),
+        ({"granularity": "per_tensor"}, r"granularity='per_layer' \(this run: 'per_tensor'\)"),
+    ],
+)
+def test_a_weight_decay_resume_under_other_settings_is_refused(other, match):
+    """log λ read as λ (``parameterization="projection"``) was taken wherever it was feasible (λ
+    above 1: log λ > 0), and otherwise refused as a checkpoint "of another problem"."""
+    cb = _decay()
+    _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True), _val())
+    state = cb.state_dict()
+    with pytest.raises(ConfigurationError, match=match):
+        LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None, **other).load_state_dict(state)
+    LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None).load_state_dict(state)
+    state.pop("hyperparameter_meaning")  # a checkpoint written before it was kept
+    LearnedWeightDecay(1e-3, max_overhead=None, **other).load_state_dict(state)

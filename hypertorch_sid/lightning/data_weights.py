@@ -84,7 +84,7 @@ from ..core.sample_weights import (
 )
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
-from .problem import BilevelProblem
+from .problem import MEANING_KEY, BilevelProblem, check_meaning
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
 
@@ -1094,9 +1094,21 @@ class LearnedDataWeights(HyperOptimizationCallback):
         labels = self.problem._labels
         if state and labels is not None:
             state["data_labels"] = labels.detach().cpu().clone()
+        if state:
+            state[MEANING_KEY] = self._meaning()
         return state
 
+    def _meaning(self) -> dict[str, str]:
+        """What the stored logits mean: one per example or class, through which map."""
+        return {
+            "per": self.per,
+            "parameterization": type(self.problem.parameterization).__name__,
+        }
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
+            state_dict = dict(state_dict)
+            check_meaning("LearnedDataWeights", state_dict.pop(MEANING_KEY), self._meaning())
         if isinstance(state_dict, dict) and "data_labels" in state_dict:
             state_dict = dict(state_dict)
             labels = state_dict.pop("data_labels")

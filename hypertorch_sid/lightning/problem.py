@@ -120,3 +120,33 @@ class ModuleProblem:
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         return None
+
+
+#: the checkpoint key under which a drop-in saves what its stored hyperparameters mean
+MEANING_KEY = "hyperparameter_meaning"
+
+
+def check_meaning(who: str, saved: Any, ours: dict[str, str]) -> None:
+    """Refuse a checkpoint whose hyperparameters were stored under other settings than this
+    run's (``saved``: its :data:`MEANING_KEY` entry, ``ours``: this run's): the same tensors
+    would be read as other values (a sigmoid's logits as a softmax's; log λ as λ), a resumed
+    fit silently starting somewhere else. A checkpoint written before the key existed is
+    taken as it is."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict) or not all(isinstance(v, str) for v in saved.values()):
+        raise ConfigurationError(
+            f"{who}: the checkpoint's {MEANING_KEY} must be a dict of strings: it is corrupted."
+        )
+    differ = [
+        f"{name}={saved[name]!r} (this run: {value!r})"
+        for name, value in ours.items()
+        if name in saved and saved[name] != value
+    ]
+    if differ:
+        raise ConfigurationError(
+            f"{who}: the checkpoint's hyperparameters were learned with {', '.join(differ)}; "
+            "with this run's settings the same stored values would mean other ones, and the "
+            "resumed fit would silently start somewhere else. Resume with the checkpoint's "
+            "settings, or start a new fit (no ckpt_path) to learn under these."
+        )

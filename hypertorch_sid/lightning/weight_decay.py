@@ -88,7 +88,7 @@ from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_i
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
-from .problem import BilevelProblem
+from .problem import MEANING_KEY, BilevelProblem, check_meaning
 
 __all__ = [
     "LearnedWeightDecay",
@@ -1174,6 +1174,30 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def slot_names(self) -> list[str]:
         """Names of the λ slots (all but per-element granularity)."""
         return self.problem.decay.slot_names if self.problem.decay is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's state and what its stored λ mean (which tensors each slot decays, on
+        which scale): a resume under other such settings is refused, not read as other λ."""
+        state = super().state_dict()
+        if state:
+            state[MEANING_KEY] = self._meaning()
+        return state
+
+    def _meaning(self) -> dict[str, str]:
+        meaning = {
+            "parameterization": self.parameterization,
+            "granularity": self.granularity,
+            "apply_to": self.apply_to,
+        }
+        if self.granularity == "per_element":
+            meaning["elements"] = type(self.elements).__name__
+        return meaning
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
+            state_dict = dict(state_dict)
+            check_meaning("LearnedWeightDecay", state_dict.pop(MEANING_KEY), self._meaning())
+        super().load_state_dict(state_dict)
 
     def decay_values(self) -> dict[str, Tensor]:
         """The current λ of every decayed parameter, by parameter name (detached); empty before
