@@ -353,3 +353,11 @@ def test_a_weight_decay_resume_under_other_settings_is_refused(other, match):
     LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None).load_state_dict(state)
     state.pop("hyperparameter_meaning")  # a checkpoint written before it was kept
     LearnedWeightDecay(1e-3, max_overhead=None, **other).load_state_dict(state)
+
+
+def test_an_empty_validation_set_is_named():
+    """``random_split`` sizes that leave validation empty read as "the hyper-step batch is larger
+    than the data set (0 samples): lower batch_size", which no batch size fixes."""
+    empty = DataLoader(TensorDataset(X[:0], Y[:0]), batch_size=20)
+    with pytest.raises(ConfigurationError, match=r"validation dataloader's data set holds no"):
+        _fit(_decay(), DataLoader(TensorDataset(X, Y), batch_size=16), empty)

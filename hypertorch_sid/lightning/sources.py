@@ -261,6 +261,7 @@ class HyperData:
         dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
         dataset = sampled_part(loader, dataset, "train dataloader")
         dataset = self._read_by_training(loader, dataset, loader_bs)
+        _refuse_empty(dataset, "train dataloader")
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
@@ -337,6 +338,7 @@ class HyperData:
         dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
         dataset = self.val_dataset = sampled_part(loader, dataset, "validation dataloader")
         self.n_val = len(dataset)
+        _refuse_empty(dataset, "validation dataloader")
         if val == "full":
             idx = shard_indices(len(dataset), self.rank, self.world_size)
             if batch_size is None:
@@ -359,6 +361,19 @@ class HyperData:
         sampler = ShardedSampler(len(dataset), batch_size, seed, self.rank, self.world_size)
         # a hyper-step batch above the loader's is read in parts of the loader's size
         self.val = SampledBatches(dataset, collate, sampler, to_device, chunk=loader_bs)
+
+
+def _refuse_empty(dataset: Dataset, what: str) -> None:
+    """A clear error for a data set with no example (it read as "the hyper-step batch (1 per
+    process) is larger than the data set (0 samples): lower batch_size", which no batch size
+    fixes)."""
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ConfigurationError(
+            f"HyperOptimizationCallback: the {what}'s data set holds no example (after its "
+            "sampler's and the Trainer's limits): the hyper steps need "
+            f"{'validation examples for E' if what.startswith('val') else 'training examples'}. "
+            "Check the split that built it (e.g. random_split's sizes)."
+        )
 
 
 @contextmanager
