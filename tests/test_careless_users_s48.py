@@ -93,9 +93,9 @@ def _shared(messages: list[str]) -> list[str]:
 
 def test_one_data_set_split_by_two_samplers_keeps_the_hyper_steps_on_their_split():
     """``DataLoader(ds, sampler=SubsetRandomSampler(train_idx))`` and the same for validation
-    (PyTorch tutorials' split): the hyper steps drew from the whole ``ds``, so 2/3 of their
-    "validation" examples were training examples (E fitted the training data) and a third of
-    their training ones validation examples. Now each draws from its sampler's indices."""
+    (PyTorch tutorials' split): the hyper steps drew from the whole ``ds``, so about 70 % of their
+    "validation" examples were training examples (E fitted the training data) and about a
+    quarter of their training ones validation examples. Now each draws from its sampler's indices."""
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(1)).tolist()
     train_idx, val_idx = perm[:160], perm[160:]
     cb, ds = _decay(), Tagged()
