@@ -79,12 +79,14 @@ def _decay() -> LearnedWeightDecay:
     return LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
 
 
-def _fit(cb: Any, train: DataLoader, val: DataLoader, epochs: int = 1, **kw: Any) -> list[str]:
-    """Fit; the hypertorch_sid warnings' messages."""
+def _fit(
+    cb: Any, train: DataLoader, val: DataLoader, epochs: int = 1, model: Any = None, **kw: Any
+) -> list[str]:
+    """Fit; the warnings' messages."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer([cb], max_epochs=epochs, **kw).fit(Net(kw.pop("reduction", "mean")), train, val)
-    return [str(w.message) for w in caught if "Callback" in str(w.message)]
+        trainer([cb], max_epochs=epochs, **kw).fit(model or Net(), train, val)
+    return [str(w.message) for w in caught]
 
 
 def _shared(messages: list[str]) -> list[str]:
@@ -361,3 +363,66 @@ def test_an_empty_validation_set_is_named():
     empty = DataLoader(TensorDataset(X[:0], Y[:0]), batch_size=20)
     with pytest.raises(ConfigurationError, match=r"validation dataloader's data set holds no"):
         _fit(_decay(), DataLoader(TensorDataset(X, Y), batch_size=16), empty)
+
+
+class GroupLr(Net):
+    """The first layer in its own parameter group, at ``lr=0`` (a "frozen" backbone) or on a
+    schedule from 0 (warm-up) / down to 0 at one step (cosine annealing at T_max)."""
+
+    def __init__(self, schedule: str, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.schedule = schedule
+
+    def configure_optimizers(self) -> Any:
+        first = 0.0 if self.schedule == "frozen" else 0.1
+        opt = torch.optim.SGD(
+            [
+                {"params": self.net[0].parameters(), "lr": first},
+                {"params": self.net[2].parameters()},
+            ],
+            lr=0.1,
+        )
+        if self.schedule == "frozen":
+            return opt
+        if self.schedule == "warm-up":
+            sched: Any = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 30))
+        else:
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=12)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _frozen_said(messages: list[str]) -> list[str]:
+    return [m for m in messages if "have lr=0 at two hyper steps" in m]
+
+
+def test_a_parameter_group_frozen_by_lr_0_is_said():
+    """A backbone "frozen" by ``lr=0`` in its own group: the hyper steps treated it as trained,
+    and learned its λ (1e-3 → 1.96 on an MLP) and the head's through it (0.52, against 0.89
+    with the backbone out of the optimizer), silently."""
+    said = _frozen_said(
+        _fit(
+            _decay(),
+            DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True),
+            _val(),
+            2,
+            GroupLr("frozen"),
+        )
+    )
+    assert len(said) == 1 and "net.0.weight, net.0.bias" in said[0]
+
+    cb = LearnedDataWeights(start_step=4, every_n_steps=4, max_overhead=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer([cb], max_epochs=2).fit(GroupLr("frozen", "none"), _indexed(), _val())
+    assert len(_frozen_said([str(w.message) for w in caught])) == 1
+
+
+@pytest.mark.parametrize("schedule", ["warm-up", "cosine"])
+def test_a_schedule_that_touches_lr_0_is_no_frozen_group(schedule):
+    cb = _decay()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer([cb], max_epochs=2).fit(
+            GroupLr(schedule), DataLoader(TensorDataset(X, Y), batch_size=16), _val()
+        )
+    assert not _frozen_said([str(w.message) for w in caught])

@@ -84,7 +84,7 @@ from ..core.sample_weights import (
 )
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
-from .problem import MEANING_KEY, BilevelProblem, check_meaning
+from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
 
@@ -273,6 +273,8 @@ class DataWeightsProblem:
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
+        #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
+        self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
         self._checked_targets = False
 
@@ -286,6 +288,7 @@ class DataWeightsProblem:
             )
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        self.untrained = UntrainedGroups("LearnedDataWeights")
         dataset = self._training_dataset(trainer)
         if self.per == "sample":
             n = len(dataset)
@@ -332,7 +335,7 @@ class DataWeightsProblem:
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        return None
+        self.untrained.check(trainer, module)
 
     # ------------------------------------------------------------------ the data
     def _training_dataset(self, trainer: pl.Trainer) -> Any:

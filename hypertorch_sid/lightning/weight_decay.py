@@ -88,7 +88,7 @@ from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_i
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
-from .problem import MEANING_KEY, BilevelProblem, check_meaning
+from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
 
 __all__ = [
     "LearnedWeightDecay",
@@ -253,6 +253,8 @@ class WeightDecayProblem:
         self.apply_to = apply_to
         self.training_loss = training_loss
         self.validation_loss = validation_loss
+        #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
+        self.untrained = UntrainedGroups("LearnedWeightDecay")
         self.proximal = proximal
         #: λ: the core container (created at ``check``, i.e. ``on_fit_start``)
         self.decay: WeightDecay | None = None
@@ -312,6 +314,7 @@ class WeightDecayProblem:
         self._checked_optimizers = set()
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        self.untrained = UntrainedGroups("LearnedWeightDecay")
         if self.decay is None:
             self._collect(trainer, module)
         decay = self.decay
@@ -351,6 +354,7 @@ class WeightDecayProblem:
             self.lambda_min_at_step = float(self.decay.summary().min())
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
+        self.untrained.check(trainer, module)
 
     # ------------------------------------------------------------------ the decayed tensors
     def _group(self, i: int) -> dict[str, Any]:
