@@ -1145,7 +1145,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         return self.problem.weights
 
     def data_weights(self) -> Tensor:
-        """ω of every example (or class), detached, on the CPU; empty before a fit built them."""
+        """ω of every example (or class), detached, on the CPU; empty before a fit built them.
+
+        Row i is the weight of ``IndexedDataset(train_set)[i]``: a position in the data set the
+        IndexedDataset wraps. Where that is a ``Subset`` (``random_split``), the example's index
+        in the full data set is ``train_set.indices[i]`` (so for :meth:`flagged` too)."""
         w = self.problem.weights
         return w.values().cpu() if w is not None else torch.empty(0)
 
