@@ -342,6 +342,7 @@ def test_a_data_weights_resume_under_another_parameterization_is_refused(tmp_pat
     [
         ({"parameterization": "projection"}, r"parameterization='log' \(this run: 'projection'\)"),
         ({"granularity": "per_tensor"}, r"granularity='per_layer' \(this run: 'per_tensor'\)"),
+        ({"decoupled": True}, r"decoupled='False' \(this run: 'True'\)"),
     ],
 )
 def test_a_weight_decay_resume_under_other_settings_is_refused(other, match):

@@ -1180,8 +1180,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return self.problem.decay.slot_names if self.problem.decay is not None else []
 
     def state_dict(self) -> dict[str, Any]:
-        """The callback's state and what its stored λ mean (which tensors each slot decays, on
-        which scale): a resume under other such settings is refused, not read as other λ."""
+        """The callback's state and what its stored λ mean (which tensors share a slot, on which
+        scale, coupled or decoupled): a resume under other such settings is refused, not read as
+        other λ."""
         state = super().state_dict()
         if state:
             state[MEANING_KEY] = self._meaning()
@@ -1189,9 +1190,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
 
     def _meaning(self) -> dict[str, str]:
         meaning = {
-            "parameterization": self.parameterization,
-            "granularity": self.granularity,
-            "apply_to": self.apply_to,
+            "parameterization": self.parameterization,  # ρ = log λ, or λ itself
+            "granularity": self.granularity,  # which tensors share a slot
+            "decoupled": str(self.decoupled),  # ½λ‖w‖² in the loss, or AdamW's coefficient
         }
         if self.granularity == "per_element":
             meaning["elements"] = type(self.elements).__name__
