@@ -427,3 +427,12 @@ def test_a_schedule_that_touches_lr_0_is_no_frozen_group(schedule):
             GroupLr(schedule), DataLoader(TensorDataset(X, Y), batch_size=16), _val()
         )
     assert not _frozen_said([str(w.message) for w in caught])
+
+
+def test_a_random_subset_sampler_under_limit_train_batches_is_not_called_unshuffled():
+    """``limit_train_batches=3`` over a ``SubsetRandomSampler`` reads a new random part of the
+    split every epoch: it was warned as "an order that does not shuffle"."""
+    train = DataLoader(Tagged(), batch_size=16, sampler=SubsetRandomSampler(range(200)))
+    val = DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+    said = _fit(_decay(), train, val, 2, limit_train_batches=3)
+    assert not [m for m in said if "does not shuffle" in m]

@@ -19,7 +19,15 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError
@@ -39,6 +47,8 @@ from .sampling import (
 )
 
 SAMPLERS = ("train_sampler", "val_sampler")
+#: samplers that draw a new random order (or subset) every epoch
+_RANDOM = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 class HyperData:
@@ -290,7 +300,7 @@ class HyperData:
         if not isinstance(k, int) or k >= n_batches or loader_bs is None:
             return dataset
         sampler = loader.sampler
-        if isinstance(sampler, RandomSampler) or getattr(sampler, "shuffle", False):
+        if isinstance(sampler, _RANDOM) or getattr(sampler, "shuffle", False):
             return dataset  # a new random subset each epoch: the training sees the whole set
         if self.world_size > 1 or not isinstance(sampler, SequentialSampler):
             rank_zero_warn(
