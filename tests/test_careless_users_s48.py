@@ -436,3 +436,40 @@ def test_a_random_subset_sampler_under_limit_train_batches_is_not_called_unshuff
     val = DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
     said = _fit(_decay(), train, val, 2, limit_train_batches=3)
     assert not [m for m in said if "does not shuffle" in m]
+
+
+class RawMLP(Net):
+    """A two-layer MLP written with raw parameters on the module (``hidden=0``: a linear model,
+    one matrix and a bias)."""
+
+    def __init__(self, hidden: int = 16) -> None:
+        super().__init__()
+        del self.net
+        width = hidden or C
+        self.w1 = nn.Parameter(0.3 * torch.randn(D, width))
+        self.b1 = nn.Parameter(torch.zeros(width))
+        self.hidden = hidden
+        if hidden:
+            self.w2 = nn.Parameter(0.3 * torch.randn(hidden, C))
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = x @ self.w1 + self.b1
+        return torch.tanh(z) @ self.w2 if self.hidden else z
+
+
+def _one_lambda_said(messages: list[str]) -> list[str]:
+    return [m for m in messages if "they share one λ" in m]
+
+
+def test_layers_written_as_raw_parameters_sharing_one_lambda_are_said():
+    """``granularity="per_layer"`` gives one λ per module owning tensors: w1, b1 and w2 on the
+    LightningModule itself all got the one λ "(root)", as "global" would, silently."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True)
+    cb = _decay()
+    said = _one_lambda_said(_fit(cb, train, _val(), model=RawMLP()))
+    assert cb.slot_names == ["(root)"]
+    assert len(said) == 1 and "(w1, w2) are owned by the LightningModule itself" in said[0]
+    per_tensor = LearnedWeightDecay(1e-3, granularity="per_tensor", max_overhead=None)
+    assert not _one_lambda_said(_fit(per_tensor, train, _val(), model=RawMLP()))
+    assert not _one_lambda_said(_fit(_decay(), train, _val(), model=RawMLP(hidden=0)))
+    assert not _one_lambda_said(_fit(_decay(), train, _val()))  # nn.Linear layers

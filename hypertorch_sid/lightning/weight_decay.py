@@ -416,6 +416,8 @@ class WeightDecayProblem:
                 "the same λ). For the decay your optimizer was set up for pass "
                 "LearnedWeightDecay(..., decoupled=True)."
             )
+        if self.granularity in ("per_layer", "per_element"):
+            _warn_containers_as_layers(module, [(name, p) for name, p, _ in found])
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
         self._inner = sorted(inner.values(), key=lambda p: order.get(id(p), len(order)))
@@ -703,6 +705,38 @@ class WeightDecayProblem:
 #: ResNet-18 but for its stem convolution, borderline through BatchNorm's ε (on 3 of 6 lightly
 #: trained seeds one of 16 and 32 samples calls it not invariant where 64 call it invariant)
 PROBE_SAMPLES = 16
+
+
+def _warn_containers_as_layers(module: pl.LightningModule, found: list[tuple[str, Tensor]]) -> None:
+    """A warning where "per layer" puts several weight matrices in one λ because the module
+    that owns them is no layer: the LightningModule itself (tensors registered directly on it,
+    ``self.w1 = nn.Parameter(...)``) or an ``nn.ParameterList`` / ``ParameterDict``. A per-layer
+    λ is one per module owning the tensors, so a two-layer MLP written with raw parameters got
+    a single λ ("(root)") for all of them, as ``granularity="global"`` would, without a word."""
+    owners: dict[str, list[str]] = {}
+    for name, p in found:
+        prefix = name.rpartition(".")[0]
+        try:
+            owner = module.get_submodule(prefix) if prefix else module
+        except AttributeError:
+            continue
+        container = owner is module or isinstance(
+            owner, (torch.nn.ParameterList, torch.nn.ParameterDict)
+        )
+        if container and p.dim() >= 2:
+            owners.setdefault(prefix or "(root)", []).append(name)
+    shared = {slot: names for slot, names in owners.items() if len(names) > 1}
+    if not shared:
+        return
+    slot, names = next(iter(shared.items()))
+    listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    owner = "the LightningModule itself" if slot == "(root)" else f"{slot!r}, a parameter container"
+    rank_zero_warn(
+        f"LearnedWeightDecay: per layer, one λ belongs to each module that owns tensors, and "
+        f"{len(names)} weight matrices ({listed}) are owned by {owner}: they share one λ, as "
+        "under granularity='global'. Pass granularity='per_tensor' for one λ each, or put each "
+        "layer in its own nn.Module (e.g. nn.Linear)."
+    )
 
 
 def scale_invariant_slots(
