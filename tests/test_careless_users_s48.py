@@ -473,3 +473,18 @@ def test_layers_written_as_raw_parameters_sharing_one_lambda_are_said():
     assert not _one_lambda_said(_fit(per_tensor, train, _val(), model=RawMLP()))
     assert not _one_lambda_said(_fit(_decay(), train, _val(), model=RawMLP(hidden=0)))
     assert not _one_lambda_said(_fit(_decay(), train, _val()))  # nn.Linear layers
+
+
+def test_shared_examples_are_counted_through_nested_subsets():
+    from torch.utils.data import Subset
+
+    from hypertorch_sid.lightning.sampling import shared_examples
+
+    base = TensorDataset(X, Y)
+    outer = Subset(base, list(range(100, 200)))  # base rows 100..199
+    train = IndexedDataset(Subset(outer, list(range(0, 60))))  # base rows 100..159
+    val = Subset(base, list(range(150, 170)))  # base rows 150..169: 10 shared
+    assert shared_examples(train, val) == (10, 20)
+    assert shared_examples(train, Subset(base, list(range(160, 170)))) == (0, 10)
+    assert shared_examples(train, TensorDataset(X.clone(), Y)) is None  # other tensors
+    assert shared_examples(base, TensorDataset(X, Y)) == (N, N)  # the same tensors

@@ -454,20 +454,28 @@ def sampled_part(loader: DataLoader, dataset: Dataset, what: str) -> Dataset:
     return dataset
 
 
-def _examples(dataset: Any) -> tuple[Any, set[int] | None]:
-    """(the data set at the bottom of ``IndexedDataset`` and ``Subset`` wraps, the positions in
-    it that ``dataset`` reads; None: all)."""
-    positions: list[int] | None = None
+def _unwrapped(dataset: Any) -> tuple[Any, list[Subset]]:
+    """(the data set at the bottom of ``IndexedDataset`` and ``Subset`` wraps, the Subsets on
+    the way, outermost first)."""
+    subsets: list[Subset] = []
     for _ in range(16):
         if isinstance(dataset, Subset):
-            idx = [int(i) for i in dataset.indices]
-            positions = idx if positions is None else [idx[i] for i in positions]
+            subsets.append(dataset)
             dataset = dataset.dataset
         elif isinstance(dataset, IndexedDataset):
             dataset = dataset.dataset
         else:
             break
-    return _identity(dataset), None if positions is None else set(positions)
+    return dataset, subsets
+
+
+def _positions(subsets: list[Subset]) -> set[int] | None:
+    """The positions in the bottom data set that the Subsets read (None: all of it)."""
+    positions: list[int] | None = None
+    for subset in subsets:
+        idx = [int(i) for i in subset.indices]
+        positions = idx if positions is None else [idx[i] for i in positions]
+    return None if positions is None else set(positions)
 
 
 def _identity(dataset: Any) -> Any:
@@ -485,9 +493,10 @@ def shared_examples(train: Any, val: Any) -> tuple[int, int] | None:
     """(how many of the validation examples the training set reads too, how many there are),
     where both read the same underlying data set (the same object under Subset /
     IndexedDataset wraps); None where they read different ones (nothing to compare)."""
-    (train_base, train_at), (val_base, val_at) = _examples(train), _examples(val)
-    if train_base != val_base:
+    (train_base, train_subsets), (val_base, val_subsets) = _unwrapped(train), _unwrapped(val)
+    if _identity(train_base) != _identity(val_base):
         return None
+    train_at, val_at = _positions(train_subsets), _positions(val_subsets)
     n_val = len(val_at) if val_at is not None else len(val)
     if train_at is None:
         return n_val, n_val
