@@ -155,11 +155,11 @@ def test_on_a_cnn_with_batchnorm_lambda_moves_no_further_than_adam():
     X, y = _data()
     moved = {}
     for name, kw in (
-        ("adam", {}),
+        ("adam", {"outer_lr": 0.3}),
         ("gated", {"outer_optimizer": functools.partial(SignalGatedAdam, lr=0.3)}),
     ):
         pl.seed_everything(0, verbose=False)
-        cb = LearnedWeightDecay(1e-3, every_n_steps=2, max_overhead=None, outer_lr=0.3, **kw)
+        cb = LearnedWeightDecay(1e-3, every_n_steps=2, max_overhead=None, **kw)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer(callbacks=[cb], max_epochs=4).fit(

@@ -258,10 +258,10 @@ class Linear(MLP):
 @pytest.mark.parametrize(
     "granularity, parameterization, proximal, elements",
     [
-        ("global", "log", False, "untied"),
+        ("global", "log", False, "layer_then_shrunk"),  # elements= is read per element only
         ("per_element", "log", False, "untied"),
         ("per_element", "projection", False, "untied"),
-        ("global", "log", True, "untied"),
+        ("global", "log", True, "layer_then_shrunk"),
         ("per_element", "log", True, "untied"),
         ("per_element", "log", False, "tied"),
         ("per_element", "projection", False, "tied"),

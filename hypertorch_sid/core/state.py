@@ -9,6 +9,7 @@ corrupted or foreign state raises :class:`ConfigurationError` and leaves the opt
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +130,43 @@ def _load_outer_optimizer(optimizer: torch.optim.Optimizer, saved: Any) -> None:
             f"the saved outer_optimizer state does not fit outer_optimizer "
             f"({type(optimizer).__name__} over these hyperparameters): {err}"
         ) from err
+    _keep_this_runs_settings(optimizer, backup["param_groups"])
+
+
+def _keep_this_runs_settings(optimizer: torch.optim.Optimizer, ours: list[dict[str, Any]]) -> None:
+    """Put back the settings (lr, betas, ...) this run's outer optimizer was built with where the
+    loaded state's differ, and say so. ``Optimizer.load_state_dict`` takes the saved run's
+    settings with its moments, so a fit resumed with another ``outer_lr`` (or outer optimizer
+    settings) silently went on at the saved one. The moments are the saved run's either way;
+    unchanged settings load bit for bit as before."""
+    changed = []
+    for i, (group, mine) in enumerate(zip(optimizer.param_groups, ours)):
+        for key, value in mine.items():
+            if key == "params" or key not in group or _same(group[key], value):
+                continue
+            changed.append(f"{key} {group[key]!r} → {value!r}" + (f" (group {i})" if i else ""))
+            group[key] = value
+    if changed:
+        warnings.warn(
+            f"hypertorch_sid: resuming with other outer optimizer settings than the checkpoint's "
+            f"({type(optimizer).__name__}: {'; '.join(dict.fromkeys(changed))}): the resumed "
+            "hyper steps use this run's settings, with the checkpoint's moments. Pass the "
+            "checkpoint's settings (e.g. the same outer_lr) to continue the saved run as it was.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two optimizer settings are equal (numbers, tuples, tensors)."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
 
 
 def _check_outer_state_shapes(optimizer: torch.optim.Optimizer, saved: Any) -> None:

@@ -85,7 +85,7 @@ from ..core.sample_weights import (
 )
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
-from .problem import BilevelProblem
+from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
 
@@ -213,6 +213,13 @@ class DataWeightsProblem:
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
             )
+        if per == "sample" and num_classes is not None:
+            raise ConfigurationError(
+                f"LearnedDataWeights: num_classes={num_classes!r} is read only with per='class' "
+                "(one weight per class); per='sample', the default, learns one weight per "
+                "training example and needs no class count. Pass per='class' for class weights, "
+                "or drop num_classes."
+            )
         if gauge not in ("auto", "batch", "mean_logit"):
             raise ConfigurationError(
                 f"LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit', got {gauge!r}."
@@ -266,6 +273,9 @@ class DataWeightsProblem:
         self._last_loss: Tensor | None = None
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
+        self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
+        #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
+        self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
         self._checked_targets = False
 
@@ -279,6 +289,7 @@ class DataWeightsProblem:
             )
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        self.untrained = UntrainedGroups("LearnedDataWeights")
         dataset = self._training_dataset(trainer)
         if self.per == "sample":
             n = len(dataset)
@@ -325,7 +336,7 @@ class DataWeightsProblem:
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        return None
+        self.untrained.check(trainer, module)
 
     # ------------------------------------------------------------------ the data
     def _training_dataset(self, trainer: pl.Trainer) -> Any:
@@ -510,6 +521,7 @@ class DataWeightsProblem:
             return
         self.unwrap()
         self._checked_entries = False
+        self._masked_checks = MASKED_CHECKS
         original = module.training_step
         self._module, self._original = module, original
 
@@ -524,6 +536,10 @@ class DataWeightsProblem:
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
                 self._choose_gauge(data, raw)
+            if in_loop and self._masked_checks > 0:
+                self._masked_checks -= 1
+                if _warn_masked_samples(raw, data):
+                    self._masked_checks = 0
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
@@ -642,6 +658,45 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+#: the fit's first training batches in which per-sample losses exactly 0 are warned as masked
+#: examples (a young network fits no example exactly; a trained one may, in float32)
+MASKED_CHECKS = 20
+
+
+def _warn_masked_samples(losses: Any, data: Any) -> bool:
+    """A warning (and True) for per-sample losses (one per example) exactly 0 in one of the
+    fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
+    example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
+    ``ignore_index``; a loss times a mask). Such an example
+    teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
+    like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
+    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it."""
+    if not isinstance(losses, Tensor) or losses.dim() != 1 or losses.numel() == 0:
+        return False
+    zeros = losses.detach() == 0
+    if not bool(zeros.any()):
+        return False
+    labels = data[1] if isinstance(data, (list, tuple)) and len(data) > 1 else None
+    ignored = ""
+    if isinstance(labels, Tensor) and labels.shape == losses.shape:
+        negative = zeros & (labels < 0) if not labels.is_floating_point() else zeros & False
+        if bool(negative.any()):
+            ignored = (
+                f" ({int(negative.sum())} of them labelled {int(labels[negative].min())}: "
+                "ignore_index?)"
+            )
+    rank_zero_warn(
+        f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
+        f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
+        "ignore_index, a mask)? An example whose loss is masked teaches the network nothing, "
+        "but its weight is learned all the same: the normalised loss pushes it down like a "
+        "misfit's, and flagged() names it as suspect. Leave unlabelled examples out of the "
+        "training set (e.g. IndexedDataset(Subset(train_set, labelled))). (A loss that is "
+        "really 0, e.g. a hinge past its margin: ignore this.)"
+    )
+    return True
 
 
 def _real_targets(data: Any, losses: Any) -> Tensor | None:
@@ -887,6 +942,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         # class (64 of 67 flagged rows corrupted, against 70 of 175). Not adopted.
         # per sample a row is read about once per epoch: each visit moves its logit by ~1; per
         # class every row is read at every step, so each step moves it by ~0.02
+        given_lr = kwargs.get("outer_lr")
         kwargs.setdefault("outer_lr", 1.0 if per == "sample" else 0.02)
         problem = DataWeightsProblem(
             per,
@@ -899,6 +955,25 @@ class LearnedDataWeights(HyperOptimizationCallback):
             objective,
             gauge,
         )
+        own_settings = {
+            name: value
+            for name, value, default in (
+                ("outer_betas", tuple(outer_betas), (0.0, 0.999)),
+                ("row_scale", row_scale, True),
+                ("scale_prior", scale_prior, 0.0),
+            )
+            if value != default
+        }
+        if given_lr is not None:
+            own_settings["outer_lr"] = given_lr
+        if kwargs.get("outer_optimizer") is not None and own_settings:
+            raise ConfigurationError(
+                f"LearnedDataWeights: {', '.join(f'{k}={v!r}' for k, v in own_settings.items())} "
+                f"{'sets' if len(own_settings) == 1 else 'set'} the drop-in's own outer optimizer "
+                "(LazyAdam), but outer_optimizer= replaces it, so it would be ignored: give it "
+                "to your optimizer (e.g. outer_optimizer=functools.partial(torch.optim.Adam, "
+                "lr=0.1)), or drop outer_optimizer=."
+            )
         self._own_outer = kwargs.get("outer_optimizer") is None
         if self._own_outer:
             kwargs["outer_optimizer"] = functools.partial(
@@ -1056,9 +1131,21 @@ class LearnedDataWeights(HyperOptimizationCallback):
         labels = self.problem._labels
         if state and labels is not None:
             state["data_labels"] = labels.detach().cpu().clone()
+        if state:
+            state[MEANING_KEY] = self._meaning()
         return state
 
+    def _meaning(self) -> dict[str, str]:
+        """What the stored logits mean: one per example or class, through which map."""
+        return {
+            "per": self.per,
+            "parameterization": type(self.problem.parameterization).__name__,
+        }
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
+            state_dict = dict(state_dict)
+            check_meaning("LearnedDataWeights", state_dict.pop(MEANING_KEY), self._meaning())
         if isinstance(state_dict, dict) and "data_labels" in state_dict:
             state_dict = dict(state_dict)
             labels = state_dict.pop("data_labels")
@@ -1092,7 +1179,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         return self.problem.weights
 
     def data_weights(self) -> Tensor:
-        """ω of every example (or class), detached, on the CPU; empty before a fit built them."""
+        """ω of every example (or class), detached, on the CPU; empty before a fit built them.
+
+        Row i is the weight of ``IndexedDataset(train_set)[i]``: a position in the data set the
+        IndexedDataset wraps. Where that is a ``Subset`` (``random_split``), the example's index
+        in the full data set is ``train_set.indices[i]`` (so for :meth:`flagged` too)."""
         w = self.problem.weights
         return w.values().cpu() if w is not None else torch.empty(0)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import pytorch_lightning as pl
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..core.errors import ConfigurationError
@@ -82,6 +83,58 @@ class ProblemSource(Protocol):
         """Refresh what the problem reads from the training, before each hyper step."""
 
 
+class UntrainedGroups:
+    """Says when the training optimizers hold tensors they do not move: a parameter group at
+    ``lr=0`` (a backbone "frozen" by its learning rate) at two hyper steps in a row. The hyper
+    steps treat every tensor an optimizer holds as trained (w(λ) of the implicit function), so
+    the λ of such tensors were learned for a training that leaves them where they are, and the
+    others' through them: on an MLP whose first layer had ``lr=0`` its λ rose from 1e-3 to
+    1.96 and the head's ended at 0.52, against 0.89 with the layer left out of the optimizer.
+    Two in a row: a schedule that touches 0 at one step (cosine annealing at ``T_max``) is no
+    frozen group. Once per fit (a new one is made at each ``build``)."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.said = False
+        self.before: set[tuple[int, int]] = set()
+
+    def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if self.said:
+            return
+        names = {id(p): n for n, p in module.named_parameters()}
+        now: dict[tuple[int, int], list[str]] = {}
+        trained = 0
+        for i, optimizer in enumerate(trainer.optimizers):
+            for j, group in enumerate(optimizer.param_groups):
+                held = [p for p in group["params"] if p.requires_grad]
+                lr = group.get("lr")
+                if not held or isinstance(lr, bool) or not isinstance(lr, (int, float, Tensor)):
+                    continue
+                if float(lr) == 0.0:
+                    now[(i, j)] = [names.get(id(p), "an unnamed tensor") for p in held]
+                else:
+                    trained += 1
+        still = [key for key in now if key in self.before]
+        self.before = set(now)
+        if not still:
+            return
+        self.said = True
+        frozen = [n for key in still for n in now[key]]
+        shown = ", ".join(frozen[:3]) + (", ..." if len(frozen) > 3 else "")
+        where = (
+            "every parameter group of the training optimizers has lr=0"
+            if not trained
+            else f"{len(still)} parameter group(s) of the training optimizers have lr=0"
+        )
+        rank_zero_warn(
+            f"{self.who}: {where} at two hyper steps in a row ({len(frozen)} tensors: {shown}): "
+            "the training does not move them, but the hyper steps treat every tensor an "
+            "optimizer holds as trained, so the hyperparameters are learned for a training "
+            "that does not happen (through these tensors also the others'). Freeze such tensors "
+            "with requires_grad_(False) before the fit, or leave them out of the optimizer."
+        )
+
+
 class ModuleProblem:
     """The problem a :class:`BilevelModule` declares (its λ, w, ``inner_loss``, ``outer_loss``).
 
@@ -97,6 +150,7 @@ class ModuleProblem:
             module._check_lambda_read = True
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        self.untrained = UntrainedGroups("HyperOptimizationCallback")
         if not isinstance(module, BilevelModule):
             raise ConfigurationError(
                 "HyperOptimizationCallback needs a BilevelModule (declare λ with "
@@ -119,4 +173,36 @@ class ModuleProblem:
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        return None
+        untrained = getattr(self, "untrained", None)
+        if untrained is not None:
+            untrained.check(trainer, module)
+
+
+#: the checkpoint key under which a drop-in saves what its stored hyperparameters mean
+MEANING_KEY = "hyperparameter_meaning"
+
+
+def check_meaning(who: str, saved: Any, ours: dict[str, str]) -> None:
+    """Refuse a checkpoint whose hyperparameters were stored under other settings than this
+    run's (``saved``: its :data:`MEANING_KEY` entry, ``ours``: this run's): the same tensors
+    would be read as other values (a sigmoid's logits as a softmax's; log λ as λ), a resumed
+    fit silently starting somewhere else. A checkpoint written before the key existed is
+    taken as it is."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict) or not all(isinstance(v, str) for v in saved.values()):
+        raise ConfigurationError(
+            f"{who}: the checkpoint's {MEANING_KEY} must be a dict of strings: it is corrupted."
+        )
+    differ = [
+        f"{name}={saved[name]!r} (this run: {value!r})"
+        for name, value in ours.items()
+        if name in saved and saved[name] != value
+    ]
+    if differ:
+        raise ConfigurationError(
+            f"{who}: the checkpoint's hyperparameters were learned with {', '.join(differ)}; "
+            "with this run's settings the same stored values would mean other ones, and the "
+            "resumed fit would silently start somewhere else. Resume with the checkpoint's "
+            "settings, or start a new fit (no ckpt_path) to learn under these."
+        )

@@ -14,7 +14,8 @@ a single process would draw.
   position checkpointable like a sampler's (:class:`StreamPosition`);
 - :func:`fetch`, :func:`shard_indices`: a batch at given indices; rank r's part of the whole set;
 - :func:`loader_parts`, :func:`validation_loader`: the dataset, collate function and batch size
-  of the fit's DataLoaders.
+  of the fit's DataLoaders; :func:`sampled_part`: the part of a data set its loader's sampler
+  reads; :func:`shared_examples`: how many validation examples the training set holds too.
 
 Only :func:`loader_parts` (a log line) and :func:`validation_loader` use Lightning.
 """
@@ -27,15 +28,24 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 from torch.utils.data._utils.collate import default_collate
 
 from ..core.batches import batch_size as samples_in
 from ..core.errors import ConfigurationError
 from ..core.outer import SeveralBatches
+from ..core.sample_weights import IndexedDataset
 
 __all__ = [
     "LoaderBatches",
@@ -47,7 +57,9 @@ __all__ = [
     "first_loader",
     "fetch",
     "loader_parts",
+    "sampled_part",
     "shard_indices",
+    "shared_examples",
     "validation_loader",
 ]
 
@@ -403,6 +415,94 @@ def loader_parts(loader: Any, what: str) -> tuple[Dataset, Callable[[list[Any]],
     if batch_size is None and loader.batch_sampler is not None:
         batch_size = getattr(loader.batch_sampler, "batch_size", None)
     return dataset, loader.collate_fn or default_collate, batch_size
+
+
+def _users_sampler(loader: DataLoader) -> Any:
+    """The sampler that chooses the loader's examples: its batch sampler's, else its own; under
+    DDP the user's sampler inside Lightning's ``DistributedSamplerWrapper``."""
+    sampler = getattr(loader.batch_sampler, "sampler", loader.sampler)
+    inner = getattr(getattr(sampler, "dataset", None), "_sampler", None)  # DDP's wrapper
+    return inner if inner is not None else sampler
+
+
+def sampled_part(loader: DataLoader, dataset: Dataset, what: str) -> Dataset:
+    """The part of ``dataset`` the loader's sampler reads, which the hyper steps must draw from
+    too: the ``SubsetRandomSampler``'s indices (one data set split into training and validation
+    by two samplers: drawn from the whole set, the hyper steps' E read the training examples and
+    their ℓ̂ the validation ones), a ``WeightedRandomSampler``'s examples of nonzero weight where
+    those weights are equal. Unequal weights are warned: the hyper steps draw uniformly."""
+    sampler = _users_sampler(loader)
+    if isinstance(sampler, SubsetRandomSampler):
+        return Subset(dataset, [int(i) for i in sampler.indices])
+    if isinstance(sampler, WeightedRandomSampler):
+        weights = torch.as_tensor(sampler.weights, dtype=torch.float64)
+        drawn = (weights > 0).nonzero().flatten()
+        if len(drawn) and bool((weights[drawn] == weights[drawn[0]]).all()):
+            return dataset if len(drawn) == len(dataset) else Subset(dataset, drawn.tolist())
+        differs = (
+            "ℓ̂ is not the loss the training minimises"
+            if what.startswith("train")
+            else "E is not the validation loss under those draws"
+        )
+        rank_zero_warn(
+            f"HyperOptimizationCallback: the {what} draws its examples with a "
+            "WeightedRandomSampler of unequal weights, but the hyper steps draw uniformly from "
+            f"its data set: their {differs}. "
+            "Weight the loss per example instead of the draws (e.g. "
+            "F.cross_entropy(..., weight=class_weights)), or accept the mismatch."
+        )
+    return dataset
+
+
+def _unwrapped(dataset: Any) -> tuple[Any, list[Subset]]:
+    """(the data set at the bottom of ``IndexedDataset`` and ``Subset`` wraps, the Subsets on
+    the way, outermost first)."""
+    subsets: list[Subset] = []
+    for _ in range(16):
+        if isinstance(dataset, Subset):
+            subsets.append(dataset)
+            dataset = dataset.dataset
+        elif isinstance(dataset, IndexedDataset):
+            dataset = dataset.dataset
+        else:
+            break
+    return dataset, subsets
+
+
+def _positions(subsets: list[Subset]) -> set[int] | None:
+    """The positions in the bottom data set that the Subsets read (None: all of it)."""
+    positions: list[int] | None = None
+    for subset in subsets:
+        idx = [int(i) for i in subset.indices]
+        positions = idx if positions is None else [idx[i] for i in positions]
+    return None if positions is None else set(positions)
+
+
+def _identity(dataset: Any) -> Any:
+    """What makes two data sets the same examples: the object, or for a ``TensorDataset`` its
+    tensors' memory (``TensorDataset(X, y)`` built twice over the same tensors)."""
+    if isinstance(dataset, TensorDataset):
+        return tuple(
+            (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            for t in dataset.tensors
+        )
+    return id(dataset)
+
+
+def shared_examples(train: Any, val: Any) -> tuple[int, int] | None:
+    """(how many of the validation examples the training set reads too, how many there are),
+    where both read the same underlying data set (the same object under Subset /
+    IndexedDataset wraps); None where they read different ones (nothing to compare)."""
+    (train_base, train_subsets), (val_base, val_subsets) = _unwrapped(train), _unwrapped(val)
+    if _identity(train_base) != _identity(val_base):
+        return None
+    train_at, val_at = _positions(train_subsets), _positions(val_subsets)
+    n_val = len(val_at) if val_at is not None else len(val)
+    if train_at is None:
+        return n_val, n_val
+    if val_at is None:
+        return len(train_at), n_val
+    return len(train_at & val_at), n_val
 
 
 def validation_loader(trainer: pl.Trainer) -> Any:

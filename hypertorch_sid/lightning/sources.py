@@ -19,7 +19,15 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError
@@ -32,11 +40,15 @@ from .sampling import (
     fetch,
     first_loader,
     loader_parts,
+    sampled_part,
     shard_indices,
+    shared_examples,
     validation_loader,
 )
 
 SAMPLERS = ("train_sampler", "val_sampler")
+#: samplers that draw a new random order (or subset) every epoch
+_RANDOM = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 class HyperData:
@@ -67,13 +79,34 @@ class HyperData:
         self.train_parts: tuple[Dataset, Callable[[list[Any]], Any]] | None = None
         self.val: SampledBatches | LoaderBatches | None = None
         self.val_full: Any = None
+        self.val_dataset: Any = None
         self.train = self._train_source(batch_size, seed)
         kind = "stream" if self.train_parts is None else "sampler"
         self.train_stream = BatchStream(self.train, f"the callback's training {kind}")
         self._build_val(val, val_batch_size, seed + 1)
+        self._warn_shared_examples()
         #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
         self.order = TrainingOrder(trainer.train_dataloader)
         self._loaded = self._loaded_datasets()
+
+    def _warn_shared_examples(self) -> None:
+        """A warning where the validation examples are training examples too (the same data
+        set passed as both, or overlapping splits of one): E then measures the fit to data the
+        training minimises over, and the hypergradient tunes λ for that (a weight decay falls
+        towards 0, data weights trust what the network fits) instead of for held-out data."""
+        if self.train_parts is None or self.val_dataset is None:
+            return
+        shared = shared_examples(self.train_parts[0], self.val_dataset)
+        if shared is None or shared[0] == 0:
+            return
+        rank_zero_warn(
+            f"HyperOptimizationCallback: {shared[0]} of the {shared[1]} validation examples are "
+            "training examples too (the validation loader reads the training loader's data "
+            "set): the hyper steps tune the hyperparameters for the fit to data the training "
+            "minimises over, not for held-out data (a learned weight decay falls towards 0). "
+            "Hold out validation examples the training never reads, e.g. "
+            "torch.utils.data.random_split(data, [0.8, 0.2])."
+        )
 
     # ------------------------------------------------------------------ reloaded loaders
     def _loaded_datasets(self) -> tuple[Any, Any]:
@@ -236,7 +269,9 @@ class HyperData:
                 loader, self._prepare(), self.world_size, batch_size, "train dataloader"
             )
         dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
+        dataset = sampled_part(loader, dataset, "train dataloader")
         dataset = self._read_by_training(loader, dataset, loader_bs)
+        _refuse_empty(dataset, "train dataloader")
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
@@ -265,7 +300,7 @@ class HyperData:
         if not isinstance(k, int) or k >= n_batches or loader_bs is None:
             return dataset
         sampler = loader.sampler
-        if isinstance(sampler, RandomSampler) or getattr(sampler, "shuffle", False):
+        if isinstance(sampler, _RANDOM) or getattr(sampler, "shuffle", False):
             return dataset  # a new random subset each epoch: the training sees the whole set
         if self.world_size > 1 or not isinstance(sampler, SequentialSampler):
             rank_zero_warn(
@@ -311,7 +346,9 @@ class HyperData:
             )  # fmt: skip
             return
         dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
+        dataset = self.val_dataset = sampled_part(loader, dataset, "validation dataloader")
         self.n_val = len(dataset)
+        _refuse_empty(dataset, "validation dataloader")
         if val == "full":
             idx = shard_indices(len(dataset), self.rank, self.world_size)
             if batch_size is None:
@@ -334,6 +371,19 @@ class HyperData:
         sampler = ShardedSampler(len(dataset), batch_size, seed, self.rank, self.world_size)
         # a hyper-step batch above the loader's is read in parts of the loader's size
         self.val = SampledBatches(dataset, collate, sampler, to_device, chunk=loader_bs)
+
+
+def _refuse_empty(dataset: Dataset, what: str) -> None:
+    """A clear error for a data set with no example (it read as "the hyper-step batch (1 per
+    process) is larger than the data set (0 samples): lower batch_size", which no batch size
+    fixes)."""
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ConfigurationError(
+            f"HyperOptimizationCallback: the {what}'s data set holds no example (after its "
+            "sampler's and the Trainer's limits): the hyper steps need "
+            f"{'validation examples for E' if what.startswith('val') else 'training examples'}. "
+            "Check the split that built it (e.g. random_split's sizes)."
+        )
 
 
 @contextmanager

@@ -88,7 +88,7 @@ from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_i
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
-from .problem import BilevelProblem
+from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
 
 __all__ = [
     "LearnedWeightDecay",
@@ -253,6 +253,8 @@ class WeightDecayProblem:
         self.apply_to = apply_to
         self.training_loss = training_loss
         self.validation_loss = validation_loss
+        #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
+        self.untrained = UntrainedGroups("LearnedWeightDecay")
         self.proximal = proximal
         #: λ: the core container (created at ``check``, i.e. ``on_fit_start``)
         self.decay: WeightDecay | None = None
@@ -312,6 +314,7 @@ class WeightDecayProblem:
         self._checked_optimizers = set()
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
+        self.untrained = UntrainedGroups("LearnedWeightDecay")
         if self.decay is None:
             self._collect(trainer, module)
         decay = self.decay
@@ -351,6 +354,7 @@ class WeightDecayProblem:
             self.lambda_min_at_step = float(self.decay.summary().min())
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
+        self.untrained.check(trainer, module)
 
     # ------------------------------------------------------------------ the decayed tensors
     def _group(self, i: int) -> dict[str, Any]:
@@ -412,6 +416,8 @@ class WeightDecayProblem:
                 "the same λ). For the decay your optimizer was set up for pass "
                 "LearnedWeightDecay(..., decoupled=True)."
             )
+        if self.granularity in ("per_layer", "per_element"):
+            _warn_containers_as_layers(module, [(name, p) for name, p, _ in found])
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
         self._inner = sorted(inner.values(), key=lambda p: order.get(id(p), len(order)))
@@ -701,6 +707,38 @@ class WeightDecayProblem:
 PROBE_SAMPLES = 16
 
 
+def _warn_containers_as_layers(module: pl.LightningModule, found: list[tuple[str, Tensor]]) -> None:
+    """A warning where "per layer" puts several weight matrices in one λ because the module
+    that owns them is no layer: the LightningModule itself (tensors registered directly on it,
+    ``self.w1 = nn.Parameter(...)``) or an ``nn.ParameterList`` / ``ParameterDict``. A per-layer
+    λ is one per module owning the tensors, so a two-layer MLP written with raw parameters got
+    a single λ ("(root)") for all of them, as ``granularity="global"`` would, without a word."""
+    owners: dict[str, list[str]] = {}
+    for name, p in found:
+        prefix = name.rpartition(".")[0]
+        try:
+            owner = module.get_submodule(prefix) if prefix else module
+        except AttributeError:
+            continue
+        container = owner is module or isinstance(
+            owner, (torch.nn.ParameterList, torch.nn.ParameterDict)
+        )
+        if container and p.dim() >= 2:
+            owners.setdefault(prefix or "(root)", []).append(name)
+    shared = {slot: names for slot, names in owners.items() if len(names) > 1}
+    if not shared:
+        return
+    slot, names = next(iter(shared.items()))
+    listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    owner = "the LightningModule itself" if slot == "(root)" else f"{slot!r}, a parameter container"
+    rank_zero_warn(
+        f"LearnedWeightDecay: per layer, one λ belongs to each module that owns tensors, and "
+        f"{len(names)} weight matrices ({listed}) are owned by {owner}: they share one λ, as "
+        "under granularity='global'. Pass granularity='per_tensor' for one λ each, or put each "
+        "layer in its own nn.Module (e.g. nn.Linear)."
+    )
+
+
 def scale_invariant_slots(
     problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int = 0
 ) -> dict[str, bool]:
@@ -986,6 +1024,23 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 "LearnedWeightDecay builds its own problem; use HyperOptimizationCallback("
                 "problem=...) for another one."
             )
+        if kwargs.get("outer_optimizer") is not None and "outer_lr" in kwargs:
+            raise ConfigurationError(
+                f"LearnedWeightDecay: outer_lr={kwargs['outer_lr']!r} sets the drop-in's own "
+                "outer step (its first step on log λ), but outer_optimizer= replaces it, so "
+                "outer_lr would be ignored: give the learning rate to your optimizer (e.g. "
+                "outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1)), or drop "
+                "outer_optimizer=."
+            )
+        if granularity != "per_element" and not (
+            isinstance(elements, str) and elements == "layer_then_shrunk"
+        ):
+            raise ConfigurationError(
+                f"LearnedWeightDecay: elements={elements!r} says how the λ of one layer's "
+                f"elements relate, which only granularity='per_element' learns; with "
+                f"granularity={granularity!r} it would be ignored. Pass "
+                "granularity='per_element', or drop elements=."
+            )
         try:
             model = as_element_model(elements)
             rule = as_invariant_rule(invariant)
@@ -1157,6 +1212,31 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def slot_names(self) -> list[str]:
         """Names of the λ slots (all but per-element granularity)."""
         return self.problem.decay.slot_names if self.problem.decay is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's state and what its stored λ mean (which tensors share a slot, on which
+        scale, coupled or decoupled): a resume under other such settings is refused, not read as
+        other λ."""
+        state = super().state_dict()
+        if state:
+            state[MEANING_KEY] = self._meaning()
+        return state
+
+    def _meaning(self) -> dict[str, str]:
+        meaning = {
+            "parameterization": self.parameterization,  # ρ = log λ, or λ itself
+            "granularity": self.granularity,  # which tensors share a slot
+            "decoupled": str(self.decoupled),  # ½λ‖w‖² in the loss, or AdamW's coefficient
+        }
+        if self.granularity == "per_element":
+            meaning["elements"] = type(self.elements).__name__
+        return meaning
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
+            state_dict = dict(state_dict)
+            check_meaning("LearnedWeightDecay", state_dict.pop(MEANING_KEY), self._meaning())
+        super().load_state_dict(state_dict)
 
     def decay_values(self) -> dict[str, Tensor]:
         """The current λ of every decayed parameter, by parameter name (detached); empty before
