@@ -488,3 +488,20 @@ def test_shared_examples_are_counted_through_nested_subsets():
     assert shared_examples(train, Subset(base, list(range(160, 170)))) == (0, 10)
     assert shared_examples(train, TensorDataset(X.clone(), Y)) is None  # other tensors
     assert shared_examples(base, TensorDataset(X, Y)) == (N, N)  # the same tensors
+
+
+def test_the_base_callback_refuses_outer_lr_beside_outer_optimizer():
+    """``HyperOptimizationCallback(outer_lr=0.5, outer_optimizer=...)`` ran at the optimizer's
+    own learning rate, outer_lr silently ignored (its default could not be told from a given
+    value); now refused, naming the fix. Either alone, and the drop-ins' own outer steps with a
+    user's optimizer, are accepted."""
+    from hypertorch_sid import HyperOptimizationCallback
+
+    adam = functools.partial(torch.optim.Adam, lr=0.1)
+    with pytest.raises(ConfigurationError, match="outer_lr=0.5.*would be ignored"):
+        HyperOptimizationCallback(outer_lr=0.5, outer_optimizer=adam)
+    assert HyperOptimizationCallback().outer_lr == 1e-2
+    assert HyperOptimizationCallback(outer_lr=0.5).outer_lr == 0.5
+    assert HyperOptimizationCallback(outer_optimizer=adam).outer_optimizer is adam
+    LearnedWeightDecay(1e-3, outer_optimizer=adam)
+    LearnedDataWeights(outer_optimizer=adam)

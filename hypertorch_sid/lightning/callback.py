@@ -100,7 +100,8 @@ class HyperOptimizationCallback(Callback):
         ``functools.partial(torch.optim.SGD, lr=0.1)``; in a LightningCLI config a
         ``class_path``/``init_args`` pair). ``None``: ``Adam(lr=outer_lr)``.
     outer_lr:
-        Learning rate of the default Adam outer optimizer.
+        Learning rate of the default Adam outer optimizer (``None``: 1e-2). Beside
+        ``outer_optimizer`` it is refused: that optimizer's own learning rate is the one used.
     val:
         ``"batch"``: ∇E on one validation minibatch per hyper step (its own seeded sampler);
         ``"full"``: on the whole validation set.
@@ -182,7 +183,7 @@ class HyperOptimizationCallback(Callback):
         every_n_steps: int = 10,
         adjoint_steps: int | None = None,
         outer_optimizer: OptimizerCallable | None = None,
-        outer_lr: float = 1e-2,
+        outer_lr: float | None = None,
         val: Literal["batch", "full"] = "batch",
         batch_size: int | None = None,
         val_batch_size: int | None = None,
@@ -207,7 +208,15 @@ class HyperOptimizationCallback(Callback):
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
-        outer_lr = check_positive(who + "outer_lr", outer_lr)
+        if outer_optimizer is not None and outer_lr is not None:
+            raise ConfigurationError(
+                f"HyperOptimizationCallback: outer_lr={outer_lr!r} is the learning rate of the "
+                "default Adam outer optimizer, but outer_optimizer= replaces it, so outer_lr "
+                "would be ignored: give the learning rate to your optimizer (e.g. "
+                "outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1)), or drop "
+                "outer_optimizer=."
+            )
+        outer_lr = check_positive(who + "outer_lr", 1e-2 if outer_lr is None else outer_lr)
         check_choice(who + "val", val, ("batch", "full"))
         batch_size = check_integer(who + "batch_size", batch_size, 1, allow_none=True)
         val_batch_size = check_integer(who + "val_batch_size", val_batch_size, 1, allow_none=True)

@@ -975,11 +975,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 "lr=0.1)), or drop outer_optimizer=."
             )
         self._own_outer = kwargs.get("outer_optimizer") is None
+        outer_lr = kwargs.pop("outer_lr")  # the drop-in's own LazyAdam's (refused beside another)
         if self._own_outer:
             kwargs["outer_optimizer"] = functools.partial(
                 _lazy_adam,
                 problem.parameterization,
-                lr=kwargs["outer_lr"],
+                lr=outer_lr,
                 betas=tuple(outer_betas),
                 row_scale=row_scale,
                 scale_prior=scale_prior,

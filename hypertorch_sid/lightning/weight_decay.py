@@ -1048,6 +1048,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
         for name, value in _defaults(granularity, model, kwargs, parameterization).items():
             kwargs.setdefault(name, value)
+        if kwargs.get("outer_optimizer") is not None:
+            kwargs.pop("outer_lr", None)  # read by the drop-in's own outer step, built above
         problem = WeightDecayProblem(
             weight_decay,
             granularity,
