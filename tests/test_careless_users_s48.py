@@ -505,3 +505,32 @@ def test_the_base_callback_refuses_outer_lr_beside_outer_optimizer():
     assert HyperOptimizationCallback(outer_optimizer=adam).outer_optimizer is adam
     LearnedWeightDecay(1e-3, outer_optimizer=adam)
     LearnedDataWeights(outer_optimizer=adam)
+
+
+def test_a_validation_loader_over_an_indexed_dataset_is_said_before_validation_runs():
+    """The training set wrapped in IndexedDataset, the validation set too: the user's
+    validation_step got (index, x, y) batches and failed inside the user's code ("mat1 and mat2
+    must have the same dtype", the index read as the input). Said at fit start now; without a
+    validation_step (the hyper steps read Indexed batches themselves) nothing is said."""
+    val = DataLoader(IndexedDataset(TensorDataset(X[:60], Y[:60])), batch_size=20)
+
+    class Strict(Net):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self(batch[0])  # the index, for an Indexed batch
+
+    cb = LearnedDataWeights(start_step=0, every_n_steps=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError):
+            trainer([cb], max_epochs=1).fit(Strict(reduction="none"), _indexed(), val)
+    said = [
+        str(w.message) for w in caught if "DataLoader(IndexedDataset(val_set))" in str(w.message)
+    ]
+    assert len(said) == 1
+
+    class NoValidationStep(Net):
+        validation_step = pl.LightningModule.validation_step
+
+    messages = _fit(LearnedDataWeights(start_step=0, every_n_steps=4), _indexed(), val,
+                    model=NoValidationStep(reduction="none"))  # fmt: skip
+    assert not [m for m in messages if "IndexedDataset(val_set)" in m]

@@ -55,6 +55,7 @@ from typing import Any, Literal, NamedTuple
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
@@ -287,6 +288,8 @@ class DataWeightsProblem:
                 "which manual optimisation does not hand to Lightning: use automatic "
                 "optimisation."
             )
+        if is_overridden("validation_step", module):
+            _warn_indexed_validation(validation_loader(trainer))
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("LearnedDataWeights")
@@ -658,6 +661,27 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+def _warn_indexed_validation(loaders: Any) -> None:
+    """A validation DataLoader over an :class:`IndexedDataset` hands its batches, indices and
+    all, to the user's ``validation_step`` (only ``training_step`` is unwrapped), which then
+    fails inside the user's code (e.g. "mat1 and mat2 must have the same dtype": the index read
+    as the input), not with our words: said at fit start, before Lightning's validation runs
+    (a warning: a ``validation_step`` written for ``Indexed`` batches works)."""
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        if isinstance(getattr(loader, "dataset", None), IndexedDataset):
+            rank_zero_warn(
+                "LearnedDataWeights: the validation DataLoader's dataset is an IndexedDataset, "
+                "so your validation_step gets Indexed batches (index, then your batch; only "
+                "training_step is unwrapped). Only the training set needs example indices: "
+                "pass the validation set unwrapped, DataLoader(val_set) instead of "
+                "DataLoader(IndexedDataset(val_set)), unless your validation_step reads "
+                "batch.data."
+            )
+            return
 
 
 #: the fit's first training batches in which per-sample losses exactly 0 are warned as masked
