@@ -534,3 +534,55 @@ def test_a_validation_loader_over_an_indexed_dataset_is_said_before_validation_r
     messages = _fit(LearnedDataWeights(start_step=0, every_n_steps=4), _indexed(), val,
                     model=NoValidationStep(reduction="none"))  # fmt: skip
     assert not [m for m in messages if "IndexedDataset(val_set)" in m]
+
+
+def test_an_initial_decay_the_learning_rate_cannot_train_is_named():
+    """λ₀ = 1e-3 with SGD at lr = 1e4 (lr·λ₀ = 10: every step would shrink the weights past 0):
+    refused at fit start naming the learning rate and the bound; before, "the initial
+    hyperparameters are outside the feasible set: the projection moves hyperparameter 0 from
+    [-9.21] to [-6.908]" (log λ, the two values swapped)."""
+
+    class Fast(Net):
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=1e4)
+
+    cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
+    with pytest.raises(ConfigurationError, match=r"weight_decay=0.001 .*lr=10000 \(0.0001"):
+        _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16), _val(), model=Fast())
+    _fit(LearnedWeightDecay(1e-5, every_n_steps=4, max_overhead=None),
+         DataLoader(TensorDataset(X, Y), batch_size=16), _val(), model=Fast())  # fmt: skip
+
+
+class Regression(Net):
+    """A linear least-squares fit; ``lr`` large enough makes SGD diverge (the loss grows)."""
+
+    def __init__(self, lr: float, nan_at: int | None = None) -> None:
+        super().__init__()
+        self.net = nn.Linear(D, 1)
+        self.lr, self.nan_at = lr, nan_at
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = F.mse_loss(self(batch[0]).squeeze(1), batch[1].float())
+        return loss * float("nan") if batch_idx == self.nan_at else loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def test_a_nan_loss_from_finite_weights_is_not_blamed_on_the_learning_rate():
+    """A training_step that returns NaN on one batch (log of 0, 0/0) made the weights NaN, and
+    the error said "the training optimizer diverged …: lower its learning rate". The losses
+    Lightning reports are now watched (on their device, read only then): a loss that went
+    NaN from a moderate value is named as the cause; a loss that grew first is still the
+    optimizer's divergence."""
+    from hypertorch_sid import DivergenceError
+
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    cb = LearnedWeightDecay(1e-3, every_n_steps=5, max_overhead=None, on_divergence="raise")
+    with pytest.raises(
+        DivergenceError, match="returned a non-finite loss at step 4.*will not help"
+    ):
+        _fit(cb, train, _val(), model=Regression(0.01, nan_at=3))
+    cb = LearnedWeightDecay(1e-6, every_n_steps=5, max_overhead=None)  # hyper steps skipped
+    with pytest.raises(DivergenceError, match="loss grew from .* diverged .*lower its learning"):
+        _fit(cb, train, _val(), epochs=5, model=Regression(3.0))

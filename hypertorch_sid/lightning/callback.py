@@ -47,6 +47,7 @@ from ..core.presets import PRESETS, get_preset
 from ..core.validation import check_choice, check_integer, check_positive
 from .averaging import put_learned_in_averages
 from .isolation import (
+    LossWatch,
     check_weights,
     hyperparameters_require_grad,
     metric_states_kept,
@@ -248,6 +249,7 @@ class HyperOptimizationCallback(Callback):
         self._fit_start = 0  # the optimizer step this fit started from (a resume: later)
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
         self._said_new_tensors = False  # tensors trained that the fit did not start with, said
+        self._losses = LossWatch()  # the training losses, read when the weights go non-finite
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -290,6 +292,7 @@ class HyperOptimizationCallback(Callback):
             self._fitting = self._before_build = True
             self._freeze_module_hyperparameters(pl_module)
             self.budget.share_work(None)  # a previous fit's (on_train_start shares this fit's)
+            self._losses = LossWatch()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The training optimizers must not hold λ."""
@@ -341,6 +344,7 @@ class HyperOptimizationCallback(Callback):
     ) -> None:
         """Every ``every_n_steps`` optimizer steps: one hyper step on λ (when the budget allows
         it: else at the first step after that it does)."""
+        self._losses.observe(outputs, trainer.global_step)
         if self._step_probe is not None:
             with self.budget.added_work():
                 self._step_size, self._step_probe = self._step_probe.step_size(), None
@@ -808,7 +812,13 @@ class HyperOptimizationCallback(Callback):
         allowed none of its hyper steps."""
         if self.sid is not None:
             with self.budget.added_work():
-                check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
+                check_weights(
+                    pl_module,
+                    self._active,
+                    trainer.global_step,
+                    self._train_dataset(),
+                    self._losses,
+                )
             said = self.budget.starved(self._due_in_fit, self.sid.minimum_products())
             if said is not None:
                 rank_zero_warn(f"{type(self).__name__}: {said}")
@@ -816,7 +826,13 @@ class HyperOptimizationCallback(Callback):
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None
-        check_weights(pl_module, self._active, trainer.global_step, self._train_dataset())
+        check_weights(
+            pl_module,
+            self._active,
+            trainer.global_step,
+            self._train_dataset(),
+            self._losses,
+        )
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step

@@ -87,12 +87,69 @@ def non_finite_data(dataset: Any) -> str | None:
     return None
 
 
+class LossWatch:
+    """The training losses Lightning reports after each step, watched on their device (no
+    synchronisation per step): the first step whose loss was not finite, the first finite loss
+    and the last one before it. Read only when the weights turn out non-finite, to tell a loss
+    that produced NaN from finite weights (log of 0, 0/0: the learning rate is not the cause)
+    from a training that grew until it overflowed."""
+
+    #: a last finite loss above this multiple of the first says the training grew first
+    GREW = 10.0
+
+    def __init__(self) -> None:
+        self._first: Tensor | None = None  # [first finite loss, last finite loss, first bad step]
+
+    def observe(self, outputs: Any, step: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, Tensor) or loss.numel() == 0:
+            return
+        with torch.no_grad():
+            value = loss.detach().float().mean()
+            ok = torch.isfinite(value)
+            if self._first is None:
+                bad = torch.where(ok, -1.0, float(step))
+                self._first = torch.stack([value, value, bad])
+                return
+            first, last, bad = self._first.unbind()
+            clean = bad < 0  # no bad step yet
+            first = torch.where(torch.isfinite(first), first, value)
+            last = torch.where(ok & clean, value, last)
+            bad = torch.where(clean & ~ok, float(step), bad)
+            self._first = torch.stack([first, last, bad])
+
+    def cause(self) -> str | None:
+        """Why the weights went non-finite, where the losses tell (None: they do not)."""
+        if self._first is None:
+            return None
+        first, last, bad = (float(x) for x in self._first.cpu())
+        if bad < 0 or not math.isfinite(first) or not math.isfinite(last):
+            return None
+        if abs(last) > self.GREW * max(abs(first), 1e-12):
+            return (
+                f"the training loss grew from {first:.3g} to {last:.3g} before it turned "
+                f"non-finite at step {int(bad)}: the training optimizer diverged"
+            )
+        return (
+            f"the training_step returned a non-finite loss at step {int(bad)} while the last "
+            f"loss before it was {last:.3g} (the first {first:.3g}): the loss itself produced "
+            "the NaN/Inf from finite weights (log of 0, 0/0, a NaN in the batch or a target), "
+            "and lowering the learning rate will not help; find the step's batch and the "
+            "operation in the loss"
+        )
+
+
 def check_weights(
-    module: pl.LightningModule, problem: Any, step: int, train_dataset: Any = None
+    module: pl.LightningModule,
+    problem: Any,
+    step: int,
+    train_dataset: Any = None,
+    losses: LossWatch | None = None,
 ) -> None:
     """Never go on (or end a fit) with non-finite weights: the training itself diverged
     (``problem``: the active bilevel problem, whose λ summary the error reports, or None), or
-    the training data holds NaN/Inf (``train_dataset``, read only then, names it)."""
+    the training data holds NaN/Inf (``train_dataset``, read only then, names it), or the loss
+    produced it from finite weights (``losses``, read only then)."""
     bad = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
     if not bad:
         return
@@ -113,11 +170,21 @@ def check_weights(
             f"{k} in [{float(v.min()):.3g}, {float(v.max()):.3g}]"
             for k, v in problem.summary().items()
         )
+    said = losses.cause() if losses is not None else None
+    if said is not None and "diverged" not in said:
+        raise DivergenceError(
+            "training (weights w)",
+            step,
+            math.nan,
+            f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...) because {said}.",
+            data=True,
+        )
     raise DivergenceError(
         "training (weights w)",
         step,
         math.nan,
-        f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...). The training "
-        f"optimizer diverged with the current hyperparameters ({lam or 'n/a'}): lower its "
-        "learning rate or bound the hyperparameters.",
+        f"{len(bad)} parameter tensors hold NaN/Inf ({', '.join(bad[:3])}...). "
+        + (f"{said[0].upper()}{said[1:]} " if said else "The training optimizer diverged ")
+        + f"with the current hyperparameters ({lam or 'n/a'}): lower its learning rate or "
+        "bound the hyperparameters.",
     )

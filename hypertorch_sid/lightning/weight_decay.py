@@ -310,6 +310,7 @@ class WeightDecayProblem:
                 "granularity: per_layer, per_tensor, per_element ...)."
             )
         self._collect(trainer, module)
+        self._check_initial_is_stable()
         self._checked_gradients = False
         self._checked_optimizers = set()
 
@@ -608,6 +609,24 @@ class WeightDecayProblem:
                 return self._at_the_limit(L, limit)
             return (limit - L) / 2
         return 1.0 / lr
+
+    def _check_initial_is_stable(self) -> None:
+        """λ₀ above :meth:`stable_bound` (a learning rate so large that lr·λ₀ flips or blows up
+        the decayed weights) is refused naming the learning rate; it was reported as "the
+        initial hyperparameters are outside the feasible set", naming log λ's values."""
+        bounds = self.stable_bounds()
+        worst = min(range(len(bounds)), key=bounds.__getitem__, default=None)
+        if worst is None or self.weight_decay <= bounds[worst]:
+            return
+        lr = float(self._group(worst).get("lr", 0.0) or 0.0)
+        raise ConfigurationError(
+            f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above the "
+            f"largest decay the training optimizer can train with at lr={lr:g} "
+            f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}: "  # type: ignore[union-attr]
+            f"{'0.5/lr, decoupled' if self.decoupled else 'SGD (1 + momentum)/lr, else 1/lr'}): "
+            "each step would shrink those weights past 0. Start from a smaller weight_decay, or "
+            "lower the learning rate."
+        )
 
     def _at_the_limit(self, L: float, limit: float) -> float:
         """L̂ alone reaches SGD's limit 2(1 + m)/η: any λ adds to a curvature the training can
