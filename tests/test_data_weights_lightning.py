@@ -151,10 +151,11 @@ class FewValidation(Data):
 def test_a_validation_set_missing_a_class_flags_nothing_and_says_so(clean):
     """Six validation examples, none of class 0 (issue 27): class 0's training examples get
     their hypergradients from the other classes' validation examples alone. Before, flagged()
-    returned 111 rows at precision 0.61 on the noisy toy and 190 of the clean one's 240,
-    silently (the flagged rows' training loss is high because their weights went down). Now
-    the fit says so once the hyper steps read the validation data, and flagged() flags
-    nothing; a rule asked for returns its rows, with the same warning."""
+    returned 111 rows of the noisy toy at precision 0.61, silently (the flagged rows' training
+    loss is high partly because their weights went down); on the clean toy the loss check
+    refused its 190 rows, without naming the cause. Now the fit says so once the hyper steps
+    read the validation data, and flagged() flags nothing; a rule asked for returns its rows,
+    with the same warning."""
     cb = callback()
     with pytest.warns(UserWarning, match="fewer than 2 examples of 1 of the 3 classes"):
         fit(cb, 15, data=FewValidation([0, 3, 3], clean=clean))
