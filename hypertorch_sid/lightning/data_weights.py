@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
@@ -504,10 +505,11 @@ class DataWeightsProblem:
         )
 
     def flag_evidence(self, flags: Tensor) -> str | None:
-        """None where the validation data holds every class (:meth:`validation_shortfall`)
-        and the flagged rows' training losses at their last visit are higher than the kept
-        rows' (mislabelled examples are the ones the network does not fit); else why the flags
-        are no evidence of corrupted labels."""
+        """None where the validation data holds every class (:meth:`validation_shortfall`),
+        the flagged rows' training losses at their last visit are higher than the kept rows'
+        (mislabelled examples are the ones the network does not fit) and, with class labels,
+        most flagged rows are predicted as another class (:meth:`_contradicted`); else why
+        the flags are no evidence of corrupted labels."""
         loss = self._last_loss
         if loss is None or flags.numel() == 0:
             return None
@@ -522,7 +524,7 @@ class DataWeightsProblem:
             return None
         a, b = float(low.median()), float(kept.median())
         if a > b:
-            return None
+            return self._contradicted(low)
         rows = "examples" if self.per == "sample" else "classes"
         return (
             f"the {flags.numel()} {rows} with low weights are fitted no worse than the rest "
@@ -531,6 +533,28 @@ class DataWeightsProblem:
             "self-normalised loss only ratios of weights count, and examples the network "
             "already fits drift down too), not because their labels disagree with the rest. "
             "No group of corrupted labels stands out (e.g. a clean data set)."
+        )
+
+    def _contradicted(self, low: Tensor) -> str | None:
+        """Per sample with integer class labels (ℓ = −log p of the label): None where more
+        than half of the flagged rows' last-visit losses ``low`` exceed log 2 (the network
+        predicted another class than the label); else why the flags are no group of wrong
+        labels. The median comparison of :meth:`flag_evidence` is partly circular: a
+        down-weighted example is fitted less, so its loss rises whatever its label. A clean
+        one the network still predicts from its neighbours; a wrong label, it does not."""
+        if self.per != "sample" or self._labels is None:
+            return None
+        share = float((low > math.log(2)).double().mean())
+        if share > 0.5:
+            return None
+        return (
+            f"only {share:.0%} of the {low.numel()} examples with low weights were predicted "
+            "as another class than their label at their last visit (training loss above "
+            "log 2: the label's probability below ½); the others are fitted, so their weights "
+            "went down because the validation data values them least, not because their labels "
+            "are wrong. No group of corrupted labels stands out (e.g. a clean data set, or too "
+            "few validation examples to tell: give more clean validation examples of every "
+            "class)."
         )
 
     # ------------------------------------------------------------------ ℓ̂ and E
