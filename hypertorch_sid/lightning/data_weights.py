@@ -1187,7 +1187,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
         sample the :class:`~hypertorch_sid.core.sample_weights.TwoComponentSplit` of the
         learned logits (the corrupted examples' bump, apart from the clean examples' spread);
         per class (a handful of rows, no mixture to fit) ω below half its start. On the CPU,
-        wherever the training ran."""
+        wherever the training ran.
+
+        The default flags nothing, with a warning saying why, where its flags are no evidence
+        of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
+        fewer than :data:`MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
+        no worse than the rest, or (class labels) at most half of them were predicted as
+        another class. A ``rule`` asked for returns its rows, with the same warning."""
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
