@@ -324,12 +324,17 @@ def test_noisy_labels_with_a_tiny_class_keep_its_clean_examples():
     assert corrupted < 0.1 and clean > 0.4, (corrupted, clean)
     tiny = BAD + torch.nonzero(data[1][BAD:] == 2).flatten()
     assert len(tiny) >= 4 and bool((cb.data_weights()[tiny] > 0.5).all())
-    flagged = flagged_quietly(cb)
+    # the split holds the corrupted labels (70 of 72) with many clean rows: the clean rows'
+    # weights drift down (median logit −1.1), 175 rows, precision 0.40. With the curvature
+    # estimate minibatches="each" (an option, session 44): 64 of 72 among 67 (precision 0.96),
+    # but on the benchmarks within noise and leaning worse (docs/data_weights.md). Only 42 % of
+    # the 175 are predicted as another class than their label, so flagged() flags nothing and
+    # says so (session 48: it returned them silently); the split asked for by name returns them
+    with pytest.warns(UserWarning, match="predicted as another class.*Flagged nothing"):
+        assert len(cb.flagged()) == 0
+    with pytest.warns(UserWarning, match="predicted as another class"):
+        flagged = cb.flagged("split")
     assert not set(tiny.tolist()) & set(flagged.tolist())
-    # the corrupted labels are flagged (70 of 72), with many clean rows: the clean rows' weights
-    # drift down (median logit −1.1), 175 flagged, precision 0.40. With the curvature estimate
-    # minibatches="each" (an option, session 44): 64 of 72 among 67 flagged (precision 0.96),
-    # but on the benchmarks within noise and leaning worse (docs/data_weights.md)
     assert int((flagged < BAD).sum()) >= 65
 
 

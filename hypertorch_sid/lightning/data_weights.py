@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
@@ -57,7 +58,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..core.budget import make_budget
 from ..core.config import Batches
@@ -99,6 +100,14 @@ DEFAULT_OBJECTIVE = ExpectedError(q=0.5)
 #: together; the whole validation set if it is smaller): the v that every training batch's cross
 #: term uses until the next hyper step is solved against this batch's ∇₁E
 MIN_VAL_BATCH = 256
+
+#: the fewest clean validation examples of each class for per-sample weights to say which labels
+#: are wrong (issue 27; docs/data_weights.md, "Too few validation examples"): a training example
+#: of a class the validation data holds (almost) none of gets its hypergradient from the other
+#: classes' examples alone, so its weight follows them, not its label. Measured with a class
+#: missing from the validation set, precision of the flags: 2-D blobs 0.57-0.69, digits
+#: 0.46-0.62; the same seeds with 256 validation examples 0.97-0.98 and 0.67-0.75
+MIN_VAL_PER_CLASS = 2
 
 
 def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
@@ -279,6 +288,13 @@ class DataWeightsProblem:
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
         self._checked_targets = False
+        #: the validation set's size (set by the callback at fit start; None where unknown, a
+        #: stream) and, per class, the validation examples the hyper steps read (integer labels
+        #: only): summed over their batches, with the rows and batches read (the evidence
+        #: :meth:`validation_shortfall` reads)
+        self.validation_examples: int | None = None
+        self._val_counts: Tensor | None = None
+        self._val_rows = self._val_batches = 0
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -294,6 +310,7 @@ class DataWeightsProblem:
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("LearnedDataWeights")
         dataset = self._training_dataset(trainer)
+        self._val_counts, self._val_rows, self._val_batches = None, 0, 0
         if self.per == "sample":
             n = len(dataset)
             if self.weights is None or self.weights.n != n:
@@ -441,7 +458,7 @@ class DataWeightsProblem:
             self._last_loss.device
         )
 
-    def _labels_of(self, data: Any, b: int) -> Tensor | None:
+    def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
         """The batch's integer labels (``target``, by default ``data[1]``), or None where it
         holds none to read (dict samples, soft labels, a sequence target)."""
         if not self._own_target and not isinstance(data, (list, tuple)):
@@ -452,13 +469,68 @@ class DataWeightsProblem:
             return None
         return labels.reshape(-1).long() if _integer_vector(labels, b) else None
 
+    def _count_validation(self, data: Any) -> None:
+        """Add a validation batch's integer labels (``batch[1]``, or ``target=``) to the
+        per-class counts :meth:`validation_shortfall` reads; a batch without them adds none."""
+        labels = self._labels_of(data, None) if self.per == "sample" else None
+        if labels is None:
+            return
+        labels, held = labels.detach().cpu(), self._val_counts
+        counts = torch.bincount(labels[labels >= 0], minlength=0 if held is None else held.numel())
+        if held is not None:
+            counts[: held.numel()] += held
+        self._val_counts = counts
+        self._val_rows += int(labels.numel())
+        self._val_batches += 1
+
+    def validation_shortfall(self) -> str | None:
+        """Why per-sample weights cannot tell wrong labels from right ones on this validation
+        data: a class of the training labels with fewer than :data:`MIN_VAL_PER_CLASS`
+        validation examples (each class's count: its share of the validation rows the hyper
+        steps read times the validation set's size, exact where every hyper step reads the
+        whole set). None where every class has enough, or where no class is known (labels that
+        are not integers, per-class weights, no hyper step yet)."""
+        labels, counts = self._labels, self._val_counts
+        if self.per != "sample" or labels is None or counts is None or not self._val_rows:
+            return None
+        classes = labels[(labels != _UNSEEN) & (labels >= 0)].unique().cpu()
+        if classes.numel() < 2:
+            return None
+        counts = torch.cat(
+            [counts, counts.new_zeros(max(0, int(classes.max()) + 1 - counts.numel()))]
+        )
+        size = self.validation_examples or self._val_rows / self._val_batches
+        have = (counts[classes] * size / self._val_rows).round()
+        short = classes[have < MIN_VAL_PER_CLASS]
+        if short.numel() == 0:
+            return None
+        few = have[have < MIN_VAL_PER_CLASS]
+        named = ", ".join(f"{int(c)}: {int(h)}" for c, h in zip(short[:8], few[:8]))
+        more = ", ..." if short.numel() > 8 else ""
+        return (
+            f"the validation data holds fewer than {MIN_VAL_PER_CLASS} examples of "
+            f"{short.numel()} of the {classes.numel()} classes of the training labels (class: "
+            f"examples {named}{more}; {size:.0f} validation examples for "
+            f"{self.weights.n} per-sample weights): a training example of such a class gets its "
+            "hypergradient from the other classes' validation examples alone, so its weight "
+            "follows them, not its label (measured: flags no better than chance, "
+            "docs/data_weights.md). Give at least "
+            f"{MIN_VAL_PER_CLASS} clean validation examples of every class (more is better), or "
+            f"learn per-class weights (per='class', num_classes={int(classes.max()) + 1})."
+        )
+
     def flag_evidence(self, flags: Tensor) -> str | None:
-        """None where the flagged rows' training losses at their last visit are higher than
-        the kept rows' (mislabelled examples are the ones the network does not fit); else why
+        """None where the validation data holds every class (:meth:`validation_shortfall`),
+        the flagged rows' training losses at their last visit are higher than the kept rows'
+        (mislabelled examples are the ones the network does not fit) and, with class labels,
+        most flagged rows are predicted as another class (:meth:`_contradicted`); else why
         the flags are no evidence of corrupted labels."""
         loss = self._last_loss
         if loss is None or flags.numel() == 0:
             return None
+        said = self.validation_shortfall()
+        if said is not None:
+            return said
         mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
         mask[flags.to(loss.device)] = True
         seen = torch.isfinite(loss)
@@ -467,7 +539,7 @@ class DataWeightsProblem:
             return None
         a, b = float(low.median()), float(kept.median())
         if a > b:
-            return None
+            return self._contradicted(low)
         rows = "examples" if self.per == "sample" else "classes"
         return (
             f"the {flags.numel()} {rows} with low weights are fitted no worse than the rest "
@@ -476,6 +548,28 @@ class DataWeightsProblem:
             "self-normalised loss only ratios of weights count, and examples the network "
             "already fits drift down too), not because their labels disagree with the rest. "
             "No group of corrupted labels stands out (e.g. a clean data set)."
+        )
+
+    def _contradicted(self, low: Tensor) -> str | None:
+        """Per sample with integer class labels (ℓ = −log p of the label): None where more
+        than half of the flagged rows' last-visit losses ``low`` exceed log 2 (the network
+        predicted another class than the label); else why the flags are no group of wrong
+        labels. The median comparison of :meth:`flag_evidence` is partly circular: a
+        down-weighted example is fitted less, so its loss rises whatever its label. A clean
+        one the network still predicts from its neighbours; a wrong label, it does not."""
+        if self.per != "sample" or self._labels is None:
+            return None
+        share = float((low > math.log(2)).double().mean())
+        if share > 0.5:
+            return None
+        return (
+            f"only {share:.0%} of the {low.numel()} examples with low weights were predicted "
+            "as another class than their label at their last visit (training loss above "
+            "log 2: the label's probability below ½); the others are fitted, so their weights "
+            "went down because the validation data values them least, not because their labels "
+            "are wrong. No group of corrupted labels stands out (e.g. a clean data set, or too "
+            "few validation examples to tell: give more clean validation examples of every "
+            "class)."
         )
 
     # ------------------------------------------------------------------ ℓ̂ and E
@@ -498,6 +592,7 @@ class DataWeightsProblem:
         scalar from the user's ``validation_loss`` is E itself: the objective needs per-sample
         losses, and transforming a mean would only rescale its gradient."""
         data = batch.data if isinstance(batch, Indexed) else batch
+        self._count_validation(data)
         if self.validation_loss is not None:
             out = _validation_tensor(self.validation_loss(module, data))
             if out.dim() == 0:
@@ -940,6 +1035,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             "ForwardDifference(relative_step=1e-3)",
         )
         self._said_unreplayable = False
+        self._said_shortfall = False
         kwargs.setdefault("every_n_steps", 40 if cross_term == "training" else 10)
         # the first 50 optimizer steps train plainly: a network near its initialisation says
         # little about which example to trust (a warm-up against none: +2 to +4 points, less
@@ -1060,12 +1156,35 @@ class LearnedDataWeights(HyperOptimizationCallback):
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""
         self.problem.sparse_grad = self.sparse_grad_for(trainer.world_size)
+        self.problem.validation_examples = self._validation_size(trainer)
+        self._said_shortfall = False
         if self._val_floor is not None:
             self.val_batch_size = self._default_val_batch(trainer, self._val_floor)
         super().on_train_start(trainer, pl_module)
         self._trainer, self._module = trainer, pl_module
         if self.cross_term == "training":
             self.problem.on_training_batch = self._training_cross_term
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Say once per fit, as soon as the hyper steps have read the validation data, where it
+        holds too few examples of a class for the per-sample weights to carry evidence
+        (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing)."""
+        if not self._said_shortfall:
+            said = self.problem.validation_shortfall()
+            if said is not None:
+                self._said_shortfall = True
+                rank_zero_warn(f"LearnedDataWeights: {said}")
+
+    @staticmethod
+    def _validation_size(trainer: pl.Trainer) -> int | None:
+        """The validation set's number of examples (all processes), None where it has no
+        length to read (no loader, a stream)."""
+        loader = validation_loader(trainer)
+        if isinstance(loader, (list, tuple)) and loader:
+            loader = loader[0]  # the one the hyper steps read
+        if not isinstance(loader, DataLoader) or not draws_by_index(loader):
+            return None
+        return len(loader.dataset)
 
     @staticmethod
     def _default_val_batch(trainer: pl.Trainer, floor: int) -> int | None:
@@ -1218,7 +1337,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
         sample the :class:`~hypertorch_sid.core.sample_weights.TwoComponentSplit` of the
         learned logits (the corrupted examples' bump, apart from the clean examples' spread);
         per class (a handful of rows, no mixture to fit) ω below half its start. On the CPU,
-        wherever the training ran."""
+        wherever the training ran.
+
+        The default flags nothing, with a warning saying why, where its flags are no evidence
+        of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
+        fewer than :data:`MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
+        no worse than the rest, or (class labels) at most half of them were predicted as
+        another class. A ``rule`` asked for returns its rows, with the same warning."""
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
