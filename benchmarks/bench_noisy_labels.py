@@ -405,6 +405,8 @@ def train(method: str, d: dict[str, Any], args: argparse.Namespace, seed: int) -
         rec["weights"] = [round(float(v), 4) for v in w]
         if method.startswith("drop_in"):
             rec.update(weight_stats(w, clean, callbacks[0].flagged()))
+            misfit = weight_stats(w, clean, callbacks[0].flagged("split_misfit"))  # the option
+            rec.update({f"misfit_{k}": misfit[k] for k in ("flag_precision", "flag_recall")})
         rec["hyper_steps"] = len(callbacks[0].history)
         shared = callbacks[0].weights.hyperparameters[1:] if callbacks[0].weights else []
         if shared:  # a shared term's parameters (SharedLossWeights: θ)

@@ -12,6 +12,7 @@ Adam at 3e-3 the LSTM, which fits this data least in 60 epochs, separated less: 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -139,3 +140,27 @@ def test_the_defaults_learn_which_examples_to_trust_on_real_networks(network, op
     cb = LearnedDataWeights(seed=seed)
     _, corrupted = fit_noisy_digits(network, optimizer, seed, [cb])
     assert_separates(cb, corrupted)
+
+
+def _precision_recall(flags: Tensor, corrupted: Tensor) -> tuple[float, float]:
+    hit = corrupted[flags]
+    return float(hit.float().mean()), float(hit.sum()) / float(corrupted.sum())
+
+
+@pytest.mark.parametrize(("network", "optimizer"), [("mlp", "sgd"), ("cnn_bn", "momentum")])
+def test_split_misfit_flags_the_split_rows_the_network_contradicts(network, optimizer):
+    """On small networks the two-component split's low bump (the default) holds clean rows too
+    (hard examples whose weights the validation data also lowered): it flagged 45-57 % of the
+    rows at precision 0.45-0.55. ``flagged("split_misfit")`` keeps those of its rows the network
+    predicts as another class at their last visit (training loss > log 2): a subset of the
+    split, every one of them contradicted, at a clearly higher precision and nearly the same
+    recall. (Not the default: on the noisy-label CNN benchmark it lost recall, see the docs.)"""
+    cb = LearnedDataWeights(seed=0)
+    _, corrupted = fit_noisy_digits(network, optimizer, 0, [cb])
+    split, default = cb.flagged(), cb.flagged("split_misfit")
+    assert torch.equal(split, cb.flagged("split"))
+    assert set(default.tolist()) < set(split.tolist())
+    assert bool((cb.problem._last_loss.cpu()[default] > math.log(2)).all())
+    (p_split, r_split), (p, r) = (_precision_recall(f, corrupted) for f in (split, default))
+    assert p_split < 0.6 and p > p_split + 0.15, (p_split, p)
+    assert r > 0.7 and r > r_split - 0.1, (r_split, r)

@@ -1067,8 +1067,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
         for name, value in _defaults(granularity, model, kwargs, parameterization).items():
             kwargs.setdefault(name, value)
+        own_lr = None
         if kwargs.get("outer_optimizer") is not None:
-            kwargs.pop("outer_lr", None)  # read by the drop-in's own outer step, built above
+            own_lr = kwargs.pop("outer_lr", None)  # read by the drop-in's own outer step
         problem = WeightDecayProblem(
             weight_decay,
             granularity,
@@ -1082,6 +1083,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             min_weight_decay,
         )
         super().__init__(problem=problem, **kwargs)
+        if own_lr is not None:
+            self.outer_lr = own_lr  # the drop-in's outer step's first step
         self.problem: WeightDecayProblem = problem
         problem.data_curvature = self._data_curvature
         problem.validation_size = self._validation_size
