@@ -812,27 +812,21 @@ class HyperOptimizationCallback(Callback):
         allowed none of its hyper steps."""
         if self.sid is not None:
             with self.budget.added_work():
-                check_weights(
-                    pl_module,
-                    self._active,
-                    trainer.global_step,
-                    self._train_dataset(),
-                    self._losses,
-                )
+                self._check_weights(trainer, pl_module)
             said = self.budget.starved(self._due_in_fit, self.sid.minimum_products())
             if said is not None:
                 rank_zero_warn(f"{type(self).__name__}: {said}")
             self._warn_if_ended_before_learning(trainer)
 
+    def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Never go on with non-finite weights; the error names the cause
+        (:func:`~hypertorch_sid.lightning.isolation.check_weights`)."""
+        data = self._train_dataset()
+        check_weights(pl_module, self._active, trainer.global_step, data, self._losses)
+
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None
-        check_weights(
-            pl_module,
-            self._active,
-            trainer.global_step,
-            self._train_dataset(),
-            self._losses,
-        )
+        self._check_weights(trainer, pl_module)
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step

@@ -1,15 +1,17 @@
-"""Table of the session-47 run (run.sh): test accuracy per method, the paired differences
-(drop_in_decay − drop_in, decay − plain), the gap recovered (a ratio of means), CPU × plain and
-the learned λ. Writes table.md beside this file."""
+"""Table of the session-47 run (run.sh), or of the run in the folder given (session 48's
+s48_both): test accuracy per method, the paired differences (drop_in_decay − drop_in, decay −
+plain), the gap recovered (a ratio of means), CPU × plain and the learned λ. Writes table.md
+beside the run's JSON files."""
 
 from __future__ import annotations
 
 import json
 import math
 import statistics as st
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 METHODS = ["plain", "decay", "drop_in", "drop_in_decay", "oracle"]
 
 

@@ -3,7 +3,8 @@
 # the data weights' work as hyper work, not training (drop_in_decay), against the data
 # weights alone (drop_in), the decay alone (decay), plain and the clean-only oracle; 40 %
 # symmetric noise, MNIST and Fashion-MNIST, seeds 1-3, the drop-in benchmark's recipe (12 epochs,
-# clip 1), one process per data set, one thread. Then: python .../s48_both/table.py
+# clip 1), one process per data set, one thread. Then:
+# python benchmarks/results/noisy_labels/runs/s47_both/table.py benchmarks/results/noisy_labels/runs/s48_both
 set -euo pipefail
 cd "$(dirname "$0")/../../../../.."
 OUT=benchmarks/results/noisy_labels/runs/s48_both
