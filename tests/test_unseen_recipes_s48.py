@@ -1,0 +1,110 @@
+"""Recipes no one here wrote that broke a drop-in (session 48; every recipe tried, with its
+numbers, is in docs/failures.md, "Unseen recipes (session 48)").
+
+Each test fails without its fix: a GRU over packed sequences padded per batch by a ``collate_fn``
+(the common way to batch text) was refused by ``LearnedWeightDecay`` because its batches differ
+in length, and ``LearnedDataWeights`` handed that ``collate_fn`` the ``Indexed`` samples, which
+failed inside the user's code.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from lightning_problems import trainer
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+from torch.utils.data import DataLoader, Dataset
+
+from hypertorch_sid import (
+    LearnedWeightDecay,
+)
+from hypertorch_sid.core.batches import BatchStream
+
+N_TRAIN, N_VAL, CLASSES, VOCAB = 240, 80, 3, 20
+
+
+def _sequences(n: int, seed: int) -> tuple[list[Tensor], Tensor]:
+    """Token sequences of 4–15 tokens; the label is the class token (1–3) planted most often."""
+    g = torch.Generator().manual_seed(seed)
+    seqs, labels = [], []
+    for _ in range(n):
+        length = int(torch.randint(4, 16, (1,), generator=g))
+        s = torch.randint(4, VOCAB, (length,), generator=g)
+        c = int(torch.randint(0, CLASSES, (1,), generator=g))
+        s[torch.randperm(length, generator=g)[:2]] = c + 1
+        seqs.append(s)
+        labels.append(c)
+    return seqs, torch.tensor(labels)
+
+
+class Sequences(Dataset):
+    def __init__(self, seqs: list[Tensor], labels: Tensor) -> None:
+        self.seqs, self.labels = seqs, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.seqs[i], self.labels[i]
+
+
+def pad_batch(items: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+    """The user's collate_fn: pad to the batch's longest sequence; (tokens, lengths, labels)."""
+    seqs, labels = zip(*items)
+    lengths = torch.tensor([len(s) for s in seqs])
+    return pad_sequence(list(seqs), batch_first=True), lengths, torch.stack(labels)
+
+
+class PackedGRU(pl.LightningModule):
+    def __init__(self, per_sample: bool = False) -> None:
+        super().__init__()
+        self.per_sample = per_sample
+        self.emb = nn.Embedding(VOCAB, 8, padding_idx=0)
+        self.rnn = nn.GRU(8, 12, batch_first=True)
+        self.head = nn.Linear(12, CLASSES)
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        packed = pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+        _, h = self.rnn(packed)
+        return self.head(h[-1])
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, lengths, y = batch
+        return F.cross_entropy(self(x, lengths), y, reduction="none" if self.per_sample else "mean")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def _fit(callback: pl.Callback, train_set: Dataset, collate: Any, per_sample: bool) -> PackedGRU:
+    pl.seed_everything(0, verbose=False)
+    model = PackedGRU(per_sample)
+    train = DataLoader(train_set, batch_size=24, shuffle=True, collate_fn=collate)
+    val = DataLoader(Sequences(*_sequences(N_VAL, 1)), batch_size=40, collate_fn=pad_batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short fit: few hyper steps, unconverged solves
+        trainer([callback], max_epochs=3).fit(model, train, val)
+    return model
+
+
+def test_batches_padded_to_their_own_length_are_taken():
+    """Each batch is padded to its longest sequence, so batches differ in shape: the hyper steps
+    refused them ("Every minibatch must have the same shape apart from the batch dimension")
+    although the training reads them; the model, not the sampler, decides what it can read."""
+    cb = LearnedWeightDecay(1e-4, every_n_steps=5, max_overhead=None)
+    model = _fit(cb, Sequences(*_sequences(N_TRAIN, 0)), pad_batch, per_sample=False)
+    assert len(cb.history) >= 4  # hyper steps ran
+    lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
+    assert torch.isfinite(lam).all() and (lam > 0).all()
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_the_core_stream_takes_batches_of_varying_shape():
+    batches = [torch.zeros(4, 3), torch.zeros(4, 5)]
+    stream = BatchStream(batches)
+    assert [tuple(b.shape) for b in stream.take(3)] == [(4, 3), (4, 5), (4, 3)]
