@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
     LearnedWeightDecay,
+    indexed_collate,
 )
 from hypertorch_sid.core.batches import BatchStream
 
@@ -81,14 +86,16 @@ class PackedGRU(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-def _fit(callback: pl.Callback, train_set: Dataset, collate: Any, per_sample: bool) -> PackedGRU:
+def _fit(
+    callback: pl.Callback, train_set: Dataset, collate: Any, per_sample: bool, epochs: int = 3
+) -> PackedGRU:
     pl.seed_everything(0, verbose=False)
     model = PackedGRU(per_sample)
     train = DataLoader(train_set, batch_size=24, shuffle=True, collate_fn=collate)
     val = DataLoader(Sequences(*_sequences(N_VAL, 1)), batch_size=40, collate_fn=pad_batch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a short fit: few hyper steps, unconverged solves
-        trainer([callback], max_epochs=3).fit(model, train, val)
+        trainer([callback], max_epochs=epochs).fit(model, train, val)
     return model
 
 
@@ -108,3 +115,49 @@ def test_the_core_stream_takes_batches_of_varying_shape():
     batches = [torch.zeros(4, 3), torch.zeros(4, 5)]
     stream = BatchStream(batches)
     assert [tuple(b.shape) for b in stream.take(3)] == [(4, 3), (4, 5), (4, 3)]
+
+
+def _noisy_sequences() -> tuple[Sequences, Tensor]:
+    """The training sequences with 30 % of the labels moved to another class; the mask."""
+    seqs, labels = _sequences(N_TRAIN, 0)
+    g = torch.Generator().manual_seed(5)
+    corrupted = torch.zeros(N_TRAIN, dtype=torch.bool)
+    corrupted[torch.randperm(N_TRAIN, generator=g)[: int(0.3 * N_TRAIN)]] = True
+    shifted = (labels + torch.randint(1, CLASSES, (N_TRAIN,), generator=g)) % CLASSES
+    return Sequences(seqs, torch.where(corrupted, shifted, labels)), corrupted
+
+
+def test_a_collate_fn_written_for_the_bare_samples_is_named_with_the_fix():
+    """``DataLoader(IndexedDataset(train_set), collate_fn=pad_batch)``: pad_batch got
+    ``Indexed(index, sample)`` pairs and failed inside the user's code at the first batch
+    ("object of type 'int' has no len()"); now refused at fit start naming indexed_collate."""
+    train_set, _ = _noisy_sequences()
+    with pytest.raises(ConfigurationError, match=r"collate_fn \(pad_batch\).*indexed_collate"):
+        _fit(LearnedDataWeights(), IndexedDataset(train_set), pad_batch, per_sample=True)
+
+
+def drops_the_index(samples: list[Any]) -> Any:
+    """A collate that reads the pairs but returns the samples alone (the indices lost)."""
+    return pad_batch([s[1] for s in samples])
+
+
+def test_a_collate_fn_that_loses_the_indices_is_named():
+    train_set, _ = _noisy_sequences()
+    with pytest.raises(ConfigurationError, match=r"indices are lost.*indexed_collate"):
+        _fit(LearnedDataWeights(), IndexedDataset(train_set), drops_the_index, per_sample=True)
+
+
+def test_indexed_collate_learns_the_weights_of_padded_sequences():
+    """The fix: indexed_collate(pad_batch) keeps the indices and hands training_step pad_batch's
+    batch; the corrupted sequences' weights end below the clean ones'."""
+    train_set, corrupted = _noisy_sequences()
+    cb = LearnedDataWeights(seed=0)
+    _fit(cb, IndexedDataset(train_set), indexed_collate(pad_batch), per_sample=True, epochs=25)
+    w = cb.data_weights()
+    assert w.shape == (N_TRAIN,) and bool(torch.isfinite(w).all())
+    assert float(w[corrupted].mean()) < float(w[~corrupted].mean()) - 0.1
+
+
+def test_indexed_collate_refuses_samples_without_an_index():
+    with pytest.raises(ConfigurationError, match=r"samples without an index"):
+        indexed_collate(pad_batch)([(torch.tensor([1, 2]), torch.tensor(0))])
