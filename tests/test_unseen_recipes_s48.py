@@ -161,3 +161,49 @@ def test_indexed_collate_learns_the_weights_of_padded_sequences():
 def test_indexed_collate_refuses_samples_without_an_index():
     with pytest.raises(ConfigurationError, match=r"samples without an index"):
         indexed_collate(pad_batch)([(torch.tensor([1, 2]), torch.tensor(0))])
+
+
+class DigitsMLP(pl.LightningModule):
+    def __init__(self, per_sample: bool = False) -> None:
+        super().__init__()
+        self.per_sample = per_sample
+        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y, reduction="none" if self.per_sample else "mean")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+@pytest.mark.parametrize("drop_in", ["decay", "data_weights"])
+def test_the_first_cold_adjoint_solve_of_a_fit_is_not_called_unconverged(drop_in):
+    """With the drop-ins' k = 3 adjoint steps the first hyper step's solve, from v = 0, was said
+    "has not converged … Raise adjoint_steps" on 29 of 32 fits of the session's recipes: the
+    next hyper steps continue it (warm start), as they do every later solve, which waits for
+    3 unconverged hyper steps in a row before it is said. A one-off core call still says it at
+    once (tests/test_silent_wrong.py)."""
+    from lightning_problems import digits_split
+
+    from hypertorch_sid.core.errors import ConvergenceWarning
+
+    X, y, Xv, yv = digits_split(400, 200)
+    per_sample = drop_in == "data_weights"
+    if per_sample:
+        train_set: Dataset = IndexedDataset(torch.utils.data.TensorDataset(X, y))
+        cb: pl.Callback = LearnedDataWeights(start_step=5, every_n_steps=5)
+    else:
+        train_set = torch.utils.data.TensorDataset(X, y)
+        cb = LearnedWeightDecay(1e-4, every_n_steps=5, max_overhead=None)
+    pl.seed_everything(0, verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer([cb], max_epochs=1).fit(
+            DigitsMLP(per_sample),
+            DataLoader(train_set, batch_size=32, shuffle=True),
+            DataLoader(torch.utils.data.TensorDataset(Xv, yv), batch_size=100),
+        )
+    assert 2 <= len(cb.history) <= 3  # hyper steps ran, fewer than the patience after the first
+    said = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert not [m for m in said if "adjoint solve" in m], said
