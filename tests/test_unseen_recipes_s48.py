@@ -207,3 +207,51 @@ def test_the_first_cold_adjoint_solve_of_a_fit_is_not_called_unconverged(drop_in
     assert 2 <= len(cb.history) <= 3  # hyper steps ran, fewer than the patience after the first
     said = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
     assert not [m for m in said if "adjoint solve" in m], said
+
+
+class TinyViT(pl.LightningModule):
+    """A ViT as timm writes one: the class token and the position embedding are tensors of the
+    module itself, (1, 1, d) and (1, N, d), added to the patch embeddings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        d = 16
+        self.patch = nn.Linear(16, d)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, 5, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, 2, 32, dropout=0.1, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: (B, 64) digits as 4 patches of 16 pixels
+        h = self.patch(x.view(len(x), 4, 16))
+        h = torch.cat([self.cls.expand(len(x), -1, -1), h], 1) + self.pos
+        return self.head(self.enc(h)[:, 0])
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=3e-3)
+
+
+def test_a_vits_class_token_and_position_embedding_are_no_layers_sharing_a_lambda():
+    """They were called "2 weight matrices (cls, pos) are owned by the LightningModule itself:
+    they share one λ, as under granularity='global'": they are no layers (every layer has its
+    own λ), and the fixes named (per_tensor, a module per layer) change nothing that matters."""
+    from lightning_problems import digits_split
+
+    X, y, Xv, yv = digits_split(200, 100)
+    cb = LearnedWeightDecay(1e-4, every_n_steps=5, max_overhead=None)
+    pl.seed_everything(0, verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer([cb], max_epochs=2).fit(
+            TinyViT(),
+            DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=32, shuffle=True),
+            DataLoader(torch.utils.data.TensorDataset(Xv, yv), batch_size=100),
+        )
+    assert cb.history  # hyper steps ran
+    said = [str(w.message) for w in caught]
+    assert not [m for m in said if "share one λ" in m], said
+    assert cb.slot_names[0] == "(root)"  # cls and pos: one λ, beside one per layer
