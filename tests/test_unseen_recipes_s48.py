@@ -255,3 +255,46 @@ def test_a_vits_class_token_and_position_embedding_are_no_layers_sharing_a_lambd
     said = [str(w.message) for w in caught]
     assert not [m for m in said if "share one λ" in m], said
     assert cb.slot_names[0] == "(root)"  # cls and pos: one λ, beside one per layer
+
+
+class CountsAccuracy(DigitsMLP):
+    """training_step updates a torchmetrics accuracy; each epoch's end records how many samples
+    it counted (before Lightning resets it)."""
+
+    def __init__(self) -> None:
+        super().__init__(per_sample=True)
+        import torchmetrics
+
+        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+        self.counted: list[int] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self.net(x)
+        self.train_acc(logits, y)
+        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        return F.cross_entropy(logits, y, reduction="none")
+
+    def on_train_epoch_end(self) -> None:
+        self.counted.append(int((self.train_acc.tp + self.train_acc.fn).sum()))
+
+
+def test_a_training_metric_counts_each_training_sample_once_under_data_weights():
+    """The data weights' cross term on the training batch runs training_step again at every
+    step after the first hyper step: a metric updated there counted 6064 samples in an epoch of
+    3000 (MNIST MLP) and the logged training accuracy mixed in the re-run's."""
+    from lightning_problems import digits_split
+
+    X, y, Xv, yv = digits_split(320, 100)
+    model = CountsAccuracy()
+    cb = LearnedDataWeights(start_step=5, every_n_steps=5)
+    pl.seed_everything(0, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer([cb], max_epochs=3).fit(
+            model,
+            DataLoader(IndexedDataset(torch.utils.data.TensorDataset(X, y)), batch_size=32),
+            DataLoader(torch.utils.data.TensorDataset(Xv, yv), batch_size=100),
+        )
+    assert len(cb.history) >= 4  # hyper steps ran, and the cross term on the training batches
+    assert model.counted == [320, 320, 320]
