@@ -298,3 +298,24 @@ def test_a_training_metric_counts_each_training_sample_once_under_data_weights()
         )
     assert len(cb.history) >= 4  # hyper steps ran, and the cross term on the training batches
     assert model.counted == [320, 320, 320]
+
+
+def test_an_adjoint_solve_whose_residual_grew_is_not_told_to_take_more_steps():
+    """A k = 3 adjoint solve of a depthwise-separable CNN (Fashion-MNIST) ended with its residual
+    45× above where it started and was said to have gone "only from 48.4 to 2.18e+03", with
+    "Raise adjoint_steps (or the adjoint step size, eta)", which would take it further away."""
+    from hypertorch_sid.core.solvers import _ADJOINT_FIX, _ADJOINT_HINT
+    from hypertorch_sid.core.watch import ResidualWatch, unconverged_message
+
+    watch = ResidualWatch("adjoint solve v_k", _ADJOINT_HINT)
+    direction = [torch.full((4,), 0.5)]  # unit norm: each δ_t has norm of its residual
+    for step, residual in enumerate([48.4, 900.0, 2180.0]):
+        watch.see(step, residual, [residual * d for d in direction])
+    said = unconverged_message("adjoint solve v_k", watch, _ADJOINT_FIX)
+    assert "grew from 48.4 to 2.18e+03" in said, said
+    assert _ADJOINT_FIX not in said and "not a contraction" in said, said
+    # a residual that fell too slowly still names the fix
+    slow = ResidualWatch("adjoint solve v_k", _ADJOINT_HINT)
+    for step, residual in enumerate([1.0, 0.9, 0.8]):
+        slow.see(step, residual, [residual * d for d in direction])
+    assert _ADJOINT_FIX in unconverged_message("adjoint solve v_k", slow, _ADJOINT_FIX)
