@@ -545,9 +545,8 @@ def test_batch_of_another_shape_midway_leaves_w():
     batches = [(problem.X[i : i + 10], problem.y[i : i + 10]) for i in range(0, 100, 10)]
     batches[5] = (torch.cat([batches[5][0], batches[5][0]], 1), batches[5][1])  # 10 features
     hopt = ridge_sid(problem, steps=8, alpha=0.3, step_size="constant")
-    with pytest.raises(
-        ConfigurationError, match=r"feature shape \(10,\).*earlier batches had \(5,\)"
-    ):
+    # the loss's own error (batches may differ in shape: padded sequences of varying length)
+    with pytest.raises(RuntimeError, match=r"size mismatch"):
         hopt.hypergradient(batches, problem.val())
     assert torch.equal(problem.w.detach(), torch.zeros(5, dtype=torch.float64))
 

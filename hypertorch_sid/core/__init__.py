@@ -83,6 +83,7 @@ from .sample_weights import (
     WeightParameterization,
     class_weights,
     directional_losses,
+    indexed_collate,
     split_indexed,
 )
 from .scale import HoldInvariant, InvariantRule, LearnInvariant, scale_invariant
@@ -139,6 +140,7 @@ __all__ = [
     "SoftmaxWeights",
     "WeightParameterization",
     "class_weights",
+    "indexed_collate",
     "split_indexed",
     "ElementModel",
     "LogDecay",

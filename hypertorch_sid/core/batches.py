@@ -148,7 +148,6 @@ class BatchStream:
         self.name = name
         self._reiterable = not isinstance(source, Iterator)
         self._iterator: Iterator[Any] | None = None
-        self._shape: tuple[int, ...] | None = None
         self.samples_drawn = 0
         self.batches_drawn = 0
         self.bytes_drawn = 0
@@ -178,7 +177,6 @@ class BatchStream:
         return batch
 
     def _drawn(self, batch: Any) -> None:
-        self._check_shape(batch)
         self.samples_drawn += batch_size(batch)
         self.batches_drawn += 1
         self.bytes_drawn += nbytes(batch)
@@ -224,23 +222,6 @@ class BatchStream:
             "Pass a re-iterable source (a DataLoader or a list) or an endless generator, or ask "
             "for fewer inner/adjoint steps."
         )
-
-    def _check_shape(self, batch: Any) -> None:
-        """Batches must keep the trailing shape of their first tensor (the feature dimensions)."""
-        first = batch
-        while isinstance(first, (tuple, list)) and first:
-            first = first[0]
-        if not isinstance(first, torch.Tensor) or first.dim() == 0:
-            return
-        shape = tuple(first.shape[1:])
-        if self._shape is None:
-            self._shape = shape
-        elif shape != self._shape:
-            raise ConfigurationError(
-                f"{self.name} yielded a batch whose first tensor has feature shape {shape}, but "
-                f"earlier batches had {self._shape}. Every minibatch must have the same shape "
-                "apart from the batch dimension."
-            )
 
 
 def repeat(batch: Any) -> Iterator[Any]:

@@ -67,12 +67,19 @@ class DivergenceGuard:
     #: hyper steps seen, and those whose unconverged adjoint solve passed the patience gate
     hyper_steps: int = 0
     reported: int = 0
+    #: whether the caller runs more hyper steps that carry v on (the Lightning callbacks, with
+    #: ``warm_start_adjoint``): a cold solve (the first, or one after a reset) is then continued
+    #: too and waits for the patience; a one-off ``hypergradient()`` call says so at once
+    continued: bool = False
 
     def note_convergence(self, message: str, warm: bool) -> None:
         """Warn (:class:`~hypertorch_sid.core.errors.ConvergenceWarning`) where the adjoint solve
         visibly has not converged (``message``, see :func:`~hypertorch_sid.core.watch.
         unconverged_message`): at once without a warm start, else after ``patience`` hyper steps
-        in a row (SID's warm start carries v on; one short solve is not a failure).
+        in a row (SID's warm start carries v on; one short solve is not a failure). A cold solve
+        that later hyper steps continue (``continued``: the drop-ins) waits for the patience too:
+        with the drop-ins' k = 3 the first hyper step's solve from v = 0 was said on every fit
+        (29 of 32 fits of session 48's unseen recipes), with "raise adjoint_steps" as the fix.
 
         Said at the 1st, 10th, 100th, … such hyper step, each time with the count so far: a
         warning every hyper step (15 in the 20 hyper steps of the digits main job) buries the
@@ -80,7 +87,7 @@ class DivergenceGuard:
         is logged (``hyper/relative_adjoint_residual``) where it must be followed."""
         self.hyper_steps += 1
         self.unconverged = self.unconverged + 1 if message else 0
-        if not message or (warm and self.unconverged < self.patience):
+        if not message or ((warm or self.continued) and self.unconverged < self.patience):
             return
         self.reported += 1
         if math.log10(self.reported).is_integer():

@@ -85,6 +85,7 @@ __all__ = [
     "ForwardDifference",
     "ForwardMode",
     "hinge_basis",
+    "indexed_collate",
     "split_indexed",
 ]
 
@@ -134,6 +135,37 @@ class IndexedDataset(Dataset):
                 "IndexedDataset(Subset(train_set, ...)), not the set inside it too."
             )
         return Indexed(int(i), sample)
+
+
+class indexed_collate:  # noqa: N801 (used as a function: collate_fn=indexed_collate(fn))
+    """A ``collate_fn`` for a DataLoader over an :class:`IndexedDataset` whose samples need your
+    own collation (sequences padded per batch, dicts, ...): ``fn`` collates the samples as
+    before, and the batch keeps their indices, ``Indexed(LongTensor of indices, fn(samples))``.
+
+    ``DataLoader(IndexedDataset(train_set), collate_fn=indexed_collate(pad_batch))``: your
+    ``training_step`` receives ``pad_batch``'s batch, as without the index. Picklable (worker
+    processes) where ``fn`` is.
+    """
+
+    def __init__(self, fn: Any) -> None:
+        if not callable(fn):
+            raise ConfigurationError(
+                f"indexed_collate needs your collate function, got {type(fn).__name__}."
+            )
+        self.fn = fn
+
+    def __call__(self, samples: list[Any]) -> Indexed:
+        if not all(isinstance(s, Indexed) for s in samples):
+            raise ConfigurationError(
+                "indexed_collate got samples without an index: it collates an IndexedDataset's "
+                "samples, DataLoader(IndexedDataset(train_set), collate_fn=indexed_collate(fn)); "
+                "over another dataset pass fn itself."
+            )
+        index = torch.tensor([int(s.index) for s in samples], dtype=torch.long)
+        return Indexed(index, self.fn([s.data for s in samples]))
+
+    def __repr__(self) -> str:
+        return f"indexed_collate({getattr(self.fn, '__name__', repr(self.fn))})"
 
 
 def split_indexed(batch: Any, what: str = "the training batch") -> tuple[Tensor, Any]:

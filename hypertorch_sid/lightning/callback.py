@@ -556,6 +556,8 @@ class HyperOptimizationCallback(Callback):
         self.data = self._hyper_data(trainer)
         with hyperparameters_require_grad([h for h, _ in self._frozen]):
             self.sid = self._make_sid(trainer, pl_module, problem)
+        # the fit's hyper steps carry v on: its first, cold solve is continued too
+        self.sid.guard.continued = self.sid.config.warm_start_adjoint
         self._sync_hyperparameters(trainer)
         if self._pending is not None:
             self._restore()

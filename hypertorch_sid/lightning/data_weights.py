@@ -59,6 +59,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import default_collate
 
 from ..core.budget import make_budget
 from ..core.config import Batches
@@ -82,11 +83,13 @@ from ..core.sample_weights import (
     as_validation_objective,
     as_weight_parameterization,
     check_per_sample,
+    indexed_collate,
     split_indexed,
     weighted_loss,
 )
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
+from .isolation import metric_states_kept
 from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
 from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
 from .weight_decay import _muted_logging
@@ -394,6 +397,8 @@ class DataWeightsProblem:
                 "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
                 "that each batch says which examples (and so which weights) it holds."
             )
+        if self.per == "sample":
+            _check_collation(loader)
         if self.normalize and loader.batch_size == 1:
             raise ConfigurationError(
                 "LearnedDataWeights: the train DataLoader has batch_size=1, and the "
@@ -776,6 +781,40 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+def _check_collation(loader: DataLoader) -> None:
+    """A ``collate_fn`` of the user's own on the training DataLoader gets the
+    :class:`IndexedDataset`'s ``Indexed(index, sample)`` pairs, which one written for the bare
+    samples cannot read: it failed inside the user's code at the first batch ("object of type
+    'int' has no len()" from a padding collate), or collated the pairs into a batch without the
+    indices. Tried at fit start on the first two samples (before Lightning reads a batch);
+    ``indexed_collate(fn)`` is the fix. Torch's default collation keeps the pairs: not tried."""
+    collate = loader.collate_fn
+    dataset = loader.dataset
+    if collate is default_collate or isinstance(collate, indexed_collate) or len(dataset) == 0:
+        return
+    name = getattr(collate, "__name__", type(collate).__name__)
+    fix = (
+        "The training set's samples are Indexed(index, sample) pairs; pass your function "
+        f"wrapped, DataLoader(IndexedDataset(train_set), collate_fn=indexed_collate({name})): "
+        "it collates the samples with yours and keeps their indices, and training_step gets "
+        "your batch as before."
+    )
+    samples = [dataset[i] for i in range(min(2, len(dataset)))]
+    try:
+        batch = collate(samples)
+    except Exception as error:
+        raise ConfigurationError(
+            f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) fails on the "
+            f"IndexedDataset's samples ({type(error).__name__}: {error}). {fix}"
+        ) from error
+    if not isinstance(batch, Indexed):
+        raise ConfigurationError(
+            f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) returns a "
+            f"{type(batch).__name__} from the IndexedDataset's samples, not an Indexed batch: "
+            f"the example indices are lost, so no batch says which weights it reads. {fix}"
+        )
 
 
 def _warn_indexed_validation(loaders: Any) -> None:
@@ -1233,8 +1272,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ``losses`` are ℓ(w) and its ``rng`` its dropout masks). Every example is
         then visited once per epoch at the cost of about one more forward/backward per step,
         instead of only in the hyper steps' own J minibatches. Hyper work: a budget beside it
-        in the fit (``LearnedWeightDecay(max_overhead=…)``) does not count it as training."""
-        with self.budget.added_work(every_step=True):
+        in the fit (``LearnedWeightDecay(max_overhead=…)``) does not count it as training.
+
+        It runs the user's ``training_step`` again on the training batch, outside a hyper step:
+        the module's torchmetrics states are kept as the training made them (a
+        ``self.train_acc(logits, y)`` there counted every training batch twice from the first
+        hyper step on: 6064 samples in an epoch of 3000, session 48)."""
+        if self._module is None:
+            return
+        with self.budget.added_work(every_step=True), metric_states_kept(self._module):
             self._move_training_rows(index, data, losses, rng)
 
     def _move_training_rows(

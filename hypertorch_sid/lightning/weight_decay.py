@@ -726,6 +726,15 @@ class WeightDecayProblem:
 PROBE_SAMPLES = 16
 
 
+def _weight_matrix(p: Tensor) -> bool:
+    """Whether ``p`` looks like a layer's weight (a matrix or a kernel), not a tensor added to the
+    activations: a ViT's class token (1, 1, d) and position embedding (1, N, d), registered on
+    the LightningModule itself, are broadcast over the batch by their leading 1 and were called
+    "2 weight matrices (cls, pos) … share one λ" (session 48). A raw (1, d) output layer stays
+    a matrix."""
+    return p.dim() == 2 or (p.dim() > 2 and p.shape[0] != 1)
+
+
 def _warn_containers_as_layers(module: pl.LightningModule, found: list[tuple[str, Tensor]]) -> None:
     """A warning where "per layer" puts several weight matrices in one λ because the module
     that owns them is no layer: the LightningModule itself (tensors registered directly on it,
@@ -742,7 +751,7 @@ def _warn_containers_as_layers(module: pl.LightningModule, found: list[tuple[str
         container = owner is module or isinstance(
             owner, (torch.nn.ParameterList, torch.nn.ParameterDict)
         )
-        if container and p.dim() >= 2:
+        if container and _weight_matrix(p):
             owners.setdefault(prefix or "(root)", []).append(name)
     shared = {slot: names for slot, names in owners.items() if len(names) > 1}
     if not shared:
