@@ -6,6 +6,7 @@
 #
 #   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR smoke   # ~2 min: CUDA tests + each benchmark --quick
 #   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR full    # the runs the issues ask for (limits sum to 540 s: one call)
+#   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR s49     # session 49: full, with pair-flip noise and Ren et al. (540 s)
 #
 # DATA_DIR holds mnist/ and fashion-mnist/ (the IDX .gz files of ../shared/data).
 #
@@ -62,6 +63,20 @@ elif [ "$MODE" = rerun ]; then  # after the first full run's fixes (sparse norm 
     --methods plain drop_in oracle --data "$DATA" --out "$WORK/res/noisy_labels_gpu.json"
   step resnet18 130 "$PY" benchmarks/bench_weight_decay.py --settings fashion_resnet18 \
     --accelerator gpu --optuna-trials 0 --seeds 2 3 --methods no_wd grid learned_per_layer \
+    --fashion-data "$DATA/fashion-mnist" --out "$WORK/res/resnet18_gpu.json"
+elif [ "$MODE" = s49 ]; then  # session 49 (H200): today's code, both noises, the ren alternative
+  step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+    tests/test_gpu.py tests/test_core_api.py tests/test_bad_input.py tests/test_budget.py
+  # issue 27 item 5: 40 % symmetric and pair-flip noise, seeds 1-3, plain / drop-in / oracle / Ren
+  step noisy_labels 170 "$PY" benchmarks/bench_noisy_labels.py --accelerator gpu \
+    --datasets fashion mnist --noise symmetric pair --epochs 12 --seeds 1 2 3 \
+    --methods plain drop_in oracle ren --data "$DATA" --out "$WORK/res/noisy_labels_gpu.json"
+  step network_cost 80 "$PY" benchmarks/bench_network_cost.py --accelerator gpu --repeats 2 \
+    --configs plain default --out "$WORK/res/network_cost_gpu.json"
+  step sample_weight_cost 50 "$PY" benchmarks/bench_sample_weight_cost.py --device cuda \
+    --steps 10 --out "$WORK/res/sample_weight_cost_gpu.json"
+  step resnet18 150 "$PY" benchmarks/bench_weight_decay.py --settings fashion_resnet18 \
+    --accelerator gpu --optuna-trials 0 --seeds 0 1 --methods no_wd grid learned_per_layer \
     --fashion-data "$DATA/fashion-mnist" --out "$WORK/res/resnet18_gpu.json"
 else
   step cuda_tests 80 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
