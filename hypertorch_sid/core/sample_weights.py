@@ -801,6 +801,7 @@ class SampleWeights:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
         self.normaliser: Normaliser | None = None
+        self._checked: tuple[Tensor, int, Tensor] | None = None  # the last index checked
         self.parameterization.bind(self)
         self.use_sparse_grad(sparse_grad)
         self.parameterization.refresh(self)
@@ -885,13 +886,20 @@ class SampleWeights:
             raise ConfigurationError(
                 f"sample-weight indices must be integers, got a {index.dtype} tensor."
             )
+        given = index
+        if self._checked is not None and self._checked[0] is given:
+            if self._checked[1] == given._version:  # the same batch's index, checked already
+                return self._checked[2]
         index = index.reshape(-1).to(device=self.logits.device, dtype=torch.long)
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.n):
-            raise ConfigurationError(
-                f"sample-weight index out of range: got [{int(index.min())}, {int(index.max())}] "
-                f"for {self.n} rows. The weights were sized for another data set (n = len of the "
-                "IndexedDataset, or the number of classes)."
-            )
+        if index.numel():
+            low, high = torch.stack(torch.aminmax(index)).tolist()  # one read of the device
+            if low < 0 or high >= self.n:
+                raise ConfigurationError(
+                    f"sample-weight index out of range: got [{low}, {high}] for {self.n} rows. "
+                    "The weights were sized for another data set (n = len of the "
+                    "IndexedDataset, or the number of classes)."
+                )
+        self._checked = (given, given._version, index)
         return index
 
     def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
@@ -1690,9 +1698,16 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _norm(tensors: Sequence[Tensor]) -> float:
-    """‖(t₁, …, tₖ)‖ over a set of tensors, in their own dtype."""
-    norms = [torch.linalg.vector_norm(t.detach()).float() for t in tensors]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+    """‖(t₁, …, tₖ)‖ over a set of tensors, each in its own dtype (one dispatch for all of
+    them where they share a dtype and device: it runs at every training step)."""
+    if not tensors:
+        return 0.0
+    tensors = [t.detach() for t in tensors]
+    if len({(t.dtype, t.device) for t in tensors}) == 1 and not tensors[0].is_sparse:
+        norms = torch._foreach_norm(tensors)
+    else:
+        norms = [torch.linalg.vector_norm(t) for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
 
 
 class ForwardDifference(DirectionalDerivative):
@@ -1742,6 +1757,7 @@ class ForwardDifference(DirectionalDerivative):
         self._warned = False
         self._calls = 0
         self._unreproducible: str | None = None
+        self._v_norm: tuple[list[tuple[Tensor, int]], float] | None = None
 
     def inaccurate(self, params: Sequence[Tensor]) -> str | None:
         """Why a forward difference would be inaccurate here (None: it is not)."""
@@ -1756,14 +1772,26 @@ class ForwardDifference(DirectionalDerivative):
         return None
 
     def step(self, params: Sequence[Tensor], tangents: Sequence[Tensor]) -> float:
-        """h with h·‖v‖ = c·max(‖w‖, 1) (0 where v = 0)."""
-        v_norm = _norm(tangents)
+        """h with h·‖v‖ = c·max(‖w‖, 1) (0 where v = 0). ‖v‖ is read once per v (v changes
+        at the hyper steps, the call comes at every training step)."""
+        v_norm = self._tangent_norm(tangents)
         if v_norm == 0.0 or not math.isfinite(v_norm):
             return 0.0
         w_norm = _norm(params)
         dtype = params[0].dtype if params else torch.get_default_dtype()
         c = self.relative_step or math.sqrt(torch.finfo(dtype).eps)
         return c * max(w_norm, 1.0) / v_norm
+
+    def _tangent_norm(self, tangents: Sequence[Tensor]) -> float:
+        """‖v‖, kept while v is the same tensors at the same versions."""
+        key = [(t, t._version) for t in tangents]
+        cached = self._v_norm
+        if cached is not None and len(cached[0]) == len(key):
+            if all(a is b and u == w for (a, u), (b, w) in zip(cached[0], key)):
+                return cached[1]
+        norm = _norm(tangents)
+        self._v_norm = (key, norm)
+        return norm
 
     def __call__(
         self,

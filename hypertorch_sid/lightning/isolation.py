@@ -92,34 +92,62 @@ class LossWatch:
     synchronisation per step): the first step whose loss was not finite, the first finite loss
     and the last one before it. Read only when the weights turn out non-finite, to tell a loss
     that produced NaN from finite weights (log of 0, 0/0: the learning rate is not the cause)
-    from a training that grew until it overflowed."""
+    from a training that grew until it overflowed.
+
+    A step costs one operation (the loss detached and held); every :attr:`CHUNK` steps, and when
+    read, the held losses are folded into three numbers on their device. A launch-bound step
+    (a small network on a GPU) pays for each operation: the summary updated at every step cost
+    13 (session 49, ``benchmarks/bench_step_ops.py``)."""
 
     #: a last finite loss above this multiple of the first says the training grew first
     GREW = 10.0
+    #: losses held before they are folded into the summary
+    CHUNK = 256
 
     def __init__(self) -> None:
         self._first: Tensor | None = None  # [first finite loss, last finite loss, first bad step]
+        self._held: list[Tensor] = []
+        self._steps: list[int] = []
 
     def observe(self, outputs: Any, step: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if not isinstance(loss, Tensor) or loss.numel() == 0:
             return
+        self._held.append(loss.detach())
+        self._steps.append(int(step))
+        if len(self._held) >= self.CHUNK:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The held losses into [first finite, last finite before the first bad, first bad step]
+        (−1: none bad yet), on their device, without reading them."""
+        if not self._held:
+            return
+        held, steps = self._held, self._steps
+        self._held, self._steps = [], []
         with torch.no_grad():
-            value = loss.detach().float().mean()
-            ok = torch.isfinite(value)
+            values = torch.stack([v.float().mean() for v in held])
+            at = torch.tensor(steps, dtype=values.dtype, device=values.device)
+            ok = torch.isfinite(values)
+            position = torch.arange(len(held), device=values.device)
+            first_bad = torch.where(ok, len(held), position).min()  # len: none in the chunk
+            bad = torch.where(first_bad < len(held), at[first_bad.clamp(max=len(held) - 1)], -1.0)
+            last_ok = torch.where(ok & (position < first_bad), position, -1).max()
+            last = torch.where(last_ok >= 0, values[last_ok.clamp(min=0)], values[0])
+            first_ok = torch.where(ok, position, len(held)).min().clamp(max=len(held) - 1)
             if self._first is None:
-                bad = torch.where(ok, -1.0, float(step))
-                self._first = torch.stack([value, value, bad])
+                self._first = torch.stack([values[first_ok], last, bad])
                 return
-            first, last, bad = self._first.unbind()
-            clean = bad < 0  # no bad step yet
-            first = torch.where(torch.isfinite(first), first, value)
-            last = torch.where(ok & clean, value, last)
-            bad = torch.where(clean & ~ok, float(step), bad)
+            first, last_before, bad_before = self._first.unbind()
+            clean = bad_before < 0  # no bad step before this chunk
+            first = torch.where(torch.isfinite(first), first, values[first_ok])
+            last = torch.where(clean & (last_ok >= 0), last, last_before)
+            bad = torch.where(clean, bad, bad_before)
             self._first = torch.stack([first, last, bad])
 
     def cause(self) -> str | None:
         """Why the weights went non-finite, where the losses tell (None: they do not)."""
+        self._fold()
         if self._first is None:
             return None
         first, last, bad = (float(x) for x in self._first.cpu())
