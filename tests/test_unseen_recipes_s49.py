@@ -18,7 +18,12 @@ from lightning_problems import digits_split, trainer
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
 from hypertorch_sid.core.sample_weights import ForwardMode
 
 
@@ -90,3 +95,64 @@ def test_dual_numbers_through_spectral_norm_name_the_fix():
         ConfigurationError, match=r"no forward-mode.*ForwardDifference.*cross_term='hyper_step'"
     ):
         ForwardMode()(losses, params, tangents)
+
+
+class EMAInForward(pl.LightningModule):
+    """A 1-D-CNN-recipe habit: an EMA copy of the network (``AveragedModel``) updated in
+    ``on_train_batch_end`` and used by ``forward`` outside training, i.e. in validation."""
+
+    def __init__(self, per_sample: bool) -> None:
+        super().__init__()
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        self.per_sample = per_sample
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+        self.ema = AveragedModel(self.net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x) if self.training else self.ema(x)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ema.update_parameters(self.net)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        reduction = "none" if self.per_sample else "mean"
+        return F.cross_entropy(self(batch[0]), batch[1], reduction=reduction)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
+
+
+def _fit_ema(callback: pl.Callback, per_sample: bool) -> None:
+    X, y, Xv, yv, _ = _noisy_digits(160)
+    train = TensorDataset(X, y)
+    pl.seed_everything(0, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short fit
+        trainer([callback], max_epochs=2).fit(
+            EMAInForward(per_sample),
+            DataLoader(IndexedDataset(train) if per_sample else train, batch_size=32),
+            DataLoader(TensorDataset(Xv, yv), batch_size=50),
+        )
+
+
+@pytest.mark.parametrize("drop_in", ["decay", "data_weights"])
+def test_an_ema_copy_read_by_forward_in_eval_mode_is_named_with_the_fix(drop_in):
+    """E runs with the module in eval mode, so this forward computed it from the EMA copy,
+    which no optimizer trains: the hyper step stopped with "outer_loss depends on neither the
+    inner parameters nor the hyperparameters: E must be computed from w and/or λ", which says
+    nothing a drop-in user wrote. It now names the copy's tensors, the cause and the fix; the
+    fix named (validation_loss= on the trained network) learns."""
+    per_sample = drop_in == "data_weights"
+
+    def make(**kw: Any) -> pl.Callback:
+        if per_sample:
+            return LearnedDataWeights(start_step=2, every_n_steps=2, **kw)
+        return LearnedWeightDecay(1e-4, every_n_steps=2, max_overhead=None, **kw)
+
+    with pytest.raises(ConfigurationError, match=r"ema\.module\..*eval mode.*validation_loss="):
+        _fit_ema(make(), per_sample)
+    reduction = "none" if per_sample else "mean"
+    cb = make(validation_loss=lambda m, b: F.cross_entropy(m.net(b[0]), b[1], reduction=reduction))
+    _fit_ema(cb, per_sample)
+    assert len(cb.history) >= 3
