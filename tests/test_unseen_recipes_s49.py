@@ -156,3 +156,24 @@ def test_an_ema_copy_read_by_forward_in_eval_mode_is_named_with_the_fix(drop_in)
     cb = make(validation_loss=lambda m, b: F.cross_entropy(m.net(b[0]), b[1], reduction=reduction))
     _fit_ema(cb, per_sample)
     assert len(cb.history) >= 3
+
+
+def test_an_adjoint_solve_whose_residual_stayed_is_not_said_to_have_grown_from_x_to_x():
+    """A wide ResNet's k = 3 adjoint solve was said to have "grown from 1.64 to 1.64" and to be
+    "moving away from its answer": its residual rose by less than 3 significant digits show.
+    It is said not to have fallen, with figures that differ; a real growth is still growth."""
+    from hypertorch_sid.core.solvers import _ADJOINT_FIX, _ADJOINT_HINT
+    from hypertorch_sid.core.watch import ResidualWatch, unconverged_message
+
+    def said(residuals: list[float]) -> str:
+        watch = ResidualWatch("adjoint solve v_k", _ADJOINT_HINT)
+        direction = [torch.full((4,), 0.5)]
+        for step, residual in enumerate(residuals):
+            watch.see(step, residual, [residual * d for d in direction])
+        return unconverged_message("adjoint solve v_k", watch, _ADJOINT_FIX)
+
+    stayed = said([1.6401, 1.6402, 1.6403])
+    assert "did not fall (1.6401 to 1.6403)" in stayed, stayed
+    assert "grew" not in stayed and "moving away" not in stayed, stayed
+    assert "CurvatureDamping" in stayed and _ADJOINT_FIX not in stayed, stayed
+    assert "grew from 48.4 to 2.18e+03" in said([48.4, 900.0, 2180.0])
