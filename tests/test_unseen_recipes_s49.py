@@ -177,3 +177,19 @@ def test_an_adjoint_solve_whose_residual_stayed_is_not_said_to_have_grown_from_x
     assert "grew" not in stayed and "moving away" not in stayed, stayed
     assert "CurvatureDamping" in stayed and _ADJOINT_FIX not in stayed, stayed
     assert "grew from 48.4 to 2.18e+03" in said([48.4, 900.0, 2180.0])
+
+
+def test_an_e_that_reads_no_other_tensor_gets_no_guess_about_a_copy():
+    """The EMA hint names only tensors E read: an E that reads w detached keeps the plain
+    message (no copy, no eval-mode guess)."""
+    from hypertorch_sid.core.outer import outer_gradients
+
+    net = nn.Linear(3, 1)
+    lam = torch.zeros(1, requires_grad=True)
+    x = torch.randn(4, 3)
+
+    def detached(batch: Tensor) -> Tensor:
+        return (batch @ net.weight.detach().T).pow(2).mean()
+
+    with pytest.raises(ConfigurationError, match=r"w and/or λ\.$"):
+        outer_gradients(detached, x, list(net.parameters()), [lam], module=net)

@@ -171,10 +171,10 @@ def _other_tensors_read(
 ) -> str:
     """What E read instead of w and λ, for the error that says it read neither: the module's
     other tensors in E's graph on ``batch`` (E computed again: the first graph is spent), and
-    the likely cause. E runs with the module in eval mode (as validation does), so a
-    ``forward`` that switches to an averaged copy of the network outside training
-    (``self.ema(x) if not self.training``) computes E from that copy, which no optimizer
-    trains and λ moves only through the averaging."""
+    the likely cause ("" where it read none of them either). E runs with the module in eval
+    mode (as validation does), so a ``forward`` that switches to an averaged copy of the
+    network outside training (``self.ema(x) if not self.training``) computes E from that copy,
+    which no optimizer trains and λ moves only through the averaging."""
     if module is None:
         return ""
     own = {id(p) for p in params}
@@ -186,18 +186,16 @@ def _other_tensors_read(
         if isinstance(loss, Tensor) and loss.requires_grad:
             grads = torch.autograd.grad(loss.reshape(()), [p for _, p in others], allow_unused=True)
             read = [n for (n, _), g in zip(others, grads) if g is not None]
-    which = (
-        f" It reads {', '.join(read[:4])}{' …' if len(read) > 4 else ''} instead (tensors "
-        "that no optimizer trains)."
-        if read
-        else ""
-    )
+    if not read:  # nothing else in E's graph: no copy to name (e.g. w read detached)
+        return ""
     return (
-        f"{which} E runs with the module in eval mode, as validation does: a forward that "
-        "switches to another copy of the network outside training (an EMA or SWA average, "
-        "self.ema(x) when not self.training) computes E from that copy. Compute E from the "
-        "network the optimizer trains: the drop-ins take validation_loss=lambda module, "
-        "batch: <its loss on batch> (LearnedDataWeights: one loss per sample); or average with "
+        f" It reads {', '.join(read[:4])}{' …' if len(read) > 4 else ''} instead (tensors "
+        "that no optimizer trains). E runs with the module in eval mode, as validation does: a "
+        "forward that switches to another copy of the network outside training (an EMA or SWA "
+        "average, self.ema(x) when not self.training) computes E from that copy. Compute E "
+        "from the network the optimizer trains: the drop-ins take validation_loss=lambda "
+        "module, batch: <its loss on batch> (LearnedDataWeights: one loss per sample); or "
+        "average with "
         "Lightning's EMAWeightAveraging / StochasticWeightAveraging callbacks, which work with "
         "the drop-ins."
     )
