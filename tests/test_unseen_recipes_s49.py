@@ -193,3 +193,33 @@ def test_an_e_that_reads_no_other_tensor_gets_no_guess_about_a_copy():
 
     with pytest.raises(ConfigurationError, match=r"w and/or λ\.$"):
         outer_gradients(detached, x, list(net.parameters()), [lam], module=net)
+
+
+class EMAInOptimizer(EMAInForward):
+    """The same EMA copy, not read by ``forward``, but inside ``self.parameters()``, which the
+    optimizer is given (torch's optimizers skip tensors without a gradient: the plain fit runs)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def test_an_ema_copy_among_the_optimizers_tensors_is_named_under_data_weights():
+    """LearnedWeightDecay named the copy's tensors ("got no gradient from the training loss (a
+    layer the training never uses)"); LearnedDataWeights stopped with the core's "inner_loss
+    does not depend on inner parameters at positions [4, 5, 6, 7]: leave them out of
+    inner_parameters", positions of a list the user never wrote."""
+    X, y, Xv, yv, _ = _noisy_digits(160)
+    pl.seed_everything(0, verbose=False)
+    with pytest.raises(
+        ConfigurationError, match=r"does not depend on ema\.module\.0\.weight.*out of the optimizer"
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer([LearnedDataWeights(start_step=2, every_n_steps=2)], max_epochs=1).fit(
+                EMAInOptimizer(per_sample=True),
+                DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=32),
+                DataLoader(TensorDataset(Xv, yv), batch_size=50),
+            )
