@@ -1686,11 +1686,11 @@ class ForwardMode(DirectionalDerivative):
                     raise
                 raise ConfigurationError(
                     f"ForwardMode: the training step's forward runs an operation torch has no "
-                    f"forward-mode (dual-number) derivative for ({err}); spectral_norm's power "
-                    "iteration in training mode is one. Use directional=ForwardDifference() (the "
-                    "drop-in's default; float32 parameters, no autocast), or "
-                    "cross_term='hyper_step' (the cross term by reverse mode, in the hyper steps "
-                    "only)."
+                    f"forward-mode (dual-number) derivative for ({err}); the weight_norm and "
+                    "spectral_norm parametrizations run such operations. Use "
+                    "directional=ForwardDifference() (the drop-in's default; float32 "
+                    "parameters, no autocast), or cross_term='hyper_step' (the cross term by "
+                    "reverse mode, in the hyper steps only)."
                 ) from err
 
     def __repr__(self) -> str:
