@@ -2,7 +2,10 @@
 numbers, is in docs/failures.md, "Unseen recipes (session 49)").
 
 Each test fails without its fix: a ``spectral_norm`` layer under ``LearnedDataWeights`` crashed
-inside torch's forward-mode AD after a false "randomness outside torch's generator" warning.
+inside torch's forward-mode AD after a false "randomness outside torch's generator" warning; an
+EMA copy of the network read by ``forward`` outside training (or held by the optimizer) stopped
+the drop-ins with errors that named nothing the user wrote; a solve whose residual stayed where
+it started was said to have "grown from 1.64 to 1.64".
 """
 
 from __future__ import annotations
