@@ -223,6 +223,8 @@ class GradientDescentMap(FixedPointMap):
                 )
             self._functional = _FunctionalLoss(module, inner_loss, self.inner_parameters)
         self.hvp = hvp
+        #: the inner parameters' names in ``module`` (None without one), for the errors
+        self.names = _names_in(module, self.inner_parameters)
         self.damping = 0.0
         self.symmetric = type(self) is GradientDescentMap
         #: S = P^{1/2} of the preconditioned map (None: P = I)
@@ -252,7 +254,7 @@ class GradientDescentMap(FixedPointMap):
     def check_first_batch(self, batch: Any, cost: Cost) -> None:
         """ℓ̂ reads every inner parameter and at least one hyperparameter."""
         self.unread_hyperparameters = check_dependencies(
-            self.loss, batch, self.inner_parameters, self.hyperparameters
+            self.loss, batch, self.inner_parameters, self.hyperparameters, self.names
         )
 
     def training_loss(self, batch: Any) -> float | None:
@@ -706,6 +708,15 @@ class AveragedMap(FixedPointMap):
     @property  # type: ignore[override]
     def symmetric(self) -> bool:
         return self.phi.symmetric
+
+
+def _names_in(module: torch.nn.Module | None, params: Sequence[Tensor]) -> list[str] | None:
+    """Each of ``params``' name in ``module`` (``"tensor i"`` for one it does not hold), or
+    None without a module."""
+    if module is None:
+        return None
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [names.get(id(p), f"tensor {i}") for i, p in enumerate(params)]
 
 
 def build_map(

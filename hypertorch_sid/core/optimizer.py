@@ -474,8 +474,9 @@ class SIDHyperOptimizer:
         self.constants.at_w_t()
         with frozen_mode(self.module, "eval"):
             g_w, g_lam, value = outer_gradients(
-                self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters
-            )
+                self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters,
+                self.module,
+            )  # fmt: skip
             if self.cost.hypergradients == 0 and self.phi.unread_hyperparameters:
                 check_read_by_outer_loss(
                     self.outer_loss, val_batch, self.hyperparameters,

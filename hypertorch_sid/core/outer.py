@@ -163,13 +163,56 @@ def _warn_if_read_without_gradient(
         )
 
 
+def _other_tensors_read(
+    outer_loss: Callable[[Any], Tensor],
+    batch: Any,
+    module: torch.nn.Module | None,
+    params: list[Tensor],
+) -> str:
+    """What E read instead of w and λ, for the error that says it read neither: the module's
+    other tensors in E's graph on ``batch`` (E computed again: the first graph is spent), and
+    the likely cause ("" where it read none of them either). E runs with the module in eval
+    mode (as validation does), so a ``forward`` that switches to an averaged copy of the
+    network outside training (``self.ema(x) if not self.training``) computes E from that copy,
+    which no optimizer trains and λ moves only through the averaging."""
+    if module is None:
+        return ""
+    own = {id(p) for p in params}
+    others = [(n, p) for n, p in module.named_parameters() if id(p) not in own and p.requires_grad]
+    read: list[str] = []
+    if others:
+        with torch.enable_grad():
+            loss = outer_loss(batch)
+        if isinstance(loss, Tensor) and loss.requires_grad:
+            grads = torch.autograd.grad(loss.reshape(()), [p for _, p in others], allow_unused=True)
+            read = [n for (n, _), g in zip(others, grads) if g is not None]
+    if not read:  # nothing else in E's graph: no copy to name (e.g. w read detached)
+        return ""
+    return (
+        f" It reads {', '.join(read[:4])}{' …' if len(read) > 4 else ''} instead (tensors "
+        "that no optimizer trains). E runs with the module in eval mode, as validation does: a "
+        "forward that switches to another copy of the network outside training (an EMA or SWA "
+        "average, self.ema(x) when not self.training) computes E from that copy. Compute E "
+        "from the network the optimizer trains: the drop-ins take validation_loss=lambda "
+        "module, batch: <its loss on batch> (LearnedDataWeights: one loss per sample); or "
+        "average with "
+        "Lightning's EMAWeightAveraging / StochasticWeightAveraging callbacks, which work with "
+        "the drop-ins."
+    )
+
+
 def outer_gradients(
     outer_loss: Callable[[Any], Tensor],
     val_batch: Any,
     inner_parameters: Sequence[Tensor],
     hyperparameters: Sequence[Tensor],
+    module: torch.nn.Module | None = None,
 ) -> tuple[Tensors, Tensors, float]:
     """(∇₁E(w, λ), ∇₂E(w, λ), E(w, λ)) on ``val_batch``.
+
+    ``module`` (the model, in the mode E runs in): where E reads none of w and λ, the error
+    names the module's tensors it reads instead (an EMA copy of the network that ``forward``
+    uses outside training, session 49).
 
     ``val_batch`` is one batch, a list of batches or a DataLoader; E and its gradients are
     averaged over several batches (see :func:`_validation_batches` for how a list is read).
@@ -195,6 +238,7 @@ def outer_gradients(
             raise ConfigurationError(
                 "outer_loss depends on neither the inner parameters nor the hyperparameters (its "
                 "result does not require grad): E must be computed from w and/or λ."
+                + _other_tensors_read(outer_loss, batch, module, params)
             )
         grads = torch.autograd.grad(loss.reshape(()), params, allow_unused=True)
         for i, g in enumerate(grads):
@@ -207,7 +251,7 @@ def outer_gradients(
     if not any(used):
         raise ConfigurationError(
             "outer_loss depends on neither the inner parameters nor the hyperparameters: E must "
-            "be computed from w and/or λ."
+            "be computed from w and/or λ." + _other_tensors_read(outer_loss, batch, module, params)
         )
     n = len(inner_parameters)
     if any(used[:n]) and not all(used[:n]):

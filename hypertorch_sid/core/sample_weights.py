@@ -1687,7 +1687,19 @@ class ForwardMode(DirectionalDerivative):
         with contextlib.ExitStack() as stack:
             for device in {p.device.type for p in params} | {"cpu"}:
                 stack.enter_context(torch.autocast(device, enabled=False))
-            return directional_losses(losses, params, tangents)
+            try:
+                return directional_losses(losses, params, tangents)
+            except NotImplementedError as err:
+                if "forward AD" not in str(err):
+                    raise
+                raise ConfigurationError(
+                    f"ForwardMode: the training step's forward runs an operation torch has no "
+                    f"forward-mode (dual-number) derivative for ({err}); the weight_norm and "
+                    "spectral_norm parametrizations run such operations. Use "
+                    "directional=ForwardDifference() (the drop-in's default; float32 "
+                    "parameters, no autocast), or cross_term='hyper_step' (the cross term by "
+                    "reverse mode, in the hyper steps only)."
+                ) from err
 
     def __repr__(self) -> str:
         return "ForwardMode()"

@@ -400,9 +400,12 @@ def check_dependencies(
     batch: Any,
     inner: Sequence[Tensor],
     hyper: Sequence[Tensor],
+    names: Sequence[str] | None = None,
 ) -> list[int]:
     """ℓ̂ must depend on every inner parameter and on at least one hyperparameter, and draw no
     random numbers through a sampler autograd cannot differentiate (``torch.normal(0, σ)``).
+    ``names``: the inner parameters' names in the model, for the error (else their positions:
+    a drop-in user, whose inner parameters are the optimizer's, never listed them).
 
     Returns the positions of the hyperparameters ℓ̂ does not read (the outer loss must read
     them: :func:`~hypertorch_sid.core.outer.check_read_by_outer_loss`).
@@ -439,6 +442,14 @@ def check_dependencies(
         )
     grads = torch.autograd.grad(loss.reshape(()), list(inner) + list(hyper), allow_unused=True)
     unused_w = [i for i, g in enumerate(grads[: len(inner)]) if g is None]
+    if unused_w and names is not None:
+        said = ", ".join(names[i] for i in unused_w[:5]) + (" …" if len(unused_w) > 5 else "")
+        raise ConfigurationError(
+            f"the training loss does not depend on {said} (a layer the training never uses, "
+            "e.g. an EMA copy of the network among the optimizer's parameters): they have no "
+            "fixed point to solve for. Leave them out of the optimizer (or of "
+            "inner_parameters), or freeze them (requires_grad_(False)) before the fit."
+        )
     if unused_w:
         raise ConfigurationError(
             f"inner_loss does not depend on inner parameters at positions {unused_w}: leave them "

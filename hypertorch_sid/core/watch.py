@@ -145,6 +145,19 @@ def rounding_floor(x: Sequence[Tensor]) -> float:
     return 64 * torch.finfo(x[0].dtype).eps * _norm(x)
 
 
+#: a residual that ends within this fraction above where it started did not grow, it stayed
+STALLED_RTOL = 0.01
+
+
+def _apart(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` to 3 significant digits, or as many more (up to 6) as tell them apart."""
+    for digits in range(3, 7):
+        x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if x != y:
+            break
+    return x, y
+
+
 def unconverged_message(what: str, watch: ResidualWatch, fix: str, floor: float = 0.0) -> str:
     """What a :class:`ConvergenceWarning` says of a solve :meth:`ResidualWatch.converged`
     denies ("" where it converged). A residual that ended above where it started is said to
@@ -153,12 +166,18 @@ def unconverged_message(what: str, watch: ResidualWatch, fix: str, floor: float 
     adjoint_steps or its step size (session 48), which would take it further away."""
     if watch.converged(floor):
         return ""
-    if watch.last > watch.first[0]:  # it moved away from its answer: more steps go further
+    if watch.last >= watch.first[0]:  # no nearer its answer: more steps do not converge
+        first, last = _apart(watch.first[0], watch.last)
+        if watch.last > watch.first[0] * (1 + STALLED_RTOL):  # moved away: more go further
+            went = f"grew from {first} to {last}"
+            where = "solve moving away from its answer"
+        else:  # it stayed where it was: "grew from 1.64 to 1.64" (session 49) read as noise
+            went = f"did not fall ({first} to {last})"
+            where = "solve that stays where it started"
         return (
-            f"hypertorch_sid: the {what} has not converged: its residual grew from "
-            f"{watch.first[0]:.3g} to {watch.last:.3g} in {watch.steps} steps "
-            f"({watch.drift():.0%} aligned), so more steps of it, or larger ones, would not "
-            "converge: the hypergradient is that of a solve moving away from its answer. "
+            f"hypertorch_sid: the {what} has not converged: its residual {went} in "
+            f"{watch.steps} steps ({watch.drift():.0%} aligned), so more steps of it, or larger "
+            f"ones, would not converge: the hypergradient is that of a {where}. "
             f"{watch.hint} If it recurs, damp the map (damping=CurvatureDamping(margin=2.0)) "
             "or use positive semi-definite curvature (hvp=GaussNewton(...))."
         )

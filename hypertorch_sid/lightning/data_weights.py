@@ -163,24 +163,38 @@ class RandomState(NamedTuple):
     torch's device module: CUDA, XPU, MPS, ...), so that the cross term's extra forward draws the
     same dropout masks as the step itself. ``replayable`` is False on an accelerator whose RNG
     torch cannot read back: there a forward difference would difference two different dropout
-    masks, and the drop-in uses dual numbers instead."""
+    masks, and the drop-in uses dual numbers instead.
+
+    ``buffers``: copies of the module's buffers at the start of the step (``capture`` with a
+    module), from which every extra forward starts. A forward that changes a buffer it then
+    reads — ``spectral_norm``'s power iteration updates its ``_u``, ``_v`` and normalises the
+    weight by them — otherwise ran from the state the step left, one iteration further: its
+    losses at w differed from the step's own (0.008 of their mean on a Fashion-MNIST MLP), the
+    forward difference was dropped for dual numbers, and those failed inside the power
+    iteration (torch has no forward AD for its ``out=`` division; session 49)."""
 
     cpu: Tensor
     device: torch.device
     accelerator: Tensor | None
     replayable: bool = True
+    buffers: dict[str, Tensor] | None = None
 
     @classmethod
-    def capture(cls, device: torch.device) -> RandomState:
+    def capture(cls, device: torch.device, module: torch.nn.Module | None = None) -> RandomState:
+        buffers = (
+            None if module is None else {n: b.detach().clone() for n, b in module.named_buffers()}
+        )
         if device.type == "cpu":
-            return cls(torch.get_rng_state(), device, None)
+            return cls(torch.get_rng_state(), device, None, buffers=buffers)
         try:
-            module = torch.get_device_module(device.type)
+            device_module = torch.get_device_module(device.type)
         except RuntimeError:  # a device type with no torch.<type> module (e.g. "meta")
-            module = None
-        if module is None or not hasattr(module, "get_rng_state"):
-            return cls(torch.get_rng_state(), device, None, replayable=False)
-        return cls(torch.get_rng_state(), device, module.get_rng_state(device))
+            device_module = None
+        if device_module is None or not hasattr(device_module, "get_rng_state"):
+            return cls(torch.get_rng_state(), device, None, replayable=False, buffers=buffers)
+        return cls(
+            torch.get_rng_state(), device, device_module.get_rng_state(device), buffers=buffers
+        )
 
     @contextmanager
     def replayed(self) -> Iterator[None]:
@@ -652,7 +666,7 @@ class DataWeightsProblem:
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
             in_loop = batch is self.loop_batch  # not another callback's hyper step
-            rng = RandomState.capture(module.device) if self.on_training_batch else None
+            rng = RandomState.capture(module.device, module) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             raw = out.get("loss") if isinstance(out, Mapping) else out
             if not self._checked_entries:  # once, at the fit's first step
@@ -733,15 +747,19 @@ def directional_losses(
     pass. Buffers are swapped for clones, so BatchNorm's running statistics are not updated
     by it; with ``rng`` (the training step's :class:`RandomState`) every pass replays the
     step's randomness (its dropout masks) in a forked stream, leaving the training's own
-    stream as it was.
+    stream as it was, and starts from the buffers as they were when the step began (a
+    ``spectral_norm``'s power-iteration vectors).
     """
     from torch.nn.utils.stateless import _reparametrize_module
 
     names = {id(p): n for n, p in module.named_parameters()}
     keys = [names[id(p)] for p in params]
-    buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+    start = rng.buffers if rng is not None and rng.buffers is not None else None
+    if start is None:
+        start = {n: b.detach() for n, b in module.named_buffers()}
 
     def losses(*flat: Tensor) -> Tensor:
+        buffers = {n: b.clone() for n, b in start.items()}  # each pass from the step's start
         swapped = {**buffers, **dict(zip(keys, flat))}
         with _reparametrize_module(module, swapped), _muted_logging(module):  # type: ignore[arg-type]
             with rng.replayed() if rng is not None else contextlib.nullcontext():
