@@ -1464,7 +1464,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
         fewer than :data:`MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
         no worse than the rest, or (class labels) at most half of them were predicted as
-        another class. A ``rule`` asked for returns its rows, with the same warning."""
+        another class. A ``rule`` asked for returns its rows, with the same warning. Where
+        these checks pass but the network predicted another class for nearly as large a share
+        of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less
+        than ½, e.g. a network that fits the data poorly), the rows are returned with a warning
+        saying the flags may be mostly hard clean examples."""
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
