@@ -573,6 +573,25 @@ class DataWeightsProblem:
             "No group of corrupted labels stands out (e.g. a clean data set)."
         )
 
+    def flag_contrast(self, flags: Tensor) -> str | None:
+        """Per sample with integer class labels: None where the network predicted another
+        class than the label (last-visit loss above log 2) for a share of the rows ``flags``
+        at least ½ above its share of the other rows seen (:meth:`_no_contrast`); else why
+        the flags may be mostly clean rows. :meth:`LearnedDataWeights.flagged` warns with it
+        and returns its rows anyway (refusing them cost two of the tests' noisy fits their
+        flags at precision 0.45-0.53; docs/data_weights.md, "Flags the network does not tell
+        apart")."""
+        loss = self._last_loss
+        if loss is None or flags.numel() == 0:
+            return None
+        mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
+        mask[flags.to(loss.device)] = True
+        seen = torch.isfinite(loss)
+        low, kept = loss[mask & seen], loss[~mask & seen]
+        if low.numel() == 0 or kept.numel() == 0:
+            return None
+        return self._no_contrast(low, kept)
+
     def misfits(self, flags: Tensor) -> Tensor:
         """Of the rows ``flags``, those the network predicted as another class than their label
         at their last visit (training loss above log 2: the label's probability below ½), where
@@ -609,6 +628,37 @@ class DataWeightsProblem:
             "are wrong. No group of corrupted labels stands out (e.g. a clean data set, or too "
             "few validation examples to tell: give more clean validation examples of every "
             "class)."
+        )
+
+    def _no_contrast(self, low: Tensor, kept: Tensor) -> str | None:
+        """Per sample with integer class labels: None where the share of the flagged rows the
+        network predicted as another class (last-visit loss ``low`` above log 2) exceeds the
+        share of the kept rows it did (``kept``) by at least ½; else why the flags may be
+        mostly clean rows.
+
+        If a clean row is predicted as another class at the same rate e whether flagged or
+        kept, and a wrong label at rate c ≤ 1, the contrast J = s_flagged − s_kept =
+        (precision − κ)(c − e), κ the share of wrong labels among the kept rows: J is at
+        most the flags' precision. Below ½ it cannot show that most flags are wrong labels:
+        the network contradicts the labels it is trained on (the kept rows) too, so its
+        contradiction does not single out a wrong label (a network that fits the data poorly,
+        or too few validation examples to tell). ``_contradicted`` is the case s_kept = 0."""
+        if self.per != "sample" or self._labels is None:
+            return None
+        s_low = float((low > math.log(2)).double().mean())
+        s_kept = float((kept > math.log(2)).double().mean())
+        if s_low - s_kept >= 0.5:
+            return None
+        return (
+            f"the network predicted another class than the label for {s_low:.0%} of the "
+            f"{low.numel()} examples with low weights but also for {s_kept:.0%} of the "
+            f"{kept.numel()} it keeps (training loss above log 2 at their last visit): a "
+            f"contrast of {s_low - s_kept:.2f} < 0.5, so its disagreement does not single out "
+            "wrong labels, and the flags may be mostly hard clean examples whose weights the "
+            "validation data lowers as well. The network fits the data too poorly (or the "
+            "validation set is too small) for its weights to tell a wrong label from a hard "
+            "example: train a network that fits the clean data better (capacity, epochs, "
+            "learning rate), or give more clean validation examples of every class."
         )
 
     # ------------------------------------------------------------------ ℓ̂ and E
@@ -1432,7 +1482,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
         fewer than :data:`MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
         no worse than the rest, or (class labels) at most half of them were predicted as
-        another class. A ``rule`` asked for returns its rows, with the same warning."""
+        another class. A ``rule`` asked for returns its rows, with the same warning. Where
+        these checks pass but the network predicted another class for nearly as large a share
+        of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less
+        than ½, e.g. a network that fits the data poorly), the rows are returned with a warning
+        saying the flags may be mostly hard clean examples."""
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
@@ -1449,4 +1503,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
             return flags[:0]
         if said is not None:
             rank_zero_warn(f"LearnedDataWeights.flagged: {said}")
+        elif (doubt := self.problem.flag_contrast(flags)) is not None:
+            rank_zero_warn(f"LearnedDataWeights.flagged: {doubt} Returned anyway.")
         return self.problem.misfits(flags) if misfit else flags
