@@ -76,6 +76,7 @@ from ..core.sample_weights import (
     LazyAdam,
     SampleWeights,
     SigmoidWeights,
+    SoftmaxWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
     ValidationObjective,
@@ -271,6 +272,8 @@ class DataWeightsProblem:
                 )
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
+        #: the module given :meth:`stand_in` (until the build wraps it, or the fit ends)
+        self._stood_in: pl.LightningModule | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
         self.sparse_grad = False
         #: the batch the Trainer's loop hands to ``training_step`` now (set by the callback at
@@ -638,11 +641,56 @@ class DataWeightsProblem:
             _refuse_real_targets(data, losses)
 
     # ------------------------------------------------------------------ the training's loss
+    def stand_in(self, module: pl.LightningModule) -> None:
+        """From the fit's ``setup`` until :meth:`_wrap` (the build, at ``on_train_start``):
+        ``module.training_step`` takes the index off the batch and returns the weighted loss at
+        the weights as they are (their start, ω₀ for every row, before a first fit), recording
+        nothing and moving no weight. Lightning's tuner runs its trials in between
+        (``Tuner(trainer).lr_find`` / ``scale_batch_size`` call ``training_step`` from
+        ``on_fit_start`` with every other callback switched off): the user's
+        ``training_step`` got the ``Indexed`` batch and failed inside the user's code, and its
+        per-sample losses could not be backpropagated."""
+        if self._module is not None or "training_step" in module.__dict__:
+            return  # wrapped already (weighted, or the stand-in)
+        original = module.training_step
+
+        @functools.wraps(original)
+        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+            index, data = self._index_and_data(batch)
+            out = original(data, batch_idx, *args, **kwargs)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            losses = check_per_sample(raw, index)
+            weights = self.weights
+            with torch.no_grad():
+                if weights is not None and int(index.max()) < weights.n and int(index.min()) >= 0:
+                    omega = weights.weights(index.to(weights.logits.device), losses)
+                else:  # before the first build: every weight at its start
+                    omega = torch.full_like(losses, self._initial_weight())
+            loss = weighted_loss(losses, omega.to(losses.device), self.normalize)
+            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
+
+        training_step.stand_in = True  # type: ignore[attr-defined]
+        module.training_step = training_step  # type: ignore[method-assign]
+        self._stood_in = module
+
+    def _initial_weight(self) -> float:
+        """ω₀, the weight every row starts at."""
+        if self.initial is not None:
+            return float(self.initial)
+        return 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
+
+    @staticmethod
+    def _drop_stand_in(module: pl.LightningModule) -> None:
+        step = module.__dict__.get("training_step")
+        if getattr(step, "stand_in", False):
+            del module.__dict__["training_step"]
+
     def _wrap(self, module: pl.LightningModule) -> None:
         """``module.training_step`` returns the weighted loss from now until :meth:`unwrap`."""
         if self._module is module:
             return
         self.unwrap()
+        self._drop_stand_in(module)
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS
         original = module.training_step
@@ -713,6 +761,9 @@ class DataWeightsProblem:
         if self._module is not None:
             self._module.__dict__.pop("training_step", None)
         self._module = self._original = None
+        if self._stood_in is not None:
+            self._drop_stand_in(self._stood_in)
+            self._stood_in = None
 
 
 def directional_losses(
@@ -1369,6 +1420,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 )
             self.problem.checkpointed_labels = labels
         super().load_state_dict(state_dict)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Before the build, ``training_step`` takes Indexed batches too
+        (:meth:`DataWeightsProblem.stand_in`: Lightning's tuner trials run in between)."""
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self.problem.stand_in(pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""
