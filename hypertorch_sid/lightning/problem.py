@@ -83,6 +83,18 @@ class ProblemSource(Protocol):
         """Refresh what the problem reads from the training, before each hyper step."""
 
 
+#: the submodule ``torch.compile`` wraps a module in (``OptimizedModule._orig_mod``)
+COMPILE_WRAPPER = "_orig_mod."
+
+
+def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
+    """``module.named_parameters()`` by the names the user's code writes: the ``_orig_mod.``
+    that ``torch.compile`` inserts (``self.net = torch.compile(net)``) is left out, so decayed
+    tensors, λ slots, logs and warnings say ``net.0.weight``, not ``net._orig_mod.0.weight``.
+    Every name the drop-ins show or look up comes from here."""
+    return [(n.replace(COMPILE_WRAPPER, ""), p) for n, p in module.named_parameters()]
+
+
 class UntrainedGroups:
     """Says when the training optimizers hold tensors they do not move: a parameter group at
     ``lr=0`` (a backbone "frozen" by its learning rate) at two hyper steps in a row. The hyper
@@ -101,7 +113,7 @@ class UntrainedGroups:
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if self.said:
             return
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         now: dict[tuple[int, int], list[str]] = {}
         trained = 0
         for i, optimizer in enumerate(trainer.optimizers):

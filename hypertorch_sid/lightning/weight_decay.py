@@ -88,7 +88,7 @@ from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_i
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
-from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
+from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning, named_tensors
 
 __all__ = [
     "LearnedWeightDecay",
@@ -364,7 +364,7 @@ class WeightDecayProblem:
         return optimizer.param_groups[index]
 
     def _collect(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         order = {id(p): i for i, (_, p) in enumerate(module.named_parameters())}
         found: list[tuple[str, Tensor, str]] = []
         placement: list[tuple[torch.optim.Optimizer, int]] = []
@@ -451,7 +451,7 @@ class WeightDecayProblem:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             self._checked_optimizers.add(id(optimizer))
         self._checked_gradients = held is None or self._checked_optimizers >= self._optimizer_ids
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         unused = [
             names.get(id(p), f"tensor {i}")
             for i, p in enumerate(self._inner)
@@ -477,7 +477,7 @@ class WeightDecayProblem:
         frozen = [p for p in self._inner if not p.requires_grad]
         if not frozen:
             return
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         said = [names.get(id(p), "an unnamed tensor") for p in frozen]
         raise ConfigurationError(
             f"LearnedWeightDecay: {', '.join(said[:5])}{' ...' if len(said) > 5 else ''} "
@@ -561,7 +561,7 @@ class WeightDecayProblem:
         a decoupled decay's preconditioner P, else 1) held constant: differentiable in w only,
         the tensors read through ``module`` now (``hvp="forward"`` swaps them in). Zero, still
         on w's graph, before the first build."""
-        current = dict(module.named_parameters())
+        current = dict(named_tensors(module))  # the names the decay's entries carry
         if self.decay is None:
             return sum((0.0 * p.sum() for p in current.values() if p.requires_grad),
                        torch.zeros(()))  # fmt: skip
@@ -1099,7 +1099,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         problem.validation_size = self._validation_size
         problem.validation_share = self._validation_share
         self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
-        self.weight_decay = problem.weight_decay
+        #: λ₀, the constructor's ``weight_decay`` (also readable by that name, as LightningCLI
+        #: and configs do); the learned λ: :attr:`learned_weight_decay`, :meth:`decay_values`
+        self.initial_weight_decay = problem.weight_decay
+        self._said_initial = False
         self.granularity = granularity
         self.decoupled = decoupled
         self.parameterization = parameterization
@@ -1235,6 +1238,32 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if sid.L != self._estimate_seen[0]:  # a new estimate, made at the λ of this hyper step
             self._estimate_seen = (sid.L, self.problem.lambda_min_at_step)
         return float(sid.L) - self._estimate_seen[1]
+
+    @property
+    def weight_decay(self) -> float:
+        """The constructor's ``weight_decay``, the initial λ₀ (what LightningCLI and a config
+        read back), **not** the learned λ: those are :attr:`learned_weight_decay` (by slot) and
+        :meth:`decay_values` (by tensor). Read after a fit has learned λ it says so, once (users
+        printed it as the learned decay and got λ₀, silently)."""
+        if self.problem.decay is not None and not self._said_initial:
+            self._said_initial = True
+            rank_zero_warn(
+                f"LearnedWeightDecay.weight_decay is the initial λ you passed "
+                f"({self.initial_weight_decay:g}), not the learned one: read "
+                "learned_weight_decay (λ by layer / group / tensor) or decay_values() (λ by "
+                "parameter name); initial_weight_decay names λ₀ without this warning."
+            )
+        return self.initial_weight_decay
+
+    @property
+    def learned_weight_decay(self) -> dict[str, Tensor]:
+        """The learned λ by slot name (one per layer, group or tensor as ``granularity`` says;
+        ``granularity="global"``: one entry; ``"per_element"``: every value of each tensor,
+        flattened), detached; empty before a fit has built λ in this process."""
+        decay = self.problem.decay
+        if decay is None:
+            return {}
+        return decay.by_group() or {name: decay.summary() for name in decay.slot_names}
 
     @property
     def rho(self) -> list[Tensor]:
