@@ -109,3 +109,77 @@ def test_the_tuner_runs_with_the_data_weights(tune):
         fit.fit(model, datamodule=data)
     assert cb.sid is not None and cb.sid.hyper_step > 0
     assert "training_step" not in model.__dict__
+
+
+def test_weight_decay_reads_as_the_initial_lambda_and_says_so_after_a_fit():
+    """``cb.weight_decay`` after a fit was the constructor's λ₀ (1e-3), read by users as the
+    learned decay, silently. It stays λ₀ (LightningCLI and configs read it back before the fit,
+    unwarned); after a fit it warns once, naming ``learned_weight_decay`` (λ by slot) and
+    ``decay_values()``; ``initial_weight_decay`` names λ₀ without a warning."""
+    cb = _decay()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cb.weight_decay == cb.initial_weight_decay == 1e-3  # before a fit: no warning
+    assert cb.learned_weight_decay == {}
+    _fit(cb, _plain(), _val(), Net())
+    learned = cb.learned_weight_decay
+    assert list(learned) == cb.slot_names == ["net.0", "net.2"]
+    values = cb.decay_values()
+    for slot, lam in learned.items():
+        assert torch.equal(lam, values[f"{slot}.weight"].reshape(1))
+        assert float(lam) != 1e-3  # learned
+    with pytest.warns(UserWarning, match=r"weight_decay is the initial λ .*\(0.001\).*learned_"):
+        assert cb.weight_decay == 1e-3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cb.weight_decay == cb.initial_weight_decay == 1e-3  # said once
+    one = _decay(granularity="global")
+    _fit(one, _plain(), _val(), Net())
+    assert list(one.learned_weight_decay) == ["all"]
+
+
+class Compiled(Net):
+    """The network compiled inside the module (``self.net = torch.compile(net)``)."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.net = torch.compile(self.net, backend="eager")
+
+
+@pytest.mark.parametrize("granularity", ["per_layer", "per_tensor"])
+def test_names_under_torch_compile_are_the_users(granularity):
+    """``self.net = torch.compile(net)``: every name the decay showed carried the wrapper's
+    ``_orig_mod.`` (``net._orig_mod.0.weight`` in ``decay_values()``, the slots, the logs and
+    warnings). They are the user's names now, and λ is what the uncompiled module learns."""
+    compiled, plain = _decay(granularity=granularity), _decay(granularity=granularity)
+    _fit(compiled, _plain(), _val(), Compiled())
+    _fit(plain, _plain(), _val(), Net())
+    assert compiled.slot_names == plain.slot_names
+    assert not [k for k in compiled.history[-1] if "_orig_mod" in k]
+    got, want = compiled.decay_values(), plain.decay_values()
+    assert list(got) == list(want) == ["net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"]
+    for name in want:
+        torch.testing.assert_close(got[name], want[name])
+
+
+def _masked_said(messages: list[str]) -> list[str]:
+    return [m for m in messages if "exactly 0" in m]
+
+
+def test_masked_examples_first_read_late_in_the_fit_are_said():
+    """Rows labelled ``-100`` (ignore_index) that the training first reads after its first 20
+    batches (an unshuffled loader, the unlabelled rows at the end): their weights were learned
+    and flagged without a word, as the per-batch check reads only the fit's first 20 batches.
+    The rows' negative labels and exact-0 losses are read from the per-row records at the
+    epoch's end now (one read per epoch). Clean labels: nothing said."""
+    labels = Y.clone()
+    labels[200:] = -100  # batches 25-29 of 30
+    train = DataLoader(IndexedDataset(TensorDataset(X, labels)), batch_size=8)
+    said = _masked_said(_fit(_weights(), train, _val(), Net("none")))
+    assert len(said) == 1 and "40 training examples have a negative label (-100" in said[0]
+
+    early = Y.clone()
+    early[::6] = -100  # in the first batch: said there, once
+    said = _masked_said(_fit(_weights(), _indexed(8, early), _val(), Net("none"), max_epochs=2))
+    assert len(said) == 1 and "near the fit's start" in said[0]
+    assert not _masked_said(_fit(_weights(), _indexed(8), _val(), Net("none"), max_epochs=2))

@@ -294,6 +294,7 @@ class DataWeightsProblem:
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
+        self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -468,6 +469,27 @@ class DataWeightsProblem:
         counts = values.new_zeros(rows.shape).index_add_(0, inverse, torch.ones_like(values))
         self._last_loss[rows.to(self._last_loss.device)] = (sums / counts).to(
             self._last_loss.device
+        )
+
+    def masked_rows(self) -> str | None:
+        """Why some rows the training read are masked examples, once per fit: a negative
+        integer label (``-100``, F.cross_entropy's ``ignore_index``: no class id is negative)
+        with a loss exactly 0 at the row's last visit, wherever in the fit the row first came
+        (the per-batch check, :func:`_warn_masked_samples`, reads only the fit's first
+        :data:`MASKED_CHECKS` batches, where any exact 0 is suspect; later a well-fitted example
+        can reach 0 in float32). Read from the per-row records :meth:`_seen` keeps on the
+        device: the callback asks at each epoch's end (one read), not at every step."""
+        labels, loss = self._labels, self._last_loss
+        if self._said_masked or labels is None or loss is None or labels.shape != loss.shape:
+            return None
+        masked = (labels < 0) & (labels != _UNSEEN) & (loss.to(labels.device) == 0)
+        count = int(masked.sum())
+        if count == 0:
+            return None
+        self._said_masked = True
+        return (
+            f"{count} training examples have a negative label ({int(labels[masked].min())}: "
+            f"ignore_index?) and a loss exactly 0: masked examples. {_MASKED_WHY}"
         )
 
     def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
@@ -692,7 +714,7 @@ class DataWeightsProblem:
         self.unwrap()
         self._drop_stand_in(module)
         self._checked_entries = False
-        self._masked_checks = MASKED_CHECKS
+        self._masked_checks, self._said_masked = MASKED_CHECKS, False
         original = module.training_step
         self._module, self._original = module, original
 
@@ -710,7 +732,7 @@ class DataWeightsProblem:
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
                 if _warn_masked_samples(raw, data):
-                    self._masked_checks = 0
+                    self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
@@ -919,13 +941,18 @@ def _warn_masked_samples(losses: Any, data: Any) -> bool:
     rank_zero_warn(
         f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
         f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
-        "ignore_index, a mask)? An example whose loss is masked teaches the network nothing, "
-        "but its weight is learned all the same: the normalised loss pushes it down like a "
-        "misfit's, and flagged() names it as suspect. Leave unlabelled examples out of the "
-        "training set (e.g. IndexedDataset(Subset(train_set, labelled))). (A loss that is "
-        "really 0, e.g. a hinge past its margin: ignore this.)"
+        f"ignore_index, a mask)? {_MASKED_WHY} (A loss that is really 0, e.g. a hinge past its "
+        "margin: ignore this.)"
     )
     return True
+
+
+_MASKED_WHY = (
+    "An example whose loss is masked teaches the network nothing, but its weight is learned "
+    "all the same: the normalised loss pushes it down like a misfit's, and flagged() names it "
+    "as suspect. Leave unlabelled examples out of the training set (e.g. "
+    "IndexedDataset(Subset(train_set, labelled)))."
+)
 
 
 def _real_targets(data: Any, losses: Any) -> Tensor | None:
@@ -1279,7 +1306,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Say once per fit, as soon as the hyper steps have read the validation data, where it
         holds too few examples of a class for the per-sample weights to carry evidence
-        (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing)."""
+        (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing),
+        and where the training read masked examples (:meth:`DataWeightsProblem.masked_rows`)."""
+        masked = self.problem.masked_rows()
+        if masked is not None:
+            rank_zero_warn(f"LearnedDataWeights: {masked}")
         if not self._said_shortfall:
             said = self.problem.validation_shortfall()
             if said is not None:
