@@ -16,7 +16,12 @@ from lightning_problems import trainer
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
 
 N, D, C = 240, 6, 3
 _g = torch.Generator().manual_seed(0)
@@ -183,3 +188,18 @@ def test_masked_examples_first_read_late_in_the_fit_are_said():
     said = _masked_said(_fit(_weights(), _indexed(8, early), _val(), Net("none"), max_epochs=2))
     assert len(said) == 1 and "near the fit's start" in said[0]
     assert not _masked_said(_fit(_weights(), _indexed(8), _val(), Net("none"), max_epochs=2))
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [(-100, r"from -100 to 2.*ignore_index, unlabelled rows\?"), (5, r"pass num_classes=6")],
+)
+def test_class_weights_name_labels_outside_the_classes(bad, match):
+    """``per="class"`` on labels with ``-100`` (ignore_index) or a label past ``num_classes``:
+    refused as "sample-weight index out of range … The weights were sized for another data
+    set", which names neither the label nor the fix."""
+    labels = Y.clone()
+    labels[::6] = bad
+    train = DataLoader(TensorDataset(X, labels), batch_size=16)
+    with pytest.raises(ConfigurationError, match=match):
+        _fit(_weights(per="class", num_classes=3), train, _val(), Net("none"))

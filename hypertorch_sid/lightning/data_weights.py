@@ -429,6 +429,20 @@ class DataWeightsProblem:
                 "target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
                 "batch[1].argmax(1)."
             )
+        low, high = (int(labels.min()), int(labels.max())) if labels.numel() else (0, 0)
+        if low < 0 or high >= self.num_classes:  # type: ignore[operator]
+            unlabelled = (
+                f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
+                "no class and so no class weight: leave those examples out of the training set "
+                "(a Subset of the labelled rows), or pass target= giving each a class"
+                if low < 0
+                else f"pass num_classes={high + 1} (the largest label + 1)"
+            )
+            raise ConfigurationError(
+                f"LearnedDataWeights(per='class', num_classes={self.num_classes}): a training "
+                f"batch holds labels from {low} to {high}, outside 0..{self.num_classes - 1}: "  # type: ignore[operator]
+                f"{unlabelled}."
+            )
         return labels, data
 
     def _seen(self, index: Tensor, data: Any, losses: Tensor) -> None:
