@@ -203,3 +203,15 @@ def test_class_weights_name_labels_outside_the_classes(bad, match):
     train = DataLoader(TensorDataset(X, labels), batch_size=16)
     with pytest.raises(ConfigurationError, match=match):
         _fit(_weights(per="class", num_classes=3), train, _val(), Net("none"))
+
+
+def test_a_directional_the_hyper_step_cross_term_does_not_read_is_refused():
+    """``directional=`` says how the training batches' cross term is computed; with
+    ``cross_term="hyper_step"`` (given, or the default under a compute budget) there is none,
+    and the setting was accepted and ignored."""
+    with pytest.raises(ConfigurationError, match=r"directional='forward_mode' .*ignored"):
+        LearnedDataWeights(directional="forward_mode", cross_term="hyper_step")
+    with pytest.raises(ConfigurationError, match=r"max_overhead=0.5"):
+        LearnedDataWeights(directional="forward_mode", max_overhead=0.5)
+    LearnedDataWeights(directional="forward_mode")  # the training cross term reads it
+    LearnedDataWeights(cross_term="hyper_step")

@@ -1110,7 +1110,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the budget spaces the hyper steps (22–30 ran, the corrupted examples' mean weight 0.03 /
         0.19 against the clean ones' 0.66 / 0.53). ``"training"`` with a budget is refused.
     directional:
-        How that cross term's uⱼ = ⟨∇ℓⱼ(w), v⟩ is computed: ``"forward_difference"`` /
+        How that cross term's uⱼ = ⟨∇ℓⱼ(w), v⟩ is computed (with ``cross_term="hyper_step"``
+        there is none: giving it is refused): ``"forward_difference"`` /
         :class:`~hypertorch_sid.core.sample_weights.ForwardDifference` (default; eq. fdcross:
         (ℓⱼ(w + hv) − ℓⱼ(w))/h from the losses the training step already computed and one
         no-grad forward, with the step's own dropout masks; falls back to ForwardMode, with a
@@ -1167,7 +1168,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         objective: str | ValidationObjective = DEFAULT_OBJECTIVE,
         cross_term: Literal["training", "hyper_step"] | None = None,
-        directional: str | DirectionalDerivative = "forward_difference",
+        directional: str | DirectionalDerivative | None = None,
         row_scale: bool | Literal["batch"] = True,
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
@@ -1178,9 +1179,17 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if "problem" in kwargs:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
         cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
+        if directional is not None and cross_term == "hyper_step":
+            raise ConfigurationError(
+                f"LearnedDataWeights: directional={directional!r} says how the training "
+                "batches' cross term is computed, which cross_term='hyper_step' (given, or the "
+                f"default under max_overhead={kwargs.get('max_overhead')!r}) does not run: it "
+                "would be ignored. Drop directional=, or pass cross_term='training' (without a "
+                "compute budget: max_overhead=None)."
+            )
         self.directional: DirectionalDerivative = as_strategy(
             "LearnedDataWeights: directional",
-            directional,
+            directional if directional is not None else "forward_difference",
             DirectionalDerivative,
             {"forward_mode": ForwardMode, "forward_difference": ForwardDifference},
             "ForwardDifference(relative_step=1e-3)",
