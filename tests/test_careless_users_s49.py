@@ -215,3 +215,12 @@ def test_a_directional_the_hyper_step_cross_term_does_not_read_is_refused():
         LearnedDataWeights(directional="forward_mode", max_overhead=0.5)
     LearnedDataWeights(directional="forward_mode")  # the training cross term reads it
     LearnedDataWeights(cross_term="hyper_step")
+
+
+def test_sparse_gradients_per_class_are_refused():
+    """``sparse_grad=True`` with ``per="class"``: only per-sample weights take row-sparse
+    gradients (the build set them per sample only); accepted and ignored before."""
+    with pytest.raises(ConfigurationError, match=r"sparse_grad=True .*per='class'"):
+        LearnedDataWeights(per="class", num_classes=3, sparse_grad=True)
+    LearnedDataWeights(per="class", num_classes=3, sparse_grad=False)
+    LearnedDataWeights(sparse_grad=True)

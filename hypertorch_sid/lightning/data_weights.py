@@ -1179,6 +1179,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if "problem" in kwargs:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
         cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
+        if sparse_grad and per == "class":
+            raise ConfigurationError(
+                "LearnedDataWeights: sparse_grad=True makes the per-sample logits' gradients "
+                "row-sparse; per='class' every step reads (almost) every class's weight, so its "
+                "gradient is dense and the setting would be ignored. Drop sparse_grad=."
+            )
         if directional is not None and cross_term == "hyper_step":
             raise ConfigurationError(
                 f"LearnedDataWeights: directional={directional!r} says how the training "
