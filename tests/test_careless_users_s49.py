@@ -22,6 +22,7 @@ from hypertorch_sid import (
     LearnedDataWeights,
     LearnedWeightDecay,
 )
+from hypertorch_sid.core.sample_weights import ExpectedError
 
 N, D, C = 240, 6, 3
 _g = torch.Generator().manual_seed(0)
@@ -224,3 +225,19 @@ def test_sparse_gradients_per_class_are_refused():
         LearnedDataWeights(per="class", num_classes=3, sparse_grad=True)
     LearnedDataWeights(per="class", num_classes=3, sparse_grad=False)
     LearnedDataWeights(sparse_grad=True)
+
+
+def test_an_objective_beside_a_scalar_validation_loss_is_refused():
+    """``validation_loss=`` returning a mean is E itself: an ``objective=`` given beside it had
+    no per-sample losses to apply to and was ignored, silently."""
+
+    def mean_loss(module: Any, batch: Any) -> Tensor:
+        return F.cross_entropy(module(batch[0]), batch[1])
+
+    cb = _weights(start_step=0, validation_loss=mean_loss, objective=ExpectedError(q=1.0))
+    with pytest.raises(ConfigurationError, match=r"objective=ExpectedError.*would be ignored"):
+        _fit(cb, _indexed(), _val(), Net("none"))
+    for objective in ({}, {"objective": "mean_loss"}):  # E itself; the mean of one number
+        cb = _weights(start_step=0, validation_loss=mean_loss, **objective)
+        _fit(cb, _indexed(), _val(), Net("none"))
+        assert cb.sid is not None and cb.sid.hyper_step > 0

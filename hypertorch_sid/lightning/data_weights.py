@@ -74,6 +74,7 @@ from ..core.sample_weights import (
     Indexed,
     IndexedDataset,
     LazyAdam,
+    MeanLoss,
     SampleWeights,
     SigmoidWeights,
     SoftmaxWeights,
@@ -660,6 +661,16 @@ class DataWeightsProblem:
         if self.validation_loss is not None:
             out = _validation_tensor(self.validation_loss(module, data))
             if out.dim() == 0:
+                # asked for, and nothing to apply to (the mean of one number is that number)
+                if self.objective is not DEFAULT_OBJECTIVE and not isinstance(
+                    self.objective, MeanLoss
+                ):
+                    raise ConfigurationError(
+                        f"LearnedDataWeights: validation_loss returned one number (a mean?), "
+                        f"which is E itself, so objective={self.objective!r} would be ignored: "
+                        "it needs the per-sample validation losses. Return them "
+                        "(reduction='none'), or drop objective=."
+                    )
                 return out
             self._check_targets(data, out)
             return self.objective(out)
