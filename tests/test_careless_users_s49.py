@@ -241,3 +241,28 @@ def test_an_objective_beside_a_scalar_validation_loss_is_refused():
         cb = _weights(start_step=0, validation_loss=mean_loss, **objective)
         _fit(cb, _indexed(), _val(), Net("none"))
         assert cb.sid is not None and cb.sid.hyper_step > 0
+
+
+class Normed(Net):
+    """Linear → LayerNorm: the first layer is scale-invariant (its λ is held by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(D, 16), nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, C))
+
+
+def test_a_callback_given_another_module_probes_its_layers_again():
+    """One ``LearnedWeightDecay`` reused for a second model (a loop over architectures): the
+    invariance probe's answer for the first model's layers was kept, so the LayerNorm model's
+    invariant layer was not held: its λ rose from 1e-3 to 0.91 in 3 epochs, silently. Now the
+    groups are probed again on each new set of decayed tensors, as a fresh callback does."""
+    reused = _decay()
+    _fit(reused, _plain(), _val(), Net())
+    assert reused.invariant_groups == {"net.0": False, "net.2": False}
+    _fit(reused, _plain(), _val(), Normed(), max_epochs=3)
+    fresh = _decay()
+    _fit(fresh, _plain(), _val(), Normed(), max_epochs=3)
+    assert reused.invariant_groups == fresh.invariant_groups
+    assert reused.invariant_groups == {"net.0": True, "net.1": False, "net.3": False}
+    assert float(reused.learned_weight_decay["net.0"]) == pytest.approx(1e-3)

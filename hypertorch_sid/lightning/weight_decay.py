@@ -1112,8 +1112,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.invariant = rule
         #: which λ groups (slots; per element, layers) are scale-invariant, once probed
         self.invariant_groups: dict[str, bool] | None = None
+        #: the decay (its tensors) they were probed on: a fit on other tensors (another module
+        #: given to this callback, tensors unfrozen for a new fit) probes again
+        self._probed_on: Any = None
         self._probe_batch: Any = None
-        self._probe_planned = False  # the probe's cost announced to the budget
+        self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
 
     def on_train_batch_end(
         self,
@@ -1124,7 +1127,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         batch_idx: int,
     ) -> None:
         """Keep a training batch for the invariance probe (until it has run)."""
-        if self.invariant.probes and self.invariant_groups is None:
+        if self._probe_pending():
             self._probe_batch = batch
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
@@ -1138,11 +1141,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return self.problem.shrink_step_size(eta)
 
     def _probe_pending(self) -> bool:
-        return (
-            self.invariant.probes
-            and self.invariant_groups is None
-            and self.problem.decay is not None
-        )
+        """Whether the groups are still to be probed on this fit's decayed tensors: once per
+        set of tensors. A callback given another module kept the first module's groups (a
+        LayerNorm model after a plain MLP: its invariant layer's λ rose from 1e-3 to 0.91,
+        not held), silently."""
+        decay = self.problem.decay
+        return self.invariant.probes and decay is not None and self._probed_on is not decay
 
     def _probe(self, pl_module: pl.LightningModule) -> None:
         """Find the invariant groups (:func:`scale_invariant_slots`) on the latest training batch,
@@ -1150,7 +1154,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.invariant_groups = scale_invariant_slots(
             self.problem, pl_module, self._probe_batch, seed=self.seed
         )
-        self._probe_batch = None
+        self._probed_on, self._probe_batch = self.problem.decay, None
 
     def _budget_allows(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         """The budget's decision, the invariance probe planned in: a rule that probes does it
@@ -1162,8 +1166,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         one-off added work, outside the hyper step (whose fixed part the budget measures for the
         next ones). Without a budget, nothing is timed."""
         probe = self._probe_pending()
-        if probe and not self._probe_planned and self.budget.plans_costs():
-            self._probe_planned = True
+        if probe and self._probe_planned is not self.problem.decay and self.budget.plans_costs():
+            self._probe_planned = self.problem.decay
             with self.budget.added_work(), metric_states_kept(pl_module):
                 cost = probe_cost(
                     self.problem, pl_module, self._probe_batch,
