@@ -266,3 +266,44 @@ def test_a_callback_given_another_module_probes_its_layers_again():
     assert reused.invariant_groups == fresh.invariant_groups
     assert reused.invariant_groups == {"net.0": True, "net.1": False, "net.3": False}
     assert float(reused.learned_weight_decay["net.0"]) == pytest.approx(1e-3)
+
+
+class Regression(Net):
+    def __init__(self) -> None:
+        super().__init__("none")
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return F.mse_loss(self(batch[0]).squeeze(1), batch[1], reduction="none")
+
+
+def test_weights_learned_on_another_fold_are_not_carried_to_its_rows():
+    """One ``LearnedDataWeights`` over a k-fold loop (folds of one data set, the same size): the
+    second fold's rows took the first fold's weights (row i another example), silently for a
+    regression (no labels to see the change by). Now a training set that reads other positions
+    of the same data set starts every weight afresh, said; the same fold again keeps them."""
+    from torch.utils.data import Subset
+
+    target = X @ torch.randn(D, generator=torch.Generator().manual_seed(2))
+    base = TensorDataset(X, target)
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(3)).tolist()
+    folds = [Subset(base, perm[:120]), Subset(base, perm[120:])]
+    held = torch.randn(40, D, generator=torch.Generator().manual_seed(4))
+    val = DataLoader(TensorDataset(held, held @ torch.ones(D)), batch_size=20)
+
+    def loader(fold: Any) -> DataLoader:
+        return DataLoader(IndexedDataset(fold), batch_size=16)
+
+    def said(messages: list[str]) -> list[str]:
+        return [m for m in messages if "other examples of the same data set" in m]
+
+    reused = _weights(objective="mean_loss")
+    assert not said(_fit(reused, loader(folds[0]), val, Regression()))
+    first = reused.data_weights()
+    assert not said(_fit(reused, loader(folds[0]), val, Regression()))  # the same fold: kept
+    assert len(said(_fit(reused, loader(folds[1]), val, Regression()))) == 1
+    fresh = _weights(objective="mean_loss")
+    _fit(fresh, loader(folds[1]), val, Regression())
+    torch.testing.assert_close(reused.data_weights(), fresh.data_weights())
+    assert not torch.allclose(first, fresh.data_weights())

@@ -93,7 +93,14 @@ from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
 from .isolation import metric_states_kept
 from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
-from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
+from .sampling import (
+    _identity,
+    _unwrapped,
+    draws_by_index,
+    first_loader,
+    loader_parts,
+    validation_loader,
+)
 from .weight_decay import _muted_logging
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]
@@ -292,6 +299,8 @@ class DataWeightsProblem:
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
         self._last_loss: Tensor | None = None
+        #: which examples the per-sample weights belong to (:func:`_examples_of`, at the build)
+        self._examples: tuple[Any, tuple[int, ...] | None] | None = None
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
@@ -325,12 +334,23 @@ class DataWeightsProblem:
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
         if self.per == "sample":
             n = len(dataset)
-            if self.weights is None or self.weights.n != n:
+            examples, before = _examples_of(dataset), self._examples
+            other = (  # provably other rows: another split of the same data set (a k-fold loop)
+                before is not None and examples[0] == before[0] and examples[1] != before[1]
+            )
+            self._examples = examples
+            if self.weights is None or self.weights.n != n or other:
                 if self.weights is not None:
+                    why = (
+                        f"the training set holds other examples of the same data set than the "
+                        f"ones this callback learned its {n} weights on (another split or fold)"
+                        if other
+                        else f"the training set has {n} examples, the weights this callback "
+                        f"learned {self.weights.n}"
+                    )
                     rank_zero_warn(
-                        f"LearnedDataWeights: the training set has {n} examples, the weights "
-                        f"this callback learned {self.weights.n}: they are dropped and every "
-                        "weight starts again (use a new LearnedDataWeights for another data set)."
+                        f"LearnedDataWeights: {why}: they are dropped and every weight starts "
+                        "again (use a new LearnedDataWeights for another data set)."
                     )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 self._labels = self._last_loss = None
@@ -879,6 +899,18 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+def _examples_of(dataset: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """(the data set under the ``IndexedDataset`` / ``Subset`` wraps, by identity; the
+    positions in it that rows 0..n-1 read, in order, or None for all of it): two training sets
+    with the same first part and other positions give row i to other examples."""
+    base, subsets = _unwrapped(dataset)
+    positions: list[int] | None = None
+    for subset in subsets:  # outermost first
+        idx = [int(i) for i in subset.indices]
+        positions = idx if positions is None else [idx[i] for i in positions]
+    return _identity(base), None if positions is None else tuple(positions)
 
 
 def _check_collation(loader: DataLoader) -> None:
