@@ -307,3 +307,16 @@ def test_weights_learned_on_another_fold_are_not_carried_to_its_rows():
     _fit(fresh, loader(folds[1]), val, Regression())
     torch.testing.assert_close(reused.data_weights(), fresh.data_weights())
     assert not torch.allclose(first, fresh.data_weights())
+
+    class Rotating(pl.LightningDataModule):  # another fold at every reload, within one fit
+        def train_dataloader(self) -> DataLoader:
+            return loader(folds[self.trainer.current_epoch % 2])
+
+        def val_dataloader(self) -> DataLoader:
+            return val
+
+    with pytest.raises(ConfigurationError, match=r"reloaded .*over other examples"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer([_weights(objective="mean_loss")], max_epochs=2,
+                    reload_dataloaders_every_n_epochs=1).fit(Regression(), datamodule=Rotating())  # fmt: skip

@@ -301,6 +301,7 @@ class DataWeightsProblem:
         self._last_loss: Tensor | None = None
         #: which examples the per-sample weights belong to (:func:`_examples_of`, at the build)
         self._examples: tuple[Any, tuple[int, ...] | None] | None = None
+        self._examples_set: Any = None  # the training set they were read from
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
@@ -334,11 +335,8 @@ class DataWeightsProblem:
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
         if self.per == "sample":
             n = len(dataset)
-            examples, before = _examples_of(dataset), self._examples
-            other = (  # provably other rows: another split of the same data set (a k-fold loop)
-                before is not None and examples[0] == before[0] and examples[1] != before[1]
-            )
-            self._examples = examples
+            other = self.reads_other_examples(dataset)  # another fold of one data set?
+            self._examples, self._examples_set = _examples_of(dataset), dataset
             if self.weights is None or self.weights.n != n or other:
                 if self.weights is not None:
                     why = (
@@ -386,6 +384,16 @@ class DataWeightsProblem:
             summary=lambda: {"data_weight": weights.values()},
             projection=lambda hs: weights.projection(),
         )
+
+    def reads_other_examples(self, dataset: Any) -> bool:
+        """Whether ``dataset`` gives its rows to other examples of the same data set than the
+        weights were learned on (other positions under its Subset wraps: another fold or
+        split, possibly of the same size); False where that cannot be known (another data set
+        object: the label check of :meth:`_seen` still sees relabelled rows)."""
+        if self._examples is None or dataset is self._examples_set:
+            return False
+        examples = _examples_of(dataset)
+        return examples[0] == self._examples[0] and examples[1] != self._examples[1]
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.untrained.check(trainer, module)
@@ -1344,11 +1352,17 @@ class LearnedDataWeights(HyperOptimizationCallback):
         here, naming the cause (they failed at the next hyper step with an index error)."""
         problem = self.problem
         if self.data is not None and problem.per == "sample" and problem.weights is not None:
-            n = len(problem._training_dataset(trainer))
-            if n != problem.weights.n:
+            dataset = problem._training_dataset(trainer)
+            n = len(dataset)
+            if n != problem.weights.n or problem.reads_other_examples(dataset):
+                what = (
+                    f"a training set of {n} examples"
+                    if n != problem.weights.n
+                    else "other examples of the same data set (another split)"
+                )
                 raise ConfigurationError(
                     f"LearnedDataWeights: the train dataloader was reloaded "
-                    f"(reload_dataloaders_every_n_epochs) over a training set of {n} examples; "
+                    f"(reload_dataloaders_every_n_epochs) over {what}; "
                     f"the weights belong to the {problem.weights.n} examples this fit started "
                     "with. Keep one training set for the fit (reload loaders over the same data "
                     "set), or learn its weights in a new fit (a new LearnedDataWeights)."
