@@ -320,3 +320,15 @@ def test_weights_learned_on_another_fold_are_not_carried_to_its_rows():
             warnings.simplefilter("ignore")
             trainer([_weights(objective="mean_loss")], max_epochs=2,
                     reload_dataloaders_every_n_epochs=1).fit(Regression(), datamodule=Rotating())  # fmt: skip
+
+
+@pytest.mark.parametrize("which", ["training_loss", "validation_loss"])
+def test_a_per_sample_loss_given_to_the_decay_is_named_by_its_shape(which):
+    """``LearnedWeightDecay(validation_loss=...)`` returning ``reduction="none"`` losses: refused
+    as "returned Tensor, not a scalar tensor", which reads as a contradiction."""
+
+    def per_sample(module: Any, batch: Any) -> Tensor:
+        return F.cross_entropy(module(batch[0]), batch[1], reduction="none")
+
+    with pytest.raises(ConfigurationError, match=r"returned a tensor of shape \(\d+,\) .*mean"):
+        _fit(_decay(**{which: per_sample}), _plain(), _val(), Net())

@@ -676,9 +676,14 @@ class WeightDecayProblem:
                     " (Lightning skips a batch whose training_step returns None; a hyper step "
                     "needs the loss of every batch it draws)"
                 )
+            got = (
+                f"a tensor of shape {tuple(out.shape)} (per-sample losses? reduce them: .mean())"
+                if isinstance(out, Tensor)
+                else type(out).__name__
+            )
             raise ConfigurationError(
-                f"LearnedWeightDecay: {source} returned {type(out).__name__}, not a scalar "
-                f"tensor ({which} loss): {fix}."
+                f"LearnedWeightDecay: {source} returned {got}, not a scalar tensor ({which} "
+                f"loss): {fix}."
             )
         return out.reshape(())
 
