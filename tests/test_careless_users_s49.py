@@ -332,3 +332,21 @@ def test_a_per_sample_loss_given_to_the_decay_is_named_by_its_shape(which):
 
     with pytest.raises(ConfigurationError, match=r"returned a tensor of shape \(\d+,\) .*mean"):
         _fit(_decay(**{which: per_sample}), _plain(), _val(), Net())
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"outer_betas": (0.9,)}, r"betas must be two numbers in \[0, 1\)"),
+        ({"outer_betas": (1.0, 0.999)}, r"betas must be two numbers"),
+        ({"outer_lr": 0}, r"outer_lr=0.*lr must be > 0"),
+        ({"row_scale": "yes"}, r"row_scale must be True, False or 'batch'"),
+        ({"initial": 2.0}, r"initial weight in \(0, 1\)"),
+    ],
+)
+def test_the_data_weights_outer_settings_are_refused_at_construction(settings, match):
+    """Refused only at the fit's first hyper step or build before (``outer_betas=(0.9,)`` as a
+    raw "not enough values to unpack" from inside the fit; β₁ = 1 not at all: LazyAdam's bias
+    correction divides by 1 − β₁ᵗ = 0)."""
+    with pytest.raises(ConfigurationError, match=match):
+        LearnedDataWeights(**settings)

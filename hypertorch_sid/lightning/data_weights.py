@@ -269,6 +269,8 @@ class DataWeightsProblem:
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
             self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
+        elif initial is not None:  # the initial weight refused now, not at the fit's start
+            SampleWeights(1, self.parameterization, initial)
         if gauge == "mean_logit":  # refused now where it cannot be held, or is no gauge
             SampleWeights(1, self.parameterization, initial, gauge=gauge)
             if not normalize:
@@ -1313,7 +1315,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
             )
         self._own_outer = kwargs.get("outer_optimizer") is None
         outer_lr = kwargs.pop("outer_lr")  # the drop-in's own LazyAdam's (refused beside another)
-        if self._own_outer:
+        if self._own_outer:  # its settings refused now, not at the fit's first hyper step
+            settings = {"lr": outer_lr, "betas": outer_betas, "row_scale": row_scale}
+            try:
+                LazyAdam([torch.zeros(1, requires_grad=True)], scale_prior=scale_prior, **settings)
+            except (ConfigurationError, TypeError) as err:
+                raise ConfigurationError(
+                    f"LearnedDataWeights: its outer optimizer (outer_lr={outer_lr!r}, "
+                    f"outer_betas={outer_betas!r}, row_scale={row_scale!r}, "
+                    f"scale_prior={scale_prior!r}): {err}"
+                ) from None
             kwargs["outer_optimizer"] = functools.partial(
                 _lazy_adam,
                 problem.parameterization,
