@@ -350,3 +350,23 @@ def test_the_data_weights_outer_settings_are_refused_at_construction(settings, m
     correction divides by 1 − β₁ᵗ = 0)."""
     with pytest.raises(ConfigurationError, match=match):
         LearnedDataWeights(**settings)
+
+
+class Listed(Net):
+    """A training_step for a list of training loaders (Lightning hands it one batch of each)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        losses = [F.cross_entropy(self(x), y) for x, y in batch]
+        return sum(losses) / len(losses)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("loaders", [1, 2])
+def test_training_loaders_given_as_a_list_are_refused(loaders):
+    """``trainer.fit(model, [train_loader, ...], val)``: Lightning hands ``training_step`` a list
+    of batches, the hyper steps handed it one loader's batch: "too many values to unpack" from
+    inside the user's code (or, with one loader's step written for it, λ tuned on that loader
+    alone). Refused at fit start now, naming the fix."""
+    with pytest.raises(ConfigurationError, match=rf"a list of {loaders}, .*Pass one DataLoader"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer([_decay()], max_epochs=1).fit(Listed(), [_plain()] * loaders, _val())
