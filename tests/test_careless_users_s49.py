@@ -117,7 +117,7 @@ def test_the_tuner_runs_with_the_data_weights(tune):
     assert "training_step" not in model.__dict__
 
 
-def test_weight_decay_reads_as_the_initial_lambda_and_says_so_after_a_fit():
+def test_weight_decay_reads_as_the_initial_lambda_and_says_so_after_a_fit(tmp_path):
     """``cb.weight_decay`` after a fit was the constructor's λ₀ (1e-3), read by users as the
     learned decay, silently. It stays λ₀ (LightningCLI and configs read it back before the fit,
     unwarned); after a fit it warns once, naming ``learned_weight_decay`` (λ by slot) and
@@ -127,7 +127,8 @@ def test_weight_decay_reads_as_the_initial_lambda_and_says_so_after_a_fit():
         warnings.simplefilter("error")
         assert cb.weight_decay == cb.initial_weight_decay == 1e-3  # before a fit: no warning
     assert cb.learned_weight_decay == {}
-    _fit(cb, _plain(), _val(), Net())
+    said = _fit(cb, _plain(), _val(), Net(), enable_checkpointing=True, default_root_dir=tmp_path)
+    assert not [m for m in said if "is the initial λ" in m]  # nothing in the fit reads it
     learned = cb.learned_weight_decay
     assert list(learned) == cb.slot_names == ["net.0", "net.2"]
     values = cb.decay_values()
