@@ -371,3 +371,26 @@ def test_training_loaders_given_as_a_list_are_refused(loaders):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer([_decay()], max_epochs=1).fit(Listed(), [_plain()] * loaders, _val())
+
+
+class NoBatchIdx(Net):
+    """``training_step(self, batch)``: Lightning lets ``batch_idx`` be left out."""
+
+    def training_step(self, batch: Any) -> Tensor:  # type: ignore[override]
+        return F.cross_entropy(self(batch[0]), batch[1], reduction=self.reduction)
+
+
+def test_a_training_step_without_batch_idx_works_with_both_drop_ins():
+    """Lightning passes the batch alone to a ``training_step(self, batch)``; the drop-ins' own
+    calls (the weighted wrapper, the decay's ℓ̂ and E) passed ``batch_idx`` too: "takes 2
+    positional arguments but 3 were given" from inside the user's code, in both drop-ins."""
+    weights, reference = _weights(), _weights()
+    _fit(weights, _indexed(), _val(), NoBatchIdx("none"))
+    _fit(reference, _indexed(), _val(), Net("none"))
+    torch.testing.assert_close(weights.data_weights(), reference.data_weights())
+    decay, plain = _decay(), _decay()
+    _fit(decay, _plain(), _val(), NoBatchIdx())
+    _fit(plain, _plain(), _val(), Net())
+    assert decay.decay_values().keys() == plain.decay_values().keys()
+    for name, lam in plain.decay_values().items():
+        torch.testing.assert_close(decay.decay_values()[name], lam)

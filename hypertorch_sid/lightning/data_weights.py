@@ -92,7 +92,13 @@ from ..core.sample_weights import (
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
 from .isolation import metric_states_kept
-from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
+from .problem import (
+    MEANING_KEY,
+    BilevelProblem,
+    UntrainedGroups,
+    check_meaning,
+    with_batch_idx,
+)
 from .sampling import (
     _identity,
     _unwrapped,
@@ -729,7 +735,7 @@ class DataWeightsProblem:
         per-sample losses could not be backpropagated."""
         if self._module is not None or "training_step" in module.__dict__:
             return  # wrapped already (weighted, or the stand-in)
-        original = module.training_step
+        original = with_batch_idx(module.training_step)
 
         @functools.wraps(original)
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
@@ -770,7 +776,7 @@ class DataWeightsProblem:
         self._drop_stand_in(module)
         self._checked_entries = False
         self._masked_checks, self._said_masked = MASKED_CHECKS, False
-        original = module.training_step
+        original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
 
         @functools.wraps(original)

@@ -21,6 +21,7 @@ point of ℓ̂ plus that decay.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -85,6 +86,24 @@ class ProblemSource(Protocol):
 
 #: the submodule ``torch.compile`` wraps a module in (``OptimizedModule._orig_mod``)
 COMPILE_WRAPPER = "_orig_mod."
+
+
+def with_batch_idx(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` (a module's ``training_step``) callable as ``step(batch, batch_idx, ...)``:
+    Lightning lets a ``training_step(self, batch)`` leave ``batch_idx`` out and then passes the
+    batch alone (its own test, ``is_param_in_hook_signature``); the drop-ins' calls passed
+    ``batch_idx`` and failed inside the user's code ("takes 2 positional arguments but 3 were
+    given")."""
+    from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
+
+    if is_param_in_hook_signature(step, "batch_idx", min_args=2):
+        return step
+
+    @functools.wraps(step)
+    def without_batch_idx(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+        return step(batch, *args, **kwargs)
+
+    return without_batch_idx
 
 
 def named_tensors(module: Any) -> list[tuple[str, Tensor]]:

@@ -88,7 +88,14 @@ from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_i
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
-from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning, named_tensors
+from .problem import (
+    MEANING_KEY,
+    BilevelProblem,
+    UntrainedGroups,
+    check_meaning,
+    named_tensors,
+    with_batch_idx,
+)
 
 __all__ = [
     "LearnedWeightDecay",
@@ -692,7 +699,7 @@ class WeightDecayProblem:
         if self.training_loss is not None:
             return "training_loss", self.training_loss(module, batch)
         with _muted_logging(module):
-            return "training_step", module.training_step(batch, 0)
+            return "training_step", with_batch_idx(module.training_step)(batch, 0)
 
     def _training_loss_on_validation(
         self, module: pl.LightningModule, batch: Any
