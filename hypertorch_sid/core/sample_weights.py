@@ -1561,6 +1561,14 @@ class LazyAdam(torch.optim.Optimizer):
             raise ConfigurationError(
                 f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."
             )
+        if not (
+            isinstance(betas, (tuple, list))
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
+        ):
+            raise ConfigurationError(
+                f"LazyAdam: betas must be two numbers in [0, 1) (β₁, β₂), got {betas!r}."
+            )
         defaults = {
             "lr": lr,
             "betas": betas,

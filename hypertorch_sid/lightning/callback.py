@@ -56,7 +56,7 @@ from .isolation import (
 from .metrics import FEW_HYPER_STEPS, describe, few_hyper_steps, hyper_metrics, lambda_mean
 from .module import BilevelModule
 from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
-from .problem import BilevelProblem, ModuleProblem, ProblemSource
+from .problem import BilevelProblem, ModuleProblem, ProblemSource, named_tensors
 from .sources import HyperData
 
 __all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
@@ -862,7 +862,7 @@ class HyperOptimizationCallback(Callback):
         if self._said_new_tensors:
             return
         known = {id(p) for p in self.sid.inner_parameters}
-        names = {id(p): n for n, p in pl_module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(pl_module)}
         new = [
             names.get(id(p), "an unnamed tensor")
             for opt in trainer.optimizers

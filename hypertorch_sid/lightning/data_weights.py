@@ -74,8 +74,10 @@ from ..core.sample_weights import (
     Indexed,
     IndexedDataset,
     LazyAdam,
+    MeanLoss,
     SampleWeights,
     SigmoidWeights,
+    SoftmaxWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
     ValidationObjective,
@@ -90,8 +92,21 @@ from ..core.sample_weights import (
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
 from .isolation import metric_states_kept
-from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
-from .sampling import draws_by_index, first_loader, loader_parts, validation_loader
+from .problem import (
+    MEANING_KEY,
+    BilevelProblem,
+    UntrainedGroups,
+    check_meaning,
+    with_batch_idx,
+)
+from .sampling import (
+    _identity,
+    _unwrapped,
+    draws_by_index,
+    first_loader,
+    loader_parts,
+    validation_loader,
+)
 from .weight_decay import _muted_logging
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]
@@ -274,6 +289,8 @@ class DataWeightsProblem:
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
             self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
+        elif initial is not None:  # the initial weight refused now, not at the fit's start
+            SampleWeights(1, self.parameterization, initial)
         if gauge == "mean_logit":  # refused now where it cannot be held, or is no gauge
             SampleWeights(1, self.parameterization, initial, gauge=gauge)
             if not normalize:
@@ -285,6 +302,8 @@ class DataWeightsProblem:
                 )
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
+        #: the module given :meth:`stand_in` (until the build wraps it, or the fit ends)
+        self._stood_in: pl.LightningModule | None = None
         #: row-sparse gradients of the logits (set by the callback before ``build``)
         self.sparse_grad = False
         #: the batch the Trainer's loop hands to ``training_step`` now (set by the callback at
@@ -302,9 +321,13 @@ class DataWeightsProblem:
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
         self._last_loss: Tensor | None = None
+        #: which examples the per-sample weights belong to (:func:`_examples_of`, at the build)
+        self._examples: tuple[Any, tuple[int, ...] | None] | None = None
+        self._examples_set: Any = None  # the training set they were read from
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
+        self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -334,12 +357,20 @@ class DataWeightsProblem:
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
         if self.per == "sample":
             n = len(dataset)
-            if self.weights is None or self.weights.n != n:
+            other = self.reads_other_examples(dataset)  # another fold of one data set?
+            self._examples, self._examples_set = _examples_of(dataset), dataset
+            if self.weights is None or self.weights.n != n or other:
                 if self.weights is not None:
+                    why = (
+                        f"the training set holds other examples of the same data set than the "
+                        f"ones this callback learned its {n} weights on (another split or fold)"
+                        if other
+                        else f"the training set has {n} examples, the weights this callback "
+                        f"learned {self.weights.n}"
+                    )
                     rank_zero_warn(
-                        f"LearnedDataWeights: the training set has {n} examples, the weights "
-                        f"this callback learned {self.weights.n}: they are dropped and every "
-                        "weight starts again (use a new LearnedDataWeights for another data set)."
+                        f"LearnedDataWeights: {why}: they are dropped and every weight starts "
+                        "again (use a new LearnedDataWeights for another data set)."
                     )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 self._labels = self._last_loss = None
@@ -375,6 +406,16 @@ class DataWeightsProblem:
             summary=lambda: {"data_weight": weights.values()},
             projection=lambda hs: weights.projection(),
         )
+
+    def reads_other_examples(self, dataset: Any) -> bool:
+        """Whether ``dataset`` gives its rows to other examples of the same data set than the
+        weights were learned on (other positions under its Subset wraps: another fold or
+        split, possibly of the same size); False where that cannot be known (another data set
+        object: the label check of :meth:`_seen` still sees relabelled rows)."""
+        if self._examples is None or dataset is self._examples_set:
+            return False
+        examples = _examples_of(dataset)
+        return examples[0] == self._examples[0] and examples[1] != self._examples[1]
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.untrained.check(trainer, module)
@@ -439,6 +480,20 @@ class DataWeightsProblem:
                 "target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
                 "batch[1].argmax(1)."
             )
+        low, high = (int(labels.min()), int(labels.max())) if labels.numel() else (0, 0)
+        if low < 0 or high >= self.num_classes:  # type: ignore[operator]
+            unlabelled = (
+                f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
+                "no class and so no class weight: leave those examples out of the training set "
+                "(a Subset of the labelled rows), or pass target= giving each a class"
+                if low < 0
+                else f"pass num_classes={high + 1} (the largest label + 1)"
+            )
+            raise ConfigurationError(
+                f"LearnedDataWeights(per='class', num_classes={self.num_classes}): a training "
+                f"batch holds labels from {low} to {high}, outside 0..{self.num_classes - 1}: "  # type: ignore[operator]
+                f"{unlabelled}."
+            )
         return labels, data
 
     def _seen(self, index: Tensor, data: Any, losses: Tensor) -> None:
@@ -479,6 +534,27 @@ class DataWeightsProblem:
         counts = values.new_zeros(rows.shape).index_add_(0, inverse, torch.ones_like(values))
         self._last_loss[rows.to(self._last_loss.device)] = (sums / counts).to(
             self._last_loss.device
+        )
+
+    def masked_rows(self) -> str | None:
+        """Why some rows the training read are masked examples, once per fit: a negative
+        integer label (``-100``, F.cross_entropy's ``ignore_index``: no class id is negative)
+        with a loss exactly 0 at the row's last visit, wherever in the fit the row first came
+        (the per-batch check, :func:`_warn_masked_samples`, reads only the fit's first
+        :data:`MASKED_CHECKS` batches, where any exact 0 is suspect; later a well-fitted example
+        can reach 0 in float32). Read from the per-row records :meth:`_seen` keeps on the
+        device: the callback asks at each epoch's end (one read), not at every step."""
+        labels, loss = self._labels, self._last_loss
+        if self._said_masked or labels is None or loss is None or labels.shape != loss.shape:
+            return None
+        masked = (labels < 0) & (labels != _UNSEEN) & (loss.to(labels.device) == 0)
+        count = int(masked.sum())
+        if count == 0:
+            return None
+        self._said_masked = True
+        return (
+            f"{count} training examples have a negative label ({int(labels[masked].min())}: "
+            f"ignore_index?) and a loss exactly 0: masked examples. {_MASKED_WHY}"
         )
 
     def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
@@ -685,6 +761,16 @@ class DataWeightsProblem:
         if self.validation_loss is not None:
             out = _validation_tensor(self.validation_loss(module, data))
             if out.dim() == 0:
+                # asked for, and nothing to apply to (the mean of one number is that number)
+                if self.objective is not DEFAULT_OBJECTIVE and not isinstance(
+                    self.objective, MeanLoss
+                ):
+                    raise ConfigurationError(
+                        f"LearnedDataWeights: validation_loss returned one number (a mean?), "
+                        f"which is E itself, so objective={self.objective!r} would be ignored: "
+                        "it needs the per-sample validation losses. Return them "
+                        "(reduction='none'), or drop objective=."
+                    )
                 return out
             self._check_targets(data, out)
             return self.objective(out)
@@ -702,14 +788,59 @@ class DataWeightsProblem:
             _refuse_real_targets(data, losses)
 
     # ------------------------------------------------------------------ the training's loss
+    def stand_in(self, module: pl.LightningModule) -> None:
+        """From the fit's ``setup`` until :meth:`_wrap` (the build, at ``on_train_start``):
+        ``module.training_step`` takes the index off the batch and returns the weighted loss at
+        the weights as they are (their start, ω₀ for every row, before a first fit), recording
+        nothing and moving no weight. Lightning's tuner runs its trials in between
+        (``Tuner(trainer).lr_find`` / ``scale_batch_size`` call ``training_step`` from
+        ``on_fit_start`` with every other callback switched off): the user's
+        ``training_step`` got the ``Indexed`` batch and failed inside the user's code, and its
+        per-sample losses could not be backpropagated."""
+        if self._module is not None or "training_step" in module.__dict__:
+            return  # wrapped already (weighted, or the stand-in)
+        original = with_batch_idx(module.training_step)
+
+        @functools.wraps(original)
+        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+            index, data = self._index_and_data(batch)
+            out = original(data, batch_idx, *args, **kwargs)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            losses = check_per_sample(raw, index)
+            weights = self.weights
+            with torch.no_grad():
+                if weights is not None and int(index.max()) < weights.n and int(index.min()) >= 0:
+                    omega = weights.weights(index.to(weights.logits.device), losses)
+                else:  # before the first build: every weight at its start
+                    omega = torch.full_like(losses, self._initial_weight())
+            loss = weighted_loss(losses, omega.to(losses.device), self.normalize)
+            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
+
+        training_step.stand_in = True  # type: ignore[attr-defined]
+        module.training_step = training_step  # type: ignore[method-assign]
+        self._stood_in = module
+
+    def _initial_weight(self) -> float:
+        """ω₀, the weight every row starts at."""
+        if self.initial is not None:
+            return float(self.initial)
+        return 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
+
+    @staticmethod
+    def _drop_stand_in(module: pl.LightningModule) -> None:
+        step = module.__dict__.get("training_step")
+        if getattr(step, "stand_in", False):
+            del module.__dict__["training_step"]
+
     def _wrap(self, module: pl.LightningModule) -> None:
         """``module.training_step`` returns the weighted loss from now until :meth:`unwrap`."""
         if self._module is module:
             return
         self.unwrap()
+        self._drop_stand_in(module)
         self._checked_entries = False
-        self._masked_checks = MASKED_CHECKS
-        original = module.training_step
+        self._masked_checks, self._said_masked = MASKED_CHECKS, False
+        original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
 
         @functools.wraps(original)
@@ -726,7 +857,7 @@ class DataWeightsProblem:
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
                 if _warn_masked_samples(raw, data):
-                    self._masked_checks = 0
+                    self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
@@ -777,6 +908,9 @@ class DataWeightsProblem:
         if self._module is not None:
             self._module.__dict__.pop("training_step", None)
         self._module = self._original = None
+        if self._stood_in is not None:
+            self._drop_stand_in(self._stood_in)
+            self._stood_in = None
 
 
 def directional_losses(
@@ -849,6 +983,18 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+def _examples_of(dataset: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """(the data set under the ``IndexedDataset`` / ``Subset`` wraps, by identity; the
+    positions in it that rows 0..n-1 read, in order, or None for all of it): two training sets
+    with the same first part and other positions give row i to other examples."""
+    base, subsets = _unwrapped(dataset)
+    positions: list[int] | None = None
+    for subset in subsets:  # outermost first
+        idx = [int(i) for i in subset.indices]
+        positions = idx if positions is None else [idx[i] for i in positions]
+    return _identity(base), None if positions is None else tuple(positions)
 
 
 def _check_collation(loader: DataLoader) -> None:
@@ -936,13 +1082,18 @@ def _warn_masked_samples(losses: Any, data: Any) -> bool:
     rank_zero_warn(
         f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
         f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
-        "ignore_index, a mask)? An example whose loss is masked teaches the network nothing, "
-        "but its weight is learned all the same: the normalised loss pushes it down like a "
-        "misfit's, and flagged() names it as suspect. Leave unlabelled examples out of the "
-        "training set (e.g. IndexedDataset(Subset(train_set, labelled))). (A loss that is "
-        "really 0, e.g. a hinge past its margin: ignore this.)"
+        f"ignore_index, a mask)? {_MASKED_WHY} (A loss that is really 0, e.g. a hinge past its "
+        "margin: ignore this.)"
     )
     return True
+
+
+_MASKED_WHY = (
+    "An example whose loss is masked teaches the network nothing, but its weight is learned "
+    "all the same: the normalised loss pushes it down like a misfit's, and flagged() names it "
+    "as suspect. Leave unlabelled examples out of the training set (e.g. "
+    "IndexedDataset(Subset(train_set, labelled)))."
+)
 
 
 def _real_targets(data: Any, losses: Any) -> Tensor | None:
@@ -1086,7 +1237,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the budget spaces the hyper steps (22–30 ran, the corrupted examples' mean weight 0.03 /
         0.19 against the clean ones' 0.66 / 0.53). ``"training"`` with a budget is refused.
     directional:
-        How that cross term's uⱼ = ⟨∇ℓⱼ(w), v⟩ is computed: ``"forward_difference"`` /
+        How that cross term's uⱼ = ⟨∇ℓⱼ(w), v⟩ is computed (with ``cross_term="hyper_step"``
+        there is none: giving it is refused): ``"forward_difference"`` /
         :class:`~hypertorch_sid.core.sample_weights.ForwardDifference` (default; eq. fdcross:
         (ℓⱼ(w + hv) − ℓⱼ(w))/h from the losses the training step already computed and one
         no-grad forward, with the step's own dropout masks; falls back to ForwardMode, with a
@@ -1143,7 +1295,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         objective: str | ValidationObjective = DEFAULT_OBJECTIVE,
         cross_term: Literal["training", "hyper_step"] | None = None,
-        directional: str | DirectionalDerivative = "forward_difference",
+        directional: str | DirectionalDerivative | None = None,
         row_scale: bool | Literal["batch"] = True,
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
@@ -1154,9 +1306,23 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if "problem" in kwargs:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
         cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
+        if sparse_grad and per == "class":
+            raise ConfigurationError(
+                "LearnedDataWeights: sparse_grad=True makes the per-sample logits' gradients "
+                "row-sparse; per='class' every step reads (almost) every class's weight, so its "
+                "gradient is dense and the setting would be ignored. Drop sparse_grad=."
+            )
+        if directional is not None and cross_term == "hyper_step":
+            raise ConfigurationError(
+                f"LearnedDataWeights: directional={directional!r} says how the training "
+                "batches' cross term is computed, which cross_term='hyper_step' (given, or the "
+                f"default under max_overhead={kwargs.get('max_overhead')!r}) does not run: it "
+                "would be ignored. Drop directional=, or pass cross_term='training' (without a "
+                "compute budget: max_overhead=None)."
+            )
         self.directional: DirectionalDerivative = as_strategy(
             "LearnedDataWeights: directional",
-            directional,
+            directional if directional is not None else "forward_difference",
             DirectionalDerivative,
             {"forward_mode": ForwardMode, "forward_difference": ForwardDifference},
             "ForwardDifference(relative_step=1e-3)",
@@ -1223,7 +1389,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
             )
         self._own_outer = kwargs.get("outer_optimizer") is None
         outer_lr = kwargs.pop("outer_lr")  # the drop-in's own LazyAdam's (refused beside another)
-        if self._own_outer:
+        if self._own_outer:  # its settings refused now, not at the fit's first hyper step
+            settings = {"lr": outer_lr, "betas": outer_betas, "row_scale": row_scale}
+            try:
+                LazyAdam([torch.zeros(1, requires_grad=True)], scale_prior=scale_prior, **settings)
+            except (ConfigurationError, TypeError) as err:
+                raise ConfigurationError(
+                    f"LearnedDataWeights: its outer optimizer (outer_lr={outer_lr!r}, "
+                    f"outer_betas={outer_betas!r}, row_scale={row_scale!r}, "
+                    f"scale_prior={scale_prior!r}): {err}"
+                ) from None
             kwargs["outer_optimizer"] = functools.partial(
                 _lazy_adam,
                 problem.parameterization,
@@ -1262,11 +1437,17 @@ class LearnedDataWeights(HyperOptimizationCallback):
         here, naming the cause (they failed at the next hyper step with an index error)."""
         problem = self.problem
         if self.data is not None and problem.per == "sample" and problem.weights is not None:
-            n = len(problem._training_dataset(trainer))
-            if n != problem.weights.n:
+            dataset = problem._training_dataset(trainer)
+            n = len(dataset)
+            if n != problem.weights.n or problem.reads_other_examples(dataset):
+                what = (
+                    f"a training set of {n} examples"
+                    if n != problem.weights.n
+                    else "other examples of the same data set (another split)"
+                )
                 raise ConfigurationError(
                     f"LearnedDataWeights: the train dataloader was reloaded "
-                    f"(reload_dataloaders_every_n_epochs) over a training set of {n} examples; "
+                    f"(reload_dataloaders_every_n_epochs) over {what}; "
                     f"the weights belong to the {problem.weights.n} examples this fit started "
                     "with. Keep one training set for the fit (reload loaders over the same data "
                     "set), or learn its weights in a new fit (a new LearnedDataWeights)."
@@ -1296,7 +1477,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Say once per fit, as soon as the hyper steps have read the validation data, where it
         holds too few examples of a class for the per-sample weights to carry evidence
-        (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing)."""
+        (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing),
+        and where the training read masked examples (:meth:`DataWeightsProblem.masked_rows`)."""
+        masked = self.problem.masked_rows()
+        if masked is not None:
+            rank_zero_warn(f"LearnedDataWeights: {masked}")
         if not self._said_shortfall:
             said = self.problem.validation_shortfall()
             if said is not None:
@@ -1437,6 +1622,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 )
             self.problem.checkpointed_labels = labels
         super().load_state_dict(state_dict)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Before the build, ``training_step`` takes Indexed batches too
+        (:meth:`DataWeightsProblem.stand_in`: Lightning's tuner trials run in between)."""
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self.problem.stand_in(pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give the module its own ``training_step`` back."""

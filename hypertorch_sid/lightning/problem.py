@@ -21,6 +21,7 @@ point of ℓ̂ plus that decay.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -83,6 +84,36 @@ class ProblemSource(Protocol):
         """Refresh what the problem reads from the training, before each hyper step."""
 
 
+#: the submodule ``torch.compile`` wraps a module in (``OptimizedModule._orig_mod``)
+COMPILE_WRAPPER = "_orig_mod."
+
+
+def with_batch_idx(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` (a module's ``training_step``) callable as ``step(batch, batch_idx, ...)``:
+    Lightning lets a ``training_step(self, batch)`` leave ``batch_idx`` out and then passes the
+    batch alone (its own test, ``is_param_in_hook_signature``); the drop-ins' calls passed
+    ``batch_idx`` and failed inside the user's code ("takes 2 positional arguments but 3 were
+    given")."""
+    from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
+
+    if is_param_in_hook_signature(step, "batch_idx", min_args=2):
+        return step
+
+    @functools.wraps(step)
+    def without_batch_idx(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+        return step(batch, *args, **kwargs)
+
+    return without_batch_idx
+
+
+def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
+    """``module.named_parameters()`` by the names the user's code writes: the ``_orig_mod.``
+    that ``torch.compile`` inserts (``self.net = torch.compile(net)``) is left out, so decayed
+    tensors, λ slots, logs and warnings say ``net.0.weight``, not ``net._orig_mod.0.weight``.
+    Every name the drop-ins show or look up comes from here."""
+    return [(n.replace(COMPILE_WRAPPER, ""), p) for n, p in module.named_parameters()]
+
+
 class UntrainedGroups:
     """Says when the training optimizers hold tensors they do not move: a parameter group at
     ``lr=0`` (a backbone "frozen" by its learning rate) at two hyper steps in a row. The hyper
@@ -101,7 +132,7 @@ class UntrainedGroups:
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if self.said:
             return
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         now: dict[tuple[int, int], list[str]] = {}
         trained = 0
         for i, optimizer in enumerate(trainer.optimizers):

@@ -364,7 +364,18 @@ def shard_indices(n: int, rank: int, world_size: int) -> Tensor:
 
 
 def first_loader(loader: Any, what: str) -> DataLoader:
-    """The user's DataLoader (the first of several)."""
+    """The user's DataLoader (the first of several validation loaders). Training loaders given
+    as a list are refused: Lightning hands ``training_step`` a list of batches, one per loader,
+    which the hyper steps, drawing from one data set, cannot give it (the user's step failed
+    inside the user's code: "too many values to unpack")."""
+    if what == "train dataloader" and isinstance(loader, (list, tuple)):
+        raise ConfigurationError(
+            f"HyperOptimizationCallback: the train dataloaders are a {type(loader).__name__} "
+            f"of {len(loader)}, so Lightning hands training_step a list of batches (one per "
+            "loader), but the hyper steps draw their minibatches from one data set and call "
+            "training_step on one batch. Pass one DataLoader: the DataLoader itself for a list "
+            "of one, or one over the combined data (a ConcatDataset) for several."
+        )
     if isinstance(loader, (list, tuple)) and loader and isinstance(loader[0], DataLoader):
         if len(loader) > 1:
             rank_zero_info(f"HyperOptimizationCallback: using the first of {len(loader)} {what}s.")

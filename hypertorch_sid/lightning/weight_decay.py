@@ -88,7 +88,14 @@ from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_i
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
-from .problem import MEANING_KEY, BilevelProblem, UntrainedGroups, check_meaning
+from .problem import (
+    MEANING_KEY,
+    BilevelProblem,
+    UntrainedGroups,
+    check_meaning,
+    named_tensors,
+    with_batch_idx,
+)
 
 __all__ = [
     "LearnedWeightDecay",
@@ -364,7 +371,7 @@ class WeightDecayProblem:
         return optimizer.param_groups[index]
 
     def _collect(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         order = {id(p): i for i, (_, p) in enumerate(module.named_parameters())}
         found: list[tuple[str, Tensor, str]] = []
         placement: list[tuple[torch.optim.Optimizer, int]] = []
@@ -451,7 +458,7 @@ class WeightDecayProblem:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             self._checked_optimizers.add(id(optimizer))
         self._checked_gradients = held is None or self._checked_optimizers >= self._optimizer_ids
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         unused = [
             names.get(id(p), f"tensor {i}")
             for i, p in enumerate(self._inner)
@@ -477,7 +484,7 @@ class WeightDecayProblem:
         frozen = [p for p in self._inner if not p.requires_grad]
         if not frozen:
             return
-        names = {id(p): n for n, p in module.named_parameters()}
+        names = {id(p): n for n, p in named_tensors(module)}
         said = [names.get(id(p), "an unnamed tensor") for p in frozen]
         raise ConfigurationError(
             f"LearnedWeightDecay: {', '.join(said[:5])}{' ...' if len(said) > 5 else ''} "
@@ -561,7 +568,7 @@ class WeightDecayProblem:
         a decoupled decay's preconditioner P, else 1) held constant: differentiable in w only,
         the tensors read through ``module`` now (``hvp="forward"`` swaps them in). Zero, still
         on w's graph, before the first build."""
-        current = dict(module.named_parameters())
+        current = dict(named_tensors(module))  # the names the decay's entries carry
         if self.decay is None:
             return sum((0.0 * p.sum() for p in current.values() if p.requires_grad),
                        torch.zeros(()))  # fmt: skip
@@ -676,9 +683,14 @@ class WeightDecayProblem:
                     " (Lightning skips a batch whose training_step returns None; a hyper step "
                     "needs the loss of every batch it draws)"
                 )
+            got = (
+                f"a tensor of shape {tuple(out.shape)} (per-sample losses? reduce them: .mean())"
+                if isinstance(out, Tensor)
+                else type(out).__name__
+            )
             raise ConfigurationError(
-                f"LearnedWeightDecay: {source} returned {type(out).__name__}, not a scalar "
-                f"tensor ({which} loss): {fix}."
+                f"LearnedWeightDecay: {source} returned {got}, not a scalar tensor ({which} "
+                f"loss): {fix}."
             )
         return out.reshape(())
 
@@ -687,7 +699,7 @@ class WeightDecayProblem:
         if self.training_loss is not None:
             return "training_loss", self.training_loss(module, batch)
         with _muted_logging(module):
-            return "training_step", module.training_step(batch, 0)
+            return "training_step", with_batch_idx(module.training_step)(batch, 0)
 
     def _training_loss_on_validation(
         self, module: pl.LightningModule, batch: Any
@@ -1099,7 +1111,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         problem.validation_size = self._validation_size
         problem.validation_share = self._validation_share
         self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
-        self.weight_decay = problem.weight_decay
+        #: λ₀, the constructor's ``weight_decay`` (also readable by that name, as LightningCLI
+        #: and configs do); the learned λ: :attr:`learned_weight_decay`, :meth:`decay_values`
+        self.initial_weight_decay = problem.weight_decay
+        self._said_initial = False
         self.granularity = granularity
         self.decoupled = decoupled
         self.parameterization = parameterization
@@ -1109,8 +1124,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.invariant = rule
         #: which λ groups (slots; per element, layers) are scale-invariant, once probed
         self.invariant_groups: dict[str, bool] | None = None
+        #: the decay (its tensors) they were probed on: a fit on other tensors (another module
+        #: given to this callback, tensors unfrozen for a new fit) probes again
+        self._probed_on: Any = None
         self._probe_batch: Any = None
-        self._probe_planned = False  # the probe's cost announced to the budget
+        self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
 
     def on_train_batch_end(
         self,
@@ -1121,7 +1139,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         batch_idx: int,
     ) -> None:
         """Keep a training batch for the invariance probe (until it has run)."""
-        if self.invariant.probes and self.invariant_groups is None:
+        if self._probe_pending():
             self._probe_batch = batch
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
@@ -1135,11 +1153,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return self.problem.shrink_step_size(eta)
 
     def _probe_pending(self) -> bool:
-        return (
-            self.invariant.probes
-            and self.invariant_groups is None
-            and self.problem.decay is not None
-        )
+        """Whether the groups are still to be probed on this fit's decayed tensors: once per
+        set of tensors. A callback given another module kept the first module's groups (a
+        LayerNorm model after a plain MLP: its invariant layer's λ rose from 1e-3 to 0.91,
+        not held), silently."""
+        decay = self.problem.decay
+        return self.invariant.probes and decay is not None and self._probed_on is not decay
 
     def _probe(self, pl_module: pl.LightningModule) -> None:
         """Find the invariant groups (:func:`scale_invariant_slots`) on the latest training batch,
@@ -1147,7 +1166,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.invariant_groups = scale_invariant_slots(
             self.problem, pl_module, self._probe_batch, seed=self.seed
         )
-        self._probe_batch = None
+        self._probed_on, self._probe_batch = self.problem.decay, None
 
     def _budget_allows(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         """The budget's decision, the invariance probe planned in: a rule that probes does it
@@ -1159,8 +1178,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         one-off added work, outside the hyper step (whose fixed part the budget measures for the
         next ones). Without a budget, nothing is timed."""
         probe = self._probe_pending()
-        if probe and not self._probe_planned and self.budget.plans_costs():
-            self._probe_planned = True
+        if probe and self._probe_planned is not self.problem.decay and self.budget.plans_costs():
+            self._probe_planned = self.problem.decay
             with self.budget.added_work(), metric_states_kept(pl_module):
                 cost = probe_cost(
                     self.problem, pl_module, self._probe_batch,
@@ -1235,6 +1254,32 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if sid.L != self._estimate_seen[0]:  # a new estimate, made at the λ of this hyper step
             self._estimate_seen = (sid.L, self.problem.lambda_min_at_step)
         return float(sid.L) - self._estimate_seen[1]
+
+    @property
+    def weight_decay(self) -> float:
+        """The constructor's ``weight_decay``, the initial λ₀ (what LightningCLI and a config
+        read back), **not** the learned λ: those are :attr:`learned_weight_decay` (by slot) and
+        :meth:`decay_values` (by tensor). Read after a fit has learned λ it says so, once (users
+        printed it as the learned decay and got λ₀, silently)."""
+        if self.problem.decay is not None and not self._said_initial:
+            self._said_initial = True
+            rank_zero_warn(
+                f"LearnedWeightDecay.weight_decay is the initial λ you passed "
+                f"({self.initial_weight_decay:g}), not the learned one: read "
+                "learned_weight_decay (λ by layer / group / tensor) or decay_values() (λ by "
+                "parameter name); initial_weight_decay names λ₀ without this warning."
+            )
+        return self.initial_weight_decay
+
+    @property
+    def learned_weight_decay(self) -> dict[str, Tensor]:
+        """The learned λ by slot name (one per layer, group or tensor as ``granularity`` says;
+        ``granularity="global"``: one entry; ``"per_element"``: every value of each tensor,
+        flattened), detached; empty before a fit has built λ in this process."""
+        decay = self.problem.decay
+        if decay is None:
+            return {}
+        return decay.by_group() or {name: decay.summary() for name in decay.slot_names}
 
     @property
     def rho(self) -> list[Tensor]:
