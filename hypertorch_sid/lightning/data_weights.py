@@ -624,16 +624,12 @@ class DataWeightsProblem:
         (mislabelled examples are the ones the network does not fit) and, with class labels,
         most flagged rows are predicted as another class (:meth:`_contradicted`); else why
         the flags are no evidence of corrupted labels."""
-        loss = self._last_loss
-        if loss is None or flags.numel() == 0:
+        if self._last_loss is None or flags.numel() == 0:
             return None
         said = self.validation_shortfall()
         if said is not None:
             return said
-        mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
-        mask[flags.to(loss.device)] = True
-        seen = torch.isfinite(loss)
-        low, kept = loss[mask & seen], loss[~mask & seen]
+        low, kept = self._losses_of(flags)
         if low.numel() == 0 or kept.numel() == 0:
             return None
         a, b = float(low.median()), float(kept.median())
@@ -657,16 +653,21 @@ class DataWeightsProblem:
         and returns its rows anyway (refusing them cost two of the tests' noisy fits their
         flags at precision 0.45-0.53; docs/data_weights.md, "Flags the network does not tell
         apart")."""
-        loss = self._last_loss
-        if loss is None or flags.numel() == 0:
+        if self._last_loss is None or flags.numel() == 0:
             return None
-        mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
-        mask[flags.to(loss.device)] = True
-        seen = torch.isfinite(loss)
-        low, kept = loss[mask & seen], loss[~mask & seen]
+        low, kept = self._losses_of(flags)
         if low.numel() == 0 or kept.numel() == 0:
             return None
         return self._no_contrast(low, kept)
+
+    def _losses_of(self, flags: Tensor) -> tuple[Tensor, Tensor]:
+        """The last-visit training losses of the rows ``flags`` and of the other rows seen."""
+        loss = self._last_loss
+        assert loss is not None
+        mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
+        mask[flags.to(loss.device)] = True
+        seen = torch.isfinite(loss)
+        return loss[mask & seen], loss[~mask & seen]
 
     def misfits(self, flags: Tensor) -> Tensor:
         """Of the rows ``flags``, those the network predicted as another class than their label
