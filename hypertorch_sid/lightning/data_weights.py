@@ -480,7 +480,7 @@ class DataWeightsProblem:
                 "target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
                 "batch[1].argmax(1)."
             )
-        low, high = (int(labels.min()), int(labels.max())) if labels.numel() else (0, 0)
+        low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
         if low < 0 or high >= self.num_classes:  # type: ignore[operator]
             unlabelled = (
                 f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
