@@ -7,6 +7,7 @@
 #   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR smoke   # ~2 min: CUDA tests + each benchmark --quick
 #   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR full    # the runs the issues ask for (limits sum to 540 s: one call)
 #   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR s49     # session 49: full, with pair-flip noise and Ren et al. (540 s)
+#   bash scripts/gpu_checks.sh OUT_DIR DATA_DIR next    # what session 49 left: the per-step cuts' wall time, peak memory (470 s)
 #
 # DATA_DIR holds mnist/ and fashion-mnist/ (the IDX .gz files of ../shared/data).
 #
@@ -78,6 +79,18 @@ elif [ "$MODE" = s49 ]; then  # session 49 (H200): today's code, both noises, th
   step resnet18 150 "$PY" benchmarks/bench_weight_decay.py --settings fashion_resnet18 \
     --accelerator gpu --optuna-trials 0 --seeds 0 1 --methods no_wd grid learned_per_layer \
     --fashion-data "$DATA/fashion-mnist" --out "$WORK/res/resnet18_gpu.json"
+elif [ "$MODE" = next ]; then  # for the next GPU session: what session 49 left unmeasured
+  step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+    tests/test_gpu.py tests/test_core_api.py tests/test_bad_input.py tests/test_budget.py
+  # the per-step operation cuts of session 49 on the GPU: the drop-in's wall time over plain
+  # (H200, before them: 2.03-2.81x), and the same counts as on the CPU
+  step noisy_labels 170 "$PY" benchmarks/bench_noisy_labels.py --accelerator gpu \
+    --datasets fashion mnist --noise symmetric pair --epochs 12 --seeds 1 2 3 \
+    --methods plain drop_in oracle --data "$DATA" --out "$WORK/res/noisy_labels_gpu.json"
+  step step_ops 60 "$PY" benchmarks/bench_step_ops.py --out "$WORK/res/step_ops.json"
+  # the per-sample hyper step's peak GPU memory, the softmax rows included (JSON this time)
+  step sample_weight_cost 150 "$PY" benchmarks/bench_sample_weight_cost.py --device cuda \
+    --steps 5 --sizes 1000 1000000 --out "$WORK/res/sample_weight_cost_gpu.json"
 else
   step cuda_tests 80 "$PY" -m pytest -q -p no:cacheprovider -m cuda \
     tests/test_gpu.py tests/test_core_api.py tests/test_bad_input.py tests/test_budget.py
