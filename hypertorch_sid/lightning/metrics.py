@@ -132,7 +132,12 @@ def few_hyper_steps(
     remaining = total - first + 1
     suggest = max(1, remaining // (2 * minimum))
     advice = "Train longer (more optimizer steps)"
-    if suggest < n:
+    if remaining <= 0:  # the first hyper step is due after the fit's last step
+        advice += (
+            f", or lower start_step (the optimizer steps before it train plainly; the fit "
+            f"ends at step {total})"
+        )
+    elif suggest < n:
         advice += (
             f", or pass every_n_steps={suggest} for {remaining // suggest} hyper steps (each "
             "costs its k adjoint products and a validation gradient)"
