@@ -53,7 +53,14 @@ from .isolation import (
     metric_states_kept,
     private_rng,
 )
-from .metrics import FEW_HYPER_STEPS, describe, few_hyper_steps, hyper_metrics, lambda_mean
+from .metrics import (
+    FEW_HYPER_STEPS,
+    describe,
+    few_hyper_steps,
+    hyper_metrics,
+    lambda_mean,
+    readable_progress_bar,
+)
 from .module import BilevelModule
 from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
 from .problem import BilevelProblem, ModuleProblem, ProblemSource, named_tensors
@@ -287,8 +294,10 @@ class HyperOptimizationCallback(Callback):
 
     # ================================================================== hooks (one per job)
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Freeze λ living in the module before the strategy wraps it (DDP skips it)."""
+        """Freeze λ living in the module before the strategy wraps it (DDP skips it); a
+        progress bar that shows λ (:func:`~.metrics.readable_progress_bar`)."""
         if stage == "fit":
+            readable_progress_bar(trainer)
             self._fitting = self._before_build = True
             self._freeze_module_hyperparameters(pl_module)
             self.budget.share_work(None)  # a previous fit's (on_train_start shares this fit's)

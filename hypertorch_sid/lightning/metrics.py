@@ -11,6 +11,7 @@ values) for each entry of the λ summary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -106,6 +107,25 @@ def lambda_mean(summary: dict[str, Tensor]) -> float:
     total = sum(float(v.detach().double().sum()) for v in totals)
     count = sum(v.numel() for v in totals)
     return total / count if count else math.nan
+
+
+def readable_progress_bar(trainer: Any) -> None:
+    """Three significant digits on Lightning's ``RichProgressBar`` (its default progress bar
+    where ``rich`` is installed), whose default ``.3f`` shows the progress bar's ``lam`` at the
+    default start λ = 1e-4, and at any λ below 5e-4, as 0.000. Only the untouched default
+    theme changes (``.3g`` prints a loss of 0.151 as before, 2.3012 as 2.3); a theme the user
+    passed is theirs. TQDM's bar already prints three significant digits."""
+    try:
+        from pytorch_lightning.callbacks.progress.rich_progress import (
+            RichProgressBar,
+            RichProgressBarTheme,
+        )
+    except ImportError:  # pragma: no cover - the module imports without rich
+        return
+    bar = getattr(trainer, "progress_bar_callback", None)
+    if isinstance(bar, RichProgressBar) and bar.theme == RichProgressBarTheme():
+        # a copy: RichProgressBar's default theme is one instance shared by every bar
+        bar.theme = dataclasses.replace(bar.theme, metrics_format=".3g")
 
 
 #: a fit planned with fewer hyper steps than this gets a warning (λ can barely move)
