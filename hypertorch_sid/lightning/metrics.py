@@ -171,7 +171,8 @@ def few_hyper_steps(
         f"this fit runs {runs}, so only {planned} "
         f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
         f"steps{f', from start_step={start_step}' if start_step else ''}): λ will "
-        f"barely move from where it starts. {advice}."
+        "barely move from where it starts, or move with too few hyper steps left to correct "
+        f"itself (the default outer step grows while the hypergradient's sign holds). {advice}."
     )
 
 
