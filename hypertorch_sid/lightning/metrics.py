@@ -128,7 +128,7 @@ def readable_progress_bar(trainer: Any) -> None:
         bar.theme = dataclasses.replace(bar.theme, metrics_format=".3g")
 
 
-#: a fit planned with fewer hyper steps than this gets a warning (λ can barely move)
+#: a fit planned with fewer hyper steps than this gets a warning (λ cannot settle)
 FEW_HYPER_STEPS = 10
 
 
@@ -140,7 +140,9 @@ def few_hyper_steps(
 
     The outer optimizer moves λ a bounded amount per hyper step (Adam: about ``outer_lr``
     in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
-    silently. Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
+    silently; TrustRprop's steps grow while the sign holds, so a few can move λ far (9 moved
+    a digits CNN's 20×) with none left to correct an overshoot. Hyper steps run at the
+    multiples of ``every_n_steps`` from ``start_step`` on.
     """
     if not math.isfinite(total) or total < 0:  # unknown (e.g. a stream, no max_steps): -1
         return None
@@ -172,7 +174,7 @@ def few_hyper_steps(
         f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
         f"steps{f', from start_step={start_step}' if start_step else ''}): λ will "
         "barely move from where it starts, or move with too few hyper steps left to correct "
-        f"itself (the default outer step grows while the hypergradient's sign holds). {advice}."
+        f"itself. {advice}."
     )
 
 
