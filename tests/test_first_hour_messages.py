@@ -45,8 +45,8 @@ def test_the_default_rich_progress_bar_shows_a_small_lambda_not_0_000():
 
 
 def test_the_short_fit_warning_does_not_promise_that_lambda_stays_put():
-    """A fit warned of 9 hyper steps moved a CNN's λ 20× (5e-4 → 2.5e-5, TrustRprop): "barely
-    move" alone was wrong; the warning says either may happen."""
+    """A digits CNN's fit warned of 9 hyper steps: the 6 its budget ran moved λ 20× (5e-4 →
+    2.5e-5, TrustRprop). "barely move" alone was wrong; the warning says either may happen."""
     said = few_hyper_steps(190, 20, 0, 0)
     assert said is not None and "only 9 hyper steps" in said
     assert "barely move" in said and "too few hyper steps left to correct itself" in said

@@ -140,9 +140,9 @@ def few_hyper_steps(
 
     The outer optimizer moves λ a bounded amount per hyper step (Adam: about ``outer_lr``
     in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
-    silently; TrustRprop's steps grow while the sign holds, so a few can move λ far (9 moved
-    a digits CNN's 20×) with none left to correct an overshoot. Hyper steps run at the
-    multiples of ``every_n_steps`` from ``start_step`` on.
+    silently; TrustRprop's steps grow while the sign holds, so a few can move λ far (of a
+    digits CNN's 9 planned, the 6 its budget ran moved λ 20×) with none left to correct it.
+    Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
     """
     if not math.isfinite(total) or total < 0:  # unknown (e.g. a stream, no max_steps): -1
         return None
