@@ -170,6 +170,37 @@ class IndexedFullBatch(pl.LightningDataModule):
         return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=len(self.Xv))
 
 
+#: the careless-user toy: 240 examples, 6 features, 3 classes of a random linear map
+TOY_N, TOY_D, TOY_C = 240, 6, 3
+_toy = torch.Generator().manual_seed(0)
+TOY_X = torch.randn(TOY_N, TOY_D, generator=_toy)
+TOY_Y = (TOY_X @ torch.randn(TOY_D, TOY_C, generator=_toy)).argmax(1)
+
+
+class ToyClassifier(pl.LightningModule):
+    """An MLP 6-16-3 on the careless-user toy, SGD; ``reduction="none"`` for the data weights."""
+
+    def __init__(self, reduction: str = "mean", lr: float = 0.1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(TOY_D, 16), torch.nn.Tanh(), torch.nn.Linear(16, TOY_C)
+        )
+        self.reduction, self.lr = reduction, lr
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return torch.nn.functional.cross_entropy(self(batch[0]), batch[1], reduction=self.reduction)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
 def end_ddp_worker() -> None:
     """Close a DDP test worker's process group before the interpreter exits: left open, gloo's
     threads can abort the process at exit (``terminate called without an active exception``,

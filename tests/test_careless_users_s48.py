@@ -19,7 +19,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import trainer
+from lightning_problems import TOY_C, TOY_D, TOY_N, TOY_X, TOY_Y, ToyClassifier, trainer
 from torch import Tensor, nn
 from torch.utils.data import (
     DataLoader,
@@ -39,10 +39,8 @@ from hypertorch_sid import (
     SIDHyperOptimizer,
 )
 
-N, D, C = 240, 6, 3
-_g = torch.Generator().manual_seed(0)
-X = torch.randn(N, D, generator=_g)
-Y = (X @ torch.randn(D, C, generator=_g)).argmax(1)
+N, D, C = TOY_N, TOY_D, TOY_C
+X, Y = TOY_X, TOY_Y
 
 
 class Tagged(Dataset):
@@ -55,24 +53,7 @@ class Tagged(Dataset):
         return X[i], Y[i], i
 
 
-class Net(pl.LightningModule):
-    def __init__(self, reduction: str = "mean") -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, C))
-        self.reduction = reduction
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1], reduction=self.reduction)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        pass
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+Net = ToyClassifier
 
 
 def _decay() -> LearnedWeightDecay:

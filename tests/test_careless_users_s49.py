@@ -12,7 +12,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import trainer
+from lightning_problems import TOY_C, TOY_D, TOY_N, TOY_X, TOY_Y, ToyClassifier, trainer
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,30 +24,11 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.sample_weights import ExpectedError
 
-N, D, C = 240, 6, 3
-_g = torch.Generator().manual_seed(0)
-X = torch.randn(N, D, generator=_g)
-Y = (X @ torch.randn(D, C, generator=_g)).argmax(1)
+N, D, C = TOY_N, TOY_D, TOY_C
+X, Y = TOY_X, TOY_Y
 
 
-class Net(pl.LightningModule):
-    def __init__(self, reduction: str = "mean", lr: float = 0.1) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, C))
-        self.reduction, self.lr = reduction, lr
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        return F.cross_entropy(self(batch[0]), batch[1], reduction=self.reduction)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        pass
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+Net = ToyClassifier
 
 
 def _indexed(batch_size: int = 16, labels: Tensor = Y) -> DataLoader:
