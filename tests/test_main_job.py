@@ -46,3 +46,17 @@ def test_main_job_with_the_default_budget_also_prints_the_unbudgeted_run(tmp_pat
     assert "LearnedWeightDecay() (1 training)" in printed
     assert "the same, max_overhead=None" in printed
     assert set(result["runs"]) == {"no_wd", "grid_pick", "learned", "learned_every_step"}
+
+
+def test_main_job_writes_outside_the_tracked_files():
+    """A user's run of ``bash scripts/main.sh`` leaves the README's committed run
+    (``results/lightning_digits.*``) as it is: its outputs and logs go under ``results/tmp/``,
+    which git ignores."""
+    import lightning_digits
+
+    repo = Path(__file__).resolve().parents[1]
+    args = lightning_digits.parse_args([])
+    ignored = [line.strip().rstrip("/") for line in (repo / ".gitignore").read_text().splitlines()]
+    assert "results/tmp" in ignored
+    for path in (args.out, args.figure, args.logs):
+        assert path.resolve().is_relative_to(repo / "results" / "tmp"), path
