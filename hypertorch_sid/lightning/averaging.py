@@ -15,16 +15,13 @@ from collections.abc import Sequence
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import StochasticWeightAveraging
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
-try:  # Lightning ≥ 2.5
-    from pytorch_lightning.callbacks import WeightAveraging
+from .namespaces import classes
 
-    _AVERAGING: tuple[type, ...] = (WeightAveraging, StochasticWeightAveraging)
-except ImportError:  # pragma: no cover
-    _AVERAGING = (StochasticWeightAveraging,)
+#: the weight-averaging callbacks (WeightAveraging from Lightning 2.5), in either namespace
+_AVERAGING = classes("callbacks.WeightAveraging") + classes("callbacks.StochasticWeightAveraging")
 
 __all__ = ["averaged_copies", "put_learned_in_averages"]
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, Timer
+from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
@@ -61,7 +61,8 @@ from .metrics import (
     lambda_mean,
     readable_progress_bar,
 )
-from .module import BilevelModule
+from .module import Bilevel
+from .namespaces import classes
 from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
 from .problem import BilevelProblem, ModuleProblem, ProblemSource, named_tensors
 from .sources import HyperData
@@ -508,7 +509,7 @@ class HyperOptimizationCallback(Callback):
 
     # ================================================================== the problem
     def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
-        if isinstance(pl_module, BilevelModule):
+        if isinstance(pl_module, Bilevel):
             named = list(pl_module.named_hyperparameters())
             self._frozen = [(h, h.requires_grad) for _, h in named]
             self._names = [name for name, _ in named]
@@ -990,7 +991,7 @@ def horizon(trainer: pl.Trainer) -> tuple[int, str | None]:
 def _steps_left_in_time(trainer: pl.Trainer, steps: int) -> int | None:
     """The steps a ``max_time`` limit (Lightning's ``Timer``) leaves at the pace so far (None:
     no limit, or no time measured yet)."""
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    timer = next((c for c in trainer.callbacks if isinstance(c, classes("callbacks.Timer"))), None)
     if timer is None:
         return None
     spent, left = timer.time_elapsed("train"), timer.time_remaining("train")

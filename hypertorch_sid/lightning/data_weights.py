@@ -56,7 +56,6 @@ from typing import Any, Literal, NamedTuple
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
-from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import default_collate
@@ -92,6 +91,7 @@ from ..core.sample_weights import (
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
 from .isolation import metric_states_kept
+from .namespaces import is_overridden
 from .problem import (
     MEANING_KEY,
     BilevelProblem,

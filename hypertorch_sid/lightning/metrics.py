@@ -20,6 +20,7 @@ import numpy as np
 from torch import Tensor
 
 from ..core.optimizer import SIDHyperOptimizer
+from .namespaces import classes
 
 
 def hyper_metrics(
@@ -115,15 +116,11 @@ def readable_progress_bar(trainer: Any) -> None:
     default start λ = 1e-4, and at any λ below 5e-4, as 0.000. Only the untouched default
     theme changes (``.3g`` prints a loss of 0.151 as before, 2.3012 as 2.3); a theme the user
     passed is theirs. TQDM's bar already prints three significant digits."""
-    try:
-        from pytorch_lightning.callbacks.progress.rich_progress import (
-            RichProgressBar,
-            RichProgressBarTheme,
-        )
-    except ImportError:  # pragma: no cover - the module imports without rich
-        return
     bar = getattr(trainer, "progress_bar_callback", None)
-    if isinstance(bar, RichProgressBar) and bar.theme == RichProgressBarTheme():
+    if not isinstance(bar, classes("callbacks.progress.rich_progress.RichProgressBar")):
+        return
+    default = type(bar.theme)()  # RichProgressBarTheme of the bar's own Lightning namespace
+    if bar.theme == default:
         # a copy: RichProgressBar's default theme is one instance shared by every bar
         bar.theme = dataclasses.replace(bar.theme, metrics_format=".3g")
 

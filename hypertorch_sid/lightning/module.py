@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from ..core.errors import ConfigurationError
 from ..core.validation import check_inner_optimizers
 
-__all__ = ["BilevelModule"]
+__all__ = ["Bilevel", "BilevelModule"]
 
 
 class _Reads(torch.overrides.TorchFunctionMode):
@@ -73,19 +73,12 @@ class _Reads(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class BilevelModule(pl.LightningModule):
-    """A ``LightningModule`` with hyperparameters λ kept apart from its parameters w.
-
-    Subclasses declare λ with :meth:`register_hyperparameter` (in ``__init__``, after
-    ``super().__init__()``), write :meth:`inner_loss` and :meth:`outer_loss`, and build their
-    optimizers over :meth:`inner_parameters`. The default :meth:`training_step` returns
-    ``inner_loss(batch)`` and the default :meth:`validation_step` logs ``outer_loss(batch)``.
-
-    During ``trainer.fit`` with a :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`,
-    λ has ``requires_grad=False`` except inside the callback's hyper steps: the training backward
-    then computes no ∂ℓ̂/∂λ, and under DDP λ is not part of the gradient all-reduce (λ changes
-    only through the callback, identically on every rank).
-    """
+class Bilevel:
+    """What makes a ``LightningModule`` bilevel, for either Lightning namespace: hyperparameters
+    λ kept apart from the parameters w, the two objectives, the default steps. It is mixed into
+    :class:`BilevelModule` (``pytorch_lightning``) and into
+    :class:`hypertorch_sid.lightning.unified.BilevelModule` (``lightning.pytorch``, for
+    ``import lightning as L``); the callbacks recognise a bilevel module by this class."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -250,3 +243,22 @@ class BilevelModule(pl.LightningModule):
                 "as inner_loss does."
             )
         return out
+
+
+class BilevelModule(Bilevel, pl.LightningModule):
+    """A ``LightningModule`` with hyperparameters λ kept apart from its parameters w.
+
+    Subclasses declare λ with :meth:`register_hyperparameter` (in ``__init__``, after
+    ``super().__init__()``), write :meth:`inner_loss` and :meth:`outer_loss`, and build their
+    optimizers over :meth:`inner_parameters`. The default :meth:`training_step` returns
+    ``inner_loss(batch)`` and the default :meth:`validation_step` logs ``outer_loss(batch)``.
+
+    During ``trainer.fit`` with a :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`,
+    λ has ``requires_grad=False`` except inside the callback's hyper steps: the training backward
+    then computes no ∂ℓ̂/∂λ, and under DDP λ is not part of the gradient all-reduce (λ changes
+    only through the callback, identically on every rank).
+
+    This one is a ``pytorch_lightning.LightningModule`` (for ``pytorch_lightning.Trainer``); with
+    the unified package's ``lightning.Trainer`` subclass
+    :class:`hypertorch_sid.lightning.unified.BilevelModule` instead.
+    """

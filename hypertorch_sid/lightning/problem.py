@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..core.errors import ConfigurationError
 from ..core.validation import check_inner_optimizers
-from .module import BilevelModule
+from .module import Bilevel
 
 Tensors = list[Tensor]
 
@@ -175,14 +175,14 @@ class ModuleProblem:
     """
 
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        if isinstance(module, BilevelModule):
+        if isinstance(module, Bilevel):
             named = list(module.named_hyperparameters())
             check_inner_optimizers(trainer.optimizers, [h for _, h in named], [n for n, _ in named])
             module._check_lambda_read = True
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("HyperOptimizationCallback")
-        if not isinstance(module, BilevelModule):
+        if not isinstance(module, Bilevel):
             raise ConfigurationError(
                 "HyperOptimizationCallback needs a BilevelModule (declare λ with "
                 "register_hyperparameter and write inner_loss/outer_loss); for weight decay on "

@@ -29,7 +29,6 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
-from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import Tensor
 from torch.utils.data import (
     DataLoader,
@@ -46,6 +45,7 @@ from ..core.batches import batch_size as samples_in
 from ..core.errors import ConfigurationError
 from ..core.outer import SeveralBatches
 from ..core.sample_weights import IndexedDataset
+from .namespaces import is_overridden
 
 __all__ = [
     "LoaderBatches",

@@ -12,12 +12,11 @@ reads its shard of one global minibatch. The samplers' places are part of the ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import (
     DataLoader,
@@ -31,6 +30,7 @@ from torch.utils.data import (
 
 from ..core.batches import BatchStream
 from ..core.errors import ConfigurationError
+from .namespaces import namespace_of
 from .sampling import (
     LoaderBatches,
     SampledBatches,
@@ -255,7 +255,7 @@ class HyperData:
         trainer = self.trainer
 
         def prepare(batch: Any) -> Any:
-            with _stage(trainer, RunningStage.VALIDATING if validation else None):
+            with _validating(trainer) if validation else nullcontext():
                 batch = trainer.precision_plugin.convert_input(batch)
                 batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
                 return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
@@ -387,11 +387,10 @@ def _refuse_empty(dataset: Dataset, what: str) -> None:
 
 
 @contextmanager
-def _stage(trainer: pl.Trainer, stage: RunningStage | None) -> Iterator[None]:
-    """The trainer in ``stage`` for the duration (None: unchanged)."""
-    if stage is None:
-        yield
-        return
+def _validating(trainer: pl.Trainer) -> Iterator[None]:
+    """The trainer in its validating stage for the duration (the stage of the trainer's own
+    Lightning namespace)."""
+    stage = namespace_of(trainer).trainer.states.RunningStage.VALIDATING
     before, trainer.state.stage = trainer.state.stage, stage
     try:
         yield
