@@ -8,7 +8,7 @@ Importing this package imports ``pytorch_lightning``; the core does not.
 
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .data_weights import DataWeightsProblem, LearnedDataWeights
-from .module import BilevelModule
+from .module import Bilevel, BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .weight_decay import LearnedWeightDecay, WeightDecayProblem
 
@@ -16,6 +16,7 @@ __all__ = [
     "CALLBACK_CONFIG",
     "DataWeightsProblem",
     "LearnedDataWeights",
+    "Bilevel",
     "BilevelModule",
     "BilevelProblem",
     "HyperOptimizationCallback",

@@ -256,7 +256,7 @@ class BilevelModule(Bilevel, pl.LightningModule):
     During ``trainer.fit`` with a :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`,
     λ has ``requires_grad=False`` except inside the callback's hyper steps: the training backward
     then computes no ∂ℓ̂/∂λ, and under DDP λ is not part of the gradient all-reduce (λ changes
-    only through the callback, identically on every rank).
+    only through the callback, identically on every rank). The methods are :class:`Bilevel`'s.
 
     This one is a ``pytorch_lightning.LightningModule`` (for ``pytorch_lightning.Trainer``); with
     the unified package's ``lightning.Trainer`` subclass
