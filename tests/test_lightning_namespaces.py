@@ -227,3 +227,95 @@ def test_the_lightning_rich_progress_bar_shows_a_small_lambda_not_0_000() -> Non
         trainer, module, "fit"
     )
     assert bar.theme.metrics_format == ".3g"
+
+
+def test_lightning_cli_of_the_unified_package_configures_the_drop_ins(monkeypatch: Any) -> None:
+    """``lightning.pytorch.cli.LightningCLI`` accepts subclasses of its own ``Callback`` only
+    ("does not correspond to a subclass of Callback" before session 50)."""
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    class Data(L.LightningDataModule):
+        def train_dataloader(self) -> DataLoader:
+            return _toy_loaders(False)[0]
+
+        def val_dataloader(self) -> DataLoader:
+            return _toy_loaders(False)[1]
+
+    class Classifier(type(_classifier(L, "mean"))):  # LightningCLI needs a class
+        pass
+
+    decay = {"weight_decay": 1e-3, "every_n_steps": 3, "start_step": 3, "max_overhead": None}
+    callbacks = [
+        {"class_path": "hypertorch_sid.LearnedWeightDecay", "init_args": decay},
+        {"class_path": "hypertorch_sid.LearnedDataWeights", "init_args": {"start_step": 5}},
+    ]
+    trainer = {"max_epochs": 3, "logger": False, "enable_checkpointing": False}
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    cli = LightningCLI(
+        Classifier,
+        Data,
+        args={"trainer": {**trainer, "callbacks": callbacks}},
+        run=False,
+        save_config_callback=None,
+    )
+    configured = [c for c in cli.trainer.callbacks if isinstance(c, HyperOptimizationCallback)]
+    assert [type(c) for c in configured] == [LearnedWeightDecay, LearnedDataWeights]
+    assert all(isinstance(c, (L.Callback, pl.Callback)) for c in configured)
+    assert (configured[0].initial_weight_decay, configured[1].start_step) == (1e-3, 5)
+
+
+def _settings(callback: Any) -> dict[str, str]:
+    """What a callback was built with, comparable between two instances (addresses dropped)."""
+    import re
+
+    def plain(value: Any) -> str:
+        if hasattr(value, "__dict__") and not callable(value):
+            value = {k: plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+        return re.sub(r" at 0x[0-9a-f]+", "", repr(value))
+
+    return {k: plain(v) for k, v in vars(callback).items() if not k.startswith("_")}
+
+
+CLI_CASES = [
+    ("LearnedWeightDecay", {}),
+    ("LearnedWeightDecay", {"granularity": "per_element"}),
+    ("LearnedWeightDecay", {"max_overhead": None, "outer_lr": 0.1}),
+    ("LearnedWeightDecay", {"preset": "stoch_dec"}),
+    ("LearnedDataWeights", {}),
+    ("LearnedDataWeights", {"per": "class", "num_classes": 3}),
+    ("LearnedDataWeights", {"max_overhead": 0.5}),
+    ("HyperOptimizationCallback", {}),
+]
+
+
+@pytest.mark.parametrize("name", list(NAMESPACES))
+@pytest.mark.parametrize(("drop_in", "init_args"), CLI_CASES)
+def test_lightning_cli_builds_the_callback_its_python_call_builds(
+    name: str, drop_in: str, init_args: dict, monkeypatch: Any
+) -> None:
+    """A ``LightningCLI`` passes every parameter's default explicitly, the parent's for the
+    ``**kwargs`` a drop-in forwards: before session 50 ``LearnedWeightDecay`` from a CLI config
+    ran the plain callback's defaults (a hyper step every 10 steps, no budget, no adjoint steps
+    set, Adam at 0.01 instead of TrustRprop at 0.3) and ``LearnedDataWeights`` failed."""
+    pytest.importorskip("jsonargparse")
+    import importlib
+
+    import hypertorch_sid
+
+    cli_module = importlib.import_module(f"{name}.cli")
+    ns = NAMESPACES[name]
+
+    class Classifier(type(_classifier(ns, "mean"))):
+        pass
+
+    callbacks = [{"class_path": f"hypertorch_sid.{drop_in}", "init_args": init_args}]
+    monkeypatch.setattr("sys.argv", ["train.py"])
+    cli = cli_module.LightningCLI(
+        Classifier,
+        args={"trainer": {"logger": False, "callbacks": callbacks}},
+        run=False,
+        save_config_callback=None,
+    )
+    (built,) = [c for c in cli.trainer.callbacks if isinstance(c, HyperOptimizationCallback)]
+    assert _settings(built) == _settings(getattr(hypertorch_sid, drop_in)(**init_args))

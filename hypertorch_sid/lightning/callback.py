@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
@@ -93,14 +92,38 @@ CALLBACK_CONFIG = SIDConfig(
 )
 
 
-class HyperOptimizationCallback(Callback):
+def given(value: Any, default: Any) -> Any:
+    """``value``, or ``default`` where it is None (not given: a ``LightningCLI`` passes every
+    parameter's default explicitly, so "absent" cannot be told from "the default")."""
+    return default if value is None else value
+
+
+def default_unless_given(kwargs: dict[str, Any], name: str, default: Any) -> None:
+    """``kwargs[name] = default`` unless a value other than None is there: a drop-in's own
+    default for a parameter of :class:`HyperOptimizationCallback`, kept when a ``LightningCLI``
+    passes the parent's default (None) for it."""
+    if kwargs.get(name) is None:
+        kwargs[name] = default
+
+
+#: Lightning's ``Callback`` from every installed namespace: the callbacks derive from each, so a
+#: ``lightning.pytorch`` ``LightningCLI`` (which accepts subclasses of its own ``Callback`` only)
+#: configures them as a ``pytorch_lightning`` one does
+CALLBACK_BASES: tuple[type, ...] = classes("callbacks.Callback")
+
+
+class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
     Parameters
     ----------
     every_n_steps:
         Run one hyper step (adjoint solve + outer step) after every ``every_n_steps`` optimizer
-        steps of the training (the warm-started inner solver of Algorithm 1).
+        steps of the training (the warm-started inner solver of Algorithm 1). ``None``: 10 (the
+        drop-ins: their own).
+
+    Every default that a drop-in replaces by its own is ``None`` here ("not given"), so that a
+    ``LightningCLI``, which passes each parameter's default explicitly, keeps the drop-in's.
     adjoint_steps:
         k, the steps of the adjoint solve (eq. backalg). ``None``: 10, or with ``preset`` the
         paper's rule k = round(%LS × ``preset_epochs`` × n_tr / batch size).
@@ -128,7 +151,8 @@ class HyperOptimizationCallback(Callback):
         warns and leaves λ unchanged for that hyper step (after ``config.on_divergence``'s
         retries; v is reset, so the next hyper step starts clean).
     start_step:
-        No hyper step before this many optimizer steps (let w approach w(λ) first).
+        No hyper step before this many optimizer steps (let w approach w(λ) first). ``None``: 0
+        (:class:`~hypertorch_sid.LearnedDataWeights`: 50).
     seed:
         Seed of the callback's training sampler (the validation sampler uses ``seed + 1``) and of
         the randomness (dropout) inside hyper steps; the training's own RNG streams are left
@@ -156,7 +180,7 @@ class HyperOptimizationCallback(Callback):
     config:
         How SID runs (:class:`~hypertorch_sid.core.config.SIDConfig`, shared with the core and
         validated there): schedules, constants, curvature, damping, adjoint solver, divergence
-        policy, batch sources. Default: :data:`CALLBACK_CONFIG`. Its ``inner_steps`` is ignored
+        policy, batch sources. ``None``: :data:`CALLBACK_CONFIG`. Its ``inner_steps`` is ignored
         (Lightning's training is the inner solver).
     problem:
         A :class:`~hypertorch_sid.lightning.problem.ProblemSource`: where λ, w, ℓ̂ and E come
@@ -189,7 +213,7 @@ class HyperOptimizationCallback(Callback):
 
     def __init__(
         self,
-        every_n_steps: int = 10,
+        every_n_steps: int | None = None,
         adjoint_steps: int | None = None,
         outer_optimizer: OptimizerCallable | None = None,
         outer_lr: float | None = None,
@@ -198,18 +222,18 @@ class HyperOptimizationCallback(Callback):
         val_batch_size: int | None = None,
         preset: str | None = None,
         preset_epochs: float = 1.0,
-        start_step: int = 0,
+        start_step: int | None = None,
         on_divergence: Literal["raise", "skip"] = "skip",
         seed: int = 0,
         log_to_loggers: bool = True,
         max_overhead: float | Budget | None = None,
-        config: SIDConfig = CALLBACK_CONFIG,
+        config: SIDConfig | None = None,
         problem: ProblemSource | None = None,
         **settings: Any,
     ) -> None:
         super().__init__()
         who = "HyperOptimizationCallback: "
-        every_n_steps = check_integer(who + "every_n_steps", every_n_steps, 1)
+        every_n_steps = check_integer(who + "every_n_steps", given(every_n_steps, 10), 1)
         adjoint_steps = check_integer(who + "adjoint_steps", adjoint_steps, 1, allow_none=True)
         if outer_optimizer is not None and not callable(outer_optimizer):
             raise ConfigurationError(
@@ -232,7 +256,8 @@ class HyperOptimizationCallback(Callback):
         if preset is not None:
             check_choice(who + "preset", preset, list(PRESETS))
         preset_epochs = check_positive(who + "preset_epochs", preset_epochs)
-        start_step = check_integer(who + "start_step", start_step, 0)
+        start_step = check_integer(who + "start_step", given(start_step, 0), 0)
+        config = given(config, CALLBACK_CONFIG)
         check_choice(who + "on_divergence", on_divergence, ("raise", "skip"))
         seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):

@@ -74,6 +74,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..core.batches import head
+from ..core.budget import Budget
 from ..core.decay import (
     GRANULARITIES,
     ElementModel,
@@ -85,7 +86,7 @@ from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.outer_step import TrustRprop
 from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_invariant
-from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
+from .callback import CALLBACK_CONFIG, HyperOptimizationCallback, default_unless_given, given
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
 from .problem import (
@@ -878,6 +879,10 @@ def _with_their_layers(tensors: list[Tensor], module: pl.LightningModule) -> lis
     return [*tensors, *extra]
 
 
+#: the drop-in's compute budget (``max_overhead="auto"``, not per element): see :func:`_defaults`
+DEFAULT_MAX_OVERHEAD = 0.5
+
+
 def _defaults(
     granularity: str, elements: ElementModel, kwargs: dict[str, Any], parameterization: str = "log"
 ) -> dict[str, Any]:
@@ -919,22 +924,21 @@ def _defaults(
     3.9×. Explicit settings (or ``config=``/``curvature=``) win.
     """
     per_element = granularity == "per_element"
-    defaults: dict[str, Any] = {
-        "every_n_steps": 20,
-        "max_overhead": elements.max_overhead if per_element else 0.5,
-    }
-    if "preset" not in kwargs:
+    defaults: dict[str, Any] = {"every_n_steps": 20}
+    if kwargs.get("preset") is None:
         defaults["adjoint_steps"] = 3
-    if "outer_optimizer" not in kwargs:
+    if kwargs.get("outer_optimizer") is None:
         defaults["outer_lr"] = elements.outer_lr if per_element else 0.3
-        own = elements.outer_optimizer(kwargs.get("outer_lr", defaults["outer_lr"]))
+        own = elements.outer_optimizer(given(kwargs.get("outer_lr"), defaults["outer_lr"]))
         if per_element and own is not None:  # e.g. ShrunkToLayer's step
             defaults["outer_optimizer"] = own
         elif not per_element and parameterization == "log":
-            lr = kwargs.get("outer_lr", defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen to it
+            lr = given(kwargs.get("outer_lr"), defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen
             sizes = (min(1e-2, lr), max(2.0, lr))
             defaults["outer_optimizer"] = functools.partial(TrustRprop, lr=lr, step_sizes=sizes)
-    fixed = elements.refresh_curvature or {"config", "curvature"} & set(kwargs)
+    fixed = elements.refresh_curvature or any(
+        kwargs.get(name) is not None for name in ("config", "curvature")
+    )
     if per_element and not fixed:
         defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
     return defaults
@@ -1017,6 +1021,13 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         layers'), ``"untied"``
         (:class:`~hypertorch_sid.Untied`: one free λ per element, as in 0.1 — it fitted
         the validation set), or an :class:`~hypertorch_sid.ElementModel`.
+    max_overhead:
+        The compute budget of the hyper steps, a share of the training's own compute.
+        ``"auto"``: 0.5 (hyper steps within half of the training's compute, measured as it
+        runs); per element ``None``, the element model's (a budget of 0.5 starved its hyper
+        steps, see :class:`~hypertorch_sid.core.decay.ElementModel`). ``None`` runs every due
+        hyper step and makes a seeded fit bit-for-bit repeatable. A
+        :class:`~hypertorch_sid.core.budget.Budget` (e.g. ``PlannedBudget(0.5)``) for another.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`
         (``every_n_steps``, ``adjoint_steps``, ``outer_lr``, ``val``, ``config``, ...). The
@@ -1025,10 +1036,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         first step of :class:`~hypertorch_sid.core.outer_step.TrustRprop` on log λ, the outer
         step; per element Adam's lr, ``1.0`` untied, with one curvature estimate:
         ``EstimatedCurvature(every=None)``),
-        ``max_overhead=0.5`` (hyper steps within half of the training's compute, measured as it
-        runs; ``max_overhead=None`` runs every due hyper step and makes a seeded fit bit-for-bit
-        repeatable; per element ``None``: a budget of 0.5 starved its hyper steps, see
-        :class:`~hypertorch_sid.core.decay.ElementModel`); the validation gradient at the
+        the validation gradient at the
         current weights (``look_ahead=TrainedWeights()`` reads it at the weights the training
         will reach: an option, see ``_defaults``).
 
@@ -1057,14 +1065,16 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         elements: str | ElementModel = "layer_then_shrunk",
         invariant: str | InvariantRule = "held",
         min_weight_decay: float = 0.0,
+        max_overhead: float | Budget | Literal["auto"] | None = "auto",
         **kwargs: Any,
     ) -> None:
-        if "problem" in kwargs:
+        if kwargs.get("problem") is not None:
             raise ConfigurationError(
                 "LearnedWeightDecay builds its own problem; use HyperOptimizationCallback("
                 "problem=...) for another one."
             )
-        if kwargs.get("outer_optimizer") is not None and "outer_lr" in kwargs:
+        kwargs.pop("problem", None)  # None: a LightningCLI passes every parameter it knows
+        if kwargs.get("outer_optimizer") is not None and kwargs.get("outer_lr") is not None:
             raise ConfigurationError(
                 f"LearnedWeightDecay: outer_lr={kwargs['outer_lr']!r} sets the drop-in's own "
                 "outer step (its first step on log λ), but outer_optimizer= replaces it, so "
@@ -1087,7 +1097,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         except ConfigurationError as err:
             raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
         for name, value in _defaults(granularity, model, kwargs, parameterization).items():
-            kwargs.setdefault(name, value)
+            default_unless_given(kwargs, name, value)
+        auto = isinstance(max_overhead, str) and max_overhead == "auto"
+        per_element = granularity == "per_element"
+        if auto:  # per element the element model's own budget (none: a budget starved it)
+            max_overhead = model.max_overhead if per_element else DEFAULT_MAX_OVERHEAD
+        kwargs["max_overhead"] = max_overhead
         own_lr = None
         if kwargs.get("outer_optimizer") is not None:
             own_lr = kwargs.pop("outer_lr", None)  # read by the drop-in's own outer step
