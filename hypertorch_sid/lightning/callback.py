@@ -106,6 +106,12 @@ def default_unless_given(kwargs: dict[str, Any], name: str, default: Any) -> Non
         kwargs[name] = default
 
 
+def config_given(kwargs: dict[str, Any]) -> bool:
+    """Whether a drop-in's ``config=`` is a choice: one other than :data:`CALLBACK_CONFIG`, the
+    default a ``LightningCLI`` passes explicitly."""
+    return kwargs.get("config") not in (None, CALLBACK_CONFIG)
+
+
 #: Lightning's ``Callback`` from every installed namespace: the callbacks derive from each, so a
 #: ``lightning.pytorch`` ``LightningCLI`` (which accepts subclasses of its own ``Callback`` only)
 #: configures them as a ``pytorch_lightning`` one does
@@ -180,7 +186,8 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     config:
         How SID runs (:class:`~hypertorch_sid.core.config.SIDConfig`, shared with the core and
         validated there): schedules, constants, curvature, damping, adjoint solver, divergence
-        policy, batch sources. ``None``: :data:`CALLBACK_CONFIG`. Its ``inner_steps`` is ignored
+        policy, batch sources. Default: :data:`CALLBACK_CONFIG` (a drop-in given a ``config``
+        equal to it applies its own defaults, as when given none). Its ``inner_steps`` is ignored
         (Lightning's training is the inner solver).
     problem:
         A :class:`~hypertorch_sid.lightning.problem.ProblemSource`: where λ, w, ℓ̂ and E come
@@ -227,7 +234,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         seed: int = 0,
         log_to_loggers: bool = True,
         max_overhead: float | Budget | None = None,
-        config: SIDConfig | None = None,
+        config: SIDConfig = CALLBACK_CONFIG,
         problem: ProblemSource | None = None,
         **settings: Any,
     ) -> None:
@@ -257,7 +264,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             check_choice(who + "preset", preset, list(PRESETS))
         preset_epochs = check_positive(who + "preset_epochs", preset_epochs)
         start_step = check_integer(who + "start_step", given(start_step, 0), 0)
-        config = given(config, CALLBACK_CONFIG)
         check_choice(who + "on_divergence", on_divergence, ("raise", "skip"))
         seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):

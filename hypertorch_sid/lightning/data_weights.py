@@ -89,7 +89,7 @@ from ..core.sample_weights import (
     weighted_loss,
 )
 from ..core.validation import as_strategy
-from .callback import HyperOptimizationCallback, default_unless_given
+from .callback import HyperOptimizationCallback, config_given, default_unless_given
 from .isolation import metric_states_kept
 from .namespaces import is_overridden
 from .problem import (
@@ -1346,7 +1346,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             if kwargs.get("val_batch_size") is None and kwargs.get("val", "batch") == "batch"
             else None
         )
-        if kwargs.get("config") is None and kwargs.get("batches") is None:
+        if not config_given(kwargs) and kwargs.get("batches") is None:
             kwargs["batches"] = Batches(d2=1 if cross_term == "training" else 4)
         # the curvature estimate is the callbacks' (the mean of its minibatches' Hessians).
         # EstimatedCurvature(minibatches="each") (the union of their spectra), against it,

@@ -86,7 +86,13 @@ from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.outer_step import TrustRprop
 from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_invariant
-from .callback import CALLBACK_CONFIG, HyperOptimizationCallback, default_unless_given, given
+from .callback import (
+    CALLBACK_CONFIG,
+    HyperOptimizationCallback,
+    config_given,
+    default_unless_given,
+    given,
+)
 from .isolation import metric_states_kept, private_rng
 from .optimizer_decay import decouples, preconditioner
 from .problem import (
@@ -936,9 +942,8 @@ def _defaults(
             lr = given(kwargs.get("outer_lr"), defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen
             sizes = (min(1e-2, lr), max(2.0, lr))
             defaults["outer_optimizer"] = functools.partial(TrustRprop, lr=lr, step_sizes=sizes)
-    fixed = elements.refresh_curvature or any(
-        kwargs.get(name) is not None for name in ("config", "curvature")
-    )
+    chosen = config_given(kwargs) or kwargs.get("curvature") is not None
+    fixed = elements.refresh_curvature or chosen
     if per_element and not fixed:
         defaults["curvature"] = dataclasses.replace(CALLBACK_CONFIG.curvature, every=None)
     return defaults
