@@ -568,7 +568,8 @@ class Setup:
         loss, acc = test_loss(
             model, DataLoader(self.test, batch_size=500, **test_kw), self.regression
         )
-        record.update(test_loss=loss, test_acc=acc, epochs_run=tr.current_epoch)
+        val_loss, _ = test_loss(model, val, self.regression)  # the clean set the user holds
+        record.update(test_loss=loss, test_acc=acc, val_loss=val_loss, epochs_run=tr.current_epoch)
         if arm == "decay":
             lam = {k: float(v.mean()) for k, v in cb.learned_weight_decay.items()}
             record["lam"] = lam
