@@ -33,6 +33,7 @@ import argparse
 import gzip
 import json
 import re
+import sys
 import tarfile
 import tempfile
 import time
@@ -674,7 +675,11 @@ def main(argv: list[str] | None = None) -> None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(
                     json.dumps(
-                        {"command": "see the module docstring", "noise": NOISE, "records": old},
+                        {
+                            "command": " ".join(["python", *sys.argv]),
+                            "noise": NOISE,
+                            "records": old,
+                        },
                         indent=1,
                     )
                 )
