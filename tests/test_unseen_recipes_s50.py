@@ -88,17 +88,19 @@ def test_a_collate_fns_second_item_is_not_taken_for_the_labels():
         collate_fn=indexed_collate(bag_collate),
     )
     val = DataLoader(Documents(*_documents(N_VAL, 1)), batch_size=30, collate_fn=bag_collate)
-    cb = LearnedDataWeights()
-    pl.seed_everything(0, verbose=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a short fit: few hyper steps, unconverged solves
-        pl.Trainer(
-            max_epochs=15, callbacks=[cb], logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-        ).fit(MeanBag(), train, val)  # fmt: skip
-    w = cb.data_weights()
-    assert torch.isfinite(w).all()
-    assert w[:80].mean() < w[80:].mean() - 0.1  # the flipped labels weigh less
+    for cb in (LearnedDataWeights(), LearnedDataWeights(target=lambda batch: batch[-1])):
+        pl.seed_everything(0, verbose=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a short fit: few hyper steps, unconverged solves
+            pl.Trainer(
+                max_epochs=15, callbacks=[cb], logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+            ).fit(MeanBag(), train, val)  # fmt: skip
+        w = cb.data_weights()
+        assert torch.isfinite(w).all()
+        assert w[:80].mean() < w[80:].mean() - 0.1  # the flipped labels weigh less
+    # target= names the labels: those are read and checked
+    torch.testing.assert_close(cb.problem._labels, noisy)
 
 
 def test_an_embedding_bag_with_offsets_is_told_the_twice_differentiable_form_of_its_input():
