@@ -58,7 +58,11 @@ def check_second_derivatives(module: Any, inner_parameters: Sequence[Tensor]) ->
             raise ConfigurationError(
                 f"{what}): torch has no second derivative for EmbeddingBag, which SID's "
                 "Hessian–vector products need. Use nn.Embedding followed by .sum(1) or .mean(1) "
-                "(the same bag, twice differentiable), or freeze it (requires_grad=False)."
+                "(the same bag, twice differentiable); for a 1-D input with offsets, sum each "
+                "bag's rows with index_add: torch.zeros(len(offsets), dim).index_add(0, bag_of_"
+                "each_token, emb(tokens)), bag_of_each_token = torch.repeat_interleave(torch."
+                "arange(len(offsets)), torch.diff(offsets, append=torch.tensor([len(tokens)])))"
+                " (divide by the sizes for mode='mean'); or freeze it (requires_grad=False)."
             )
         if isinstance(m, torch.nn.Embedding) and m.sparse:
             raise ConfigurationError(

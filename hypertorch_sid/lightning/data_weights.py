@@ -282,6 +282,9 @@ class DataWeightsProblem:
         self.gauge = gauge
         self.target = target or _default_target
         self._own_target = target is not None
+        #: whether a batch's ``data[1]`` is its labels: only under torch's default collation,
+        #: which keeps the samples' (x, y, ...) layout (set at each fit's start)
+        self._labels_by_position = True
         self.validation_loss = validation_loss
         #: E from the validation batch's per-sample losses (refused now, not at the fit)
         self.objective = as_validation_objective(objective)
@@ -454,6 +457,8 @@ class DataWeightsProblem:
             )
         if self.per == "sample":
             _check_collation(loader)
+            collate = getattr(loader.collate_fn, "fn", loader.collate_fn)
+            self._labels_by_position = collate is default_collate
         if self.normalize and loader.batch_size == 1:
             raise ConfigurationError(
                 "LearnedDataWeights: the train DataLoader has batch_size=1, and the "
@@ -559,9 +564,13 @@ class DataWeightsProblem:
 
     def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
         """The batch's integer labels (``target``, by default ``data[1]``), or None where it
-        holds none to read (dict samples, soft labels, a sequence target)."""
-        if not self._own_target and not isinstance(data, (list, tuple)):
-            return None  # only a (x, y, ...) sample names its label by position
+        holds none to read (dict samples, soft labels, a sequence target, or a ``collate_fn``
+        of the user's: its batch's ``[1]`` need not be the labels, e.g. EmbeddingBag's offsets
+        in ``(tokens, offsets, y)``, which change with the batch; ``target=`` names them)."""
+        if not self._own_target and not (
+            self._labels_by_position and isinstance(data, (list, tuple))
+        ):
+            return None  # only a default-collated (x, y, ...) sample names its label by position
         try:
             labels = self.target(data) if self._own_target else data[1]
         except (TypeError, IndexError, KeyError, ConfigurationError):
@@ -1203,7 +1212,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the outliers carrying each minibatch's centre), ``"batch"`` otherwise (classification
         unchanged).
     target:
-        ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``).
+        ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``); with
+        ``per="sample"`` the labels its checks and ``flagged("split_misfit")`` read (default
+        ``batch[1]`` under torch's default collation, none under a ``collate_fn`` of yours).
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: the validation losses that ``objective``
         turns into E (default: ``training_step``'s per-sample losses on the validation batch); a
