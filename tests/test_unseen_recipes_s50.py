@@ -90,12 +90,15 @@ def test_a_collate_fns_second_item_is_not_taken_for_the_labels():
     val = DataLoader(Documents(*_documents(N_VAL, 1)), batch_size=30, collate_fn=bag_collate)
     for cb in (LearnedDataWeights(), LearnedDataWeights(target=lambda batch: batch[-1])):
         pl.seed_everything(0, verbose=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a short fit: few hyper steps, unconverged solves
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")  # a short fit: few hyper steps, unconverged solves
             pl.Trainer(
                 max_epochs=15, callbacks=[cb], logger=False, enable_checkpointing=False,
                 enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
             ).fit(MeanBag(), train, val)  # fmt: skip
+        # without target= the label checks are off, and the fit says so once
+        told = [w for w in said if "collate_fn of yours" in str(w.message)]
+        assert len(told) == (0 if cb.problem._own_target else 1)
         w = cb.data_weights()
         assert torch.isfinite(w).all()
         assert w[:80].mean() < w[80:].mean() - 0.1  # the flipped labels weigh less

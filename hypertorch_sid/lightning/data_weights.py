@@ -458,7 +458,16 @@ class DataWeightsProblem:
         if self.per == "sample":
             _check_collation(loader)
             collate = getattr(loader.collate_fn, "fn", loader.collate_fn)
+            said = not self._labels_by_position  # (this is checked at every epoch's start)
             self._labels_by_position = collate is default_collate
+            if not self._labels_by_position and not self._own_target and not said:
+                rank_zero_warn(
+                    "LearnedDataWeights: the train DataLoader has a collate_fn of yours, so its "
+                    "batches' [1] is not taken for the labels (it may be anything, e.g. "
+                    "EmbeddingBag offsets). Without labels the check that each index keeps its "
+                    "example's label, and the label evidence of flagged(), are off: pass "
+                    "target=lambda batch: <its integer labels> (e.g. batch[-1]) to keep them."
+                )
         if self.normalize and loader.batch_size == 1:
             raise ConfigurationError(
                 "LearnedDataWeights: the train DataLoader has batch_size=1, and the "
