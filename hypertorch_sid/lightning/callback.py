@@ -121,15 +121,15 @@ CALLBACK_BASES: tuple[type, ...] = classes("callbacks.Callback")
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
+    Every default that a drop-in replaces by its own is ``None`` here ("not given"), so that a
+    ``LightningCLI``, which passes each parameter's default explicitly, keeps the drop-in's.
+
     Parameters
     ----------
     every_n_steps:
         Run one hyper step (adjoint solve + outer step) after every ``every_n_steps`` optimizer
         steps of the training (the warm-started inner solver of Algorithm 1). ``None``: 10 (the
         drop-ins: their own).
-
-    Every default that a drop-in replaces by its own is ``None`` here ("not given"), so that a
-    ``LightningCLI``, which passes each parameter's default explicitly, keeps the drop-in's.
     adjoint_steps:
         k, the steps of the adjoint solve (eq. backalg). ``None``: 10, or with ``preset`` the
         paper's rule k = round(%LS × ``preset_epochs`` × n_tr / batch size).
