@@ -33,7 +33,8 @@ They are checkpointed and resumed like λ, identical on every DDP rank, and read
 :meth:`LearnedDataWeights.data_weights` and :meth:`LearnedDataWeights.flagged`.
 
 ``per="class"`` learns one weight per class (imbalance) from the same machinery, indexed by the
-label (``target(batch)``, by default ``batch[1]``); the training set need not be indexed then.
+label (``target(batch)``, by default :func:`batch_labels`: ``batch[1]``, or a dict sample's
+``"y"`` / ``"label"`` / ``"target"``); the training set need not be indexed then.
 
 Refused, each with what to do: a ``training_step`` that returns an already reduced loss, or
 a loss of more than one dimension with entries exactly 0 at the fit's first step (padding
@@ -47,6 +48,7 @@ automatic batching; manual optimisation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -163,14 +165,41 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
     )
 
 
+#: the keys of a dict sample (fields of a dataclass or namedtuple sample) that name its label
+LABEL_KEYS = ("y", "label", "labels", "target", "targets")
+
+
+def batch_labels(data: Any) -> Any:
+    """A batch's label entry, the one place that says where it is: the one of
+    :data:`LABEL_KEYS` a dict sample (a dataclass's or namedtuple's fields) holds, else
+    ``batch[1]`` of a ``(x, y, ...)`` sample; None where there is none, or more than one key
+    could be it. Dict samples gave no label to read before (session 50): their label-change
+    check, ``flagged("split_misfit")``, the contrast warning and the masked-row warnings were
+    silently off, and ``per="class"`` asked for ``target=``."""
+    if isinstance(data, Mapping):
+        found = [data[k] for k in LABEL_KEYS if k in data]
+    elif dataclasses.is_dataclass(data) or hasattr(data, "_fields"):
+        found = [getattr(data, k) for k in LABEL_KEYS if hasattr(data, k)]
+        if not found and isinstance(data, tuple) and len(data) > 1:
+            found = [data[1]]
+    elif isinstance(data, (list, tuple)) and len(data) > 1:
+        found = [data[1]]
+    else:
+        found = []
+    return found[0] if len(found) == 1 else None
+
+
 def _default_target(data: Any) -> Tensor:
-    try:
-        return data[1]
-    except (TypeError, IndexError, KeyError) as err:
+    labels = batch_labels(data)
+    if labels is None:
+        keys = f" (keys {sorted(data)})" if isinstance(data, Mapping) else ""
         raise ConfigurationError(
-            "LearnedDataWeights(per='class') reads the labels as batch[1]; this batch has none: "
-            "pass target=lambda batch: <the label tensor>."
-        ) from err
+            "LearnedDataWeights(per='class') reads the labels as batch[1] of a (x, y) sample, "
+            f"or the one of the keys / fields {LABEL_KEYS} of a dict or dataclass sample; this "
+            f"{type(data).__name__} batch has none{keys}: pass target=lambda batch: <the label "
+            "tensor>."
+        )
+    return labels
 
 
 class RandomState(NamedTuple):
@@ -558,13 +587,11 @@ class DataWeightsProblem:
         )
 
     def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
-        """The batch's integer labels (``target``, by default ``data[1]``), or None where it
-        holds none to read (dict samples, soft labels, a sequence target)."""
-        if not self._own_target and not isinstance(data, (list, tuple)):
-            return None  # only a (x, y, ...) sample names its label by position
+        """The batch's integer labels (``target``, by default :func:`batch_labels`), or None
+        where it holds none to read (soft labels, a sequence target)."""
         try:
-            labels = self.target(data) if self._own_target else data[1]
-        except (TypeError, IndexError, KeyError, ConfigurationError):
+            labels = self.target(data) if self._own_target else batch_labels(data)
+        except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
             return None
         return labels.reshape(-1).long() if _integer_vector(labels, b) else None
 
@@ -1071,7 +1098,7 @@ def _warn_masked_samples(losses: Any, data: Any) -> bool:
     zeros = losses.detach() == 0
     if not bool(zeros.any()):
         return False
-    labels = data[1] if isinstance(data, (list, tuple)) and len(data) > 1 else None
+    labels = batch_labels(data)
     ignored = ""
     if isinstance(labels, Tensor) and labels.shape == losses.shape:
         negative = zeros & (labels < 0) if not labels.is_floating_point() else zeros & False
@@ -1203,7 +1230,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the outliers carrying each minibatch's centre), ``"batch"`` otherwise (classification
         unchanged).
     target:
-        ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``).
+        ``target(batch) -> labels`` for ``per="class"`` (default :func:`batch_labels`:
+        ``batch[1]``, or the one of the keys / fields ``"y"``, ``"label"``, ``"labels"``,
+        ``"target"``, ``"targets"`` of a dict or dataclass sample).
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: the validation losses that ``objective``
         turns into E (default: ``training_step``'s per-sample losses on the validation batch); a

@@ -737,6 +737,10 @@ class WeightDecayProblem:
 #: trained seeds one of 16 and 32 samples calls it not invariant where 64 call it invariant)
 PROBE_SAMPLES = 16
 
+#: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
+#: fit takes over rather than probing again on a network trained further
+GROUPS_KEY = "invariant_groups"
+
 
 def _weight_matrix(p: Tensor) -> bool:
     """Whether ``p`` looks like a layer's weight (a matrix or a kernel), not a tensor added to the
@@ -1127,6 +1131,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         #: the decay (its tensors) they were probed on: a fit on other tensors (another module
         #: given to this callback, tensors unfrozen for a new fit) probes again
         self._probed_on: Any = None
+        #: the groups a checkpoint held, taken over by the resumed fit instead of a new probe
+        self._checkpointed_groups: dict[str, bool] | None = None
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
 
@@ -1158,7 +1164,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         LayerNorm model after a plain MLP: its invariant layer's λ rose from 1e-3 to 0.91,
         not held), silently."""
         decay = self.problem.decay
-        return self.invariant.probes and decay is not None and self._probed_on is not decay
+        if not (self.invariant.probes and decay is not None and self._probed_on is not decay):
+            return False
+        saved, self._checkpointed_groups = self._checkpointed_groups, None
+        if saved is not None and sorted(saved) == sorted(decay.group_names()):
+            # a resumed fit keeps the groups its checkpoint was probed on: probed again later
+            # in the fit a group near the threshold could change its answer, and a held λ move
+            self.invariant_groups, self._probed_on = saved, decay
+            return False
+        return True
 
     def _probe(self, pl_module: pl.LightningModule) -> None:
         """Find the invariant groups (:func:`scale_invariant_slots`) on the latest training batch,
@@ -1298,6 +1312,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         state = super().state_dict()
         if state:
             state[MEANING_KEY] = self._meaning()
+            if self.invariant_groups is not None and self._probed_on is self.problem.decay:
+                state[GROUPS_KEY] = dict(self.invariant_groups)
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -1314,6 +1330,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
             state_dict = dict(state_dict)
             check_meaning("LearnedWeightDecay", state_dict.pop(MEANING_KEY), self._meaning())
+        if isinstance(state_dict, dict) and GROUPS_KEY in state_dict:
+            state_dict = dict(state_dict)
+            groups = state_dict.pop(GROUPS_KEY)
+            if not isinstance(groups, dict) or not all(
+                isinstance(k, str) and isinstance(v, bool) for k, v in groups.items()
+            ):
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the checkpoint's {GROUPS_KEY} must map λ group names "
+                    "to True / False (truncated or foreign checkpoint?)."
+                )
+            self._checkpointed_groups = dict(groups)
         super().load_state_dict(state_dict)
 
     def decay_values(self) -> dict[str, Tensor]:

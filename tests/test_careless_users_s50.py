@@ -1,0 +1,204 @@
+"""A careless user's inputs that gave silent wrong answers or unclear failures (session 50; the
+table of every recipe tried and its outcome is in docs/failures.md, "Careless users (session
+50)"). Each test fails without its fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning_problems import TOY_C, TOY_D, TOY_X, TOY_Y, ToyClassifier, trainer
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import hypertorch_sid.lightning.weight_decay as weight_decay_module
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
+
+X, Y, D, C = TOY_X, TOY_Y, TOY_D, TOY_C
+
+
+def _weights(**kw: Any) -> LearnedDataWeights:
+    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _decay(**kw: Any) -> LearnedWeightDecay:
+    return LearnedWeightDecay(1e-3, **{"every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _val() -> DataLoader:
+    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+
+
+def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> list[str]:
+    """Fit (one epoch unless said); the warnings' messages."""
+    kw.setdefault("max_epochs", 1)
+    ckpt_path = kw.pop("ckpt_path", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer([cb] if not isinstance(cb, list) else cb, **kw).fit(
+            model, train, val, ckpt_path=ckpt_path
+        )
+    return [str(w.message) for w in caught]
+
+
+# ---------------------------------------------------------------- labels in dict samples
+class DictSamples(Dataset):
+    """``{"x": ..., "y": ...}`` samples; ``reorder_after`` reads reshuffle the rows (a dataset
+    that shuffles itself each epoch: its indices are not stable)."""
+
+    def __init__(self, labels: Tensor = Y, reorder_after: int | None = None) -> None:
+        self.labels, self.reorder_after, self.reads = labels, reorder_after, 0
+        self.order = torch.arange(len(labels))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        self.reads += 1
+        if self.reorder_after and self.reads % self.reorder_after == 0:
+            self.order = torch.randperm(
+                len(self.labels), generator=torch.Generator().manual_seed(1)
+            )
+        j = int(self.order[i])
+        return {"x": X[j], "y": self.labels[j]}
+
+
+@dataclasses.dataclass
+class Sample:
+    image: Tensor
+    label: Tensor
+
+
+def _as_dataclass(batch: list[Any]) -> Sample:
+    return Sample(torch.stack([s[0] for s in batch]), torch.stack([s[1] for s in batch]))
+
+
+class DictNet(ToyClassifier):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if isinstance(batch, dict):
+            x, y = batch["x"], batch["y"]
+        else:  # a dataclass sample; the validation batches are (x, y) tuples
+            x, y = (batch.image, batch.label) if isinstance(batch, Sample) else batch
+        return F.cross_entropy(self(x), y, reduction=self.reduction)
+
+
+def test_labels_in_dict_samples_are_read():
+    """Dict samples (``batch["y"]``): the drop-in read labels as ``batch[1]`` only, so the
+    label-change check, ``flagged("split_misfit")`` and the masked-row warning were silently
+    off, and ``per="class"`` asked for ``target=``. They are read from the sample's ``"y"`` /
+    ``"label"`` / ``"target"`` key (a dataclass's field) now."""
+    # a data set that reorders its rows after the first epoch: refused, as tuple samples are
+    train = DataLoader(IndexedDataset(DictSamples(reorder_after=len(Y))), batch_size=16)
+    with pytest.raises(ConfigurationError, match=r"had label \d on an earlier visit"):
+        _fit(_weights(), train, _val(), DictNet("none"), max_epochs=2)
+
+    # masked rows (-100) first read late: said at the epoch's end, as for tuple samples
+    labels = Y.clone()
+    labels[200:] = -100
+    train = DataLoader(IndexedDataset(DictSamples(labels)), batch_size=8)
+    said = [m for m in _fit(_weights(), train, _val(), DictNet("none")) if "exactly 0" in m]
+    assert len(said) == 1 and "40 training examples have a negative label (-100" in said[0]
+
+    # per-class weights without target=, dict and dataclass samples: the tuple samples' weights
+    tuple_cb = _weights(per="class", num_classes=C)
+    _fit(tuple_cb, DataLoader(TensorDataset(X, Y), batch_size=16), _val(), ToyClassifier("none"))
+    dict_cb = _weights(per="class", num_classes=C)
+    _fit(dict_cb, DataLoader(DictSamples(), batch_size=16), _val(), DictNet("none"))
+    data_cb = _weights(per="class", num_classes=C)
+    dataset = TensorDataset(X, Y)
+    _fit(
+        data_cb,
+        DataLoader(dataset, batch_size=16, collate_fn=_as_dataclass),
+        _val(),
+        DictNet("none"),
+    )
+    want = tuple_cb.data_weights()
+    torch.testing.assert_close(dict_cb.data_weights(), want)
+    torch.testing.assert_close(data_cb.data_weights(), want)
+
+
+def test_flagged_split_misfit_reads_the_labels_of_dict_samples():
+    """``flagged("split_misfit")`` keeps the split's rows the network predicted as another
+    class than their label; on dict samples no label was read and every split row came back.
+    The rows now equal the tuple samples' fit's."""
+    noisy = Y.clone()
+    noisy[::4] = (noisy[::4] + 1) % C
+    kw = dict(max_epochs=3)
+    tuple_cb, dict_cb = _weights(), _weights()
+    tuple_train = DataLoader(IndexedDataset(TensorDataset(X, noisy)), batch_size=16)
+    _fit(tuple_cb, tuple_train, _val(), ToyClassifier("none"), **kw)
+    dict_train = DataLoader(IndexedDataset(DictSamples(noisy)), batch_size=16)
+    _fit(dict_cb, dict_train, _val(), DictNet("none"), **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want, got = tuple_cb.flagged("split_misfit"), dict_cb.flagged("split_misfit")
+        split = dict_cb.flagged(0.5)
+    assert got.numel() < split.numel()
+    assert torch.equal(got, want)
+
+
+def test_a_dict_sample_with_two_label_keys_asks_for_target():
+    """Two keys that could each be the label: nothing is guessed; ``per="class"`` names the
+    keys and ``target=``."""
+
+    class TwoKeys(DictSamples):
+        def __getitem__(self, i: int) -> dict[str, Tensor]:
+            return {**super().__getitem__(i), "label": Y[i]}
+
+    with pytest.raises(ConfigurationError, match=r"keys \['label', 'x', 'y'\].*target="):
+        _fit(
+            _weights(per="class", num_classes=C),
+            DataLoader(TwoKeys(), batch_size=16),
+            _val(),
+            DictNet("none"),
+        )
+
+
+# ---------------------------------------------------------------- invariance probe on resume
+class LayerNormNet(ToyClassifier):
+    """Linear → LayerNorm: the first layer is scale-invariant (its λ is held by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(D, 16), nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, C))
+
+
+def test_a_resumed_fit_keeps_the_invariant_groups_its_checkpoint_was_probed_on(
+    tmp_path, monkeypatch
+):
+    """The invariance probe's answer was not checkpointed: a fit killed and resumed probed
+    again, on a network trained further, where a group near the threshold can answer
+    otherwise and its held λ start moving. Simulated by a probe that finds nothing invariant
+    after the resume: the LayerNorm layer's λ must stay held at λ₀, as in the uninterrupted
+    fit."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    first = _decay()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    _fit([first, ckpt], train, _val(), LayerNormNet(), max_epochs=1, enable_checkpointing=True)
+    assert first.invariant_groups == {"net.0": True, "net.1": False, "net.3": False}
+
+    def nothing_invariant(problem: Any, *args: Any, **kwargs: Any) -> dict[str, bool]:
+        return dict.fromkeys(problem.decay.group_names(), False)
+
+    monkeypatch.setattr(weight_decay_module, "scale_invariant_slots", nothing_invariant)
+    resumed = _decay()
+    _fit(
+        resumed, train, _val(), LayerNormNet(), max_epochs=3, enable_checkpointing=True,
+        ckpt_path=str(tmp_path / "last.ckpt"),
+    )  # fmt: skip
+    assert resumed.invariant_groups == first.invariant_groups
+    assert float(resumed.learned_weight_decay["net.0"]) == pytest.approx(1e-3)
+    assert float(resumed.learned_weight_decay["net.3"]) != pytest.approx(1e-3)
