@@ -202,3 +202,56 @@ def test_a_resumed_fit_keeps_the_invariant_groups_its_checkpoint_was_probed_on(
     assert resumed.invariant_groups == first.invariant_groups
     assert float(resumed.learned_weight_decay["net.0"]) == pytest.approx(1e-3)
     assert float(resumed.learned_weight_decay["net.3"]) != pytest.approx(1e-3)
+
+
+# ---------------------------------------------------------------- rows masked by a 0 factor
+class MaskedNet(ToyClassifier):
+    """``(x, y, mask)`` samples, the per-sample loss multiplied by the mask; ``sharp``: logits
+    ×100 after the fit's first 25 steps, so that well-fitted rows reach a loss of exactly 0."""
+
+    def __init__(self, sharp: bool = False) -> None:
+        super().__init__("none")
+        self.sharp = sharp
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y, *mask = batch
+        scale = 100.0 if self.sharp and self.global_step >= 25 else 1.0
+        losses = F.cross_entropy(scale * self(x), y, reduction="none")
+        return losses * mask[0] if mask else losses
+
+
+def test_rows_masked_by_a_zero_factor_first_read_late_are_said():
+    """Rows whose per-sample loss is multiplied by 0 (no negative label) that the training
+    first reads after its first 20 batches: their weights were learned (0.36 against 0.50)
+    without a word. At the epoch's end the rows of loss exactly 0 are re-read with the weights
+    shrunk 1000-fold: still 0, they are masked. Well-fitted rows of loss exactly 0 (sharp
+    logits) are not said."""
+    mask = torch.ones(len(Y))
+    mask[200:] = 0  # batches 25-29 of 30
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y, mask)), batch_size=8)
+    said = [m for m in _fit(_weights(), train, _val(), MaskedNet()) if "exactly 0" in m]
+    assert len(said) == 1 and "40 training examples had a loss exactly 0" in said[0]
+    assert "rows [200, 201, 202, 203, 204]" in said[0]
+
+    cb = _weights()
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=8)
+    said = [
+        m for m in _fit(cb, train, _val(), MaskedNet(sharp=True), max_epochs=2) if "exactly 0" in m
+    ]
+    assert not said
+    assert int((cb.problem._last_loss == 0).sum()) > 100  # the rows it re-read and cleared
+
+
+def test_a_hypergradient_after_exactly_zero_ones_is_no_zero_division():
+    """Hypergradients exactly 0 (training and validation losses fitted to 0 in float32), then
+    one that is not: the divergence guard divided by the median 0 of the last ones and raised
+    ZeroDivisionError from inside the fit. A median of 0 is no scale to grow from."""
+    from hypertorch_sid.core.divergence import DivergenceGuard
+
+    guard = DivergenceGuard()
+    for _ in range(3):
+        guard.accept(0.0)
+    guard.check(
+        v_norm=0.0, v0_norm=0.0, grad_norm=1.0, etas=1.0, residual=0.0, first_residual=0.0,
+        hypergradient_norm=0.1,
+    )  # fmt: skip

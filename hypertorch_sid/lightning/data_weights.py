@@ -66,6 +66,7 @@ from torch.utils.data.dataloader import default_collate
 from ..core.budget import make_budget
 from ..core.config import Batches
 from ..core.errors import ConfigurationError
+from ..core.modes import frozen_mode
 from ..core.sample_weights import (
     BelowWeight,
     DirectionalDerivative,
@@ -93,7 +94,7 @@ from ..core.sample_weights import (
 )
 from ..core.validation import as_strategy
 from .callback import HyperOptimizationCallback
-from .isolation import metric_states_kept
+from .isolation import metric_states_kept, private_rng
 from .problem import (
     MEANING_KEY,
     BilevelProblem,
@@ -357,6 +358,7 @@ class DataWeightsProblem:
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
         self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
+        self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -565,26 +567,78 @@ class DataWeightsProblem:
             self._last_loss.device
         )
 
-    def masked_rows(self) -> str | None:
+    def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
         """Why some rows the training read are masked examples, once per fit: a negative
         integer label (``-100``, F.cross_entropy's ``ignore_index``: no class id is negative)
         with a loss exactly 0 at the row's last visit, wherever in the fit the row first came
         (the per-batch check, :func:`_warn_masked_samples`, reads only the fit's first
         :data:`MASKED_CHECKS` batches, where any exact 0 is suspect; later a well-fitted example
         can reach 0 in float32). Read from the per-row records :meth:`_seen` keeps on the
-        device: the callback asks at each epoch's end (one read), not at every step."""
+        device: the callback asks at each epoch's end (one read), not at every step.
+
+        Rows without such a label (a loss multiplied by a mask; dict samples without a label
+        key) and a loss exactly 0: up to :data:`MASKED_REREADS` of them not re-read before are
+        given back by ``reread`` (rows → the training batch of them, on the module's device)
+        and their losses computed again with the weights shrunk (:meth:`_zero_when_shrunk`): a
+        loss still exactly 0 does not depend on the weights, a masked example; a well-fitted
+        one's is no longer 0. Session 49 left these unsaid."""
         labels, loss = self._labels, self._last_loss
-        if self._said_masked or labels is None or loss is None or labels.shape != loss.shape:
+        if self._said_masked or loss is None:
             return None
-        masked = (labels < 0) & (labels != _UNSEEN) & (loss.to(labels.device) == 0)
-        count = int(masked.sum())
-        if count == 0:
+        negative = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
+        if labels is not None and labels.shape == loss.shape:
+            negative = ((labels < 0) & (labels != _UNSEEN)).to(loss.device)
+            masked = negative & (loss == 0)
+            count = int(masked.sum())
+            if count:
+                self._said_masked = True
+                return (
+                    f"{count} training examples have a negative label "
+                    f"({int(labels[masked.to(labels.device)].min())}: ignore_index?) and a "
+                    f"loss exactly 0: masked examples. {_MASKED_WHY}"
+                )
+        if reread is None or self._module is None or self.per != "sample":
+            return None
+        zero = ((loss == 0) & ~negative).nonzero().flatten().tolist()
+        fresh = [r for r in zero if r not in self._reread_rows][:MASKED_REREADS]
+        if not fresh:
+            return None
+        self._reread_rows.update(fresh)
+        constant = [r for r, z in zip(fresh, self._zero_when_shrunk(reread(fresh))) if z]
+        if not constant:
             return None
         self._said_masked = True
         return (
-            f"{count} training examples have a negative label ({int(labels[masked].min())}: "
-            f"ignore_index?) and a loss exactly 0: masked examples. {_MASKED_WHY}"
+            f"{len(zero)} training examples had a loss exactly 0 at their last visit, and of "
+            f"the {len(fresh)} re-read, {len(constant)} (rows {constant[:5]}) still have a loss "
+            "exactly 0 with the network's weights shrunk 1000-fold, so it does not depend on "
+            f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
         )
+
+    def _zero_when_shrunk(self, batch: Any) -> Tensor:
+        """Which rows of ``batch`` (training rows, on the module's device) still have a loss
+        exactly 0 with every trained parameter shrunk 1000-fold: a well-fitted example's loss
+        is 0 in float32 only at a large margin (logits ~17 apart for a cross-entropy; its
+        gradient underflows too beyond ~100), which the shrunk network's logits lose; a masked
+        one's is 0 at any weights. Computed in eval mode (no BatchNorm statistics updated, no
+        dropout), its randomness private, the user's metrics muted."""
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        module, step = self._module, self._original
+        assert module is not None and step is not None
+        _, data = self._index_and_data(batch)
+        shrunk = {n: p.detach() * 1e-3 for n, p in module.named_parameters() if p.requires_grad}
+        with (
+            torch.no_grad(),
+            frozen_mode(module, "eval"),
+            private_rng(0, module.device),
+            _muted_logging(module),
+            metric_states_kept(module),
+            _reparametrize_module(module, shrunk),
+        ):
+            out = step(data, 0)
+        raw = out.get("loss") if isinstance(out, Mapping) else out
+        return raw.detach().reshape(raw.shape[0], -1).eq(0).all(1).cpu()
 
     def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
         """The batch's integer labels (``target``, by default :func:`batch_labels`), or None
@@ -868,6 +922,7 @@ class DataWeightsProblem:
         self._drop_stand_in(module)
         self._checked_entries = False
         self._masked_checks, self._said_masked = MASKED_CHECKS, False
+        self._reread_rows = set()
         original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
 
@@ -990,6 +1045,14 @@ def _lazy_adam(
     return LazyAdam(parameterization.param_groups(hyperparameters), **settings)
 
 
+def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
+    """The training batch of ``rows`` of the training set, collated by its DataLoader and moved
+    to the module's device as Lightning moves a training batch."""
+    loader = first_loader(trainer.train_dataloader, "train dataloader")
+    batch = loader.collate_fn([loader.dataset[r] for r in rows])
+    return trainer.strategy.batch_to_device(batch)
+
+
 def _refuse_masked_entries(losses: Any) -> None:
     """A clear error for a per-sample loss of more than one dimension with entries exactly 0
     at the fit's first step: a network (untrained, at a fresh fit's start) fits no entry
@@ -1083,6 +1146,11 @@ def _warn_indexed_validation(loaders: Any) -> None:
 #: the fit's first training batches in which per-sample losses exactly 0 are warned as masked
 #: examples (a young network fits no example exactly; a trained one may, in float32)
 MASKED_CHECKS = 20
+
+#: the rows of training loss exactly 0 re-read at an epoch's end to see whether that loss
+#: depends on the weights (:meth:`DataWeightsProblem.masked_rows`): one forward of them, only
+#: where such rows exist
+MASKED_REREADS = 16
 
 
 def _warn_masked_samples(losses: Any, data: Any) -> bool:
@@ -1509,7 +1577,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         holds too few examples of a class for the per-sample weights to carry evidence
         (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing),
         and where the training read masked examples (:meth:`DataWeightsProblem.masked_rows`)."""
-        masked = self.problem.masked_rows()
+        masked = self.problem.masked_rows(functools.partial(_training_rows, trainer))
         if masked is not None:
             rank_zero_warn(f"LearnedDataWeights: {masked}")
         if not self._said_shortfall:
