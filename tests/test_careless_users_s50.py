@@ -255,3 +255,105 @@ def test_a_hypergradient_after_exactly_zero_ones_is_no_zero_division():
         v_norm=0.0, v0_norm=0.0, grad_norm=1.0, etas=1.0, residual=0.0, first_residual=0.0,
         hypergradient_norm=0.1,
     )  # fmt: skip
+
+
+def test_losses_fitted_to_exactly_0_early_are_not_called_masked():
+    """Well-fitted rows whose loss is exactly 0 in the fit's first batches (sharp logits ×50,
+    and a multi-class hinge past its margin): warned as "masked examples … (a hinge: ignore
+    this)". They are re-computed with the weights shrunk first: not 0 there, not said; rows
+    labelled -100 still are."""
+
+    class Sharp(ToyClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            return F.cross_entropy(50 * self(batch[0]), batch[1], reduction="none")
+
+    class Hinge(ToyClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            out = self(batch[0])
+            right = out.gather(1, batch[1][:, None])
+            return (1 + out - right).clamp_min(0).scatter(1, batch[1][:, None], 0).sum(1)
+
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=8)
+    for net in (Sharp("none"), Hinge("none")):
+        assert not [m for m in _fit(_weights(), train, _val(), net) if "exactly 0" in m]
+    labels = Y.clone()
+    labels[::6] = -100
+    train = DataLoader(IndexedDataset(TensorDataset(X, labels)), batch_size=8)
+    said = [m for m in _fit(_weights(), train, _val(), Sharp("none")) if "exactly 0" in m]
+    assert len(said) == 1 and "labelled -100" in said[0]
+
+
+# ---------------------------------------------------------------- optimizers
+def test_lbfgs_moves_each_batchs_data_weights_once_per_step():
+    """LBFGS's closure calls training_step at each of its line points (5 per step here): each
+    call recorded the rows and moved their weights by the training batch's cross term, 5×
+    per optimizer step, at points the training never stops at. Only the step's first call
+    (at w) counts now."""
+    import hypertorch_sid.lightning.data_weights as data_weights_module
+
+    class LBFGSNet(ToyClassifier):
+        def configure_optimizers(self) -> Any:
+            return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=5)
+
+    calls = []
+    cross = data_weights_module.LearnedDataWeights._training_cross_term
+
+    def counted(self: Any, *args: Any) -> None:
+        calls.append(1)
+        cross(self, *args)
+
+    cb = _weights()
+    cb._training_cross_term = counted.__get__(cb)  # type: ignore[method-assign]
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    t = trainer([cb], max_epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t.fit(LBFGSNet("none"), train, _val())
+    assert len(calls) == t.global_step == 15
+
+
+@pytest.mark.parametrize("drop_in", ["decay", "weights"])
+def test_an_optimizer_that_maximizes_is_refused(drop_in):
+    """``SGD(maximize=True)`` with ``training_step`` returning the objective to maximise: the
+    decay's λw, added to the gradient, was ascended with it (the weights grew; λ rose from
+    1e-2 to 0.48 without a word). Refused at fit start, naming the fix."""
+
+    class Ascend(ToyClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            return -F.cross_entropy(self(batch[0]), batch[1], reduction=self.reduction)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1, maximize=True)
+
+    if drop_in == "decay":
+        cb, train, net = _decay(), DataLoader(TensorDataset(X, Y), batch_size=16), Ascend()
+    else:
+        cb, train = _weights(), DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+        net = Ascend("none")
+    with pytest.raises(ConfigurationError, match=r"maximize=True.*negated objective"):
+        _fit(cb, train, _val(), net)
+
+
+@pytest.mark.parametrize("drop_in", ["decay", "weights"])
+def test_lazy_layers_not_created_before_the_fit_are_named(drop_in):
+    """``nn.LazyLinear`` layers (their shape set by the first forward): torch's "Attempted to
+    use an uninitialized parameter" from inside the callback's build. Named, with the fix,
+    which then fits."""
+
+    class Lazy(ToyClassifier):
+        def __init__(self, reduction: str = "mean") -> None:
+            super().__init__(reduction)
+            self.net = nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.LazyLinear(C))
+
+    if drop_in == "decay":
+        make, train, red = _decay, DataLoader(TensorDataset(X, Y), batch_size=16), "mean"
+    else:
+        make, red = _weights, "none"
+        train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    with pytest.raises(ConfigurationError, match=r"net.0.weight.*model\(torch.zeros\(1, "):
+        _fit(make(), train, _val(), Lazy(red))
+    net = Lazy(red)
+    net(torch.zeros(1, D))  # the fix named
+    cb = make()
+    _fit(cb, train, _val(), net)
+    assert len(cb.history) > 0

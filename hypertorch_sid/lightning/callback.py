@@ -63,7 +63,13 @@ from .metrics import (
 )
 from .module import BilevelModule
 from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
-from .problem import BilevelProblem, ModuleProblem, ProblemSource, named_tensors
+from .problem import (
+    BilevelProblem,
+    ModuleProblem,
+    ProblemSource,
+    named_tensors,
+    refuse_untunable_training,
+)
 from .sources import HyperData
 
 __all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
@@ -304,7 +310,9 @@ class HyperOptimizationCallback(Callback):
             self._losses = LossWatch()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The training optimizers must not hold λ."""
+        """The training optimizers must not hold λ, nor ascend their loss; the module's
+        parameters must exist (no lazy layer left uninitialised)."""
+        refuse_untunable_training(trainer, pl_module, type(self).__name__)
         self.problem.check(trainer, pl_module)
         if runs_in_new_processes(trainer):
             rank_zero_warn(

@@ -604,7 +604,8 @@ class DataWeightsProblem:
         if not fresh:
             return None
         self._reread_rows.update(fresh)
-        constant = [r for r, z in zip(fresh, self._zero_when_shrunk(reread(fresh))) if z]
+        shrunk = self._zero_when_shrunk(self._index_and_data(reread(fresh))[1])
+        constant = [r for r, z in zip(fresh, shrunk) if z]
         if not constant:
             return None
         self._said_masked = True
@@ -615,18 +616,19 @@ class DataWeightsProblem:
             f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
         )
 
-    def _zero_when_shrunk(self, batch: Any) -> Tensor:
-        """Which rows of ``batch`` (training rows, on the module's device) still have a loss
+    def _zero_when_shrunk(self, data: Any) -> Tensor:
+        """Which rows of ``data`` (a training batch without its indices, on the module's
+        device) still have a loss
         exactly 0 with every trained parameter shrunk 1000-fold: a well-fitted example's loss
         is 0 in float32 only at a large margin (logits ~17 apart for a cross-entropy; its
         gradient underflows too beyond ~100), which the shrunk network's logits lose; a masked
         one's is 0 at any weights. Computed in eval mode (no BatchNorm statistics updated, no
-        dropout), its randomness private, the user's metrics muted."""
+        dropout), its randomness private, the user's metrics muted. A forward that fails so
+        confirms every row (the caller's exact zeros stand)."""
         from torch.nn.utils.stateless import _reparametrize_module
 
         module, step = self._module, self._original
         assert module is not None and step is not None
-        _, data = self._index_and_data(batch)
         shrunk = {n: p.detach() * 1e-3 for n, p in module.named_parameters() if p.requires_grad}
         with (
             torch.no_grad(),
@@ -636,7 +638,10 @@ class DataWeightsProblem:
             metric_states_kept(module),
             _reparametrize_module(module, shrunk),
         ):
-            out = step(data, 0)
+            try:
+                out = step(data, 0)
+            except Exception:
+                return torch.ones(_rows(data), dtype=torch.bool)
         raw = out.get("loss") if isinstance(out, Mapping) else out
         return raw.detach().reshape(raw.shape[0], -1).eq(0).all(1).cpu()
 
@@ -930,6 +935,8 @@ class DataWeightsProblem:
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
             in_loop = batch is self.loop_batch  # not another callback's hyper step
+            if in_loop:  # once: LBFGS's closure calls training_step again at its line points
+                self.loop_batch = None
             rng = RandomState.capture(module.device, module) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             raw = out.get("loss") if isinstance(out, Mapping) else out
@@ -939,7 +946,7 @@ class DataWeightsProblem:
                 self._choose_gauge(data, raw)
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
-                if _warn_masked_samples(raw, data):
+                if _warn_masked_samples(raw, data, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
@@ -1153,19 +1160,49 @@ MASKED_CHECKS = 20
 MASKED_REREADS = 16
 
 
-def _warn_masked_samples(losses: Any, data: Any) -> bool:
+def _rows(data: Any) -> int:
+    """The number of samples in a batch (the first dimension of its first tensor)."""
+    first = next((t for t in _tensors_of(data) if t.dim() > 0), None)
+    return 0 if first is None else int(first.shape[0])
+
+
+def _tensors_of(data: Any) -> Iterator[Tensor]:
+    if isinstance(data, Tensor):
+        yield data
+    elif isinstance(data, Mapping):
+        for value in data.values():
+            yield from _tensors_of(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _tensors_of(value)
+    elif dataclasses.is_dataclass(data):
+        for f in dataclasses.fields(data):
+            yield from _tensors_of(getattr(data, f.name))
+
+
+def _warn_masked_samples(
+    losses: Any, data: Any, zero_when_shrunk: Callable[[Any], Tensor] | None = None
+) -> bool:
     """A warning (and True) for per-sample losses (one per example) exactly 0 in one of the
     fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
     example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
     ``ignore_index``; a loss times a mask). Such an example
     teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
     like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
-    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it."""
+    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it.
+    ``zero_when_shrunk`` (:meth:`DataWeightsProblem._zero_when_shrunk`) keeps the rows whose
+    loss is still 0 with the weights shrunk: a loss exactly 0 by a large margin (sharp logits,
+    LBFGS fitting a batch, a hinge or triplet loss past its margin) is not said (session 50:
+    it was, with "ignore this" for a hinge)."""
     if not isinstance(losses, Tensor) or losses.dim() != 1 or losses.numel() == 0:
         return False
     zeros = losses.detach() == 0
     if not bool(zeros.any()):
         return False
+    if zero_when_shrunk is not None:  # still 0 with the weights shrunk: masked, not fitted
+        zeros &= zero_when_shrunk(data).to(zeros.device)
+        if not bool(zeros.any()):
+            return False
     labels = batch_labels(data)
     ignored = ""
     if isinstance(labels, Tensor) and labels.shape == losses.shape:
@@ -1178,8 +1215,7 @@ def _warn_masked_samples(losses: Any, data: Any) -> bool:
     rank_zero_warn(
         f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
         f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
-        f"ignore_index, a mask)? {_MASKED_WHY} (A loss that is really 0, e.g. a hinge past its "
-        "margin: ignore this.)"
+        f"ignore_index, a mask)? {_MASKED_WHY}"
     )
     return True
 

@@ -114,6 +114,37 @@ def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
     return [(n.replace(COMPILE_WRAPPER, ""), p) for n, p in module.named_parameters()]
 
 
+def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, who: str) -> None:
+    """Refuse, at fit start, a training the hyper steps cannot describe: an optimizer group with
+    ``maximize=True`` (the hypergradient is that of a training that minimises its loss: the
+    decay's λw, added to the gradient, grew the weights instead, λ rose from 1e-2 to 0.48 on
+    the careless-user toy, silently), and parameters not created yet (lazy modules: every
+    tensor's shape is needed before the first training step, and torch's "Attempted to use an
+    uninitialized parameter" came from inside the callback)."""
+    from torch.nn.parameter import is_lazy
+
+    for i, optimizer in enumerate(trainer.optimizers):
+        for j, group in enumerate(optimizer.param_groups):
+            if group.get("maximize", False):
+                raise ConfigurationError(
+                    f"{who}: the training optimizer {type(optimizer).__name__} (optimizer {i}, "
+                    f"group {j}) has maximize=True, but the hyper steps assume the training "
+                    "minimises the loss training_step returns (a decay added to a gradient "
+                    "that is ascended grows the weights). Return the negated objective from "
+                    "training_step and drop maximize=True."
+                )
+    lazy = [n for n, p in named_tensors(module) if is_lazy(p)]
+    if lazy:
+        raise ConfigurationError(
+            f"{who}: {len(lazy)} parameters are not created yet ({', '.join(lazy[:4])}"
+            f"{', ...' if len(lazy) > 4 else ''}: a LazyLinear / LazyConv layer, whose shape its "
+            "first forward sets), and the hyper steps need every trained tensor from the fit's "
+            "start. Create them before fit: run the model once on an example batch, e.g. "
+            "model(torch.zeros(1, n_features)) after constructing it, or give the layers their "
+            "input sizes (nn.Linear)."
+        )
+
+
 class UntrainedGroups:
     """Says when the training optimizers hold tensors they do not move: a parameter group at
     ``lr=0`` (a backbone "frozen" by its learning rate) at two hyper steps in a row. The hyper
