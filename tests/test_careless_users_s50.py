@@ -357,3 +357,31 @@ def test_lazy_layers_not_created_before_the_fit_are_named(drop_in):
     cb = make()
     _fit(cb, train, _val(), net)
     assert len(cb.history) > 0
+
+
+# ---------------------------------------------------------------- callback settings
+def test_an_initial_decay_near_the_stable_bound_is_warned():
+    """``LearnedWeightDecay(6)`` at SGD lr 0.1 (lr·λ₀ = 0.6; the bound is 1/lr = 10, taken):
+    each step wiped most of the weights, λ's hypergradient vanished with them, and after 10
+    epochs the last layer's λ was 1.9 with the network at chance (validation loss 1.10 =
+    log 3), silently. Warned at fit start now; λ₀ = 5 and below (which fell to 0) are not."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    said = [
+        m
+        for m in _fit(LearnedWeightDecay(6.0), train, _val(), ToyClassifier())
+        if "above half" in m
+    ]
+    assert len(said) == 1 and "weight_decay=6 is above half" in said[0] and "lr=0.1" in said[0]
+    assert not [
+        m
+        for m in _fit(LearnedWeightDecay(5.0), train, _val(), ToyClassifier())
+        if "above half" in m
+    ]
+
+
+def test_an_empty_list_of_validation_loaders_is_named():
+    """``trainer.fit(model, train, [])``: "the validation dataloader must be a torch
+    DataLoader; got list", which reads as a type mistake. Said as no validation data."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    with pytest.raises(ConfigurationError, match=r"needs validation data .*\(got an empty list\)"):
+        _fit(_decay(), train, [], ToyClassifier())

@@ -623,9 +623,21 @@ class WeightDecayProblem:
         initial hyperparameters are outside the feasible set", naming log λ's values."""
         bounds = self.stable_bounds()
         worst = min(range(len(bounds)), key=bounds.__getitem__, default=None)
-        if worst is None or self.weight_decay <= bounds[worst]:
+        if worst is None or self.weight_decay <= HIGH_INITIAL * bounds[worst]:
             return
         lr = float(self._group(worst).get("lr", 0.0) or 0.0)
+        if self.weight_decay <= bounds[worst]:
+            rank_zero_warn(
+                f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above "
+                f"half the largest decay the training optimizer can train with at lr={lr:g} "
+                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "  # type: ignore[union-attr]
+                "removes most of the decayed weights, a layer so decayed holds little more than "
+                "the last step's gradient, and λ's hypergradient vanishes with its weights, so "
+                "λ may never come back down (the careless-user toy, SGD lr 0.1: λ₀ = 6–10 left "
+                "the last layer's λ at 1.9–7.2 after 75 hyper steps and the network at chance; "
+                "λ₀ ≤ 5 fell to 0). Start from a smaller weight_decay (e.g. 1e-4)."
+            )
+            return
         raise ConfigurationError(
             f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above the "
             f"largest decay the training optimizer can train with at lr={lr:g} "
@@ -736,6 +748,10 @@ class WeightDecayProblem:
 #: ResNet-18 but for its stem convolution, borderline through BatchNorm's ε (on 3 of 6 lightly
 #: trained seeds one of 16 and 32 samples calls it not invariant where 64 call it invariant)
 PROBE_SAMPLES = 16
+
+#: λ₀ above this share of the largest decay the optimizer can train with is warned: the decayed
+#: layers are nearly wiped at every step and λ's hypergradient vanishes with them (session 50)
+HIGH_INITIAL = 0.5
 
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
