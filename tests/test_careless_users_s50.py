@@ -385,3 +385,19 @@ def test_an_empty_list_of_validation_loaders_is_named():
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
     with pytest.raises(ConfigurationError, match=r"needs validation data .*\(got an empty list\)"):
         _fit(_decay(), train, [], ToyClassifier())
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: LearnedDataWeights(normalize="false"), r"normalize must be True or False"),
+        (lambda: LearnedDataWeights(sparse_grad=1), r"sparse_grad must be True or False"),
+        (lambda: LearnedWeightDecay(1e-3, log_to_loggers="no"), r"log_to_loggers must be True"),
+    ],
+)
+def test_switches_given_as_strings_are_refused(make, match):
+    """``normalize="false"`` (a config's string) is truthy: the self-normalised loss ran where
+    the user asked for the mean, silently (``LearnedWeightDecay``'s own switches were checked
+    already)."""
+    with pytest.raises(ConfigurationError, match=match):
+        make()

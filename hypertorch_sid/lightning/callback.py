@@ -44,7 +44,7 @@ from ..core.horizon import StepSizeProbe, effective_step_size
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
-from ..core.validation import check_choice, check_integer, check_positive
+from ..core.validation import check_bool, check_choice, check_integer, check_positive
 from .averaging import put_learned_in_averages
 from .isolation import (
     LossWatch,
@@ -239,6 +239,7 @@ class HyperOptimizationCallback(Callback):
         preset_epochs = check_positive(who + "preset_epochs", preset_epochs)
         start_step = check_integer(who + "start_step", start_step, 0)
         check_choice(who + "on_divergence", on_divergence, ("raise", "skip"))
+        check_bool(who + "log_to_loggers", log_to_loggers)
         seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):
             raise ConfigurationError(

@@ -92,7 +92,7 @@ from ..core.sample_weights import (
     split_indexed,
     weighted_loss,
 )
-from ..core.validation import as_strategy
+from ..core.validation import as_strategy, check_bool
 from .callback import HyperOptimizationCallback
 from .isolation import metric_states_kept, private_rng
 from .problem import (
@@ -1440,6 +1440,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if "problem" in kwargs:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
         cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
+        check_bool("LearnedDataWeights: normalize", normalize)  # normalize="false" is truthy
+        if sparse_grad is not None:
+            check_bool("LearnedDataWeights: sparse_grad", sparse_grad)
         if sparse_grad and per == "class":
             raise ConfigurationError(
                 "LearnedDataWeights: sparse_grad=True makes the per-sample logits' gradients "
