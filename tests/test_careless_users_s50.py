@@ -401,3 +401,59 @@ def test_switches_given_as_strings_are_refused(make, match):
     already)."""
     with pytest.raises(ConfigurationError, match=match):
         make()
+
+
+# ---------------------------------------------------------------- BilevelModule
+def test_a_loss_that_converts_its_batchs_dtype_is_not_refused():
+    """float64 data (a NumPy array turned tensor) and a float32 model whose losses convert
+    the batch (``x.float()``): the plain fit runs, but the first hyper step refused it ("batch[0]
+    has dtype torch.float64 but the parameters are torch.float32") before any loss ran. The
+    dtype is named now only where the loss fails on it."""
+    from lightning_problems import loaders, ridge_data
+
+    from hypertorch_sid import BilevelModule, HyperOptimizationCallback
+
+    class Converts(BilevelModule):
+        def __init__(self, converts: bool = True) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin, self.converts = nn.Linear(5, 1, bias=False), converts
+            self.register_hyperparameter("log_lam", torch.zeros(5))
+
+        def _fit(self, batch: Any) -> Tensor:
+            x, y = (t.float() for t in batch) if self.converts else batch
+            return 0.5 * ((self.lin(x).squeeze(-1) - y) ** 2).mean()
+
+        def inner_loss(self, batch: Any) -> Tensor:
+            return self._fit(batch) + 0.5 * (self.log_lam.exp() * self.lin.weight[0] ** 2).sum()
+
+        def outer_loss(self, batch: Any) -> Tensor:
+            return self._fit(batch)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            return self.inner_loss(batch)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.inner_parameters(), lr=0.1)
+
+    train, val = loaders(ridge_data(), 20)  # float64
+    cb = HyperOptimizationCallback(every_n_steps=2)
+    model = Converts()
+    _fit(cb, train, val, model, max_epochs=3)
+    assert len(cb.history) > 0 and bool(model.log_lam.ne(0).all())
+
+    # the core, a loss that does not convert: named where it fails, as before
+    from hypertorch_sid import SIDConfig, SIDHyperOptimizer
+
+    w, log_lam = torch.zeros(5, requires_grad=True), torch.zeros(5, requires_grad=True)
+
+    def loss(batch: Any) -> Tensor:
+        return 0.5 * ((batch[0] @ w - batch[1]) ** 2).mean() + (log_lam.exp() * w**2).sum()
+
+    hopt = SIDHyperOptimizer(
+        hyperparameters=[log_lam], inner_parameters=[w], inner_loss=loss, outer_loss=loss,
+        outer_optimizer=torch.optim.SGD([log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"has dtype torch.float64 but the parameters"):
+        hopt.hypergradient(train, next(iter(val)))
