@@ -457,3 +457,31 @@ def test_a_loss_that_converts_its_batchs_dtype_is_not_refused():
     )  # fmt: skip
     with pytest.raises(ConfigurationError, match=r"has dtype torch.float64 but the parameters"):
         hopt.hypergradient(train, next(iter(val)))
+
+
+def test_a_batchnorm_the_training_keeps_in_eval_mode_is_run_so_in_the_hyper_steps():
+    """Linear → BatchNorm whose statistics the user freezes (``self.net[1].eval()`` at each
+    epoch's start, as for a pretrained backbone): the hyper steps switched every submodule to
+    training mode, so they saw batch statistics the training never uses, and the probe called
+    the Linear scale-invariant and held its λ at λ₀ (with frozen statistics it is not: scaling
+    it scales the logits). The training's own flags are kept now; a BatchNorm in training mode
+    is still probed invariant."""
+
+    class FrozenStatistics(ToyClassifier):
+        def __init__(self, freeze: bool) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.freeze = freeze
+            self.net = nn.Sequential(
+                nn.Linear(D, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, C)
+            )
+
+        def on_train_epoch_start(self) -> None:
+            if self.freeze:
+                self.net[1].eval()
+
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    for freeze in (True, False):
+        cb = _decay()
+        _fit(cb, train, _val(), FrozenStatistics(freeze), max_epochs=2)
+        assert cb.invariant_groups["net.0"] is not freeze
