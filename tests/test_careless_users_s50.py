@@ -485,3 +485,27 @@ def test_a_batchnorm_the_training_keeps_in_eval_mode_is_run_so_in_the_hyper_step
         cb = _decay()
         _fit(cb, train, _val(), FrozenStatistics(freeze), max_epochs=2)
         assert cb.invariant_groups["net.0"] is not freeze
+
+
+@pytest.mark.parametrize("drop_in", ["decay", "weights"])
+def test_trained_tensors_of_two_dtypes_are_named(drop_in):
+    """A float64 head on a float32 network (the plain fit runs): refused by the core as
+    "inner parameters and hyperparameters have different dtypes (inner_parameters[4]: …,
+    hyperparameters[0]: …); convert the model and λ", positions the user never wrote and a λ
+    that is the drop-in's own. Named by tensor at fit start, with the fix."""
+
+    class Mixed(ToyClassifier):
+        def __init__(self, reduction: str = "mean") -> None:
+            super().__init__(reduction)
+            self.head = nn.Linear(C, C).double()
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.net(x).double()).float()
+
+    if drop_in == "decay":
+        cb, train, net = _decay(), DataLoader(TensorDataset(X, Y), batch_size=16), Mixed()
+    else:
+        cb, train = _weights(), DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+        net = Mixed("none")
+    with pytest.raises(ConfigurationError, match=r"torch.float64: head.weight.*model.float\(\)"):
+        _fit(cb, train, _val(), net)
