@@ -509,3 +509,32 @@ def test_trained_tensors_of_two_dtypes_are_named(drop_in):
         net = Mixed("none")
     with pytest.raises(ConfigurationError, match=r"torch.float64: head.weight.*model.float\(\)"):
         _fit(cb, train, _val(), net)
+
+
+def test_a_regression_with_dict_samples_is_recognised():
+    """A regression whose samples are dicts (``{"x": …, "y": real target}``): the default
+    objective reads a loss as −log p of the right answer and is refused on real-valued targets,
+    but the targets were looked for in ``batch[1]`` only, so on dict samples ExpectedError ran
+    on squared errors silently. Read where the labels are read now (:func:`batch_labels`)."""
+
+    class DictRegression(Dataset):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __getitem__(self, i: int) -> dict[str, Tensor]:
+            return {"x": X[i], "y": 3.0 * X[i, 0] + 0.5}
+
+    class Regressor(ToyClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            return (self(batch["x"])[:, 0] - batch["y"]) ** 2
+
+    train = DataLoader(IndexedDataset(DictRegression(len(Y))), batch_size=16)
+    val = DataLoader(DictRegression(60), batch_size=20)
+    with pytest.raises(ConfigurationError, match=r"validation targets are real numbers"):
+        _fit(_weights(), train, val, Regressor())
+    cb = _weights(objective="mean_loss")
+    _fit(cb, train, val, Regressor())
+    assert len(cb.history) > 0

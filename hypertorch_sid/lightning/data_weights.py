@@ -1229,12 +1229,13 @@ _MASKED_WHY = (
 
 
 def _real_targets(data: Any, losses: Any) -> Tensor | None:
-    """The entries of ``batch[1]`` that say regression, or None: targets that are real
+    """The entries of the batch's targets (:func:`batch_labels`: ``batch[1]``, or a dict
+    sample's ``"y"`` / ``"target"`` / ...) that say regression, or None: targets that are real
     numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
     class ids, not probabilities)."""
-    if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(losses, Tensor):
+    if not isinstance(losses, Tensor):
         return None
-    y = data[1]
+    y = batch_labels(data)
     if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
         return None
     y = y.detach()
@@ -1251,7 +1252,7 @@ def _refuse_real_targets(data: Any, losses: Any) -> None:
     real = _real_targets(data, losses)
     if real is not None:
         raise ConfigurationError(
-            f"LearnedDataWeights: the validation targets (batch[1]) are real numbers, one per "
+            f"LearnedDataWeights: the validation targets are real numbers, one per "
             f"loss (e.g. {float(real[0]):.3g}): a regression? The default outer objective "
             "ExpectedError(q=0.5) reads each loss as −log p of the right answer, and e^(−ℓ/2) "
             "of a squared or absolute error depends on the targets' units (at large ones a few "
