@@ -604,7 +604,11 @@ class DataWeightsProblem:
         if not fresh:
             return None
         self._reread_rows.update(fresh)
-        shrunk = self._zero_when_shrunk(self._index_and_data(reread(fresh))[1])
+        try:  # a data set that cannot give its rows again (a stream's state): nothing said
+            data = self._index_and_data(reread(fresh))[1]
+        except Exception:
+            return None
+        shrunk = self._zero_when_shrunk(data)
         constant = [r for r, z in zip(fresh, shrunk) if z]
         if not constant:
             return None
