@@ -1328,8 +1328,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         state = super().state_dict()
         if state:
             state[MEANING_KEY] = self._meaning()
-            if self.invariant_groups is not None and self._probed_on is self.problem.decay:
-                state[GROUPS_KEY] = dict(self.invariant_groups)
+            probed = self.invariant_groups is not None and self._probed_on is self.problem.decay
+            groups = self.invariant_groups if probed else self._checkpointed_groups
+            if groups is not None:  # a loaded state saved again before its fit keeps them
+                state[GROUPS_KEY] = dict(groups)
         return state
 
     def _meaning(self) -> dict[str, str]:
