@@ -144,7 +144,9 @@ class DivergenceGuard:
             )
         if len(self.norms) >= 3:
             reference = statistics.median(self.norms[-self.window :])
-            if hypergradient_norm > self.growth * max(reference, 1e-30):
+            # a median of 0 (E's gradient exactly 0: losses fitted to 0 in float32) is no scale
+            # to grow from; it raised ZeroDivisionError in the message below (session 50)
+            if reference > 0 and hypergradient_norm > self.growth * reference:
                 raise DivergenceError(
                     "hypergradient (across hyper steps)",
                     None,

@@ -5,7 +5,11 @@ BatchNorm updates its running statistics on every training-mode forward pass. Th
 products of the adjoint solve and of the ∂₂Φ̂ term run inside :func:`frozen_mode`:
 
 * ``mode="train"`` (default): the same map the inner SGD steps iterate — BatchNorm normalises by
-  batch statistics and dropout draws fresh masks (part of the randomness ζ̂);
+  batch statistics and dropout draws fresh masks (part of the randomness ζ̂). A module already in
+  training mode keeps its submodules' flags: a part its training runs in eval mode (BatchNorm
+  whose statistics the user froze with ``.eval()``) is run so here too (session 50: it was
+  switched to batch statistics, so the map differed from the training's, and a Linear before
+  such a BatchNorm was probed as scale-invariant and its decay held);
 * ``mode="eval"``: a deterministic map — BatchNorm uses its running statistics, dropout is off.
 
 In both, every buffer (running mean/var, ``num_batches_tracked``) is restored afterwards, so the
@@ -32,7 +36,8 @@ def frozen_mode(module: torch.nn.Module | None, mode: str) -> Iterator[None]:
         return
     flags = {m: m.training for m in module.modules()}
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    module.train(mode == "train")
+    if mode == "eval" or not module.training:  # in training mode: the training's own flags
+        module.train(mode == "train")
     try:
         yield
     finally:

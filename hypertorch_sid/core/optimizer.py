@@ -614,15 +614,23 @@ class SIDHyperOptimizer:
             first = head(self.full_train_batch, _CHECK_SAMPLES)  # its dtypes are the batch's
         else:
             first = stream.take(1)[0]
-        check_batch_dtype(first, self.inner_parameters)
         if self.full_train_batch is not None:
             check_full_batch(self.full_train_batch, stream.source, batch_size)
         self._probe_batch = first
-        with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
-            if self.module is None:  # the modules the losses call: their buffers are kept
-                self._buffers.discover(lambda: self.phi.check_first_batch(first, self.cost))
-            else:
-                self.phi.check_first_batch(first, self.cost)
+        try:
+            with frozen_mode(self.module, self.config.mode):  # no BatchNorm statistics update
+                if self.module is None:  # the modules the losses call: their buffers are kept
+                    self._buffers.discover(lambda: self.phi.check_first_batch(first, self.cost))
+                else:
+                    self.phi.check_first_batch(first, self.cost)
+        except RuntimeError as error:
+            # data of another dtype than the parameters is named where the loss fails on it;
+            # a loss that converts its batch (x.float()) runs (it was refused before it ran)
+            try:
+                check_batch_dtype(first, self.inner_parameters)
+            except ConfigurationError as named:
+                raise named from error
+            raise
 
     def _probe_loss(self) -> float | None:
         """ℓ̂ on the batch of the first checks (the GD map's inner loss), else None."""

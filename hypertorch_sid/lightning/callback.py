@@ -43,7 +43,7 @@ from ..core.horizon import StepSizeProbe, effective_step_size
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
-from ..core.validation import check_choice, check_integer, check_positive
+from ..core.validation import check_bool, check_choice, check_integer, check_positive
 from .averaging import put_learned_in_averages
 from .isolation import (
     LossWatch,
@@ -63,7 +63,13 @@ from .metrics import (
 from .module import Bilevel
 from .namespaces import classes
 from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
-from .problem import BilevelProblem, ModuleProblem, ProblemSource, named_tensors
+from .problem import (
+    BilevelProblem,
+    ModuleProblem,
+    ProblemSource,
+    named_tensors,
+    refuse_untunable_training,
+)
 from .sources import HyperData
 
 __all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
@@ -265,6 +271,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         preset_epochs = check_positive(who + "preset_epochs", preset_epochs)
         start_step = check_integer(who + "start_step", given(start_step, 0), 0)
         check_choice(who + "on_divergence", on_divergence, ("raise", "skip"))
+        check_bool(who + "log_to_loggers", log_to_loggers)
         seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):
             raise ConfigurationError(
@@ -336,7 +343,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             self._losses = LossWatch()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The training optimizers must not hold λ."""
+        """The training optimizers must not hold λ, nor ascend their loss; the module's
+        parameters must exist (no lazy layer left uninitialised)."""
+        refuse_untunable_training(trainer, pl_module, type(self).__name__)
         self.problem.check(trainer, pl_module)
         if runs_in_new_processes(trainer):
             rank_zero_warn(

@@ -33,7 +33,8 @@ They are checkpointed and resumed like λ, identical on every DDP rank, and read
 :meth:`LearnedDataWeights.data_weights` and :meth:`LearnedDataWeights.flagged`.
 
 ``per="class"`` learns one weight per class (imbalance) from the same machinery, indexed by the
-label (``target(batch)``, by default ``batch[1]``); the training set need not be indexed then.
+label (``target(batch)``, by default :func:`batch_labels`: ``batch[1]``, or a dict sample's
+``"y"`` / ``"label"`` / ``"target"``); the training set need not be indexed then.
 
 Refused, each with what to do: a ``training_step`` that returns an already reduced loss, or
 a loss of more than one dimension with entries exactly 0 at the fit's first step (padding
@@ -47,6 +48,7 @@ automatic batching; manual optimisation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -63,6 +65,7 @@ from torch.utils.data.dataloader import default_collate
 from ..core.budget import make_budget
 from ..core.config import Batches
 from ..core.errors import ConfigurationError
+from ..core.modes import frozen_mode
 from ..core.sample_weights import (
     BelowWeight,
     DirectionalDerivative,
@@ -88,9 +91,9 @@ from ..core.sample_weights import (
     split_indexed,
     weighted_loss,
 )
-from ..core.validation import as_strategy
+from ..core.validation import as_strategy, check_bool
 from .callback import HyperOptimizationCallback, config_given, default_unless_given
-from .isolation import metric_states_kept
+from .isolation import metric_states_kept, private_rng
 from .namespaces import is_overridden
 from .problem import (
     MEANING_KEY,
@@ -163,14 +166,41 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
     )
 
 
+#: the keys of a dict sample (fields of a dataclass or namedtuple sample) that name its label
+LABEL_KEYS = ("y", "label", "labels", "target", "targets")
+
+
+def batch_labels(data: Any) -> Any:
+    """A batch's label entry, the one place that says where it is: the one of
+    :data:`LABEL_KEYS` a dict sample (a dataclass's or namedtuple's fields) holds, else
+    ``batch[1]`` of a ``(x, y, ...)`` sample; None where there is none, or more than one key
+    could be it. Dict samples gave no label to read before (session 50): their label-change
+    check, ``flagged("split_misfit")``, the contrast warning and the masked-row warnings were
+    silently off, and ``per="class"`` asked for ``target=``."""
+    if isinstance(data, Mapping):
+        found = [data[k] for k in LABEL_KEYS if k in data]
+    elif dataclasses.is_dataclass(data) or hasattr(data, "_fields"):
+        found = [getattr(data, k) for k in LABEL_KEYS if hasattr(data, k)]
+        if not found and isinstance(data, tuple) and len(data) > 1:
+            found = [data[1]]
+    elif isinstance(data, (list, tuple)) and len(data) > 1:
+        found = [data[1]]
+    else:
+        found = []
+    return found[0] if len(found) == 1 else None
+
+
 def _default_target(data: Any) -> Tensor:
-    try:
-        return data[1]
-    except (TypeError, IndexError, KeyError) as err:
+    labels = batch_labels(data)
+    if labels is None:
+        keys = f" (keys {sorted(data)})" if isinstance(data, Mapping) else ""
         raise ConfigurationError(
-            "LearnedDataWeights(per='class') reads the labels as batch[1]; this batch has none: "
-            "pass target=lambda batch: <the label tensor>."
-        ) from err
+            "LearnedDataWeights(per='class') reads the labels as batch[1] of a (x, y) sample, "
+            f"or the one of the keys / fields {LABEL_KEYS} of a dict or dataclass sample; this "
+            f"{type(data).__name__} batch has none{keys}: pass target=lambda batch: <the label "
+            "tensor>."
+        )
+    return labels
 
 
 class RandomState(NamedTuple):
@@ -331,6 +361,7 @@ class DataWeightsProblem:
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
         self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
+        self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -550,39 +581,98 @@ class DataWeightsProblem:
             self._last_loss.device
         )
 
-    def masked_rows(self) -> str | None:
+    def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
         """Why some rows the training read are masked examples, once per fit: a negative
         integer label (``-100``, F.cross_entropy's ``ignore_index``: no class id is negative)
         with a loss exactly 0 at the row's last visit, wherever in the fit the row first came
         (the per-batch check, :func:`_warn_masked_samples`, reads only the fit's first
         :data:`MASKED_CHECKS` batches, where any exact 0 is suspect; later a well-fitted example
         can reach 0 in float32). Read from the per-row records :meth:`_seen` keeps on the
-        device: the callback asks at each epoch's end (one read), not at every step."""
+        device: the callback asks at each epoch's end (one read), not at every step.
+
+        Rows without such a label (a loss multiplied by a mask; dict samples without a label
+        key) and a loss exactly 0: up to :data:`MASKED_REREADS` of them not re-read before are
+        given back by ``reread`` (rows → the training batch of them, on the module's device)
+        and their losses computed again with the weights shrunk (:meth:`_zero_when_shrunk`): a
+        loss still exactly 0 does not depend on the weights, a masked example; a well-fitted
+        one's is no longer 0. Session 49 left these unsaid."""
         labels, loss = self._labels, self._last_loss
-        if self._said_masked or labels is None or loss is None or labels.shape != loss.shape:
+        if self._said_masked or loss is None:
             return None
-        masked = (labels < 0) & (labels != _UNSEEN) & (loss.to(labels.device) == 0)
-        count = int(masked.sum())
-        if count == 0:
+        negative = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
+        if labels is not None and labels.shape == loss.shape:
+            negative = ((labels < 0) & (labels != _UNSEEN)).to(loss.device)
+            masked = negative & (loss == 0)
+            count = int(masked.sum())
+            if count:
+                self._said_masked = True
+                return (
+                    f"{count} training examples have a negative label "
+                    f"({int(labels[masked.to(labels.device)].min())}: ignore_index?) and a "
+                    f"loss exactly 0: masked examples. {_MASKED_WHY}"
+                )
+        if reread is None or self._module is None or self.per != "sample":
+            return None
+        zero = ((loss == 0) & ~negative).nonzero().flatten().tolist()
+        fresh = [r for r in zero if r not in self._reread_rows][:MASKED_REREADS]
+        if not fresh:
+            return None
+        self._reread_rows.update(fresh)
+        try:  # a data set that cannot give its rows again (a stream's state): nothing said
+            data = self._index_and_data(reread(fresh))[1]
+        except Exception:
+            return None
+        shrunk = self._zero_when_shrunk(data)
+        constant = [r for r, z in zip(fresh, shrunk) if z]
+        if not constant:
             return None
         self._said_masked = True
         return (
-            f"{count} training examples have a negative label ({int(labels[masked].min())}: "
-            f"ignore_index?) and a loss exactly 0: masked examples. {_MASKED_WHY}"
+            f"{len(zero)} training examples had a loss exactly 0 at their last visit, and of "
+            f"the {len(fresh)} re-read, {len(constant)} (rows {constant[:5]}) still have a loss "
+            "exactly 0 with the network's weights shrunk 1000-fold, so it does not depend on "
+            f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
         )
 
-    def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
-        """The batch's integer labels (``target``, by default ``data[1]``), or None where it
-        holds none to read (dict samples, soft labels, a sequence target, or a ``collate_fn``
-        of the user's: its batch's ``[1]`` need not be the labels, e.g. EmbeddingBag's offsets
-        in ``(tokens, offsets, y)``, which change with the batch; ``target=`` names them)."""
-        if not self._own_target and not (
-            self._labels_by_position and isinstance(data, (list, tuple))
+    def _zero_when_shrunk(self, data: Any) -> Tensor:
+        """Which rows of ``data`` (a training batch without its indices, on the module's
+        device) still have a loss
+        exactly 0 with every trained parameter shrunk 1000-fold: a well-fitted example's loss
+        is 0 in float32 only at a large margin (logits ~17 apart for a cross-entropy; its
+        gradient underflows too beyond ~100), which the shrunk network's logits lose; a masked
+        one's is 0 at any weights. Computed in eval mode (no BatchNorm statistics updated, no
+        dropout), its randomness private, the user's metrics muted. A forward that fails so
+        confirms every row (the caller's exact zeros stand)."""
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        module, step = self._module, self._original
+        assert module is not None and step is not None
+        shrunk = {n: p.detach() * 1e-3 for n, p in module.named_parameters() if p.requires_grad}
+        with (
+            torch.no_grad(),
+            frozen_mode(module, "eval"),
+            private_rng(0, module.device),
+            _muted_logging(module),
+            metric_states_kept(module),
+            _reparametrize_module(module, shrunk),
         ):
-            return None  # only a default-collated (x, y, ...) sample names its label by position
+            try:
+                out = step(data, 0)
+            except Exception:
+                return torch.ones(_rows(data), dtype=torch.bool)
+        raw = out.get("loss") if isinstance(out, Mapping) else out
+        return raw.detach().reshape(raw.shape[0], -1).eq(0).all(1).cpu()
+
+    def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
+        """The batch's integer labels (``target``, by default :func:`batch_labels`), or None
+        where it holds none to read (soft labels, a sequence target, or a ``collate_fn`` of the
+        user's: its batch's layout is the user's, e.g. EmbeddingBag's offsets at ``[1]`` of
+        ``(tokens, offsets, y)``, which change with the batch; ``target=`` names them)."""
+        if not self._own_target and not self._labels_by_position:
+            return None  # only a default-collated sample names its label by position or key
         try:
-            labels = self.target(data) if self._own_target else data[1]
-        except (TypeError, IndexError, KeyError, ConfigurationError):
+            labels = self.target(data) if self._own_target else batch_labels(data)
+        except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
             return None
         return labels.reshape(-1).long() if _integer_vector(labels, b) else None
 
@@ -859,6 +949,7 @@ class DataWeightsProblem:
         self._drop_stand_in(module)
         self._checked_entries = False
         self._masked_checks, self._said_masked = MASKED_CHECKS, False
+        self._reread_rows = set()
         original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
 
@@ -866,6 +957,8 @@ class DataWeightsProblem:
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
             in_loop = batch is self.loop_batch  # not another callback's hyper step
+            if in_loop:  # once: LBFGS's closure calls training_step again at its line points
+                self.loop_batch = None
             rng = RandomState.capture(module.device, module) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             raw = out.get("loss") if isinstance(out, Mapping) else out
@@ -875,7 +968,7 @@ class DataWeightsProblem:
                 self._choose_gauge(data, raw)
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
-                if _warn_masked_samples(raw, data):
+                if _warn_masked_samples(raw, data, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
             with torch.no_grad():  # the training never differentiates the weights
@@ -981,6 +1074,14 @@ def _lazy_adam(
     return LazyAdam(parameterization.param_groups(hyperparameters), **settings)
 
 
+def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
+    """The training batch of ``rows`` of the training set, collated by its DataLoader and moved
+    to the module's device as Lightning moves a training batch."""
+    loader = first_loader(trainer.train_dataloader, "train dataloader")
+    batch = loader.collate_fn([loader.dataset[r] for r in rows])
+    return trainer.strategy.batch_to_device(batch)
+
+
 def _refuse_masked_entries(losses: Any) -> None:
     """A clear error for a per-sample loss of more than one dimension with entries exactly 0
     at the fit's first step: a network (untrained, at a fresh fit's start) fits no entry
@@ -1075,21 +1176,56 @@ def _warn_indexed_validation(loaders: Any) -> None:
 #: examples (a young network fits no example exactly; a trained one may, in float32)
 MASKED_CHECKS = 20
 
+#: the rows of training loss exactly 0 re-read at an epoch's end to see whether that loss
+#: depends on the weights (:meth:`DataWeightsProblem.masked_rows`): one forward of them, only
+#: where such rows exist
+MASKED_REREADS = 16
 
-def _warn_masked_samples(losses: Any, data: Any) -> bool:
+
+def _rows(data: Any) -> int:
+    """The number of samples in a batch (the first dimension of its first tensor)."""
+    first = next((t for t in _tensors_of(data) if t.dim() > 0), None)
+    return 0 if first is None else int(first.shape[0])
+
+
+def _tensors_of(data: Any) -> Iterator[Tensor]:
+    if isinstance(data, Tensor):
+        yield data
+    elif isinstance(data, Mapping):
+        for value in data.values():
+            yield from _tensors_of(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _tensors_of(value)
+    elif dataclasses.is_dataclass(data):
+        for f in dataclasses.fields(data):
+            yield from _tensors_of(getattr(data, f.name))
+
+
+def _warn_masked_samples(
+    losses: Any, data: Any, zero_when_shrunk: Callable[[Any], Tensor] | None = None
+) -> bool:
     """A warning (and True) for per-sample losses (one per example) exactly 0 in one of the
     fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
     example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
     ``ignore_index``; a loss times a mask). Such an example
     teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
     like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
-    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it."""
+    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it.
+    ``zero_when_shrunk`` (:meth:`DataWeightsProblem._zero_when_shrunk`) keeps the rows whose
+    loss is still 0 with the weights shrunk: a loss exactly 0 by a large margin (sharp logits,
+    LBFGS fitting a batch, a hinge or triplet loss past its margin) is not said (session 50:
+    it was, with "ignore this" for a hinge)."""
     if not isinstance(losses, Tensor) or losses.dim() != 1 or losses.numel() == 0:
         return False
     zeros = losses.detach() == 0
     if not bool(zeros.any()):
         return False
-    labels = data[1] if isinstance(data, (list, tuple)) and len(data) > 1 else None
+    if zero_when_shrunk is not None:  # still 0 with the weights shrunk: masked, not fitted
+        zeros &= zero_when_shrunk(data).to(zeros.device)
+        if not bool(zeros.any()):
+            return False
+    labels = batch_labels(data)
     ignored = ""
     if isinstance(labels, Tensor) and labels.shape == losses.shape:
         negative = zeros & (labels < 0) if not labels.is_floating_point() else zeros & False
@@ -1101,8 +1237,7 @@ def _warn_masked_samples(losses: Any, data: Any) -> bool:
     rank_zero_warn(
         f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
         f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
-        f"ignore_index, a mask)? {_MASKED_WHY} (A loss that is really 0, e.g. a hinge past its "
-        "margin: ignore this.)"
+        f"ignore_index, a mask)? {_MASKED_WHY}"
     )
     return True
 
@@ -1116,12 +1251,13 @@ _MASKED_WHY = (
 
 
 def _real_targets(data: Any, losses: Any) -> Tensor | None:
-    """The entries of ``batch[1]`` that say regression, or None: targets that are real
+    """The entries of the batch's targets (:func:`batch_labels`: ``batch[1]``, or a dict
+    sample's ``"y"`` / ``"target"`` / ...) that say regression, or None: targets that are real
     numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
     class ids, not probabilities)."""
-    if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(losses, Tensor):
+    if not isinstance(losses, Tensor):
         return None
-    y = data[1]
+    y = batch_labels(data)
     if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
         return None
     y = y.detach()
@@ -1138,7 +1274,7 @@ def _refuse_real_targets(data: Any, losses: Any) -> None:
     real = _real_targets(data, losses)
     if real is not None:
         raise ConfigurationError(
-            f"LearnedDataWeights: the validation targets (batch[1]) are real numbers, one per "
+            f"LearnedDataWeights: the validation targets are real numbers, one per "
             f"loss (e.g. {float(real[0]):.3g}): a regression? The default outer objective "
             "ExpectedError(q=0.5) reads each loss as −log p of the right answer, and e^(−ℓ/2) "
             "of a squared or absolute error depends on the targets' units (at large ones a few "
@@ -1221,9 +1357,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the outliers carrying each minibatch's centre), ``"batch"`` otherwise (classification
         unchanged).
     target:
-        ``target(batch) -> labels`` for ``per="class"`` (default ``batch[1]``); with
-        ``per="sample"`` the labels its checks and ``flagged("split_misfit")`` read (default
-        ``batch[1]`` under torch's default collation, none under a ``collate_fn`` of yours).
+        ``target(batch) -> labels`` for ``per="class"`` (default :func:`batch_labels`:
+        ``batch[1]``, or the one of the keys / fields ``"y"``, ``"label"``, ``"labels"``,
+        ``"target"``, ``"targets"`` of a dict or dataclass sample); with ``per="sample"`` the
+        labels its checks and ``flagged("split_misfit")`` read (by default none under a
+        ``collate_fn`` of yours).
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: the validation losses that ``objective``
         turns into E (default: ``training_step``'s per-sample losses on the validation batch); a
@@ -1328,6 +1466,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
         kwargs.pop("problem", None)  # None: a LightningCLI passes every parameter it knows
         cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
+        check_bool("LearnedDataWeights: normalize", normalize)  # normalize="false" is truthy
+        if sparse_grad is not None:
+            check_bool("LearnedDataWeights: sparse_grad", sparse_grad)
         if sparse_grad and per == "class":
             raise ConfigurationError(
                 "LearnedDataWeights: sparse_grad=True makes the per-sample logits' gradients "
@@ -1501,7 +1642,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         holds too few examples of a class for the per-sample weights to carry evidence
         (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing),
         and where the training read masked examples (:meth:`DataWeightsProblem.masked_rows`)."""
-        masked = self.problem.masked_rows()
+        masked = self.problem.masked_rows(functools.partial(_training_rows, trainer))
         if masked is not None:
             rank_zero_warn(f"LearnedDataWeights: {masked}")
         if not self._said_shortfall:

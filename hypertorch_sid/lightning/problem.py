@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
@@ -112,6 +113,60 @@ def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
     tensors, λ slots, logs and warnings say ``net.0.weight``, not ``net._orig_mod.0.weight``.
     Every name the drop-ins show or look up comes from here."""
     return [(n.replace(COMPILE_WRAPPER, ""), p) for n, p in module.named_parameters()]
+
+
+def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, who: str) -> None:
+    """Refuse, at fit start, a training the hyper steps cannot describe: an optimizer group with
+    ``maximize=True`` (the hypergradient is that of a training that minimises its loss: the
+    decay's λw, added to the gradient, grew the weights instead, λ rose from 1e-2 to 0.48 on
+    the careless-user toy, silently), trained tensors of several dtypes (the core's refusal
+    named them by position and asked to convert λ, the drop-in's own), and parameters not
+    created yet (lazy modules: every tensor's shape is needed before the first training step,
+    and torch's "Attempted to use an uninitialized parameter" came from inside the callback)."""
+    from torch.nn.parameter import is_lazy
+
+    for i, optimizer in enumerate(trainer.optimizers):
+        for j, group in enumerate(optimizer.param_groups):
+            if group.get("maximize", False):
+                raise ConfigurationError(
+                    f"{who}: the training optimizer {type(optimizer).__name__} (optimizer {i}, "
+                    f"group {j}) has maximize=True, but the hyper steps assume the training "
+                    "minimises the loss training_step returns (a decay added to a gradient "
+                    "that is ascended grows the weights). Return the negated objective from "
+                    "training_step and drop maximize=True."
+                )
+    names = {id(p): n for n, p in named_tensors(module)}
+    trained = {
+        id(p): p
+        for optimizer in trainer.optimizers
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.requires_grad and p.is_floating_point() and not is_lazy(p)
+    }
+    dtypes: dict[torch.dtype, list[str]] = {}
+    for key, p in trained.items():
+        dtypes.setdefault(p.dtype, []).append(names.get(key, "an unnamed tensor"))
+    if len(dtypes) > 1:
+        listed = "; ".join(
+            f"{dtype}: {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
+            for dtype, held in dtypes.items()
+        )
+        raise ConfigurationError(
+            f"{who}: the optimizers train tensors of {len(dtypes)} dtypes ({listed}), and the "
+            "hyper steps differentiate them together with the hyperparameters in one dtype. "
+            "Convert the whole module to one (model.float() or model.double(), the data with "
+            "it) before fit."
+        )
+    lazy = [n for n, p in named_tensors(module) if is_lazy(p)]
+    if lazy:
+        raise ConfigurationError(
+            f"{who}: {len(lazy)} parameters are not created yet ({', '.join(lazy[:4])}"
+            f"{', ...' if len(lazy) > 4 else ''}: a LazyLinear / LazyConv layer, whose shape its "
+            "first forward sets), and the hyper steps need every trained tensor from the fit's "
+            "start. Create them before fit: run the model once on an example batch, e.g. "
+            "model(torch.zeros(1, n_features)) after constructing it, or give the layers their "
+            "input sizes (nn.Linear)."
+        )
 
 
 class UntrainedGroups:

@@ -325,11 +325,12 @@ class HyperData:
 
     def _build_val(self, val: str, batch_size: int | None, seed: int) -> None:
         loader = validation_loader(self.trainer)
-        if loader is None:
+        if loader is None or (isinstance(loader, (list, tuple)) and not loader):
+            got = "" if loader is None else f" (got an empty {type(loader).__name__})"
             raise ConfigurationError(
-                "HyperOptimizationCallback needs validation data for the outer objective E: "
-                "pass val_dataloaders to trainer.fit, or define val_dataloader() in the module "
-                "or the datamodule."
+                f"HyperOptimizationCallback needs validation data for the outer objective "
+                f"E{got}: pass val_dataloaders to trainer.fit, or define val_dataloader() in "
+                "the module or the datamodule."
             )
         to_device = self._prepare(validation=True)
         loader = first_loader(loader, "validation dataloader")

@@ -630,9 +630,21 @@ class WeightDecayProblem:
         initial hyperparameters are outside the feasible set", naming log λ's values."""
         bounds = self.stable_bounds()
         worst = min(range(len(bounds)), key=bounds.__getitem__, default=None)
-        if worst is None or self.weight_decay <= bounds[worst]:
+        if worst is None or self.weight_decay <= HIGH_INITIAL * bounds[worst]:
             return
         lr = float(self._group(worst).get("lr", 0.0) or 0.0)
+        if self.weight_decay <= bounds[worst]:
+            rank_zero_warn(
+                f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above "
+                f"half the largest decay the training optimizer can train with at lr={lr:g} "
+                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "  # type: ignore[union-attr]
+                "removes most of the decayed weights, a layer so decayed holds little more than "
+                "the last step's gradient, and λ's hypergradient vanishes with its weights, so "
+                "λ may never come back down (the careless-user toy, SGD lr 0.1: λ₀ = 6–10 left "
+                "the last layer's λ at 1.9–7.2 after 75 hyper steps and the network at chance; "
+                "λ₀ ≤ 5 fell to 0). Start from a smaller weight_decay (e.g. 1e-4)."
+            )
+            return
         raise ConfigurationError(
             f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above the "
             f"largest decay the training optimizer can train with at lr={lr:g} "
@@ -743,6 +755,14 @@ class WeightDecayProblem:
 #: ResNet-18 but for its stem convolution, borderline through BatchNorm's ε (on 3 of 6 lightly
 #: trained seeds one of 16 and 32 samples calls it not invariant where 64 call it invariant)
 PROBE_SAMPLES = 16
+
+#: λ₀ above this share of the largest decay the optimizer can train with is warned: the decayed
+#: layers are nearly wiped at every step and λ's hypergradient vanishes with them (session 50)
+HIGH_INITIAL = 0.5
+
+#: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
+#: fit takes over rather than probing again on a network trained further
+GROUPS_KEY = "invariant_groups"
 
 
 def _weight_matrix(p: Tensor) -> bool:
@@ -1147,6 +1167,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         #: the decay (its tensors) they were probed on: a fit on other tensors (another module
         #: given to this callback, tensors unfrozen for a new fit) probes again
         self._probed_on: Any = None
+        #: the groups a checkpoint held, taken over by the resumed fit instead of a new probe
+        self._checkpointed_groups: dict[str, bool] | None = None
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
 
@@ -1178,7 +1200,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         LayerNorm model after a plain MLP: its invariant layer's λ rose from 1e-3 to 0.91,
         not held), silently."""
         decay = self.problem.decay
-        return self.invariant.probes and decay is not None and self._probed_on is not decay
+        if not (self.invariant.probes and decay is not None and self._probed_on is not decay):
+            return False
+        saved, self._checkpointed_groups = self._checkpointed_groups, None
+        if saved is not None and sorted(saved) == sorted(decay.group_names()):
+            # a resumed fit keeps the groups its checkpoint was probed on: probed again later
+            # in the fit a group near the threshold could change its answer, and a held λ move
+            self.invariant_groups, self._probed_on = saved, decay
+            return False
+        return True
 
     def _probe(self, pl_module: pl.LightningModule) -> None:
         """Find the invariant groups (:func:`scale_invariant_slots`) on the latest training batch,
@@ -1318,6 +1348,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         state = super().state_dict()
         if state:
             state[MEANING_KEY] = self._meaning()
+            probed = self.invariant_groups is not None and self._probed_on is self.problem.decay
+            groups = self.invariant_groups if probed else self._checkpointed_groups
+            if groups is not None:  # a loaded state saved again before its fit keeps them
+                state[GROUPS_KEY] = dict(groups)
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -1334,6 +1368,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
             state_dict = dict(state_dict)
             check_meaning("LearnedWeightDecay", state_dict.pop(MEANING_KEY), self._meaning())
+        if isinstance(state_dict, dict) and GROUPS_KEY in state_dict:
+            state_dict = dict(state_dict)
+            groups = state_dict.pop(GROUPS_KEY)
+            if not isinstance(groups, dict) or not all(
+                isinstance(k, str) and isinstance(v, bool) for k, v in groups.items()
+            ):
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the checkpoint's {GROUPS_KEY} must map λ group names "
+                    "to True / False (truncated or foreign checkpoint?)."
+                )
+            self._checkpointed_groups = dict(groups)
         super().load_state_dict(state_dict)
 
     def decay_values(self) -> dict[str, Tensor]:
