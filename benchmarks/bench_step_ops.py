@@ -11,7 +11,9 @@ For each configuration it trains, with Lightning, a small MLP (20-32-2, batch 64
 noisy-label benchmark's CNN (``benchmarks/bench_noisy_labels.py``: conv 8 and 16 channels, 28×28
 inputs, 10 classes, batch 64, SGD with momentum 0.9, gradients clipped at 1, 30 % of the labels
 drawn at random), and counts, with a ``TorchDispatchMode``, the aten operations and the host reads
-(``aten._local_scalar_dense``) of every training step after step ``--from-step``, split into
+(``aten._local_scalar_dense``, and since session 50 also ``t.tolist()``, ``t.cpu()`` and
+``t.numpy()``, which dispatch nothing on a CPU tensor but wait for an accelerator) of every
+training step after step ``--from-step``, split into
 steps that ran a hyper step (counted in ``on_train_batch_end``) and steps that did not:
 
 * ``plain``         the recipe without a drop-in;
@@ -35,6 +37,7 @@ import collections
 import json
 import platform
 import statistics
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -51,16 +54,46 @@ from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDeca
 HOST_READ = "_local_scalar_dense"
 
 
+#: copies to the host that dispatch no aten operation on a CPU tensor but wait for the device on
+#: an accelerator (``t.tolist()``, ``t.cpu()``, ``t.numpy()``): counted as host reads too
+HOST_COPIES = ("tolist", "cpu", "numpy")
+#: callers whose copies are of tensors made on the CPU by design (the hyper steps' samplers draw
+#: their indices with a CPU generator): not host reads on any device
+CPU_BY_DESIGN = ("sampling.py",)
+
+
 class Count(TorchDispatchMode):
-    """Counts every aten operation dispatched inside it, by name."""
+    """Counts every aten operation dispatched inside it, by name, and (as ``HOST_READ``) every
+    host copy of :data:`HOST_COPIES` made from outside :data:`CPU_BY_DESIGN`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
+        self._saved: dict[str, Any] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
+
+    def __enter__(self) -> Count:
+        for name in HOST_COPIES:
+            self._saved[name] = original = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._counted(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+
+    def _counted(self, original: Any) -> Any:
+        def copy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1).f_code.co_filename
+            if not caller.endswith(CPU_BY_DESIGN):
+                self.ops[HOST_READ] += 1
+            return original(tensor, *args, **kwargs)
+
+        return copy
 
 
 class PerStep(pl.Callback):
