@@ -769,6 +769,9 @@ class SampleWeights:
         O(rows moved) per step with ``sparse_grad``.
     """
 
+    #: how many checked indices are kept (:meth:`check_index` reads each batch's range once)
+    CHECKED_KEPT = 4
+
     def __init__(
         self,
         n: int,
@@ -801,7 +804,9 @@ class SampleWeights:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
         self.normaliser: Normaliser | None = None
-        self._checked: tuple[Tensor, int, Tensor] | None = None  # the last index checked
+        #: the last :data:`CHECKED_KEPT` indices checked, latest first (a hyper step's
+        #: curvature estimate reads two or more batches in turn: each is read of the device once)
+        self._checked: list[tuple[Tensor, int, Tensor]] = []
         self.parameterization.bind(self)
         self.use_sparse_grad(sparse_grad)
         self.parameterization.refresh(self)
@@ -881,9 +886,9 @@ class SampleWeights:
     def check_index(self, index: Tensor) -> Tensor:
         """``index`` as a 1-D long tensor on the logits' device, or a clear error."""
         given = index if isinstance(index, Tensor) else torch.as_tensor(index)
-        if self._checked is not None and self._checked[0] is given:
-            if self._checked[1] == given._version:  # the same batch's index, checked already
-                return self._checked[2]
+        for kept, version, index in self._checked:
+            if kept is given and version == given._version:  # a batch's index, checked already
+                return index
         index, bounds = self.index_bounds(given)
         low, high = bounds.tolist() if bounds is not None else (0, 0)  # one read of the device
         return self.accept_index(given, index, low, high)
@@ -913,7 +918,8 @@ class SampleWeights:
                 "The weights were sized for another data set (n = len of the "
                 "IndexedDataset, or the number of classes)."
             )
-        self._checked = (given, given._version, index)
+        checked = [c for c in self._checked if c[0] is not given]
+        self._checked = [(given, given._version, index), *checked][: self.CHECKED_KEPT]
         return index
 
     def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
@@ -1036,8 +1042,9 @@ class ExpectedError(ValidationObjective):
         self.q = float(q)
 
     def __call__(self, losses: Tensor) -> Tensor:
-        self.refuse_negative(losses)
-        self.refuse_saturated(losses, self.q)
+        low = float(losses.detach().min()) if losses.numel() else 0.0  # both checks' one read
+        self.refuse_negative(losses, low)
+        self.refuse_saturated(losses, self.q, low)
         return (-torch.expm1(-self.q * losses)).mean() / self.q
 
     #: the largest e^{−qℓⱼ} below which E's gradient is refused as vanished (10⁻⁶ of the mean
@@ -1045,12 +1052,14 @@ class ExpectedError(ValidationObjective):
     SATURATED = 1e-6
 
     @classmethod
-    def refuse_saturated(cls, losses: Tensor, q: float) -> None:
+    def refuse_saturated(cls, losses: Tensor, q: float, low: float | None = None) -> None:
         """A clear error where every validation example's e^{−qℓⱼ} is below
         :attr:`SATURATED`: E is then flat at 1/q and its gradient Σⱼ e^{−qℓⱼ}∇ℓⱼ vanishes (or
         underflows to exactly 0), so no weight would learn; a loss in other units than −log p
-        (a squared error of targets in the tens) does this at the start of the fit."""
-        low = float(losses.detach().min()) if losses.numel() else 0.0
+        (a squared error of targets in the tens) does this at the start of the fit. ``low``:
+        the smallest loss, where the caller has read it."""
+        if low is None:
+            low = float(losses.detach().min()) if losses.numel() else 0.0
         if q * low > -math.log(cls.SATURATED):
             raise ConfigurationError(
                 f"ExpectedError(q={q:g}) reads each validation loss as −log p of the right "
@@ -1061,9 +1070,11 @@ class ExpectedError(ValidationObjective):
             )
 
     @staticmethod
-    def refuse_negative(losses: Tensor) -> None:
-        """A clear error for a negative validation loss (e^(−ℓ) is then no probability)."""
-        if bool((losses.detach() < 0).any()):
+    def refuse_negative(losses: Tensor, low: float | None = None) -> None:
+        """A clear error for a negative validation loss (e^(−ℓ) is then no probability).
+        ``low``: the smallest loss, where the caller has read it (no second read)."""
+        negative = low < 0 if low is not None else bool((losses.detach() < 0).any())
+        if negative:
             raise ConfigurationError(
                 f"ExpectedError reads each validation loss as −log p of the right answer (≥ 0), "
                 f"but got a negative one ({float(losses.detach().min()):.3g}): e^(−ℓ) is then "
