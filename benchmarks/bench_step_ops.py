@@ -23,7 +23,8 @@ steps that ran a hyper step (counted in ``on_train_batch_end``) and steps that d
 
 Run from the repository root::
 
-    python benchmarks/bench_step_ops.py --out benchmarks/results/step_ops/step_ops.json
+    python benchmarks/bench_step_ops.py --out benchmarks/results/step_ops/step_ops.json \
+        --before benchmarks/results/step_ops/before_s50.json
 
 (``--networks mlp`` or ``--networks cnn`` for one of the two.)
 
@@ -234,26 +235,40 @@ def count(name: str, epochs: int, from_step: int, network: str = "mlp") -> dict[
     }
 
 
-def figure(results: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+def figure(
+    results: dict[str, dict[str, dict[str, Any]]],
+    path: Path,
+    before: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> None:
+    """Bars per configuration and network; with ``before`` (an earlier JSON's results) its
+    counts as light bars under this run's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     nets = list(results)
-    fig, axes = plt.subplots(len(nets), 4, figsize=(15, 2.6 * len(nets)), squeeze=False)
+    fig, axes = plt.subplots(len(nets), 4, figsize=(14, 2.6 * len(nets)), squeeze=False)
     for row, net in zip(axes, nets):
         names = list(results[net])
         for ax, key, title in (
-            (row[0], "ops_per_step", "operations / training step"),
+            (row[0], "ops_per_step", "ops / training step"),
             (row[1], "host_reads_per_step", "host reads / training step"),
-            (row[2], "ops_per_hyper_step", "operations / step with a hyper step"),
-            (row[3], "host_reads_per_hyper_step", "host reads / step with a hyper step"),
+            (row[2], "ops_per_hyper_step", "ops / step with a hyper step"),
+            (row[3], "host_reads_per_hyper_step", "host reads / step w. hyper step"),
         ):
-            ax.barh(names, [results[net][n][key] or 0 for n in names])
-            ax.set_title(f"{NETWORKS[net][1]}: {title}", fontsize=8)
+            y = range(len(names))
+            ax.barh(y, [results[net][n][key] or 0 for n in names], height=0.4, label="now")
+            if before is not None and net in before:
+                old = [(before[net].get(n) or {}).get(key) or 0 for n in names]
+                ax.barh([i + 0.4 for i in y], old, height=0.4, color="0.75", label="before")
+            ax.set_yticks([i + 0.2 for i in y] if before else list(y), names, fontsize=7)
+            ax.set_title(f"{net}: {title}", fontsize=8)
             ax.invert_yaxis()
             ax.tick_params(labelsize=7)
+    if before is not None:
+        axes[0][0].legend(fontsize=7)
+    fig.suptitle(", ".join(f"{n}: {NETWORKS[n][1]}" for n in nets), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -265,6 +280,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--from-step", type=int, default=60, help="count the steps from this one on")
     p.add_argument("--out", default="benchmarks/results/step_ops/step_ops.json")
+    p.add_argument(
+        "--before", default=None, help="an earlier run's JSON, drawn beside this run's counts"
+    )
     args = p.parse_args()
     results = {
         net: {name: count(name, args.epochs, args.from_step, net) for name in args.configs}
@@ -290,7 +308,8 @@ def main() -> None:
     machine = {"torch": torch.__version__, "platform": platform.platform()}
     record = {"args": vars(args), "machine": machine, "results": results}
     out.write_text(json.dumps(record, indent=1))
-    figure(results, out.with_suffix(".png"))
+    before = json.loads(Path(args.before).read_text())["results"] if args.before else None
+    figure(results, out.with_suffix(".png"), before)
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
