@@ -221,3 +221,24 @@ def test_the_one_read_still_refuses_an_index_out_of_range_and_a_changed_label():
     problem._read_checks(torch.tensor([9, 3, 0]), (x[:3], torch.tensor([1, 0, 2])))  # as seen
     with pytest.raises(ConfigurationError, match=r"example 5 had label 1 .* has label 0 now"):
         problem._read_checks(torch.tensor([9, 5, 0]), (x[:3], torch.tensor([1, 0, 2])))
+
+
+def test_the_step_size_from_norms_read_ahead_is_the_one_read_in_the_call():
+    """h read ahead (``ForwardDifference.prefetch``, with the batch's checks) is the number the
+    call reads itself, and ‖w‖ is read anew at every step, also after an edit through ``.data``
+    that leaves the version counter as it was."""
+    from hypertorch_sid.core.sample_weights import ForwardDifference
+
+    gen = torch.Generator().manual_seed(4)
+    params = [torch.randn(8, 5, generator=gen), torch.randn(5, generator=gen)]
+    tangents = [torch.randn(8, 5, generator=gen), torch.randn(5, generator=gen)]
+    for _ in range(3):
+        ahead, alone = ForwardDifference(), ForwardDifference()
+        norms, read = ahead.prefetch(params, tangents)
+        read(norms.tolist())
+        assert ahead.step(params, tangents) == alone.step(params, tangents)
+        params[0].data.mul_(1.5)  # no version bump: read again at the next step
+        norms, read = ahead.prefetch(params, tangents)
+        assert norms.numel() == 1  # ‖v‖ is held for v as it is
+        read(norms.tolist())
+        assert ahead.step(params, tangents) == ForwardDifference().step(params, tangents)

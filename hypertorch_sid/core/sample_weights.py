@@ -1870,7 +1870,8 @@ class ForwardDifference(DirectionalDerivative):
         v_norm = self._tangent_norm(tangents)
         if v_norm == 0.0 or not math.isfinite(v_norm):
             return 0.0
-        w_norm = _kept(self._w_norm, params)
+        w_norm = _kept(self._w_norm, params)  # read ahead for this call only
+        self._w_norm = None
         if w_norm is None:
             w_norm = _norm(params)
         dtype = params[0].dtype if params else torch.get_default_dtype()
@@ -1892,22 +1893,19 @@ class ForwardDifference(DirectionalDerivative):
         after a new v), as one float64 tensor on the device, not read, and the function to
         hand their values to once the caller has read them, with values of its own (one wait
         for the device per training step, not two or three). None: nothing to read (a
-        difference that falls back to :class:`ForwardMode`, or norms held)."""
+        difference that falls back to :class:`ForwardMode`)."""
         if not params or not tangents or self.inaccurate(params) is not None:
             return None
-        w = _kept(self._w_norm, params) is None
+        # ‖w‖ for this step's call only (w moves at every step, also where its version does
+        # not show it: a p.data edit), ‖v‖ where not held for v as it is
         v = _kept(self._v_norm, tangents) is None
-        if not (w or v):
-            return None
-        parts = [ts for ts, wanted in ((params, w), (tangents, v)) if wanted]
+        parts = [params, tangents] if v else [params]
         norms = torch.stack([_norm_tensor(ts).double() for ts in parts])
 
         def read(values: Sequence[float]) -> None:
-            values = list(values)
-            if w:
-                self._w_norm = _keep(params, float(values.pop(0)))
+            self._w_norm = _keep(params, float(values[0]))
             if v:
-                self._v_norm = _keep(tangents, float(values.pop(0)))
+                self._v_norm = _keep(tangents, float(values[1]))
 
         return norms, read
 
