@@ -56,6 +56,7 @@ from .solvers import (
     assemble_hypergradient,
     check_exact_hyper_vjp,
     norm,
+    norms,
     warn_if_stalled,
 )
 from .validation import (
@@ -591,16 +592,21 @@ class SIDHyperOptimizer:
                 "λ was left unchanged. The solves' residuals were finite, so ∂₂Φ̂ᵀv or ∇₂E "
                 "overflowed: check the losses and the training data for NaN/Inf.",
             )
-        warm = any(bool(x.any()) for x in adjoint.v0)
-        self.guard.note_convergence(adjoint.result.unconverged, warm)
+        warm = [x.any() for x in adjoint.v0]  # a warm start: v0 ≠ 0
+        if len({x.device for x in warm}) == 1:
+            warm = [torch.stack(warm).any()]
+        v_norm, v0_norm, grad_norm, h_norm, *started = norms(  # one read of the device
+            adjoint.v, adjoint.v0, adjoint.target, hypergrad, also=warm
+        )
+        self.guard.note_convergence(adjoint.result.unconverged, any(bool(x) for x in started))
         self.guard.check(
-            v_norm=norm(adjoint.v),
-            v0_norm=norm(adjoint.v0),
-            grad_norm=norm(adjoint.target),
+            v_norm=v_norm,
+            v0_norm=v0_norm,
+            grad_norm=grad_norm,
             etas=adjoint.budget,
             residual=adjoint.result.residual,
             first_residual=adjoint.result.first_residual,
-            hypergradient_norm=norm(hypergrad),
+            hypergradient_norm=h_norm,
         )
 
     # ------------------------------------------------------------------ around the solves
@@ -682,15 +688,16 @@ class SIDHyperOptimizer:
         return self.phi.recover(self.constants)
 
     def _record(self, inner: SolveResult, adjoint: _Adjoint, g: Tensors) -> None:
-        est, grad_norm = self.curvature_estimate, norm(adjoint.target)
+        est = self.curvature_estimate
+        grad_norm, v_norm, g_norm = norms(adjoint.target, adjoint.v, g)  # one read
         self.last = {
             "relative_adjoint_residual": adjoint.result.residual / max(grad_norm, 1e-30),
-            "v_norm": norm(adjoint.v),
+            "v_norm": v_norm,
             "damping": float(self.delta),
             "L": float(self.L) if self.L is not None else math.nan,
             "lambda_min": float(est.lambda_min) if est and est.lambda_min is not None else math.nan,
             "outer_loss": adjoint.value,
-            "hypergradient_norm": norm(g),
+            "hypergradient_norm": g_norm,
             "inner_residual": inner.residual,
             "adjoint_residual": adjoint.result.residual,
             "inner_eta": inner.eta,

@@ -228,6 +228,7 @@ def outer_gradients(
     total: list[Tensor | None] = [None] * len(params)
     value = 0.0
     used = [False] * len(params)
+    values: Tensors = []  # E of each batch, read at once after the loop
     for batch in batches:
         loss = outer_loss(batch)
         if not isinstance(loss, Tensor) or loss.numel() != 1:
@@ -247,7 +248,13 @@ def outer_gradients(
                 acc = total[i]
                 scale = 1.0 / len(batches)
                 total[i] = g * scale if acc is None else rows.add(acc, g, scale)
-        value += float(loss.detach()) / len(batches)
+        values.append(loss.detach().reshape(()))
+    if len({(v.device, v.dtype) for v in values}) == 1:  # one wait for the device, not one each
+        read = torch.stack(values).tolist()
+    else:
+        read = [float(v) for v in values]
+    for v in read:
+        value += v / len(batches)
     if not any(used):
         raise ConfigurationError(
             "outer_loss depends on neither the inner parameters nor the hyperparameters: E must "

@@ -47,8 +47,12 @@ def stored(g: Tensor) -> Tensor:
 
 
 def all_finite(gs: Sequence[Tensor]) -> bool:
-    """No NaN/Inf in any stored value of ``gs``."""
-    return all(bool(torch.isfinite(stored(g)).all()) for g in gs)
+    """No NaN/Inf in any stored value of ``gs`` (read in one wait for the device where they
+    share one)."""
+    flags = [torch.isfinite(stored(g)).all() for g in gs]
+    if len({f.device for f in flags}) > 1:
+        return all(bool(f) for f in flags)
+    return not flags or bool(torch.stack(flags).all())
 
 
 class RowSnapshot:

@@ -180,7 +180,7 @@ def split_indexed(batch: Any, what: str = "the training batch") -> tuple[Tensor,
                 f"{what} carries indices of dtype {index.dtype} and shape {tuple(index.shape)}: "
                 "they must be a 1-D integer tensor (IndexedDataset's default collation)."
             )
-        return index.reshape(-1).long(), batch.data
+        return (index if index.dim() == 1 else index.reshape(-1)).long(), batch.data
     raise ConfigurationError(
         f"{what} carries no example indices (got {type(batch).__name__}): per-sample weights "
         "need stable indices. Wrap the training dataset: IndexedDataset(train_set) (a map-style "
@@ -769,6 +769,9 @@ class SampleWeights:
         O(rows moved) per step with ``sparse_grad``.
     """
 
+    #: how many checked indices are kept (:meth:`check_index` reads each batch's range once)
+    CHECKED_KEPT = 4
+
     def __init__(
         self,
         n: int,
@@ -801,7 +804,9 @@ class SampleWeights:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
         self.normaliser: Normaliser | None = None
-        self._checked: tuple[Tensor, int, Tensor] | None = None  # the last index checked
+        #: the last :data:`CHECKED_KEPT` indices checked, latest first (a hyper step's
+        #: curvature estimate reads two or more batches in turn: each is read of the device once)
+        self._checked: list[tuple[Tensor, int, Tensor]] = []
         self.parameterization.bind(self)
         self.use_sparse_grad(sparse_grad)
         self.parameterization.refresh(self)
@@ -880,26 +885,41 @@ class SampleWeights:
 
     def check_index(self, index: Tensor) -> Tensor:
         """``index`` as a 1-D long tensor on the logits' device, or a clear error."""
+        given = index if isinstance(index, Tensor) else torch.as_tensor(index)
+        for kept, version, index in self._checked:
+            if kept is given and version == given._version:  # a batch's index, checked already
+                return index
+        index, bounds = self.index_bounds(given)
+        low, high = bounds.tolist() if bounds is not None else (0, 0)  # one read of the device
+        return self.accept_index(given, index, low, high)
+
+    def index_bounds(self, index: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``index`` (a tensor of integers) as a 1-D long tensor on the logits' device, and its
+        smallest and largest entries as a tensor there, not read (None: an empty index). For a
+        caller that reads them with values of its own, in one wait for the device, then hands
+        them to :meth:`accept_index`; :meth:`check_index` does both."""
         if not isinstance(index, Tensor):
             index = torch.as_tensor(index)
         if index.dtype.is_floating_point or index.dtype == torch.bool:
             raise ConfigurationError(
                 f"sample-weight indices must be integers, got a {index.dtype} tensor."
             )
-        given = index
-        if self._checked is not None and self._checked[0] is given:
-            if self._checked[1] == given._version:  # the same batch's index, checked already
-                return self._checked[2]
-        index = index.reshape(-1).to(device=self.logits.device, dtype=torch.long)
-        if index.numel():
-            low, high = torch.stack(torch.aminmax(index)).tolist()  # one read of the device
-            if low < 0 or high >= self.n:
-                raise ConfigurationError(
-                    f"sample-weight index out of range: got [{low}, {high}] for {self.n} rows. "
-                    "The weights were sized for another data set (n = len of the "
-                    "IndexedDataset, or the number of classes)."
-                )
-        self._checked = (given, given._version, index)
+        index = index if index.dim() == 1 else index.reshape(-1)
+        index = index.to(device=self.logits.device, dtype=torch.long)
+        return index, torch.stack(torch.aminmax(index)) if index.numel() else None
+
+    def accept_index(self, given: Tensor, index: Tensor, low: int, high: int) -> Tensor:
+        """``index`` (:meth:`index_bounds` of ``given``), whose entries run from ``low`` to
+        ``high``: a clear error where they are not rows of the weights, else kept as checked
+        (the same batch's ``given`` is not read again) and returned."""
+        if index.numel() and (low < 0 or high >= self.n):
+            raise ConfigurationError(
+                f"sample-weight index out of range: got [{low}, {high}] for {self.n} rows. "
+                "The weights were sized for another data set (n = len of the "
+                "IndexedDataset, or the number of classes)."
+            )
+        checked = [c for c in self._checked if c[0] is not given]
+        self._checked = [(given, given._version, index), *checked][: self.CHECKED_KEPT]
         return index
 
     def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
@@ -1022,8 +1042,9 @@ class ExpectedError(ValidationObjective):
         self.q = float(q)
 
     def __call__(self, losses: Tensor) -> Tensor:
-        self.refuse_negative(losses)
-        self.refuse_saturated(losses, self.q)
+        low = float(losses.detach().min()) if losses.numel() else 0.0  # both checks' one read
+        self.refuse_negative(losses, low)
+        self.refuse_saturated(losses, self.q, low)
         return (-torch.expm1(-self.q * losses)).mean() / self.q
 
     #: the largest e^{−qℓⱼ} below which E's gradient is refused as vanished (10⁻⁶ of the mean
@@ -1031,12 +1052,14 @@ class ExpectedError(ValidationObjective):
     SATURATED = 1e-6
 
     @classmethod
-    def refuse_saturated(cls, losses: Tensor, q: float) -> None:
+    def refuse_saturated(cls, losses: Tensor, q: float, low: float | None = None) -> None:
         """A clear error where every validation example's e^{−qℓⱼ} is below
         :attr:`SATURATED`: E is then flat at 1/q and its gradient Σⱼ e^{−qℓⱼ}∇ℓⱼ vanishes (or
         underflows to exactly 0), so no weight would learn; a loss in other units than −log p
-        (a squared error of targets in the tens) does this at the start of the fit."""
-        low = float(losses.detach().min()) if losses.numel() else 0.0
+        (a squared error of targets in the tens) does this at the start of the fit. ``low``:
+        the smallest loss, where the caller has read it."""
+        if low is None:
+            low = float(losses.detach().min()) if losses.numel() else 0.0
         if q * low > -math.log(cls.SATURATED):
             raise ConfigurationError(
                 f"ExpectedError(q={q:g}) reads each validation loss as −log p of the right "
@@ -1047,9 +1070,11 @@ class ExpectedError(ValidationObjective):
             )
 
     @staticmethod
-    def refuse_negative(losses: Tensor) -> None:
-        """A clear error for a negative validation loss (e^(−ℓ) is then no probability)."""
-        if bool((losses.detach() < 0).any()):
+    def refuse_negative(losses: Tensor, low: float | None = None) -> None:
+        """A clear error for a negative validation loss (e^(−ℓ) is then no probability).
+        ``low``: the smallest loss, where the caller has read it (no second read)."""
+        negative = low < 0 if low is not None else bool((losses.detach() < 0).any())
+        if negative:
             raise ConfigurationError(
                 f"ExpectedError reads each validation loss as −log p of the right answer (≥ 0), "
                 f"but got a negative one ({float(losses.detach().min()):.3g}): e^(−ℓ) is then "
@@ -1515,6 +1540,13 @@ def check_per_sample(losses: Any, index: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------- the lazy outer step
+def _per_row(x: Tensor, p: Tensor) -> Tensor:
+    """A per-row factor ``x`` (shape ``(rows,)``) in ``p``'s dtype, shaped to scale rows of
+    ``p`` (no view for a vector: each is one more operation at every step)."""
+    x = x.to(p.dtype)
+    return x if p.dim() == 1 else x.view((-1,) + (1,) * (p.dim() - 1))
+
+
 class LazyAdam(torch.optim.Optimizer):
     """Adam that moves only the rows whose gradient is non-zero (TensorFlow's LazyAdam).
 
@@ -1601,7 +1633,11 @@ class LazyAdam(torch.optim.Optimizer):
                     state["visits"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
                 if rows.numel() == 0:
                     continue
-                m = state["exp_avg"].index_select(0, rows).mul_(b1).add_(values, alpha=1 - b1)
+                if b1 == 0:  # m = 0·m + 1·g = g and its bias correction 1 − 0ᵗ = 1, exactly
+                    m = values
+                else:
+                    m = state["exp_avg"].index_select(0, rows).mul_(b1)
+                    m.add_(values, alpha=1 - b1)
                 v = state["exp_avg_sq"].index_select(0, rows).mul_(b2)
                 v.addcmul_(values, values, value=1 - b2)
                 t = state["visits"].index_select(0, rows).add_(1)
@@ -1609,12 +1645,12 @@ class LazyAdam(torch.optim.Optimizer):
                 state["exp_avg_sq"].index_copy_(0, rows, v)
                 state["visits"].index_copy_(0, rows, t)
                 shape = (-1,) + (1,) * (p.dim() - 1)
-                c1 = (1 - b1**t).to(p.dtype).view(shape)
+                m_hat = m if b1 == 0 else m / _per_row(1 - b1**t, p)
                 row_scale = group.get("row_scale", True)
                 if row_scale == "batch":  # eq. batchscale: one scale, this step's rows
                     scale = values.pow(2).mean().sqrt()
                 elif row_scale:
-                    c2 = (1 - b2**t).to(p.dtype).view(shape)
+                    c2 = _per_row(1 - b2**t, p)
                     scale = (v / c2).sqrt()
                     k = group.get("scale_prior", 0.0)
                     if k > 0:  # eq. scaleprior: k pseudo-visits of the population's scale
@@ -1623,7 +1659,7 @@ class LazyAdam(torch.optim.Optimizer):
                         scale = ((tt * scale.pow(2) + k * prior) / (tt + k)).sqrt()
                 else:  # one scale for all rows: a row's step keeps its gradient's magnitude
                     scale = self._shared_scale(state, values, b2)
-                update = (m / c1) / (scale + group["eps"])
+                update = m_hat / (scale + group["eps"])
                 p.index_add_(0, rows, update, alpha=-group["lr"])
         return loss
 
@@ -1717,17 +1753,52 @@ class ForwardMode(DirectionalDerivative):
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _norm(tensors: Sequence[Tensor]) -> float:
-    """‖(t₁, …, tₖ)‖ over a set of tensors, each in its own dtype (one dispatch for all of
-    them where they share a dtype and device: it runs at every training step)."""
-    if not tensors:
-        return 0.0
-    tensors = [t.detach() for t in tensors]
+@torch.no_grad()
+def _norm_tensor(tensors: Sequence[Tensor]) -> Tensor:
+    """‖(t₁, …, tₖ)‖ over a non-empty set of tensors, each in its own dtype, as a float32
+    tensor on their device, not read (one dispatch for all of them where they share a dtype
+    and device: it runs at every training step)."""
+    tensors = list(tensors)
     if len({(t.dtype, t.device) for t in tensors}) == 1 and not tensors[0].is_sparse:
         norms = torch._foreach_norm(tensors)
     else:
         norms = [torch.linalg.vector_norm(t) for t in tensors]
-    return float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])))
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def _norm(tensors: Sequence[Tensor]) -> float:
+    """:func:`_norm_tensor` read (0 for no tensor)."""
+    return float(_norm_tensor(tensors)) if tensors else 0.0
+
+
+#: a norm kept for the tensors it was read of, at their versions (an in-place change, such as
+#: the optimizer's step on w, makes it stale)
+_Kept = tuple[list[tuple[Tensor, int]], float]
+
+
+def _kept(kept: _Kept | None, tensors: Sequence[Tensor]) -> float | None:
+    """The norm ``kept``, where it was read of ``tensors`` as they are now (else None)."""
+    if kept is None or len(kept[0]) != len(tensors):
+        return None
+    if all(a is b and u == b._version for (a, u), b in zip(kept[0], tensors)):
+        return kept[1]
+    return None
+
+
+def _keep(tensors: Sequence[Tensor], norm: float) -> _Kept:
+    return [(t, t._version) for t in tensors], norm
+
+
+@torch.no_grad()
+def _moved(params: Sequence[Tensor], tangents: Sequence[Tensor], h: float) -> list[Tensor]:
+    """w + h·v, one fused add per tensor (a temporary h·v doubles the time on an MLP), in one
+    dispatch for all of them where they share a dtype and a device (a launch-bound GPU pays for
+    each)."""
+    params, tangents = list(params), list(tangents)
+    kinds = {(t.dtype, t.device, t.layout) for t in (*params, *tangents)}
+    if len(kinds) == 1 and next(iter(kinds))[2] == torch.strided:
+        return list(torch._foreach_add(params, tangents, alpha=h))
+    return [torch.add(p, t.to(p.dtype), alpha=h) for p, t in zip(params, tangents)]
 
 
 class ForwardDifference(DirectionalDerivative):
@@ -1777,7 +1848,8 @@ class ForwardDifference(DirectionalDerivative):
         self._warned = False
         self._calls = 0
         self._unreproducible: str | None = None
-        self._v_norm: tuple[list[tuple[Tensor, int]], float] | None = None
+        self._v_norm: _Kept | None = None  # ‖v‖: v changes at the hyper steps
+        self._w_norm: _Kept | None = None  # ‖w‖: read ahead by :meth:`prefetch`
 
     def inaccurate(self, params: Sequence[Tensor]) -> str | None:
         """Why a forward difference would be inaccurate here (None: it is not)."""
@@ -1793,25 +1865,49 @@ class ForwardDifference(DirectionalDerivative):
 
     def step(self, params: Sequence[Tensor], tangents: Sequence[Tensor]) -> float:
         """h with h·‖v‖ = c·max(‖w‖, 1) (0 where v = 0). ‖v‖ is read once per v (v changes
-        at the hyper steps, the call comes at every training step)."""
+        at the hyper steps, the call comes at every training step); both norms are taken as
+        :meth:`prefetch` read them, where it did for these tensors as they are."""
         v_norm = self._tangent_norm(tangents)
         if v_norm == 0.0 or not math.isfinite(v_norm):
             return 0.0
-        w_norm = _norm(params)
+        w_norm = _kept(self._w_norm, params)  # read ahead for this call only
+        self._w_norm = None
+        if w_norm is None:
+            w_norm = _norm(params)
         dtype = params[0].dtype if params else torch.get_default_dtype()
         c = self.relative_step or math.sqrt(torch.finfo(dtype).eps)
         return c * max(w_norm, 1.0) / v_norm
 
     def _tangent_norm(self, tangents: Sequence[Tensor]) -> float:
         """‖v‖, kept while v is the same tensors at the same versions."""
-        key = [(t, t._version) for t in tangents]
-        cached = self._v_norm
-        if cached is not None and len(cached[0]) == len(key):
-            if all(a is b and u == w for (a, u), (b, w) in zip(cached[0], key)):
-                return cached[1]
-        norm = _norm(tangents)
-        self._v_norm = (key, norm)
+        norm = _kept(self._v_norm, tangents)
+        if norm is None:
+            norm = _norm(tangents)
+            self._v_norm = _keep(tangents, norm)
         return norm
+
+    def prefetch(
+        self, params: Sequence[Tensor], tangents: Sequence[Tensor]
+    ) -> tuple[Tensor, Callable[[Sequence[float]], None]] | None:
+        """The norms the next call will read of the device and does not hold, ‖w‖ (and ‖v‖
+        after a new v), as one float64 tensor on the device, not read, and the function to
+        hand their values to once the caller has read them, with values of its own (one wait
+        for the device per training step, not two or three). None: nothing to read (a
+        difference that falls back to :class:`ForwardMode`)."""
+        if not params or not tangents or self.inaccurate(params) is not None:
+            return None
+        # ‖w‖ for this step's call only (w moves at every step, also where its version does
+        # not show it: a p.data edit), ‖v‖ where not held for v as it is
+        v = _kept(self._v_norm, tangents) is None
+        parts = [params, tangents] if v else [params]
+        norms = torch.stack([_norm_tensor(ts).double() for ts in parts])
+
+        def read(values: Sequence[float]) -> None:
+            self._w_norm = _keep(params, float(values[0]))
+            if v:
+                self._v_norm = _keep(tangents, float(values[1]))
+
+        return norms, read
 
     def __call__(
         self,
@@ -1836,17 +1932,12 @@ class ForwardDifference(DirectionalDerivative):
             return self.fallback(losses, params, tangents, at)
         self._calls += 1
         h = self.step(params, tangents)
-        with torch.no_grad():
+        with torch.no_grad():  # nothing here is differentiated: no detach needed
             if at is None:
-                at = losses(*[p.detach() for p in params])
-            at = at.detach()
+                at = losses(*params)
             if h == 0.0:
                 return torch.zeros_like(at)
-            moved = [  # one fused w + h·v per tensor (a temporary h·v doubles the time on an MLP)
-                torch.add(p.detach(), t.detach().to(p.dtype), alpha=h)
-                for p, t in zip(params, tangents)
-            ]
-            return (losses(*moved).detach() - at) / h
+            return (losses(*_moved(params, tangents, h)) - at) / h
 
     def _unreproduced(
         self, losses: Callable[..., Tensor], params: Sequence[Tensor], at: Tensor
@@ -1854,11 +1945,13 @@ class ForwardDifference(DirectionalDerivative):
         """Why ``losses`` at w does not give back the step's own ``at`` (the difference's
         premise; None: it does). Once it has not, every later call takes the fallback."""
         with torch.no_grad():
-            again = losses(*[p.detach() for p in params]).detach()
-        at = at.detach().to(again.dtype)
+            again = losses(*params)
+            at = at.to(again.dtype)
+            if again.shape == at.shape:  # both read in one wait for the device
+                mean, worst = torch.stack([at.abs().mean(), (again - at).abs().max()]).tolist()
         if again.shape == at.shape:
-            scale = float(at.abs().mean()) + torch.finfo(again.dtype).eps
-            gap = float((again - at).abs().max()) / scale
+            scale = mean + torch.finfo(again.dtype).eps
+            gap = worst / scale
             if gap <= self.REPRODUCIBLE_RTOL:
                 return None
             what = f"differ from the step's own by {gap:.3g} of their mean"
@@ -1918,8 +2011,10 @@ class TrainingCrossTerm:
         w = self.weights
         index = w.check_index(index)
         shared = w.parameterization.hyperparameters
+        with torch.no_grad():
+            x = w.logits_of(index)
         with torch.enable_grad():
-            x = w.logits_of(index).detach().requires_grad_(True)
+            x.requires_grad_(True)
             omega = w.parameterization.rows(x, w, index, losses)
             held = w.gauge == "mean_logit"
             inner = weighted_loss(check_per_sample(u, index), omega, self.normalize, held)
@@ -1940,7 +2035,9 @@ class TrainingCrossTerm:
         for h, g in zip(self.weights.hyperparameters, grads):
             h.grad = g
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for group in self.optimizer.param_groups:  # zero_grad(set_to_none=True), unprofiled
+            for h in group["params"]:
+                h.grad = None
         self.weights.projection()
 
     def step(

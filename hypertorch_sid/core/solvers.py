@@ -73,16 +73,33 @@ def norm(xs: Sequence[Tensor]) -> float:
     at every solver step would cost more than the step itself (50× the norm's time on a 2.6M
     weight matrix).
     """
-    if not xs:
-        return 0.0
+    return float(_norm_tensor(xs)) if xs else 0.0
+
+
+def _norm_tensor(xs: Sequence[Tensor]) -> Tensor:
+    """:func:`norm` of a non-empty list, as a tensor on the device, not read."""
     if len(xs) == 1:  # no stack, no float64 copy: this runs at every solver step
         x = rows.stored(xs[0].detach())  # a sparse tensor's rows (no SparseCUDA norm kernel)
-        return float(torch.linalg.vector_norm(x, dtype=_NORM_DTYPE.get(x.dtype)))
+        return torch.linalg.vector_norm(x, dtype=_NORM_DTYPE.get(x.dtype))
     per_tensor = [
         torch.linalg.vector_norm(x, dtype=_NORM_DTYPE.get(x.dtype)).to(torch.float64)
         for x in (rows.stored(x.detach()) for x in xs)
     ]
-    return float(torch.linalg.vector_norm(torch.stack(per_tensor)))
+    return torch.linalg.vector_norm(torch.stack(per_tensor))
+
+
+def norms(*groups: Sequence[Tensor], also: Sequence[Tensor] = ()) -> list[float]:
+    """:func:`norm` of each group, then the values of the 0-dim tensors ``also``, read in one
+    wait for the device where they share one (a launch-bound GPU pays for each read); each
+    number is the one :func:`norm` or ``float`` gives."""
+    found = [_norm_tensor(g) if g else None for g in groups]
+    tensors = [t for t in found if t is not None] + list(also)
+    if tensors and len({t.device for t in tensors}) == 1:
+        read = iter(torch.stack([t.detach().double() for t in tensors]).tolist())
+    else:
+        read = iter([float(t) for t in tensors])
+    out = [0.0 if t is None else next(read) for t in found]
+    return out + [next(read) for _ in also]
 
 
 _NORM_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}

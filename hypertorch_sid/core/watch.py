@@ -50,7 +50,17 @@ DRIFT, NOT_HALVED = 0.5, 0.5
 
 
 def _norm(xs: Sequence[Tensor]) -> float:
-    return math.sqrt(sum(float(torch.linalg.vector_norm(x.detach().double())) ** 2 for x in xs))
+    """‖(x₁, …, xₖ)‖ in float64: each tensor's norm on its device, all read in one wait for
+    it (a launch-bound GPU pays for each), combined on the host."""
+    if not xs:
+        return 0.0
+    with torch.no_grad():
+        norms = [torch.linalg.vector_norm(x.double()) for x in xs]
+    if len({n.device for n in norms}) == 1:
+        values = torch.stack(norms).tolist()
+    else:
+        values = [float(n) for n in norms]
+    return math.sqrt(sum(n**2 for n in values))
 
 
 class ResidualWatch:

@@ -51,6 +51,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
@@ -347,6 +348,12 @@ class DataWeightsProblem:
         #: step before the losses are returned (the callback's cross term on the training
         #: batch, ``cross_term="training"``)
         self.on_training_batch: Callable[[Tensor, Any, Tensor, RandomState], None] | None = None
+        #: called at every training step of the loop before the weights are read: what the
+        #: cross term will read of the device at this step (a float64 tensor there, not read)
+        #: and the function to hand its values to, or None; read with the batch's own checks in
+        #: one wait for the device (:meth:`_read_checks`)
+        self.prefetch: Callable[[], tuple[Tensor, Callable[[list[float]], None]] | None] | None
+        self.prefetch = None
         #: per row: the label seen at its first visit (per sample, where the batch holds integer
         #: labels: an index whose label changes is not a stable index) and the training loss at
         #: its last visit (the evidence :meth:`flag_evidence` reads)
@@ -541,45 +548,71 @@ class DataWeightsProblem:
             )
         return labels, data
 
-    def _seen(self, index: Tensor, data: Any, losses: Tensor) -> None:
-        """Record a training batch's rows: refuse an index whose label changed since its
-        first visit (the dataset's order moved, so a weight no longer belongs to one example),
-        and keep each row's training loss at this visit (the batch's mean for a row it holds
-        twice, or per class: the class's mean)."""
-        n = self.weights.n  # type: ignore[union-attr]
-        labels = self._labels_of(data, int(index.numel())) if self.per == "sample" else None
+    def _read_checks(self, index: Tensor, data: Any) -> Tensor | None:
+        """What a training step of the loop reads of the device, in one wait for it (a
+        launch-bound GPU pays for each): the batch's index range (refused where it is not rows
+        of the weights, :meth:`SampleWeights.accept_index`), whether a row's label changed since
+        its first visit (refused: the dataset's order moved, so a weight no longer belongs to
+        one example), and what the cross term will read (:attr:`prefetch`). Returns the
+        batch's integer labels (per sample, where it holds them), which :meth:`_seen` records."""
+        weights = self.weights
+        assert weights is not None
+        flat, bounds = weights.index_bounds(index)
+        parts = [] if bounds is None else [bounds]
+        labels = self._labels_of(data, int(flat.numel())) if self.per == "sample" else None
+        known = clash = None
         if labels is not None:
-            if self._labels is None or self._labels.shape[0] != n:
-                self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
-            if self._labels.device != index.device:  # restored from a checkpoint on the CPU
-                self._labels = self._labels.to(index.device)
-            labels = labels.to(index.device)
-            known = self._labels[index]
-            clash = (known != _UNSEEN) & (known != labels)
-            if bool(clash.any()):
+            labels = labels.to(flat.device)
+            seen = self._labels
+            if seen is not None and seen.shape[0] == weights.n and flat.numel():
+                # clamped: the range is refused below, before anything reads these rows
+                known = seen.to(flat.device)[flat.clamp(0, weights.n - 1)]
+                clash = (known != _UNSEEN) & (known != labels)
+                parts.append(clash.any(0, keepdim=True))
+        ahead = self.prefetch() if self.prefetch is not None else None
+        if ahead is not None:
+            parts.append(ahead[0])
+        values = torch.cat(parts).tolist() if parts else []  # the one read of the device
+        low, high = (int(values[0]), int(values[1])) if bounds is not None else (0, 0)
+        weights.accept_index(index, flat, low, high)
+        k = 0 if bounds is None else 2
+        if clash is not None:
+            if values[k]:
                 j = int(clash.nonzero()[0, 0])
                 raise ConfigurationError(
-                    f"LearnedDataWeights: example {int(index[j])} had label {int(known[j])} on "
-                    f"an earlier visit and has label {int(labels[j])} now: the training set's "
+                    f"LearnedDataWeights: example {int(flat[j])} had label {int(known[j])} on "  # type: ignore[index]
+                    f"an earlier visit and has label {int(labels[j])} now: the training set's "  # type: ignore[index]
                     "indices are not stable (its order changes between epochs, or its labels "
                     "are drawn anew, or this callback learned its weights on another data set "
                     "of the same size), so a weight would not belong to one example. Keep the "
                     "order fixed (shuffle in the DataLoader, not in the dataset), or use a "
                     "new LearnedDataWeights for another data set."
                 )
-            self._labels[index] = labels
+            k += 1
+        if ahead is not None:
+            ahead[1](values[k:])
+        return labels
+
+    def _seen(self, index: Tensor, losses: Tensor, labels: Tensor | None) -> None:
+        """Record a training batch's rows (checked by :meth:`_read_checks`): each row's label
+        at its first visit (``labels``, per sample) and its training loss at this visit (the
+        batch's mean for a row it holds twice, or per class: the class's mean)."""
+        n = self.weights.n  # type: ignore[union-attr]
+        if labels is not None:
+            if self._labels is None or self._labels.shape[0] != n:
+                self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
+            if self._labels.device != index.device:  # restored from a checkpoint on the CPU
+                self._labels = self._labels.to(index.device)
+            self._labels[index] = labels.to(index.device)
         if self._last_loss is None or self._last_loss.shape[0] != n:
+            # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
             self._last_loss = torch.full(
                 (n,), float("nan"), dtype=torch.float32, device=index.device
             )
-        rows, inverse = index.unique(return_inverse=True)
-        values = losses.detach().float().reshape(-1)
-        # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
-        sums = values.new_zeros(rows.shape).index_add_(0, inverse, values)
-        counts = values.new_zeros(rows.shape).index_add_(0, inverse, torch.ones_like(values))
-        self._last_loss[rows.to(self._last_loss.device)] = (sums / counts).to(
-            self._last_loss.device
-        )
+        with torch.no_grad():
+            values = losses.float()
+            values = values if values.dim() == 1 else values.reshape(-1)
+            _row_means_into(self._last_loss, index, values)
 
     def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
         """Why some rows the training read are masked examples, once per fit: a negative
@@ -674,7 +707,7 @@ class DataWeightsProblem:
             labels = self.target(data) if self._own_target else batch_labels(data)
         except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
             return None
-        return labels.reshape(-1).long() if _integer_vector(labels, b) else None
+        return labels.long() if _integer_vector(labels, b) else None  # 1-D: no reshape
 
     def _count_validation(self, data: Any) -> None:
         """Add a validation batch's integer labels (``batch[1]``, or ``target=``) to the
@@ -971,10 +1004,11 @@ class DataWeightsProblem:
                 if _warn_masked_samples(raw, data, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
+            labels = self._read_checks(index, data) if in_loop else None
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
             if in_loop:
-                self._seen(index, data, losses)  # after the weights checked the index's range
+                self._seen(index, losses, labels)
                 if self.on_training_batch is not None and rng is not None:
                     self.on_training_batch(index, data, losses.detach(), rng)
             loss = weighted_loss(losses, weights, self.normalize)
@@ -1064,6 +1098,33 @@ def directional_losses(
         return out.reshape(out.shape[0], -1).mean(1) if out.dim() > 1 else out
 
     return (directional or ForwardMode())(losses, params, tangents, at)
+
+
+#: whether :func:`_row_means_into` has met torch's one "index_reduce() is in beta" warning
+_SAID_BETA = False
+
+
+def _row_means_into(target: Tensor, index: Tensor, values: Tensor) -> None:
+    """``target[i]`` ← the mean of ``values`` at the positions where ``index`` holds i, for
+    every row i in ``index`` (a row held twice gets the mean of its two values); the other rows
+    are left as they were. One ``index_reduce_`` where it is deterministic; where deterministic
+    algorithms are asked for on an accelerator, the sums and counts of the distinct rows."""
+    global _SAID_BETA
+    values = values.to(target.device)
+    index = index.to(target.device)
+    if target.device.type != "cpu" and torch.are_deterministic_algorithms_enabled():
+        rows, inverse = index.unique(return_inverse=True)
+        sums = values.new_zeros(rows.shape).index_add_(0, inverse, values)
+        counts = values.new_zeros(rows.shape).index_add_(0, inverse, torch.ones_like(values))
+        target[rows] = sums / counts
+        return
+    if _SAID_BETA:
+        target.index_reduce_(0, index, values, "mean", include_self=False)
+        return
+    with warnings.catch_warnings():  # torch says it once per process: not the user's concern
+        warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
+        target.index_reduce_(0, index, values, "mean", include_self=False)
+    _SAID_BETA = True
 
 
 def _lazy_adam(
@@ -1636,6 +1697,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._trainer, self._module = trainer, pl_module
         if self.cross_term == "training":
             self.problem.on_training_batch = self._training_cross_term
+            self.problem.prefetch = self._cross_term_reads
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Say once per fit, as soon as the hyper steps have read the validation data, where it
@@ -1698,6 +1760,20 @@ class LearnedDataWeights(HyperOptimizationCallback):
             return
         with self.budget.added_work(every_step=True), metric_states_kept(self._module):
             self._move_training_rows(index, data, losses, rng)
+
+    def _cross_term_reads(self) -> tuple[Tensor, Callable[[list[float]], None]] | None:
+        """What this step's cross term will read of the device (the forward difference's ‖w‖,
+        and ‖v‖ after a hyper step), for the training step to read with its own checks
+        (:attr:`DataWeightsProblem.prefetch`); None where the cross term will not run or
+        reads nothing."""
+        sid, active = self.sid, self._active
+        if sid is None or sid.v is None or sid.alpha is None or active is None:
+            return None
+        if sid.phi.scale is not None or self._module is None or self.problem.weights is None:
+            return None
+        if not isinstance(self.directional, ForwardDifference):
+            return None
+        return self.directional.prefetch(active.inner_parameters, sid.v)
 
     def _move_training_rows(
         self, index: Tensor, data: Any, losses: Tensor, rng: RandomState | None
@@ -1798,7 +1874,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         super().teardown(trainer, pl_module, stage)
         if stage == "fit":
             self.problem.unwrap()
-            self.problem.on_training_batch = None
+            self.problem.on_training_batch = self.problem.prefetch = None
             self.problem.loop_batch = None
 
     def on_exception(

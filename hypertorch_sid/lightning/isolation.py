@@ -178,7 +178,12 @@ def check_weights(
     (``problem``: the active bilevel problem, whose λ summary the error reports, or None), or
     the training data holds NaN/Inf (``train_dataset``, read only then, names it), or the loss
     produced it from finite weights (``losses``, read only then)."""
-    bad = [n for n, p in module.named_parameters() if not bool(torch.isfinite(p).all())]
+    named = list(module.named_parameters())
+    with torch.no_grad():
+        finite = [torch.isfinite(p).all() for _, p in named]
+    if len({f.device for f in finite}) == 1:  # one wait for the device, not one per tensor
+        finite = torch.stack(finite).tolist()
+    bad = [n for (n, _), ok in zip(named, finite) if not bool(ok)]
     if not bad:
         return
     data = non_finite_data(train_dataset)

@@ -44,7 +44,7 @@ from torch.utils.data._utils.collate import default_collate
 from ..core.batches import batch_size as samples_in
 from ..core.errors import ConfigurationError
 from ..core.outer import SeveralBatches
-from ..core.sample_weights import IndexedDataset
+from ..core.sample_weights import Indexed, IndexedDataset
 from .namespaces import is_overridden
 
 __all__ = [
@@ -348,9 +348,17 @@ def _single_process_copy(
 
 
 def fetch(dataset: Dataset, collate: Callable[[list[Any]], Any], idx: Tensor) -> Any:
-    """``collate([dataset[i] for i in idx])``, vectorised for a ``TensorDataset``."""
+    """``collate([dataset[i] for i in idx])``, vectorised for a ``TensorDataset`` and an
+    ``IndexedDataset`` of one (the data weights' hyper steps: one gather per tensor, not one
+    operation per sample and tensor)."""
     if isinstance(dataset, TensorDataset) and collate is default_collate:
         return [t[idx] for t in dataset.tensors]
+    if (
+        isinstance(dataset, IndexedDataset)
+        and isinstance(dataset.dataset, TensorDataset)
+        and collate is default_collate
+    ):
+        return Indexed(idx.long(), [t[idx] for t in dataset.dataset.tensors])
     if hasattr(dataset, "__getitems__"):
         return collate(dataset.__getitems__(idx.tolist()))
     return collate([dataset[i] for i in idx.tolist()])
