@@ -128,13 +128,13 @@ def shares_problem(train_counts, val_counts, class_weights) -> DataWeightsProble
 @pytest.mark.parametrize(
     ("train", "val", "omega", "pushed"),
     [
-        # session 50's 20 Newsgroups symptom: balanced classes, two at a third of the others
-        ([100, 100, 100, 100], [75, 75, 75, 75], [0.9, 0.9, 0.2, 0.2], [2, 3]),
-        # the same classes moved less: s_c/π_c = 0.57 ≥ ½, not said
-        ([100, 100, 100, 100], [75, 75, 75, 75], [0.8, 0.8, 0.35, 0.35], []),
+        # balanced classes, two collapsed: s_c/π_c = 0.2 < ⅓
+        ([100, 100, 100, 100], [75, 75, 75, 75], [0.9, 0.9, 0.1, 0.1], [2, 3]),
+        # the same classes moved less: s_c/π_c = 0.36 ≥ ⅓, not said
+        ([100, 100, 100, 100], [75, 75, 75, 75], [0.9, 0.9, 0.2, 0.2], []),
         # imbalance: the minority up-weighted TOWARD the balanced validation set: not said
         ([180, 20], [50, 50], [0.2, 0.9], []),
-        # ... and the minority pushed further from it: said (s⁰/π = 0.2, s/π = 0.04 < 0.1)
+        # ... and the minority pushed further from it: said (s⁰/π = 0.2, s/π = 0.05 < 0.067)
         ([180, 20], [50, 50], [0.9, 0.2], [1]),
         # equal weights: nothing moved
         ([10, 30, 60], [1, 1, 1], [0.5, 0.5, 0.5], []),
@@ -149,6 +149,24 @@ def test_classes_pushed_away_from_the_validation_shares_are_said(train, val, ome
             assert f"class {c}:" in said
         assert "gauge='class'" in said and "mean_loss" in said and "plainly" in said
         assert f"{len(pushed)} whole class" in said
+
+
+def test_the_shares_count_the_training_loaders_draws():
+    """A sampler that draws the minority nine times as often (the imbalanced recipe's
+    WeightedRandomSampler): per row the minority at ω 0.25 against 0.9 is 3 % of the weight,
+    below ⅓ of its 10 % of the rows (said); over the draws it is 22 % against the draws' 50 %
+    and the validation's 50 % (not said)."""
+    problem = shares_problem([180, 20], [50, 50], [0.9, 0.05])
+    assert problem.class_shift() is not None
+    problem._visits = torch.cat([torch.ones(180), torch.full((20,), 9.0), torch.zeros(3)])
+    shares = problem.class_shares()
+    assert torch.allclose(shares["unweighted"], torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert problem.class_shift() is not None  # ω 0.05: 5 % of the draws' weight, < ⅓ · 50 %
+    problem = shares_problem([180, 20], [50, 50], [0.9, 0.25])
+    problem._visits = torch.cat([torch.ones(180), torch.full((20,), 9.0), torch.zeros(3)])
+    assert problem.class_shift() is None  # 22 % of the weighted draws
+    problem._visits = None  # per row: s/π = 0.06 < ⅓ · 0.2
+    assert problem.class_shift() is not None
 
 
 def test_the_watch_needs_labels_and_validation_counts():
