@@ -135,7 +135,7 @@ MIN_VAL_PER_CLASS = 2
 #: κ of eq. classshift (:meth:`DataWeightsProblem.class_shift`): a class whose weighted share of
 #: the training draws fell below κ · min(π_c, s⁰_c) is said at the fit's end. Measured (session
 #: 50): healthy fits down to 0.47 of that base (the imbalanced recipe, a sampler balancing the
-#: classes; Fashion pair-flip 0.50), so ½ and ⅔ warned on healthy fits; ⅓ warned on none.
+#: classes; Fashion pair-flip 0.49), so ½ and ⅔ warned on healthy fits; ⅓ warned on none.
 CLASS_SHIFT_FACTOR = 1 / 3
 
 
@@ -275,8 +275,8 @@ class DataWeightsProblem:
             )
         if gauge not in ("auto", "batch", "mean_logit", "class"):
             raise ConfigurationError(
-                "LearnedDataWeights: gauge must be 'auto', 'batch', 'mean_logit' or 'class', "
-                f"got {gauge!r}."
+                "LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit' (or 'class', "
+                f"each class's mean logit held), got {gauge!r}."
             )
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
@@ -700,8 +700,8 @@ class DataWeightsProblem:
         unweighted training's where that was short already. Weights that move a class's share
         TOWARD the validation's (imbalanced classes) are not caught. None where no class is, or
         the shares are unknown. A safety net for a collapsed class, not a test of every harmful
-        fit: healthy fits reached 0.47 (κ = ½ warned on one, ⅔ on another), and session 50's
-        20 Newsgroups failures sat at 0.53, 0.82 and 0.73 (docs/data_weights.md, session 50)."""
+        fit: healthy fits reached 0.47 (κ = ½ and ⅔ warned on healthy fits), and session 50's
+        20 Newsgroups failures sat at 0.53, 0.94 and 0.92 (docs/data_weights.md, session 50)."""
         shares = self.class_shares()
         if shares is None:
             return None
