@@ -136,6 +136,13 @@ SPLIT_MISFIT = "split_misfit"
 MIN_VAL_PER_CLASS = 2
 
 
+#: κ of eq. classshift (:meth:`DataWeightsProblem.class_shift`): a class whose weighted share of
+#: the training draws fell below κ · min(π_c, s⁰_c) is said at the fit's end. Measured (session
+#: 50): healthy fits down to 0.47 of that base (the imbalanced recipe, a sampler balancing the
+#: classes; Fashion pair-flip 0.49), so ½ and ⅔ warned on healthy fits; ⅓ warned on none.
+CLASS_SHIFT_FACTOR = 1 / 3
+
+
 def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
     """Where an :class:`IndexedDataset` sits inside ``dataset`` (a ``Subset``'s ``.dataset``, a
     ``ConcatDataset``'s ``.datasets``, a few levels deep), for the refusal's advice; else None."""
@@ -278,7 +285,7 @@ class DataWeightsProblem:
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         objective: str | ValidationObjective = DEFAULT_OBJECTIVE,
-        gauge: Literal["auto", "batch", "mean_logit"] = "auto",
+        gauge: Literal["auto", "batch", "mean_logit", "class"] = "auto",
     ) -> None:
         if per not in ("sample", "class"):
             raise ConfigurationError(
@@ -297,9 +304,10 @@ class DataWeightsProblem:
                 "training example and needs no class count. Pass per='class' for class weights, "
                 "or drop num_classes."
             )
-        if gauge not in ("auto", "batch", "mean_logit"):
+        if gauge not in ("auto", "batch", "mean_logit", "class"):
             raise ConfigurationError(
-                f"LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit', got {gauge!r}."
+                "LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit' (or 'class', "
+                f"each class's mean logit held), got {gauge!r}."
             )
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
@@ -325,6 +333,8 @@ class DataWeightsProblem:
             self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
         elif initial is not None:  # the initial weight refused now, not at the fit's start
             SampleWeights(1, self.parameterization, initial)
+        if gauge == "class":  # refused now where it cannot be held
+            _refuse_class_gauge(per, self.parameterization, initial)
         if gauge == "mean_logit":  # refused now where it cannot be held, or is no gauge
             SampleWeights(1, self.parameterization, initial, gauge=gauge)
             if not normalize:
@@ -361,6 +371,9 @@ class DataWeightsProblem:
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
         self._last_loss: Tensor | None = None
+        #: per row: the times a training batch held it (the loader's draws, a sampler's
+        #: included), which :meth:`class_shares` counts the training distribution by
+        self._visits: Tensor | None = None
         #: which examples the per-sample weights belong to (:func:`_examples_of`, at the build)
         self._examples: tuple[Any, tuple[int, ...] | None] | None = None
         self._examples_set: Any = None  # the training set they were read from
@@ -415,6 +428,7 @@ class DataWeightsProblem:
                     )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 self._labels = self._last_loss = None
+                self._visits = None
             labels, self.checkpointed_labels = self.checkpointed_labels, None
             if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
                 self._labels = labels
@@ -422,7 +436,10 @@ class DataWeightsProblem:
         weights = self.weights
         assert weights is not None
         # "auto": the exact minibatch derivative until the first training batch says regression
-        weights.use_gauge("batch" if self.gauge == "auto" else self.gauge)
+        if self.gauge == "class":  # each class's mean logit held (the labels seen so far)
+            weights.use_class_gauge(lambda: self._labels)
+        else:
+            weights.use_gauge("batch" if self.gauge == "auto" else self.gauge)
         inner = list(
             {
                 id(p): p
@@ -613,6 +630,7 @@ class DataWeightsProblem:
             values = losses.float()
             values = values if values.dim() == 1 else values.reshape(-1)
             _row_means_into(self._last_loss, index, values)
+            self._count_visits(n, index, torch.ones_like(values))  # a row held twice: 2 draws
 
     def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
         """Why some rows the training read are masked examples, once per fit: a negative
@@ -757,6 +775,80 @@ class DataWeightsProblem:
             "docs/data_weights.md). Give at least "
             f"{MIN_VAL_PER_CLASS} clean validation examples of every class (more is better), or "
             f"learn per-class weights (per='class', num_classes={int(classes.max()) + 1})."
+        )
+
+    def _count_visits(self, n: int, rows: Tensor, counts: Tensor) -> None:
+        """Add a training batch's draws of its ``rows`` (``counts`` each) to :attr:`_visits`."""
+        if self._visits is None or self._visits.shape[0] != n:
+            self._visits = torch.zeros(n, dtype=torch.float32, device=rows.device)
+        self._visits.index_add_(0, rows.to(self._visits.device), counts.to(self._visits))
+
+    def class_shares(self) -> dict[str, Tensor] | None:
+        """Per class c (per sample, integer labels, the rows visited and the validation
+        batches the hyper steps read): the weighted training share s_c = Σ_{i∈c} vᵢωᵢ / Σᵢ vᵢωᵢ
+        over the training loader's draws (vᵢ: the times row i was in a training batch, so a
+        sampler that balances the classes counts as it draws), the unweighted one
+        s⁰_c = Σ_{i∈c} vᵢ / Σᵢ vᵢ and the validation's π_c (float64 vectors over the classes
+        0..the largest label: ``"weighted"``, ``"unweighted"``, ``"validation"``), or None
+        where they are unknown (no labels read, per-class weights, no hyper step yet). One
+        pass over the n weights."""
+        labels, counts, weights = self._labels, self._val_counts, self.weights
+        if self.per != "sample" or labels is None or counts is None or weights is None:
+            return None
+        known = (labels != _UNSEEN) & (labels >= 0)
+        if not self._val_rows or not bool(known.any()) or not float(counts.sum()):
+            return None
+        visits = self._visits
+        if visits is None or visits.shape != labels.shape or not float(visits[known].sum()):
+            visits = torch.ones(labels.shape, device=labels.device)  # resumed: none counted
+        y, v = labels[known].cpu(), visits[known.to(visits.device)].double().cpu()
+        w = weights.values()[known.to(weights.logits.device)].double().cpu() * v
+        k = max(int(y.max()) + 1, counts.numel())
+        val = torch.zeros(k, dtype=torch.float64)
+        val[: counts.numel()] = counts.double()
+        return {
+            "weighted": torch.bincount(y, weights=w, minlength=k) / w.sum().clamp_min(1e-300),
+            "unweighted": torch.bincount(y, weights=v, minlength=k) / v.sum(),
+            "validation": val / val.sum(),
+        }
+
+    def class_shift(self) -> str | None:
+        """Why the learned weights may have learned a class prior rather than which labels to
+        trust: a class c that the weights pushed away from the validation's share,
+
+            s_c / π_c < κ · min(1, s⁰_c / π_c),  κ = CLASS_SHIFT_FACTOR = ⅓     (eq. classshift)
+
+        (:meth:`class_shares`; classes the validation data holds and the training rows carry):
+        its weighted share fell below a third of what the validation asks for, or of the
+        unweighted training's where that was short already. Weights that move a class's share
+        TOWARD the validation's (imbalanced classes) are not caught. None where no class is, or
+        the shares are unknown. A safety net for a collapsed class, not a test of every harmful
+        fit: healthy fits reached 0.47 (κ = ½ and ⅔ warned on healthy fits), and session 50's
+        20 Newsgroups failures sat at 0.53, 0.94 and 0.92 (docs/data_weights.md, session 50)."""
+        shares = self.class_shares()
+        if shares is None:
+            return None
+        s, s0, pi = shares["weighted"], shares["unweighted"], shares["validation"]
+        seen = (pi > 0) & (s0 > 0)
+        ratio = torch.where(seen, s / pi.clamp_min(1e-300), torch.ones_like(s))
+        floor = CLASS_SHIFT_FACTOR * torch.clamp(s0 / pi.clamp_min(1e-300), max=1.0)
+        pushed = (seen & (ratio < floor)).nonzero().flatten().tolist()
+        if not pushed:
+            return None
+        names = ", ".join(
+            f"class {c}: {float(s[c]):.1%} of the weight, {float(s0[c]):.1%} of the rows, "
+            f"{float(pi[c]):.1%} of the validation"
+            for c in pushed[:8]
+        )
+        more = f" and {len(pushed) - 8} more" if len(pushed) > 8 else ""
+        return (
+            f"the learned weights pushed {len(pushed)} whole class(es) down, away from the "
+            f"clean validation set's class shares ({names}{more}): they learned a class prior "
+            "(which classes the validation objective rewards the network for predicting "
+            "less), not only which labels to trust, and such a fit can be less accurate than "
+            "plain training (session 50: 20 Newsgroups, 0.64 against 0.79). Hold each class's "
+            "mean weight with gauge='class', or use objective='mean_loss', or fit plainly as "
+            "well and keep the fit with the lower clean validation loss."
         )
 
     def flag_evidence(self, flags: Tensor) -> str | None:
@@ -1143,6 +1235,19 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
     return trainer.strategy.batch_to_device(batch)
 
 
+def _refuse_class_gauge(
+    per: str, parameterization: WeightParameterization, initial: float | None
+) -> None:
+    """``gauge="class"`` where it can be held: per sample, a sigmoid parameterisation."""
+    if per != "sample":
+        raise ConfigurationError(
+            "LearnedDataWeights(gauge='class') holds each class's mean per-sample logit; "
+            "per='class' learns one weight per class, which it would hold fixed: drop gauge= "
+            "(or use per='sample')."
+        )
+    SampleWeights(1, parameterization, initial).use_class_gauge(lambda: None)
+
+
 def _refuse_masked_entries(losses: Any) -> None:
     """A clear error for a per-sample loss of more than one dimension with entries exactly 0
     at the fit's first step: a network (untrained, at a fresh fit's start) fits no entry
@@ -1416,7 +1521,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         ``"mean_logit"`` where the training targets ``batch[1]`` are real numbers (a
         regression: under ``"batch"`` a squared error with outlying targets learned nothing,
         the outliers carrying each minibatch's centre), ``"batch"`` otherwise (classification
-        unchanged).
+        unchanged). ``"class"`` (per sample, sigmoid, integer class labels): ``"batch"``'s
+        gradient, and each class's mean logit held at its start after every outer step
+        (:class:`~hypertorch_sid.core.sample_weights.ClassMeanLogitGauge`), so the weights
+        reorder the examples within a class but cannot push a whole class down (see
+        :meth:`DataWeightsProblem.class_shift`); an option (docs/data_weights.md, session 50).
     target:
         ``target(batch) -> labels`` for ``per="class"`` (default :func:`batch_labels`:
         ``batch[1]``, or the one of the keys / fields ``"y"``, ``"label"``, ``"labels"``,
@@ -1520,7 +1629,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
         scale_prior: float = 0.0,
-        gauge: Literal["auto", "batch", "mean_logit"] = "auto",
+        gauge: Literal["auto", "batch", "mean_logit", "class"] = "auto",
         **kwargs: Any,
     ) -> None:
         if kwargs.get("problem") is not None:
@@ -1712,6 +1821,24 @@ class LearnedDataWeights(HyperOptimizationCallback):
             if said is not None:
                 self._said_shortfall = True
                 rank_zero_warn(f"LearnedDataWeights: {said}")
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Also say, at the fit's end, where the weights pushed whole classes away from the
+        validation's class shares (:meth:`DataWeightsProblem.class_shift`), and where
+        ``gauge="class"`` held nothing because no label was read."""
+        super().on_train_end(trainer, pl_module)
+        problem = self.problem
+        if problem.weights is None or problem.per != "sample":
+            return
+        said = problem.class_shift()
+        if said is not None:
+            rank_zero_warn(f"LearnedDataWeights: {said}")
+        if problem.gauge == "class" and problem._labels is None:
+            rank_zero_warn(
+                "LearnedDataWeights(gauge='class') held nothing: no training batch's integer "
+                "labels were read (a collate_fn of yours, dict samples, soft labels). Pass "
+                "target=lambda batch: <its integer labels>."
+            )
 
     @staticmethod
     def _validation_size(trainer: pl.Trainer) -> int | None:
