@@ -55,6 +55,8 @@ from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDeca
 
 NOISE = 0.35
 ARMS = ("none", "own", "decay", "plain", "dw")
+#: arms run on request only: the data weights with objective="mean_loss"
+EXTRA_ARMS = ("dw_mean_loss",)
 
 # ----------------------------------------------------------------------------- data
 
@@ -513,10 +515,10 @@ class Setup:
         return DataLoader(data, batch_size=64 if shuffle else 256, shuffle=shuffle, **kw)
 
     def run(self, arm: str) -> dict[str, Any]:
-        noisy = arm in ("plain", "dw")
+        noisy = arm in ("plain", "dw", "dw_mean_loss")
         train, bad = self.noisy_train() if noisy else (self.train, None)
         wd = 0.0 if arm in ("none", "decay") else self.own
-        if arm == "dw" and self.regression:
+        if (arm == "dw" and self.regression) or arm == "dw_mean_loss":
             cb = LearnedDataWeights(objective="mean_loss")
         elif arm == "dw":
             cb = LearnedDataWeights()
@@ -525,7 +527,7 @@ class Setup:
         else:
             cb = None
         torch.manual_seed(self.seed)
-        model = self.make(wd, arm == "dw")
+        model = self.make(wd, arm.startswith("dw"))
         callbacks = [cb] if cb is not None else []
         ckpt = None
         if self.name == "ckpt_cnn":
@@ -542,11 +544,11 @@ class Setup:
                     dm = ImbalancedData(
                         train.tensors if hasattr(train, "tensors") else train,
                         self.val.tensors,
-                        arm == "dw",
+                        arm.startswith("dw"),
                     )
                     tr.fit(model, datamodule=dm)
                 else:
-                    tr.fit(model, self.loader(train, arm == "dw", True), val)
+                    tr.fit(model, self.loader(train, arm.startswith("dw"), True), val)
             except Exception as err:  # noqa: BLE001 - a finding, recorded
                 record["error"] = f"{type(err).__name__}: {err}"
                 return record
@@ -575,7 +577,7 @@ class Setup:
             lam = {k: float(v.mean()) for k, v in cb.learned_weight_decay.items()}
             record["lam"] = lam
             record["lam_range"] = [min(lam.values()), max(lam.values())]
-        if arm == "dw":
+        if arm.startswith("dw"):
             w = cb.data_weights().detach().numpy()
             badn = bad.numpy()
             record.update(
@@ -650,7 +652,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--recipes", nargs="+", default=["all"])
-    p.add_argument("--arms", nargs="+", default=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/user_recipes/s50.json"))
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
