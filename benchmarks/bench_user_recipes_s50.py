@@ -55,6 +55,8 @@ from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDeca
 
 NOISE = 0.35
 ARMS = ("none", "own", "decay", "plain", "dw")
+#: settings given to every data-weights arm (--dw-kwargs, JSON)
+DW_KWARGS: dict[str, Any] = {}
 #: arms run on request only: the data weights with objective="mean_loss"
 EXTRA_ARMS = ("dw_mean_loss",)
 
@@ -519,9 +521,9 @@ class Setup:
         train, bad = self.noisy_train() if noisy else (self.train, None)
         wd = 0.0 if arm in ("none", "decay") else self.own
         if (arm == "dw" and self.regression) or arm == "dw_mean_loss":
-            cb = LearnedDataWeights(objective="mean_loss")
+            cb = LearnedDataWeights(objective="mean_loss", **DW_KWARGS)
         elif arm == "dw":
-            cb = LearnedDataWeights()
+            cb = LearnedDataWeights(**DW_KWARGS)
         elif arm == "decay":
             cb = LearnedWeightDecay(self.own, decoupled=self.decoupled, **self.decay_kw)
         else:
@@ -656,7 +658,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/user_recipes/s50.json"))
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
+    p.add_argument("--dw-kwargs", type=json.loads, default={}, help="LearnedDataWeights settings")
     args = p.parse_args(argv)
+    DW_KWARGS.update(args.dw_kwargs)
     if args.table:
         print(table(json.loads(args.out.read_text())["records"]))
         return
