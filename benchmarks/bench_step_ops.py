@@ -52,6 +52,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark below
+from bench_noisy_labels import cnn  # noqa: E402  (the noisy-label benchmark's CNN)
+
 HOST_READ = "_local_scalar_dense"
 
 
@@ -115,15 +118,6 @@ class PerStep(pl.Callback):
             self.mode.__exit__(None, None, None)
             self.steps.append(self.mode.ops)
             self.mode = None
-
-
-def cnn() -> nn.Module:
-    """The noisy-label benchmark's CNN (``benchmarks/bench_noisy_labels.py``)."""
-    return nn.Sequential(
-        nn.Conv2d(1, 8, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(8, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(256, 10),
-    )  # fmt: skip
 
 
 class Net(pl.LightningModule):

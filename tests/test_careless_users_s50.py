@@ -35,6 +35,14 @@ def _decay(**kw: Any) -> LearnedWeightDecay:
     return LearnedWeightDecay(1e-3, **{"every_n_steps": 4, "max_overhead": None, **kw})
 
 
+def _drop_in(drop_in: str, model: type) -> tuple[Any, DataLoader, Any]:
+    """(the callback, the toy's training loader, ``model``) as each drop-in needs them."""
+    if drop_in == "decay":
+        return _decay(), DataLoader(TensorDataset(X, Y), batch_size=16), model()
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    return _weights(), train, model("none")
+
+
 def _val() -> DataLoader:
     return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
@@ -325,11 +333,7 @@ def test_an_optimizer_that_maximizes_is_refused(drop_in):
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1, maximize=True)
 
-    if drop_in == "decay":
-        cb, train, net = _decay(), DataLoader(TensorDataset(X, Y), batch_size=16), Ascend()
-    else:
-        cb, train = _weights(), DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
-        net = Ascend("none")
+    cb, train, net = _drop_in(drop_in, Ascend)
     with pytest.raises(ConfigurationError, match=r"maximize=True.*negated objective"):
         _fit(cb, train, _val(), net)
 
@@ -502,11 +506,7 @@ def test_trained_tensors_of_two_dtypes_are_named(drop_in):
         def forward(self, x: Tensor) -> Tensor:
             return self.head(self.net(x).double()).float()
 
-    if drop_in == "decay":
-        cb, train, net = _decay(), DataLoader(TensorDataset(X, Y), batch_size=16), Mixed()
-    else:
-        cb, train = _weights(), DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
-        net = Mixed("none")
+    cb, train, net = _drop_in(drop_in, Mixed)
     with pytest.raises(ConfigurationError, match=r"torch.float64: head.weight.*model.float\(\)"):
         _fit(cb, train, _val(), net)
 

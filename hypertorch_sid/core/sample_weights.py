@@ -639,17 +639,10 @@ class Normaliser(ABC):
         )
 
 
-class MeanLogitGauge(Normaliser):
-    """The mean logit x̄ that ``SampleWeights(gauge="mean_logit")`` holds at x₀.
-
-    With dense gradients each outer step is followed by the shift x ← x − (x̄ − x₀) of every
-    row. With row-sparse ones the shift is held, not applied: the weights read
-    ωᵢ = T(xᵢ − c), c = x̄ − x₀ (:meth:`SampleWeights.logits_of`; x̄ kept by eq. keptsum with
-    f(z) = z), the same numbers to rounding at O(rows) per step, and c is folded into the
-    logits (the shift applied) at each full pass after a step. The stored logits then differ
-    from the dense path's by c, one common shift that the self-normalised loss does not see;
-    :meth:`SampleWeights.logits_of` and :meth:`SampleWeights.state_dict` give them shifted.
-    """
+class LogitMean(Normaliser):
+    """The mean logit x̄ (eq. keptsum with f(z) = z) and x₀, the logit of the starting weight:
+    what the mean-logit gauges hold (:class:`MeanLogitGauge` over all rows,
+    :class:`ClassMeanLogitGauge` per class)."""
 
     START = 0.0
 
@@ -667,6 +660,19 @@ class MeanLogitGauge(Normaliser):
     def x0(self) -> float:
         family = self.family
         return family.parameterization.logit(family.initial_weight, family.n)
+
+
+class MeanLogitGauge(LogitMean):
+    """The mean logit x̄ that ``SampleWeights(gauge="mean_logit")`` holds at x₀.
+
+    With dense gradients each outer step is followed by the shift x ← x − (x̄ − x₀) of every
+    row. With row-sparse ones the shift is held, not applied: the weights read
+    ωᵢ = T(xᵢ − c), c = x̄ − x₀ (:meth:`SampleWeights.logits_of`; x̄ kept by eq. keptsum with
+    f(z) = z), the same numbers to rounding at O(rows) per step, and c is folded into the
+    logits (the shift applied) at each full pass after a step. The stored logits then differ
+    from the dense path's by c, one common shift that the self-normalised loss does not see;
+    :meth:`SampleWeights.logits_of` and :meth:`SampleWeights.state_dict` give them shifted.
+    """
 
     def offset(self) -> Tensor | None:
         """c = x̄ − x₀, the common shift the weights read the logits with (None: none held,
@@ -690,7 +696,7 @@ class MeanLogitGauge(Normaliser):
             self.family.logits.sub_(c.to(self.family.logits.dtype))
 
 
-class ClassMeanLogitGauge(Normaliser):
+class ClassMeanLogitGauge(LogitMean):
     """Each class's mean logit held at x₀ (:meth:`SampleWeights.use_class_gauge`, the drop-in's
     ``gauge="class"``): after every outer step the rows labelled c are shifted by one common
     amount,
@@ -710,29 +716,12 @@ class ClassMeanLogitGauge(Normaliser):
     included) sees them as they are. Sigmoid parameterisations only.
     """
 
-    START = 0.0
-
     def __init__(self, family: SampleWeights, labels: Callable[[], Tensor | None]) -> None:
         super().__init__(family)
         self.labels = labels
 
-    @staticmethod
-    def f(z: Tensor) -> Tensor:
-        return z
-
-    def statistic_of(self, x: Tensor) -> Tensor:
-        return x.mean()
-
-    def value_of(self, centre: Tensor, total: Tensor) -> Tensor:
-        return centre + total / self.family.n
-
     def read(self, index: Tensor, rows: Tensor) -> None:
         return None  # nothing kept between steps: every step recomputes the class means
-
-    @property
-    def x0(self) -> float:
-        family = self.family
-        return family.parameterization.logit(family.initial_weight, family.n)
 
     def _classes(self) -> tuple[Tensor, Tensor] | None:
         """(the labelled rows' mask, their labels), or None where no row has a label."""
