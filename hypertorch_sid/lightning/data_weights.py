@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -94,6 +93,12 @@ from ..core.sample_weights import (
 )
 from ..core.validation import as_strategy, check_bool
 from .callback import HyperOptimizationCallback, config_given, default_unless_given
+from .evidence import (  # the constants stay importable from here
+    _UNSEEN,
+    CLASS_SHIFT_FACTOR,  # noqa: F401
+    MIN_VAL_PER_CLASS,  # noqa: F401
+    RowEvidence,
+)
 from .isolation import metric_states_kept, private_rng
 from .namespaces import is_overridden
 from .problem import (
@@ -127,21 +132,6 @@ MIN_VAL_BATCH = 256
 #: contradicts (:meth:`DataWeightsProblem.misfits`)
 SPLIT_MISFIT = "split_misfit"
 
-#: the fewest clean validation examples of each class for per-sample weights to say which labels
-#: are wrong (issue 27; docs/data_weights.md, "Too few validation examples"): a training example
-#: of a class the validation data holds (almost) none of gets its hypergradient from the other
-#: classes' examples alone, so its weight follows them, not its label. Measured with a class
-#: missing from the validation set, precision of the flags: 2-D blobs 0.57-0.69, digits
-#: 0.46-0.62; the same seeds with 256 validation examples 0.97-0.98 and 0.67-0.75
-MIN_VAL_PER_CLASS = 2
-
-
-#: κ of eq. classshift (:meth:`DataWeightsProblem.class_shift`): a class whose weighted share of
-#: the training draws fell below κ · min(π_c, s⁰_c) is said at the fit's end. Measured (session
-#: 50): healthy fits down to 0.47 of that base (the imbalanced recipe, a sampler balancing the
-#: classes; Fashion pair-flip 0.49), so ½ and ⅔ warned on healthy fits; ⅓ warned on none.
-CLASS_SHIFT_FACTOR = 1 / 3
-
 
 def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
     """Where an :class:`IndexedDataset` sits inside ``dataset`` (a ``Subset``'s ``.dataset``, a
@@ -156,10 +146,6 @@ def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
         if found is not None:
             return f"{type(dataset).__name__}({found})"
     return None
-
-
-#: a row not yet visited (labels may be any integer, e.g. an ignore index of -100)
-_UNSEEN = torch.iinfo(torch.long).min
 
 
 def _integer_vector(labels: Any, b: int | None = None) -> bool:
@@ -265,7 +251,7 @@ class RandomState(NamedTuple):
             yield
 
 
-class DataWeightsProblem:
+class DataWeightsProblem(RowEvidence):
     """Per-sample (or per-class) data weights on any ``LightningModule`` as a
     :class:`~.problem.ProblemSource` (parameters: see :class:`LearnedDataWeights`).
 
@@ -741,235 +727,11 @@ class DataWeightsProblem:
         self._val_rows += int(labels.numel())
         self._val_batches += 1
 
-    def validation_shortfall(self) -> str | None:
-        """Why per-sample weights cannot tell wrong labels from right ones on this validation
-        data: a class of the training labels with fewer than :data:`MIN_VAL_PER_CLASS`
-        validation examples (each class's count: its share of the validation rows the hyper
-        steps read times the validation set's size, exact where every hyper step reads the
-        whole set). None where every class has enough, or where no class is known (labels that
-        are not integers, per-class weights, no hyper step yet)."""
-        labels, counts = self._labels, self._val_counts
-        if self.per != "sample" or labels is None or counts is None or not self._val_rows:
-            return None
-        classes = labels[(labels != _UNSEEN) & (labels >= 0)].unique().cpu()
-        if classes.numel() < 2:
-            return None
-        counts = torch.cat(
-            [counts, counts.new_zeros(max(0, int(classes.max()) + 1 - counts.numel()))]
-        )
-        size = self.validation_examples or self._val_rows / self._val_batches
-        have = (counts[classes] * size / self._val_rows).round()
-        short = classes[have < MIN_VAL_PER_CLASS]
-        if short.numel() == 0:
-            return None
-        few = have[have < MIN_VAL_PER_CLASS]
-        named = ", ".join(f"{int(c)}: {int(h)}" for c, h in zip(short[:8], few[:8]))
-        more = ", ..." if short.numel() > 8 else ""
-        return (
-            f"the validation data holds fewer than {MIN_VAL_PER_CLASS} examples of "
-            f"{short.numel()} of the {classes.numel()} classes of the training labels (class: "
-            f"examples {named}{more}; {size:.0f} validation examples for "
-            f"{self.weights.n} per-sample weights): a training example of such a class gets its "
-            "hypergradient from the other classes' validation examples alone, so its weight "
-            "follows them, not its label (measured: flags no better than chance, "
-            "docs/data_weights.md). Give at least "
-            f"{MIN_VAL_PER_CLASS} clean validation examples of every class (more is better), or "
-            f"learn per-class weights (per='class', num_classes={int(classes.max()) + 1})."
-        )
-
     def _count_visits(self, n: int, rows: Tensor, counts: Tensor) -> None:
         """Add a training batch's draws of its ``rows`` (``counts`` each) to :attr:`_visits`."""
         if self._visits is None or self._visits.shape[0] != n:
             self._visits = torch.zeros(n, dtype=torch.float32, device=rows.device)
         self._visits.index_add_(0, rows.to(self._visits.device), counts.to(self._visits))
-
-    def class_shares(self) -> dict[str, Tensor] | None:
-        """Per class c (per sample, integer labels, the rows visited and the validation
-        batches the hyper steps read): the weighted training share s_c = Σ_{i∈c} vᵢωᵢ / Σᵢ vᵢωᵢ
-        over the training loader's draws (vᵢ: the times row i was in a training batch, so a
-        sampler that balances the classes counts as it draws), the unweighted one
-        s⁰_c = Σ_{i∈c} vᵢ / Σᵢ vᵢ and the validation's π_c (float64 vectors over the classes
-        0..the largest label: ``"weighted"``, ``"unweighted"``, ``"validation"``), or None
-        where they are unknown (no labels read, per-class weights, no hyper step yet). One
-        pass over the n weights."""
-        labels, counts, weights = self._labels, self._val_counts, self.weights
-        if self.per != "sample" or labels is None or counts is None or weights is None:
-            return None
-        known = (labels != _UNSEEN) & (labels >= 0)
-        if not self._val_rows or not bool(known.any()) or not float(counts.sum()):
-            return None
-        visits = self._visits
-        if visits is None or visits.shape != labels.shape or not float(visits[known].sum()):
-            visits = torch.ones(labels.shape, device=labels.device)  # resumed: none counted
-        y, v = labels[known].cpu(), visits[known.to(visits.device)].double().cpu()
-        w = weights.values()[known.to(weights.logits.device)].double().cpu() * v
-        k = max(int(y.max()) + 1, counts.numel())
-        val = torch.zeros(k, dtype=torch.float64)
-        val[: counts.numel()] = counts.double()
-        return {
-            "weighted": torch.bincount(y, weights=w, minlength=k) / w.sum().clamp_min(1e-300),
-            "unweighted": torch.bincount(y, weights=v, minlength=k) / v.sum(),
-            "validation": val / val.sum(),
-        }
-
-    def class_shift(self) -> str | None:
-        """Why the learned weights may have learned a class prior rather than which labels to
-        trust: a class c that the weights pushed away from the validation's share,
-
-            s_c / π_c < κ · min(1, s⁰_c / π_c),  κ = CLASS_SHIFT_FACTOR = ⅓     (eq. classshift)
-
-        (:meth:`class_shares`; classes the validation data holds and the training rows carry):
-        its weighted share fell below a third of what the validation asks for, or of the
-        unweighted training's where that was short already. Weights that move a class's share
-        TOWARD the validation's (imbalanced classes) are not caught. None where no class is, or
-        the shares are unknown. A safety net for a collapsed class, not a test of every harmful
-        fit: healthy fits reached 0.47 (κ = ½ and ⅔ warned on healthy fits), and session 50's
-        20 Newsgroups failures sat at 0.53, 0.94 and 0.92 (docs/data_weights.md, session 50)."""
-        shares = self.class_shares()
-        if shares is None:
-            return None
-        s, s0, pi = shares["weighted"], shares["unweighted"], shares["validation"]
-        seen = (pi > 0) & (s0 > 0)
-        ratio = torch.where(seen, s / pi.clamp_min(1e-300), torch.ones_like(s))
-        floor = CLASS_SHIFT_FACTOR * torch.clamp(s0 / pi.clamp_min(1e-300), max=1.0)
-        pushed = (seen & (ratio < floor)).nonzero().flatten().tolist()
-        if not pushed:
-            return None
-        names = ", ".join(
-            f"class {c}: {float(s[c]):.1%} of the weight, {float(s0[c]):.1%} of the rows, "
-            f"{float(pi[c]):.1%} of the validation"
-            for c in pushed[:8]
-        )
-        more = f" and {len(pushed) - 8} more" if len(pushed) > 8 else ""
-        return (
-            f"the learned weights pushed {len(pushed)} whole class(es) down, away from the "
-            f"clean validation set's class shares ({names}{more}): they learned a class prior "
-            "(which classes the validation objective rewards the network for predicting "
-            "less), not only which labels to trust, and such a fit can be less accurate than "
-            "plain training (session 50: 20 Newsgroups, 0.64 against 0.79). Hold each class's "
-            "mean weight with gauge='class', or use objective='mean_loss', or fit plainly as "
-            "well and keep the fit with the lower clean validation loss."
-        )
-
-    def flag_evidence(self, flags: Tensor) -> str | None:
-        """None where the validation data holds every class (:meth:`validation_shortfall`),
-        the flagged rows' training losses at their last visit are higher than the kept rows'
-        (mislabelled examples are the ones the network does not fit) and, with class labels,
-        most flagged rows are predicted as another class (:meth:`_contradicted`); else why
-        the flags are no evidence of corrupted labels."""
-        if self._last_loss is None or flags.numel() == 0:
-            return None
-        said = self.validation_shortfall()
-        if said is not None:
-            return said
-        low, kept = self._losses_of(flags)
-        if low.numel() == 0 or kept.numel() == 0:
-            return None
-        a, b = float(low.median()), float(kept.median())
-        if a > b:
-            return self._contradicted(low)
-        rows = "examples" if self.per == "sample" else "classes"
-        return (
-            f"the {flags.numel()} {rows} with low weights are fitted no worse than the rest "
-            f"(median training loss at their last visit {a:.3g}, the others' {b:.3g}): their "
-            "weights went down because the validation data values them least (under the "
-            "self-normalised loss only ratios of weights count, and examples the network "
-            "already fits drift down too), not because their labels disagree with the rest. "
-            "No group of corrupted labels stands out (e.g. a clean data set)."
-        )
-
-    def flag_contrast(self, flags: Tensor) -> str | None:
-        """Per sample with integer class labels: None where the network predicted another
-        class than the label (last-visit loss above log 2) for a share of the rows ``flags``
-        at least ½ above its share of the other rows seen (:meth:`_no_contrast`); else why
-        the flags may be mostly clean rows. :meth:`LearnedDataWeights.flagged` warns with it
-        and returns its rows anyway (refusing them cost two of the tests' noisy fits their
-        flags at precision 0.45-0.53; docs/data_weights.md, "Flags the network does not tell
-        apart")."""
-        if self._last_loss is None or flags.numel() == 0:
-            return None
-        low, kept = self._losses_of(flags)
-        if low.numel() == 0 or kept.numel() == 0:
-            return None
-        return self._no_contrast(low, kept)
-
-    def _losses_of(self, flags: Tensor) -> tuple[Tensor, Tensor]:
-        """The last-visit training losses of the rows ``flags`` and of the other rows seen."""
-        loss = self._last_loss
-        assert loss is not None
-        mask = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
-        mask[flags.to(loss.device)] = True
-        seen = torch.isfinite(loss)
-        return loss[mask & seen], loss[~mask & seen]
-
-    def misfits(self, flags: Tensor) -> Tensor:
-        """Of the rows ``flags``, those the network predicted as another class than their label
-        at their last visit (training loss above log 2: the label's probability below ½), where
-        the rows carry integer class labels (else ``flags`` as they are). On small networks the
-        split's low bump holds clean rows too (hard examples whose weights the validation data
-        also lowers): on the tests' noisy digits (30 % wrong labels, an MLP and a CNN with
-        BatchNorm, seeds 0-1) the split flagged 45-57 % of the rows at precision 0.45-0.55,
-        recall 0.74-0.93; its misfit rows are 23-36 % at precision 0.75-0.95, recall 0.64-0.92.
-        On the noisy-label CNN benchmark (40 % noise, seeds 1-3) F1 within +0.006 / -0.012 of
-        the split's, recall down 0.005-0.076: an option, ``flagged("split_misfit")``
-        (docs/data_weights.md, "Flags the network contradicts")."""
-        loss = self._last_loss
-        if self.per != "sample" or self._labels is None or loss is None or flags.numel() == 0:
-            return flags
-        return flags[loss.cpu()[flags] > math.log(2)]
-
-    def _contradicted(self, low: Tensor) -> str | None:
-        """Per sample with integer class labels (ℓ = −log p of the label): None where more
-        than half of the flagged rows' last-visit losses ``low`` exceed log 2 (the network
-        predicted another class than the label); else why the flags are no group of wrong
-        labels. The median comparison of :meth:`flag_evidence` is partly circular: a
-        down-weighted example is fitted less, so its loss rises whatever its label. A clean
-        one the network still predicts from its neighbours; a wrong label, it does not."""
-        if self.per != "sample" or self._labels is None:
-            return None
-        share = float((low > math.log(2)).double().mean())
-        if share > 0.5:
-            return None
-        return (
-            f"only {share:.0%} of the {low.numel()} examples with low weights were predicted "
-            "as another class than their label at their last visit (training loss above "
-            "log 2: the label's probability below ½); the others are fitted, so their weights "
-            "went down because the validation data values them least, not because their labels "
-            "are wrong. No group of corrupted labels stands out (e.g. a clean data set, or too "
-            "few validation examples to tell: give more clean validation examples of every "
-            "class)."
-        )
-
-    def _no_contrast(self, low: Tensor, kept: Tensor) -> str | None:
-        """Per sample with integer class labels: None where the share of the flagged rows the
-        network predicted as another class (last-visit loss ``low`` above log 2) exceeds the
-        share of the kept rows it did (``kept``) by at least ½; else why the flags may be
-        mostly clean rows.
-
-        If a clean row is predicted as another class at the same rate e whether flagged or
-        kept, and a wrong label at rate c ≤ 1, the contrast J = s_flagged − s_kept =
-        (precision − κ)(c − e), κ the share of wrong labels among the kept rows: J is at
-        most the flags' precision. Below ½ it cannot show that most flags are wrong labels:
-        the network contradicts the labels it is trained on (the kept rows) too, so its
-        contradiction does not single out a wrong label (a network that fits the data poorly,
-        or too few validation examples to tell). ``_contradicted`` is the case s_kept = 0."""
-        if self.per != "sample" or self._labels is None:
-            return None
-        s_low = float((low > math.log(2)).double().mean())
-        s_kept = float((kept > math.log(2)).double().mean())
-        if s_low - s_kept >= 0.5:
-            return None
-        return (
-            f"the network predicted another class than the label for {s_low:.0%} of the "
-            f"{low.numel()} examples with low weights but also for {s_kept:.0%} of the "
-            f"{kept.numel()} it keeps (training loss above log 2 at their last visit): a "
-            f"contrast of {s_low - s_kept:.2f} < 0.5, so its disagreement does not single out "
-            "wrong labels, and the flags may be mostly hard clean examples whose weights the "
-            "validation data lowers as well. The network fits the data too poorly (or the "
-            "validation set is too small) for its weights to tell a wrong label from a hard "
-            "example: train a network that fits the clean data better (capacity, epochs, "
-            "learning rate), or give more clean validation examples of every class."
-        )
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
@@ -2038,7 +1800,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
 
         The default flags nothing, with a warning saying why, where its flags are no evidence
         of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
-        fewer than :data:`MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
+        fewer than :data:`~hypertorch_sid.lightning.evidence.MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
         no worse than the rest, or (class labels) at most half of them were predicted as
         another class. A ``rule`` asked for returns its rows, with the same warning. Where
         these checks pass but the network predicted another class for nearly as large a share
