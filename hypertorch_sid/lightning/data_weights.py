@@ -1800,8 +1800,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
 
         The default flags nothing, with a warning saying why, where its flags are no evidence
         of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
-        fewer than :data:`~hypertorch_sid.lightning.evidence.MIN_VAL_PER_CLASS` examples of a class, the flagged rows are fitted
-        no worse than the rest, or (class labels) at most half of them were predicted as
+        fewer than :data:`~hypertorch_sid.lightning.evidence.MIN_VAL_PER_CLASS` examples of a
+        class, the flagged rows are fitted no worse than the rest, or (class labels) at most half of them were predicted as
         another class. A ``rule`` asked for returns its rows, with the same warning. Where
         these checks pass but the network predicted another class for nearly as large a share
         of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less
