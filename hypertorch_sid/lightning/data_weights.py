@@ -1798,15 +1798,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
         where the split's low bump holds clean hard examples too, but on the noisy-label CNN
         benchmark it lost 0.076 of recall on MNIST pair-flip noise).
 
-        The default flags nothing, with a warning saying why, where its flags are no evidence
-        of wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds
-        fewer than :data:`~hypertorch_sid.lightning.evidence.MIN_VAL_PER_CLASS` examples of a
-        class, the flagged rows are fitted no worse than the rest, or (class labels) at most half of them were predicted as
-        another class. A ``rule`` asked for returns its rows, with the same warning. Where
-        these checks pass but the network predicted another class for nearly as large a share
-        of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less
-        than ½, e.g. a network that fits the data poorly), the rows are returned with a warning
-        saying the flags may be mostly hard clean examples."""
+        The default flags nothing, with a warning saying why, where its flags are no evidence of
+        wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds fewer
+        than :data:`~hypertorch_sid.lightning.evidence.MIN_VAL_PER_CLASS` examples of a class, the
+        flagged rows are fitted no worse than the rest, or (class labels) at most half of them were
+        predicted as another class. A ``rule`` asked for returns its rows, with the same warning.
+        Where these checks pass but the network predicted another class for nearly as large a share
+        of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less than
+        ½, e.g. a network that fits the data poorly), the rows are returned with a warning saying
+        the flags may be mostly hard clean examples."""
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)
