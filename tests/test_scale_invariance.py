@@ -200,7 +200,7 @@ class _Counted:
 def test_probe_reads_a_few_samples_and_one_base_loss(refuse):
     """The probe reads the first PROBE_SAMPLES samples (falls back to the whole batch where
     they cannot be cut off), one base loss for every slot; the answer is the full batch's."""
-    from hypertorch_sid.lightning.weight_decay import PROBE_SAMPLES
+    from hypertorch_sid.lightning.invariance import PROBE_SAMPLES
 
     X, y = _data()
     torch.manual_seed(0)

@@ -409,7 +409,7 @@ def test_manual_optimization_needs_training_loss():
         (dict(apply_to="biases"), "apply_to"),
         (dict(training_loss="mse"), "training_loss"),
         (dict(decoupled="yes"), "decoupled"),
-        (dict(proximal=1), "proximal must be a bool"),
+        (dict(proximal=1), "proximal must be True or False"),
         (dict(every_n_steps=0), "every_n_steps"),
     ],
 )

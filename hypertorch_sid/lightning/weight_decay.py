@@ -73,7 +73,6 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from ..core.batches import head
 from ..core.budget import Budget
 from ..core.decay import (
     GRANULARITIES,
@@ -83,9 +82,10 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
-from ..core.modes import frozen_mode
 from ..core.outer_step import TrustRprop
-from ..core.scale import MAX_FORWARDS, InvariantRule, as_invariant_rule, scale_invariant
+from ..core.scale import InvariantRule, as_invariant_rule
+from ..core.validation import check_bool
+from .amp import loss_scale, scaler_skips
 from .callback import (
     CALLBACK_CONFIG,
     HyperOptimizationCallback,
@@ -93,7 +93,8 @@ from .callback import (
     default_unless_given,
     given,
 )
-from .isolation import metric_states_kept, private_rng
+from .invariance import probe_cost, probe_forwards, scale_invariant_slots
+from .isolation import metric_states_kept
 from .optimizer_decay import decouples, preconditioner
 from .problem import (
     MEANING_KEY,
@@ -151,43 +152,6 @@ def _initial_value_fix(value: Any, parameterization: str) -> str:
     return "the initial λ, e.g. the optimizer's former weight_decay (1e-4)"
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"LearnedWeightDecay: {name} must be a bool, got {value!r}.")
-
-
-def loss_scale(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor | None:
-    """The loss scale that the gradients ``on_before_optimizer_step`` sees still carry, or None.
-
-    Under float16 mixed precision (``precision="16-mixed"`` on a GPU) Lightning scales the loss
-    by a ``GradScaler`` and unscales the gradients before that hook, except for an optimizer
-    that unscales inside its own step (``fused=True``: ``_step_supports_amp_scaling``): there
-    the hook sees S·∇ℓ, so ``λ w`` is added as S·λ w (measured without: the decay was divided
-    by S = 65536, the weights ended as without decay). The scale stays a tensor: no device
-    synchronisation per step."""
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
-    if scaler is None or not scaler.is_enabled():
-        return None
-    if not getattr(optimizer, "_step_supports_amp_scaling", False):
-        return None  # Lightning has unscaled the gradients
-    return scaler._get_scale_async()  # get_scale() would synchronise the device every step
-
-
-def scaler_skips(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> Tensor | None:
-    """1.0 where float16 mixed precision's ``GradScaler`` found inf/NaN in this step's gradients
-    (``scaler.step`` will skip ``optimizer.step``), else 0.0, as a tensor (no synchronisation);
-    None without a scaler or before it unscaled (a fused optimizer unscales in its own step).
-    Decoupled decay shrinks w itself, so it must skip with the step: it did not (a few steps
-    while the scale settles, each a factor 1 − lr·λ)."""
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
-    if scaler is None or not scaler.is_enabled():
-        return None
-    found = scaler._per_optimizer_states.get(id(optimizer), {}).get("found_inf_per_device")
-    if not found:
-        return None
-    return torch.stack([v.float().reshape(()) for v in found.values()]).amax()
-
-
 class WeightDecayProblem:
     """Weight decay on any ``LightningModule`` as a :class:`~.problem.ProblemSource`.
 
@@ -242,8 +206,8 @@ class WeightDecayProblem:
                 raise ConfigurationError(
                     f"LearnedWeightDecay: {name} must be a callable (module, batch) -> scalar."
                 )
-        _check_bool("proximal", proximal)
-        _check_bool("decoupled", decoupled)
+        check_bool("LearnedWeightDecay: proximal", proximal)
+        check_bool("LearnedWeightDecay: decoupled", decoupled)
         if (
             isinstance(min_weight_decay, bool)
             or not isinstance(min_weight_decay, (int, float))
@@ -748,14 +712,6 @@ class WeightDecayProblem:
             ) from err
 
 
-#: the samples of the training batch the invariance probe reads: invariance is a property of
-#: the network, not of the batch, and the probe's 2–5 forwards per λ group were 11 s of a
-#: ResNet-18's first hyper step on the CPU (41 groups, batch 64: 40 training steps' time). The
-#: same groups are found as from 64 samples on the benchmark's CNN and MLP (3 seeds) and on
-#: ResNet-18 but for its stem convolution, borderline through BatchNorm's ε (on 3 of 6 lightly
-#: trained seeds one of 16 and 32 samples calls it not invariant where 64 call it invariant)
-PROBE_SAMPLES = 16
-
 #: λ₀ above this share of the largest decay the optimizer can train with is warned: the decayed
 #: layers are nearly wiped at every step and λ's hypergradient vanishes with them (session 50)
 HIGH_INITIAL = 0.5
@@ -804,105 +760,6 @@ def _warn_containers_as_layers(module: pl.LightningModule, found: list[tuple[str
         "under granularity='global'. Pass granularity='per_tensor' for one λ each, or put each "
         "layer in its own nn.Module (e.g. nn.Linear)."
     )
-
-
-def scale_invariant_slots(
-    problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int = 0
-) -> dict[str, bool]:
-    """Which λ slots decay a scale-invariant group (:mod:`~hypertorch_sid.core.scale`, eq.
-    invariant): the training loss ℓ on ``batch``, in train mode, unchanged when every tensor of
-    the slot is scaled by ½ and by 2. Per element, the probe is per layer. It reads the first
-    :data:`PROBE_SAMPLES` samples of ``batch`` (all of it where those cannot be cut off) and one
-    base loss for all slots. BatchNorm's running statistics, the train/eval flags and the
-    training's random streams are left as they were.
-
-    On such a slot the decay acts through the effective learning rate η/‖w‖² only, and the
-    implicit hypergradient has no fixed point to describe (see :mod:`~hypertorch_sid.core.scale`).
-    """
-    decay = _probed_decay(problem, "scale_invariant_slots")
-    found: dict[str, bool] = {}
-    with _probing(problem, module, batch, seed) as (loss, base):
-        for i, name in enumerate(decay.group_names()):
-            tensors = [e.param for e in decay.entries if decay.group_of(e) == i]
-            found[name] = scale_invariant(loss, _with_their_layers(tensors, module), base=base)
-    return found
-
-
-def probe_forwards(problem: WeightDecayProblem) -> int:
-    """The most forward passes :func:`scale_invariant_slots` makes: one base loss, then at most
-    :data:`~hypertorch_sid.core.scale.MAX_FORWARDS` per λ slot (2 scalings, 2 random moves)."""
-    decay = _probed_decay(problem, "probe_forwards")
-    return 1 + MAX_FORWARDS * len(decay.group_names())
-
-
-def probe_cost(
-    problem: WeightDecayProblem,
-    module: pl.LightningModule,
-    batch: Any,
-    clock: Callable[[], float],
-    seed: int = 0,
-) -> float:
-    """What :func:`scale_invariant_slots` on ``batch`` costs at most on ``clock``: its base
-    forward, timed (with the mode switch around it), × :func:`probe_forwards` (a budget plans the
-    probe before committing to it, :meth:`~hypertorch_sid.core.budget.Budget.expect_one_off`).
-    Leaves the module as the probe does."""
-    forwards = probe_forwards(problem)
-    start = clock()
-    with _probing(problem, module, batch, seed):
-        one = clock() - start
-    return max(one, 0.0) * forwards
-
-
-def _probed_decay(problem: WeightDecayProblem, who: str) -> Any:
-    if problem.decay is None:
-        raise ConfigurationError(f"{who}: λ is created when a fit starts (problem.decay is None).")
-    return problem.decay
-
-
-@contextmanager
-def _probing(
-    problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int
-) -> Iterator[tuple[Callable[[], Tensor], float]]:
-    """The probe's loss on the first :data:`PROBE_SAMPLES` samples of ``batch`` (all of it where
-    those cannot be cut off) and its base value, in train mode (BatchNorm's running statistics,
-    the train/eval flags and the training's random streams left as they were), no graph kept."""
-    with frozen_mode(module, "train"), torch.no_grad():
-        loss = _probe_loss(problem, module, head(batch, PROBE_SAMPLES), seed)
-        try:
-            base = float(loss())
-        except Exception:  # a batch whose dim 0 is not its samples' (time-first sequences)
-            loss = _probe_loss(problem, module, batch, seed)
-            base = float(loss())
-        yield loss, base
-
-
-def _probe_loss(
-    problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int
-) -> Callable[[], Tensor]:
-    """ℓ on ``batch``, one forward pass, its randomness (dropout) seeded by ``seed``."""
-
-    def loss() -> Tensor:
-        with private_rng(seed, module.device):
-            return problem._data_loss(module, batch, "training")
-
-    return loss
-
-
-def _with_their_layers(tensors: list[Tensor], module: pl.LightningModule) -> list[Tensor]:
-    """``tensors`` and the other trainable tensors of the layers (modules) that own them.
-
-    A layer's invariance is a property of all its tensors together: Linear → LayerNorm does not
-    see the scale of (W, b), but of W alone it nearly does not either. Where a λ slot holds only
-    part of a layer (``apply_to="weights"``: W without b; ``granularity="per_tensor"``), the
-    probe scaled that part, found it not invariant, and the implicit hypergradient drove W's λ
-    to 0.62 (validation loss 1.33 against 0.24 without decay): the slot's layers are scaled
-    whole."""
-    owners = {id(p): name.rpartition(".")[0] for name, p in module.named_parameters()}
-    layers = {owners.get(id(t)) for t in tensors} - {None}
-    chosen = {id(t) for t in tensors}
-    extra = [p for name, p in module.named_parameters() if p.requires_grad
-             and name.rpartition(".")[0] in layers and id(p) not in chosen]  # fmt: skip
-    return [*tensors, *extra]
 
 
 #: the drop-in's compute budget (``max_overhead="auto"``, not per element): see :func:`_defaults`
