@@ -1644,12 +1644,17 @@ def class_centred(u: Tensor, omega: Tensor, labels: Tensor | None) -> Tensor:
         return u
     labels = labels.to(u.device)
     known = labels >= 0
+    if not bool(known.any()):
+        return u
     w = omega.to(u.dtype)
-    # rows i, j of one class: a (b, b) mask, no read of the device (a GPU step does not wait)
-    same = ((labels[:, None] == labels[None, :]) & known[:, None]).to(u.dtype)
-    mass, total = same @ w, same @ (w * u)
+    y = labels[known]
+    k = int(y.max()) + 1
+    mass = torch.zeros(k, dtype=u.dtype, device=u.device).index_add_(0, y, w[known])
+    total = torch.zeros(k, dtype=u.dtype, device=u.device).index_add_(0, y, (w * u)[known])
     centre = (w * u).sum() / w.sum().clamp_min(1e-12)
-    return torch.where(known, u - total / mass.clamp_min(1e-12) + centre, u)
+    out = u.clone()
+    out[known] = u[known] - total[y] / mass[y].clamp_min(1e-12) + centre
+    return out
 
 
 def check_per_sample(losses: Any, index: Tensor) -> Tensor:
