@@ -1,7 +1,7 @@
 """The class-centred cross term (session 51, eq. classcentre): under the class gauge each
 training row's hypergradient is taken against its own class's weighted mean in the batch, so a
 part of the cross term common to a class (which class the validation minibatch happens to
-favour: 71–99 % of its variance on session 50's 20 Newsgroups recipe, noise between two halves
+favour: 71–98 % of its variance on session 50's 20 Newsgroups recipe, noise between two halves
 of the validation set) moves no row, and what is left orders the rows within their class."""
 
 from __future__ import annotations

@@ -909,7 +909,9 @@ class SampleWeights:
         """Hold each class's mean logit at x₀ after every outer step (eq. classgauge,
         :class:`ClassMeanLogitGauge`); ``labels()`` gives each row's integer label (negative:
         none) or None. The weights' gradient is the ``"batch"`` gauge's (the minibatch's exact
-        derivative). Sigmoid parameterisations only."""
+        derivative), but for the training batches' cross term (:class:`TrainingCrossTerm`),
+        whose u is centred on each row's class (:func:`class_centred`, session 51). Sigmoid
+        parameterisations only."""
         if not isinstance(self.parameterization, SigmoidWeights):
             raise ConfigurationError(
                 f"SampleWeights: the class gauge holds each class's mean of independent logits; "
@@ -1634,10 +1636,10 @@ def class_centred(u: Tensor, omega: Tensor, labels: Tensor | None) -> Tensor:
     ω′ᵢ(uᵢ − ū_c(i))/Σ ω (the batch's weighted mean of the centred u is û again), so a part of
     u that is common to a class (which class the validation minibatch favours) moves no row:
     the weights can only order the rows within their class. Session 51 (20 Newsgroups, 4
-    classes, 300 validation documents): 71–99 % of the variance of uⱼ = ⟨∇ℓⱼ, ∇E⟩ over the
+    classes, 300 validation documents): 71–98 % of the variance of uⱼ = ⟨∇ℓⱼ, ∇E⟩ over the
     training rows lay between the labels' means, and two disjoint halves of the validation set
     disagreed on it (correlation −0.72 to +0.92 from one step to the next); on the noisy-label
-    CNN 1–15 % and 0.96–1.0 (docs/failures.md). Used by the class gauge
+    CNN 1–21 % and 0.96–1.0 (docs/failures.md). Used by the class gauge
     (:meth:`SampleWeights.use_class_gauge`, the drop-in's ``gauge="class"``). ``labels``: the
     rows' integer labels (negative: unknown, left as they are); None: ``u`` unchanged."""
     if labels is None:
