@@ -162,5 +162,6 @@ def test_split_misfit_flags_the_split_rows_the_network_contradicts(network, opti
     assert set(default.tolist()) < set(split.tolist())
     assert bool((cb.problem._last_loss.cpu()[default] > math.log(2)).all())
     (p_split, r_split), (p, r) = (_precision_recall(f, corrupted) for f in (split, default))
-    assert p_split < 0.6 and p > p_split + 0.15, (p_split, p)
+    # the class gauge (the default since session 51): mlp / sgd split 0.61 at recall 0.95
+    assert p_split < 0.65 and p > p_split + 0.15, (p_split, p)
     assert r > 0.7 and r > r_split - 0.1, (r_split, r)

@@ -63,16 +63,16 @@ class Classifier(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.2)
 
 
-def test_a_classification_keeps_the_minibatch_centre_bit_for_bit():
-    """Integer labels: "auto" is "batch", and the learned weights equal, bit for bit, those of
-    a fit that asks for "batch" (the path of every classification before this change)."""
+def test_a_classification_holds_each_class_bit_for_bit():
+    """Integer labels: "auto" is "class" (session 51; "batch" before it), and the learned
+    weights equal, bit for bit, those of a fit that asks for "class"."""
     data = blobs()
     runs = {}
-    for gauge in ("auto", "batch"):
+    for gauge in ("auto", "class"):
         cb = fit(Classifier(), data, gauge=gauge)
-        assert cb.problem.weights is not None and cb.problem.weights.gauge == "batch"
+        assert cb.problem.weights is not None and cb.problem.weights.gauge == "class"
         runs[gauge] = cb.data_weights()
-    assert torch.equal(runs["auto"], runs["batch"])
+    assert torch.equal(runs["auto"], runs["class"])
     assert float(runs["auto"][:72].mean()) < float(runs["auto"][72:].mean())  # it learned
 
 
