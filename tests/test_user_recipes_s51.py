@@ -1,0 +1,96 @@
+"""Session 51's unseen recipes: each test fails without its fix (docs/failures.md, "Unseen recipes
+(session 51)"; the recipes: benchmarks/bench_user_recipes_s51.py)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import LearnedWeightDecay
+
+
+def _data(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return TensorDataset(x, (x[:, 0] + 0.5 * x[:, 1] > 0).long())
+
+
+class MLP(pl.LightningModule):
+    def __init__(self, optimizer: Callable[..., torch.optim.Optimizer]) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.optimizer = optimizer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.optimizer(self.parameters())
+
+
+def _fit_messages(optimizer: Callable[..., torch.optim.Optimizer], decoupled: bool) -> list[str]:
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu",
+        callbacks=[LearnedWeightDecay(1e-3, decoupled=decoupled, every_n_steps=2, start_step=2)],
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(
+            MLP(optimizer),
+            DataLoader(_data(64, 0), batch_size=16, shuffle=True),
+            DataLoader(_data(32, 1), batch_size=16),
+        )
+    return [str(w.message) for w in caught if "preconditioner P" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.Adafactor(ps, lr=1e-2),
+        lambda ps: torch.optim.RMSprop(ps, lr=1e-3),
+    ],
+    ids=["Adafactor", "RMSprop"],
+)
+def test_decoupled_decay_under_an_optimizer_whose_preconditioner_is_not_read_is_said(make):
+    """``torch.optim.Adafactor`` decays decoupled (w ← w(1 − lr·wd), as AdamW), so a user passes
+    ``LearnedWeightDecay(..., decoupled=True)``, as README.md says for AdamW. The hypergradient
+    models that fixed point as P⁻¹∇ℓ + λw = 0 with P read from Adam's second moment or SGD's
+    momentum; for Adafactor (P = √v̂·lr / (RMS(w)·ρ_t)) and any other optimizer it silently took
+    P = 1: λ was learned for another problem than the one trained. Now said at fit start, naming
+    the optimizer and the exact alternative (decoupled=False)."""
+    said = _fit_messages(make, decoupled=True)
+    assert len(said) == 1, said
+    assert type(make([nn.Parameter(torch.zeros(1))])).__name__ in said[0]
+    assert "decoupled=False" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("make", "decoupled"),
+    [
+        (lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0), True),
+        (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), True),
+        (lambda ps: torch.optim.Adafactor(ps, lr=1e-2), False),
+    ],
+    ids=["AdamW-decoupled", "SGD-decoupled", "Adafactor-coupled"],
+)
+def test_decay_whose_fixed_point_is_modelled_is_not_warned(make, decoupled):
+    """The preconditioner is read (AdamW, SGD momentum), or coupled decay needs none."""
+    assert _fit_messages(make, decoupled) == []
