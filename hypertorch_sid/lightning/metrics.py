@@ -175,6 +175,38 @@ def few_hyper_steps(
     )
 
 
+def late_first_hyper_step(
+    total: float, every: int, start_step: int, global_step: int, epoch_steps: float
+) -> str | None:
+    """The warning for a fit whose first hyper step leaves fewer than ``epoch_steps`` (one
+    epoch's) optimizer steps after it (None: an epoch or more, or a length unknown).
+
+    Data weights move per visit of their rows, but only once a hyper step has given v: the
+    optimizer steps before the first train plainly. A fit whose first hyper step comes in its
+    last epoch learns weights over less than one pass (some rows never move) and trains with
+    them at most that long: the model is the plain fit's (session 51: MNIST with
+    ``accumulate_grad_batches=4``, 94 optimizer steps, the first hyper step at step 80; test
+    loss 0.7141 against plain's 0.7148, with the weights separating the noisy rows at AUC 0.95).
+    """
+    if not (math.isfinite(total) and math.isfinite(epoch_steps)) or total < 0:
+        return None
+    total, n = int(total), every
+    first = -(-max(start_step, global_step + 1, 1) // n) * n
+    after = total - first
+    if first > total or after >= epoch_steps:  # none at all: few_hyper_steps says so
+        return None
+    early = max(1, total // 5)
+    return (
+        f"the data weights move only from the first hyper step on (at optimizer step {first}: "
+        f"start_step={start_step}, every_n_steps={n}), and this fit runs {total} optimizer "
+        f"steps: the {after} after it are less than one epoch ({math.ceil(epoch_steps)} "
+        "steps), so some rows' weights never move and the model trains with them too briefly "
+        "to differ from a plain fit. Train longer, or start earlier, e.g. "
+        f"start_step={early}, every_n_steps={early} (gradient accumulation divides the "
+        "optimizer steps these count)."
+    )
+
+
 def describe(callback: Any, sid: SIDHyperOptimizer, batch_size: int, world_size: int) -> str:
     """The callback's plan, logged when a fit starts."""
     n_hyper = sum(h.numel() for h in sid.hyperparameters)
