@@ -142,3 +142,5 @@ def test_late_first_hyper_step_on_the_benchmarks_numbers():
     assert late_first_hyper_step(378, 40, 50, 0, 63) is None
     assert late_first_hyper_step(60, 40, 50, 0, 10) is None  # none at all: said elsewhere
     assert late_first_hyper_step(float("inf"), 40, 50, 0, 10) is None
+    # a one-epoch fit whose first hyper step comes early is not told to start earlier
+    assert late_first_hyper_step(10, 2, 0, 0, 10) is None

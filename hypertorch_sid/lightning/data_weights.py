@@ -1529,9 +1529,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
         """Also say so where the first hyper step leaves less than an epoch
-        (:func:`~hypertorch_sid.lightning.metrics.late_first_hyper_step`)."""
+        (:func:`~hypertorch_sid.lightning.metrics.late_first_hyper_step`); not in a resumed fit
+        whose weights moved before its checkpoint."""
         super()._warn_if_few_hyper_steps(trainer)
-        if self._planned_short or self.cross_term != "training":
+        if self._planned_short or self.cross_term != "training" or self.history:
             return
         epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
         said = late_first_hyper_step(

@@ -178,8 +178,9 @@ def few_hyper_steps(
 def late_first_hyper_step(
     total: float, every: int, start_step: int, global_step: int, epoch_steps: float
 ) -> str | None:
-    """The warning for a fit whose first hyper step leaves fewer than ``epoch_steps`` (one
-    epoch's) optimizer steps after it (None: an epoch or more, or a length unknown).
+    """The warning for a fit whose first hyper step comes in its second half and leaves fewer
+    than ``epoch_steps`` (one epoch's) optimizer steps after it (None: otherwise, or a length
+    unknown).
 
     Data weights move per visit of their rows, but only once a hyper step has given v: the
     optimizer steps before the first train plainly. A fit whose first hyper step comes in its
@@ -193,7 +194,7 @@ def late_first_hyper_step(
     total, n = int(total), every
     first = -(-max(start_step, global_step + 1, 1) // n) * n
     after = total - first
-    if first > total or after >= epoch_steps:  # none at all: few_hyper_steps says so
+    if first > total or after >= epoch_steps or 2 * first <= total:  # none: few_hyper_steps
         return None
     early = max(1, total // 5)
     return (
