@@ -1528,9 +1528,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         return 1 if self.cross_term == "training" else super().hyper_steps_needed()
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
-        """Also say so where the first hyper step leaves less than an epoch
-        (:func:`~hypertorch_sid.lightning.metrics.late_first_hyper_step`); not in a resumed fit
-        whose weights moved before its checkpoint."""
+        """Also say so where the first hyper step comes in the fit's second half with less than
+        two epochs after it (:func:`~hypertorch_sid.lightning.metrics.late_first_hyper_step`);
+        not in a resumed fit whose weights moved before its checkpoint."""
         super()._warn_if_few_hyper_steps(trainer)
         if self._planned_short or self.cross_term != "training" or self.history:
             return
@@ -1539,8 +1539,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
             trainer.global_step, epoch,
         )  # fmt: skip
-        self._planned_short = said is not None
-        if said is not None:
+        if said is not None:  # a fit stopped before that step is still told it learned nothing
             rank_zero_warn(f"LearnedDataWeights: {said}")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
