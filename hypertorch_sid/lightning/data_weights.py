@@ -100,6 +100,7 @@ from .evidence import (  # the constants stay importable from here
     RowEvidence,
 )
 from .isolation import metric_states_kept, private_rng
+from .metrics import late_first_hyper_step
 from .namespaces import is_overridden
 from .problem import (
     MEANING_KEY,
@@ -1555,6 +1556,21 @@ class LearnedDataWeights(HyperOptimizationCallback):
         """With ``cross_term="training"`` every training batch moves its rows' weights once a
         hyper step has given v, so only a fit without any hyper step learns nothing."""
         return 1 if self.cross_term == "training" else super().hyper_steps_needed()
+
+    def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
+        """Also say so where the first hyper step comes in the fit's second half with less than
+        two epochs after it (:func:`~hypertorch_sid.lightning.metrics.late_first_hyper_step`);
+        not in a resumed fit whose weights moved before its checkpoint."""
+        super()._warn_if_few_hyper_steps(trainer)
+        if self._planned_short or self.cross_term != "training" or self.history:
+            return
+        epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
+        said = late_first_hyper_step(
+            trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
+            trainer.global_step, epoch,
+        )  # fmt: skip
+        if said is not None:  # a fit stopped before that step is still told it learned nothing
+            rank_zero_warn(f"LearnedDataWeights: {said}")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A weight belongs to one example of one data set: dataloaders reloaded

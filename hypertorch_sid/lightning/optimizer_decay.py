@@ -26,7 +26,14 @@ from torch import Tensor
 
 from .problem import BilevelProblem
 
-__all__ = ["OptimizerDecay", "decouples", "preconditioner", "with_optimizer_decay", "with_penalty"]
+__all__ = [
+    "PRECONDITIONED",
+    "OptimizerDecay",
+    "decouples",
+    "preconditioner",
+    "with_optimizer_decay",
+    "with_penalty",
+]
 
 #: optimizers whose ``weight_decay`` adds wd·w to the gradient (unless they decouple it)
 COUPLED = (
@@ -39,6 +46,18 @@ COUPLED = (
     torch.optim.Adamax,
     torch.optim.RMSprop,
     torch.optim.ASGD,
+)
+
+
+#: optimizers whose preconditioner P :func:`preconditioner` reads (Adam's second moment, SGD's
+#: momentum); for any other (Adafactor, RMSprop, Adagrad, Adamax, ...) it returns 1, which is
+#: not the P of their fixed point
+PRECONDITIONED = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.SGD,
 )
 
 

@@ -95,7 +95,7 @@ from .callback import (
 )
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
-from .optimizer_decay import decouples, preconditioner
+from .optimizer_decay import PRECONDITIONED, decouples, preconditioner
 from .problem import (
     MEANING_KEY,
     BilevelProblem,
@@ -394,6 +394,19 @@ class WeightDecayProblem:
                 "the default: Adam's L2 through its preconditioner, a different regulariser at "
                 "the same λ). For the decay your optimizer was set up for pass "
                 "LearnedWeightDecay(..., decoupled=True)."
+            )
+        unread = sorted(
+            {type(opt).__name__ for opt, _ in placement if not isinstance(opt, PRECONDITIONED)}
+        )
+        if self.decoupled and unread:
+            rank_zero_warn(
+                f"LearnedWeightDecay(decoupled=True): the training's fixed point under "
+                f"{', '.join(unread)}'s decoupled decay is P⁻¹∇ℓ + λw = 0 with the optimizer's "
+                "preconditioner P, which this callback reads only for SGD and Adam / AdamW / "
+                "NAdam / RAdam; here it takes P = 1, so λ's hypergradient is that of another "
+                "problem than the one trained (the shrink w ← w(1 − lr·λ) itself is applied as "
+                "the optimizer would). Pass decoupled=False (λw added to the gradient: the "
+                "hypergradient is exact whatever the optimizer), or train with AdamW."
             )
         if self.granularity in ("per_layer", "per_element"):
             _warn_containers_as_layers(module, [(name, p) for name, p, _ in found])
