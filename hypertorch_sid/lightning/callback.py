@@ -124,6 +124,26 @@ def config_given(kwargs: dict[str, Any]) -> bool:
 CALLBACK_BASES: tuple[type, ...] = classes("callbacks.Callback")
 
 
+def refuse_a_class(hooked: Any) -> None:
+    """The class of a callback given where an instance belongs (``callbacks=[LearnedWeightDecay]``):
+    Lightning accepts it and calls its hooks on the class, unbound, so the Trainer lands in
+    ``self`` and the fit failed with "on_exception() missing 1 required positional argument:
+    'exception'" (session 50). Refused at the first hook, :meth:`HyperOptimizationCallback.setup`,
+    naming the class and the fix."""
+    if isinstance(hooked, HyperOptimizationCallback):
+        return
+    given = [
+        c.__name__
+        for c in getattr(hooked, "callbacks", None) or []
+        if isinstance(c, type) and issubclass(c, HyperOptimizationCallback)
+    ] or ["LearnedWeightDecay"]
+    raise ConfigurationError(
+        f"callbacks=[{given[0]}] holds the class, not a callback: Lightning calls a class's "
+        f"hooks without an instance. Pass an instance: callbacks=[{given[0]}()] (with its "
+        "settings in the parentheses)."
+    )
+
+
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
@@ -332,9 +352,18 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._before_build = False  # in a fit, before on_train_start built the core object
 
     # ================================================================== hooks (one per job)
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule | None = None, stage: str = ""
+    ) -> None:
         """Freeze λ living in the module before the strategy wraps it (DDP skips it); a
-        progress bar that shows λ (:func:`~.metrics.readable_progress_bar`)."""
+        progress bar that shows λ (:func:`~.metrics.readable_progress_bar`).
+
+        ``pl_module`` and ``stage`` have defaults only so that the class given for a callback
+        (``callbacks=[LearnedWeightDecay]``: Lightning calls its hooks unbound, the Trainer in
+        ``self``) reaches :func:`refuse_a_class` rather than failing in the binding of the
+        arguments (session 51)."""
+        refuse_a_class(self)
+        assert pl_module is not None
         if stage == "fit":
             readable_progress_bar(trainer)
             self._fitting = self._before_build = True
@@ -471,14 +500,21 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             self._unfreeze()
 
     def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        exception: BaseException | None = None,
     ) -> None:
         """A failed fit also gives λ its ``requires_grad`` back.
 
         If the fit failed before this callback was built while a checkpoint was being loaded
         (``torch.load`` reports a truncated file as a bare ``EOFError``/``OSError``), a note
-        saying what is wrong with the file is added to the exception.
+        saying what is wrong with the file is added to the exception. The class given for a
+        callback (:func:`refuse_a_class`'s error) does nothing here: that error stays the one
+        raised (``exception`` has a default for that call only).
         """
+        if not isinstance(self, HyperOptimizationCallback):
+            return
         before_build, self._fitting, self._before_build = self._before_build, False, False
         self._unfreeze()
         if before_build and not isinstance(exception, ConfigurationError):

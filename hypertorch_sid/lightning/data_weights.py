@@ -92,7 +92,12 @@ from ..core.sample_weights import (
     weighted_loss,
 )
 from ..core.validation import as_strategy, check_bool
-from .callback import HyperOptimizationCallback, config_given, default_unless_given
+from .callback import (
+    HyperOptimizationCallback,
+    config_given,
+    default_unless_given,
+    refuse_a_class,
+)
 from .evidence import (  # the constants stay importable from here
     _UNSEEN,
     CLASS_SHIFT_FACTOR,  # noqa: F401
@@ -368,6 +373,8 @@ class DataWeightsProblem(RowEvidence):
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
         self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
         self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
+        #: per row: whether its training loss was ever other than 0 in this fit (so not masked)
+        self._lossy: Tensor | None = None
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -616,6 +623,9 @@ class DataWeightsProblem(RowEvidence):
             values = losses.float()
             values = values if values.dim() == 1 else values.reshape(-1)
             _row_means_into(self._last_loss, index, values)
+            if self._lossy is None or self._lossy.shape[0] != n:
+                self._lossy = torch.zeros(n, dtype=torch.bool, device=index.device)
+            self._lossy[index] |= self._last_loss[index] != 0
             self._count_visits(n, index, torch.ones_like(values))  # a row held twice: 2 draws
 
     def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
@@ -632,7 +642,10 @@ class DataWeightsProblem(RowEvidence):
         given back by ``reread`` (rows → the training batch of them, on the module's device)
         and their losses computed again with the weights shrunk (:meth:`_zero_when_shrunk`): a
         loss still exactly 0 does not depend on the weights, a masked example; a well-fitted
-        one's is no longer 0. Session 49 left these unsaid."""
+        one's is no longer 0. Session 49 left these unsaid. Only rows whose loss was 0 at every
+        visit of this fit are candidates (``_lossy``): a row fitted to 0 was not 0 at first,
+        and 16 such rows re-read before the masked ones left these to a later epoch's end
+        (session 51)."""
         labels, loss = self._labels, self._last_loss
         if self._said_masked or loss is None:
             return None
@@ -650,7 +663,10 @@ class DataWeightsProblem(RowEvidence):
                 )
         if reread is None or self._module is None or self.per != "sample":
             return None
-        zero = ((loss == 0) & ~negative).nonzero().flatten().tolist()
+        zero_now = (loss == 0) & ~negative
+        if self._lossy is not None and self._lossy.shape == loss.shape:
+            zero_now &= ~self._lossy  # a loss once other than 0 depends on something: no mask
+        zero = zero_now.nonzero().flatten().tolist()
         fresh = [r for r in zero if r not in self._reread_rows][:MASKED_REREADS]
         if not fresh:
             return None
@@ -665,7 +681,7 @@ class DataWeightsProblem(RowEvidence):
             return None
         self._said_masked = True
         return (
-            f"{len(zero)} training examples had a loss exactly 0 at their last visit, and of "
+            f"{len(zero)} training examples had a loss exactly 0 at every visit, and of "
             f"the {len(fresh)} re-read, {len(constant)} (rows {constant[:5]}) still have a loss "
             "exactly 0 with the network's weights shrunk 1000-fold, so it does not depend on "
             f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
@@ -836,7 +852,7 @@ class DataWeightsProblem(RowEvidence):
         self._drop_stand_in(module)
         self._checked_entries = False
         self._masked_checks, self._said_masked = MASKED_CHECKS, False
-        self._reread_rows = set()
+        self._reread_rows, self._lossy = set(), None
         original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
 
@@ -1751,9 +1767,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
             self.problem.checkpointed_labels = labels
         super().load_state_dict(state_dict)
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule | None = None, stage: str = ""
+    ) -> None:
         """Before the build, ``training_step`` takes Indexed batches too
-        (:meth:`DataWeightsProblem.stand_in`: Lightning's tuner trials run in between)."""
+        (:meth:`DataWeightsProblem.stand_in`: Lightning's tuner trials run in between). The
+        defaults: ``callbacks=[LearnedDataWeights]`` (:func:`~.callback.refuse_a_class`)."""
+        refuse_a_class(self)
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self.problem.stand_in(pl_module)
@@ -1767,10 +1787,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
             self.problem.loop_batch = None
 
     def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        exception: BaseException | None = None,
     ) -> None:
-        super().on_exception(trainer, pl_module, exception)
-        self.problem.unwrap()
+        if isinstance(self, LearnedDataWeights):  # not the class given for a callback
+            super().on_exception(trainer, pl_module, exception)
+            self.problem.unwrap()
 
     @property
     def weights(self) -> SampleWeights | None:

@@ -287,6 +287,9 @@ class WeightDecayProblem:
         #: the smallest λ when the current hyper step began (a curvature estimate of ℓ̂ made in
         #: it includes at least this much decay)
         self.lambda_min_at_step = 0.0
+        #: the norm of each decayed weight matrix at the fit's start (``build``), which
+        #: :meth:`check_not_wiped` compares with; None once a wipe was said in this fit
+        self._start_norms: list[float] | None = None
         #: ``() -> n``, the number of validation samples behind E (0: unknown), for the
         #: per-element prior (set by LearnedWeightDecay)
         self.validation_size: Callable[[], int] = lambda: 0
@@ -334,6 +337,7 @@ class WeightDecayProblem:
             self._collect(trainer, module)
         decay = self.decay
         assert decay is not None
+        self._start_norms = self._norms()
 
         def inner_loss(batch: Any) -> Tensor:
             data = self._data_loss(module, batch, "training")
@@ -370,6 +374,52 @@ class WeightDecayProblem:
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
         self.untrained.check(trainer, module)
+
+    def _norms(self) -> list[float]:
+        """The norm of each decayed tensor (one read of the device), 0 for a vector (a bias or
+        a norm layer's scale: 0 is a fitted value for it, no wiped layer)."""
+        assert self.decay is not None
+        norms = [
+            e.param.detach().float().norm() if _weight_matrix(e.param) else e.param.new_zeros(())
+            for e in self.decay.entries
+        ]
+        return [float(n) for n in torch.stack([n.float().cpu() for n in norms]).tolist()]
+
+    def check_not_wiped(self) -> None:
+        """Say, at the fit's end, where the decay has wiped weight matrices: their norm ended
+        below :data:`WIPED` of its value at the fit's start. A λ₀ so large that the decay
+        removes a good share of the weights at every step drives them to 0 before λ can come
+        down; layers at 0 pass no gradient to the layers before them, λ's hypergradient
+        vanishes with the weights, and the network predicts by its biases (session 51: on a
+        4-layer ReLU MLP at SGD lr 0.05, momentum 0.5, λ₀ = 0.5, a tenth of the stable bound,
+        left its matrices at 6e-4 of their start's norm and the network at chance; a 2-layer
+        tanh MLP at lr 0.2 took λ₀ = 1.5 without harm, so λ₀ alone does not tell these fits
+        apart: the weights do). Checked at the end, not at the hyper steps: some fits dip
+        below it and regrow (a 3-layer MLP at momentum 0.9, λ₀ = 1, ended at 1.07 of the
+        start's norm)."""
+        start = self._start_norms
+        if start is None or self.decay is None:
+            return
+        now = self._norms()
+        wiped = [
+            (e, a, b) for e, a, b in zip(self.decay.entries, start, now) if a > 0 and b < WIPED * a
+        ]
+        if not wiped:
+            return
+        self._start_norms = None
+        lams = self._entry_lambdas()
+        e, a, b = wiped[0]
+        lam = lams[self.decay.entries.index(e)]
+        lam = float(lam) if isinstance(lam, float) else float(lam.max())
+        names = ", ".join(e.name for e, _, _ in wiped[:4]) + (" …" if len(wiped) > 4 else "")
+        rank_zero_warn(
+            f"LearnedWeightDecay: the fit ends with the decay having wiped {names}: the norm "
+            f"of {e.name} fell from {a:.3g} at the fit's start to {b:.2g} (λ = {lam:.3g} now, "
+            f"weight_decay={self.weight_decay:g} at the start). Layers at 0 pass no gradient "
+            "to the layers before them and λ's hypergradient vanishes with their weights: the "
+            "network predicts by its biases alone (MLPs so wiped ended at chance). Start from "
+            "a smaller weight_decay (1e-4 is the usual start), or lower the learning rate."
+        )
 
     # ------------------------------------------------------------------ the decayed tensors
     def _group(self, i: int) -> dict[str, Any]:
@@ -759,6 +809,12 @@ PROBE_SAMPLES = 16
 #: λ₀ above this share of the largest decay the optimizer can train with is warned: the decayed
 #: layers are nearly wiped at every step and λ's hypergradient vanishes with them (session 50)
 HIGH_INITIAL = 0.5
+
+#: a decayed weight matrix whose norm falls below this share of its norm at the fit's start is
+#: wiped (:meth:`WeightDecayProblem.check_not_wiped`): on the session-51 toys (6 MLPs, 17 fits)
+#: the fits a large λ₀ left at chance ended with a matrix at 2e-9–6e-3 of it, the others at
+#: ≥ 0.68
+WIPED = 0.05
 
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
@@ -1184,6 +1240,13 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if self._probe_pending():
             self._probe_batch = batch
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Also: a fit never ends silently with layers the decay wiped
+        (:meth:`WeightDecayProblem.check_not_wiped`)."""
+        super().on_train_end(trainer, pl_module)
+        if self.sid is not None:
+            self.problem.check_not_wiped()
 
     def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor]:
         """½ Σᵢ λᵢ‖wᵢ‖² at the current λ (eq. weighted decay; decoupled: with the optimizer's P),

@@ -1,0 +1,124 @@
+"""A careless user's inputs that gave silent wrong answers or unclear failures (session 51; the
+table of every recipe tried and its outcome is in docs/failures.md, "Careless users (session
+51)"). Each test fails without its fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning_problems import TOY_C, TOY_D, TOY_X, TOY_Y, ToyClassifier, trainer
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
+
+X, Y, D, C = TOY_X, TOY_Y, TOY_D, TOY_C
+
+
+def _weights(**kw: Any) -> LearnedDataWeights:
+    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _decay(weight_decay: float = 1e-3, **kw: Any) -> LearnedWeightDecay:
+    return LearnedWeightDecay(weight_decay, **{"every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _val() -> DataLoader:
+    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+
+
+def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> list[str]:
+    """Fit (one epoch unless said); the warnings' messages."""
+    kw.setdefault("max_epochs", 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(cb if isinstance(cb, list) else [cb], **kw).fit(model, train, val)
+    return [str(w.message) for w in caught]
+
+
+# ---------------------------------------------------------------- session 50's leftovers
+@pytest.mark.parametrize("drop_in", [LearnedWeightDecay, LearnedDataWeights])
+def test_the_class_given_for_a_callback_is_named_with_the_fix(drop_in):
+    """``callbacks=[LearnedWeightDecay]`` (the class): Lightning calls the class's hooks
+    unbound, and the fit failed with "on_exception() missing 1 required positional argument:
+    'exception'". Refused at the first hook now, naming the class and ``LearnedWeightDecay()``."""
+    reduction = "none" if drop_in is LearnedDataWeights else "mean"
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    name = drop_in.__name__
+    with pytest.raises(
+        ConfigurationError, match=rf"callbacks=\[{name}\].*callbacks=\[{name}\(\)\]"
+    ):
+        _fit(drop_in, train, _val(), ToyClassifier(reduction))
+
+
+class MaskedNet(ToyClassifier):
+    """Per-sample losses times the sample's mask (``(x, y, mask)`` samples); sharp logits (×100)
+    from optimizer step 25 on, which fit most rows to a loss exactly 0."""
+
+    def __init__(self) -> None:
+        super().__init__("none")
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y, *mask = batch
+        scale = 100.0 if self.global_step >= 25 else 1.0
+        losses = F.cross_entropy(scale * self(x), y, reduction="none")
+        return losses * mask[0] if mask else losses
+
+
+def test_masked_rows_are_not_hidden_behind_rows_fitted_to_0():
+    """Rows 200–239 masked (loss × 0); the loader reads rows 0–199 twice first, the second time
+    with sharp logits that fit them to a loss exactly 0. At the epoch's end the first 16 rows
+    of loss 0 were re-read (0–15: fitted, not 0 with the weights shrunk) and the masked rows
+    left unsaid until a later epoch's end. Rows whose loss was ever other than 0 are no
+    candidates now: the masked ones are re-read and said at once."""
+    mask = torch.ones(len(Y))
+    mask[200:] = 0
+    order = list(range(200)) * 2 + list(range(200, 240))
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y, mask)), batch_size=8, sampler=order)
+    cb = _weights()
+    said = [m for m in _fit(cb, train, _val(), MaskedNet()) if "exactly 0" in m]
+    assert int((cb.problem._last_loss[:200] == 0).sum()) > 16  # fitted rows of loss 0 first
+    assert len(said) == 1 and "40 training examples had a loss exactly 0 at every visit" in said[0]
+    assert "rows [200, 201, 202, 203, 204]" in said[0]
+
+
+class DeepNet(ToyClassifier):
+    """A 4-layer ReLU MLP on the toy, SGD lr 0.05 with momentum 0.5."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        layers: list[nn.Module] = [nn.Linear(D, 32), nn.ReLU()]
+        for _ in range(2):
+            layers += [nn.Linear(32, 32), nn.ReLU()]
+        self.net = nn.Sequential(*layers, nn.Linear(32, C))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.5)
+
+
+def test_a_fit_whose_layers_the_decay_wiped_says_so():
+    """``LearnedWeightDecay(1.0)`` on a 4-layer ReLU MLP at SGD lr 0.05, momentum 0.5 (a tenth of
+    the stable bound 30, not warned at fit start): the decay drove every weight matrix to 0
+    (its last layer by the second epoch), λ's hypergradient vanished with them, and the fit ended at
+    chance (validation loss 1.093 = log 3 after 10 epochs) without a word. Said at the fit's
+    end now; λ₀ = 1e-3 is not."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True)
+    torch.manual_seed(0)
+    said = [m for m in _fit(_decay(1.0), train, _val(), DeepNet(), max_epochs=2) if "wiped" in m]
+    assert len(said) == 1 and "weight_decay=1 at the start" in said[0]
+    assert "wiped net.4.weight" in said[0]
+    torch.manual_seed(0)
+    assert not [
+        m for m in _fit(_decay(1e-3), train, _val(), DeepNet(), max_epochs=2) if "wiped" in m
+    ]
