@@ -122,3 +122,114 @@ def test_a_fit_whose_layers_the_decay_wiped_says_so():
     assert not [
         m for m in _fit(_decay(1e-3), train, _val(), DeepNet(), max_epochs=2) if "wiped" in m
     ]
+
+
+# ---------------------------------------------------------------- the data weights' data
+class SkipsBatches(ToyClassifier):
+    """``training_step`` returns None on every third batch of the loop (Lightning's skip)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        if self.trainer.training and batch_idx % 3 == 2:
+            return None
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_training_step_skipping_batches_by_none_runs_with_the_data_weights():
+    """Lightning skips a batch whose ``training_step`` returns None; under ``LearnedDataWeights``
+    the fit stopped at the first one ("per-sample weights need a tensor of per-sample losses,
+    got NoneType"). The skipped batch is skipped: its rows are not recorded (the hyper steps
+    draw their own batches)."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    cb = _weights()
+    _fit(cb, train, _val(), SkipsBatches("none"))
+    assert len(cb.history) > 0
+    visits = cb.problem._visits
+    assert visits is not None and int(visits[32:48].sum()) == 0  # batch 2, skipped
+    assert int(visits[:32].min()) == 1
+
+
+def _regression(model_seed: int = 0) -> ToyClassifier:
+    class Regressor(ToyClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+            return F.mse_loss(self(batch[0]).squeeze(-1), batch[1], reduction="none")
+
+    net = Regressor("none")
+    torch.manual_seed(model_seed)
+    net.net = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, 1))
+    return net
+
+
+def test_weights_learned_on_another_data_set_of_the_same_size_are_not_carried_over():
+    """One ``LearnedDataWeights`` fitted on data set A, then on another data set B of the same
+    size (a regression, ``objective="mean_loss"``; two TensorDatasets): B's row i took the
+    weight learned for A's row i, without a word (a classification was refused at the first
+    relabelled row). Data sets of other content start afresh now, said; the same data set
+    rebuilt over copies of its tensors keeps its weights."""
+    target = X.sum(1)
+    a, b = TensorDataset(X[:120], target[:120]), TensorDataset(X[120:], target[120:])
+    val = DataLoader(TensorDataset(X[:60], target[:60]), batch_size=20)
+    cb = _weights(objective="mean_loss")
+    _fit(cb, DataLoader(IndexedDataset(a), batch_size=16), val, _regression(), max_epochs=2)
+    said = _fit(cb, DataLoader(IndexedDataset(b), batch_size=16), val, _regression())
+    assert any("other examples than the ones this callback learned" in m for m in said)
+    fresh = _weights(objective="mean_loss")
+    _fit(fresh, DataLoader(IndexedDataset(b), batch_size=16), val, _regression())
+    assert torch.equal(cb.data_weights(), fresh.data_weights())
+
+    copy = TensorDataset(X[120:].clone(), target[120:].clone())
+    kept = cb.data_weights()
+    said = _fit(
+        cb, DataLoader(IndexedDataset(copy), batch_size=16), val, _regression(), max_epochs=0
+    )
+    assert not any("other examples" in m for m in said)
+    assert torch.equal(cb.data_weights(), kept)
+
+
+def test_validation_batches_the_training_step_cannot_read_are_named():
+    """A validation loader of ``(x,)`` batches (no labels): the data weights' E failed inside
+    the user's ``training_step`` with a bare "IndexError: list index out of range"
+    (``LearnedWeightDecay`` named the cause since session 41). Named, with the fix."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    val = DataLoader(TensorDataset(X[:60]), batch_size=20)
+    with pytest.raises(ConfigurationError, match=r"E reads .* training_step failed .*IndexError"):
+        _fit(_weights(), train, val, ToyClassifier("none"))
+
+
+def test_class_ids_stored_as_floats_are_named_with_their_fix():
+    """``per="class"`` with labels 0.0 / 1.0 / 2.0: the error asked for one-hot labels' fix,
+    ``batch[1].argmax(1)``, which fails on a vector. It names ``batch[1].long()`` now."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y.float())), batch_size=16)
+    with pytest.raises(
+        ConfigurationError, match=r"class ids stored as floats.*batch\[1\]\.long\(\)"
+    ):
+        _fit(_weights(per="class", num_classes=C), train, _val(), ToyClassifier("none"))
+
+
+# ---------------------------------------------------------------- the core
+def test_one_batch_given_where_an_iterable_of_batches_belongs_is_refused():
+    """``hopt.hypergradient((X, y), val_batch)``: iterating the tuple gave X, then y, as
+    batches, and a loss indexing ``batch[0]``, ``batch[1]`` read X's rows as inputs and targets
+    (here: an IndexError inside the user's loss; silent where the shapes allow). Refused, with
+    the fix; a list of batches and a DataLoader are taken as before."""
+    from hypertorch_sid import SIDConfig, SIDHyperOptimizer
+
+    g = torch.Generator().manual_seed(0)
+    Xr, yr = torch.randn(40, 3, generator=g), torch.randn(40, generator=g)
+    w = torch.zeros(3, requires_grad=True)
+    log_lam = torch.zeros(3, requires_grad=True)
+
+    def inner(b: Any) -> Tensor:
+        return 0.5 * ((b[0] @ w - b[1]) ** 2).mean() + 0.5 * (log_lam.exp() * w**2).sum()
+
+    def outer(b: Any) -> Tensor:
+        return 0.5 * ((b[0] @ w - b[1]) ** 2).mean()
+
+    hopt = SIDHyperOptimizer(
+        [log_lam], [w], inner, outer, config=SIDConfig(inner_steps=2, adjoint_steps=2)
+    )
+    for one in ((Xr, yr), [Xr, yr], Xr):
+        with pytest.raises(
+            ConfigurationError, match=r"train_batches must be an iterable .*\[\(X, y\)\]"
+        ):
+            hopt.hypergradient(one, (Xr, yr))
+    assert hopt.hypergradient([(Xr, yr)], (Xr, yr))[0].shape == (3,)

@@ -409,8 +409,8 @@ class DataWeightsProblem(RowEvidence):
             if self.weights is None or self.weights.n != n or other:
                 if self.weights is not None:
                     why = (
-                        f"the training set holds other examples of the same data set than the "
-                        f"ones this callback learned its {n} weights on (another split or fold)"
+                        f"the training set holds other examples than the ones this callback "
+                        f"learned its {n} weights on (another split, fold or data set)"
                         if other
                         else f"the training set has {n} examples, the weights this callback "
                         f"learned {self.weights.n}"
@@ -459,14 +459,18 @@ class DataWeightsProblem(RowEvidence):
         )
 
     def reads_other_examples(self, dataset: Any) -> bool:
-        """Whether ``dataset`` gives its rows to other examples of the same data set than the
-        weights were learned on (other positions under its Subset wraps: another fold or
-        split, possibly of the same size); False where that cannot be known (another data set
-        object: the label check of :meth:`_seen` still sees relabelled rows)."""
+        """Whether ``dataset`` gives its rows to other examples than the weights were learned
+        on: other positions of the same data set under its Subset wraps (another fold or split,
+        possibly of the same size), or a ``TensorDataset`` of other content (another data set
+        of the same size: a regression's weights went on with other rows without a word,
+        session 51); False where that cannot be known (another data set object: the label
+        check of :meth:`_seen` still sees relabelled rows)."""
         if self._examples is None or dataset is self._examples_set:
             return False
         examples = _examples_of(dataset)
-        return examples[0] == self._examples[0] and examples[1] != self._examples[1]
+        if examples[0] != self._examples[0]:  # both TensorDatasets: their content differs
+            return all(isinstance(e[0], tuple) for e in (examples, self._examples))
+        return examples[1] != self._examples[1]
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.untrained.check(trainer, module)
@@ -536,11 +540,13 @@ class DataWeightsProblem(RowEvidence):
                 if isinstance(labels, Tensor)
                 else type(labels).__name__
             )
+            floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
-                f"and the batch's target is {what} (one-hot or soft labels?): pass "
-                "target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
-                "batch[1].argmax(1)."
+                f"and the batch's target is {what} "
+                f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
+                "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
+                f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
             )
         low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
         if low < 0 or high >= self.num_classes:  # type: ignore[operator]
@@ -786,10 +792,21 @@ class DataWeightsProblem(RowEvidence):
                 return out
             self._check_targets(data, out)
             return self.objective(out)
-        with _muted_logging(module):
-            read = self.objective.read(
-                module, data, lambda: _validation_tensor(self._losses(module, data))
-            )
+        try:
+            with _muted_logging(module):
+                read = self.objective.read(
+                    module, data, lambda: _validation_tensor(self._losses(module, data))
+                )
+        except ConfigurationError:
+            raise
+        except Exception as err:  # a raw IndexError from the user's code (session 51)
+            raise ConfigurationError(
+                f"LearnedDataWeights: E reads the per-sample training losses of validation "
+                f"batches, and training_step failed on one ({type(err).__name__}: {err}). The "
+                "validation loader's batches must have the training batches' structure (without "
+                "the index), or pass validation_loss=lambda module, batch: <per-sample losses> "
+                "for its batches."
+            ) from err
         self._check_targets(data, read)
         return self.objective(read)
 
@@ -865,6 +882,16 @@ class DataWeightsProblem(RowEvidence):
             rng = RandomState.capture(module.device, module) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             raw = out.get("loss") if isinstance(out, Mapping) else out
+            if raw is None:  # Lightning's skip of a training batch: nothing read or weighted
+                if in_loop:
+                    return out
+                raise ConfigurationError(
+                    "LearnedDataWeights: training_step returned None (Lightning's skip) on a "
+                    "batch a hyper step drew: the hyper steps need the per-sample losses of "
+                    "every batch they draw, training and validation. Skip only batches of the "
+                    "training loop (e.g. by self.trainer.training and batch_idx), or leave the "
+                    "skipped examples out of the data sets."
+                )
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
@@ -1554,7 +1581,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 what = (
                     f"a training set of {n} examples"
                     if n != problem.weights.n
-                    else "other examples of the same data set (another split)"
+                    else "other examples (another split or data set)"
                 )
                 raise ConfigurationError(
                     f"LearnedDataWeights: the train dataloader was reloaded "
