@@ -233,3 +233,19 @@ def test_one_batch_given_where_an_iterable_of_batches_belongs_is_refused():
         ):
             hopt.hypergradient(one, (Xr, yr))
     assert hopt.hypergradient([(Xr, yr)], (Xr, yr))[0].shape == (3,)
+
+
+# ---------------------------------------------------------------- the decay
+def test_a_second_fit_checks_the_lambda_it_starts_from_against_its_learning_rate():
+    """One ``LearnedWeightDecay(2.0)`` and one module, fitted at SGD lr 0.01 (λ fell to 1e-4),
+    then again at lr 0.6 (a loop over learning rates): the second fit was refused because
+    "the initial weight_decay=2 is above the largest decay the training optimizer can train
+    with at lr=0.6", though it starts from the learned 1e-4 (and a learned λ above the new
+    bound was not checked). The λ the fit starts from is checked now."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    cb, net = _decay(2.0), ToyClassifier(lr=0.01)
+    _fit(cb, train, _val(), net, max_epochs=3)
+    assert max(float(v.max()) for v in cb.learned_weight_decay.values()) < 1e-2
+    net.lr = 0.6
+    said = _fit(cb, train, _val(), net)
+    assert not [m for m in said if "weight_decay=2" in m] and len(cb.history) > 0

@@ -677,17 +677,37 @@ class WeightDecayProblem:
     def _check_initial_is_stable(self) -> None:
         """λ₀ above :meth:`stable_bound` (a learning rate so large that lr·λ₀ flips or blows up
         the decayed weights) is refused naming the learning rate; it was reported as "the
-        initial hyperparameters are outside the feasible set", naming log λ's values."""
+        initial hyperparameters are outside the feasible set", naming log λ's values.
+
+        The λ checked is the one this fit starts from: λ₀ in a first fit, the learned λ where
+        the callback fitted before (a second ``fit``, a loop over learning rates). Session 51:
+        λ₀ was checked there, so a second fit at a larger learning rate was refused for a λ₀
+        it does not start from, and a learned λ above the new bound was not checked at all."""
         bounds = self.stable_bounds()
-        worst = min(range(len(bounds)), key=bounds.__getitem__, default=None)
-        if worst is None or self.weight_decay <= HIGH_INITIAL * bounds[worst]:
+        assert self.decay is not None
+        starts = [
+            float(lam) if isinstance(lam, (int, float)) else float(lam.max())
+            for lam in self.decay.applied_lambdas()
+        ]
+        worst = max(
+            range(len(bounds)), key=lambda i: starts[i] / bounds[i] if bounds[i] else 0.0,
+            default=None,
+        )  # fmt: skip
+        if worst is None or starts[worst] <= HIGH_INITIAL * bounds[worst]:
             return
+        start = starts[worst]
         lr = float(self._group(worst).get("lr", 0.0) or 0.0)
-        if self.weight_decay <= bounds[worst]:
+        what = (
+            f"the initial weight_decay={start:g}"
+            if math.isclose(start, self.weight_decay, rel_tol=1e-6)
+            else f"the weight decay this fit starts from, λ = {start:.3g} (learned in an earlier "
+            f"fit of this callback; weight_decay={self.weight_decay:g} was given)"
+        )
+        if start <= bounds[worst]:
             rank_zero_warn(
-                f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above "
+                f"LearnedWeightDecay: {what} is above "
                 f"half the largest decay the training optimizer can train with at lr={lr:g} "
-                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "  # type: ignore[union-attr]
+                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "
                 "removes most of the decayed weights, a layer so decayed holds little more than "
                 "the last step's gradient, and λ's hypergradient vanishes with its weights, so "
                 "λ may never come back down (the careless-user toy, SGD lr 0.1: λ₀ = 6–10 left "
@@ -696,9 +716,9 @@ class WeightDecayProblem:
             )
             return
         raise ConfigurationError(
-            f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above the "
+            f"LearnedWeightDecay: {what} is above the "
             f"largest decay the training optimizer can train with at lr={lr:g} "
-            f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}: "  # type: ignore[union-attr]
+            f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}: "
             f"{'0.5/lr, decoupled' if self.decoupled else 'SGD (1 + momentum)/lr, else 1/lr'}): "
             "each step would shrink those weights past 0. Start from a smaller weight_decay, or "
             "lower the learning rate."
