@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 import pytest
+import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from lightning_problems import TOY_C, TOY_D, TOY_X, TOY_Y, ToyClassifier, trainer
@@ -249,3 +250,52 @@ def test_a_second_fit_checks_the_lambda_it_starts_from_against_its_learning_rate
     net.lr = 0.6
     said = _fit(cb, train, _val(), net)
     assert not [m for m in said if "weight_decay=2" in m] and len(cb.history) > 0
+
+
+class _AtEpoch1(pl.Callback):
+    """At the start of epoch 1: ``"recreate"`` the optimizers
+    (``trainer.strategy.setup_optimizers``: a warm restart), or ``"schedule"`` the optimizer's
+    own ``weight_decay`` to 0.05 (a weight-decay schedule)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch != 1:
+            return
+        if self.what == "recreate":
+            trainer.strategy.setup_optimizers(trainer)
+        else:
+            for group in trainer.optimizers[0].param_groups:
+                group["weight_decay"] = 0.05
+
+
+class _OwnDecay(ToyClassifier):
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, weight_decay=0.05)
+
+
+def test_optimizers_created_anew_during_the_fit_keep_the_decay():
+    """A callback re-creating the optimizers at epoch 1 (``trainer.strategy.setup_optimizers``):
+    the decay was added only before the old optimizer's steps, so the training went on
+    undecayed, without a word (λ = 0.05 held, no hyper step: weights 0.032 off
+    ``SGD(weight_decay=0.05)``'s). The decay follows the new optimizers now."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    reference = _OwnDecay()
+    _fit([], train, _val(), reference, max_epochs=2)
+    net = ToyClassifier()
+    _fit(
+        [_decay(0.05, every_n_steps=1000), _AtEpoch1("recreate")], train, _val(), net, max_epochs=2
+    )
+    for p, q in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
+def test_an_optimizer_decay_switched_on_during_the_fit_is_refused():
+    """A weight-decay schedule setting the optimizer's ``weight_decay`` to 0.05 at epoch 1
+    decayed the tensors twice (the optimizer's and the learned λ), without a word; refused at
+    fit start only. Refused where it happens now."""
+    train = DataLoader(TensorDataset(X, Y), batch_size=16)
+    callbacks = [_decay(0.05, every_n_steps=1000), _AtEpoch1("schedule")]
+    with pytest.raises(ConfigurationError, match=r"group 0\) applies weight_decay=0.05 since"):
+        _fit(callbacks, train, _val(), ToyClassifier(), max_epochs=2)

@@ -280,6 +280,8 @@ class WeightDecayProblem:
         self._checked_gradients = False
         self._checked_optimizers: set[int] = set()
         self._optimizer_ids: set[int] = set()
+        #: id(optimizer) → the indices of its groups holding decayed tensors
+        self._decayed_groups: dict[int, list[int]] = {}
         self._lambda_cache: tuple[tuple | None, list[float | Tensor]] = (None, [])
         #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
         #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
@@ -485,6 +487,11 @@ class WeightDecayProblem:
             _warn_containers_as_layers(module, [(name, p) for name, p, _ in found])
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
+        self._decayed_groups = {}
+        for opt, gi in placement:
+            groups = self._decayed_groups.setdefault(id(opt), [])
+            if gi not in groups:
+                groups.append(gi)
         self._inner = sorted(inner.values(), key=lambda p: order.get(id(p), len(order)))
         old = self.decay
         same = old is not None and [(id(e.param), e.group) for e in old.entries] == [
@@ -565,6 +572,7 @@ class WeightDecayProblem:
         (:func:`scaler_skips`), and with it the decoupled shrink."""
         if self.decay is None:
             return
+        self._refuse_optimizer_decay(optimizer)
         lams = self._entry_lambdas()
         if not self.decoupled:  # one fused add per layer/slot of constant λ: runs every step
             self._add_per_slot(optimizer, lams, scale)
@@ -577,6 +585,41 @@ class WeightDecayProblem:
                 e.param.mul_(1 - (shrink if skips is None else shrink * (1 - skips)))
             elif isinstance(lam, Tensor):  # per element, λ_e varying over the tensor
                 e.param.grad.addcmul_(lam if scale is None else lam * scale, e.param)
+
+    def _refuse_optimizer_decay(self, optimizer: torch.optim.Optimizer) -> None:
+        """A group holding decayed tensors whose ``weight_decay`` became non-zero during the fit
+        (a weight-decay schedule of the user's, a callback setting it) decays them twice: the
+        optimizer's on top of λ, without a word (session 51: weights 0.03 off the fit at the
+        learned λ alone). Refused where it happens; checked at :meth:`_collect` at fit start."""
+        for gi in self._decayed_groups.get(id(optimizer), ()):
+            wd = optimizer.param_groups[gi].get("weight_decay", 0)
+            if wd:
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the optimizer {type(optimizer).__name__} (group {gi}) "
+                    f"applies weight_decay={wd} since this fit started (set during the fit: a "
+                    "weight-decay schedule, a callback?), on top of the decay this callback "
+                    "learns and applies to the same tensors: they would be decayed twice. Leave "
+                    "the optimizer's weight_decay at 0 (the learned λ replaces it)."
+                )
+
+    def follow_new_optimizers(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """Optimizers created anew during the fit (``trainer.strategy.setup_optimizers(trainer)``
+        in a callback: a warm restart, a switch of optimizer) hold the decayed tensors in new
+        objects, and the decay was added only before the old ones' steps: the training went on
+        undecayed without a word (session 51: weights 0.032 off ``SGD(weight_decay=λ)``'s).
+        The decay follows them where they train the same tensors (checked again as at fit
+        start); other tensors are refused (λ and the hyper steps were built for these)."""
+        if {id(opt) for opt in trainer.optimizers} == self._optimizer_ids:
+            return
+        old = self.decay
+        self._collect(trainer, module)
+        if self.decay is not old:
+            raise ConfigurationError(
+                "LearnedWeightDecay: the training optimizers were created anew during the fit "
+                "(trainer.strategy.setup_optimizers?) over other tensors or groups than the fit "
+                "started with; λ and its hyper steps were built for those. Change optimizers "
+                "between fits (a new trainer.fit continues from the learned λ)."
+            )
 
     def shrink_step_size(self, eta: float | None) -> float | None:
         """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
@@ -1351,6 +1394,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             if not self.problem._checked_gradients and first:
                 with self.budget.added_work():  # once
                     self.problem.check_gradients(pl_module, optimizer)
+            self.problem.follow_new_optimizers(trainer, pl_module)
             self.problem.apply(
                 optimizer, loss_scale(trainer, optimizer), scaler_skips(trainer, optimizer)
             )
