@@ -109,7 +109,7 @@ class DeepNet(ToyClassifier):
 
 
 def test_a_fit_whose_layers_the_decay_wiped_says_so():
-    """``LearnedWeightDecay(1.0)`` on a 4-layer ReLU MLP at SGD lr 0.05, momentum 0.5 (a tenth of
+    """``LearnedWeightDecay(1.0)`` on a 4-layer ReLU MLP at SGD lr 0.05, momentum 0.5 (1/30 of
     the stable bound 30, not warned at fit start): the decay drove every weight matrix to 0
     (its last layer by the second epoch), λ's hypergradient vanished with them, and the fit ended at
     chance (validation loss 1.093 = log 3 after 10 epochs) without a word. Said at the fit's

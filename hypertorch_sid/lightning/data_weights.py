@@ -411,7 +411,7 @@ class DataWeightsProblem(RowEvidence):
                     why = (
                         f"the training set holds other examples than the ones this callback "
                         f"learned its {n} weights on (another split, fold or data set)"
-                        if other
+                        if other and self.weights.n == n
                         else f"the training set has {n} examples, the weights this callback "
                         f"learned {self.weights.n}"
                     )

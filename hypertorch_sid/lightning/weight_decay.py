@@ -393,7 +393,7 @@ class WeightDecayProblem:
         removes a good share of the weights at every step drives them to 0 before λ can come
         down; layers at 0 pass no gradient to the layers before them, λ's hypergradient
         vanishes with the weights, and the network predicts by its biases (session 51: on a
-        4-layer ReLU MLP at SGD lr 0.05, momentum 0.5, λ₀ = 0.5, a tenth of the stable bound,
+        4-layer ReLU MLP at SGD lr 0.05, momentum 0.5, λ₀ = 0.5 (1/60 of the stable bound 30),
         left its matrices at 6e-4 of their start's norm and the network at chance; a 2-layer
         tanh MLP at lr 0.2 took λ₀ = 1.5 without harm, so λ₀ alone does not tell these fits
         apart: the weights do). Checked at the end, not at the hyper steps: some fits dip
