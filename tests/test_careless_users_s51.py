@@ -299,3 +299,32 @@ def test_an_optimizer_decay_switched_on_during_the_fit_is_refused():
     callbacks = [_decay(0.05, every_n_steps=1000), _AtEpoch1("schedule")]
     with pytest.raises(ConfigurationError, match=r"group 0\) applies weight_decay=0.05 since"):
         _fit(callbacks, train, _val(), ToyClassifier(), max_epochs=2)
+
+
+def test_a_resume_on_another_data_set_of_the_same_size_is_refused(tmp_path):
+    """A regression's data-weights fit resumed (``ckpt_path=``) on another TensorDataset of the
+    same size: no label tells the rows apart, so the checkpoint's weights went on with the
+    other data set's rows without a word. The checkpoint keeps a digest of its training set's
+    content: refused now; the same data (rebuilt over copies) resumes."""
+    target = X.sum(1)
+    a, b = TensorDataset(X[:120], target[:120]), TensorDataset(X[120:], target[120:])
+    val = DataLoader(TensorDataset(X[:60], target[:60]), batch_size=20)
+    fitted = trainer([_weights(objective="mean_loss")], max_epochs=1)
+    fitted.fit(_regression(), DataLoader(IndexedDataset(a), batch_size=16), val)
+    fitted.save_checkpoint(tmp_path / "a.ckpt")
+    with pytest.raises(ConfigurationError, match="resumes weights learned on other examples"):
+        trainer([_weights(objective="mean_loss")], max_epochs=2).fit(
+            _regression(),
+            DataLoader(IndexedDataset(b), batch_size=16),
+            val,
+            ckpt_path=tmp_path / "a.ckpt",
+        )
+    again = TensorDataset(X[:120].clone(), target[:120].clone())
+    cb = _weights(objective="mean_loss")
+    trainer([cb], max_epochs=2).fit(
+        _regression(),
+        DataLoader(IndexedDataset(again), batch_size=16),
+        val,
+        ckpt_path=tmp_path / "a.ckpt",
+    )
+    assert cb.data_weights().shape == (120,)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -361,6 +362,8 @@ class DataWeightsProblem(RowEvidence):
         self._labels: Tensor | None = None
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
+        #: the checkpoint's :func:`_examples_digest`, compared at the resumed fit's ``build``
+        self.checkpointed_examples: str | None = None
         self._last_loss: Tensor | None = None
         #: per row: the times a training batch held it (the loader's draws, a sampler's
         #: included), which :meth:`class_shares` counts the training distribution by
@@ -422,6 +425,15 @@ class DataWeightsProblem(RowEvidence):
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 self._labels = self._last_loss = None
                 self._visits = None
+            saved, self.checkpointed_examples = self.checkpointed_examples, None
+            now = _examples_digest(self._examples)
+            if saved is not None and now is not None and saved != now:
+                raise ConfigurationError(
+                    "LearnedDataWeights: this fit resumes weights learned on other examples "
+                    "than its training set holds (a TensorDataset of other content, or other "
+                    "rows of it): row i's weight would go to another example. Resume on the "
+                    "checkpoint's training set, or start a new fit (no ckpt_path) for this one."
+                )
             labels, self.checkpointed_labels = self.checkpointed_labels, None
             if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
                 self._labels = labels
@@ -1074,6 +1086,16 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+def _examples_digest(examples: tuple[Any, tuple[int, ...] | None]) -> str | None:
+    """:func:`_examples_of`'s answer as a short string a checkpoint keeps, where it names the
+    content (a ``TensorDataset``'s fingerprint; an object's identity means nothing in another
+    process): a fit resumed on another data set of the same size, where no label tells the
+    rows apart (a regression), continued the old rows' weights without a word (session 51)."""
+    if not isinstance(examples[0], tuple):
+        return None
+    return hashlib.sha256(repr(examples).encode()).hexdigest()
 
 
 def _examples_of(dataset: Any) -> tuple[Any, tuple[int, ...] | None]:
@@ -1766,6 +1788,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         labels = self.problem._labels
         if state and labels is not None:
             state["data_labels"] = labels.detach().cpu().clone()
+        examples = self.problem._examples
+        digest = _examples_digest(examples) if examples is not None else None
+        if state and digest is not None:
+            state["data_examples"] = digest
         if state:
             state[MEANING_KEY] = self._meaning()
         return state
@@ -1792,6 +1818,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     "tensor: it is corrupted."
                 )
             self.problem.checkpointed_labels = labels
+        if isinstance(state_dict, dict) and "data_examples" in state_dict:
+            state_dict = dict(state_dict)
+            self.problem.checkpointed_examples = str(state_dict.pop("data_examples"))
         super().load_state_dict(state_dict)
 
     def setup(
