@@ -328,3 +328,28 @@ def test_a_resume_on_another_data_set_of_the_same_size_is_refused(tmp_path):
         ckpt_path=tmp_path / "a.ckpt",
     )
     assert cb.data_weights().shape == (120,)
+
+
+def test_an_outer_optimizer_that_maximizes_is_refused():
+    """``HyperOptimizationCallback(outer_optimizer=partial(torch.optim.Adam, maximize=True))``
+    (a training optimizer's settings copied): λ climbed the validation objective without a word
+    (the ridge's log λ ended at −0.85 where plain Adam took it to −3.5). Refused, in the core
+    and through the callback."""
+    import functools
+
+    from lightning_problems import Ridge, loaders, ridge_data
+
+    from hypertorch_sid import HyperOptimizationCallback, SIDHyperOptimizer
+
+    w, lam = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    with pytest.raises(ConfigurationError, match="maximize=True"):
+        SIDHyperOptimizer(
+            [lam], [w], lambda b: (lam.exp() * w**2).sum(), lambda b: w.sum(),
+            torch.optim.SGD([lam], lr=0.1, maximize=True),
+        )  # fmt: skip
+    ascent = functools.partial(torch.optim.Adam, lr=0.1, maximize=True)
+    train, val = loaders(ridge_data(), 20)
+    with pytest.raises(ConfigurationError, match=r"outer_optimizer Adam has maximize=True"):
+        _fit(
+            HyperOptimizationCallback(every_n_steps=2, outer_optimizer=ascent), train, val, Ridge()
+        )
