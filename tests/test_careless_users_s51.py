@@ -353,3 +353,17 @@ def test_an_outer_optimizer_that_maximizes_is_refused():
         _fit(
             HyperOptimizationCallback(every_n_steps=2, outer_optimizer=ascent), train, val, Ridge()
         )
+
+
+def test_an_optimizer_decay_switched_on_under_the_data_weights_is_said():
+    """``LearnedDataWeights`` models the optimizers' own decay in its hyper steps' ℓ̂ (session
+    43), but only the groups with a decay at the fit's start: a weight-decay schedule switching
+    it on at epoch 1 left ℓ̂ without it from then on, without a word. Said at the next hyper
+    step now; optimizers created anew with their decay are not."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    said = _fit(
+        [_weights(), _AtEpoch1("schedule")], train, _val(), ToyClassifier("none"), max_epochs=2
+    )
+    assert len([m for m in said if "weight_decay=0.05 was switched on during the fit" in m]) == 1
+    said = _fit([_weights(), _AtEpoch1("recreate")], train, _val(), _OwnDecay("none"), max_epochs=2)
+    assert not [m for m in said if "switched on" in m]

@@ -339,6 +339,8 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         #: the training optimizers' own weight decay, inside the hyper steps' ℓ̂ (built at
         #: train start; see :mod:`~hypertorch_sid.lightning.optimizer_decay`)
         self._optimizer_decay: OptimizerDecay | None = None
+        #: the optimizers' decay as read at the build, modelled or not (None: said switched on)
+        self._decay_at_build: OptimizerDecay | None = None
         #: the training stream and validation source of the hyper steps (built at train start)
         self.data: HyperData | None = None
         self._world_size = 1
@@ -662,6 +664,22 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         )
         self._warn_if_few_hyper_steps(trainer)
 
+    def _warn_if_decay_switched_on(self, trainer: pl.Trainer) -> None:
+        """Once per fit: an optimizer group's ``weight_decay`` switched on from 0 during the
+        fit is not in the hyper steps' ℓ̂ (:meth:`OptimizerDecay.switched_on`)."""
+        decay = self._decay_at_build
+        switched = decay.switched_on(trainer.optimizers) if decay is not None else []
+        if switched:
+            self._decay_at_build = None
+            rank_zero_warn(
+                f"{type(self).__name__}: {'; '.join(switched)} was switched on during the fit "
+                "(a weight-decay schedule, a callback?): the training now minimises ℓ̂ plus that "
+                "decay, but the hyper steps model the optimizers' decay as it was at the fit's "
+                "start (none here), so they differentiate another problem than the one trained. "
+                "Start the fit with the decay on (its schedule's first value), so that it is "
+                "modelled and followed."
+            )
+
     def _with_optimizer_decay(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
     ) -> BilevelProblem:
@@ -672,6 +690,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         couple or decouple it) is named, its decay left out."""
         decay = OptimizerDecay(trainer.optimizers, problem.inner_parameters, pl_module)
         self._optimizer_decay = decay if decay else None
+        self._decay_at_build = decay
         who = type(self).__name__
         if decay.modelled:
             rank_zero_info(
@@ -918,6 +937,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step
+        self._warn_if_decay_switched_on(trainer)
         self._warn_if_new_tensors(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)
