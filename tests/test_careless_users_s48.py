@@ -467,7 +467,9 @@ def test_shared_examples_are_counted_through_nested_subsets():
     val = Subset(base, list(range(150, 170)))  # base rows 150..169: 10 shared
     assert shared_examples(train, val) == (10, 20)
     assert shared_examples(train, Subset(base, list(range(160, 170)))) == (0, 10)
-    assert shared_examples(train, TensorDataset(X.clone(), Y)) is None  # other tensors
+    # a copy of the tensors holds the same examples (compared by content since session 51)
+    assert shared_examples(train, TensorDataset(X.clone(), Y)) == (60, N)
+    assert shared_examples(train, TensorDataset(X + 1, Y)) is None  # other examples
     assert shared_examples(base, TensorDataset(X, Y)) == (N, N)  # the same tensors
 
 

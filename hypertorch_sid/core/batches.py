@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .errors import ConfigurationError
 
@@ -124,6 +125,35 @@ def head(batch: Any, n: int) -> Any:
     return _slice(batch, 0, n) if _sliceable(batch, n) else batch
 
 
+def _refuse_one_batch(source: Any, name: str) -> None:
+    """One batch where an iterable of batches belongs: ``hypergradient((X, y), val_batch)`` or
+    ``hypergradient(X, ...)``. Iterating it gives X and then y (or X's rows) as "batches", so the
+    losses read a row of X as the inputs and the next as the targets: a loss of the user's that
+    indexes ``batch[0]``, ``batch[1]`` ran on them without a word, another failed inside it with
+    an ``IndexError`` (session 51). A tensor is refused, and a tuple of tensors (one batch's
+    parts), and a list of tensors of different numbers of dimensions (``[X, y]``); a list of
+    same-shaped tensor batches stays a list of batches."""
+    if isinstance(source, Tensor):
+        given = f"a tensor of shape {tuple(source.shape)}: its rows would be taken as batches"
+    elif (
+        isinstance(source, (tuple, list))
+        and len(source) > 1
+        and all(isinstance(t, Tensor) for t in source)
+        and (isinstance(source, tuple) or len({t.dim() for t in source}) > 1)
+    ):
+        shapes = ", ".join(str(tuple(t.shape)) for t in source[:4])
+        given = (
+            f"a {type(source).__name__} of tensors of shapes {shapes}: one batch's parts, each "
+            "of which would be taken as a batch"
+        )
+    else:
+        return
+    raise ConfigurationError(
+        f"{name} must be an iterable of minibatches; got {given}. Pass one batch in a list "
+        "([(X, y)]) or a DataLoader."
+    )
+
+
 class BatchStream:
     """An endless stream of minibatches drawn from ``source``.
 
@@ -144,6 +174,7 @@ class BatchStream:
                 f"{name} must be an iterable of minibatches (a DataLoader, a list of batches or a "
                 f"generator); got {type(source).__name__}."
             )
+        _refuse_one_batch(source, name)
         self.source = source
         self.name = name
         self._reiterable = not isinstance(source, Iterator)

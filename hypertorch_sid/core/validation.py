@@ -221,7 +221,8 @@ def _floating_tensors(batch: Any, where: str) -> Iterable[tuple[str, Tensor]]:
 def check_outer_optimizer(
     optimizer: torch.optim.Optimizer, inner: Sequence[Tensor], hyper: Sequence[Tensor]
 ) -> None:
-    """The outer optimizer must hold every λ and no w, and must not need a closure (LBFGS)."""
+    """The outer optimizer must hold every λ and no w, must not need a closure (LBFGS), and
+    must descend (no ``maximize=True``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigurationError(
             f"outer_optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
@@ -232,6 +233,13 @@ def check_outer_optimizer(
             "objective several times per step; SID gives one stochastic hypergradient per step "
             "and no closure. Use a first-order optimizer on λ, e.g. "
             "torch.optim.Adam(hyperparameters, lr=...) or torch.optim.SGD(hyperparameters, lr=...)."
+        )
+    ascending = [i for i, g in enumerate(optimizer.param_groups) if g.get("maximize")]
+    if ascending:  # session 51: λ climbed E without a word (ridge log λ −3.5 → −0.85)
+        raise ConfigurationError(
+            f"outer_optimizer {type(optimizer).__name__} has maximize=True (group "
+            f"{ascending[0]}): it would move λ up the hypergradient, increasing the validation "
+            "objective E it is meant to lower. Drop maximize=True."
         )
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}

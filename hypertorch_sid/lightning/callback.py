@@ -124,6 +124,26 @@ def config_given(kwargs: dict[str, Any]) -> bool:
 CALLBACK_BASES: tuple[type, ...] = classes("callbacks.Callback")
 
 
+def refuse_a_class(hooked: Any) -> None:
+    """The class of a callback given where an instance belongs (``callbacks=[LearnedWeightDecay]``):
+    Lightning accepts it and calls its hooks on the class, unbound, so the Trainer lands in
+    ``self`` and the fit failed with "on_exception() missing 1 required positional argument:
+    'exception'" (session 50). Refused at the first hook, :meth:`HyperOptimizationCallback.setup`,
+    naming the class and the fix."""
+    if isinstance(hooked, HyperOptimizationCallback):
+        return
+    given = [
+        c.__name__
+        for c in getattr(hooked, "callbacks", None) or []
+        if isinstance(c, type) and issubclass(c, HyperOptimizationCallback)
+    ] or ["LearnedWeightDecay"]
+    raise ConfigurationError(
+        f"callbacks=[{given[0]}] holds the class, not a callback: Lightning calls a class's "
+        f"hooks without an instance. Pass an instance: callbacks=[{given[0]}()] (with its "
+        "settings in the parentheses)."
+    )
+
+
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
@@ -319,6 +339,8 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         #: the training optimizers' own weight decay, inside the hyper steps' ℓ̂ (built at
         #: train start; see :mod:`~hypertorch_sid.lightning.optimizer_decay`)
         self._optimizer_decay: OptimizerDecay | None = None
+        #: the optimizers' decay as read at the build, modelled or not (None: said switched on)
+        self._decay_at_build: OptimizerDecay | None = None
         #: the training stream and validation source of the hyper steps (built at train start)
         self.data: HyperData | None = None
         self._world_size = 1
@@ -332,9 +354,18 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._before_build = False  # in a fit, before on_train_start built the core object
 
     # ================================================================== hooks (one per job)
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule | None = None, stage: str = ""
+    ) -> None:
         """Freeze λ living in the module before the strategy wraps it (DDP skips it); a
-        progress bar that shows λ (:func:`~.metrics.readable_progress_bar`)."""
+        progress bar that shows λ (:func:`~.metrics.readable_progress_bar`).
+
+        ``pl_module`` and ``stage`` have defaults only so that the class given for a callback
+        (``callbacks=[LearnedWeightDecay]``: Lightning calls its hooks unbound, the Trainer in
+        ``self``) reaches :func:`refuse_a_class` rather than failing in the binding of the
+        arguments (session 51)."""
+        refuse_a_class(self)
+        assert pl_module is not None
         if stage == "fit":
             readable_progress_bar(trainer)
             self._fitting = self._before_build = True
@@ -471,14 +502,21 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             self._unfreeze()
 
     def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        exception: BaseException | None = None,
     ) -> None:
         """A failed fit also gives λ its ``requires_grad`` back.
 
         If the fit failed before this callback was built while a checkpoint was being loaded
         (``torch.load`` reports a truncated file as a bare ``EOFError``/``OSError``), a note
-        saying what is wrong with the file is added to the exception.
+        saying what is wrong with the file is added to the exception. The class given for a
+        callback (:func:`refuse_a_class`'s error) does nothing here: that error stays the one
+        raised (``exception`` has a default for that call only).
         """
+        if not isinstance(self, HyperOptimizationCallback):
+            return
         before_build, self._fitting, self._before_build = self._before_build, False, False
         self._unfreeze()
         if before_build and not isinstance(exception, ConfigurationError):
@@ -626,6 +664,22 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         )
         self._warn_if_few_hyper_steps(trainer)
 
+    def _warn_if_decay_switched_on(self, trainer: pl.Trainer) -> None:
+        """Once per fit: an optimizer group's ``weight_decay`` switched on from 0 during the
+        fit is not in the hyper steps' ℓ̂ (:meth:`OptimizerDecay.switched_on`)."""
+        decay = self._decay_at_build
+        switched = decay.switched_on(trainer.optimizers) if decay is not None else []
+        if switched:
+            self._decay_at_build = None
+            rank_zero_warn(
+                f"{type(self).__name__}: {'; '.join(switched)} was switched on during the fit "
+                "(a weight-decay schedule, a callback?): the training now minimises ℓ̂ plus that "
+                "decay, but the hyper steps model the optimizers' decay as it was at the fit's "
+                "start (none here), so they differentiate another problem than the one trained. "
+                "Start the fit with the decay on (its schedule's first value), so that it is "
+                "modelled and followed."
+            )
+
     def _with_optimizer_decay(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
     ) -> BilevelProblem:
@@ -636,6 +690,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         couple or decouple it) is named, its decay left out."""
         decay = OptimizerDecay(trainer.optimizers, problem.inner_parameters, pl_module)
         self._optimizer_decay = decay if decay else None
+        self._decay_at_build = decay
         who = type(self).__name__
         if decay.modelled:
             rank_zero_info(
@@ -882,6 +937,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step
+        self._warn_if_decay_switched_on(trainer)
         self._warn_if_new_tensors(trainer, pl_module)
         self._observe_horizon(trainer)
         seed = (self.seed * 1_000_003 + self.sid.hyper_step * 7919 + self._rank) % (2**63)

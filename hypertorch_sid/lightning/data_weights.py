@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -92,7 +93,12 @@ from ..core.sample_weights import (
     weighted_loss,
 )
 from ..core.validation import as_strategy, check_bool
-from .callback import HyperOptimizationCallback, config_given, default_unless_given
+from .callback import (
+    HyperOptimizationCallback,
+    config_given,
+    default_unless_given,
+    refuse_a_class,
+)
 from .evidence import (  # the constants stay importable from here
     _UNSEEN,
     CLASS_SHIFT_FACTOR,  # noqa: F401
@@ -362,6 +368,8 @@ class DataWeightsProblem(RowEvidence):
         self._labels: Tensor | None = None
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
+        #: the checkpoint's :func:`_examples_digest`, compared at the resumed fit's ``build``
+        self.checkpointed_examples: str | None = None
         self._last_loss: Tensor | None = None
         #: per row: the times a training batch held it (the loader's draws, a sampler's
         #: included), which :meth:`class_shares` counts the training distribution by
@@ -374,6 +382,8 @@ class DataWeightsProblem(RowEvidence):
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
         self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
         self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
+        #: per row: whether its training loss was ever other than 0 in this fit (so not masked)
+        self._lossy: Tensor | None = None
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -409,9 +419,9 @@ class DataWeightsProblem(RowEvidence):
             if self.weights is None or self.weights.n != n or other:
                 if self.weights is not None:
                     why = (
-                        f"the training set holds other examples of the same data set than the "
-                        f"ones this callback learned its {n} weights on (another split or fold)"
-                        if other
+                        f"the training set holds other examples than the ones this callback "
+                        f"learned its {n} weights on (another split, fold or data set)"
+                        if other and self.weights.n == n
                         else f"the training set has {n} examples, the weights this callback "
                         f"learned {self.weights.n}"
                     )
@@ -422,6 +432,15 @@ class DataWeightsProblem(RowEvidence):
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 self._labels = self._last_loss = None
                 self._visits = None
+            saved, self.checkpointed_examples = self.checkpointed_examples, None
+            now = _examples_digest(self._examples)
+            if saved is not None and now is not None and saved != now:
+                raise ConfigurationError(
+                    "LearnedDataWeights: this fit resumes weights learned on other examples "
+                    "than its training set holds (a TensorDataset of other content, or other "
+                    "rows of it): row i's weight would go to another example. Resume on the "
+                    "checkpoint's training set, or start a new fit (no ckpt_path) for this one."
+                )
             labels, self.checkpointed_labels = self.checkpointed_labels, None
             if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
                 self._labels = labels
@@ -459,14 +478,18 @@ class DataWeightsProblem(RowEvidence):
         )
 
     def reads_other_examples(self, dataset: Any) -> bool:
-        """Whether ``dataset`` gives its rows to other examples of the same data set than the
-        weights were learned on (other positions under its Subset wraps: another fold or
-        split, possibly of the same size); False where that cannot be known (another data set
-        object: the label check of :meth:`_seen` still sees relabelled rows)."""
+        """Whether ``dataset`` gives its rows to other examples than the weights were learned
+        on: other positions of the same data set under its Subset wraps (another fold or split,
+        possibly of the same size), or a ``TensorDataset`` of other content (another data set
+        of the same size: a regression's weights went on with other rows without a word,
+        session 51); False where that cannot be known (another data set object: the label
+        check of :meth:`_seen` still sees relabelled rows)."""
         if self._examples is None or dataset is self._examples_set:
             return False
         examples = _examples_of(dataset)
-        return examples[0] == self._examples[0] and examples[1] != self._examples[1]
+        if examples[0] != self._examples[0]:  # both TensorDatasets: their content differs
+            return all(isinstance(e[0], tuple) for e in (examples, self._examples))
+        return examples[1] != self._examples[1]
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.untrained.check(trainer, module)
@@ -539,11 +562,13 @@ class DataWeightsProblem(RowEvidence):
                 if isinstance(labels, Tensor)
                 else type(labels).__name__
             )
+            floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
-                f"and the batch's target is {what} (one-hot or soft labels?): pass "
-                "target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
-                "batch[1].argmax(1)."
+                f"and the batch's target is {what} "
+                f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
+                "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
+                f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
             )
         low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
         if low < 0 or high >= self.num_classes:  # type: ignore[operator]
@@ -626,6 +651,9 @@ class DataWeightsProblem(RowEvidence):
             values = losses.float()
             values = values if values.dim() == 1 else values.reshape(-1)
             _row_means_into(self._last_loss, index, values)
+            if self._lossy is None or self._lossy.shape[0] != n:
+                self._lossy = torch.zeros(n, dtype=torch.bool, device=index.device)
+            self._lossy[index] |= self._last_loss[index] != 0
             self._count_visits(n, index, torch.ones_like(values))  # a row held twice: 2 draws
 
     def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
@@ -642,7 +670,10 @@ class DataWeightsProblem(RowEvidence):
         given back by ``reread`` (rows → the training batch of them, on the module's device)
         and their losses computed again with the weights shrunk (:meth:`_zero_when_shrunk`): a
         loss still exactly 0 does not depend on the weights, a masked example; a well-fitted
-        one's is no longer 0. Session 49 left these unsaid."""
+        one's is no longer 0. Session 49 left these unsaid. Only rows whose loss was 0 at every
+        visit of this fit are candidates (``_lossy``): a row fitted to 0 was not 0 at first,
+        and 16 such rows re-read before the masked ones left these to a later epoch's end
+        (session 51)."""
         labels, loss = self._labels, self._last_loss
         if self._said_masked or loss is None:
             return None
@@ -660,7 +691,10 @@ class DataWeightsProblem(RowEvidence):
                 )
         if reread is None or self._module is None or self.per != "sample":
             return None
-        zero = ((loss == 0) & ~negative).nonzero().flatten().tolist()
+        zero_now = (loss == 0) & ~negative
+        if self._lossy is not None and self._lossy.shape == loss.shape:
+            zero_now &= ~self._lossy  # a loss once other than 0 depends on something: no mask
+        zero = zero_now.nonzero().flatten().tolist()
         fresh = [r for r in zero if r not in self._reread_rows][:MASKED_REREADS]
         if not fresh:
             return None
@@ -675,7 +709,7 @@ class DataWeightsProblem(RowEvidence):
             return None
         self._said_masked = True
         return (
-            f"{len(zero)} training examples had a loss exactly 0 at their last visit, and of "
+            f"{len(zero)} training examples had a loss exactly 0 at every visit, and of "
             f"the {len(fresh)} re-read, {len(constant)} (rows {constant[:5]}) still have a loss "
             "exactly 0 with the network's weights shrunk 1000-fold, so it does not depend on "
             f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
@@ -780,10 +814,21 @@ class DataWeightsProblem(RowEvidence):
                 return out
             self._check_targets(data, out)
             return self.objective(out)
-        with _muted_logging(module):
-            read = self.objective.read(
-                module, data, lambda: _validation_tensor(self._losses(module, data))
-            )
+        try:
+            with _muted_logging(module):
+                read = self.objective.read(
+                    module, data, lambda: _validation_tensor(self._losses(module, data))
+                )
+        except ConfigurationError:
+            raise
+        except Exception as err:  # a raw IndexError from the user's code (session 51)
+            raise ConfigurationError(
+                f"LearnedDataWeights: E reads the per-sample training losses of validation "
+                f"batches, and training_step failed on one ({type(err).__name__}: {err}). The "
+                "validation loader's batches must have the training batches' structure (without "
+                "the index), or pass validation_loss=lambda module, batch: <per-sample losses> "
+                "for its batches."
+            ) from err
         self._check_targets(data, read)
         return self.objective(read)
 
@@ -846,7 +891,7 @@ class DataWeightsProblem(RowEvidence):
         self._drop_stand_in(module)
         self._checked_entries = False
         self._masked_checks, self._said_masked = MASKED_CHECKS, False
-        self._reread_rows = set()
+        self._reread_rows, self._lossy = set(), None
         original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
 
@@ -859,6 +904,16 @@ class DataWeightsProblem(RowEvidence):
             rng = RandomState.capture(module.device, module) if self.on_training_batch else None
             out = original(data, batch_idx, *args, **kwargs)
             raw = out.get("loss") if isinstance(out, Mapping) else out
+            if raw is None:  # Lightning's skip of a training batch: nothing read or weighted
+                if in_loop:
+                    return out
+                raise ConfigurationError(
+                    "LearnedDataWeights: training_step returned None (Lightning's skip) on a "
+                    "batch a hyper step drew: the hyper steps need the per-sample losses of "
+                    "every batch they draw, training and validation. Skip only batches of the "
+                    "training loop (e.g. by self.trainer.training and batch_idx), or leave the "
+                    "skipped examples out of the data sets."
+                )
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
@@ -1051,6 +1106,16 @@ def _refuse_masked_entries(losses: Any) -> None:
         "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
         "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
     )
+
+
+def _examples_digest(examples: tuple[Any, tuple[int, ...] | None]) -> str | None:
+    """:func:`_examples_of`'s answer as a short string a checkpoint keeps, where it names the
+    content (a ``TensorDataset``'s fingerprint; an object's identity means nothing in another
+    process): a fit resumed on another data set of the same size, where no label tells the
+    rows apart (a regression), continued the old rows' weights without a word (session 51)."""
+    if not isinstance(examples[0], tuple):
+        return None
+    return hashlib.sha256(repr(examples).encode()).hexdigest()
 
 
 def _examples_of(dataset: Any) -> tuple[Any, tuple[int, ...] | None]:
@@ -1584,7 +1649,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 what = (
                     f"a training set of {n} examples"
                     if n != problem.weights.n
-                    else "other examples of the same data set (another split)"
+                    else "other examples (another split or data set)"
                 )
                 raise ConfigurationError(
                     f"LearnedDataWeights: the train dataloader was reloaded "
@@ -1769,6 +1834,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         labels = self.problem._labels
         if state and labels is not None:
             state["data_labels"] = labels.detach().cpu().clone()
+        examples = self.problem._examples
+        digest = _examples_digest(examples) if examples is not None else None
+        if state and digest is not None:
+            state["data_examples"] = digest
         if state:
             state[MEANING_KEY] = self._meaning()
         return state
@@ -1795,11 +1864,18 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     "tensor: it is corrupted."
                 )
             self.problem.checkpointed_labels = labels
+        if isinstance(state_dict, dict) and "data_examples" in state_dict:
+            state_dict = dict(state_dict)
+            self.problem.checkpointed_examples = str(state_dict.pop("data_examples"))
         super().load_state_dict(state_dict)
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule | None = None, stage: str = ""
+    ) -> None:
         """Before the build, ``training_step`` takes Indexed batches too
-        (:meth:`DataWeightsProblem.stand_in`: Lightning's tuner trials run in between)."""
+        (:meth:`DataWeightsProblem.stand_in`: Lightning's tuner trials run in between). The
+        defaults: ``callbacks=[LearnedDataWeights]`` (:func:`~.callback.refuse_a_class`)."""
+        refuse_a_class(self)
         super().setup(trainer, pl_module, stage)
         if stage == "fit":
             self.problem.stand_in(pl_module)
@@ -1813,10 +1889,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
             self.problem.loop_batch = None
 
     def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        exception: BaseException | None = None,
     ) -> None:
-        super().on_exception(trainer, pl_module, exception)
-        self.problem.unwrap()
+        if isinstance(self, LearnedDataWeights):  # not the class given for a callback
+            super().on_exception(trainer, pl_module, exception)
+            self.problem.unwrap()
 
     @property
     def weights(self) -> SampleWeights | None:

@@ -108,18 +108,23 @@ class OptimizerDecay:
         inner = {id(p) for p in inner_parameters}
         names = {id(p): n for n, p in module.named_parameters()}
         self.module = module
+        self._inner = inner
+        #: (optimizer index, group index) of every group with decay at the start, modelled or
+        #: not (by position: optimizers created anew during the fit keep theirs)
+        self.groups_at_start: set[tuple[int, int]] = set()
         #: (optimizer, group index, parameter, its name in the module or None)
         self.entries: list[tuple[torch.optim.Optimizer, int, Tensor, str | None]] = []
         #: "Type (group i): weight_decay=…, coupled/decoupled" for each modelled group
         self.modelled: list[str] = []
         #: the same for groups whose decay is not modelled (an optimizer of unknown semantics)
         self.unknown: list[str] = []
-        for opt in optimizers:
+        for oi, opt in enumerate(optimizers):
             for gi, group in enumerate(opt.param_groups):
                 wd = float(group.get("weight_decay", 0) or 0)
                 params = [p for p in group["params"] if p.requires_grad and id(p) in inner]
                 if wd <= 0 or not params:
                     continue
+                self.groups_at_start.add((oi, gi))
                 decoupled = decouples(opt, group)
                 what = f"{type(opt).__name__} (group {gi}): weight_decay={wd:g}"
                 if not decoupled and not isinstance(opt, COUPLED):
@@ -141,6 +146,20 @@ class OptimizerDecay:
             wd = float(group.get("weight_decay", 0) or 0)
             coefficients.append(wd * preconditioner(opt, group, p) if decouples(opt, group) else wd)
         self._coefficients = coefficients
+
+    def switched_on(self, optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
+        """Groups over inner parameters whose ``weight_decay`` was 0 when the decay was read and
+        is not now (a weight-decay schedule, a callback switching it on): not modelled, so the
+        hyper steps' ℓ̂ lacks it from then on (session 51). :meth:`refresh` follows a decay
+        that changes from a non-zero value."""
+        return [
+            f"{type(opt).__name__} (group {gi}): weight_decay={group['weight_decay']:g}"
+            for oi, opt in enumerate(optimizers)
+            for gi, group in enumerate(opt.param_groups)
+            if float(group.get("weight_decay", 0) or 0) > 0
+            and (oi, gi) not in self.groups_at_start
+            and any(p.requires_grad and id(p) in self._inner for p in group["params"])
+        ]
 
     def penalty(self) -> Tensor:
         """D(w): differentiable in w, not in λ (constant coefficients)."""

@@ -244,6 +244,8 @@ class WeightDecayProblem:
         self._checked_gradients = False
         self._checked_optimizers: set[int] = set()
         self._optimizer_ids: set[int] = set()
+        #: id(optimizer) → the indices of its groups holding decayed tensors
+        self._decayed_groups: dict[int, list[int]] = {}
         self._lambda_cache: tuple[tuple | None, list[float | Tensor]] = (None, [])
         #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
         #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
@@ -251,6 +253,9 @@ class WeightDecayProblem:
         #: the smallest λ when the current hyper step began (a curvature estimate of ℓ̂ made in
         #: it includes at least this much decay)
         self.lambda_min_at_step = 0.0
+        #: the norm of each decayed weight matrix at the fit's start (``build``), which
+        #: :meth:`check_not_wiped` compares with; None once a wipe was said in this fit
+        self._start_norms: list[float] | None = None
         #: ``() -> n``, the number of validation samples behind E (0: unknown), for the
         #: per-element prior (set by LearnedWeightDecay)
         self.validation_size: Callable[[], int] = lambda: 0
@@ -298,6 +303,7 @@ class WeightDecayProblem:
             self._collect(trainer, module)
         decay = self.decay
         assert decay is not None
+        self._start_norms = self._norms()
 
         def inner_loss(batch: Any) -> Tensor:
             data = self._data_loss(module, batch, "training")
@@ -334,6 +340,52 @@ class WeightDecayProblem:
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
         self.untrained.check(trainer, module)
+
+    def _norms(self) -> list[float]:
+        """The norm of each decayed tensor (one read of the device), 0 for a vector (a bias or
+        a norm layer's scale: 0 is a fitted value for it, no wiped layer)."""
+        assert self.decay is not None
+        norms = [
+            e.param.detach().float().norm() if _weight_matrix(e.param) else e.param.new_zeros(())
+            for e in self.decay.entries
+        ]
+        return [float(n) for n in torch.stack([n.float().cpu() for n in norms]).tolist()]
+
+    def check_not_wiped(self) -> None:
+        """Say, at the fit's end, where the decay has wiped weight matrices: their norm ended
+        below :data:`WIPED` of its value at the fit's start. A λ₀ so large that the decay
+        removes a good share of the weights at every step drives them to 0 before λ can come
+        down; layers at 0 pass no gradient to the layers before them, λ's hypergradient
+        vanishes with the weights, and the network predicts by its biases (session 51: on a
+        4-layer ReLU MLP at SGD lr 0.05, momentum 0.5, λ₀ = 0.5 (1/60 of the stable bound 30),
+        left its matrices at 6e-4 of their start's norm and the network at chance; a 2-layer
+        tanh MLP at lr 0.2 took λ₀ = 1.5 without harm, so λ₀ alone does not tell these fits
+        apart: the weights do). Checked at the end, not at the hyper steps: some fits dip
+        below it and regrow (a 3-layer MLP at momentum 0.9, λ₀ = 1, ended at 1.07 of the
+        start's norm)."""
+        start = self._start_norms
+        if start is None or self.decay is None:
+            return
+        now = self._norms()
+        wiped = [
+            (e, a, b) for e, a, b in zip(self.decay.entries, start, now) if a > 0 and b < WIPED * a
+        ]
+        if not wiped:
+            return
+        self._start_norms = None
+        lams = self._entry_lambdas()
+        e, a, b = wiped[0]
+        lam = lams[self.decay.entries.index(e)]
+        lam = float(lam) if isinstance(lam, float) else float(lam.max())
+        names = ", ".join(e.name for e, _, _ in wiped[:4]) + (" …" if len(wiped) > 4 else "")
+        rank_zero_warn(
+            f"LearnedWeightDecay: the fit ends with the decay having wiped {names}: the norm "
+            f"of {e.name} fell from {a:.3g} at the fit's start to {b:.2g} (λ = {lam:.3g} now, "
+            f"weight_decay={self.weight_decay:g} at the start). Layers at 0 pass no gradient "
+            "to the layers before them and λ's hypergradient vanishes with their weights: the "
+            "network predicts by its biases alone (MLPs so wiped ended at chance). Start from "
+            "a smaller weight_decay (1e-4 is the usual start), or lower the learning rate."
+        )
 
     # ------------------------------------------------------------------ the decayed tensors
     def _group(self, i: int) -> dict[str, Any]:
@@ -412,6 +464,11 @@ class WeightDecayProblem:
             _warn_containers_as_layers(module, [(name, p) for name, p, _ in found])
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
+        self._decayed_groups = {}
+        for opt, gi in placement:
+            groups = self._decayed_groups.setdefault(id(opt), [])
+            if gi not in groups:
+                groups.append(gi)
         self._inner = sorted(inner.values(), key=lambda p: order.get(id(p), len(order)))
         old = self.decay
         same = old is not None and [(id(e.param), e.group) for e in old.entries] == [
@@ -492,6 +549,7 @@ class WeightDecayProblem:
         (:func:`scaler_skips`), and with it the decoupled shrink."""
         if self.decay is None:
             return
+        self._refuse_optimizer_decay(optimizer)
         lams = self._entry_lambdas()
         if not self.decoupled:  # one fused add per layer/slot of constant λ: runs every step
             self._add_per_slot(optimizer, lams, scale)
@@ -504,6 +562,41 @@ class WeightDecayProblem:
                 e.param.mul_(1 - (shrink if skips is None else shrink * (1 - skips)))
             elif isinstance(lam, Tensor):  # per element, λ_e varying over the tensor
                 e.param.grad.addcmul_(lam if scale is None else lam * scale, e.param)
+
+    def _refuse_optimizer_decay(self, optimizer: torch.optim.Optimizer) -> None:
+        """A group holding decayed tensors whose ``weight_decay`` became non-zero during the fit
+        (a weight-decay schedule of the user's, a callback setting it) decays them twice: the
+        optimizer's on top of λ, without a word (session 51: weights 0.03 off the fit at the
+        learned λ alone). Refused where it happens; checked at :meth:`_collect` at fit start."""
+        for gi in self._decayed_groups.get(id(optimizer), ()):
+            wd = optimizer.param_groups[gi].get("weight_decay", 0)
+            if wd:
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the optimizer {type(optimizer).__name__} (group {gi}) "
+                    f"applies weight_decay={wd} since this fit started (set during the fit: a "
+                    "weight-decay schedule, a callback?), on top of the decay this callback "
+                    "learns and applies to the same tensors: they would be decayed twice. Leave "
+                    "the optimizer's weight_decay at 0 (the learned λ replaces it)."
+                )
+
+    def follow_new_optimizers(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        """Optimizers created anew during the fit (``trainer.strategy.setup_optimizers(trainer)``
+        in a callback: a warm restart, a switch of optimizer) hold the decayed tensors in new
+        objects, and the decay was added only before the old ones' steps: the training went on
+        undecayed without a word (session 51: weights 0.032 off ``SGD(weight_decay=λ)``'s).
+        The decay follows them where they train the same tensors (checked again as at fit
+        start); other tensors are refused (λ and the hyper steps were built for these)."""
+        if {id(opt) for opt in trainer.optimizers} == self._optimizer_ids:
+            return
+        old = self.decay
+        self._collect(trainer, module)
+        if self.decay is not old:
+            raise ConfigurationError(
+                "LearnedWeightDecay: the training optimizers were created anew during the fit "
+                "(trainer.strategy.setup_optimizers?) over other tensors or groups than the fit "
+                "started with; λ and its hyper steps were built for those. Change optimizers "
+                "between fits (a new trainer.fit continues from the learned λ)."
+            )
 
     def shrink_step_size(self, eta: float | None) -> float | None:
         """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
@@ -604,17 +697,37 @@ class WeightDecayProblem:
     def _check_initial_is_stable(self) -> None:
         """λ₀ above :meth:`stable_bound` (a learning rate so large that lr·λ₀ flips or blows up
         the decayed weights) is refused naming the learning rate; it was reported as "the
-        initial hyperparameters are outside the feasible set", naming log λ's values."""
+        initial hyperparameters are outside the feasible set", naming log λ's values.
+
+        The λ checked is the one this fit starts from: λ₀ in a first fit, the learned λ where
+        the callback fitted before (a second ``fit``, a loop over learning rates). Session 51:
+        λ₀ was checked there, so a second fit at a larger learning rate was refused for a λ₀
+        it does not start from, and a learned λ above the new bound was not checked at all."""
         bounds = self.stable_bounds()
-        worst = min(range(len(bounds)), key=bounds.__getitem__, default=None)
-        if worst is None or self.weight_decay <= HIGH_INITIAL * bounds[worst]:
+        assert self.decay is not None
+        starts = [
+            float(lam) if isinstance(lam, (int, float)) else float(lam.max())
+            for lam in self.decay.applied_lambdas()
+        ]
+        worst = max(
+            range(len(bounds)), key=lambda i: starts[i] / bounds[i] if bounds[i] else 0.0,
+            default=None,
+        )  # fmt: skip
+        if worst is None or starts[worst] <= HIGH_INITIAL * bounds[worst]:
             return
+        start = starts[worst]
         lr = float(self._group(worst).get("lr", 0.0) or 0.0)
-        if self.weight_decay <= bounds[worst]:
+        what = (
+            f"the initial weight_decay={start:g}"
+            if math.isclose(start, self.weight_decay, rel_tol=1e-6)
+            else f"the weight decay this fit starts from, λ = {start:.3g} (learned in an earlier "
+            f"fit of this callback; weight_decay={self.weight_decay:g} was given)"
+        )
+        if start <= bounds[worst]:
             rank_zero_warn(
-                f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above "
+                f"LearnedWeightDecay: {what} is above "
                 f"half the largest decay the training optimizer can train with at lr={lr:g} "
-                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "  # type: ignore[union-attr]
+                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "
                 "removes most of the decayed weights, a layer so decayed holds little more than "
                 "the last step's gradient, and λ's hypergradient vanishes with its weights, so "
                 "λ may never come back down (the careless-user toy, SGD lr 0.1: λ₀ = 6–10 left "
@@ -623,9 +736,9 @@ class WeightDecayProblem:
             )
             return
         raise ConfigurationError(
-            f"LearnedWeightDecay: the initial weight_decay={self.weight_decay:g} is above the "
+            f"LearnedWeightDecay: {what} is above the "
             f"largest decay the training optimizer can train with at lr={lr:g} "
-            f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}: "  # type: ignore[union-attr]
+            f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}: "
             f"{'0.5/lr, decoupled' if self.decoupled else 'SGD (1 + momentum)/lr, else 1/lr'}): "
             "each step would shrink those weights past 0. Start from a smaller weight_decay, or "
             "lower the learning rate."
@@ -728,6 +841,12 @@ class WeightDecayProblem:
 #: λ₀ above this share of the largest decay the optimizer can train with is warned: the decayed
 #: layers are nearly wiped at every step and λ's hypergradient vanishes with them (session 50)
 HIGH_INITIAL = 0.5
+
+#: a decayed weight matrix whose norm falls below this share of its norm at the fit's start is
+#: wiped (:meth:`WeightDecayProblem.check_not_wiped`): on the session-51 toys (6 MLPs, 17 fits)
+#: the fits a large λ₀ left at chance ended with a matrix at 2e-9–6e-3 of it, the others at
+#: ≥ 0.68
+WIPED = 0.05
 
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
@@ -1055,6 +1174,13 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             self._probe_batch = batch
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Also: a fit never ends silently with layers the decay wiped
+        (:meth:`WeightDecayProblem.check_not_wiped`)."""
+        super().on_train_end(trainer, pl_module)
+        if self.sid is not None:
+            self.problem.check_not_wiped()
+
     def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor]:
         """½ Σᵢ λᵢ‖wᵢ‖² at the current λ (eq. weighted decay; decoupled: with the optimizer's P),
         for :class:`~hypertorch_sid.LearnedDataWeights` in the same fit, whose training
@@ -1138,6 +1264,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             if not self.problem._checked_gradients and first:
                 with self.budget.added_work():  # once
                     self.problem.check_gradients(pl_module, optimizer)
+            self.problem.follow_new_optimizers(trainer, pl_module)
             self.problem.apply(
                 optimizer, loss_scale(trainer, optimizer), scaler_skips(trainer, optimizer)
             )
