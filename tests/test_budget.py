@@ -18,7 +18,7 @@ import torch
 from lightning_problems import RidgeData, TanhRegressor
 
 import hypertorch_sid.lightning.callback as callback_module
-import hypertorch_sid.lightning.weight_decay as weight_decay_module
+import hypertorch_sid.lightning.invariance as invariance_module
 from hypertorch_sid import ConfigurationError, EstimatedCurvature, LearnedWeightDecay
 from hypertorch_sid.core.budget import (
     Deadline,
@@ -642,7 +642,7 @@ def _probed_fit(per_forward: float, steps: int, monkeypatch, budget_cls=Overhead
     the probe's forwards, the one-off costs announced to the budget and the hyper steps run
     (``budget_cls=None``: no budget)."""
     forwards = [0]
-    original = weight_decay_module._probe_loss
+    original = invariance_module._probe_loss
 
     def counted(*args):
         loss = original(*args)
@@ -653,7 +653,7 @@ def _probed_fit(per_forward: float, steps: int, monkeypatch, budget_cls=Overhead
 
         return f
 
-    monkeypatch.setattr(weight_decay_module, "_probe_loss", counted)
+    monkeypatch.setattr(invariance_module, "_probe_loss", counted)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(192, 1, 8, 8, generator=g), torch.randint(0, 3, (192,), generator=g)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:128], y[:128]), 16)
