@@ -67,6 +67,7 @@ from ..core.config import Batches
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.sample_weights import (
+    LABEL_KEYS,
     BelowWeight,
     DirectionalDerivative,
     ExpectedError,
@@ -75,6 +76,7 @@ from ..core.sample_weights import (
     ForwardMode,
     Indexed,
     IndexedDataset,
+    LabelledIndexed,
     LazyAdam,
     MeanLoss,
     SampleWeights,
@@ -88,6 +90,7 @@ from ..core.sample_weights import (
     as_weight_parameterization,
     check_per_sample,
     indexed_collate,
+    sample_label,
     split_indexed,
     weighted_loss,
 )
@@ -148,6 +151,12 @@ def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
     return None
 
 
+def _carried_labels(batch: Any) -> Tensor | None:
+    """The labels :class:`~hypertorch_sid.core.sample_weights.indexed_collate` read from the
+    samples before the user's ``collate_fn`` (a :class:`LabelledIndexed` batch's), or None."""
+    return batch.labels if isinstance(batch, LabelledIndexed) else None
+
+
 def _integer_vector(labels: Any, b: int | None = None) -> bool:
     """Whether ``labels`` is a 1-D integer tensor (of ``b`` entries where given)."""
     return (
@@ -158,10 +167,6 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
         and labels.dtype != torch.bool
         and (b is None or labels.shape[0] == b)
     )
-
-
-#: the keys of a dict sample (fields of a dataclass or namedtuple sample) that name its label
-LABEL_KEYS = ("y", "label", "labels", "target", "targets")
 
 
 def batch_labels(data: Any) -> Any:
@@ -507,12 +512,21 @@ class DataWeightsProblem(RowEvidence):
             collate = getattr(loader.collate_fn, "fn", loader.collate_fn)
             said = not self._labels_by_position  # (this is checked at every epoch's start)
             self._labels_by_position = collate is default_collate
-            if not self._labels_by_position and not self._own_target and not said:
+            if (
+                not self._labels_by_position
+                and not self._own_target
+                and not said
+                # else indexed_collate carries the labels it read from each sample
+                and (len(dataset) == 0 or sample_label(dataset[0].data) is None)
+            ):
                 rank_zero_warn(
                     "LearnedDataWeights: the train DataLoader has a collate_fn of yours, so its "
                     "batches' [1] is not taken for the labels (it may be anything, e.g. "
-                    "EmbeddingBag offsets). Without labels the check that each index keeps its "
-                    "example's label and the label evidence of flagged() are off, and the "
+                    "EmbeddingBag offsets), and its samples have no label indexed_collate can "
+                    "read (an (x, y) pair with an integer y, or a dict sample's one label key: "
+                    "hypertorch_sid.core.sample_weights.sample_label). Without labels the "
+                    "check that each index keeps its example's label and the label evidence of "
+                    "flagged() are off, and the "
                     "weights are not held per class (gauge='class', the default where labels "
                     "are read): they can push whole classes down (20 Newsgroups, session 51: "
                     "accuracy 0.654 against plain training's 0.799 without labels, 0.819 with "
@@ -560,7 +574,9 @@ class DataWeightsProblem(RowEvidence):
             )
         return labels, data
 
-    def _read_checks(self, index: Tensor, data: Any) -> Tensor | None:
+    def _read_checks(
+        self, index: Tensor, data: Any, carried: Tensor | None = None
+    ) -> Tensor | None:
         """What a training step of the loop reads of the device, in one wait for it (a
         launch-bound GPU pays for each): the batch's index range (refused where it is not rows
         of the weights, :meth:`SampleWeights.accept_index`), whether a row's label changed since
@@ -571,7 +587,7 @@ class DataWeightsProblem(RowEvidence):
         assert weights is not None
         flat, bounds = weights.index_bounds(index)
         parts = [] if bounds is None else [bounds]
-        labels = self._labels_of(data, int(flat.numel())) if self.per == "sample" else None
+        labels = self._labels_of(data, int(flat.numel()), carried) if self.per == "sample" else None
         known = clash = None
         if labels is not None:
             labels = labels.to(flat.device)
@@ -709,23 +725,31 @@ class DataWeightsProblem(RowEvidence):
         raw = out.get("loss") if isinstance(out, Mapping) else out
         return raw.detach().reshape(raw.shape[0], -1).eq(0).all(1).cpu()
 
-    def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
-        """The batch's integer labels (``target``, by default :func:`batch_labels`), or None
-        where it holds none to read (soft labels, a sequence target, or a ``collate_fn`` of the
-        user's: its batch's layout is the user's, e.g. EmbeddingBag's offsets at ``[1]`` of
-        ``(tokens, offsets, y)``, which change with the batch; ``target=`` names them)."""
-        if not self._own_target and not self._labels_by_position:
-            return None  # only a default-collated sample names its label by position or key
-        try:
-            labels = self.target(data) if self._own_target else batch_labels(data)
-        except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
+    def _labels_of(self, data: Any, b: int | None, carried: Tensor | None = None) -> Tensor | None:
+        """The batch's integer labels, or None where it holds none to read (soft labels, a
+        sequence target): ``target(data)`` where the user gave it; else those ``indexed_collate``
+        read from the samples before the user's ``collate_fn`` (``carried``, a
+        :class:`LabelledIndexed` batch's); else :func:`batch_labels` under torch's default
+        collation only: a ``collate_fn`` of the user's has a layout of its own, e.g.
+        EmbeddingBag's offsets at ``[1]`` of ``(tokens, offsets, y)``, which change with the
+        batch."""
+        if self._own_target:
+            try:
+                labels = self.target(data)
+            except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
+                return None
+        elif carried is not None:
+            labels = carried
+        elif self._labels_by_position:
+            labels = batch_labels(data)
+        else:
             return None
         return labels.long() if _integer_vector(labels, b) else None  # 1-D: no reshape
 
-    def _count_validation(self, data: Any) -> None:
-        """Add a validation batch's integer labels (``batch[1]``, or ``target=``) to the
-        per-class counts :meth:`validation_shortfall` reads; a batch without them adds none."""
-        labels = self._labels_of(data, None) if self.per == "sample" else None
+    def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
+        """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts
+        :meth:`validation_shortfall` reads; a batch without them adds none."""
+        labels = self._labels_of(data, None, carried) if self.per == "sample" else None
         if labels is None:
             return
         labels, held = labels.detach().cpu(), self._val_counts
@@ -762,7 +786,7 @@ class DataWeightsProblem(RowEvidence):
         scalar from the user's ``validation_loss`` is E itself: the objective needs per-sample
         losses, and transforming a mean would only rescale its gradient."""
         data = batch.data if isinstance(batch, Indexed) else batch
-        self._count_validation(data)
+        self._count_validation(data, _carried_labels(batch))
         if self.validation_loss is not None:
             out = _validation_tensor(self.validation_loss(module, data))
             if out.dim() == 0:
@@ -852,6 +876,7 @@ class DataWeightsProblem(RowEvidence):
         @functools.wraps(original)
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
+            carried = _carried_labels(batch)
             in_loop = batch is self.loop_batch  # not another callback's hyper step
             if in_loop:  # once: LBFGS's closure calls training_step again at its line points
                 self.loop_batch = None
@@ -861,13 +886,13 @@ class DataWeightsProblem(RowEvidence):
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
-                self._choose_gauge(data, raw)
+                self._choose_gauge(data, raw, carried)
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
                 if _warn_masked_samples(raw, data, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
-            labels = self._read_checks(index, data) if in_loop else None
+            labels = self._read_checks(index, data, carried) if in_loop else None
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
             if in_loop:
@@ -889,7 +914,7 @@ class DataWeightsProblem(RowEvidence):
         training_step.unweighted = unweighted  # type: ignore[attr-defined]
         module.training_step = training_step  # type: ignore[method-assign]
 
-    def _choose_gauge(self, data: Any, losses: Any) -> None:
+    def _choose_gauge(self, data: Any, losses: Any, carried: Tensor | None = None) -> None:
         """``gauge="auto"``, per sample under the self-normalised loss with a sigmoid
         parameterisation: ``"mean_logit"`` where the training targets are real numbers (a
         regression: a squared error's outlying targets carry the minibatch's centre, and under
@@ -919,7 +944,7 @@ class DataWeightsProblem(RowEvidence):
             )
         elif self.class_by_default and self._one_process:
             b = losses.shape[0] if isinstance(losses, Tensor) and losses.dim() > 0 else None
-            if self._labels_of(data, b) is not None:
+            if self._labels_of(data, b, carried) is not None:
                 weights.use_class_gauge(lambda: self._labels)
 
     def unwrap(self) -> None:
