@@ -10,15 +10,21 @@ of every rank's rows, so the class gauge shifts the same rows on every rank."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning_problems import end_ddp_worker, trainer
 from lightning_utilities.core.apply_func import apply_to_collection
 from test_data_weights_lightning import NOISY, Classifier, Data, callback, fit
 from torch import Tensor
@@ -189,3 +195,46 @@ def test_the_label_check_runs_on_labels_read_before_collation():
     data.dataset = Relabelled(data.X)
     with pytest.raises(ConfigurationError, match="had label"):
         fit(callback(), 3, model=BagClassifier(), data=data)
+
+
+def _ddp_worker(out: Path, gauge: str) -> None:
+    """Fit the drop-in on 2 CPU processes (Lightning's DDP) with ``gauge``; each rank saves its
+    weights, the gauge held and its record of the rows' labels."""
+    torch.set_num_threads(1)
+    cb = callback(val_batch_size=30, gauge=gauge)
+    t = trainer([cb], devices=2, strategy="ddp", max_epochs=4)
+    t.fit(Classifier(), datamodule=Data())
+    record = {"w": cb.data_weights(), "gauge": cb.weights.gauge, "labels": cb.problem._labels}
+    torch.save(record, out / f"{gauge}_rank{t.global_rank}.pt")
+    end_ddp_worker()
+
+
+def _ddp_fit(out: Path, gauge: str) -> tuple[dict, dict]:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out), "--gauge", gauge]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return tuple(torch.load(out / f"{gauge}_rank{r}.pt") for r in (0, 1))
+
+
+@pytest.mark.ddp
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.parametrize("gauge", ["class", "auto"])
+def test_ddp_ranks_hold_the_class_gauge_identically(gauge, tmp_path):
+    """Under DDP every rank records the labels of every rank's rows, so the class gauge shifts
+    the same rows on every rank: identical weights (each rank recording only its own rows'
+    labels shifted them by other class means), and "auto" chooses the class gauge there too."""
+    r0, r1 = _ddp_fit(tmp_path, gauge)
+    assert r0["gauge"] == r1["gauge"] == "class"
+    assert torch.equal(r0["w"], r1["w"])
+    assert torch.equal(r0["labels"], r1["labels"])
+    assert torch.equal(r0["labels"], Data().y)  # every row's label, on each rank
+    assert r0["w"][:NOISY].mean() < r0["w"][NOISY:].mean() - 0.1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
+    parser.add_argument("--gauge", default="class", help="LearnedDataWeights(gauge=...)")
+    args = parser.parse_args()
+    _ddp_worker(args.worker, args.gauge)

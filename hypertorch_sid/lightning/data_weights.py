@@ -313,10 +313,11 @@ class DataWeightsProblem(RowEvidence):
         self.target = target or _default_target
         self._own_target = target is not None
         #: whether ``gauge="auto"`` may choose ``"class"`` where labels are read (set by the
-        #: callback: only with the training batches' cross term, where it was measured), and
-        #: whether this fit runs in one process (set at the build: under DDP each rank records
-        #: only its own rows' labels, so the class gauge would shift the ranks' logits apart)
-        self.class_by_default, self._one_process = False, True
+        #: callback: only with the training batches' cross term, where it was measured)
+        self.class_by_default = False
+        #: under DDP (set at the build) the strategy's ``all_gather``: under the class gauge
+        #: every rank records the labels of every rank's rows (:meth:`_every_ranks_rows`)
+        self._gather: Callable[[Tensor], Tensor] | None = None
         #: whether a batch's ``data[1]`` is its labels: only under torch's default collation,
         #: which keeps the samples' (x, y, ...) layout (set at each fit's start)
         self._labels_by_position = True
@@ -403,7 +404,7 @@ class DataWeightsProblem(RowEvidence):
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("LearnedDataWeights")
-        self._one_process = trainer.world_size == 1
+        self._gather = trainer.strategy.all_gather if trainer.world_size > 1 else None
         dataset = self._training_dataset(trainer)
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
         if self.per == "sample":
@@ -626,12 +627,15 @@ class DataWeightsProblem(RowEvidence):
         at its first visit (``labels``, per sample) and its training loss at this visit (the
         batch's mean for a row it holds twice, or per class: the class's mean)."""
         n = self.weights.n  # type: ignore[union-attr]
+        rows = index
+        if self._gather is not None and self.weights.gauge == "class":  # type: ignore[union-attr]
+            rows, labels = self._every_ranks_rows(index, labels)
         if labels is not None:
             if self._labels is None or self._labels.shape[0] != n:
                 self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
             if self._labels.device != index.device:  # restored from a checkpoint on the CPU
                 self._labels = self._labels.to(index.device)
-            self._labels[index] = labels.to(index.device)
+            self._labels[rows] = labels.to(index.device)
         if self._last_loss is None or self._last_loss.shape[0] != n:
             # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
             self._last_loss = torch.full(
@@ -642,6 +646,30 @@ class DataWeightsProblem(RowEvidence):
             values = values if values.dim() == 1 else values.reshape(-1)
             _row_means_into(self._last_loss, index, values)
             self._count_visits(n, index, torch.ones_like(values))  # a row held twice: 2 draws
+
+    def _every_ranks_rows(
+        self, index: Tensor, labels: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Under DDP with the class gauge: the rows of this step's batches on every rank, and
+        their labels, so that every rank records the same labels and the gauge (eq.
+        classgauge, read from all n rows after each outer step) shifts the same rows by the
+        same amounts on every rank; recording only its own rows', each rank shifted by other
+        class means and the ranks' weights drifted apart. Every rank takes part at every step
+        of the loop (a batch without labels gives none); the batches may differ in size."""
+        gather = self._gather
+        assert gather is not None
+        own = 0 if labels is None else int(index.numel())
+        sizes = gather(torch.tensor([own], device=index.device)).reshape(-1)
+        width = int(sizes.max())
+        if width == 0:  # no rank read labels: nothing to record
+            return index, labels
+        pairs = torch.full((2, width), -1, dtype=torch.long, device=index.device)
+        if labels is not None:
+            pairs[0, :own] = index.reshape(-1)
+            pairs[1, :own] = labels.reshape(-1).to(index.device)
+        every = gather(pairs).reshape(-1, 2, width).transpose(0, 1).reshape(2, -1)
+        kept = every[0] >= 0  # the padding's columns dropped
+        return every[0][kept], every[1][kept]
 
     def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
         """Why some rows the training read are masked examples, once per fit: a negative
@@ -919,13 +947,14 @@ class DataWeightsProblem(RowEvidence):
         parameterisation: ``"mean_logit"`` where the training targets are real numbers (a
         regression: a squared error's outlying targets carry the minibatch's centre, and under
         ``"batch"`` nothing was learned, docs/data_weights.md); ``"class"`` where the batch
-        holds integer class labels that the drop-in reads (``batch[1]`` under torch's default
-        collation, or ``target=``) and the training batches' cross term moves the weights
+        holds integer class labels that the drop-in reads (:meth:`_labels_of`: ``target=``,
+        those ``indexed_collate`` read from the samples, or ``batch[1]`` under torch's default
+        collation) and the training batches' cross term moves the weights
         (``cross_term="training"``): each row's hypergradient against its class's
         (:func:`~hypertorch_sid.core.sample_weights.class_centred`) and each class's mean logit
         held (session 51: on 20 Newsgroups the part of the hypergradient common to a class was
-        noise that pushed whole classes down), in a single-process fit (under DDP each rank
-        records only its own rows' labels); ``"batch"`` otherwise."""
+        noise that pushed whole classes down), under DDP too (every rank records every rank's
+        rows' labels, :meth:`_every_ranks_rows`); ``"batch"`` otherwise."""
         weights = self.weights
         if (
             self.gauge != "auto"
@@ -942,7 +971,7 @@ class DataWeightsProblem(RowEvidence):
                 "the weights' scale is held by their mean logit (gauge='mean_logit'), not by "
                 "each minibatch's centre: gauge='batch' to keep the minibatch's."
             )
-        elif self.class_by_default and self._one_process:
+        elif self.class_by_default:
             b = losses.shape[0] if isinstance(losses, Tensor) and losses.dim() > 0 else None
             if self._labels_of(data, b, carried) is not None:
                 weights.use_class_gauge(lambda: self._labels)
@@ -1334,20 +1363,23 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the training targets ``batch[1]`` are real numbers (a regression: under ``"batch"`` a
         squared error with outlying targets learned nothing, the outliers carrying each
         minibatch's centre); ``"class"`` where the drop-in reads integer class labels
-        (``batch[1]`` under torch's default collation, or ``target=``),
-        ``cross_term="training"`` and one process (session 51: on 20 Newsgroups the part of the
+        (``target=``; else each sample's, read by ``indexed_collate`` before a ``collate_fn``
+        of yours: an ``(x, y)`` pair's integer ``y`` or a dict sample's one label key; else
+        ``batch[1]`` under torch's default collation) and ``cross_term="training"``, in one
+        process or under DDP (session 51: on 20 Newsgroups the part of the
         rows' hypergradient common to a class was validation noise, and ``"batch"`` lost 14.5
         points of accuracy to plain training; ``"class"`` gained 1.6 on fresh seeds, and on
         the noisy-label CNNs kept the gain within 0.3 point; with most of a class's labels
         wrong, 90 % noise, ``"batch"`` flags more of them: docs/failures.md); ``"batch"``
-        otherwise (no labels read: a ``collate_fn`` of yours without ``target=`` is warned
-        about).
+        otherwise (no labels read: a ``collate_fn`` of yours over samples without a label to
+        read, and no ``target=``, is warned about).
     target:
         ``target(batch) -> labels`` for ``per="class"`` (default :func:`batch_labels`:
         ``batch[1]``, or the one of the keys / fields ``"y"``, ``"label"``, ``"labels"``,
         ``"target"``, ``"targets"`` of a dict or dataclass sample); with ``per="sample"`` the
-        labels its checks and ``flagged("split_misfit")`` read (by default none under a
-        ``collate_fn`` of yours).
+        labels its checks and ``flagged("split_misfit")`` read (by default under a
+        ``collate_fn`` of yours those ``indexed_collate`` read from the samples, none where
+        they name none).
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: the validation losses that ``objective``
         turns into E (default: ``training_step``'s per-sample losses on the validation batch); a
