@@ -147,6 +147,23 @@ def test_target_still_wins_over_the_labels_read_from_the_samples():
     assert torch.equal(cb.problem._labels, data.y % 2)
 
 
+class IndexedValidation(BagData):
+    """The validation set through the same ``indexed_collate(bag_collate)``."""
+
+    def val_dataloader(self) -> DataLoader:
+        data = IndexedDataset(TensorDataset(self.Xv, self.yv))
+        return DataLoader(data, batch_size=60, collate_fn=indexed_collate(bag_collate))
+
+
+def test_validation_batches_count_their_classes_from_the_labels_read_before_collation():
+    """The per-class counts that validation_shortfall reads (none before: no label read)."""
+    cb, data = callback(), IndexedValidation()
+    fit(cb, 2, model=BagClassifier(), data=data)
+    counts, batches = cb.problem._val_counts, cb.problem._val_batches
+    assert counts is not None and batches > 0
+    assert torch.equal(counts, torch.bincount(data.yv) * batches)  # the whole set per batch
+
+
 class Weighted(Dataset):
     """(x, y, w) samples: three entries, so no label is read from them."""
 
