@@ -112,14 +112,15 @@ def test_the_default_is_the_class_gauge_bit_for_bit():
 
 
 def _own_collate(samples):
-    """A collate_fn of a user's: (x, y) as torch would, but not torch's own function."""
-    return default_collate(samples)
+    """A collate_fn of a user's over (x, y, w) samples, which name no label to read before
+    collation (three entries): (x, y) as torch would, but not torch's own function."""
+    return default_collate([(x, y) for x, y, _ in samples])
 
 
 class OwnCollate(Data):
     def train_dataloader(self) -> DataLoader:
         gen = torch.Generator().manual_seed(0)
-        data = IndexedDataset(TensorDataset(self.X, self.y))
+        data = IndexedDataset(TensorDataset(self.X, self.y, torch.ones(len(self.y))))
         return DataLoader(
             data,
             batch_size=24,

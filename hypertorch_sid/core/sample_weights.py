@@ -44,10 +44,12 @@ Per class (imbalance): ``SampleWeights(num_classes)`` indexed by the labels
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import numbers
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -68,6 +70,8 @@ __all__ = [
     "FlagRule",
     "Indexed",
     "IndexedDataset",
+    "LABEL_KEYS",
+    "LabelledIndexed",
     "LazyAdam",
     "MeanLogitGauge",
     "Normaliser",
@@ -87,6 +91,7 @@ __all__ = [
     "ForwardMode",
     "hinge_basis",
     "indexed_collate",
+    "sample_label",
     "split_indexed",
 ]
 
@@ -138,6 +143,81 @@ class IndexedDataset(Dataset):
         return Indexed(int(i), sample)
 
 
+class LabelledIndexed(Indexed):
+    """An :class:`Indexed` batch that also carries its samples' integer class labels, read one
+    sample at a time before your ``collate_fn`` (:func:`sample_label`): ``index`` and ``data``
+    as in :class:`Indexed` (``data`` is your collate function's batch, unchanged), ``labels`` a
+    ``LongTensor`` with one entry per sample. :class:`indexed_collate` gives it where every
+    sample of the batch has a label to read. Moved to the device, pinned and pickled as a named
+    tuple of three entries."""
+
+    __slots__ = ()
+    _fields = ("index", "data", "labels")
+
+    def __new__(cls, index: Any, data: Any, labels: Any) -> LabelledIndexed:
+        return tuple.__new__(cls, (index, data, labels))
+
+    @property
+    def labels(self) -> Any:
+        return self[2]
+
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]) -> LabelledIndexed:
+        return cls(*iterable)
+
+    def _replace(self, **changes: Any) -> LabelledIndexed:
+        unknown = set(changes) - set(self._fields)
+        if unknown:
+            raise ValueError(f"LabelledIndexed has no field {sorted(unknown)}")
+        return self._make(changes.get(f, v) for f, v in zip(self._fields, self))
+
+    def __repr__(self) -> str:
+        return f"LabelledIndexed(index={self.index!r}, data={self.data!r}, labels={self.labels!r})"
+
+
+#: the keys of a dict sample (fields of a dataclass or namedtuple sample) that name its label
+LABEL_KEYS = ("y", "label", "labels", "target", "targets")
+
+
+def _integer_scalar(value: Any) -> bool:
+    """Whether ``value`` is one integer: a Python or NumPy integer, or a 0-dim integer tensor
+    (a bool is not a class id)."""
+    if isinstance(value, Tensor):
+        return (
+            value.dim() == 0
+            and not value.is_floating_point()
+            and not value.is_complex()
+            and value.dtype != torch.bool
+        )
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def sample_label(sample: Any) -> int | None:
+    """One sample's class label, read before collation by one rule, or None:
+
+    * a dict sample (a dataclass's or named tuple's fields): the value of the one key of
+      :data:`LABEL_KEYS` it holds (none, or two of them: None);
+    * otherwise a pair ``(x, y)`` (a tuple or list of exactly two entries): ``y``;
+
+    and only where that value is one integer (a Python or NumPy integer, a 0-dim integer
+    tensor; not a bool, a float, a one-hot vector, a string or a sequence). Nothing else is
+    guessed: ``(x, y, w)`` (which of the three?), a bare tensor, ``(text, y)`` with ``y`` of
+    shape (1,) give None."""
+    if isinstance(sample, Mapping):
+        found = [sample[k] for k in LABEL_KEYS if k in sample]
+    elif dataclasses.is_dataclass(sample) or hasattr(sample, "_fields"):
+        found = [getattr(sample, k) for k in LABEL_KEYS if hasattr(sample, k)]
+        if not found and isinstance(sample, tuple) and len(sample) == 2:
+            found = [sample[1]]
+    elif isinstance(sample, (tuple, list)) and len(sample) == 2:
+        found = [sample[1]]
+    else:
+        found = []
+    if len(found) != 1 or not _integer_scalar(found[0]):
+        return None
+    return int(found[0])
+
+
 class indexed_collate:  # noqa: N801 (used as a function: collate_fn=indexed_collate(fn))
     """A ``collate_fn`` for a DataLoader over an :class:`IndexedDataset` whose samples need your
     own collation (sequences padded per batch, dicts, ...): ``fn`` collates the samples as
@@ -146,6 +226,13 @@ class indexed_collate:  # noqa: N801 (used as a function: collate_fn=indexed_col
     ``DataLoader(IndexedDataset(train_set), collate_fn=indexed_collate(pad_batch))``: your
     ``training_step`` receives ``pad_batch``'s batch, as without the index. Picklable (worker
     processes) where ``fn`` is.
+
+    Where every sample of the batch has a class label to read (:func:`sample_label`: the
+    ``y`` of an ``(x, y)`` pair, or a dict sample's one label key, an integer), the batch is a
+    :class:`LabelledIndexed` that carries them too: your ``fn``'s batch has a layout of its own
+    (``(tokens, offsets, y)`` for an ``EmbeddingBag``), from which nothing could tell the
+    labels, and ``LearnedDataWeights`` reads these (without ``target=``) for its class gauge
+    and its label checks.
     """
 
     def __init__(self, fn: Any) -> None:
@@ -163,7 +250,11 @@ class indexed_collate:  # noqa: N801 (used as a function: collate_fn=indexed_col
                 "over another dataset pass fn itself."
             )
         index = torch.tensor([int(s.index) for s in samples], dtype=torch.long)
-        return Indexed(index, self.fn([s.data for s in samples]))
+        labels = [sample_label(s.data) for s in samples]
+        data = self.fn([s.data for s in samples])
+        if not samples or any(y is None for y in labels):
+            return Indexed(index, data)
+        return LabelledIndexed(index, data, torch.tensor(labels, dtype=torch.long))
 
     def __repr__(self) -> str:
         return f"indexed_collate({getattr(self.fn, '__name__', repr(self.fn))})"

@@ -68,6 +68,7 @@ from ..core.config import Batches
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.sample_weights import (
+    LABEL_KEYS,
     BelowWeight,
     DirectionalDerivative,
     ExpectedError,
@@ -76,6 +77,7 @@ from ..core.sample_weights import (
     ForwardMode,
     Indexed,
     IndexedDataset,
+    LabelledIndexed,
     LazyAdam,
     MeanLoss,
     SampleWeights,
@@ -89,6 +91,7 @@ from ..core.sample_weights import (
     as_weight_parameterization,
     check_per_sample,
     indexed_collate,
+    sample_label,
     split_indexed,
     weighted_loss,
 )
@@ -155,6 +158,12 @@ def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
     return None
 
 
+def _carried_labels(batch: Any) -> Tensor | None:
+    """The labels :class:`~hypertorch_sid.core.sample_weights.indexed_collate` read from the
+    samples before the user's ``collate_fn`` (a :class:`LabelledIndexed` batch's), or None."""
+    return batch.labels if isinstance(batch, LabelledIndexed) else None
+
+
 def _integer_vector(labels: Any, b: int | None = None) -> bool:
     """Whether ``labels`` is a 1-D integer tensor (of ``b`` entries where given)."""
     return (
@@ -165,10 +174,6 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
         and labels.dtype != torch.bool
         and (b is None or labels.shape[0] == b)
     )
-
-
-#: the keys of a dict sample (fields of a dataclass or namedtuple sample) that name its label
-LABEL_KEYS = ("y", "label", "labels", "target", "targets")
 
 
 def batch_labels(data: Any) -> Any:
@@ -315,10 +320,11 @@ class DataWeightsProblem(RowEvidence):
         self.target = target or _default_target
         self._own_target = target is not None
         #: whether ``gauge="auto"`` may choose ``"class"`` where labels are read (set by the
-        #: callback: only with the training batches' cross term, where it was measured), and
-        #: whether this fit runs in one process (set at the build: under DDP each rank records
-        #: only its own rows' labels, so the class gauge would shift the ranks' logits apart)
-        self.class_by_default, self._one_process = False, True
+        #: callback: only with the training batches' cross term, where it was measured)
+        self.class_by_default = False
+        #: under DDP (set at the build) the strategy's ``all_gather``: under the class gauge
+        #: every rank records the labels of every rank's rows (:meth:`_every_ranks_rows`)
+        self._gather: Callable[[Tensor], Tensor] | None = None
         #: whether a batch's ``data[1]`` is its labels: only under torch's default collation,
         #: which keeps the samples' (x, y, ...) layout (set at each fit's start)
         self._labels_by_position = True
@@ -409,7 +415,7 @@ class DataWeightsProblem(RowEvidence):
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("LearnedDataWeights")
-        self._one_process = trainer.world_size == 1
+        self._gather = trainer.strategy.all_gather if trainer.world_size > 1 else None
         dataset = self._training_dataset(trainer)
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
         if self.per == "sample":
@@ -531,12 +537,21 @@ class DataWeightsProblem(RowEvidence):
             collate = getattr(loader.collate_fn, "fn", loader.collate_fn)
             said = not self._labels_by_position  # (this is checked at every epoch's start)
             self._labels_by_position = collate is default_collate
-            if not self._labels_by_position and not self._own_target and not said:
+            if (
+                not self._labels_by_position
+                and not self._own_target
+                and not said
+                # else indexed_collate carries the labels it read from each sample
+                and (len(dataset) == 0 or sample_label(dataset[0].data) is None)
+            ):
                 rank_zero_warn(
                     "LearnedDataWeights: the train DataLoader has a collate_fn of yours, so its "
                     "batches' [1] is not taken for the labels (it may be anything, e.g. "
-                    "EmbeddingBag offsets). Without labels the check that each index keeps its "
-                    "example's label and the label evidence of flagged() are off, and the "
+                    "EmbeddingBag offsets), and its samples have no label indexed_collate can "
+                    "read (an (x, y) pair with an integer y, or a dict sample's one label key: "
+                    "hypertorch_sid.core.sample_weights.sample_label). Without labels the "
+                    "check that each index keeps its example's label and the label evidence of "
+                    "flagged() are off, and the "
                     "weights are not held per class (gauge='class', the default where labels "
                     "are read): they can push whole classes down (20 Newsgroups, session 51: "
                     "accuracy 0.654 against plain training's 0.799 without labels, 0.819 with "
@@ -586,7 +601,9 @@ class DataWeightsProblem(RowEvidence):
             )
         return labels, data
 
-    def _read_checks(self, index: Tensor, data: Any) -> Tensor | None:
+    def _read_checks(
+        self, index: Tensor, data: Any, carried: Tensor | None = None
+    ) -> Tensor | None:
         """What a training step of the loop reads of the device, in one wait for it (a
         launch-bound GPU pays for each): the batch's index range (refused where it is not rows
         of the weights, :meth:`SampleWeights.accept_index`), whether a row's label changed since
@@ -597,7 +614,7 @@ class DataWeightsProblem(RowEvidence):
         assert weights is not None
         flat, bounds = weights.index_bounds(index)
         parts = [] if bounds is None else [bounds]
-        labels = self._labels_of(data, int(flat.numel())) if self.per == "sample" else None
+        labels = self._labels_of(data, int(flat.numel()), carried) if self.per == "sample" else None
         known = clash = None
         if labels is not None:
             labels = labels.to(flat.device)
@@ -636,12 +653,15 @@ class DataWeightsProblem(RowEvidence):
         at its first visit (``labels``, per sample) and its training loss at this visit (the
         batch's mean for a row it holds twice, or per class: the class's mean)."""
         n = self.weights.n  # type: ignore[union-attr]
+        rows = index
+        if self._gather is not None and self.weights.gauge == "class":  # type: ignore[union-attr]
+            rows, labels = self._every_ranks_rows(index, labels)
         if labels is not None:
             if self._labels is None or self._labels.shape[0] != n:
                 self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
             if self._labels.device != index.device:  # restored from a checkpoint on the CPU
                 self._labels = self._labels.to(index.device)
-            self._labels[index] = labels.to(index.device)
+            self._labels[rows] = labels.to(index.device)
         if self._last_loss is None or self._last_loss.shape[0] != n:
             # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
             self._last_loss = torch.full(
@@ -655,6 +675,30 @@ class DataWeightsProblem(RowEvidence):
                 self._lossy = torch.zeros(n, dtype=torch.bool, device=index.device)
             self._lossy[index] |= self._last_loss[index] != 0
             self._count_visits(n, index, torch.ones_like(values))  # a row held twice: 2 draws
+
+    def _every_ranks_rows(
+        self, index: Tensor, labels: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Under DDP with the class gauge: the rows of this step's batches on every rank, and
+        their labels, so that every rank records the same labels and the gauge (eq.
+        classgauge, read from all n rows after each outer step) shifts the same rows by the
+        same amounts on every rank; recording only its own rows', each rank shifted by other
+        class means and the ranks' weights drifted apart. Every rank takes part at every step
+        of the loop (a batch without labels gives none); the batches may differ in size."""
+        gather = self._gather
+        assert gather is not None
+        own = 0 if labels is None else int(index.numel())
+        sizes = gather(torch.tensor([own], device=index.device)).reshape(-1)
+        width = int(sizes.max())
+        if width == 0:  # no rank read labels: nothing to record
+            return index, labels
+        pairs = torch.full((2, width), -1, dtype=torch.long, device=index.device)
+        if labels is not None:
+            pairs[0, :own] = index.reshape(-1)
+            pairs[1, :own] = labels.reshape(-1).to(index.device)
+        every = gather(pairs).reshape(-1, 2, width).transpose(0, 1).reshape(2, -1)
+        kept = every[0] >= 0  # the padding's columns dropped
+        return every[0][kept], every[1][kept]
 
     def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
         """Why some rows the training read are masked examples, once per fit: a negative
@@ -744,23 +788,31 @@ class DataWeightsProblem(RowEvidence):
         raw = out.get("loss") if isinstance(out, Mapping) else out
         return raw.detach().reshape(raw.shape[0], -1).eq(0).all(1).cpu()
 
-    def _labels_of(self, data: Any, b: int | None) -> Tensor | None:
-        """The batch's integer labels (``target``, by default :func:`batch_labels`), or None
-        where it holds none to read (soft labels, a sequence target, or a ``collate_fn`` of the
-        user's: its batch's layout is the user's, e.g. EmbeddingBag's offsets at ``[1]`` of
-        ``(tokens, offsets, y)``, which change with the batch; ``target=`` names them)."""
-        if not self._own_target and not self._labels_by_position:
-            return None  # only a default-collated sample names its label by position or key
-        try:
-            labels = self.target(data) if self._own_target else batch_labels(data)
-        except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
+    def _labels_of(self, data: Any, b: int | None, carried: Tensor | None = None) -> Tensor | None:
+        """The batch's integer labels, or None where it holds none to read (soft labels, a
+        sequence target): ``target(data)`` where the user gave it; else those ``indexed_collate``
+        read from the samples before the user's ``collate_fn`` (``carried``, a
+        :class:`LabelledIndexed` batch's); else :func:`batch_labels` under torch's default
+        collation only: a ``collate_fn`` of the user's has a layout of its own, e.g.
+        EmbeddingBag's offsets at ``[1]`` of ``(tokens, offsets, y)``, which change with the
+        batch."""
+        if self._own_target:
+            try:
+                labels = self.target(data)
+            except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
+                return None
+        elif carried is not None:
+            labels = carried
+        elif self._labels_by_position:
+            labels = batch_labels(data)
+        else:
             return None
         return labels.long() if _integer_vector(labels, b) else None  # 1-D: no reshape
 
-    def _count_validation(self, data: Any) -> None:
-        """Add a validation batch's integer labels (``batch[1]``, or ``target=``) to the
-        per-class counts :meth:`validation_shortfall` reads; a batch without them adds none."""
-        labels = self._labels_of(data, None) if self.per == "sample" else None
+    def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
+        """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts
+        :meth:`validation_shortfall` reads; a batch without them adds none."""
+        labels = self._labels_of(data, None, carried) if self.per == "sample" else None
         if labels is None:
             return
         labels, held = labels.detach().cpu(), self._val_counts
@@ -797,7 +849,7 @@ class DataWeightsProblem(RowEvidence):
         scalar from the user's ``validation_loss`` is E itself: the objective needs per-sample
         losses, and transforming a mean would only rescale its gradient."""
         data = batch.data if isinstance(batch, Indexed) else batch
-        self._count_validation(data)
+        self._count_validation(data, _carried_labels(batch))
         if self.validation_loss is not None:
             out = _validation_tensor(self.validation_loss(module, data))
             if out.dim() == 0:
@@ -898,6 +950,7 @@ class DataWeightsProblem(RowEvidence):
         @functools.wraps(original)
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
             index, data = self._index_and_data(batch)
+            carried = _carried_labels(batch)
             in_loop = batch is self.loop_batch  # not another callback's hyper step
             if in_loop:  # once: LBFGS's closure calls training_step again at its line points
                 self.loop_batch = None
@@ -917,13 +970,13 @@ class DataWeightsProblem(RowEvidence):
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
-                self._choose_gauge(data, raw)
+                self._choose_gauge(data, raw, carried)
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
                 if _warn_masked_samples(raw, data, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
-            labels = self._read_checks(index, data) if in_loop else None
+            labels = self._read_checks(index, data, carried) if in_loop else None
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
             if in_loop:
@@ -945,18 +998,19 @@ class DataWeightsProblem(RowEvidence):
         training_step.unweighted = unweighted  # type: ignore[attr-defined]
         module.training_step = training_step  # type: ignore[method-assign]
 
-    def _choose_gauge(self, data: Any, losses: Any) -> None:
+    def _choose_gauge(self, data: Any, losses: Any, carried: Tensor | None = None) -> None:
         """``gauge="auto"``, per sample under the self-normalised loss with a sigmoid
         parameterisation: ``"mean_logit"`` where the training targets are real numbers (a
         regression: a squared error's outlying targets carry the minibatch's centre, and under
         ``"batch"`` nothing was learned, docs/data_weights.md); ``"class"`` where the batch
-        holds integer class labels that the drop-in reads (``batch[1]`` under torch's default
-        collation, or ``target=``) and the training batches' cross term moves the weights
+        holds integer class labels that the drop-in reads (:meth:`_labels_of`: ``target=``,
+        those ``indexed_collate`` read from the samples, or ``batch[1]`` under torch's default
+        collation) and the training batches' cross term moves the weights
         (``cross_term="training"``): each row's hypergradient against its class's
         (:func:`~hypertorch_sid.core.sample_weights.class_centred`) and each class's mean logit
         held (session 51: on 20 Newsgroups the part of the hypergradient common to a class was
-        noise that pushed whole classes down), in a single-process fit (under DDP each rank
-        records only its own rows' labels); ``"batch"`` otherwise."""
+        noise that pushed whole classes down), under DDP too (every rank records every rank's
+        rows' labels, :meth:`_every_ranks_rows`); ``"batch"`` otherwise."""
         weights = self.weights
         if (
             self.gauge != "auto"
@@ -973,9 +1027,9 @@ class DataWeightsProblem(RowEvidence):
                 "the weights' scale is held by their mean logit (gauge='mean_logit'), not by "
                 "each minibatch's centre: gauge='batch' to keep the minibatch's."
             )
-        elif self.class_by_default and self._one_process:
+        elif self.class_by_default:
             b = losses.shape[0] if isinstance(losses, Tensor) and losses.dim() > 0 else None
-            if self._labels_of(data, b) is not None:
+            if self._labels_of(data, b, carried) is not None:
                 weights.use_class_gauge(lambda: self._labels)
 
     def unwrap(self) -> None:
@@ -1375,20 +1429,23 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the training targets ``batch[1]`` are real numbers (a regression: under ``"batch"`` a
         squared error with outlying targets learned nothing, the outliers carrying each
         minibatch's centre); ``"class"`` where the drop-in reads integer class labels
-        (``batch[1]`` under torch's default collation, or ``target=``),
-        ``cross_term="training"`` and one process (session 51: on 20 Newsgroups the part of the
+        (``target=``; else each sample's, read by ``indexed_collate`` before a ``collate_fn``
+        of yours: an ``(x, y)`` pair's integer ``y`` or a dict sample's one label key; else
+        ``batch[1]`` under torch's default collation) and ``cross_term="training"``, in one
+        process or under DDP (session 51: on 20 Newsgroups the part of the
         rows' hypergradient common to a class was validation noise, and ``"batch"`` lost 14.5
         points of accuracy to plain training; ``"class"`` gained 1.6 on fresh seeds, and on
         the noisy-label CNNs kept the gain within 0.3 point; with most of a class's labels
         wrong, 90 % noise, ``"batch"`` flags more of them: docs/failures.md); ``"batch"``
-        otherwise (no labels read: a ``collate_fn`` of yours without ``target=`` is warned
-        about).
+        otherwise (no labels read: a ``collate_fn`` of yours over samples without a label to
+        read, and no ``target=``, is warned about).
     target:
         ``target(batch) -> labels`` for ``per="class"`` (default :func:`batch_labels`:
         ``batch[1]``, or the one of the keys / fields ``"y"``, ``"label"``, ``"labels"``,
         ``"target"``, ``"targets"`` of a dict or dataclass sample); with ``per="sample"`` the
-        labels its checks and ``flagged("split_misfit")`` read (by default none under a
-        ``collate_fn`` of yours).
+        labels its checks and ``flagged("split_misfit")`` read (by default under a
+        ``collate_fn`` of yours those ``indexed_collate`` read from the samples, none where
+        they name none).
     validation_loss:
         ``validation_loss(module, batch) -> tensor``: the validation losses that ``objective``
         turns into E (default: ``training_step``'s per-sample losses on the validation batch); a
