@@ -43,6 +43,16 @@ dropped by ``ignore_index``: reduce each sequence over its real tokens yourself)
 ``objective="mean_loss"``); a training batch without indices (the dataset is not an
 ``IndexedDataset``); a training loader over a stream (``IterableDataset``) or without
 automatic batching; manual optimisation.
+
+Where the parts are: this module holds the callback and :class:`DataWeightsProblem` (the
+problem's arguments, its build, the training set's checks, ℓ̂ and E); the problem is a
+:class:`~.weighted_step.WeightedStep` (the wrapped ``training_step``,
+``lightning/weighted_step.py``), which is a :class:`~.row_record.RowRecord` (the record of the
+training rows, ``lightning/row_record.py``), read by :class:`~.evidence.RowEvidence`
+(``lightning/evidence.py``).
+Where a batch's labels are and the refusals and warnings about the user's data are in
+``lightning/data_checks.py``; the training batches' cross term's pieces (:class:`RandomState`,
+:func:`directional_losses`) in ``lightning/cross_term.py``.
 """
 
 from __future__ import annotations
