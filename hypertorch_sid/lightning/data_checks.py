@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import default_collate
 
 from ..core.errors import ConfigurationError
@@ -191,6 +191,77 @@ def _check_collation(loader: DataLoader) -> None:
             f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) returns a "
             f"{type(batch).__name__} from the IndexedDataset's samples, not an Indexed batch: "
             f"the example indices are lost, so no batch says which weights it reads. {fix}"
+        )
+
+
+def _check_training_loader(loader: DataLoader, per: str) -> None:
+    """The training DataLoader's refusals at the build: a stream (no stable example index), a
+    loader without automatic batching, and per sample a dataset that is not an
+    :class:`IndexedDataset` (one inside another dataset: wrap the outermost) or a
+    ``collate_fn`` that loses the indices (:func:`_check_collation`)."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise ConfigurationError(
+            f"LearnedDataWeights needs a map-style training dataset, got "
+            f"{type(dataset).__name__}: a stream (IterableDataset) has no stable example "
+            "index to attach a weight to. Materialise it (a TensorDataset, a list) and wrap it "
+            "in IndexedDataset."
+        )
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise ConfigurationError(
+            "LearnedDataWeights: the train DataLoader has batch_size=None (its dataset yields "
+            "whole batches), so samples carry no index of their own: give it a batch_size."
+        )
+    if per == "sample" and not isinstance(dataset, IndexedDataset):
+        inner = _inner_indexed(dataset)
+        if inner is not None:
+            raise ConfigurationError(
+                f"LearnedDataWeights: the training dataset is a {type(dataset).__name__} "
+                f"of an IndexedDataset ({inner}): its samples carry the indices of the set "
+                "inside, which need not run from 0 to len - 1 nor be distinct (two "
+                "IndexedDatasets in one ConcatDataset both start at 0). Wrap the outermost "
+                "dataset instead: IndexedDataset(random_split(train_set, ...)[0]), "
+                "IndexedDataset(ConcatDataset([a, b]))."
+            )
+        raise ConfigurationError(
+            f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
+            "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
+            "that each batch says which examples (and so which weights) it holds."
+        )
+    if per == "sample":
+        _check_collation(loader)
+
+
+def _check_class_labels(labels: Any, num_classes: int) -> None:
+    """``per="class"``: a training batch's ``target(batch)`` must be a 1-D integer tensor of
+    class ids in 0..num_classes - 1, the rows of the class weights."""
+    if not _integer_vector(labels):
+        what = (
+            f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
+            if isinstance(labels, Tensor)
+            else type(labels).__name__
+        )
+        floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
+        raise ConfigurationError(
+            f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
+            f"and the batch's target is {what} "
+            f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
+            "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
+            f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
+        )
+    low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
+    if low < 0 or high >= num_classes:
+        unlabelled = (
+            f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
+            "no class and so no class weight: leave those examples out of the training set "
+            "(a Subset of the labelled rows), or pass target= giving each a class"
+            if low < 0
+            else f"pass num_classes={high + 1} (the largest label + 1)"
+        )
+        raise ConfigurationError(
+            f"LearnedDataWeights(per='class', num_classes={num_classes}): a training "
+            f"batch holds labels from {low} to {high}, outside 0..{num_classes - 1}: "
+            f"{unlabelled}."
         )
 
 

@@ -65,7 +65,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import default_collate
 
 from ..core.config import Batches
@@ -78,7 +78,6 @@ from ..core.sample_weights import (
     ForwardDifference,
     ForwardMode,
     Indexed,
-    IndexedDataset,
     LazyAdam,
     MeanLoss,
     SampleWeights,
@@ -102,12 +101,11 @@ from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     MASKED_CHECKS,
     _carried_labels,
-    _check_collation,
+    _check_class_labels,
+    _check_training_loader,
     _default_target,
     _examples_digest,
     _examples_of,
-    _inner_indexed,
-    _integer_vector,
     _refuse_class_gauge,
     _refuse_real_targets,
     _validation_tensor,
@@ -373,36 +371,8 @@ class DataWeightsProblem(WeightedStep):
     def _training_dataset(self, trainer: pl.Trainer) -> Any:
         loader = first_loader(trainer.train_dataloader, "train dataloader")
         dataset = loader.dataset
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-            raise ConfigurationError(
-                f"LearnedDataWeights needs a map-style training dataset, got "
-                f"{type(dataset).__name__}: a stream (IterableDataset) has no stable example "
-                "index to attach a weight to. Materialise it (a TensorDataset, a list) and wrap it "
-                "in IndexedDataset."
-            )
-        if loader.batch_size is None and loader.batch_sampler is None:
-            raise ConfigurationError(
-                "LearnedDataWeights: the train DataLoader has batch_size=None (its dataset yields "
-                "whole batches), so samples carry no index of their own: give it a batch_size."
-            )
-        if self.per == "sample" and not isinstance(dataset, IndexedDataset):
-            inner = _inner_indexed(dataset)
-            if inner is not None:
-                raise ConfigurationError(
-                    f"LearnedDataWeights: the training dataset is a {type(dataset).__name__} "
-                    f"of an IndexedDataset ({inner}): its samples carry the indices of the set "
-                    "inside, which need not run from 0 to len - 1 nor be distinct (two "
-                    "IndexedDatasets in one ConcatDataset both start at 0). Wrap the outermost "
-                    "dataset instead: IndexedDataset(random_split(train_set, ...)[0]), "
-                    "IndexedDataset(ConcatDataset([a, b]))."
-                )
-            raise ConfigurationError(
-                f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
-                "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
-                "that each batch says which examples (and so which weights) it holds."
-            )
+        _check_training_loader(loader, self.per)
         if self.per == "sample":
-            _check_collation(loader)
             collate = getattr(loader.collate_fn, "fn", loader.collate_fn)
             said = not self._labels_by_position  # (this is checked at every epoch's start)
             self._labels_by_position = collate is default_collate
@@ -440,34 +410,7 @@ class DataWeightsProblem(WeightedStep):
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
         labels = self.target(data)
-        if not _integer_vector(labels):
-            what = (
-                f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
-                if isinstance(labels, Tensor)
-                else type(labels).__name__
-            )
-            floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
-            raise ConfigurationError(
-                f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
-                f"and the batch's target is {what} "
-                f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
-                "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
-                f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
-            )
-        low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
-        if low < 0 or high >= self.num_classes:  # type: ignore[operator]
-            unlabelled = (
-                f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
-                "no class and so no class weight: leave those examples out of the training set "
-                "(a Subset of the labelled rows), or pass target= giving each a class"
-                if low < 0
-                else f"pass num_classes={high + 1} (the largest label + 1)"
-            )
-            raise ConfigurationError(
-                f"LearnedDataWeights(per='class', num_classes={self.num_classes}): a training "
-                f"batch holds labels from {low} to {high}, outside 0..{self.num_classes - 1}: "  # type: ignore[operator]
-                f"{unlabelled}."
-            )
+        _check_class_labels(labels, self.num_classes)  # type: ignore[arg-type]
         return labels, data
 
     # ------------------------------------------------------------------ ℓ̂ and E
