@@ -137,7 +137,7 @@ def test_w_plus_hv_in_one_foreach_add_is_the_per_tensor_add():
 
 
 def test_each_rows_last_loss_is_the_mean_of_its_values_as_by_sums_and_counts():
-    from hypertorch_sid.lightning.data_weights import _row_means_into
+    from hypertorch_sid.lightning.row_record import _row_means_into
 
     gen = torch.Generator().manual_seed(1)
     for _ in range(20):

@@ -43,32 +43,34 @@ dropped by ``ignore_index``: reduce each sequence over its real tokens yourself)
 ``objective="mean_loss"``); a training batch without indices (the dataset is not an
 ``IndexedDataset``); a training loader over a stream (``IterableDataset``) or without
 automatic batching; manual optimisation.
+
+Where the parts are: this module holds the callback and :class:`DataWeightsProblem` (the
+problem's arguments, its build, the training set's checks, ℓ̂ and E); the problem is a
+:class:`~.weighted_step.WeightedStep` (the wrapped ``training_step``,
+``lightning/weighted_step.py``), which is a :class:`~.row_record.RowRecord` (the record of the
+training rows, ``lightning/row_record.py``), read by :class:`~.evidence.RowEvidence`
+(``lightning/evidence.py``).
+Where a batch's labels are and the refusals and warnings about the user's data are in
+``lightning/data_checks.py``; the training batches' cross term's pieces (:class:`RandomState`,
+:func:`directional_losses`) in ``lightning/cross_term.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import hashlib
-import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import default_collate
 
-from ..core.budget import make_budget
 from ..core.config import Batches
 from ..core.errors import ConfigurationError
-from ..core.modes import frozen_mode
 from ..core.sample_weights import (
-    LABEL_KEYS,
     BelowWeight,
     DirectionalDerivative,
     ExpectedError,
@@ -76,24 +78,17 @@ from ..core.sample_weights import (
     ForwardDifference,
     ForwardMode,
     Indexed,
-    IndexedDataset,
-    LabelledIndexed,
     LazyAdam,
     MeanLoss,
     SampleWeights,
-    SigmoidWeights,
-    SoftmaxWeights,
     TrainingCrossTerm,
     TwoComponentSplit,
     ValidationObjective,
     WeightParameterization,
     as_validation_objective,
     as_weight_parameterization,
-    check_per_sample,
-    indexed_collate,
     sample_label,
     split_indexed,
-    weighted_loss,
 )
 from ..core.validation import as_strategy, check_bool
 from .callback import (
@@ -102,13 +97,27 @@ from .callback import (
     default_unless_given,
     refuse_a_class,
 )
+from .cross_term import RandomState, _cross_term_for, directional_losses
+from .data_checks import (
+    MASKED_CHECKS,
+    _carried_labels,
+    _check_class_labels,
+    _check_training_loader,
+    _default_target,
+    _examples_digest,
+    _examples_of,
+    _refuse_class_gauge,
+    _refuse_real_targets,
+    _validation_tensor,
+    _warn_indexed_validation,
+    batch_labels,  # noqa: F401  (importable from here, as before)
+)
 from .evidence import (  # the constants stay importable from here
-    _UNSEEN,
+    _UNSEEN,  # noqa: F401
     CLASS_SHIFT_FACTOR,  # noqa: F401
     MIN_VAL_PER_CLASS,  # noqa: F401
-    RowEvidence,
 )
-from .isolation import metric_states_kept, private_rng
+from .isolation import metric_states_kept
 from .metrics import late_first_hyper_step
 from .namespaces import is_overridden
 from .problem import (
@@ -116,17 +125,15 @@ from .problem import (
     BilevelProblem,
     UntrainedGroups,
     check_meaning,
-    with_batch_idx,
 )
 from .sampling import (
-    _identity,
-    _unwrapped,
     draws_by_index,
     first_loader,
     loader_parts,
     validation_loader,
 )
 from .weight_decay import _muted_logging
+from .weighted_step import WeightedStep
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]
 
@@ -143,127 +150,7 @@ MIN_VAL_BATCH = 256
 SPLIT_MISFIT = "split_misfit"
 
 
-def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
-    """Where an :class:`IndexedDataset` sits inside ``dataset`` (a ``Subset``'s ``.dataset``, a
-    ``ConcatDataset``'s ``.datasets``, a few levels deep), for the refusal's advice; else None."""
-    if depth == 0:
-        return None
-    children = [getattr(dataset, "dataset", None), *getattr(dataset, "datasets", ())]
-    for child in children:
-        if isinstance(child, IndexedDataset):
-            return f"{type(dataset).__name__}(IndexedDataset(...))"
-        found = _inner_indexed(child, depth - 1) if child is not None else None
-        if found is not None:
-            return f"{type(dataset).__name__}({found})"
-    return None
-
-
-def _carried_labels(batch: Any) -> Tensor | None:
-    """The labels :class:`~hypertorch_sid.core.sample_weights.indexed_collate` read from the
-    samples before the user's ``collate_fn`` (a :class:`LabelledIndexed` batch's), or None."""
-    return batch.labels if isinstance(batch, LabelledIndexed) else None
-
-
-def _integer_vector(labels: Any, b: int | None = None) -> bool:
-    """Whether ``labels`` is a 1-D integer tensor (of ``b`` entries where given)."""
-    return (
-        isinstance(labels, Tensor)
-        and labels.dim() == 1
-        and not labels.is_floating_point()
-        and not labels.is_complex()
-        and labels.dtype != torch.bool
-        and (b is None or labels.shape[0] == b)
-    )
-
-
-def batch_labels(data: Any) -> Any:
-    """A batch's label entry, the one place that says where it is: the one of
-    :data:`LABEL_KEYS` a dict sample (a dataclass's or namedtuple's fields) holds, else
-    ``batch[1]`` of a ``(x, y, ...)`` sample; None where there is none, or more than one key
-    could be it. Dict samples gave no label to read before (session 50): their label-change
-    check, ``flagged("split_misfit")``, the contrast warning and the masked-row warnings were
-    silently off, and ``per="class"`` asked for ``target=``."""
-    if isinstance(data, Mapping):
-        found = [data[k] for k in LABEL_KEYS if k in data]
-    elif dataclasses.is_dataclass(data) or hasattr(data, "_fields"):
-        found = [getattr(data, k) for k in LABEL_KEYS if hasattr(data, k)]
-        if not found and isinstance(data, tuple) and len(data) > 1:
-            found = [data[1]]
-    elif isinstance(data, (list, tuple)) and len(data) > 1:
-        found = [data[1]]
-    else:
-        found = []
-    return found[0] if len(found) == 1 else None
-
-
-def _default_target(data: Any) -> Tensor:
-    labels = batch_labels(data)
-    if labels is None:
-        keys = f" (keys {sorted(data)})" if isinstance(data, Mapping) else ""
-        raise ConfigurationError(
-            "LearnedDataWeights(per='class') reads the labels as batch[1] of a (x, y) sample, "
-            f"or the one of the keys / fields {LABEL_KEYS} of a dict or dataclass sample; this "
-            f"{type(data).__name__} batch has none{keys}: pass target=lambda batch: <the label "
-            "tensor>."
-        )
-    return labels
-
-
-class RandomState(NamedTuple):
-    """The RNG state at the start of a training step (CPU, and the module's accelerator through
-    torch's device module: CUDA, XPU, MPS, ...), so that the cross term's extra forward draws the
-    same dropout masks as the step itself. ``replayable`` is False on an accelerator whose RNG
-    torch cannot read back: there a forward difference would difference two different dropout
-    masks, and the drop-in uses dual numbers instead.
-
-    ``buffers``: copies of the module's buffers at the start of the step (``capture`` with a
-    module), from which every extra forward starts. A forward that changes a buffer it then
-    reads — ``spectral_norm``'s power iteration updates its ``_u``, ``_v`` and normalises the
-    weight by them — otherwise ran from the state the step left, one iteration further: its
-    losses at w differed from the step's own (0.008 of their mean on a Fashion-MNIST MLP), the
-    forward difference was dropped for dual numbers, and those failed inside the power
-    iteration (torch has no forward AD for its ``out=`` division; session 49)."""
-
-    cpu: Tensor
-    device: torch.device
-    accelerator: Tensor | None
-    replayable: bool = True
-    buffers: dict[str, Tensor] | None = None
-
-    @classmethod
-    def capture(cls, device: torch.device, module: torch.nn.Module | None = None) -> RandomState:
-        buffers = (
-            None if module is None else {n: b.detach().clone() for n, b in module.named_buffers()}
-        )
-        if device.type == "cpu":
-            return cls(torch.get_rng_state(), device, None, buffers=buffers)
-        try:
-            device_module = torch.get_device_module(device.type)
-        except RuntimeError:  # a device type with no torch.<type> module (e.g. "meta")
-            device_module = None
-        if device_module is None or not hasattr(device_module, "get_rng_state"):
-            return cls(torch.get_rng_state(), device, None, replayable=False, buffers=buffers)
-        return cls(
-            torch.get_rng_state(), device, device_module.get_rng_state(device), buffers=buffers
-        )
-
-    @contextmanager
-    def replayed(self) -> Iterator[None]:
-        """Inside: the captured state, in a forked stream; after: the caller's stream exactly
-        as it was (the training's own randomness is neither replayed nor advanced)."""
-        if self.accelerator is None:
-            with torch.random.fork_rng(devices=[]):
-                torch.set_rng_state(self.cpu)
-                yield
-            return
-        module = torch.get_device_module(self.device.type)
-        with torch.random.fork_rng(devices=[self.device], device_type=self.device.type):
-            torch.set_rng_state(self.cpu)
-            module.set_rng_state(self.accelerator, self.device)
-            yield
-
-
-class DataWeightsProblem(RowEvidence):
+class DataWeightsProblem(WeightedStep):
     """Per-sample (or per-class) data weights on any ``LightningModule`` as a
     :class:`~.problem.ProblemSource` (parameters: see :class:`LearnedDataWeights`).
 
@@ -368,39 +255,19 @@ class DataWeightsProblem(RowEvidence):
         #: one wait for the device (:meth:`_read_checks`)
         self.prefetch: Callable[[], tuple[Tensor, Callable[[list[float]], None]] | None] | None
         self.prefetch = None
-        #: per row: the label seen at its first visit (per sample, where the batch holds integer
-        #: labels: an index whose label changes is not a stable index) and the training loss at
-        #: its last visit (the evidence :meth:`flag_evidence` reads)
-        self._labels: Tensor | None = None
-        #: the labels a checkpoint held, taken over at the resumed fit's ``build``
-        self.checkpointed_labels: Tensor | None = None
+        super().__init__()  # the record of the training rows (RowRecord)
         #: the checkpoint's :func:`_examples_digest`, compared at the resumed fit's ``build``
         self.checkpointed_examples: str | None = None
-        self._last_loss: Tensor | None = None
-        #: per row: the times a training batch held it (the loader's draws, a sampler's
-        #: included), which :meth:`class_shares` counts the training distribution by
-        self._visits: Tensor | None = None
         #: which examples the per-sample weights belong to (:func:`_examples_of`, at the build)
         self._examples: tuple[Any, tuple[int, ...] | None] | None = None
         self._examples_set: Any = None  # the training set they were read from
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
         self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
-        self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
-        self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
-        #: per row: whether its training loss was ever other than 0 in this fit (so not masked)
-        self._lossy: Tensor | None = None
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
         self._checked_targets = False
-        #: the validation set's size (set by the callback at fit start; None where unknown, a
-        #: stream) and, per class, the validation examples the hyper steps read (integer labels
-        #: only): summed over their batches, with the rows and batches read (the evidence
-        #: :meth:`validation_shortfall` reads)
-        self.validation_examples: int | None = None
-        self._val_counts: Tensor | None = None
-        self._val_rows = self._val_batches = 0
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -504,36 +371,8 @@ class DataWeightsProblem(RowEvidence):
     def _training_dataset(self, trainer: pl.Trainer) -> Any:
         loader = first_loader(trainer.train_dataloader, "train dataloader")
         dataset = loader.dataset
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-            raise ConfigurationError(
-                f"LearnedDataWeights needs a map-style training dataset, got "
-                f"{type(dataset).__name__}: a stream (IterableDataset) has no stable example "
-                "index to attach a weight to. Materialise it (a TensorDataset, a list) and wrap it "
-                "in IndexedDataset."
-            )
-        if loader.batch_size is None and loader.batch_sampler is None:
-            raise ConfigurationError(
-                "LearnedDataWeights: the train DataLoader has batch_size=None (its dataset yields "
-                "whole batches), so samples carry no index of their own: give it a batch_size."
-            )
-        if self.per == "sample" and not isinstance(dataset, IndexedDataset):
-            inner = _inner_indexed(dataset)
-            if inner is not None:
-                raise ConfigurationError(
-                    f"LearnedDataWeights: the training dataset is a {type(dataset).__name__} "
-                    f"of an IndexedDataset ({inner}): its samples carry the indices of the set "
-                    "inside, which need not run from 0 to len - 1 nor be distinct (two "
-                    "IndexedDatasets in one ConcatDataset both start at 0). Wrap the outermost "
-                    "dataset instead: IndexedDataset(random_split(train_set, ...)[0]), "
-                    "IndexedDataset(ConcatDataset([a, b]))."
-                )
-            raise ConfigurationError(
-                f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
-                "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
-                "that each batch says which examples (and so which weights) it holds."
-            )
+        _check_training_loader(loader, self.per)
         if self.per == "sample":
-            _check_collation(loader)
             collate = getattr(loader.collate_fn, "fn", loader.collate_fn)
             said = not self._labels_by_position  # (this is checked at every epoch's start)
             self._labels_by_position = collate is default_collate
@@ -571,263 +410,8 @@ class DataWeightsProblem(RowEvidence):
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
         labels = self.target(data)
-        if not _integer_vector(labels):
-            what = (
-                f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
-                if isinstance(labels, Tensor)
-                else type(labels).__name__
-            )
-            floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
-            raise ConfigurationError(
-                f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
-                f"and the batch's target is {what} "
-                f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
-                "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
-                f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
-            )
-        low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
-        if low < 0 or high >= self.num_classes:  # type: ignore[operator]
-            unlabelled = (
-                f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
-                "no class and so no class weight: leave those examples out of the training set "
-                "(a Subset of the labelled rows), or pass target= giving each a class"
-                if low < 0
-                else f"pass num_classes={high + 1} (the largest label + 1)"
-            )
-            raise ConfigurationError(
-                f"LearnedDataWeights(per='class', num_classes={self.num_classes}): a training "
-                f"batch holds labels from {low} to {high}, outside 0..{self.num_classes - 1}: "  # type: ignore[operator]
-                f"{unlabelled}."
-            )
+        _check_class_labels(labels, self.num_classes)  # type: ignore[arg-type]
         return labels, data
-
-    def _read_checks(
-        self, index: Tensor, data: Any, carried: Tensor | None = None
-    ) -> Tensor | None:
-        """What a training step of the loop reads of the device, in one wait for it (a
-        launch-bound GPU pays for each): the batch's index range (refused where it is not rows
-        of the weights, :meth:`SampleWeights.accept_index`), whether a row's label changed since
-        its first visit (refused: the dataset's order moved, so a weight no longer belongs to
-        one example), and what the cross term will read (:attr:`prefetch`). Returns the
-        batch's integer labels (per sample, where it holds them), which :meth:`_seen` records."""
-        weights = self.weights
-        assert weights is not None
-        flat, bounds = weights.index_bounds(index)
-        parts = [] if bounds is None else [bounds]
-        labels = self._labels_of(data, int(flat.numel()), carried) if self.per == "sample" else None
-        known = clash = None
-        if labels is not None:
-            labels = labels.to(flat.device)
-            seen = self._labels
-            if seen is not None and seen.shape[0] == weights.n and flat.numel():
-                # clamped: the range is refused below, before anything reads these rows
-                known = seen.to(flat.device)[flat.clamp(0, weights.n - 1)]
-                clash = (known != _UNSEEN) & (known != labels)
-                parts.append(clash.any(0, keepdim=True))
-        ahead = self.prefetch() if self.prefetch is not None else None
-        if ahead is not None:
-            parts.append(ahead[0])
-        values = torch.cat(parts).tolist() if parts else []  # the one read of the device
-        low, high = (int(values[0]), int(values[1])) if bounds is not None else (0, 0)
-        weights.accept_index(index, flat, low, high)
-        k = 0 if bounds is None else 2
-        if clash is not None:
-            if values[k]:
-                j = int(clash.nonzero()[0, 0])
-                raise ConfigurationError(
-                    f"LearnedDataWeights: example {int(flat[j])} had label {int(known[j])} on "  # type: ignore[index]
-                    f"an earlier visit and has label {int(labels[j])} now: the training set's "  # type: ignore[index]
-                    "indices are not stable (its order changes between epochs, or its labels "
-                    "are drawn anew, or this callback learned its weights on another data set "
-                    "of the same size), so a weight would not belong to one example. Keep the "
-                    "order fixed (shuffle in the DataLoader, not in the dataset), or use a "
-                    "new LearnedDataWeights for another data set."
-                )
-            k += 1
-        if ahead is not None:
-            ahead[1](values[k:])
-        return labels
-
-    def _seen(self, index: Tensor, losses: Tensor, labels: Tensor | None) -> None:
-        """Record a training batch's rows (checked by :meth:`_read_checks`): each row's label
-        at its first visit (``labels``, per sample) and its training loss at this visit (the
-        batch's mean for a row it holds twice, or per class: the class's mean)."""
-        n = self.weights.n  # type: ignore[union-attr]
-        rows = index
-        if self._gather is not None and self.weights.gauge == "class":  # type: ignore[union-attr]
-            rows, labels = self._every_ranks_rows(index, labels)
-        if labels is not None:
-            if self._labels is None or self._labels.shape[0] != n:
-                self._labels = torch.full((n,), _UNSEEN, dtype=torch.long, device=index.device)
-            if self._labels.device != index.device:  # restored from a checkpoint on the CPU
-                self._labels = self._labels.to(index.device)
-            self._labels[rows] = labels.to(index.device)
-        if self._last_loss is None or self._last_loss.shape[0] != n:
-            # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
-            self._last_loss = torch.full(
-                (n,), float("nan"), dtype=torch.float32, device=index.device
-            )
-        with torch.no_grad():
-            values = losses.float()
-            values = values if values.dim() == 1 else values.reshape(-1)
-            _row_means_into(self._last_loss, index, values)
-            if self._lossy is None or self._lossy.shape[0] != n:
-                self._lossy = torch.zeros(n, dtype=torch.bool, device=index.device)
-            self._lossy[index] |= self._last_loss[index] != 0
-            self._count_visits(n, index, torch.ones_like(values))  # a row held twice: 2 draws
-
-    def _every_ranks_rows(
-        self, index: Tensor, labels: Tensor | None
-    ) -> tuple[Tensor, Tensor | None]:
-        """Under DDP with the class gauge: the rows of this step's batches on every rank, and
-        their labels, so that every rank records the same labels and the gauge (eq.
-        classgauge, read from all n rows after each outer step) shifts the same rows by the
-        same amounts on every rank; recording only its own rows', each rank shifted by other
-        class means and the ranks' weights drifted apart. Every rank takes part at every step
-        of the loop (a batch without labels gives none); the batches may differ in size."""
-        gather = self._gather
-        assert gather is not None
-        own = 0 if labels is None else int(index.numel())
-        sizes = gather(torch.tensor([own], device=index.device)).reshape(-1)
-        width = int(sizes.max())
-        if width == 0:  # no rank read labels: nothing to record
-            return index, labels
-        pairs = torch.full((2, width), -1, dtype=torch.long, device=index.device)
-        if labels is not None:
-            pairs[0, :own] = index.reshape(-1)
-            pairs[1, :own] = labels.reshape(-1).to(index.device)
-        every = gather(pairs).reshape(-1, 2, width).transpose(0, 1).reshape(2, -1)
-        kept = every[0] >= 0  # the padding's columns dropped
-        return every[0][kept], every[1][kept]
-
-    def masked_rows(self, reread: Callable[[list[int]], Any] | None = None) -> str | None:
-        """Why some rows the training read are masked examples, once per fit: a negative
-        integer label (``-100``, F.cross_entropy's ``ignore_index``: no class id is negative)
-        with a loss exactly 0 at the row's last visit, wherever in the fit the row first came
-        (the per-batch check, :func:`_warn_masked_samples`, reads only the fit's first
-        :data:`MASKED_CHECKS` batches, where any exact 0 is suspect; later a well-fitted example
-        can reach 0 in float32). Read from the per-row records :meth:`_seen` keeps on the
-        device: the callback asks at each epoch's end (one read), not at every step.
-
-        Rows without such a label (a loss multiplied by a mask; dict samples without a label
-        key) and a loss exactly 0: up to :data:`MASKED_REREADS` of them not re-read before are
-        given back by ``reread`` (rows → the training batch of them, on the module's device)
-        and their losses computed again with the weights shrunk (:meth:`_zero_when_shrunk`): a
-        loss still exactly 0 does not depend on the weights, a masked example; a well-fitted
-        one's is no longer 0. Session 49 left these unsaid. Only rows whose loss was 0 at every
-        visit of this fit are candidates (``_lossy``): a row fitted to 0 was not 0 at first,
-        and 16 such rows re-read before the masked ones left these to a later epoch's end
-        (session 51)."""
-        labels, loss = self._labels, self._last_loss
-        if self._said_masked or loss is None:
-            return None
-        negative = torch.zeros(loss.shape, dtype=torch.bool, device=loss.device)
-        if labels is not None and labels.shape == loss.shape:
-            negative = ((labels < 0) & (labels != _UNSEEN)).to(loss.device)
-            masked = negative & (loss == 0)
-            count = int(masked.sum())
-            if count:
-                self._said_masked = True
-                return (
-                    f"{count} training examples have a negative label "
-                    f"({int(labels[masked.to(labels.device)].min())}: ignore_index?) and a "
-                    f"loss exactly 0: masked examples. {_MASKED_WHY}"
-                )
-        if reread is None or self._module is None or self.per != "sample":
-            return None
-        zero_now = (loss == 0) & ~negative
-        if self._lossy is not None and self._lossy.shape == loss.shape:
-            zero_now &= ~self._lossy  # a loss once other than 0 depends on something: no mask
-        zero = zero_now.nonzero().flatten().tolist()
-        fresh = [r for r in zero if r not in self._reread_rows][:MASKED_REREADS]
-        if not fresh:
-            return None
-        self._reread_rows.update(fresh)
-        try:  # a data set that cannot give its rows again (a stream's state): nothing said
-            data = self._index_and_data(reread(fresh))[1]
-        except Exception:
-            return None
-        shrunk = self._zero_when_shrunk(data)
-        constant = [r for r, z in zip(fresh, shrunk) if z]
-        if not constant:
-            return None
-        self._said_masked = True
-        return (
-            f"{len(zero)} training examples had a loss exactly 0 at every visit, and of "
-            f"the {len(fresh)} re-read, {len(constant)} (rows {constant[:5]}) still have a loss "
-            "exactly 0 with the network's weights shrunk 1000-fold, so it does not depend on "
-            f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
-        )
-
-    def _zero_when_shrunk(self, data: Any) -> Tensor:
-        """Which rows of ``data`` (a training batch without its indices, on the module's
-        device) still have a loss
-        exactly 0 with every trained parameter shrunk 1000-fold: a well-fitted example's loss
-        is 0 in float32 only at a large margin (logits ~17 apart for a cross-entropy; its
-        gradient underflows too beyond ~100), which the shrunk network's logits lose; a masked
-        one's is 0 at any weights. Computed in eval mode (no BatchNorm statistics updated, no
-        dropout), its randomness private, the user's metrics muted. A forward that fails so
-        confirms every row (the caller's exact zeros stand)."""
-        from torch.nn.utils.stateless import _reparametrize_module
-
-        module, step = self._module, self._original
-        assert module is not None and step is not None
-        shrunk = {n: p.detach() * 1e-3 for n, p in module.named_parameters() if p.requires_grad}
-        with (
-            torch.no_grad(),
-            frozen_mode(module, "eval"),
-            private_rng(0, module.device),
-            _muted_logging(module),
-            metric_states_kept(module),
-            _reparametrize_module(module, shrunk),
-        ):
-            try:
-                out = step(data, 0)
-            except Exception:
-                return torch.ones(_rows(data), dtype=torch.bool)
-        raw = out.get("loss") if isinstance(out, Mapping) else out
-        return raw.detach().reshape(raw.shape[0], -1).eq(0).all(1).cpu()
-
-    def _labels_of(self, data: Any, b: int | None, carried: Tensor | None = None) -> Tensor | None:
-        """The batch's integer labels, or None where it holds none to read (soft labels, a
-        sequence target): ``target(data)`` where the user gave it; else those ``indexed_collate``
-        read from the samples before the user's ``collate_fn`` (``carried``, a
-        :class:`LabelledIndexed` batch's); else :func:`batch_labels` under torch's default
-        collation only: a ``collate_fn`` of the user's has a layout of its own, e.g.
-        EmbeddingBag's offsets at ``[1]`` of ``(tokens, offsets, y)``, which change with the
-        batch."""
-        if self._own_target:
-            try:
-                labels = self.target(data)
-            except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
-                return None
-        elif carried is not None:
-            labels = carried
-        elif self._labels_by_position:
-            labels = batch_labels(data)
-        else:
-            return None
-        return labels.long() if _integer_vector(labels, b) else None  # 1-D: no reshape
-
-    def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
-        """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts
-        :meth:`validation_shortfall` reads; a batch without them adds none."""
-        labels = self._labels_of(data, None, carried) if self.per == "sample" else None
-        if labels is None:
-            return
-        labels, held = labels.detach().cpu(), self._val_counts
-        counts = torch.bincount(labels[labels >= 0], minlength=0 if held is None else held.numel())
-        if held is not None:
-            counts[: held.numel()] += held
-        self._val_counts = counts
-        self._val_rows += int(labels.numel())
-        self._val_batches += 1
-
-    def _count_visits(self, n: int, rows: Tensor, counts: Tensor) -> None:
-        """Add a training batch's draws of its ``rows`` (``counts`` each) to :attr:`_visits`."""
-        if self._visits is None or self._visits.shape[0] != n:
-            self._visits = torch.zeros(n, dtype=torch.float32, device=rows.device)
-        self._visits.index_add_(0, rows.to(self._visits.device), counts.to(self._visits))
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
@@ -890,225 +474,6 @@ class DataWeightsProblem(RowEvidence):
             self._checked_targets = True
             _refuse_real_targets(data, losses)
 
-    # ------------------------------------------------------------------ the training's loss
-    def stand_in(self, module: pl.LightningModule) -> None:
-        """From the fit's ``setup`` until :meth:`_wrap` (the build, at ``on_train_start``):
-        ``module.training_step`` takes the index off the batch and returns the weighted loss at
-        the weights as they are (their start, ω₀ for every row, before a first fit), recording
-        nothing and moving no weight. Lightning's tuner runs its trials in between
-        (``Tuner(trainer).lr_find`` / ``scale_batch_size`` call ``training_step`` from
-        ``on_fit_start`` with every other callback switched off): the user's
-        ``training_step`` got the ``Indexed`` batch and failed inside the user's code, and its
-        per-sample losses could not be backpropagated."""
-        if self._module is not None or "training_step" in module.__dict__:
-            return  # wrapped already (weighted, or the stand-in)
-        original = with_batch_idx(module.training_step)
-
-        @functools.wraps(original)
-        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
-            index, data = self._index_and_data(batch)
-            out = original(data, batch_idx, *args, **kwargs)
-            raw = out.get("loss") if isinstance(out, Mapping) else out
-            losses = check_per_sample(raw, index)
-            weights = self.weights
-            with torch.no_grad():
-                if weights is not None and int(index.max()) < weights.n and int(index.min()) >= 0:
-                    omega = weights.weights(index.to(weights.logits.device), losses)
-                else:  # before the first build: every weight at its start
-                    omega = torch.full_like(losses, self._initial_weight())
-            loss = weighted_loss(losses, omega.to(losses.device), self.normalize)
-            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
-
-        training_step.stand_in = True  # type: ignore[attr-defined]
-        module.training_step = training_step  # type: ignore[method-assign]
-        self._stood_in = module
-
-    def _initial_weight(self) -> float:
-        """ω₀, the weight every row starts at."""
-        if self.initial is not None:
-            return float(self.initial)
-        return 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
-
-    @staticmethod
-    def _drop_stand_in(module: pl.LightningModule) -> None:
-        step = module.__dict__.get("training_step")
-        if getattr(step, "stand_in", False):
-            del module.__dict__["training_step"]
-
-    def _wrap(self, module: pl.LightningModule) -> None:
-        """``module.training_step`` returns the weighted loss from now until :meth:`unwrap`."""
-        if self._module is module:
-            return
-        self.unwrap()
-        self._drop_stand_in(module)
-        self._checked_entries = False
-        self._masked_checks, self._said_masked = MASKED_CHECKS, False
-        self._reread_rows, self._lossy = set(), None
-        original = with_batch_idx(module.training_step)
-        self._module, self._original = module, original
-
-        @functools.wraps(original)
-        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
-            index, data = self._index_and_data(batch)
-            carried = _carried_labels(batch)
-            in_loop = batch is self.loop_batch  # not another callback's hyper step
-            if in_loop:  # once: LBFGS's closure calls training_step again at its line points
-                self.loop_batch = None
-            rng = RandomState.capture(module.device, module) if self.on_training_batch else None
-            out = original(data, batch_idx, *args, **kwargs)
-            raw = out.get("loss") if isinstance(out, Mapping) else out
-            if raw is None:  # Lightning's skip of a training batch: nothing read or weighted
-                if in_loop:
-                    return out
-                raise ConfigurationError(
-                    "LearnedDataWeights: training_step returned None (Lightning's skip) on a "
-                    "batch a hyper step drew: the hyper steps need the per-sample losses of "
-                    "every batch they draw, training and validation. Skip only batches of the "
-                    "training loop (e.g. by self.trainer.training and batch_idx), or leave the "
-                    "skipped examples out of the data sets."
-                )
-            if not self._checked_entries:  # once, at the fit's first step
-                self._checked_entries = True
-                _refuse_masked_entries(raw)
-                self._choose_gauge(data, raw, carried)
-            if in_loop and self._masked_checks > 0:
-                self._masked_checks -= 1
-                if _warn_masked_samples(raw, data, self._zero_when_shrunk):
-                    self._masked_checks, self._said_masked = 0, True
-            losses = check_per_sample(raw, index)
-            labels = self._read_checks(index, data, carried) if in_loop else None
-            with torch.no_grad():  # the training never differentiates the weights
-                weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
-            if in_loop:
-                self._seen(index, losses, labels)
-                if self.on_training_batch is not None and rng is not None:
-                    self.on_training_batch(index, data, losses.detach(), rng)
-            loss = weighted_loss(losses, weights, self.normalize)
-            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
-
-        def unweighted(batch: Any, batch_idx: int = 0) -> Tensor:
-            """The mean of the per-sample losses on ``batch`` as its labels are, no weight
-            applied: the training loss of a validation batch, which another callback's E
-            (``LearnedWeightDecay`` without ``validation_loss=``) reads."""
-            data = batch.data if isinstance(batch, Indexed) else batch
-            out = original(data, batch_idx)
-            raw = out.get("loss") if isinstance(out, Mapping) else out
-            return raw.mean() if isinstance(raw, Tensor) else raw
-
-        training_step.unweighted = unweighted  # type: ignore[attr-defined]
-        module.training_step = training_step  # type: ignore[method-assign]
-
-    def _choose_gauge(self, data: Any, losses: Any, carried: Tensor | None = None) -> None:
-        """``gauge="auto"``, per sample under the self-normalised loss with a sigmoid
-        parameterisation: ``"mean_logit"`` where the training targets are real numbers (a
-        regression: a squared error's outlying targets carry the minibatch's centre, and under
-        ``"batch"`` nothing was learned, docs/data_weights.md); ``"class"`` where the batch
-        holds integer class labels that the drop-in reads (:meth:`_labels_of`: ``target=``,
-        those ``indexed_collate`` read from the samples, or ``batch[1]`` under torch's default
-        collation) and the training batches' cross term moves the weights
-        (``cross_term="training"``): each row's hypergradient against its class's
-        (:func:`~hypertorch_sid.core.sample_weights.class_centred`) and each class's mean logit
-        held (session 51: on 20 Newsgroups the part of the hypergradient common to a class was
-        noise that pushed whole classes down), under DDP too (every rank records every rank's
-        rows' labels, :meth:`_every_ranks_rows`); ``"batch"`` otherwise."""
-        weights = self.weights
-        if (
-            self.gauge != "auto"
-            or weights is None
-            or self.per != "sample"
-            or not self.normalize
-            or not isinstance(weights.parameterization, SigmoidWeights)
-        ):
-            return
-        if _real_targets(data, losses) is not None:
-            weights.use_gauge("mean_logit")
-            rank_zero_info(
-                "LearnedDataWeights: the training targets are real numbers (a regression), so "
-                "the weights' scale is held by their mean logit (gauge='mean_logit'), not by "
-                "each minibatch's centre: gauge='batch' to keep the minibatch's."
-            )
-        elif self.class_by_default:
-            b = losses.shape[0] if isinstance(losses, Tensor) and losses.dim() > 0 else None
-            if self._labels_of(data, b, carried) is not None:
-                weights.use_class_gauge(lambda: self._labels)
-
-    def unwrap(self) -> None:
-        """Give the module its own ``training_step`` back."""
-        if self._module is not None:
-            self._module.__dict__.pop("training_step", None)
-        self._module = self._original = None
-        if self._stood_in is not None:
-            self._drop_stand_in(self._stood_in)
-            self._stood_in = None
-
-
-def directional_losses(
-    module: torch.nn.Module,
-    step: Callable[..., Any],
-    data: Any,
-    params: list[Tensor],
-    tangents: list[Tensor],
-    directional: DirectionalDerivative | None = None,
-    at: Tensor | None = None,
-    rng: RandomState | None = None,
-) -> Tensor:
-    """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data`` by ``directional`` (default
-    :class:`~hypertorch_sid.core.sample_weights.ForwardMode`: one dual-number pass;
-    :class:`~hypertorch_sid.core.sample_weights.ForwardDifference`: one forward at w + hv,
-    against ``at`` = ℓ(w) from the training step) of the per-sample losses that
-    ``step(data, 0)`` returns, with ``params`` (parameters of ``module``) swapped in for the
-    pass. Buffers are swapped for clones, so BatchNorm's running statistics are not updated
-    by it; with ``rng`` (the training step's :class:`RandomState`) every pass replays the
-    step's randomness (its dropout masks) in a forked stream, leaving the training's own
-    stream as it was, and starts from the buffers as they were when the step began (a
-    ``spectral_norm``'s power-iteration vectors).
-    """
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    names = {id(p): n for n, p in module.named_parameters()}
-    keys = [names[id(p)] for p in params]
-    start = rng.buffers if rng is not None and rng.buffers is not None else None
-    if start is None:
-        start = {n: b.detach() for n, b in module.named_buffers()}
-
-    def losses(*flat: Tensor) -> Tensor:
-        buffers = {n: b.clone() for n, b in start.items()}  # each pass from the step's start
-        swapped = {**buffers, **dict(zip(keys, flat))}
-        with _reparametrize_module(module, swapped), _muted_logging(module):  # type: ignore[arg-type]
-            with rng.replayed() if rng is not None else contextlib.nullcontext():
-                out = step(data, 0)
-        out = out.get("loss") if isinstance(out, Mapping) else out
-        return out.reshape(out.shape[0], -1).mean(1) if out.dim() > 1 else out
-
-    return (directional or ForwardMode())(losses, params, tangents, at)
-
-
-#: whether :func:`_row_means_into` has met torch's one "index_reduce() is in beta" warning
-_SAID_BETA = False
-
-
-def _row_means_into(target: Tensor, index: Tensor, values: Tensor) -> None:
-    """``target[i]`` ← the mean of ``values`` at the positions where ``index`` holds i, for
-    every row i in ``index`` (a row held twice gets the mean of its two values); the other rows
-    are left as they were. One ``index_reduce_`` where it is deterministic; where deterministic
-    algorithms are asked for on an accelerator, the sums and counts of the distinct rows."""
-    global _SAID_BETA
-    values = values.to(target.device)
-    index = index.to(target.device)
-    if target.device.type != "cpu" and torch.are_deterministic_algorithms_enabled():
-        rows, inverse = index.unique(return_inverse=True)
-        sums = values.new_zeros(rows.shape).index_add_(0, inverse, values)
-        counts = values.new_zeros(rows.shape).index_add_(0, inverse, torch.ones_like(values))
-        target[rows] = sums / counts
-        return
-    if _SAID_BETA:
-        target.index_reduce_(0, index, values, "mean", include_self=False)
-        return
-    with warnings.catch_warnings():  # torch says it once per process: not the user's concern
-        warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
-        target.index_reduce_(0, index, values, "mean", include_self=False)
-    _SAID_BETA = True
-
 
 def _lazy_adam(
     parameterization: WeightParameterization, hyperparameters: list[Tensor], **settings: Any
@@ -1126,268 +491,11 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
     return trainer.strategy.batch_to_device(batch)
 
 
-def _refuse_class_gauge(
-    per: str, parameterization: WeightParameterization, initial: float | None
-) -> None:
-    """``gauge="class"`` where it can be held: per sample, a sigmoid parameterisation."""
-    if per != "sample":
-        raise ConfigurationError(
-            "LearnedDataWeights(gauge='class') holds each class's mean per-sample logit; "
-            "per='class' learns one weight per class, which it would hold fixed: drop gauge= "
-            "(or use per='sample')."
-        )
-    SampleWeights(1, parameterization, initial).use_class_gauge(lambda: None)
-
-
-def _refuse_masked_entries(losses: Any) -> None:
-    """A clear error for a per-sample loss of more than one dimension with entries exactly 0
-    at the fit's first step: a network (untrained, at a fresh fit's start) fits no entry
-    exactly, so these are masked ones (padding dropped by ``ignore_index``, a loss multiplied
-    by a mask), which averaging each row over all its entries would count as fitted."""
-    if not isinstance(losses, Tensor) or losses.dim() < 2 or losses.numel() == 0:
-        return
-    zeros = int((losses.detach() == 0).sum())
-    if zeros == 0:
-        return
-    raise ConfigurationError(
-        f"LearnedDataWeights: training_step returned per-sample losses of shape "
-        f"{tuple(losses.shape)} with {zeros} entries exactly 0 at the fit's first step: "
-        "masked entries (padding dropped by ignore_index, or a mask)? Each row would be "
-        "averaged over all its entries, padding included, so a padded sequence's loss would "
-        "shrink with its padding, and its weight, the outer objective and flagged() would read "
-        "it as better fitted. Reduce each row yourself to one loss per sample over its real "
-        "entries: tok = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=pad, "
-        "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
-        "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
-    )
-
-
-def _examples_digest(examples: tuple[Any, tuple[int, ...] | None]) -> str | None:
-    """:func:`_examples_of`'s answer as a short string a checkpoint keeps, where it names the
-    content (a ``TensorDataset``'s fingerprint; an object's identity means nothing in another
-    process): a fit resumed on another data set of the same size, where no label tells the
-    rows apart (a regression), continued the old rows' weights without a word (session 51)."""
-    if not isinstance(examples[0], tuple):
-        return None
-    return hashlib.sha256(repr(examples).encode()).hexdigest()
-
-
-def _examples_of(dataset: Any) -> tuple[Any, tuple[int, ...] | None]:
-    """(the data set under the ``IndexedDataset`` / ``Subset`` wraps, by identity; the
-    positions in it that rows 0..n-1 read, in order, or None for all of it): two training sets
-    with the same first part and other positions give row i to other examples."""
-    base, subsets = _unwrapped(dataset)
-    positions: list[int] | None = None
-    for subset in subsets:  # outermost first
-        idx = [int(i) for i in subset.indices]
-        positions = idx if positions is None else [idx[i] for i in positions]
-    return _identity(base), None if positions is None else tuple(positions)
-
-
-def _check_collation(loader: DataLoader) -> None:
-    """A ``collate_fn`` of the user's own on the training DataLoader gets the
-    :class:`IndexedDataset`'s ``Indexed(index, sample)`` pairs, which one written for the bare
-    samples cannot read: it failed inside the user's code at the first batch ("object of type
-    'int' has no len()" from a padding collate), or collated the pairs into a batch without the
-    indices. Tried at fit start on the first two samples (before Lightning reads a batch);
-    ``indexed_collate(fn)`` is the fix. Torch's default collation keeps the pairs: not tried."""
-    collate = loader.collate_fn
-    dataset = loader.dataset
-    if collate is default_collate or isinstance(collate, indexed_collate) or len(dataset) == 0:
-        return
-    name = getattr(collate, "__name__", type(collate).__name__)
-    fix = (
-        "The training set's samples are Indexed(index, sample) pairs; pass your function "
-        f"wrapped, DataLoader(IndexedDataset(train_set), collate_fn=indexed_collate({name})): "
-        "it collates the samples with yours and keeps their indices, and training_step gets "
-        "your batch as before."
-    )
-    samples = [dataset[i] for i in range(min(2, len(dataset)))]
-    try:
-        batch = collate(samples)
-    except Exception as error:
-        raise ConfigurationError(
-            f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) fails on the "
-            f"IndexedDataset's samples ({type(error).__name__}: {error}). {fix}"
-        ) from error
-    if not isinstance(batch, Indexed):
-        raise ConfigurationError(
-            f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) returns a "
-            f"{type(batch).__name__} from the IndexedDataset's samples, not an Indexed batch: "
-            f"the example indices are lost, so no batch says which weights it reads. {fix}"
-        )
-
-
-def _warn_indexed_validation(loaders: Any) -> None:
-    """A validation DataLoader over an :class:`IndexedDataset` hands its batches, indices and
-    all, to the user's ``validation_step`` (only ``training_step`` is unwrapped), which then
-    fails inside the user's code (e.g. "mat1 and mat2 must have the same dtype": the index read
-    as the input), not with our words: said at fit start, before Lightning's validation runs
-    (a warning: a ``validation_step`` written for ``Indexed`` batches works)."""
-    if isinstance(loaders, dict):
-        loaders = list(loaders.values())
-    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
-        if isinstance(getattr(loader, "dataset", None), IndexedDataset):
-            rank_zero_warn(
-                "LearnedDataWeights: the validation DataLoader's dataset is an IndexedDataset, "
-                "so your validation_step gets Indexed batches (index, then your batch; only "
-                "training_step is unwrapped). Only the training set needs example indices: "
-                "pass the validation set unwrapped, DataLoader(val_set) instead of "
-                "DataLoader(IndexedDataset(val_set)), unless your validation_step reads "
-                "batch.data."
-            )
-            return
-
-
-#: the fit's first training batches in which per-sample losses exactly 0 are warned as masked
-#: examples (a young network fits no example exactly; a trained one may, in float32)
-MASKED_CHECKS = 20
-
-#: the rows of training loss exactly 0 re-read at an epoch's end to see whether that loss
-#: depends on the weights (:meth:`DataWeightsProblem.masked_rows`): one forward of them, only
-#: where such rows exist
-MASKED_REREADS = 16
-
-
-def _rows(data: Any) -> int:
-    """The number of samples in a batch (the first dimension of its first tensor)."""
-    first = next((t for t in _tensors_of(data) if t.dim() > 0), None)
-    return 0 if first is None else int(first.shape[0])
-
-
-def _tensors_of(data: Any) -> Iterator[Tensor]:
-    if isinstance(data, Tensor):
-        yield data
-    elif isinstance(data, Mapping):
-        for value in data.values():
-            yield from _tensors_of(value)
-    elif isinstance(data, (list, tuple)):
-        for value in data:
-            yield from _tensors_of(value)
-    elif dataclasses.is_dataclass(data):
-        for f in dataclasses.fields(data):
-            yield from _tensors_of(getattr(data, f.name))
-
-
-def _warn_masked_samples(
-    losses: Any, data: Any, zero_when_shrunk: Callable[[Any], Tensor] | None = None
-) -> bool:
-    """A warning (and True) for per-sample losses (one per example) exactly 0 in one of the
-    fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
-    example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
-    ``ignore_index``; a loss times a mask). Such an example
-    teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
-    like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
-    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it.
-    ``zero_when_shrunk`` (:meth:`DataWeightsProblem._zero_when_shrunk`) keeps the rows whose
-    loss is still 0 with the weights shrunk: a loss exactly 0 by a large margin (sharp logits,
-    LBFGS fitting a batch, a hinge or triplet loss past its margin) is not said (session 50:
-    it was, with "ignore this" for a hinge)."""
-    if not isinstance(losses, Tensor) or losses.dim() != 1 or losses.numel() == 0:
-        return False
-    zeros = losses.detach() == 0
-    if not bool(zeros.any()):
-        return False
-    if zero_when_shrunk is not None:  # still 0 with the weights shrunk: masked, not fitted
-        zeros &= zero_when_shrunk(data).to(zeros.device)
-        if not bool(zeros.any()):
-            return False
-    labels = batch_labels(data)
-    ignored = ""
-    if isinstance(labels, Tensor) and labels.shape == losses.shape:
-        negative = zeros & (labels < 0) if not labels.is_floating_point() else zeros & False
-        if bool(negative.any()):
-            ignored = (
-                f" ({int(negative.sum())} of them labelled {int(labels[negative].min())}: "
-                "ignore_index?)"
-            )
-    rank_zero_warn(
-        f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
-        f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
-        f"ignore_index, a mask)? {_MASKED_WHY}"
-    )
-    return True
-
-
-_MASKED_WHY = (
-    "An example whose loss is masked teaches the network nothing, but its weight is learned "
-    "all the same: the normalised loss pushes it down like a misfit's, and flagged() names it "
-    "as suspect. Leave unlabelled examples out of the training set (e.g. "
-    "IndexedDataset(Subset(train_set, labelled)))."
-)
-
-
-def _real_targets(data: Any, losses: Any) -> Tensor | None:
-    """The entries of the batch's targets (:func:`batch_labels`: ``batch[1]``, or a dict
-    sample's ``"y"`` / ``"target"`` / ...) that say regression, or None: targets that are real
-    numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
-    class ids, not probabilities)."""
-    if not isinstance(losses, Tensor):
-        return None
-    y = batch_labels(data)
-    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
-        return None
-    y = y.detach()
-    real = ((y < 0) | (y > 1)) & (y != y.round())
-    return y[real] if bool(real.any()) else None
-
-
-def _refuse_real_targets(data: Any, losses: Any) -> None:
-    """A clear error where the default objective (:class:`ExpectedError`, which reads a loss
-    as −log p of the right answer) meets a regression: a validation batch whose targets
-    ``batch[1]`` are real numbers, one per loss (same number of entries), some fractional and
-    outside [0, 1] (not class ids, not probabilities). e^(−qℓ) of a squared error depends on the
-    targets' units, and at large ones the few best-fit examples alone decide E."""
-    real = _real_targets(data, losses)
-    if real is not None:
-        raise ConfigurationError(
-            f"LearnedDataWeights: the validation targets are real numbers, one per "
-            f"loss (e.g. {float(real[0]):.3g}): a regression? The default outer objective "
-            "ExpectedError(q=0.5) reads each loss as −log p of the right answer, and e^(−ℓ/2) "
-            "of a squared or absolute error depends on the targets' units (at large ones a few "
-            "best-fit validation examples decide it). Pass objective='mean_loss' (the mean "
-            "validation loss), or objective=ExpectedError(q=...) to keep it knowingly."
-        )
-
-
-def _validation_tensor(out: Any) -> Tensor:
-    """The validation losses from ``training_step``'s (or ``validation_loss``'s) output."""
-    out = out.get("loss") if isinstance(out, Mapping) else out
-    if not isinstance(out, Tensor):
-        raise ConfigurationError(
-            f"LearnedDataWeights: the validation loss must be a tensor, got {type(out).__name__}."
-        )
-    return out
-
-
 def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:
     """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output, the
     weights of the rows ``index`` differentiable in the hyperparameters."""
     losses = out.get("loss") if isinstance(out, Mapping) else out
     return weights.weighted_mean(losses, index, normalize)
-
-
-def _cross_term_for(cross_term: str | None, max_overhead: Any) -> str:
-    """``cross_term`` checked, or its default: ``"training"``, or ``"hyper_step"`` under a
-    compute budget (one that plans from measured costs), which spaces hyper steps but cannot
-    space a cross term run at every training step; that pair is refused."""
-    budgeted = make_budget(max_overhead).plans_costs()
-    if cross_term is None:
-        return "hyper_step" if budgeted else "training"
-    if cross_term not in ("training", "hyper_step"):
-        raise ConfigurationError(
-            f"LearnedDataWeights: cross_term must be 'training' or 'hyper_step', got "
-            f"{cross_term!r}."
-        )
-    if cross_term == "training" and budgeted:
-        raise ConfigurationError(
-            f"LearnedDataWeights: cross_term='training' moves the rows of every training batch "
-            f"(about one more forward per step, about half a training step), work a compute "
-            f"budget (max_overhead={max_overhead!r}) cannot space: under one the hyper steps got "
-            f"almost none of it. Leave cross_term out (with a budget it is 'hyper_step') or "
-            f"pass max_overhead=None."
-        )
-    return cross_term
 
 
 class LearnedDataWeights(HyperOptimizationCallback):

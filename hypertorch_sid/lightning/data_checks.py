@@ -1,0 +1,407 @@
+"""What the data-weights drop-in reads of the user's data, and the checks it makes of it.
+
+Where a batch's labels are (:func:`batch_labels`: ``batch[1]``, or a dict sample's one label
+key) and which examples a training set's rows are (:func:`_examples_of`); and the refusals and
+warnings, each naming the fix, that
+:class:`~hypertorch_sid.lightning.data_weights.LearnedDataWeights` gives for data it cannot
+weight: an ``IndexedDataset`` inside another dataset, a ``collate_fn`` that drops the indices,
+an indexed validation set, per-sample losses with masked entries or masked examples (exactly 0),
+a regression under the default objective E (eq. softerr), ``gauge="class"`` where it cannot be
+held, a validation loss that is not a tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import default_collate
+
+from ..core.errors import ConfigurationError
+from ..core.sample_weights import (
+    LABEL_KEYS,
+    Indexed,
+    IndexedDataset,
+    LabelledIndexed,
+    SampleWeights,
+    WeightParameterization,
+    indexed_collate,
+)
+from .sampling import _identity, _unwrapped
+
+
+def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
+    """Where an :class:`IndexedDataset` sits inside ``dataset`` (a ``Subset``'s ``.dataset``, a
+    ``ConcatDataset``'s ``.datasets``, a few levels deep), for the refusal's advice; else None."""
+    if depth == 0:
+        return None
+    children = [getattr(dataset, "dataset", None), *getattr(dataset, "datasets", ())]
+    for child in children:
+        if isinstance(child, IndexedDataset):
+            return f"{type(dataset).__name__}(IndexedDataset(...))"
+        found = _inner_indexed(child, depth - 1) if child is not None else None
+        if found is not None:
+            return f"{type(dataset).__name__}({found})"
+    return None
+
+
+def _carried_labels(batch: Any) -> Tensor | None:
+    """The labels :class:`~hypertorch_sid.core.sample_weights.indexed_collate` read from the
+    samples before the user's ``collate_fn`` (a :class:`LabelledIndexed` batch's), or None."""
+    return batch.labels if isinstance(batch, LabelledIndexed) else None
+
+
+def _integer_vector(labels: Any, b: int | None = None) -> bool:
+    """Whether ``labels`` is a 1-D integer tensor (of ``b`` entries where given)."""
+    return (
+        isinstance(labels, Tensor)
+        and labels.dim() == 1
+        and not labels.is_floating_point()
+        and not labels.is_complex()
+        and labels.dtype != torch.bool
+        and (b is None or labels.shape[0] == b)
+    )
+
+
+def batch_labels(data: Any) -> Any:
+    """A batch's label entry, the one place that says where it is: the one of
+    :data:`LABEL_KEYS` a dict sample (a dataclass's or namedtuple's fields) holds, else
+    ``batch[1]`` of a ``(x, y, ...)`` sample; None where there is none, or more than one key
+    could be it. Dict samples gave no label to read before (session 50): their label-change
+    check, ``flagged("split_misfit")``, the contrast warning and the masked-row warnings were
+    silently off, and ``per="class"`` asked for ``target=``."""
+    if isinstance(data, Mapping):
+        found = [data[k] for k in LABEL_KEYS if k in data]
+    elif dataclasses.is_dataclass(data) or hasattr(data, "_fields"):
+        found = [getattr(data, k) for k in LABEL_KEYS if hasattr(data, k)]
+        if not found and isinstance(data, tuple) and len(data) > 1:
+            found = [data[1]]
+    elif isinstance(data, (list, tuple)) and len(data) > 1:
+        found = [data[1]]
+    else:
+        found = []
+    return found[0] if len(found) == 1 else None
+
+
+def _default_target(data: Any) -> Tensor:
+    labels = batch_labels(data)
+    if labels is None:
+        keys = f" (keys {sorted(data)})" if isinstance(data, Mapping) else ""
+        raise ConfigurationError(
+            "LearnedDataWeights(per='class') reads the labels as batch[1] of a (x, y) sample, "
+            f"or the one of the keys / fields {LABEL_KEYS} of a dict or dataclass sample; this "
+            f"{type(data).__name__} batch has none{keys}: pass target=lambda batch: <the label "
+            "tensor>."
+        )
+    return labels
+
+
+def _refuse_class_gauge(
+    per: str, parameterization: WeightParameterization, initial: float | None
+) -> None:
+    """``gauge="class"`` where it can be held: per sample, a sigmoid parameterisation."""
+    if per != "sample":
+        raise ConfigurationError(
+            "LearnedDataWeights(gauge='class') holds each class's mean per-sample logit; "
+            "per='class' learns one weight per class, which it would hold fixed: drop gauge= "
+            "(or use per='sample')."
+        )
+    SampleWeights(1, parameterization, initial).use_class_gauge(lambda: None)
+
+
+def _refuse_masked_entries(losses: Any) -> None:
+    """A clear error for a per-sample loss of more than one dimension with entries exactly 0
+    at the fit's first step: a network (untrained, at a fresh fit's start) fits no entry
+    exactly, so these are masked ones (padding dropped by ``ignore_index``, a loss multiplied
+    by a mask), which averaging each row over all its entries would count as fitted."""
+    if not isinstance(losses, Tensor) or losses.dim() < 2 or losses.numel() == 0:
+        return
+    zeros = int((losses.detach() == 0).sum())
+    if zeros == 0:
+        return
+    raise ConfigurationError(
+        f"LearnedDataWeights: training_step returned per-sample losses of shape "
+        f"{tuple(losses.shape)} with {zeros} entries exactly 0 at the fit's first step: "
+        "masked entries (padding dropped by ignore_index, or a mask)? Each row would be "
+        "averaged over all its entries, padding included, so a padded sequence's loss would "
+        "shrink with its padding, and its weight, the outer objective and flagged() would read "
+        "it as better fitted. Reduce each row yourself to one loss per sample over its real "
+        "entries: tok = F.cross_entropy(logits.transpose(1, 2), y, ignore_index=pad, "
+        "reduction='none'); return tok.sum(1) / (y != pad).sum(1).clamp_min(1). (A dense loss "
+        "that can be exactly 0, e.g. a hinge: return loss.mean(1).)"
+    )
+
+
+def _examples_digest(examples: tuple[Any, tuple[int, ...] | None]) -> str | None:
+    """:func:`_examples_of`'s answer as a short string a checkpoint keeps, where it names the
+    content (a ``TensorDataset``'s fingerprint; an object's identity means nothing in another
+    process): a fit resumed on another data set of the same size, where no label tells the
+    rows apart (a regression), continued the old rows' weights without a word (session 51)."""
+    if not isinstance(examples[0], tuple):
+        return None
+    return hashlib.sha256(repr(examples).encode()).hexdigest()
+
+
+def _examples_of(dataset: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """(the data set under the ``IndexedDataset`` / ``Subset`` wraps, by identity; the
+    positions in it that rows 0..n-1 read, in order, or None for all of it): two training sets
+    with the same first part and other positions give row i to other examples."""
+    base, subsets = _unwrapped(dataset)
+    positions: list[int] | None = None
+    for subset in subsets:  # outermost first
+        idx = [int(i) for i in subset.indices]
+        positions = idx if positions is None else [idx[i] for i in positions]
+    return _identity(base), None if positions is None else tuple(positions)
+
+
+def _check_collation(loader: DataLoader) -> None:
+    """A ``collate_fn`` of the user's own on the training DataLoader gets the
+    :class:`IndexedDataset`'s ``Indexed(index, sample)`` pairs, which one written for the bare
+    samples cannot read: it failed inside the user's code at the first batch ("object of type
+    'int' has no len()" from a padding collate), or collated the pairs into a batch without the
+    indices. Tried at fit start on the first two samples (before Lightning reads a batch);
+    ``indexed_collate(fn)`` is the fix. Torch's default collation keeps the pairs: not tried."""
+    collate = loader.collate_fn
+    dataset = loader.dataset
+    if collate is default_collate or isinstance(collate, indexed_collate) or len(dataset) == 0:
+        return
+    name = getattr(collate, "__name__", type(collate).__name__)
+    fix = (
+        "The training set's samples are Indexed(index, sample) pairs; pass your function "
+        f"wrapped, DataLoader(IndexedDataset(train_set), collate_fn=indexed_collate({name})): "
+        "it collates the samples with yours and keeps their indices, and training_step gets "
+        "your batch as before."
+    )
+    samples = [dataset[i] for i in range(min(2, len(dataset)))]
+    try:
+        batch = collate(samples)
+    except Exception as error:
+        raise ConfigurationError(
+            f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) fails on the "
+            f"IndexedDataset's samples ({type(error).__name__}: {error}). {fix}"
+        ) from error
+    if not isinstance(batch, Indexed):
+        raise ConfigurationError(
+            f"LearnedDataWeights: the train DataLoader's collate_fn ({name}) returns a "
+            f"{type(batch).__name__} from the IndexedDataset's samples, not an Indexed batch: "
+            f"the example indices are lost, so no batch says which weights it reads. {fix}"
+        )
+
+
+def _check_training_loader(loader: DataLoader, per: str) -> None:
+    """The training DataLoader's refusals at the build: a stream (no stable example index), a
+    loader without automatic batching, and per sample a dataset that is not an
+    :class:`IndexedDataset` (one inside another dataset: wrap the outermost) or a
+    ``collate_fn`` that loses the indices (:func:`_check_collation`)."""
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise ConfigurationError(
+            f"LearnedDataWeights needs a map-style training dataset, got "
+            f"{type(dataset).__name__}: a stream (IterableDataset) has no stable example "
+            "index to attach a weight to. Materialise it (a TensorDataset, a list) and wrap it "
+            "in IndexedDataset."
+        )
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise ConfigurationError(
+            "LearnedDataWeights: the train DataLoader has batch_size=None (its dataset yields "
+            "whole batches), so samples carry no index of their own: give it a batch_size."
+        )
+    if per == "sample" and not isinstance(dataset, IndexedDataset):
+        inner = _inner_indexed(dataset)
+        if inner is not None:
+            raise ConfigurationError(
+                f"LearnedDataWeights: the training dataset is a {type(dataset).__name__} "
+                f"of an IndexedDataset ({inner}): its samples carry the indices of the set "
+                "inside, which need not run from 0 to len - 1 nor be distinct (two "
+                "IndexedDatasets in one ConcatDataset both start at 0). Wrap the outermost "
+                "dataset instead: IndexedDataset(random_split(train_set, ...)[0]), "
+                "IndexedDataset(ConcatDataset([a, b]))."
+            )
+        raise ConfigurationError(
+            f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
+            "stable example indices: wrap it, DataLoader(IndexedDataset(train_set), ...), so "
+            "that each batch says which examples (and so which weights) it holds."
+        )
+    if per == "sample":
+        _check_collation(loader)
+
+
+def _check_class_labels(labels: Any, num_classes: int) -> None:
+    """``per="class"``: a training batch's ``target(batch)`` must be a 1-D integer tensor of
+    class ids in 0..num_classes - 1, the rows of the class weights."""
+    if not _integer_vector(labels):
+        what = (
+            f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
+            if isinstance(labels, Tensor)
+            else type(labels).__name__
+        )
+        floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
+        raise ConfigurationError(
+            f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
+            f"and the batch's target is {what} "
+            f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
+            "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
+            f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
+        )
+    low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
+    if low < 0 or high >= num_classes:
+        unlabelled = (
+            f"a negative label ({low}: F.cross_entropy's ignore_index, unlabelled rows?) has "
+            "no class and so no class weight: leave those examples out of the training set "
+            "(a Subset of the labelled rows), or pass target= giving each a class"
+            if low < 0
+            else f"pass num_classes={high + 1} (the largest label + 1)"
+        )
+        raise ConfigurationError(
+            f"LearnedDataWeights(per='class', num_classes={num_classes}): a training "
+            f"batch holds labels from {low} to {high}, outside 0..{num_classes - 1}: "
+            f"{unlabelled}."
+        )
+
+
+def _warn_indexed_validation(loaders: Any) -> None:
+    """A validation DataLoader over an :class:`IndexedDataset` hands its batches, indices and
+    all, to the user's ``validation_step`` (only ``training_step`` is unwrapped), which then
+    fails inside the user's code (e.g. "mat1 and mat2 must have the same dtype": the index read
+    as the input), not with our words: said at fit start, before Lightning's validation runs
+    (a warning: a ``validation_step`` written for ``Indexed`` batches works)."""
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+        if isinstance(getattr(loader, "dataset", None), IndexedDataset):
+            rank_zero_warn(
+                "LearnedDataWeights: the validation DataLoader's dataset is an IndexedDataset, "
+                "so your validation_step gets Indexed batches (index, then your batch; only "
+                "training_step is unwrapped). Only the training set needs example indices: "
+                "pass the validation set unwrapped, DataLoader(val_set) instead of "
+                "DataLoader(IndexedDataset(val_set)), unless your validation_step reads "
+                "batch.data."
+            )
+            return
+
+
+#: the fit's first training batches in which per-sample losses exactly 0 are warned as masked
+#: examples (a young network fits no example exactly; a trained one may, in float32)
+MASKED_CHECKS = 20
+
+#: the rows of training loss exactly 0 re-read at an epoch's end to see whether that loss
+#: depends on the weights (:meth:`DataWeightsProblem.masked_rows`): one forward of them, only
+#: where such rows exist
+MASKED_REREADS = 16
+
+
+def _rows(data: Any) -> int:
+    """The number of samples in a batch (the first dimension of its first tensor)."""
+    first = next((t for t in _tensors_of(data) if t.dim() > 0), None)
+    return 0 if first is None else int(first.shape[0])
+
+
+def _tensors_of(data: Any) -> Iterator[Tensor]:
+    if isinstance(data, Tensor):
+        yield data
+    elif isinstance(data, Mapping):
+        for value in data.values():
+            yield from _tensors_of(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _tensors_of(value)
+    elif dataclasses.is_dataclass(data):
+        for f in dataclasses.fields(data):
+            yield from _tensors_of(getattr(data, f.name))
+
+
+def _warn_masked_samples(
+    losses: Any, data: Any, zero_when_shrunk: Callable[[Any], Tensor] | None = None
+) -> bool:
+    """A warning (and True) for per-sample losses (one per example) exactly 0 in one of the
+    fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
+    example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
+    ``ignore_index``; a loss times a mask). Such an example
+    teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
+    like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
+    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it.
+    ``zero_when_shrunk`` (:meth:`DataWeightsProblem._zero_when_shrunk`) keeps the rows whose
+    loss is still 0 with the weights shrunk: a loss exactly 0 by a large margin (sharp logits,
+    LBFGS fitting a batch, a hinge or triplet loss past its margin) is not said (session 50:
+    it was, with "ignore this" for a hinge)."""
+    if not isinstance(losses, Tensor) or losses.dim() != 1 or losses.numel() == 0:
+        return False
+    zeros = losses.detach() == 0
+    if not bool(zeros.any()):
+        return False
+    if zero_when_shrunk is not None:  # still 0 with the weights shrunk: masked, not fitted
+        zeros &= zero_when_shrunk(data).to(zeros.device)
+        if not bool(zeros.any()):
+            return False
+    labels = batch_labels(data)
+    ignored = ""
+    if isinstance(labels, Tensor) and labels.shape == losses.shape:
+        negative = zeros & (labels < 0) if not labels.is_floating_point() else zeros & False
+        if bool(negative.any()):
+            ignored = (
+                f" ({int(negative.sum())} of them labelled {int(labels[negative].min())}: "
+                "ignore_index?)"
+            )
+    rank_zero_warn(
+        f"LearnedDataWeights: {int(zeros.sum())} of the {losses.numel()} per-sample losses of "
+        f"a training batch near the fit's start are exactly 0{ignored}: masked examples (an "
+        f"ignore_index, a mask)? {_MASKED_WHY}"
+    )
+    return True
+
+
+_MASKED_WHY = (
+    "An example whose loss is masked teaches the network nothing, but its weight is learned "
+    "all the same: the normalised loss pushes it down like a misfit's, and flagged() names it "
+    "as suspect. Leave unlabelled examples out of the training set (e.g. "
+    "IndexedDataset(Subset(train_set, labelled)))."
+)
+
+
+def _real_targets(data: Any, losses: Any) -> Tensor | None:
+    """The entries of the batch's targets (:func:`batch_labels`: ``batch[1]``, or a dict
+    sample's ``"y"`` / ``"target"`` / ...) that say regression, or None: targets that are real
+    numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
+    class ids, not probabilities)."""
+    if not isinstance(losses, Tensor):
+        return None
+    y = batch_labels(data)
+    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
+        return None
+    y = y.detach()
+    real = ((y < 0) | (y > 1)) & (y != y.round())
+    return y[real] if bool(real.any()) else None
+
+
+def _refuse_real_targets(data: Any, losses: Any) -> None:
+    """A clear error where the default objective (:class:`ExpectedError`, which reads a loss
+    as −log p of the right answer) meets a regression: a validation batch whose targets
+    ``batch[1]`` are real numbers, one per loss (same number of entries), some fractional and
+    outside [0, 1] (not class ids, not probabilities). e^(−qℓ) of a squared error depends on the
+    targets' units, and at large ones the few best-fit examples alone decide E."""
+    real = _real_targets(data, losses)
+    if real is not None:
+        raise ConfigurationError(
+            f"LearnedDataWeights: the validation targets are real numbers, one per "
+            f"loss (e.g. {float(real[0]):.3g}): a regression? The default outer objective "
+            "ExpectedError(q=0.5) reads each loss as −log p of the right answer, and e^(−ℓ/2) "
+            "of a squared or absolute error depends on the targets' units (at large ones a few "
+            "best-fit validation examples decide it). Pass objective='mean_loss' (the mean "
+            "validation loss), or objective=ExpectedError(q=...) to keep it knowingly."
+        )
+
+
+def _validation_tensor(out: Any) -> Tensor:
+    """The validation losses from ``training_step``'s (or ``validation_loss``'s) output."""
+    out = out.get("loss") if isinstance(out, Mapping) else out
+    if not isinstance(out, Tensor):
+        raise ConfigurationError(
+            f"LearnedDataWeights: the validation loss must be a tensor, got {type(out).__name__}."
+        )
+    return out

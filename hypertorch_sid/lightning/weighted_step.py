@@ -1,0 +1,213 @@
+"""The training's loss under the data weights: the module's own ``training_step``, wrapped.
+
+:class:`WeightedStep` (which :class:`~hypertorch_sid.lightning.data_weights.DataWeightsProblem`
+is) gives the module a ``training_step`` that takes the index off the batch, calls the user's
+and returns ℓ̂ = Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ over the batch (or the mean of ωᵢℓᵢ, ``normalize=False``):
+from the fit's ``setup`` a stand-in at the weights as they are (:meth:`WeightedStep.stand_in`,
+for Lightning's tuner), from the build the wrapped step (:meth:`WeightedStep._wrap`), which at
+each step of the loop also checks and records the batch's rows (the record,
+:class:`~hypertorch_sid.lightning.row_record.RowRecord`), hands them to the training batches'
+cross term, and at the fit's first step chooses the gauge (:meth:`WeightedStep._choose_gauge`,
+eq. classgauge for ``"class"``). :meth:`WeightedStep.unwrap` gives the module its own back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_info
+from torch import Tensor
+
+from ..core.errors import ConfigurationError
+from ..core.sample_weights import (
+    Indexed,
+    SigmoidWeights,
+    SoftmaxWeights,
+    check_per_sample,
+    weighted_loss,
+)
+from .cross_term import RandomState
+from .data_checks import (
+    MASKED_CHECKS,
+    _carried_labels,
+    _real_targets,
+    _refuse_masked_entries,
+    _warn_masked_samples,
+)
+from .problem import with_batch_idx
+from .row_record import RowRecord
+
+__all__ = ["WeightedStep"]
+
+
+class WeightedStep(RowRecord):
+    """The module's ``training_step`` wrapped to return the weighted loss (see the module
+    docstring). The problem gives ``weights``, ``per``, ``normalize``, ``initial``,
+    ``parameterization``, ``gauge`` and ``class_by_default``, ``_index_and_data``, and the
+    hooks ``loop_batch`` (the batch the Trainer's loop hands over now) and
+    ``on_training_batch`` (the cross term on it)."""
+
+    normalize: bool
+    initial: float | None
+    gauge: str
+    class_by_default: bool
+    loop_batch: Any
+    on_training_batch: Callable[[Tensor, Any, Tensor, RandomState], None] | None
+    _module: pl.LightningModule | None
+    _stood_in: pl.LightningModule | None
+    _checked_entries: bool
+    _masked_checks: int
+
+    def stand_in(self, module: pl.LightningModule) -> None:
+        """From the fit's ``setup`` until :meth:`_wrap` (the build, at ``on_train_start``):
+        ``module.training_step`` takes the index off the batch and returns the weighted loss at
+        the weights as they are (their start, ω₀ for every row, before a first fit), recording
+        nothing and moving no weight. Lightning's tuner runs its trials in between
+        (``Tuner(trainer).lr_find`` / ``scale_batch_size`` call ``training_step`` from
+        ``on_fit_start`` with every other callback switched off): the user's
+        ``training_step`` got the ``Indexed`` batch and failed inside the user's code, and its
+        per-sample losses could not be backpropagated."""
+        if self._module is not None or "training_step" in module.__dict__:
+            return  # wrapped already (weighted, or the stand-in)
+        original = with_batch_idx(module.training_step)
+
+        @functools.wraps(original)
+        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+            index, data = self._index_and_data(batch)
+            out = original(data, batch_idx, *args, **kwargs)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            losses = check_per_sample(raw, index)
+            weights = self.weights
+            with torch.no_grad():
+                if weights is not None and int(index.max()) < weights.n and int(index.min()) >= 0:
+                    omega = weights.weights(index.to(weights.logits.device), losses)
+                else:  # before the first build: every weight at its start
+                    omega = torch.full_like(losses, self._initial_weight())
+            loss = weighted_loss(losses, omega.to(losses.device), self.normalize)
+            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
+
+        training_step.stand_in = True  # type: ignore[attr-defined]
+        module.training_step = training_step  # type: ignore[method-assign]
+        self._stood_in = module
+
+    def _initial_weight(self) -> float:
+        """ω₀, the weight every row starts at."""
+        if self.initial is not None:
+            return float(self.initial)
+        return 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
+
+    @staticmethod
+    def _drop_stand_in(module: pl.LightningModule) -> None:
+        step = module.__dict__.get("training_step")
+        if getattr(step, "stand_in", False):
+            del module.__dict__["training_step"]
+
+    def _wrap(self, module: pl.LightningModule) -> None:
+        """``module.training_step`` returns the weighted loss from now until :meth:`unwrap`."""
+        if self._module is module:
+            return
+        self.unwrap()
+        self._drop_stand_in(module)
+        self._checked_entries = False
+        self._masked_checks, self._said_masked = MASKED_CHECKS, False
+        self._reread_rows, self._lossy = set(), None
+        original = with_batch_idx(module.training_step)
+        self._module, self._original = module, original
+
+        @functools.wraps(original)
+        def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+            index, data = self._index_and_data(batch)
+            carried = _carried_labels(batch)
+            in_loop = batch is self.loop_batch  # not another callback's hyper step
+            if in_loop:  # once: LBFGS's closure calls training_step again at its line points
+                self.loop_batch = None
+            rng = RandomState.capture(module.device, module) if self.on_training_batch else None
+            out = original(data, batch_idx, *args, **kwargs)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            if raw is None:  # Lightning's skip of a training batch: nothing read or weighted
+                if in_loop:
+                    return out
+                raise ConfigurationError(
+                    "LearnedDataWeights: training_step returned None (Lightning's skip) on a "
+                    "batch a hyper step drew: the hyper steps need the per-sample losses of "
+                    "every batch they draw, training and validation. Skip only batches of the "
+                    "training loop (e.g. by self.trainer.training and batch_idx), or leave the "
+                    "skipped examples out of the data sets."
+                )
+            if not self._checked_entries:  # once, at the fit's first step
+                self._checked_entries = True
+                _refuse_masked_entries(raw)
+                self._choose_gauge(data, raw, carried)
+            if in_loop and self._masked_checks > 0:
+                self._masked_checks -= 1
+                if _warn_masked_samples(raw, data, self._zero_when_shrunk):
+                    self._masked_checks, self._said_masked = 0, True
+            losses = check_per_sample(raw, index)
+            labels = self._read_checks(index, data, carried) if in_loop else None
+            with torch.no_grad():  # the training never differentiates the weights
+                weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
+            if in_loop:
+                self._seen(index, losses, labels)
+                if self.on_training_batch is not None and rng is not None:
+                    self.on_training_batch(index, data, losses.detach(), rng)
+            loss = weighted_loss(losses, weights, self.normalize)
+            return {**out, "loss": loss} if isinstance(out, Mapping) else loss
+
+        def unweighted(batch: Any, batch_idx: int = 0) -> Tensor:
+            """The mean of the per-sample losses on ``batch`` as its labels are, no weight
+            applied: the training loss of a validation batch, which another callback's E
+            (``LearnedWeightDecay`` without ``validation_loss=``) reads."""
+            data = batch.data if isinstance(batch, Indexed) else batch
+            out = original(data, batch_idx)
+            raw = out.get("loss") if isinstance(out, Mapping) else out
+            return raw.mean() if isinstance(raw, Tensor) else raw
+
+        training_step.unweighted = unweighted  # type: ignore[attr-defined]
+        module.training_step = training_step  # type: ignore[method-assign]
+
+    def _choose_gauge(self, data: Any, losses: Any, carried: Tensor | None = None) -> None:
+        """``gauge="auto"``, per sample under the self-normalised loss with a sigmoid
+        parameterisation: ``"mean_logit"`` where the training targets are real numbers (a
+        regression: a squared error's outlying targets carry the minibatch's centre, and under
+        ``"batch"`` nothing was learned, docs/data_weights.md); ``"class"`` where the batch
+        holds integer class labels that the drop-in reads (:meth:`_labels_of`: ``target=``,
+        those ``indexed_collate`` read from the samples, or ``batch[1]`` under torch's default
+        collation) and the training batches' cross term moves the weights
+        (``cross_term="training"``): each row's hypergradient against its class's
+        (:func:`~hypertorch_sid.core.sample_weights.class_centred`) and each class's mean logit
+        held (session 51: on 20 Newsgroups the part of the hypergradient common to a class was
+        noise that pushed whole classes down), under DDP too (every rank records every rank's
+        rows' labels, :meth:`_every_ranks_rows`); ``"batch"`` otherwise."""
+        weights = self.weights
+        if (
+            self.gauge != "auto"
+            or weights is None
+            or self.per != "sample"
+            or not self.normalize
+            or not isinstance(weights.parameterization, SigmoidWeights)
+        ):
+            return
+        if _real_targets(data, losses) is not None:
+            weights.use_gauge("mean_logit")
+            rank_zero_info(
+                "LearnedDataWeights: the training targets are real numbers (a regression), so "
+                "the weights' scale is held by their mean logit (gauge='mean_logit'), not by "
+                "each minibatch's centre: gauge='batch' to keep the minibatch's."
+            )
+        elif self.class_by_default:
+            b = losses.shape[0] if isinstance(losses, Tensor) and losses.dim() > 0 else None
+            if self._labels_of(data, b, carried) is not None:
+                weights.use_class_gauge(lambda: self._labels)
+
+    def unwrap(self) -> None:
+        """Give the module its own ``training_step`` back."""
+        if self._module is not None:
+            self._module.__dict__.pop("training_step", None)
+        self._module = self._original = None
+        if self._stood_in is not None:
+            self._drop_stand_in(self._stood_in)
+            self._stood_in = None
