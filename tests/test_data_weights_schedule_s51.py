@@ -83,7 +83,7 @@ def test_a_short_fit_resolves_its_schedule_and_the_weights_move():
     assert not torch.allclose(cb.data_weights(), torch.full((240,), 0.5))
 
     fixed = LearnedDataWeights(seed=0, schedule="fixed")
-    with pytest.warns(UserWarning, match="at optimizer step 80"):
+    with pytest.warns(UserWarning, match="at optimizer step 80.*Or .*schedule='fit_length'"):
         trainer([fixed], max_steps=96).fit(Classifier(), datamodule=Data(shuffle=False))
     assert (fixed.start_step, fixed.every_n_steps) == (50, 40)
     assert len(fixed.history) == 1
@@ -108,10 +108,11 @@ def test_explicit_values_win():
     assert resolve(scaled(every_n_steps=7), 96) == (13, 7)
     assert resolve(LearnedDataWeights(schedule="fixed"), 96) == (50, 40)
     # a user's explicit late start still gets the late-start warning
-    with pytest.warns(UserWarning, match="at optimizer step 80"):
+    with pytest.warns(UserWarning, match="at optimizer step 80") as caught:
         trainer([scaled(start_step=50, every_n_steps=40, seed=0)], max_steps=96).fit(
             Classifier(), datamodule=Data(shuffle=False)
         )
+    assert not any("Or LearnedDataWeights(schedule=" in str(w.message) for w in caught)
 
 
 def test_the_hyper_step_cross_terms_cap_is_its_every_10():
@@ -152,3 +153,12 @@ def test_a_resumed_fit_resolves_the_uninterrupted_ones_schedule(tmp_path):
     torch.testing.assert_close(
         resumed.data_weights(), straight.data_weights(), rtol=1e-4, atol=1e-5
     )
+
+
+def test_the_default_stays_fixed():
+    """schedule="fit_length" missed its adoption rule on the 20 Newsgroups recipe's accuracy
+    (−1.2 points, fresh seeds 6-11; docs/data_weights.md): ``LearnedDataWeights()`` keeps 50 /
+    40 in a short fit, and logs no resolved schedule."""
+    cb = LearnedDataWeights()
+    assert cb.schedule == "fixed"
+    assert resolve(cb, 96) == (50, 40)

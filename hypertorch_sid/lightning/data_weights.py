@@ -1603,9 +1603,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
             if schedule == "fit_length" and kwargs.get(name) is None
         }
         default_unless_given(kwargs, "every_n_steps", caps["every_n_steps"])
-        # the first 50 optimizer steps train plainly: a network near its initialisation says
-        # little about which example to trust (a warm-up against none: +2 to +4 points, less
-        # cost). 50 rather than 100, session 45's confirmation on fresh seeds 16-30
+        # the first hyper step (from which the weights move) at step 80, the first multiple of
+        # every_n_steps=40 from start_step=50: until then the fit trains plainly; a network
+        # near its initialisation says little about which example to trust (a warm-up against
+        # none: +2 to +4 points, less cost). 50 rather than 100, session 45's confirmation on
+        # fresh seeds 16-30
         # (bench_noisy_labels, paired by seed): +0.68 / +0.43 points on MNIST / Fashion
         # symmetric, +0.32 / +1.17 on pair-flip, +1.24 on 20 Newsgroups, at 1.82-1.85x plain CPU
         # (the caps of schedule="fit_length", which scales them down in fits shorter than the
@@ -1771,6 +1773,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
             trainer.global_step, epoch,
         )  # fmt: skip
         if said is not None:  # a fit stopped before that step is still told it learned nothing
+            if self.schedule == "fixed":
+                said += (
+                    " Or LearnedDataWeights(schedule='fit_length'), which scales start_step / "
+                    "every_n_steps to the fit's length (docs/data_weights.md)."
+                )
             rank_zero_warn(f"LearnedDataWeights: {said}")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
