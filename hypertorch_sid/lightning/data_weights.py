@@ -58,12 +58,13 @@ Where a batch's labels are and the refusals and warnings about the user's data a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import default_collate
@@ -621,10 +622,18 @@ class LearnedDataWeights(HyperOptimizationCallback):
         :class:`LazyAdam` in a single-process fit, off otherwise (DDP averages dense gradients;
         a user's ``outer_optimizer`` may not take sparse ones). ``True`` needs an outer
         optimizer that moves only the rows given (``LazyAdam``, ``SGD`` without momentum).
+    schedule:
+        ``"fixed"`` (default): ``start_step=50``, ``every_n_steps=40`` whatever the fit's
+        length. ``"fit_length"``: those of the two not given are scaled down to the fit's
+        length T (``trainer.estimated_stepping_batches``, read at the fit's start) in the
+        proportions of the benchmark where 50 / 40 were chosen (T = 384):
+        ``min(50, ⌈13 T / 100⌉)`` / ``min(40, ⌈5 T / 48⌉)`` (:meth:`fit_length_schedule`;
+        T ≥ 383 or unknown keeps 50 / 40). The resolved schedule is logged at the fit's start.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
-        defaults differ from the callback's: ``start_step=50`` (weights move after 50 plain
-        optimizer steps), ``every_n_steps=40``, ``adjoint_steps=3``,
+        defaults differ from the callback's: ``start_step=50`` with ``every_n_steps=40``
+        (the first hyper step, from which the weights move, at optimizer step 80: the first
+        80 optimizer steps train plainly), ``adjoint_steps=3``,
         ``val_batch_size``: at least :data:`MIN_VAL_BATCH` = 256 validation examples per hyper
         step (the validation loader's batch size where larger, the whole set where smaller;
         ``val_batch_size=`` sets it), ``batches=Batches(d2=1)`` (with
@@ -652,10 +661,17 @@ class LearnedDataWeights(HyperOptimizationCallback):
         outer_betas: tuple[float, float] = (0.0, 0.999),
         scale_prior: float = 0.0,
         gauge: Literal["auto", "batch", "mean_logit", "class"] = "auto",
+        schedule: Literal["fit_length", "fixed"] = "fixed",
         **kwargs: Any,
     ) -> None:
         if kwargs.get("problem") is not None:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
+        if schedule not in ("fit_length", "fixed"):
+            raise ConfigurationError(
+                f"LearnedDataWeights: schedule must be 'fit_length' (start_step and "
+                f"every_n_steps scaled down to the fit's length) or 'fixed' (50 / 40 whatever "
+                f"the length), got {schedule!r}."
+            )
         kwargs.pop("problem", None)  # None: a LightningCLI passes every parameter it knows
         cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
         check_bool("LearnedDataWeights: normalize", normalize)  # normalize="false" is truthy
@@ -684,13 +700,27 @@ class LearnedDataWeights(HyperOptimizationCallback):
         )
         self._said_unreplayable = False
         self._said_shortfall = False
-        default_unless_given(kwargs, "every_n_steps", 40 if cross_term == "training" else 10)
-        # the first 50 optimizer steps train plainly: a network near its initialisation says
-        # little about which example to trust (a warm-up against none: +2 to +4 points, less
-        # cost). 50 rather than 100, session 45's confirmation on fresh seeds 16-30
+        #: the schedule's settings the user left to the drop-in, with their caps: with
+        #: schedule="fit_length" each is scaled to the fit's length at its start
+        #: (:meth:`fit_length_schedule`); a value given is kept
+        self.schedule = schedule
+        caps = {"start_step": 50, "every_n_steps": 40 if cross_term == "training" else 10}
+        self._schedule_caps = {
+            name: cap
+            for name, cap in caps.items()
+            if schedule == "fit_length" and kwargs.get(name) is None
+        }
+        default_unless_given(kwargs, "every_n_steps", caps["every_n_steps"])
+        # the first hyper step (from which the weights move) at step 80, the first multiple of
+        # every_n_steps=40 from start_step=50: until then the fit trains plainly; a network
+        # near its initialisation says little about which example to trust (a warm-up against
+        # none: +2 to +4 points, less cost). 50 rather than 100, session 45's confirmation on
+        # fresh seeds 16-30
         # (bench_noisy_labels, paired by seed): +0.68 / +0.43 points on MNIST / Fashion
         # symmetric, +0.32 / +1.17 on pair-flip, +1.24 on 20 Newsgroups, at 1.82-1.85x plain CPU
-        default_unless_given(kwargs, "start_step", 50)
+        # (the caps of schedule="fit_length", which scales them down in fits shorter than the
+        # benchmark's 384 optimizer steps: :meth:`fit_length_schedule`)
+        default_unless_given(kwargs, "start_step", caps["start_step"])
         default_unless_given(kwargs, "adjoint_steps", 3)
         # v steers the next 40 training batches' weights: read ≥ MIN_VAL_BATCH validation
         # examples for it, not the validation loader's batch (bench_noisy_labels: see the docs)
@@ -773,6 +803,57 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._module: pl.LightningModule | None = None
         self._cross: TrainingCrossTerm | None = None
 
+    @staticmethod
+    def fit_length_schedule(
+        total: float, start_cap: int = 50, every_cap: int = 40
+    ) -> tuple[int, int]:
+        """``(start_step, every_n_steps)`` of ``schedule="fit_length"`` in a fit of ``total``
+        optimizer steps (``trainer.estimated_stepping_batches``): the benchmark's proportions
+        (bench_noisy_labels, T = 384, where 50 / 40 were chosen) carried to any length: the
+        first 13 % of the fit trains plainly (50 ≈ 0.13 · 384) and the fit gets ~9.6
+        hyper-step intervals (384 / 40), each capped by its fixed default:
+
+            start_step = min(50, ⌈13 T / 100⌉),  every_n_steps = min(40, ⌈5 T / 48⌉)
+
+        (at least 1 each). T ≥ 384 keeps 50 / 40 exactly; 96 steps (gradient accumulation)
+        give 13 / 10, the first hyper step at step 20 rather than 80. A length unknown or
+        infinite (``max_steps=-1``, ``max_epochs=-1``) keeps the caps."""
+        if not isinstance(total, (int, float)) or not math.isfinite(total) or total < 0:
+            return start_cap, every_cap
+        t = int(total)
+        start = min(start_cap, max(1, -(-13 * t // 100)))
+        every = min(every_cap, max(1, -(-5 * t // 48)))
+        return start, every
+
+    def _resolve_schedule(self, trainer: pl.Trainer) -> None:
+        """Set this fit's ``start_step`` / ``every_n_steps`` (those the user did not give) from
+        the fit's length, and say them. Every fit resolves anew from its whole length
+        (``estimated_stepping_batches`` counts from step 0, so a resumed fit gets the
+        uninterrupted one's schedule)."""
+        if not self._schedule_caps:
+            return
+        total = trainer.estimated_stepping_batches
+        start, every = self.fit_length_schedule(
+            total,
+            self._schedule_caps.get("start_step", self.start_step),
+            self._schedule_caps.get("every_n_steps", self.every_n_steps),
+        )
+        if "start_step" in self._schedule_caps:
+            self.start_step = start
+        if "every_n_steps" in self._schedule_caps:
+            self.every_n_steps = every
+        first = -(-max(self.start_step, 1) // self.every_n_steps) * self.every_n_steps
+        length = (
+            f"{int(total)} optimizer steps"
+            if math.isfinite(total)
+            else "a length unknown (max_steps=-1, max_epochs=-1)"
+        )
+        rank_zero_info(
+            f"LearnedDataWeights: schedule='fit_length' for a fit of {length}: "
+            f"start_step={self.start_step}, every_n_steps={self.every_n_steps}; the first hyper "
+            f"step (from which the weights move) at optimizer step {first}."
+        )
+
     def sparse_grad_for(self, world_size: int) -> bool:
         """Whether the per-sample logits get row-sparse gradients in a fit on ``world_size``
         processes: as given (``sparse_grad=``), else where that is safe and O(batch): per
@@ -800,6 +881,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
             trainer.global_step, epoch,
         )  # fmt: skip
         if said is not None:  # a fit stopped before that step is still told it learned nothing
+            if self.schedule == "fixed":
+                said += (
+                    " Or LearnedDataWeights(schedule='fit_length'), which scales start_step / "
+                    "every_n_steps to the fit's length (docs/data_weights.md)."
+                )
             rank_zero_warn(f"LearnedDataWeights: {said}")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -835,6 +921,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build (see the base class); with ``cross_term="training"`` every training batch also
         moves its own rows' weights."""
+        self._resolve_schedule(trainer)
         self.problem.sparse_grad = self.sparse_grad_for(trainer.world_size)
         self.problem.validation_examples = self._validation_size(trainer)
         self._said_shortfall = False
