@@ -423,6 +423,29 @@ def test_loss(
     return total / n, correct / n
 
 
+def recipe_loader(data, collate, batch: int, indexed: bool, shuffle: bool) -> DataLoader:
+    """A recipe's loader: indexed for the data weights (the user's ``collate_fn`` wrapped by
+    ``indexed_collate``), ``batch`` while training, 256 for evaluation."""
+    if indexed:
+        data = IndexedDataset(data)
+        collate = indexed_collate(collate) if collate is not None else None
+    kw = {"collate_fn": collate} if collate is not None else {}
+    return DataLoader(data, batch_size=batch if shuffle else 256, shuffle=shuffle, **kw)
+
+
+def package_warnings(caught: list, width: int) -> list[str]:
+    """The warnings of a fit that come from this package (its messages cut at ``width``)."""
+    return sorted(
+        {
+            str(w.message)[:width]
+            for w in caught
+            if "hypertorch" in (w.filename or "")
+            or "Learned" in str(w.message)
+            or "hyper" in str(w.message)
+        }
+    )
+
+
 class Setup:
     """A recipe's data and how to build and fit it, per arm."""
 
@@ -509,12 +532,7 @@ class Setup:
         return TensorDataset(x, y2), bad
 
     def loader(self, data, indexed: bool, shuffle: bool) -> DataLoader:
-        collate = self.collate
-        if indexed:
-            data = IndexedDataset(data)
-            collate = indexed_collate(collate) if collate is not None else None
-        kw = {"collate_fn": collate} if collate is not None else {}
-        return DataLoader(data, batch_size=64 if shuffle else 256, shuffle=shuffle, **kw)
+        return recipe_loader(data, self.collate, 64, indexed, shuffle)
 
     def run(self, arm: str) -> dict[str, Any]:
         noisy = arm in ("plain", "dw", "dw_mean_loss")
@@ -555,16 +573,7 @@ class Setup:
                 record["error"] = f"{type(err).__name__}: {err}"
                 return record
             record["cpu_s"] = time.process_time() - t0
-            record["warnings"] = sorted(
-                {
-                    str(w.message)[:300]
-                    for w in caught
-                    if "hypertorch" in (w.filename or "")
-                    or "LearnedWeight" in str(w.message)
-                    or "LearnedData" in str(w.message)
-                    or "hyper" in str(w.message)
-                }
-            )
+            record["warnings"] = package_warnings(caught, 300)
         if ckpt is not None and ckpt.best_model_path:
             state = torch.load(ckpt.best_model_path, weights_only=False)["state_dict"]
             model.load_state_dict(state)
@@ -650,45 +659,65 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def recipe_cli(
+    argv: list[str] | None,
+    *,
+    description: str,
+    recipes: tuple[str, ...],
+    arms: tuple[str, ...],
+    extra_arms: tuple[str, ...],
+    setup: Callable[[str, Path, int], Any],
+    table: Callable[[list[dict[str, Any]]], str],
+    default_out: Path,
+    dw_kwargs: dict[str, Any],
+) -> None:
+    """The recipe benchmarks' command line (this one's and ``bench_user_recipes_s51.py``'s): run
+    ``--recipes`` × ``--seeds`` × ``--arms``, print each record, and keep every record in
+    ``--out`` (a rerun replaces the records of the same recipe, arm and seed), each with the
+    command that made it; ``--table`` prints the table of ``--out`` and stops."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--recipes", nargs="+", default=["all"])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
+    p.add_argument("--arms", nargs="+", default=list(arms), choices=arms + extra_arms)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/user_recipes/s50.json"))
+    p.add_argument("--out", type=Path, default=default_out)
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
     p.add_argument("--dw-kwargs", type=json.loads, default={}, help="LearnedDataWeights settings")
     args = p.parse_args(argv)
-    DW_KWARGS.update(args.dw_kwargs)
+    dw_kwargs.update(args.dw_kwargs)
     if args.table:
         print(table(json.loads(args.out.read_text())["records"]))
         return
     torch.set_num_threads(1)
-    recipes = RECIPES if args.recipes == ["all"] else args.recipes
+    command = " ".join(["python", *sys.argv])
     old = json.loads(args.out.read_text())["records"] if args.out.exists() else []
-    for name in recipes:
+    for name in recipes if args.recipes == ["all"] else args.recipes:
         for seed in args.seeds:
-            setup = Setup(name, args.data, seed)
+            made = setup(name, args.data, seed)
             for arm in args.arms:
-                rec = setup.run(arm)
-                print(
-                    json.dumps({k: v for k, v in rec.items() if k not in ("warnings", "lam")}),
-                    flush=True,
-                )
+                rec = made.run(arm)
+                rec["command"] = command
+                shown = {k: v for k, v in rec.items() if k not in ("warnings", "lam", "command")}
+                print(json.dumps(shown), flush=True)
                 old = [r for r in old if (r["recipe"], r["arm"], r["seed"]) != (name, arm, seed)]
                 old.append(rec)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(
-                    json.dumps(
-                        {
-                            "command": " ".join(["python", *sys.argv]),
-                            "noise": NOISE,
-                            "records": old,
-                        },
-                        indent=1,
-                    )
-                )
+                record = {"command": command, "noise": NOISE, "records": old}
+                args.out.write_text(json.dumps(record, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    recipe_cli(
+        argv,
+        description=__doc__.split("\n")[0],
+        recipes=RECIPES,
+        arms=ARMS,
+        extra_arms=EXTRA_ARMS,
+        setup=Setup,
+        table=table,
+        default_out=Path("benchmarks/results/user_recipes/s50.json"),
+        dw_kwargs=DW_KWARGS,
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,6 @@ Each run merges its records into ``--out``; ``--table`` prints the table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -53,12 +51,14 @@ from torch.utils.data import DataLoader, Subset, TensorDataset, random_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_user_recipes_s50 import (  # noqa: E402
-    NOISE,
     Docs,
     auc,
     corrupt,
     images,
     news,
+    package_warnings,
+    recipe_cli,
+    recipe_loader,
     test_loss,
     trainer,
 )
@@ -67,7 +67,6 @@ from hypertorch_sid import (  # noqa: E402
     IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
-    indexed_collate,
 )
 
 ARMS = ("own", "decay", "plain", "dw")
@@ -445,12 +444,7 @@ class Setup:
         return TensorDataset(x, y2), bad
 
     def loader(self, data, indexed: bool, shuffle: bool) -> DataLoader:
-        collate = self.collate
-        if indexed:
-            data = IndexedDataset(data)
-            collate = indexed_collate(collate) if collate is not None else None
-        kw = {"collate_fn": collate} if collate is not None else {}
-        return DataLoader(data, batch_size=self.batch if shuffle else 256, shuffle=shuffle, **kw)
+        return recipe_loader(data, self.collate, self.batch, indexed, shuffle)
 
     def run(self, arm: str) -> dict[str, Any]:
         noisy = arm in ("plain", "dw", "oracle")
@@ -496,15 +490,7 @@ class Setup:
                 return record
             record["cpu_s"] = time.process_time() - t0
             record["wall_s"] = time.perf_counter() - w0
-            record["warnings"] = sorted(
-                {
-                    str(w.message)[:400]
-                    for w in caught
-                    if "hypertorch" in (w.filename or "")
-                    or "Learned" in str(w.message)
-                    or "hyper" in str(w.message)
-                }
-            )
+            record["warnings"] = package_warnings(caught, 400)
         test_kw = {"collate_fn": self.collate} if self.collate else {}
         loss, acc = test_loss(model, DataLoader(self.test, batch_size=500, **test_kw))
         val_loss, _ = test_loss(model, DataLoader(self.val, batch_size=500, **test_kw))
@@ -569,38 +555,17 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--recipes", nargs="+", default=["all"])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/user_recipes/s51.json"))
-    p.add_argument("--table", action="store_true", help="print --out's table and stop")
-    p.add_argument("--dw-kwargs", type=json.loads, default={}, help="LearnedDataWeights settings")
-    args = p.parse_args(argv)
-    DW_KWARGS.update(args.dw_kwargs)
-    if args.table:
-        print(table(json.loads(args.out.read_text())["records"]))
-        return
-    torch.set_num_threads(1)
-    recipes = RECIPES if args.recipes == ["all"] else args.recipes
-    old = json.loads(args.out.read_text())["records"] if args.out.exists() else []
-    for name in recipes:
-        for seed in args.seeds:
-            setup = Setup(name, args.data, seed)
-            for arm in args.arms:
-                rec = setup.run(arm)
-                rec["command"] = " ".join(["python", *sys.argv])
-                print(
-                    json.dumps(
-                        {k: v for k, v in rec.items() if k not in ("warnings", "lam", "command")}
-                    ),
-                    flush=True,
-                )
-                old = [r for r in old if (r["recipe"], r["arm"], r["seed"]) != (name, arm, seed)]
-                old.append(rec)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"noise": NOISE, "records": old}, indent=1))
+    recipe_cli(
+        argv,
+        description=__doc__.split("\n")[0],
+        recipes=RECIPES,
+        arms=ARMS,
+        extra_arms=EXTRA_ARMS,
+        setup=Setup,
+        table=table,
+        default_out=Path("benchmarks/results/user_recipes/s51.json"),
+        dw_kwargs=DW_KWARGS,
+    )
 
 
 if __name__ == "__main__":
