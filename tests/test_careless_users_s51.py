@@ -367,3 +367,17 @@ def test_an_optimizer_decay_switched_on_under_the_data_weights_is_said():
     assert len([m for m in said if "weight_decay=0.05 was switched on during the fit" in m]) == 1
     said = _fit([_weights(), _AtEpoch1("recreate")], train, _val(), _OwnDecay("none"), max_epochs=2)
     assert not [m for m in said if "switched on" in m]
+
+
+def test_a_skipped_hyper_step_names_the_data_weights_not_lambda():
+    """A validation set with a NaN makes every hyper step diverge; under ``LearnedDataWeights``
+    the warning said "λ unchanged" (the weight decay's name) for the data weights it left."""
+    xv = X[:60].clone()
+    xv[3, 0] = float("nan")
+    val = DataLoader(TensorDataset(xv, Y[:60]), batch_size=20)
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    cb = _weights(val="full")
+    said = _fit(cb, train, val, ToyClassifier("none"), max_epochs=1)
+    skipped = [m for m in said if "hyper step skipped" in m]
+    assert skipped, said
+    assert all("the data weights unchanged" in m and "λ" not in m.split(":")[1] for m in skipped)

@@ -241,6 +241,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     start of the epoch); the callback's own samplers always continue where they stopped.
     """
 
+    #: what the hyperparameters are called in the callback's messages (λ, the paper's name)
+    hyperparameters_named = "λ"
+
     #: what happens to tensors the optimizers train that the fit did not start with
     _new_tensors_get = "are left out of the hypergradient"
 
@@ -952,7 +955,10 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             except DivergenceError as err:
                 if self.on_divergence == "raise":
                     raise
-                rank_zero_warn(f"{type(self).__name__}: hyper step skipped, λ unchanged: {err}")
+                rank_zero_warn(
+                    f"{type(self).__name__}: hyper step skipped, {self.hyperparameters_named} "
+                    f"unchanged: {err}"
+                )
                 return
             hypergrad = self._adjust_hypergradient(trainer, pl_module, hypergrad)
             self.sid.apply(hypergrad)

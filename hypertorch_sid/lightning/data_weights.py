@@ -644,6 +644,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         every step reads).
     """
 
+    hyperparameters_named = "the data weights"
+
     def __init__(
         self,
         per: Literal["sample", "class"] = "sample",
