@@ -659,23 +659,16 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def recipe_cli(
-    argv: list[str] | None,
-    *,
-    description: str,
-    recipes: tuple[str, ...],
-    arms: tuple[str, ...],
-    extra_arms: tuple[str, ...],
-    setup: Callable[[str, Path, int], Any],
-    table: Callable[[list[dict[str, Any]]], str],
-    default_out: Path,
-    dw_kwargs: dict[str, Any],
-) -> None:
+def recipe_cli(argv: list[str] | None, bench: Any, default_out: Path) -> None:
     """The recipe benchmarks' command line (this one's and ``bench_user_recipes_s51.py``'s): run
     ``--recipes`` × ``--seeds`` × ``--arms``, print each record, and keep every record in
     ``--out`` (a rerun replaces the records of the same recipe, arm and seed), each with the
-    command that made it; ``--table`` prints the table of ``--out`` and stops."""
-    p = argparse.ArgumentParser(description=description)
+    command that made it; ``--table`` prints the table of ``--out`` and stops. ``bench``: the
+    benchmark's module, whose ``RECIPES``, ``ARMS``, ``EXTRA_ARMS``, ``Setup``, ``table`` and
+    ``DW_KWARGS`` (updated by ``--dw-kwargs``) are read."""
+    description, recipes, setup, table = bench.__doc__, bench.RECIPES, bench.Setup, bench.table
+    arms, extra_arms, dw_kwargs = bench.ARMS, bench.EXTRA_ARMS, bench.DW_KWARGS
+    p = argparse.ArgumentParser(description=description.split("\n")[0])
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
     p.add_argument("--recipes", nargs="+", default=["all"])
     p.add_argument("--arms", nargs="+", default=list(arms), choices=arms + extra_arms)
@@ -707,17 +700,7 @@ def recipe_cli(
 
 
 def main(argv: list[str] | None = None) -> None:
-    recipe_cli(
-        argv,
-        description=__doc__.split("\n")[0],
-        recipes=RECIPES,
-        arms=ARMS,
-        extra_arms=EXTRA_ARMS,
-        setup=Setup,
-        table=table,
-        default_out=Path("benchmarks/results/user_recipes/s50.json"),
-        dw_kwargs=DW_KWARGS,
-    )
+    recipe_cli(argv, sys.modules[__name__], Path("benchmarks/results/user_recipes/s50.json"))
 
 
 if __name__ == "__main__":
