@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s50 as s50  # noqa: E402
 
-from hypertorch_sid.core.sample_weights import ExpectedError  # noqa: E402
+from hypertorch_sid.core.objectives import ExpectedError  # noqa: E402
 
 
 def _flat_grad(model: torch.nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:

@@ -83,11 +83,10 @@ sys.path.insert(0, str(REPO))
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
 from hypertorch_sid.core.config import Batches  # noqa: E402
+from hypertorch_sid.core.directional import ForwardDifference  # noqa: E402
 from hypertorch_sid.core.estimation import EstimatedCurvature  # noqa: E402
-from hypertorch_sid.core.sample_weights import (  # noqa: E402
-    OBJECTIVES,
-    ExpectedError,
-    ForwardDifference,
+from hypertorch_sid.core.objectives import OBJECTIVES, ExpectedError  # noqa: E402
+from hypertorch_sid.core.parameterizations import (  # noqa: E402
     SharedLossWeights,
     biased_hinge_basis,
     hinge_basis,

@@ -22,7 +22,7 @@ from hypertorch_sid import (
     LearnedDataWeights,
     LearnedWeightDecay,
 )
-from hypertorch_sid.core.sample_weights import ExpectedError
+from hypertorch_sid.core.objectives import ExpectedError
 
 N, D, C = TOY_N, TOY_D, TOY_C
 X, Y = TOY_X, TOY_Y

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from hypertorch_sid import IndexedDataset, indexed_collate
 from hypertorch_sid.core.errors import ConfigurationError
-from hypertorch_sid.core.sample_weights import Indexed, LabelledIndexed, sample_label
+from hypertorch_sid.core.indexing import Indexed, LabelledIndexed, sample_label
 
 
 @dataclasses.dataclass

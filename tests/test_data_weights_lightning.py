@@ -21,7 +21,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hypertorch_sid import Batches, ConfigurationError, IndexedDataset, LearnedDataWeights
-from hypertorch_sid.core.sample_weights import SampleWeights, TwoComponentSplit
+from hypertorch_sid.core.flag_rules import TwoComponentSplit
+from hypertorch_sid.core.sample_weights import SampleWeights
 
 N, NOISY = 240, 72  # training examples, the first NOISY have flipped labels
 TOLERANCE_FD_VS_DUAL = (
@@ -259,7 +260,7 @@ def test_margin_error_objectives_through_the_drop_in(name):
     user's network (``logits=``; this module has no forward): the tiny noisy-label problem's
     corrupted examples fall below the clean ones and are flagged, and E is a smoothed error in
     (0, 1)."""
-    from hypertorch_sid.core.sample_weights import OBJECTIVES
+    from hypertorch_sid.core.objectives import OBJECTIVES
 
     objective = OBJECTIVES[name](logits=lambda module, batch: (module.net(batch[0]), batch[1]))
     cb = callback(objective=objective)
@@ -510,7 +511,7 @@ def test_sample_weights_in_a_bilevel_module():
     import functools
 
     from hypertorch_sid import BilevelModule, HyperOptimizationCallback, LazyAdam, SampleWeights
-    from hypertorch_sid.core.sample_weights import split_indexed
+    from hypertorch_sid.core.indexing import split_indexed
 
     class Weighted(BilevelModule):
         def __init__(self) -> None:

@@ -21,7 +21,9 @@ from test_optimizer_decay_modelled import fit_weighted_ridge
 from torch import Tensor
 
 from hypertorch_sid import ConfigurationError, LearnedDataWeights
-from hypertorch_sid.core.sample_weights import SampleWeights, TrainingCrossTerm, weighted_loss
+from hypertorch_sid.core.directional import TrainingCrossTerm
+from hypertorch_sid.core.sample_weights import SampleWeights
+from hypertorch_sid.core.weighted_loss import weighted_loss
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,9 @@ from test_data_weights_lightning import NOISY, Data, callback, fit
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, indexed_collate
-from hypertorch_sid.core.sample_weights import SampleWeights, TrainingCrossTerm, class_centred
+from hypertorch_sid.core.directional import TrainingCrossTerm
+from hypertorch_sid.core.sample_weights import SampleWeights
+from hypertorch_sid.core.weighted_loss import class_centred
 
 LABELS = torch.tensor([0, 0, 1, 1, 1, 2, 2, 0, 1, 2, 2, 0])
 

@@ -18,7 +18,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
-from hypertorch_sid.core.sample_weights import BelowWeight, ExpectedError
+from hypertorch_sid.core.flag_rules import BelowWeight
+from hypertorch_sid.core.objectives import ExpectedError
 
 N, BAD = 240, 72  # the first BAD training examples are corrupted
 

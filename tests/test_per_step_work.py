@@ -121,7 +121,7 @@ def test_norms_read_ahead_with_the_batch_checks_give_the_same_fit_bit_for_bit(mo
 
 
 def test_w_plus_hv_in_one_foreach_add_is_the_per_tensor_add():
-    from hypertorch_sid.core.sample_weights import _moved
+    from hypertorch_sid.core.directional import _moved
 
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen) for s in ((32, 20), (32,), (2, 32), (2,))]
@@ -158,7 +158,7 @@ def test_each_rows_last_loss_is_the_mean_of_its_values_as_by_sums_and_counts():
 def test_lazy_adam_without_a_first_moment_moves_the_rows_as_the_general_formula():
     """β₁ = 0 (the data weights' default): m = g and 1 − 0ᵗ = 1 exactly, so the shortcut moves
     every row as the general formula does, and keeps the same state."""
-    from hypertorch_sid.core.sample_weights import LazyAdam
+    from hypertorch_sid.core.lazy_adam import LazyAdam
 
     gen = torch.Generator().manual_seed(2)
     x = torch.zeros(50, requires_grad=True)
@@ -227,7 +227,7 @@ def test_the_step_size_from_norms_read_ahead_is_the_one_read_in_the_call():
     """h read ahead (``ForwardDifference.prefetch``, with the batch's checks) is the number the
     call reads itself, and ‖w‖ is read anew at every step, also after an edit through ``.data``
     that leaves the version counter as it was."""
-    from hypertorch_sid.core.sample_weights import ForwardDifference
+    from hypertorch_sid.core.directional import ForwardDifference
 
     gen = torch.Generator().manual_seed(4)
     params = [torch.randn(8, 5, generator=gen), torch.randn(5, generator=gen)]

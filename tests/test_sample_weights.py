@@ -23,30 +23,28 @@ from hypertorch_sid import (
     SIDConfig,
     SIDHyperOptimizer,
 )
-from hypertorch_sid.core.rows import RowSnapshot
-from hypertorch_sid.core.sample_weights import (
-    AdaptiveMarginError,
-    BelowWeight,
-    ClassRelativeError,
-    ExpectedError,
+from hypertorch_sid.core.directional import (
     ForwardDifference,
     ForwardMode,
-    Indexed,
-    IndexedDataset,
+    TrainingCrossTerm,
+    directional_losses,
+)
+from hypertorch_sid.core.flag_rules import BelowWeight, TwoComponentSplit
+from hypertorch_sid.core.indexing import Indexed, IndexedDataset, split_indexed
+from hypertorch_sid.core.lazy_adam import LazyAdam
+from hypertorch_sid.core.objectives import (
+    AdaptiveMarginError,
+    ClassRelativeError,
+    ExpectedError,
     KeptEvidenceError,
     LabelledLosses,
-    LazyAdam,
     MarginError,
     MeanLoss,
-    SampleWeights,
-    SharedLossWeights,
-    TrainingCrossTerm,
-    TwoComponentSplit,
     as_validation_objective,
-    class_weights,
-    directional_losses,
-    split_indexed,
 )
+from hypertorch_sid.core.parameterizations import SharedLossWeights
+from hypertorch_sid.core.rows import RowSnapshot
+from hypertorch_sid.core.sample_weights import SampleWeights, class_weights
 
 RHO = 0.1  # the ridge's L2 coefficient: ℓ̂ = mean ωᵢ ½(aᵢᵀw − bᵢ)² + ½ρ‖w‖²
 

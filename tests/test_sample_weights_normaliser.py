@@ -11,14 +11,10 @@ import warnings
 import pytest
 import torch
 
-from hypertorch_sid.core.sample_weights import (
-    BelowWeight,
-    LazyAdam,
-    MeanLogitGauge,
-    SampleWeights,
-    SoftmaxNormaliser,
-    TwoComponentSplit,
-)
+from hypertorch_sid.core.flag_rules import BelowWeight, TwoComponentSplit
+from hypertorch_sid.core.lazy_adam import LazyAdam
+from hypertorch_sid.core.normalisers import MeanLogitGauge, SoftmaxNormaliser
+from hypertorch_sid.core.sample_weights import SampleWeights
 
 D64 = torch.float64
 

@@ -27,7 +27,7 @@ from hypertorch_sid import (
     LearnedDataWeights,
     LearnedWeightDecay,
 )
-from hypertorch_sid.core.sample_weights import ForwardMode
+from hypertorch_sid.core.directional import ForwardMode
 
 
 def _noisy_digits(n: int = 320, seed: int = 5) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -23,6 +23,13 @@ from .decay import (
     Untied,
     WeightDecay,
 )
+from .directional import (
+    DirectionalDerivative,
+    ForwardDifference,
+    ForwardMode,
+    TrainingCrossTerm,
+    directional_losses,
+)
 from .divergence import (
     BackOff,
     DivergenceGuard,
@@ -39,6 +46,7 @@ from .estimation import (
     estimate_curvature,
     lanczos_extremes,
 )
+from .flag_rules import BelowWeight, FlagRule, TwoComponentSplit
 from .gauss_newton import GaussNewton
 from .horizon import (
     CurrentWeights,
@@ -50,42 +58,39 @@ from .horizon import (
     TrajectoryWeights,
     ValidationCurvature,
 )
+from .indexing import (
+    Indexed,
+    IndexedDataset,
+    LabelledIndexed,
+    indexed_collate,
+    sample_label,
+    split_indexed,
+)
+from .lazy_adam import LazyAdam
 from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGradientMap
 from .modes import frozen_mode
+from .objectives import (
+    AdaptiveMarginError,
+    ClassRelativeError,
+    ExpectedError,
+    KeptEvidenceError,
+    MarginError,
+    MeanLoss,
+    ValidationObjective,
+)
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
 from .outer_step import SignalGatedAdam, TrustRprop
-from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
-from .presets import PRESETS, Preset, get_preset
-from .sample_weights import (
-    AdaptiveMarginError,
-    BelowWeight,
-    ClassRelativeError,
-    DirectionalDerivative,
-    ExpectedError,
-    FlagRule,
-    ForwardDifference,
-    ForwardMode,
-    Indexed,
-    IndexedDataset,
-    KeptEvidenceError,
-    LazyAdam,
-    MarginError,
-    MeanLoss,
+from .parameterizations import (
     NaturalSigmoidWeights,
-    SampleWeights,
     SharedLossWeights,
     SigmoidWeights,
     SoftmaxWeights,
-    TrainingCrossTerm,
-    TwoComponentSplit,
-    ValidationObjective,
     WeightParameterization,
-    class_weights,
-    directional_losses,
-    indexed_collate,
-    split_indexed,
 )
+from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
+from .presets import PRESETS, Preset, get_preset
+from .sample_weights import SampleWeights, class_weights
 from .scale import HoldInvariant, InvariantRule, LearnInvariant, scale_invariant
 from .schedules import (
     ConstantStep,
@@ -120,6 +125,7 @@ __all__ = [
     "TwoComponentSplit",
     "Indexed",
     "IndexedDataset",
+    "LabelledIndexed",
     "LazyAdam",
     "SampleWeights",
     "TrainingCrossTerm",
@@ -141,6 +147,7 @@ __all__ = [
     "WeightParameterization",
     "class_weights",
     "indexed_collate",
+    "sample_label",
     "split_indexed",
     "ElementModel",
     "LogDecay",

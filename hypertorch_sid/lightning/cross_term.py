@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from ..core.budget import make_budget
+from ..core.directional import DirectionalDerivative, ForwardMode
 from ..core.errors import ConfigurationError
-from ..core.sample_weights import DirectionalDerivative, ForwardMode
 from .weight_decay import _muted_logging
 
 
@@ -89,8 +89,8 @@ def directional_losses(
     rng: RandomState | None = None,
 ) -> Tensor:
     """uᵢ = ⟨∇ℓᵢ(w), v⟩ for every sample of ``data`` by ``directional`` (default
-    :class:`~hypertorch_sid.core.sample_weights.ForwardMode`: one dual-number pass;
-    :class:`~hypertorch_sid.core.sample_weights.ForwardDifference`: one forward at w + hv,
+    :class:`~hypertorch_sid.core.directional.ForwardMode`: one dual-number pass;
+    :class:`~hypertorch_sid.core.directional.ForwardDifference`: one forward at w + hv,
     against ``at`` = ℓ(w) from the training step) of the per-sample losses that
     ``step(data, 0)`` returns, with ``params`` (parameters of ``module``) swapped in for the
     pass. Buffers are swapped for clones, so BatchNorm's running statistics are not updated

@@ -24,15 +24,9 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import default_collate
 
 from ..core.errors import ConfigurationError
-from ..core.sample_weights import (
-    LABEL_KEYS,
-    Indexed,
-    IndexedDataset,
-    LabelledIndexed,
-    SampleWeights,
-    WeightParameterization,
-    indexed_collate,
-)
+from ..core.indexing import LABEL_KEYS, Indexed, IndexedDataset, LabelledIndexed, indexed_collate
+from ..core.parameterizations import WeightParameterization
+from ..core.sample_weights import SampleWeights
 from .sampling import _identity, _unwrapped
 
 
@@ -52,7 +46,7 @@ def _inner_indexed(dataset: Any, depth: int = 4) -> str | None:
 
 
 def _carried_labels(batch: Any) -> Tensor | None:
-    """The labels :class:`~hypertorch_sid.core.sample_weights.indexed_collate` read from the
+    """The labels :class:`~hypertorch_sid.core.indexing.indexed_collate` read from the
     samples before the user's ``collate_fn`` (a :class:`LabelledIndexed` batch's), or None."""
     return batch.labels if isinstance(batch, LabelledIndexed) else None
 

@@ -70,27 +70,19 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import default_collate
 
 from ..core.config import Batches
-from ..core.errors import ConfigurationError
-from ..core.sample_weights import (
-    BelowWeight,
+from ..core.directional import (
     DirectionalDerivative,
-    ExpectedError,
-    FlagRule,
     ForwardDifference,
     ForwardMode,
-    Indexed,
-    LazyAdam,
-    MeanLoss,
-    SampleWeights,
     TrainingCrossTerm,
-    TwoComponentSplit,
-    ValidationObjective,
-    WeightParameterization,
-    as_validation_objective,
-    as_weight_parameterization,
-    sample_label,
-    split_indexed,
 )
+from ..core.errors import ConfigurationError
+from ..core.flag_rules import BelowWeight, FlagRule, TwoComponentSplit
+from ..core.indexing import Indexed, sample_label, split_indexed
+from ..core.lazy_adam import LazyAdam
+from ..core.objectives import ExpectedError, MeanLoss, ValidationObjective, as_validation_objective
+from ..core.parameterizations import WeightParameterization, as_weight_parameterization
+from ..core.sample_weights import SampleWeights
 from ..core.validation import as_strategy, check_bool
 from .callback import (
     HyperOptimizationCallback,
@@ -389,7 +381,7 @@ class DataWeightsProblem(WeightedStep):
                     "batches' [1] is not taken for the labels (it may be anything, e.g. "
                     "EmbeddingBag offsets), and its samples have no label indexed_collate can "
                     "read (an (x, y) pair with an integer y, or a dict sample's one label key: "
-                    "hypertorch_sid.core.sample_weights.sample_label). Without labels the "
+                    "hypertorch_sid.core.indexing.sample_label). Without labels the "
                     "check that each index keeps its example's label and the label evidence of "
                     "flagged() are off, and the "
                     "weights are not held per class (gauge='class', the default where labels "
@@ -506,17 +498,17 @@ class LearnedDataWeights(HyperOptimizationCallback):
     ----------
     per:
         ``"sample"`` (one weight per training example; the dataset must be an
-        :class:`~hypertorch_sid.core.sample_weights.IndexedDataset`) or ``"class"`` (one per
+        :class:`~hypertorch_sid.core.indexing.IndexedDataset`) or ``"class"`` (one per
         class, indexed by the label; needs ``num_classes``).
     num_classes:
         The number of classes, for ``per="class"``.
     parameterization:
         ``"sigmoid"`` (ω = σ(x), the default), ``"softmax"`` (ω = n·softmax(x), mean 1),
-        ``"shared_loss"`` or a :class:`~hypertorch_sid.core.sample_weights.SharedLossWeights`
+        ``"shared_loss"`` or a :class:`~hypertorch_sid.core.parameterizations.SharedLossWeights`
         (ω = σ(x + θᵀφ(z)), eq. sharedloss: the per-sample logit plus a function of the
         example's batch-standardised loss whose two parameters every example trains; θ is
         stepped by its own Adam group, ``SharedLossWeights(lr=0.005)``), or any
-        :class:`~hypertorch_sid.core.sample_weights.WeightParameterization`.
+        :class:`~hypertorch_sid.core.parameterizations.WeightParameterization`.
     initial:
         ω₀ of every row (default ½ for sigmoid, 1 for softmax). With the self-normalised loss
         (``normalize=True``) only ratios of weights matter, so ω₀ only sets where σ saturates.
@@ -530,9 +522,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         :class:`~hypertorch_sid.core.sample_weights.SampleWeights`). ``"class"`` (per sample,
         sigmoid, integer class labels): each training row's cross term against its own
         class's weighted mean in the batch
-        (:func:`~hypertorch_sid.core.sample_weights.class_centred`, eq. classcentre), and each
+        (:func:`~hypertorch_sid.core.weighted_loss.class_centred`, eq. classcentre), and each
         class's mean logit held at its start after every outer step
-        (:class:`~hypertorch_sid.core.sample_weights.ClassMeanLogitGauge`), so the weights
+        (:class:`~hypertorch_sid.core.normalisers.ClassMeanLogitGauge`), so the weights
         reorder the examples within a class but cannot push a whole class down (see
         :meth:`DataWeightsProblem.class_shift`). ``"auto"`` (default): ``"mean_logit"`` where
         the training targets ``batch[1]`` are real numbers (a regression: under ``"batch"`` a
@@ -591,11 +583,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
     directional:
         How that cross term's uⱼ = ⟨∇ℓⱼ(w), v⟩ is computed (with ``cross_term="hyper_step"``
         there is none: giving it is refused): ``"forward_difference"`` /
-        :class:`~hypertorch_sid.core.sample_weights.ForwardDifference` (default; eq. fdcross:
+        :class:`~hypertorch_sid.core.directional.ForwardDifference` (default; eq. fdcross:
         (ℓⱼ(w + hv) − ℓⱼ(w))/h from the losses the training step already computed and one
         no-grad forward, with the step's own dropout masks; falls back to ForwardMode, with a
         warning, for half-precision parameters or under autocast) or ``"forward_mode"`` /
-        :class:`~hypertorch_sid.core.sample_weights.ForwardMode` (one dual-number pass, exact;
+        :class:`~hypertorch_sid.core.directional.ForwardMode` (one dual-number pass, exact;
         the default until this version). On the noisy-label CNNs and the 20 Newsgroups MLP the
         difference cut the drop-in's CPU from 1.91–1.98× plain to 1.65–1.81× at the same
         accuracy (within ±0.7 points, 5 seeds; docs/data_weights.md).
@@ -999,7 +991,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
     ) -> None:
         """Eq. gradestim's cross term on the training batch ζ with the last hyper step's v, and
         the outer step on ζ's rows: the core
-        :class:`~hypertorch_sid.core.sample_weights.TrainingCrossTerm`, with
+        :class:`~hypertorch_sid.core.directional.TrainingCrossTerm`, with
         uⱼ = ⟨∇ℓⱼ(w), v⟩ by ``directional`` (:func:`directional_losses`; the training step's
         ``losses`` are ℓ(w) and its ``rng`` its dropout masks). Every example is
         then visited once per epoch at the cost of about one more forward/backward per step,
@@ -1169,7 +1161,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
     def flagged(self, rule: FlagRule | str | float | None = None) -> Tensor:
         """Indices of the examples (classes) the validation data says not to trust, by
         ``rule`` (see :meth:`SampleWeights.flagged`: a number t flags ω < t). Default: per
-        sample the :class:`~hypertorch_sid.core.sample_weights.TwoComponentSplit` of the
+        sample the :class:`~hypertorch_sid.core.flag_rules.TwoComponentSplit` of the
         learned logits (the corrupted examples' bump, apart from the clean examples' spread);
         per class (a handful of rows, no mixture to fit) ω below half its start. On the CPU,
         wherever the training ran. ``"split_misfit"``: of the split's rows, with integer class

@@ -43,8 +43,8 @@ from torch.utils.data._utils.collate import default_collate
 
 from ..core.batches import batch_size as samples_in
 from ..core.errors import ConfigurationError
+from ..core.indexing import Indexed, IndexedDataset
 from ..core.outer import SeveralBatches
-from ..core.sample_weights import Indexed, IndexedDataset
 from .namespaces import is_overridden
 
 __all__ = [

@@ -23,13 +23,9 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch import Tensor
 
 from ..core.errors import ConfigurationError
-from ..core.sample_weights import (
-    Indexed,
-    SigmoidWeights,
-    SoftmaxWeights,
-    check_per_sample,
-    weighted_loss,
-)
+from ..core.indexing import Indexed
+from ..core.parameterizations import SigmoidWeights, SoftmaxWeights
+from ..core.weighted_loss import check_per_sample, weighted_loss
 from .cross_term import RandomState
 from .data_checks import (
     MASKED_CHECKS,
@@ -178,7 +174,7 @@ class WeightedStep(RowRecord):
         those ``indexed_collate`` read from the samples, or ``batch[1]`` under torch's default
         collation) and the training batches' cross term moves the weights
         (``cross_term="training"``): each row's hypergradient against its class's
-        (:func:`~hypertorch_sid.core.sample_weights.class_centred`) and each class's mean logit
+        (:func:`~hypertorch_sid.core.weighted_loss.class_centred`) and each class's mean logit
         held (session 51: on 20 Newsgroups the part of the hypergradient common to a class was
         noise that pushed whole classes down), under DDP too (every rank records every rank's
         rows' labels, :meth:`_every_ranks_rows`); ``"batch"`` otherwise."""

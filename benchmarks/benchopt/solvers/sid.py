@@ -73,16 +73,13 @@ with safe_import_context() as import_ctx:
     import torch.nn.functional as F
 
     from hypertorch_sid import FeasibleSet, SIDConfig, SIDHyperOptimizer
+    from hypertorch_sid.core.directional import TrainingCrossTerm, directional_losses
     from hypertorch_sid.core.errors import DivergenceError
-    from hypertorch_sid.core.sample_weights import (
-        Indexed,
-        LazyAdam,
-        MeanLoss,
-        SampleWeights,
-        TrainingCrossTerm,
-        directional_losses,
-        weighted_loss,
-    )
+    from hypertorch_sid.core.indexing import Indexed
+    from hypertorch_sid.core.lazy_adam import LazyAdam
+    from hypertorch_sid.core.objectives import MeanLoss
+    from hypertorch_sid.core.sample_weights import SampleWeights
+    from hypertorch_sid.core.weighted_loss import weighted_loss
     from hypertorch_sid.lightning.data_weights import MIN_VAL_BATCH, LearnedDataWeights
 
 

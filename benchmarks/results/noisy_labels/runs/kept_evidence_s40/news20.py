@@ -17,7 +17,7 @@ REPO = HERE.parents[4]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from check_20news_recipe import drop_in_scores, load, noisy_split  # noqa: E402
 
-from hypertorch_sid.core.sample_weights import KeptEvidenceError  # noqa: E402
+from hypertorch_sid.core.objectives import KeptEvidenceError  # noqa: E402
 
 
 class Recorded(KeptEvidenceError):

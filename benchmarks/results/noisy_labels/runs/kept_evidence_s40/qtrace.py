@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[5] / "benchmarks"))
 import bench_noisy_labels  # noqa: E402
 
-from hypertorch_sid.core.sample_weights import KeptEvidenceError  # noqa: E402
+from hypertorch_sid.core.objectives import KeptEvidenceError  # noqa: E402
 
 
 def trace_q() -> list[tuple[float, float, float]]:

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[5]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from check_20news_recipe import drop_in_scores, load, noisy_split, plain_scores  # noqa: E402
 
-from hypertorch_sid.core.sample_weights import ExpectedError  # noqa: E402
+from hypertorch_sid.core.objectives import ExpectedError  # noqa: E402
 
 torch.set_num_threads(1)
 X, y, X_test, y_test = load(REPO.parent / "shared" / "data")

@@ -15,7 +15,7 @@ import test_data_weights_tasks as T
 import torch
 import torch.nn.functional as F
 
-from hypertorch_sid.core.sample_weights import BelowWeight, TwoComponentSplit
+from hypertorch_sid.core.flag_rules import BelowWeight, TwoComponentSplit
 from hypertorch_sid.lightning.callback import CALLBACK_CONFIG
 
 torch.set_num_threads(1)

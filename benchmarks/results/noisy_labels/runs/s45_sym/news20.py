@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from check_20news_recipe import drop_in_scores, load, noisy_split  # noqa: E402
 
 from hypertorch_sid.core.config import Batches  # noqa: E402
-from hypertorch_sid.core.sample_weights import ClassRelativeError, ExpectedError  # noqa: E402
+from hypertorch_sid.core.objectives import ClassRelativeError, ExpectedError  # noqa: E402
 
 #: the candidates of run.sh, as LearnedDataWeights kwargs
 ARMS = {
