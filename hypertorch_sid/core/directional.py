@@ -325,7 +325,9 @@ class TrainingCrossTerm:
 
     for the rows i ∈ ζ only (zero elsewhere), then the outer optimizer's step on those rows.
     With ``weights.gauge == "mean_logit"`` the normaliser of ℓ̂ᵤ is held: ĝᵢ = −α ω′ᵢuᵢ / Σ ω,
-    without the minibatch's centre û (the mean logit is held instead, after the step).
+    without the minibatch's centre û (the mean logit is held instead, after the step). Under a
+    class gauge (``"class"``, ``"class_centred"``: :data:`~.normalisers.CLASS_GAUGES`) u is
+    centred on each row's class first (:func:`class_centred`, eq. classcentre).
 
     Where the training's own SGD steps are the warm-started inner solve (inner_steps = 0, the
     Lightning drop-in, or a loop of the user's), every training batch thus moves the weights of
@@ -365,8 +367,7 @@ class TrainingCrossTerm:
             omega = w.parameterization.rows(x, w, index, losses)
             held = w.gauge == "mean_logit"
             u = check_per_sample(u, index)
-            if w.gauge == "class":
-                u = class_centred(u, omega.detach(), w.labels_of(index))
+            u = class_centred(u, omega.detach(), w.labels_of(index))  # None: no class gauge
             inner = weighted_loss(u, omega, self.normalize, held)
             g, *gs = torch.autograd.grad(inner, [x, *shared], allow_unused=True)
         g = -float(alpha) * g.to(w.logits.dtype)

@@ -304,6 +304,19 @@ class ClassMeanLogitGauge(LogitMean):
         self.update()
 
 
+#: The class gauges by name (:meth:`SampleWeights.use_class_gauge`): each centres the training
+#: rows' cross term on its class (:func:`~hypertorch_sid.core.weighted_loss.class_centred`, eq.
+#: classcentre) and holds after every outer step what its entry names: ``"class"`` each class's
+#: mean logit (:class:`ClassMeanLogitGauge`, session 50), ``"class_centred"`` nothing, as
+#: ``"batch"`` (session 52: the centred gradient has no part common to a class or to the batch
+#: left to hold, and the per-class hold cost the imbalanced recipe under a
+#: ``WeightedRandomSampler`` 1.3–1.6 points, docs/data_weights.md).
+CLASS_GAUGES: dict[str, type[ClassMeanLogitGauge] | None] = {
+    "class": ClassMeanLogitGauge,
+    "class_centred": None,
+}
+
+
 class SoftmaxNormaliser(Normaliser):
     """log Z = logsumexp(x) of :class:`SoftmaxWeights`, kept by eq. keptsum with f(z) = eᶻ
     around the last full pass's log Z (S starts at 1; once it leaves [½, 2] a full pass

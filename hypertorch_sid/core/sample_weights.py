@@ -70,6 +70,7 @@ from .indexing import (
 )
 from .lazy_adam import LazyAdam
 from .normalisers import (
+    CLASS_GAUGES,
     ClassMeanLogitGauge,
     LogitMean,
     MeanLogitGauge,
@@ -104,7 +105,7 @@ from .weighted_loss import check_per_sample, class_centred, weighted_loss
 
 Tensors = list[Tensor]
 #: how the self-normalised loss's scale is fixed (:class:`SampleWeights`' ``gauge``)
-Gauge = Literal["batch", "mean_logit", "class"]
+Gauge = Literal["batch", "mean_logit", "class", "class_centred"]
 
 #: the public names of this module before its split (session 52): each is importable from here
 #: as before; its home is the module named in the import above.
@@ -261,10 +262,10 @@ class SampleWeights:
 
     def use_gauge(self, gauge: Gauge) -> None:
         """Switch how the self-normalised loss's scale is fixed (see ``gauge``)."""
-        if gauge == "class":
+        if gauge in CLASS_GAUGES:
             raise ConfigurationError(
-                "SampleWeights: the class gauge needs each row's label: "
-                "use_class_gauge(labels) rather than use_gauge('class')."
+                "SampleWeights: the class gauges need each row's label: "
+                f"use_class_gauge(labels, {gauge!r}) rather than use_gauge({gauge!r})."
             )
         if gauge not in ("batch", "mean_logit"):
             raise ConfigurationError(
@@ -278,13 +279,19 @@ class SampleWeights:
             )
         self._hold(lambda: setattr(self, "gauge", gauge))
 
-    def use_class_gauge(self, labels: Callable[[], Tensor | None]) -> None:
-        """Hold each class's mean logit at x₀ after every outer step (eq. classgauge,
-        :class:`ClassMeanLogitGauge`); ``labels()`` gives each row's integer label (negative:
-        none) or None. The weights' gradient is the ``"batch"`` gauge's (the minibatch's exact
-        derivative), but for the training batches' cross term (:class:`TrainingCrossTerm`),
-        whose u is centred on each row's class (:func:`class_centred`, session 51). Sigmoid
-        parameterisations only."""
+    def use_class_gauge(self, labels: Callable[[], Tensor | None], gauge: Gauge = "class") -> None:
+        """A class gauge (:data:`CLASS_GAUGES`); ``labels()`` gives each row's integer label
+        (negative: none) or None. The weights' gradient is the ``"batch"`` gauge's (the
+        minibatch's exact derivative), but for the training batches' cross term
+        (:class:`TrainingCrossTerm`), whose u is centred on each row's class
+        (:func:`class_centred`, session 51). ``"class"``: each class's mean logit held at x₀
+        after every outer step (eq. classgauge, :class:`ClassMeanLogitGauge`);
+        ``"class_centred"``: nothing held (session 52). Sigmoid parameterisations only."""
+        if gauge not in CLASS_GAUGES:
+            raise ConfigurationError(
+                f"SampleWeights.use_class_gauge: gauge must be one of {sorted(CLASS_GAUGES)}, "
+                f"got {gauge!r}."
+            )
         if not isinstance(self.parameterization, SigmoidWeights):
             raise ConfigurationError(
                 f"SampleWeights: the class gauge holds each class's mean of independent logits; "
@@ -297,12 +304,12 @@ class SampleWeights:
                 f"integer label (a long tensor of shape ({self.n},)), got {type(labels).__name__}."
             )
         self._class_labels = labels
-        self._hold(lambda: setattr(self, "gauge", "class"))
+        self._hold(lambda: setattr(self, "gauge", gauge))
 
     def labels_of(self, index: Tensor) -> Tensor | None:
         """The integer labels the class gauge reads, of the rows ``index`` (negative: none
         yet), or None (no class gauge, or no labels)."""
-        if self.gauge != "class":
+        if self.gauge not in CLASS_GAUGES:
             return None
         labels = self._class_labels()
         if labels is None or labels.shape != (self.n,):
@@ -331,8 +338,8 @@ class SampleWeights:
         self.normaliser = self.parameterization.normaliser(self)
         if self.gauge == "mean_logit":
             self.normaliser = MeanLogitGauge(self)
-        elif self.gauge == "class":
-            self.normaliser = ClassMeanLogitGauge(self, self._class_labels)
+        elif (held := CLASS_GAUGES.get(self.gauge)) is not None:
+            self.normaliser = held(self, self._class_labels)
 
     @property
     def hyperparameters(self) -> Tensors:

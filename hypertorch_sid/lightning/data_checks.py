@@ -97,16 +97,17 @@ def _default_target(data: Any) -> Tensor:
 
 
 def _refuse_class_gauge(
-    per: str, parameterization: WeightParameterization, initial: float | None
+    per: str, parameterization: WeightParameterization, initial: float | None, gauge: str = "class"
 ) -> None:
-    """``gauge="class"`` where it can be held: per sample, a sigmoid parameterisation."""
+    """A class gauge (``"class"``, ``"class_centred"``) where it can be held: per sample, a
+    sigmoid parameterisation."""
     if per != "sample":
         raise ConfigurationError(
-            "LearnedDataWeights(gauge='class') holds each class's mean per-sample logit; "
+            f"LearnedDataWeights(gauge={gauge!r}) works on each class's per-sample logits; "
             "per='class' learns one weight per class, which it would hold fixed: drop gauge= "
             "(or use per='sample')."
         )
-    SampleWeights(1, parameterization, initial).use_class_gauge(lambda: None)
+    SampleWeights(1, parameterization, initial).use_class_gauge(lambda: None, gauge)  # type: ignore[arg-type]
 
 
 def _refuse_masked_entries(losses: Any) -> None:

@@ -80,6 +80,7 @@ from ..core.errors import ConfigurationError
 from ..core.flag_rules import BelowWeight, FlagRule, TwoComponentSplit
 from ..core.indexing import Indexed, sample_label, split_indexed
 from ..core.lazy_adam import LazyAdam
+from ..core.normalisers import CLASS_GAUGES
 from ..core.objectives import ExpectedError, MeanLoss, ValidationObjective, as_validation_objective
 from ..core.parameterizations import WeightParameterization, as_weight_parameterization
 from ..core.sample_weights import SampleWeights
@@ -163,7 +164,7 @@ class DataWeightsProblem(WeightedStep):
         target: Callable[[Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         objective: str | ValidationObjective = DEFAULT_OBJECTIVE,
-        gauge: Literal["auto", "batch", "mean_logit", "class"] = "auto",
+        gauge: Literal["auto", "batch", "mean_logit", "class", "class_centred"] = "auto",
     ) -> None:
         if per not in ("sample", "class"):
             raise ConfigurationError(
@@ -182,10 +183,11 @@ class DataWeightsProblem(WeightedStep):
                 "training example and needs no class count. Pass per='class' for class weights, "
                 "or drop num_classes."
             )
-        if gauge not in ("auto", "batch", "mean_logit", "class"):
+        if gauge not in ("auto", "batch", "mean_logit", *CLASS_GAUGES):
             raise ConfigurationError(
                 "LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit' (or 'class', "
-                f"each class's mean logit held), got {gauge!r}."
+                "each row's cross term centred on its class and each class's mean logit held, or "
+                f"'class_centred', the centring alone), got {gauge!r}."
             )
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
@@ -217,8 +219,8 @@ class DataWeightsProblem(WeightedStep):
             self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
         elif initial is not None:  # the initial weight refused now, not at the fit's start
             SampleWeights(1, self.parameterization, initial)
-        if gauge == "class":  # refused now where it cannot be held
-            _refuse_class_gauge(per, self.parameterization, initial)
+        if gauge in CLASS_GAUGES:  # refused now where it cannot be held
+            _refuse_class_gauge(per, self.parameterization, initial, gauge)
         if gauge == "mean_logit":  # refused now where it cannot be held, or is no gauge
             SampleWeights(1, self.parameterization, initial, gauge=gauge)
             if not normalize:
@@ -314,8 +316,8 @@ class DataWeightsProblem(WeightedStep):
         weights = self.weights
         assert weights is not None
         # "auto": the exact minibatch derivative until the first training batch says regression
-        if self.gauge == "class":  # each class's mean logit held (the labels seen so far)
-            weights.use_class_gauge(lambda: self._labels)
+        if self.gauge in CLASS_GAUGES:  # centred per class (the labels seen so far)
+            weights.use_class_gauge(lambda: self._labels, self.gauge)  # type: ignore[arg-type]
         else:
             weights.use_gauge("batch" if self.gauge == "auto" else self.gauge)
         inner = list(
@@ -526,7 +528,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         class's mean logit held at its start after every outer step
         (:class:`~hypertorch_sid.core.normalisers.ClassMeanLogitGauge`), so the weights
         reorder the examples within a class but cannot push a whole class down (see
-        :meth:`DataWeightsProblem.class_shift`). ``"auto"`` (default): ``"mean_logit"`` where
+        :meth:`DataWeightsProblem.class_shift`). ``"class_centred"`` (the same cases): the
+        centring alone, no class's mean logit held (nothing held, as under ``"batch"``;
+        session 52, docs/data_weights.md). ``"auto"`` (default): ``"mean_logit"`` where
         the training targets ``batch[1]`` are real numbers (a regression: under ``"batch"`` a
         squared error with outlying targets learned nothing, the outliers carrying each
         minibatch's centre); ``"class"`` where the drop-in reads integer class labels
@@ -654,7 +658,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
         scale_prior: float = 0.0,
-        gauge: Literal["auto", "batch", "mean_logit", "class"] = "auto",
+        gauge: Literal["auto", "batch", "mean_logit", "class", "class_centred"] = "auto",
         schedule: Literal["fit_length", "fixed"] = "fixed",
         **kwargs: Any,
     ) -> None:
@@ -952,11 +956,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
         said = problem.class_shift()
         if said is not None:
             rank_zero_warn(f"LearnedDataWeights: {said}")
-        if problem.gauge == "class" and problem._labels is None:
+        if problem.gauge in CLASS_GAUGES and problem._labels is None:
             rank_zero_warn(
-                "LearnedDataWeights(gauge='class') held nothing: no training batch's integer "
-                "labels were read (a collate_fn of yours, dict samples, soft labels). Pass "
-                "target=lambda batch: <its integer labels>."
+                f"LearnedDataWeights(gauge={problem.gauge!r}) held nothing: no training "
+                "batch's integer labels were read (a collate_fn of yours, dict samples, soft "
+                "labels). Pass target=lambda batch: <its integer labels>."
             )
 
     @staticmethod

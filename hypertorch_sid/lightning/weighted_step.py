@@ -47,6 +47,10 @@ class WeightedStep(RowRecord):
     hooks ``loop_batch`` (the batch the Trainer's loop hands over now) and
     ``on_training_batch`` (the cross term on it)."""
 
+    #: the class gauge ``gauge="auto"`` chooses where integer labels are read
+    #: (:data:`~hypertorch_sid.core.normalisers.CLASS_GAUGES`)
+    AUTO_CLASS_GAUGE = "class"
+
     normalize: bool
     initial: float | None
     gauge: str
@@ -197,7 +201,7 @@ class WeightedStep(RowRecord):
         elif self.class_by_default:
             b = losses.shape[0] if isinstance(losses, Tensor) and losses.dim() > 0 else None
             if self._labels_of(data, b, carried) is not None:
-                weights.use_class_gauge(lambda: self._labels)
+                weights.use_class_gauge(lambda: self._labels, self.AUTO_CLASS_GAUGE)  # type: ignore[arg-type]
 
     def unwrap(self) -> None:
         """Give the module its own ``training_step`` back."""
