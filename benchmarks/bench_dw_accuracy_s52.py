@@ -51,7 +51,7 @@ import bench_user_recipes_s50 as s50  # noqa: E402
 import bench_user_recipes_s51 as s51  # noqa: E402
 
 from hypertorch_sid import LearnedDataWeights  # noqa: E402
-from hypertorch_sid.core.sample_weights import MarginError  # noqa: E402
+from hypertorch_sid.core.objectives import MarginError  # noqa: E402
 
 ARMS = ("plain", "dw", "dw_mean_loss", "dw_margin", "oracle", "plain_neff")
 RECIPES = tuple(r for r in s51.RECIPES if r != "mobile_bf16") + ("news_bag",)
