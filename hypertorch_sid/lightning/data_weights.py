@@ -91,7 +91,7 @@ from ..core.sample_weights import (
     sample_label,
     split_indexed,
 )
-from ..core.validation import as_strategy, check_bool
+from ..core.validation import as_strategy, check_bool, is_real
 from .callback import (
     HyperOptimizationCallback,
     config_given,
@@ -198,6 +198,7 @@ class DataWeightsProblem(WeightedStep):
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
                 raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
+        _refuse_initial_of_many(initial, per)
         self.per = per
         self.num_classes = num_classes
         #: refused now, not at the fit; one object for every fit (a shared term's θ is kept)
@@ -411,8 +412,7 @@ class DataWeightsProblem(WeightedStep):
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
         labels = self.target(data)
-        _check_class_labels(labels, self.num_classes)  # type: ignore[arg-type]
-        return labels, data
+        return _check_class_labels(labels, self.num_classes), data  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
@@ -490,6 +490,27 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
     loader = first_loader(trainer.train_dataloader, "train dataloader")
     batch = loader.collate_fn([loader.dataset[r] for r in rows])
     return trainer.strategy.batch_to_device(batch)
+
+
+def _refuse_initial_of_many(initial: Any, per: str) -> None:
+    """``initial`` is one ω₀ for every row: a tensor or list of one per example (or class) was a
+    raw "only one element tensors can be converted to Python scalars" / "float() argument must
+    be ... not 'list'" from inside the weights (session 52)."""
+    if (
+        initial is None
+        or is_real(initial)
+        or (isinstance(initial, Tensor) and initial.numel() == 1)
+    ):
+        return
+    many = len(initial) if isinstance(initial, (list, tuple, Tensor)) else None
+    got = f"a {type(initial).__name__} of {many}" if many is not None else repr(initial)
+    row = "example" if per == "sample" else "class"
+    raise ConfigurationError(
+        f"LearnedDataWeights: initial is one starting weight ω₀ for every {row} (a number, "
+        f"e.g. initial=0.5 under the sigmoid), got {got}: the weight of each {row} is what the "
+        "callback learns, all from that one start. Pass one number, or drop initial= (the "
+        "parameterisation's default)."
+    )
 
 
 def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:

@@ -23,7 +23,14 @@ from torch import Tensor
 
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
-from .data_checks import _MASKED_WHY, MASKED_REREADS, _integer_vector, _rows, batch_labels
+from .data_checks import (
+    _MASKED_WHY,
+    MASKED_REREADS,
+    _integer_vector,
+    _rows,
+    batch_labels,
+    class_ids,
+)
 from .evidence import _UNSEEN, RowEvidence
 from .isolation import metric_states_kept, private_rng
 from .weight_decay import _muted_logging
@@ -302,7 +309,7 @@ class RowRecord(RowEvidence):
             labels = batch_labels(data)
         else:
             return None
-        return labels.long() if _integer_vector(labels, b) else None  # 1-D: no reshape
+        return class_ids(labels).long() if _integer_vector(labels, b) else None
 
     def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
         """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts

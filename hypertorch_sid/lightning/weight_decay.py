@@ -84,7 +84,7 @@ from ..core.decay import (
 from ..core.errors import ConfigurationError
 from ..core.outer_step import TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule
-from ..core.validation import check_bool
+from ..core.validation import check_bool, is_real
 from .amp import loss_scale, scaler_skips
 from .callback import (
     CALLBACK_CONFIG,
@@ -144,7 +144,7 @@ def _initial_value_fix(value: Any, parameterization: str) -> str:
             "it is one starting value for every λ (a Python float); the values per layer "
             "are what the callback learns (granularity='per_layer', the default)"
         )
-    if isinstance(value, (int, float)) and value == 0 and parameterization == "log":
+    if is_real(value) and value == 0 and parameterization == "log":
         return (
             "on the log scale λ never reaches 0; start small (e.g. weight_decay=1e-6: it falls "
             "further if no decay is best), or pass parameterization='projection' to start at 0"
@@ -190,8 +190,7 @@ class WeightDecayProblem:
                 f"LearnedWeightDecay: apply_to must be 'all' or 'weights', got {apply_to!r}."
             )
         if (
-            isinstance(weight_decay, bool)
-            or not isinstance(weight_decay, (int, float))
+            not is_real(weight_decay)  # a Python or NumPy number (np.float32 from an array)
             or not math.isfinite(weight_decay)
             or weight_decay < 0
             or (parameterization == "log" and weight_decay == 0)
@@ -209,8 +208,7 @@ class WeightDecayProblem:
         check_bool("LearnedWeightDecay: proximal", proximal)
         check_bool("LearnedWeightDecay: decoupled", decoupled)
         if (
-            isinstance(min_weight_decay, bool)
-            or not isinstance(min_weight_decay, (int, float))
+            not is_real(min_weight_decay)
             or not math.isfinite(min_weight_decay)
             or min_weight_decay < 0
         ):

@@ -1,0 +1,163 @@
+"""A careless user's inputs that gave silent wrong answers or unclear failures (session 52; the
+table of every recipe tried and its outcome is in docs/failures.md, "Careless users (session
+52)"). Each test fails without its fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from hypertorch_sid import (
+    ConfigurationError,
+    HyperOptimizationCallback,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
+
+X, Y = TOY_X, TOY_Y
+
+
+def _weights(**kw: Any) -> LearnedDataWeights:
+    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _val() -> DataLoader:
+    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+
+
+def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> None:
+    kw.setdefault("max_epochs", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(cb if isinstance(cb, list) else [cb], **kw).fit(model, train, val)
+
+
+# ---------------------------------------------------------------- hyperparameter inputs
+def test_a_numpy_initial_decay_is_taken_as_the_number_it_is():
+    """``LearnedWeightDecay(np.float32(1e-3))`` (a value read from an array or a sweep's
+    ``np.logspace``) was refused as "weight_decay must be a finite number > 0, got
+    np.float32(0.001)", which it is; ``np.int64(1)`` likewise, and ``min_weight_decay``."""
+    cb = LearnedWeightDecay(np.float32(1e-3), min_weight_decay=np.float32(1e-6))
+    assert cb.initial_weight_decay == float(np.float32(1e-3))
+    assert isinstance(cb.initial_weight_decay, float)
+    assert LearnedWeightDecay(np.int64(1)).initial_weight_decay == 1.0
+    with pytest.raises(ConfigurationError, match="finite number > 0"):
+        LearnedWeightDecay(np.float32(-1e-3))
+
+
+@pytest.mark.parametrize(
+    "initial", [torch.full((240,), 0.5), [0.5, 0.5, 0.5]], ids=["tensor", "list"]
+)
+def test_an_initial_weight_per_row_is_named(initial):
+    """``LearnedDataWeights(initial=<one weight per example>)``: a raw "only one element tensors
+    can be converted to Python scalars" (a tensor) or "float() argument must be a string or a
+    real number, not 'list'" from inside the weights. Now named: one ω₀ for every row."""
+    with pytest.raises(ConfigurationError, match=r"initial is one starting weight ω₀ for every"):
+        LearnedDataWeights(initial=initial)
+    LearnedDataWeights(initial=np.float32(0.3))  # one number, a NumPy one too
+    LearnedDataWeights(initial=torch.tensor(0.3))
+
+
+# ---------------------------------------------------------------- labels as a column
+class _Rows(Dataset):
+    """The toy with each label a 0-d tensor (``"vector"``: collated to (B,)) or a one-element
+    tensor (``"column"``: ``torch.tensor([y])``, collated to (B, 1))."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return len(X)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return X[i], Y[i].clone() if self.kind == "vector" else Y[i].view(1)
+
+
+class _FlatLabels(ToyClassifier):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y.view(-1), reduction="none")
+
+
+@pytest.mark.parametrize("per", ["sample", "class"])
+def test_labels_as_a_column_are_read_as_the_labels(per):
+    """A data set returning ``torch.tensor([y])`` (labels collated to (B, 1), the training
+    step flattening them): the labels were read as none, so the class gauge (the default) and
+    every label check were silently off, and the weights learned differed from the same fit's
+    on (B,) labels by up to 0.76; ``per="class"`` was refused with the fix
+    ``batch[1].argmax(1)``, which maps every row to class 0. Now a column of class ids is read
+    as the labels: the weights equal the (B,) fit's bit for bit."""
+    extra = {"per": "class", "num_classes": 3} if per == "class" else {}
+    learned = {}
+    for kind in ("vector", "column"):
+        cb = _weights(**extra)
+        train = DataLoader(IndexedDataset(_Rows(kind)), batch_size=16)
+        _fit(cb, train, _val(), _FlatLabels("none"))
+        learned[kind] = cb.data_weights()
+    assert len(learned["vector"]) == (240 if per == "sample" else 3)
+    assert torch.equal(learned["column"], learned["vector"])
+
+
+def test_class_ids_as_a_float_column_are_named_with_their_fix():
+    """``per="class"`` on class ids stored as a float column (B, 1): the fix given was
+    ``batch[1].argmax(1)`` (all zeros for one column); now ``batch[1].long()``, which a
+    column of ids now is."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y.float()[:, None])), batch_size=16)
+    with pytest.raises(ConfigurationError, match=r"class ids stored as floats.*batch\[1\]\.long"):
+        _fit(_weights(per="class", num_classes=3), train, _val(), _FlatLabels("none"))
+
+
+# ---------------------------------------------------------------- a fit that trains nothing
+class _NoOptimizer(Ridge):
+    def configure_optimizers(self) -> Any:
+        return None
+
+
+class _ManualDefaultStep(Ridge):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+
+def test_a_bilevel_module_without_an_optimizer_is_refused():
+    """``configure_optimizers`` returning None: Lightning runs the fit without an optimizer
+    (warned), and the hyper steps learned λ for a w nothing trained (6 hyper steps, w still
+    0). Refused at fit start now, for every callback (``LearnedDataWeights`` said
+    "inner_parameters is empty: pass at least one tensor")."""
+    train, val = loaders(ridge_data(), 20, 30)
+    model = _NoOptimizer()
+    with pytest.raises(ConfigurationError, match="no training optimizer"):
+        _fit(HyperOptimizationCallback(every_n_steps=2, start_step=2), train, val, model)
+    assert torch.equal(model.lin.weight, torch.zeros_like(model.lin.weight))
+
+    class Plain(ToyClassifier):
+        def configure_optimizers(self) -> Any:
+            return None
+
+    indexed = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    with pytest.raises(ConfigurationError, match="LearnedDataWeights: the fit has no training"):
+        _fit(_weights(), indexed, _val(), Plain("none"))
+
+
+def test_a_bilevel_module_under_manual_optimisation_needs_its_own_training_step():
+    """``automatic_optimization = False`` with ``BilevelModule``'s default ``training_step``
+    (which returns ``inner_loss`` for Lightning to step): nothing stepped, the fit trained
+    nothing and ran no hyper step, without a word. Refused now, naming both fixes."""
+    train, val = loaders(ridge_data(), 20, 30)
+    with pytest.raises(ConfigurationError, match="manual_backward"):
+        _fit(
+            HyperOptimizationCallback(every_n_steps=2, start_step=2),
+            train,
+            val,
+            _ManualDefaultStep(),
+        )
