@@ -161,3 +161,56 @@ def test_a_bilevel_module_under_manual_optimisation_needs_its_own_training_step(
             val,
             _ManualDefaultStep(),
         )
+
+
+# ---------------------------------------------------------------- a training run in eval mode
+class _EvalTrained(ToyClassifier):
+    """The toy MLP with a dropout layer (``drop``; else an identity), trained in eval mode
+    (``self.eval()`` in ``on_train_batch_start``: no dropout, running statistics) where
+    ``evaluated``."""
+
+    def __init__(self, drop: bool, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 16),
+            torch.nn.Tanh(),
+            torch.nn.Dropout(0.5) if drop else torch.nn.Identity(),
+            torch.nn.Linear(16, 3),
+        )
+        self.drop = drop
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.drop:
+            self.eval()
+
+
+@pytest.mark.parametrize("drop_in", ["weights", "decay"])
+def test_a_training_run_in_eval_mode_has_its_hyper_steps_run_so(drop_in):
+    """``self.eval()`` in ``on_train_batch_start`` (a fine-tuning recipe: no dropout, frozen
+    BatchNorm statistics): the hyper steps switched the module back to training mode, so they
+    ran dropout the training never ran (47 of 84 dropout forwards of a decay fit, 50 of 128 of
+    a data-weights fit), and the data weights differed from the same network's without the
+    dropout layer. Now the hyper steps keep the training's flags (``core.modes.as_trained``):
+    no forward runs dropout, and the data weights equal the dropout-free network's bit for
+    bit."""
+    learned = {}
+    for drop in (False, True):
+        model = _EvalTrained(drop, "none" if drop_in == "weights" else "mean")
+        in_training_mode: list[bool] = []
+        model.net[2].register_forward_hook(
+            lambda m, i, o, seen=in_training_mode: seen.append(m.training)
+        )
+        if drop_in == "weights":
+            cb: Any = _weights()
+            train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+            _fit(cb, train, _val(), model)
+            learned[drop] = cb.data_weights()
+        else:
+            cb = LearnedWeightDecay(1e-2, every_n_steps=4, max_overhead=None)
+            _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16), _val(), model)
+            assert len(cb.history) == 7
+        if drop:
+            assert len(in_training_mode) > 60 and not any(in_training_mode)
+    if drop_in == "weights":
+        assert torch.equal(learned[True], learned[False])

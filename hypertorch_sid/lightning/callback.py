@@ -40,6 +40,7 @@ from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
 from ..core.gauss_newton import check_hvp
 from ..core.horizon import StepSizeProbe, effective_step_size
+from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
@@ -948,6 +949,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             hyperparameters_require_grad([h for h, _ in self._frozen]),
             private_rng(seed, pl_module.device),
             metric_states_kept(pl_module),
+            as_trained(),  # inside a training step: the module's flags are the training's
         ):
             try:
                 data = self.data

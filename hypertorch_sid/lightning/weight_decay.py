@@ -82,6 +82,7 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
+from ..core.modes import as_trained
 from ..core.outer_step import TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_bool, is_real
@@ -1224,7 +1225,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         probe = self._probe_pending()
         if probe and self._probe_planned is not self.problem.decay and self.budget.plans_costs():
             self._probe_planned = self.problem.decay
-            with self.budget.added_work(), metric_states_kept(pl_module):
+            with self.budget.added_work(), metric_states_kept(pl_module), as_trained():
                 cost = probe_cost(
                     self.problem, pl_module, self._probe_batch,
                     self.budget.synchronized_clock, seed=self.seed,
@@ -1232,8 +1233,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             self.budget.expect_one_off(cost)
         allowed = super()._budget_allows(trainer, pl_module)
         if allowed and probe:  # the user's metrics see no probe forward (as in a hyper step)
-            with self.budget.added_work(), metric_states_kept(pl_module):
-                self._probe(pl_module)
+            with self.budget.added_work(), metric_states_kept(pl_module), as_trained():
+                self._probe(pl_module)  # in a training step: the module's flags are its
             self.budget.expect_one_off(0.0)
         return allowed
 
