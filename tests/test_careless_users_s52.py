@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from hypertorch_sid import (
+    BilevelModule,
     ConfigurationError,
     HyperOptimizationCallback,
     IndexedDataset,
@@ -43,16 +44,28 @@ def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> None:
 
 
 # ---------------------------------------------------------------- hyperparameter inputs
-def test_a_numpy_initial_decay_is_taken_as_the_number_it_is():
+def test_numpy_numbers_are_taken_as_the_numbers_they_are():
     """``LearnedWeightDecay(np.float32(1e-3))`` (a value read from an array or a sweep's
     ``np.logspace``) was refused as "weight_decay must be a finite number > 0, got
-    np.float32(0.001)", which it is; ``np.int64(1)`` likewise, and ``min_weight_decay``."""
+    np.float32(0.001)", which it is; ``np.int64(1)``, ``min_weight_decay`` likewise;
+    ``LearnedDataWeights(per="class", num_classes=np.int64(3))`` as "needs num_classes ≥ 2, got
+    np.int64(3)"; ``register_hyperparameter("lam", np.float32(0.1))`` as "must be a tensor or a
+    number, got float32"."""
     cb = LearnedWeightDecay(np.float32(1e-3), min_weight_decay=np.float32(1e-6))
     assert cb.initial_weight_decay == float(np.float32(1e-3))
     assert isinstance(cb.initial_weight_decay, float)
     assert LearnedWeightDecay(np.int64(1)).initial_weight_decay == 1.0
     with pytest.raises(ConfigurationError, match="finite number > 0"):
         LearnedWeightDecay(np.float32(-1e-3))
+    weights = LearnedDataWeights(per="class", num_classes=np.int64(3))
+    assert weights.problem.num_classes == 3 and len(weights.problem.weights.values()) == 3
+
+    class Lam(BilevelModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_hyperparameter("lam", np.float32(0.1))
+
+    assert float(Lam().lam.detach()) == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize(

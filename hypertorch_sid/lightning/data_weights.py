@@ -91,7 +91,7 @@ from ..core.sample_weights import (
     sample_label,
     split_indexed,
 )
-from ..core.validation import as_strategy, check_bool, is_real
+from ..core.validation import as_strategy, check_bool, is_integer, is_real
 from .callback import (
     HyperOptimizationCallback,
     config_given,
@@ -177,9 +177,7 @@ class DataWeightsProblem(WeightedStep):
             raise ConfigurationError(
                 f"LearnedDataWeights: per must be 'sample' or 'class', got {per!r}."
             )
-        if per == "class" and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
-        ):
+        if per == "class" and (not is_integer(num_classes) or num_classes < 2):
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
             )
@@ -200,7 +198,7 @@ class DataWeightsProblem(WeightedStep):
                 raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
         _refuse_initial_of_many(initial, per)
         self.per = per
-        self.num_classes = num_classes
+        self.num_classes = None if num_classes is None else int(num_classes)  # np.int64(3) too
         #: refused now, not at the fit; one object for every fit (a shared term's θ is kept)
         self.parameterization = as_weight_parameterization(parameterization)
         self.initial = initial
@@ -223,7 +221,7 @@ class DataWeightsProblem(WeightedStep):
         #: the learned weights (built at the first fit's start; kept across fits)
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
-            self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
+            self.weights = SampleWeights(self.num_classes, self.parameterization, initial)  # type: ignore[arg-type]
         elif initial is not None:  # the initial weight refused now, not at the fit's start
             SampleWeights(1, self.parameterization, initial)
         if gauge == "class":  # refused now where it cannot be held

@@ -53,7 +53,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ..core.errors import ConfigurationError
-from ..core.validation import check_inner_optimizers
+from ..core.validation import check_inner_optimizers, is_real
 
 __all__ = ["Bilevel", "BilevelModule"]
 
@@ -118,7 +118,7 @@ class Bilevel:
             )
         if isinstance(value, Tensor):
             tensor = value.detach().clone()
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif is_real(value):  # a Python or NumPy number (np.float32(0.1) was refused)
             tensor = torch.tensor(float(value), dtype=torch.get_default_dtype())
         else:
             raise ConfigurationError(
