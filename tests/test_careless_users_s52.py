@@ -130,6 +130,44 @@ def test_class_ids_as_a_float_column_are_named_with_their_fix():
         _fit(_weights(per="class", num_classes=3), train, _val(), _FlatLabels("none"))
 
 
+class _Binary(ToyClassifier):
+    """A binary classifier (class 0 of the toy against the others), the per-sample
+    ``F.binary_cross_entropy_with_logits``, which needs float targets: the labels are cast in
+    the step, so integer and float labels give the same losses."""
+
+    def __init__(self) -> None:
+        super().__init__("none")
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(
+            self(x).view(-1), y.float().view(-1), reduction="none"
+        )
+
+
+@pytest.mark.parametrize("shape", ["vector", "column"])
+def test_binary_targets_stored_as_floats_are_read_as_the_labels(shape):
+    """Binary labels as floats (0.0 / 1.0, as ``binary_cross_entropy_with_logits`` wants
+    them): read as no labels, so the class gauge and the label checks were silently off, and
+    the weights differed from the same fit's on integer labels by up to 0.75 (session 49
+    checked float labels gave the same weights; the class gauge of session 51 broke that).
+    Now read as the labels 0 / 1: the weights equal the integer fit's bit for bit."""
+    binary = (Y == 0).long()
+    learned = {}
+    for dtype in (torch.long, torch.float32):
+        y = binary.to(dtype)
+        y = y[:, None] if shape == "column" else y
+        cb = _weights()
+        train = DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=16)
+        _fit(cb, train, DataLoader(TensorDataset(X[:60], y[:60]), batch_size=20), _Binary())
+        learned[dtype] = cb.data_weights()
+    assert torch.equal(learned[torch.float32], learned[torch.long])
+
+
 # ---------------------------------------------------------------- a fit that trains nothing
 class _NoOptimizer(Ridge):
     def configure_optimizers(self) -> Any:

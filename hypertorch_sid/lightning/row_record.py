@@ -91,6 +91,9 @@ class RowRecord(RowEvidence):
         #: per row: the times a training batch held it (the loader's draws, a sampler's
         #: included), which :meth:`class_shares` counts the training distribution by
         self._visits: Tensor | None = None
+        #: whether the labels are binary targets stored as floats, read as 0 / 1 (decided at
+        #: each fit's first training step, :meth:`_read_binary_floats`)
+        self._binary_floats = False
         self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
         self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
         #: per row: whether its training loss was ever other than 0 in this fit (so not masked)
@@ -297,19 +300,39 @@ class RowRecord(RowEvidence):
         :class:`LabelledIndexed` batch's); else :func:`batch_labels` under torch's default
         collation only: a ``collate_fn`` of the user's has a layout of its own, e.g.
         EmbeddingBag's offsets at ``[1]`` of ``(tokens, offsets, y)``, which change with the
-        batch."""
+        batch. Binary targets stored as floats (:attr:`_binary_floats`) are read as 0 / 1."""
+        labels = self._raw_labels(data, carried)
+        if self._binary_floats and isinstance(labels, Tensor) and labels.is_floating_point():
+            labels = labels.long()
+        return class_ids(labels).long() if _integer_vector(labels, b) else None
+
+    def _raw_labels(self, data: Any, carried: Tensor | None) -> Any:
+        """What :meth:`_labels_of` reads the labels from, before any check of them."""
         if self._own_target:
             try:
-                labels = self.target(data)
+                return self.target(data)
             except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
                 return None
-        elif carried is not None:
-            labels = carried
-        elif self._labels_by_position:
-            labels = batch_labels(data)
-        else:
-            return None
-        return class_ids(labels).long() if _integer_vector(labels, b) else None
+        if carried is not None:
+            return carried
+        return batch_labels(data) if self._labels_by_position else None
+
+    def _read_binary_floats(self, data: Any, carried: Tensor | None) -> None:
+        """At the fit's first training step (one read of the device): whether the labels are
+        binary targets stored as floats, a vector or column of 0.0 and 1.0 only (what
+        ``F.binary_cross_entropy_with_logits`` needs), which are then read as the class ids
+        0 / 1 (:attr:`_binary_floats`). They were read as no labels before (session 52): the
+        class gauge and every label check were silently off, and the weights differed from
+        the same fit's on integer labels by up to 0.75. Other float targets (soft labels,
+        a regression, class ids above 1 stored as floats) stay unread."""
+        labels = self._raw_labels(data, carried)
+        self._binary_floats = bool(
+            isinstance(labels, Tensor)
+            and labels.is_floating_point()
+            and labels.numel() > 0
+            and (labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1))
+            and bool(((labels == 0) | (labels == 1)).all())
+        )
 
     def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
         """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts
