@@ -265,3 +265,50 @@ def test_a_training_run_in_eval_mode_has_its_hyper_steps_run_so(drop_in):
             assert len(in_training_mode) > 60 and not any(in_training_mode)
     if drop_in == "weights":
         assert torch.equal(learned[True], learned[False])
+
+
+# ---------------------------------------------------------------- the row record on resume
+def test_a_resumed_fit_keeps_each_rows_last_loss_and_visits(tmp_path):
+    """The per-row record ``flagged()`` reads (each row's training loss at its last visit, its
+    visits) was not checkpointed: a fit resumed for 3 more batches had no last loss for the
+    192 rows it had not read again, so ``flagged("split_misfit")`` (losses above log 2) and the
+    flags' contrast checks saw 48 rows, and the visits counted 48 draws, not 768. Now both are
+    checkpointed beside the labels and taken over at the resumed fit's build."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16, shuffle=True)
+    torch.manual_seed(0)
+    first = _weights()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = trainer([first], max_epochs=3)
+        fitted.fit(ToyClassifier("none"), train, _val())
+        fitted.save_checkpoint(tmp_path / "epoch3.ckpt")
+        resumed = _weights()
+        trainer([resumed], max_epochs=4, limit_train_batches=3).fit(
+            ToyClassifier("none"), train, _val(), ckpt_path=tmp_path / "epoch3.ckpt"
+        )
+    before, after = first.problem._last_loss, resumed.problem._last_loss
+    assert after is not None and bool(torch.isfinite(after).all())
+    unread = after == before  # the rows the 3 batches did not read keep their last loss
+    assert int(unread.sum()) == 240 - 48
+    assert float(resumed.problem._visits.sum()) == float(first.problem._visits.sum()) + 48
+
+
+def test_a_finished_fit_resumed_without_a_step_says_its_weights_are_not_applied(tmp_path):
+    """``trainer.fit(model, ckpt_path=...)`` with the checkpoint's own ``max_epochs`` (to get a
+    finished fit's weights back in a new process): Lightning runs no training step, so the
+    checkpoint's state, applied at the first one, never was: ``data_weights()`` was empty and
+    ``flagged()`` flagged nothing (89 rows before the checkpoint), without a word. Both refuse
+    now, naming the fix; a resume that trains applies them as before."""
+    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = trainer([_weights()], max_epochs=2)
+        fitted.fit(ToyClassifier("none"), train, _val())
+        fitted.save_checkpoint(tmp_path / "done.ckpt")
+        resumed = _weights()
+        trainer([resumed], max_epochs=2).fit(
+            ToyClassifier("none"), train, _val(), ckpt_path=tmp_path / "done.ckpt"
+        )
+    for read in (resumed.data_weights, resumed.flagged):
+        with pytest.raises(ConfigurationError, match="no training step has applied"):
+            read()

@@ -317,6 +317,10 @@ class DataWeightsProblem(WeightedStep):
             labels, self.checkpointed_labels = self.checkpointed_labels, None
             if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
                 self._labels = labels
+            rows, self.checkpointed_rows = self.checkpointed_rows, {}
+            if all(r.shape == (n,) for r in rows.values()):
+                self._last_loss = rows.get("data_last_loss", self._last_loss)
+                self._visits = rows.get("data_visits", self._visits)
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
@@ -488,6 +492,14 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
     loader = first_loader(trainer.train_dataloader, "train dataloader")
     batch = loader.collate_fn([loader.dataset[r] for r in rows])
     return trainer.strategy.batch_to_device(batch)
+
+
+#: the per-row record a checkpoint keeps beside the labels (key: RowRecord attribute): each
+#: row's training loss at its last visit and its visits. Not kept before session 52: a resumed
+#: fit read them afresh, so flagged("split_misfit") (losses above log 2) and the flags'
+#: contrast checks saw only the rows read since the resume (128 of 240 had none after a
+#: mid-epoch resume), and the class shares counted the visits since the resume only
+_ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
 
 
 def _refuse_initial_of_many(initial: Any, per: str) -> None:
@@ -1107,6 +1119,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         labels = self.problem._labels
         if state and labels is not None:
             state["data_labels"] = labels.detach().cpu().clone()
+        for key, rows in _ROW_RECORDS.items():  # the evidence flagged() reads (session 52)
+            kept = getattr(self.problem, rows)
+            if state and kept is not None:
+                state[key] = kept.detach().cpu().clone()
         examples = self.problem._examples
         digest = _examples_digest(examples) if examples is not None else None
         if state and digest is not None:
@@ -1137,6 +1153,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     "tensor: it is corrupted."
                 )
             self.problem.checkpointed_labels = labels
+        for key in _ROW_RECORDS:
+            if isinstance(state_dict, dict) and key in state_dict:
+                state_dict = dict(state_dict)
+                rows = state_dict.pop(key)
+                if not (isinstance(rows, Tensor) and rows.dim() == 1 and rows.is_floating_point()):
+                    raise ConfigurationError(
+                        f"LearnedDataWeights: the checkpoint's {key} must be a 1-D float "
+                        "tensor: it is corrupted."
+                    )
+                self.problem.checkpointed_rows[key] = rows
         if isinstance(state_dict, dict) and "data_examples" in state_dict:
             state_dict = dict(state_dict)
             self.problem.checkpointed_examples = str(state_dict.pop("data_examples"))
@@ -1182,8 +1208,23 @@ class LearnedDataWeights(HyperOptimizationCallback):
         Row i is the weight of ``IndexedDataset(train_set)[i]``: a position in the data set the
         IndexedDataset wraps. Where that is a ``Subset`` (``random_split``), the example's index
         in the full data set is ``train_set.indices[i]`` (so for :meth:`flagged` too)."""
+        self._refuse_unapplied_checkpoint("data_weights")
         w = self.problem.weights
         return w.values().cpu() if w is not None else torch.empty(0)
+
+    def _refuse_unapplied_checkpoint(self, what: str) -> None:
+        """A checkpoint's state is applied at a fit's first training step: a resumed fit that
+        ran none (``trainer.fit(ckpt_path=...)`` with the checkpoint's own ``max_epochs``, e.g.
+        to get a finished fit's weights back) left it unapplied, and ``data_weights()`` was
+        empty and ``flagged()`` flagged nothing, as if no example were suspect (session 52)."""
+        if self._pending is not None:
+            raise ConfigurationError(
+                f"LearnedDataWeights.{what}: this callback holds a checkpoint's weights that no "
+                "training step has applied yet: the fit that loaded it (trainer.fit(..., "
+                "ckpt_path=...)) ran no step, its max_epochs / max_steps being reached at the "
+                "checkpoint. Resume with a larger max_epochs (the weights are applied at its "
+                "first training step), or keep the fitted callback object."
+            )
 
     def flagged(self, rule: FlagRule | str | float | None = None) -> Tensor:
         """Indices of the examples (classes) the validation data says not to trust, by
@@ -1206,6 +1247,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less than
         ½, e.g. a network that fits the data poorly), the rows are returned with a warning saying
         the flags may be mostly hard clean examples."""
+        self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)

@@ -87,6 +87,9 @@ class RowRecord(RowEvidence):
         self._labels: Tensor | None = None
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
+        #: the per-row losses and visits a checkpoint held (``data_last_loss``,
+        #: ``data_visits``), taken over at the resumed fit's ``build`` beside the labels
+        self.checkpointed_rows: dict[str, Tensor] = {}
         self._last_loss: Tensor | None = None
         #: per row: the times a training batch held it (the loader's draws, a sampler's
         #: included), which :meth:`class_shares` counts the training distribution by
@@ -167,6 +170,8 @@ class RowRecord(RowEvidence):
             if self._labels.device != index.device:  # restored from a checkpoint on the CPU
                 self._labels = self._labels.to(index.device)
             self._labels[rows] = labels.to(index.device)
+        if self._last_loss is not None and self._last_loss.device != index.device:
+            self._last_loss = self._last_loss.to(index.device)  # restored on the CPU
         if self._last_loss is None or self._last_loss.shape[0] != n:
             # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
             self._last_loss = torch.full(
