@@ -158,9 +158,9 @@ def test_binary_targets_stored_as_floats_are_read_as_the_labels(shape):
     Now read as the labels 0 / 1: the weights equal the integer fit's bit for bit."""
     binary = (Y == 0).long()
     learned = {}
-    for dtype in (torch.long, torch.float32):
+    for dtype in (torch.long, torch.float32):  # against integer labels as a vector
         y = binary.to(dtype)
-        y = y[:, None] if shape == "column" else y
+        y = y[:, None] if shape == "column" and dtype == torch.float32 else y
         cb = _weights()
         train = DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=16)
         _fit(cb, train, DataLoader(TensorDataset(X[:60], y[:60]), batch_size=20), _Binary())
@@ -293,22 +293,38 @@ def test_a_resumed_fit_keeps_each_rows_last_loss_and_visits(tmp_path):
     assert float(resumed.problem._visits.sum()) == float(first.problem._visits.sum()) + 48
 
 
-def test_a_finished_fit_resumed_without_a_step_says_its_weights_are_not_applied(tmp_path):
+@pytest.mark.parametrize("drop_in", ["weights", "decay"])
+def test_a_finished_fit_resumed_without_a_step_says_its_state_is_not_applied(tmp_path, drop_in):
     """``trainer.fit(model, ckpt_path=...)`` with the checkpoint's own ``max_epochs`` (to get a
-    finished fit's weights back in a new process): Lightning runs no training step, so the
-    checkpoint's state, applied at the first one, never was: ``data_weights()`` was empty and
-    ``flagged()`` flagged nothing (89 rows before the checkpoint), without a word. Both refuse
-    now, naming the fix; a resume that trains applies them as before."""
-    train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+    finished fit's hyperparameters back in a new process): Lightning runs no training step, so
+    the checkpoint's state, applied at the first one, never was: ``data_weights()`` was empty
+    and ``flagged()`` flagged nothing (89 rows before the checkpoint), ``learned_weight_decay``
+    and ``decay_values()`` gave λ₀ (1e-3, where 6.5e-8 was learned), without a word. They
+    refuse now, naming the fix."""
+    if drop_in == "weights":
+        make: Any = _weights
+        train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
+        reduction = "none"
+    else:
+
+        def make() -> LearnedWeightDecay:
+            return LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
+
+        train = DataLoader(TensorDataset(X, Y), batch_size=16)
+        reduction = "mean"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fitted = trainer([_weights()], max_epochs=2)
-        fitted.fit(ToyClassifier("none"), train, _val())
+        fitted = trainer([make()], max_epochs=2)
+        fitted.fit(ToyClassifier(reduction), train, _val())
         fitted.save_checkpoint(tmp_path / "done.ckpt")
-        resumed = _weights()
+        resumed = make()
         trainer([resumed], max_epochs=2).fit(
-            ToyClassifier("none"), train, _val(), ckpt_path=tmp_path / "done.ckpt"
+            ToyClassifier(reduction), train, _val(), ckpt_path=tmp_path / "done.ckpt"
         )
-    for read in (resumed.data_weights, resumed.flagged):
+    if drop_in == "weights":
+        readers = [resumed.data_weights, resumed.flagged]
+    else:
+        readers = [lambda: resumed.learned_weight_decay, resumed.decay_values]
+    for read in readers:
         with pytest.raises(ConfigurationError, match="no training step has applied"):
             read()

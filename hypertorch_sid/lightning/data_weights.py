@@ -1212,20 +1212,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         w = self.problem.weights
         return w.values().cpu() if w is not None else torch.empty(0)
 
-    def _refuse_unapplied_checkpoint(self, what: str) -> None:
-        """A checkpoint's state is applied at a fit's first training step: a resumed fit that
-        ran none (``trainer.fit(ckpt_path=...)`` with the checkpoint's own ``max_epochs``, e.g.
-        to get a finished fit's weights back) left it unapplied, and ``data_weights()`` was
-        empty and ``flagged()`` flagged nothing, as if no example were suspect (session 52)."""
-        if self._pending is not None:
-            raise ConfigurationError(
-                f"LearnedDataWeights.{what}: this callback holds a checkpoint's weights that no "
-                "training step has applied yet: the fit that loaded it (trainer.fit(..., "
-                "ckpt_path=...)) ran no step, its max_epochs / max_steps being reached at the "
-                "checkpoint. Resume with a larger max_epochs (the weights are applied at its "
-                "first training step), or keep the fitted callback object."
-            )
-
     def flagged(self, rule: FlagRule | str | float | None = None) -> Tensor:
         """Indices of the examples (classes) the validation data says not to trust, by
         ``rule`` (see :meth:`SampleWeights.flagged`: a number t flags ω < t). Default: per

@@ -1322,6 +1322,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         """The learned λ by slot name (one per layer, group or tensor as ``granularity`` says;
         ``granularity="global"``: one entry; ``"per_element"``: every value of each tensor,
         flattened), detached; empty before a fit has built λ in this process."""
+        self._refuse_unapplied_checkpoint("learned_weight_decay")
         decay = self.problem.decay
         if decay is None:
             return {}
@@ -1380,4 +1381,5 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def decay_values(self) -> dict[str, Tensor]:
         """The current λ of every decayed parameter, by parameter name (detached); empty before
         a fit has built λ in this process (and after a ``ddp_spawn`` fit: see the warning)."""
+        self._refuse_unapplied_checkpoint("decay_values")
         return self.problem.decay.values() if self.problem.decay is not None else {}
