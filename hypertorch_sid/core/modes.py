@@ -14,16 +14,38 @@ products of the adjoint solve and of the ∂₂Φ̂ term run inside :func:`froze
 
 In both, every buffer (running mean/var, ``num_batches_tracked``) is restored afterwards, so the
 adjoint solve never changes the model's statistics, and the previous train/eval flags come back.
+
+A module in eval mode at its root is switched to training mode by ``"train"`` (a core user may
+call the hypergradient after an evaluation), except under :func:`as_trained`: a caller that runs
+the solves inside its own training step (the Lightning drop-ins' hyper steps) says so, and the
+module's flags, root included, are then the training's (session 52: a training run in eval mode,
+``self.eval()`` in ``on_train_batch_start``, had its hyper steps run dropout and BatchNorm's
+batch statistics, which its training never did).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
 from .errors import ConfigurationError
+
+#: whether the module's current flags are the training's (set by :func:`as_trained`)
+_AS_TRAINED: ContextVar[bool] = ContextVar("hypertorch_sid_as_trained", default=False)
+
+
+@contextmanager
+def as_trained() -> Iterator[None]:
+    """Within the body ``frozen_mode(module, "train")`` keeps every flag as it is, the root's
+    too: the caller runs inside the training's own step, whose flags these are."""
+    token = _AS_TRAINED.set(True)
+    try:
+        yield
+    finally:
+        _AS_TRAINED.reset(token)
 
 
 @contextmanager
@@ -36,7 +58,8 @@ def frozen_mode(module: torch.nn.Module | None, mode: str) -> Iterator[None]:
         return
     flags = {m: m.training for m in module.modules()}
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    if mode == "eval" or not module.training:  # in training mode: the training's own flags
+    # in training mode (or as trained): the training's own flags
+    if mode == "eval" or not (module.training or _AS_TRAINED.get()):
         module.train(mode == "train")
     try:
         yield

@@ -40,6 +40,7 @@ from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
 from ..core.gauss_newton import check_hvp
 from ..core.horizon import StepSizeProbe, effective_step_size
+from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
@@ -583,6 +584,22 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             # a new core object at on_train_start and applies it then
             self._restore()
 
+    def _refuse_unapplied_checkpoint(self, what: str) -> None:
+        """A checkpoint's state is applied at a fit's first training step: a resumed fit that
+        ran none (``trainer.fit(ckpt_path=...)`` with the checkpoint's own ``max_epochs``, e.g.
+        to get a finished fit's hyperparameters back) left it unapplied, and the drop-ins'
+        readers gave their start silently: ``learned_weight_decay`` λ₀ (1e-3 where 6.5e-8 was
+        learned), ``data_weights()`` nothing and ``flagged()`` no row (session 52)."""
+        if self._pending is not None:
+            raise ConfigurationError(
+                f"{type(self).__name__}.{what}: this callback holds a checkpoint's "
+                f"{self.hyperparameters_named} that no training step has applied yet: the fit "
+                "that loaded it (trainer.fit(..., ckpt_path=...)) ran no step, its max_epochs / "
+                "max_steps being reached at the checkpoint. Resume with a larger max_epochs "
+                "(they are applied at its first training step), or keep the fitted callback "
+                "object."
+            )
+
     def _train_dataset(self) -> Any:
         """The training dataset where the callback samples it by index (else None)."""
         parts = self.data.train_parts if self.data is not None else None
@@ -948,6 +965,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             hyperparameters_require_grad([h for h, _ in self._frozen]),
             private_rng(seed, pl_module.device),
             metric_states_kept(pl_module),
+            as_trained(),  # inside a training step: the module's flags are the training's
         ):
             try:
                 data = self.data

@@ -52,15 +52,24 @@ def _carried_labels(batch: Any) -> Tensor | None:
 
 
 def _integer_vector(labels: Any, b: int | None = None) -> bool:
-    """Whether ``labels`` is a 1-D integer tensor (of ``b`` entries where given)."""
+    """Whether ``labels`` is an integer tensor of one class id per row (of ``b`` rows where
+    given): 1-D, or a column ``(b, 1)`` (a data set returning ``torch.tensor([y])``, labels
+    kept as ``y[:, None]``), read as :func:`class_ids`. A column was read as no labels before
+    (session 52): the class gauge and every label check were silently off, and
+    ``per="class"`` advised ``batch[1].argmax(1)``, which maps every row to class 0."""
     return (
         isinstance(labels, Tensor)
-        and labels.dim() == 1
+        and (labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1))
         and not labels.is_floating_point()
         and not labels.is_complex()
         and labels.dtype != torch.bool
         and (b is None or labels.shape[0] == b)
     )
+
+
+def class_ids(labels: Tensor) -> Tensor:
+    """An :func:`_integer_vector`'s class ids as a 1-D tensor (a column flattened)."""
+    return labels if labels.dim() == 1 else labels.reshape(-1)
 
 
 def batch_labels(data: Any) -> Any:
@@ -227,16 +236,19 @@ def _check_training_loader(loader: DataLoader, per: str) -> None:
         _check_collation(loader)
 
 
-def _check_class_labels(labels: Any, num_classes: int) -> None:
-    """``per="class"``: a training batch's ``target(batch)`` must be a 1-D integer tensor of
-    class ids in 0..num_classes - 1, the rows of the class weights."""
+def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
+    """``per="class"``: a training batch's ``target(batch)`` must be a 1-D integer tensor (or
+    a column, :func:`_integer_vector`) of class ids in 0..num_classes - 1, the rows of the
+    class weights; returned 1-D."""
     if not _integer_vector(labels):
         what = (
             f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
             if isinstance(labels, Tensor)
             else type(labels).__name__
         )
-        floats = isinstance(labels, Tensor) and labels.dim() == 1  # ids stored as floats
+        floats = isinstance(labels, Tensor) and (  # ids stored as floats, a vector or column
+            labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1)
+        )
         raise ConfigurationError(
             f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
             f"and the batch's target is {what} "
@@ -258,6 +270,7 @@ def _check_class_labels(labels: Any, num_classes: int) -> None:
             f"batch holds labels from {low} to {high}, outside 0..{num_classes - 1}: "
             f"{unlabelled}."
         )
+    return class_ids(labels)
 
 
 def _warn_indexed_validation(loaders: Any) -> None:

@@ -84,7 +84,7 @@ from ..core.normalisers import CLASS_GAUGES
 from ..core.objectives import ExpectedError, MeanLoss, ValidationObjective, as_validation_objective
 from ..core.parameterizations import WeightParameterization, as_weight_parameterization
 from ..core.sample_weights import SampleWeights
-from ..core.validation import as_strategy, check_bool
+from ..core.validation import as_strategy, check_bool, is_integer, is_real
 from .callback import (
     HyperOptimizationCallback,
     config_given,
@@ -170,9 +170,7 @@ class DataWeightsProblem(WeightedStep):
             raise ConfigurationError(
                 f"LearnedDataWeights: per must be 'sample' or 'class', got {per!r}."
             )
-        if per == "class" and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
-        ):
+        if per == "class" and (not is_integer(num_classes) or num_classes < 2):
             raise ConfigurationError(
                 f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
             )
@@ -192,8 +190,9 @@ class DataWeightsProblem(WeightedStep):
         for name, fn in (("target", target), ("validation_loss", validation_loss)):
             if fn is not None and not callable(fn):
                 raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
+        _refuse_initial_of_many(initial, per)
         self.per = per
-        self.num_classes = num_classes
+        self.num_classes = None if num_classes is None else int(num_classes)  # np.int64(3) too
         #: refused now, not at the fit; one object for every fit (a shared term's θ is kept)
         self.parameterization = as_weight_parameterization(parameterization)
         self.initial = initial
@@ -216,7 +215,7 @@ class DataWeightsProblem(WeightedStep):
         #: the learned weights (built at the first fit's start; kept across fits)
         self.weights: SampleWeights | None = None
         if per == "class":  # known now: validates the parameterisation at construction
-            self.weights = SampleWeights(num_classes, self.parameterization, initial)  # type: ignore[arg-type]
+            self.weights = SampleWeights(self.num_classes, self.parameterization, initial)  # type: ignore[arg-type]
         elif initial is not None:  # the initial weight refused now, not at the fit's start
             SampleWeights(1, self.parameterization, initial)
         if gauge in CLASS_GAUGES:  # refused now where it cannot be held
@@ -312,6 +311,10 @@ class DataWeightsProblem(WeightedStep):
             labels, self.checkpointed_labels = self.checkpointed_labels, None
             if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
                 self._labels = labels
+            rows, self.checkpointed_rows = self.checkpointed_rows, {}
+            if all(r.shape == (n,) for r in rows.values()):
+                self._last_loss = rows.get("data_last_loss", self._last_loss)
+                self._visits = rows.get("data_visits", self._visits)
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
@@ -405,8 +408,7 @@ class DataWeightsProblem(WeightedStep):
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
         labels = self.target(data)
-        _check_class_labels(labels, self.num_classes)  # type: ignore[arg-type]
-        return labels, data
+        return _check_class_labels(labels, self.num_classes), data  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
@@ -484,6 +486,35 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
     loader = first_loader(trainer.train_dataloader, "train dataloader")
     batch = loader.collate_fn([loader.dataset[r] for r in rows])
     return trainer.strategy.batch_to_device(batch)
+
+
+#: the per-row record a checkpoint keeps beside the labels (key: RowRecord attribute): each
+#: row's training loss at its last visit and its visits. Not kept before session 52: a resumed
+#: fit read them afresh, so flagged("split_misfit") (losses above log 2) and the flags'
+#: contrast checks saw only the rows read since the resume (128 of 240 had none after a
+#: mid-epoch resume), and the class shares counted the visits since the resume only
+_ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
+
+
+def _refuse_initial_of_many(initial: Any, per: str) -> None:
+    """``initial`` is one ω₀ for every row: a tensor or list of one per example (or class) was a
+    raw "only one element tensors can be converted to Python scalars" / "float() argument must
+    be ... not 'list'" from inside the weights (session 52)."""
+    if (
+        initial is None
+        or is_real(initial)
+        or (isinstance(initial, Tensor) and initial.numel() == 1)
+    ):
+        return
+    many = len(initial) if isinstance(initial, (list, tuple, Tensor)) else None
+    got = f"a {type(initial).__name__} of {many}" if many is not None else repr(initial)
+    row = "example" if per == "sample" else "class"
+    raise ConfigurationError(
+        f"LearnedDataWeights: initial is one starting weight ω₀ for every {row} (a number, "
+        f"e.g. initial=0.5 under the sigmoid), got {got}: the weight of each {row} is what the "
+        "callback learns, all from that one start. Pass one number, or drop initial= (the "
+        "parameterisation's default)."
+    )
 
 
 def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:
@@ -1087,6 +1118,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         labels = self.problem._labels
         if state and labels is not None:
             state["data_labels"] = labels.detach().cpu().clone()
+        for key, rows in _ROW_RECORDS.items():  # the evidence flagged() reads (session 52)
+            kept = getattr(self.problem, rows)
+            if state and kept is not None:
+                state[key] = kept.detach().cpu().clone()
         examples = self.problem._examples
         digest = _examples_digest(examples) if examples is not None else None
         if state and digest is not None:
@@ -1117,6 +1152,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     "tensor: it is corrupted."
                 )
             self.problem.checkpointed_labels = labels
+        for key in _ROW_RECORDS:
+            if isinstance(state_dict, dict) and key in state_dict:
+                state_dict = dict(state_dict)
+                rows = state_dict.pop(key)
+                if not (isinstance(rows, Tensor) and rows.dim() == 1 and rows.is_floating_point()):
+                    raise ConfigurationError(
+                        f"LearnedDataWeights: the checkpoint's {key} must be a 1-D float "
+                        "tensor: it is corrupted."
+                    )
+                self.problem.checkpointed_rows[key] = rows
         if isinstance(state_dict, dict) and "data_examples" in state_dict:
             state_dict = dict(state_dict)
             self.problem.checkpointed_examples = str(state_dict.pop("data_examples"))
@@ -1162,6 +1207,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         Row i is the weight of ``IndexedDataset(train_set)[i]``: a position in the data set the
         IndexedDataset wraps. Where that is a ``Subset`` (``random_split``), the example's index
         in the full data set is ``train_set.indices[i]`` (so for :meth:`flagged` too)."""
+        self._refuse_unapplied_checkpoint("data_weights")
         w = self.problem.weights
         return w.values().cpu() if w is not None else torch.empty(0)
 
@@ -1186,6 +1232,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less than
         ½, e.g. a network that fits the data poorly), the rows are returned with a warning saying
         the flags may be mostly hard clean examples."""
+        self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
         if w is None:
             return torch.empty(0, dtype=torch.long)

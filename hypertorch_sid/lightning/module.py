@@ -53,7 +53,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ..core.errors import ConfigurationError
-from ..core.validation import check_inner_optimizers
+from ..core.validation import check_inner_optimizers, is_real
 
 __all__ = ["Bilevel", "BilevelModule"]
 
@@ -118,7 +118,7 @@ class Bilevel:
             )
         if isinstance(value, Tensor):
             tensor = value.detach().clone()
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif is_real(value):  # a Python or NumPy number (np.float32(0.1) was refused)
             tensor = torch.tensor(float(value), dtype=torch.get_default_dtype())
         else:
             raise ConfigurationError(
@@ -186,7 +186,19 @@ class Bilevel:
 
     # ------------------------------------------------------------------ Lightning defaults
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """One inner step: returns ``inner_loss(batch)`` (logged as ``train/inner_loss``)."""
+        """One inner step: returns ``inner_loss(batch)`` (logged as ``train/inner_loss``) for
+        Lightning's automatic optimisation. Under manual optimisation nothing would step the
+        optimizers with it: the fit trained nothing and ran no hyper step, silently (session
+        52), so it is refused there."""
+        if not self.automatic_optimization:
+            raise ConfigurationError(
+                f"{type(self).__name__}: automatic_optimization is False, and the default "
+                "training_step only returns inner_loss(batch), which Lightning does not step "
+                "under manual optimisation: nothing would train. Either keep automatic "
+                "optimisation, or write a training_step that steps the optimizer itself: "
+                "opt = self.optimizers(); opt.zero_grad(); "
+                "self.manual_backward(self.inner_loss(batch)); opt.step()."
+            )
         loss = self.inner_loss(batch)
         self.log("train/inner_loss", loss, prog_bar=True)
         return loss

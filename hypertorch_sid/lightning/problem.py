@@ -34,6 +34,7 @@ from torch import Tensor
 from ..core.errors import ConfigurationError
 from ..core.validation import check_inner_optimizers
 from .module import Bilevel
+from .namespaces import classes
 
 Tensors = list[Tensor]
 
@@ -125,6 +126,17 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
     and torch's "Attempted to use an uninitialized parameter" came from inside the callback)."""
     from torch.nn.parameter import is_lazy
 
+    mock = classes("core.optimizer._MockOptimizer")  # Lightning's stand-in for None
+    if all(isinstance(optimizer, mock) for optimizer in trainer.optimizers):
+        # Lightning runs such a fit (warned: "this fit will run with no optimizer"), and the
+        # hyper steps then learned λ for a w nothing trained: a BilevelModule's λ moved over 6
+        # hyper steps with w still at its start (session 52)
+        raise ConfigurationError(
+            f"{who}: the fit has no training optimizer (configure_optimizers returned None or "
+            "an empty list), so nothing trains the parameters, and the hyper steps assume "
+            "they follow the training as the hyperparameters change. Return the optimizer from "
+            "configure_optimizers, e.g. torch.optim.SGD(self.parameters(), lr=0.1)."
+        )
     for i, optimizer in enumerate(trainer.optimizers):
         for j, group in enumerate(optimizer.param_groups):
             if group.get("maximize", False):

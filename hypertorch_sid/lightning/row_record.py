@@ -23,7 +23,14 @@ from torch import Tensor
 
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
-from .data_checks import _MASKED_WHY, MASKED_REREADS, _integer_vector, _rows, batch_labels
+from .data_checks import (
+    _MASKED_WHY,
+    MASKED_REREADS,
+    _integer_vector,
+    _rows,
+    batch_labels,
+    class_ids,
+)
 from .evidence import _UNSEEN, RowEvidence
 from .isolation import metric_states_kept, private_rng
 from .weight_decay import _muted_logging
@@ -80,10 +87,16 @@ class RowRecord(RowEvidence):
         self._labels: Tensor | None = None
         #: the labels a checkpoint held, taken over at the resumed fit's ``build``
         self.checkpointed_labels: Tensor | None = None
+        #: the per-row losses and visits a checkpoint held (``data_last_loss``,
+        #: ``data_visits``), taken over at the resumed fit's ``build`` beside the labels
+        self.checkpointed_rows: dict[str, Tensor] = {}
         self._last_loss: Tensor | None = None
         #: per row: the times a training batch held it (the loader's draws, a sampler's
         #: included), which :meth:`class_shares` counts the training distribution by
         self._visits: Tensor | None = None
+        #: whether the labels are binary targets stored as floats, read as 0 / 1 (decided at
+        #: each fit's first training step, :meth:`_read_binary_floats`)
+        self._binary_floats = False
         self._said_masked = False  # masked rows said in this fit (at a batch or an epoch's end)
         self._reread_rows: set[int] = set()  # rows of loss 0 re-read for masking (this fit)
         #: per row: whether its training loss was ever other than 0 in this fit (so not masked)
@@ -157,6 +170,8 @@ class RowRecord(RowEvidence):
             if self._labels.device != index.device:  # restored from a checkpoint on the CPU
                 self._labels = self._labels.to(index.device)
             self._labels[rows] = labels.to(index.device)
+        if self._last_loss is not None and self._last_loss.device != index.device:
+            self._last_loss = self._last_loss.to(index.device)  # restored on the CPU
         if self._last_loss is None or self._last_loss.shape[0] != n:
             # float32 by name: precision="64-true" / "bf16-true" change torch's default dtype
             self._last_loss = torch.full(
@@ -290,19 +305,39 @@ class RowRecord(RowEvidence):
         :class:`LabelledIndexed` batch's); else :func:`batch_labels` under torch's default
         collation only: a ``collate_fn`` of the user's has a layout of its own, e.g.
         EmbeddingBag's offsets at ``[1]`` of ``(tokens, offsets, y)``, which change with the
-        batch."""
+        batch. Binary targets stored as floats (:attr:`_binary_floats`) are read as 0 / 1."""
+        labels = self._raw_labels(data, carried)
+        if self._binary_floats and isinstance(labels, Tensor) and labels.is_floating_point():
+            labels = labels.long()
+        return class_ids(labels).long() if _integer_vector(labels, b) else None
+
+    def _raw_labels(self, data: Any, carried: Tensor | None) -> Any:
+        """What :meth:`_labels_of` reads the labels from, before any check of them."""
         if self._own_target:
             try:
-                labels = self.target(data)
+                return self.target(data)
             except (TypeError, IndexError, KeyError, AttributeError, ConfigurationError):
                 return None
-        elif carried is not None:
-            labels = carried
-        elif self._labels_by_position:
-            labels = batch_labels(data)
-        else:
-            return None
-        return labels.long() if _integer_vector(labels, b) else None  # 1-D: no reshape
+        if carried is not None:
+            return carried
+        return batch_labels(data) if self._labels_by_position else None
+
+    def _read_binary_floats(self, data: Any, carried: Tensor | None) -> None:
+        """At the fit's first training step (one read of the device): whether the labels are
+        binary targets stored as floats, a vector or column of 0.0 and 1.0 only (what
+        ``F.binary_cross_entropy_with_logits`` needs), which are then read as the class ids
+        0 / 1 (:attr:`_binary_floats`). They were read as no labels before (session 52): the
+        class gauge and every label check were silently off, and the weights differed from
+        the same fit's on integer labels by up to 0.75. Other float targets (soft labels,
+        a regression, class ids above 1 stored as floats) stay unread."""
+        labels = self._raw_labels(data, carried)
+        self._binary_floats = bool(
+            isinstance(labels, Tensor)
+            and labels.is_floating_point()
+            and labels.numel() > 0
+            and (labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1))
+            and bool(((labels == 0) | (labels == 1)).all())
+        )
 
     def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
         """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts

@@ -82,9 +82,10 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
+from ..core.modes import as_trained
 from ..core.outer_step import TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule
-from ..core.validation import check_bool
+from ..core.validation import check_bool, is_real
 from .amp import loss_scale, scaler_skips
 from .callback import (
     CALLBACK_CONFIG,
@@ -144,7 +145,7 @@ def _initial_value_fix(value: Any, parameterization: str) -> str:
             "it is one starting value for every λ (a Python float); the values per layer "
             "are what the callback learns (granularity='per_layer', the default)"
         )
-    if isinstance(value, (int, float)) and value == 0 and parameterization == "log":
+    if is_real(value) and value == 0 and parameterization == "log":
         return (
             "on the log scale λ never reaches 0; start small (e.g. weight_decay=1e-6: it falls "
             "further if no decay is best), or pass parameterization='projection' to start at 0"
@@ -190,8 +191,7 @@ class WeightDecayProblem:
                 f"LearnedWeightDecay: apply_to must be 'all' or 'weights', got {apply_to!r}."
             )
         if (
-            isinstance(weight_decay, bool)
-            or not isinstance(weight_decay, (int, float))
+            not is_real(weight_decay)  # a Python or NumPy number (np.float32 from an array)
             or not math.isfinite(weight_decay)
             or weight_decay < 0
             or (parameterization == "log" and weight_decay == 0)
@@ -209,8 +209,7 @@ class WeightDecayProblem:
         check_bool("LearnedWeightDecay: proximal", proximal)
         check_bool("LearnedWeightDecay: decoupled", decoupled)
         if (
-            isinstance(min_weight_decay, bool)
-            or not isinstance(min_weight_decay, (int, float))
+            not is_real(min_weight_decay)
             or not math.isfinite(min_weight_decay)
             or min_weight_decay < 0
         ):
@@ -1226,7 +1225,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         probe = self._probe_pending()
         if probe and self._probe_planned is not self.problem.decay and self.budget.plans_costs():
             self._probe_planned = self.problem.decay
-            with self.budget.added_work(), metric_states_kept(pl_module):
+            with self.budget.added_work(), metric_states_kept(pl_module), as_trained():
                 cost = probe_cost(
                     self.problem, pl_module, self._probe_batch,
                     self.budget.synchronized_clock, seed=self.seed,
@@ -1234,8 +1233,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             self.budget.expect_one_off(cost)
         allowed = super()._budget_allows(trainer, pl_module)
         if allowed and probe:  # the user's metrics see no probe forward (as in a hyper step)
-            with self.budget.added_work(), metric_states_kept(pl_module):
-                self._probe(pl_module)
+            with self.budget.added_work(), metric_states_kept(pl_module), as_trained():
+                self._probe(pl_module)  # in a training step: the module's flags are its
             self.budget.expect_one_off(0.0)
         return allowed
 
@@ -1323,6 +1322,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         """The learned λ by slot name (one per layer, group or tensor as ``granularity`` says;
         ``granularity="global"``: one entry; ``"per_element"``: every value of each tensor,
         flattened), detached; empty before a fit has built λ in this process."""
+        self._refuse_unapplied_checkpoint("learned_weight_decay")
         decay = self.problem.decay
         if decay is None:
             return {}
@@ -1381,4 +1381,5 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def decay_values(self) -> dict[str, Tensor]:
         """The current λ of every decayed parameter, by parameter name (detached); empty before
         a fit has built λ in this process (and after a ``ddp_spawn`` fit: see the warning)."""
+        self._refuse_unapplied_checkpoint("decay_values")
         return self.problem.decay.values() if self.problem.decay is not None else {}

@@ -141,6 +141,8 @@ class WeightedStep(RowRecord):
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
+                if self.per == "sample":
+                    self._read_binary_floats(data, carried)
                 self._choose_gauge(data, raw, carried)
             if in_loop and self._masked_checks > 0:
                 self._masked_checks -= 1
