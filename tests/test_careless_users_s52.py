@@ -328,3 +328,27 @@ def test_a_finished_fit_resumed_without_a_step_says_its_state_is_not_applied(tmp
     for read in readers:
         with pytest.raises(ConfigurationError, match="no training step has applied"):
             read()
+
+
+def test_a_label_stored_as_a_one_element_tensor_is_read_under_a_users_collate_fn():
+    """``torch.tensor([y])`` per sample: read before collation as it is read after it (the (B, 1)
+    column above), also where a collate_fn of the user's hides the labels from the drop-in."""
+    from hypertorch_sid.core.indexing import sample_label
+
+    assert sample_label((torch.zeros(3), torch.tensor([2]))) == 2
+    assert sample_label({"x": torch.zeros(3), "label": torch.tensor([1])}) == 1
+    assert sample_label((torch.zeros(3), torch.tensor([0.0]))) is None  # a float: no class id
+
+
+def test_lazy_adams_betas_as_numpy_numbers():
+    """``outer_betas=np.array([0.9, 0.999])`` or NumPy scalars are two numbers, as a tuple is."""
+    from hypertorch_sid.core.errors import ConfigurationError
+    from hypertorch_sid.core.lazy_adam import LazyAdam
+
+    x = torch.zeros(4, requires_grad=True)
+    for betas in (np.array([0.9, 0.999]), (np.float32(0.9), np.float64(0.999)), [0.0, 0.5]):
+        opt = LazyAdam([x], lr=0.1, betas=betas)
+        assert opt.param_groups[0]["betas"] == (float(betas[0]), float(betas[1]))
+    for bad in ((0.9,), (0.9, 1.0), "ab", 0.9, (True, 0.9)):
+        with pytest.raises(ConfigurationError, match="betas must be two numbers"):
+            LazyAdam([x], lr=0.1, betas=bad)

@@ -49,7 +49,8 @@ class Record:
         ([torch.zeros(3), np.int64(4)], 4),
         ({"x": torch.zeros(3), "label": torch.tensor(5)}, 5),
         (Record(torch.zeros(3), 6), 6),
-        ((torch.zeros(3), torch.tensor([1])), None),  # shape (1,): not one integer
+        ((torch.zeros(3), torch.tensor([1])), 1),  # shape (1,): one integer (session 52)
+        ((torch.zeros(3), torch.tensor([[1]])), None),  # shape (1, 1): not a label's shape
         ((torch.zeros(3), 1.0), None),  # a float target
         ((torch.zeros(3), True), None),  # a bool is no class id
         ((torch.zeros(3), torch.tensor([0.0, 1.0])), None),  # one-hot

@@ -104,11 +104,13 @@ LABEL_KEYS = ("y", "label", "labels", "target", "targets")
 
 
 def _integer_scalar(value: Any) -> bool:
-    """Whether ``value`` is one integer: a Python or NumPy integer, or a 0-dim integer tensor
-    (a bool is not a class id)."""
+    """Whether ``value`` is one integer: a Python or NumPy integer, or an integer tensor holding
+    one value, of shape () or (1,) (a label stored as ``torch.tensor([y])``, read as the (B, 1)
+    column it collates to is read; a bool is not a class id)."""
     if isinstance(value, Tensor):
         return (
-            value.dim() == 0
+            value.dim() <= 1
+            and value.numel() == 1
             and not value.is_floating_point()
             and not value.is_complex()
             and value.dtype != torch.bool
@@ -123,10 +125,9 @@ def sample_label(sample: Any) -> int | None:
       :data:`LABEL_KEYS` it holds (none, or two of them: None);
     * otherwise a pair ``(x, y)`` (a tuple or list of exactly two entries): ``y``;
 
-    and only where that value is one integer (a Python or NumPy integer, a 0-dim integer
-    tensor; not a bool, a float, a one-hot vector, a string or a sequence). Nothing else is
-    guessed: ``(x, y, w)`` (which of the three?), a bare tensor, ``(text, y)`` with ``y`` of
-    shape (1,) give None."""
+    and only where that value is one integer (a Python or NumPy integer, an integer tensor of
+    shape () or (1,); not a bool, a float, a one-hot vector, a string or a sequence). Nothing
+    else is guessed: ``(x, y, w)`` (which of the three?) and a bare tensor give None."""
     if isinstance(sample, Mapping):
         found = [sample[k] for k in LABEL_KEYS if k in sample]
     elif dataclasses.is_dataclass(sample) or hasattr(sample, "_fields"):

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .validation import is_real
 
 Tensors = list[Tensor]
 
@@ -20,6 +21,20 @@ def _per_row(x: Tensor, p: Tensor) -> Tensor:
     ``p`` (no view for a vector: each is one more operation at every step)."""
     x = x.to(p.dtype)
     return x if p.dim() == 1 else x.view((-1,) + (1,) * (p.dim() - 1))
+
+
+def _two_betas(betas: Any) -> tuple[float, float]:
+    """(β₁, β₂) as two floats in [0, 1): any sequence of two real numbers (a tuple, a list, a
+    NumPy array, NumPy scalars), or a clear error."""
+    try:
+        values = [betas[0], betas[1]] if len(betas) == 2 else None
+    except TypeError:
+        values = None
+    if values is None or not all(is_real(b) and 0 <= b < 1 for b in values):
+        raise ConfigurationError(
+            f"LazyAdam: betas must be two numbers in [0, 1) (β₁, β₂), got {betas!r}."
+        )
+    return float(values[0]), float(values[1])
 
 
 class LazyAdam(torch.optim.Optimizer):
@@ -68,14 +83,7 @@ class LazyAdam(torch.optim.Optimizer):
             raise ConfigurationError(
                 f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."
             )
-        if not (
-            isinstance(betas, (tuple, list))
-            and len(betas) == 2
-            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
-        ):
-            raise ConfigurationError(
-                f"LazyAdam: betas must be two numbers in [0, 1) (β₁, β₂), got {betas!r}."
-            )
+        betas = _two_betas(betas)
         defaults = {
             "lr": lr,
             "betas": betas,
