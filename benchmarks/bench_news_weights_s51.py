@@ -74,9 +74,24 @@ def _within(u: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def agreement(model, train_losses, val_losses, n_val: int, gen: torch.Generator, bad, labels):
+def class_common(u: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """ū_c − û per class c: each label's mean of u less their mean weighted by ``rows`` (the
+    share of the batches each row fills: 1 under shuffling, 1/count(c) under the imbalanced
+    recipe's balancing sampler), the class-common part the class gauges centre away."""
+    k = int(labels.max()) + 1
+    mass = torch.zeros(k, dtype=u.dtype).index_add_(0, labels, rows)
+    means = torch.zeros(k, dtype=u.dtype).index_add_(0, labels, rows * u) / mass
+    return means - (rows * u).sum() / rows.sum()
+
+
+def agreement(
+    model, train_losses, val_losses, n_val: int, gen: torch.Generator, bad, labels, rows=None
+):
     """corr(uᴬ, uᴮ) over the training rows (all; within each noisy label), the share of u's
-    variance between the labels' means, and the AUC of uᴬ + uᴮ at the corrupted rows."""
+    variance between the labels' means, and the AUC of uᴬ + uᴮ at the corrupted rows; with
+    session 52's class-level numbers: corr over the classes of the two halves' class-common
+    parts dᴬ, dᴮ (:func:`class_common`), the share of the classes whose sign agrees, and the
+    full set's d (for its persistence across steps, :func:`persistence`)."""
     was = model.training
     model.eval()
     perm = torch.randperm(n_val, generator=gen)
@@ -97,7 +112,16 @@ def agreement(model, train_losses, val_losses, n_val: int, gen: torch.Generator,
     full = u[0] + u[1]
     badn = bad.numpy()
     centred = full - full.mean()
+    rows = torch.ones_like(full) if rows is None else rows.to(full.dtype)
+    da, db = (class_common(x, labels, rows) for x in u)
+    d = class_common(full, labels, rows)
+    spread = float(
+        torch.sqrt((rows * (full - (rows * full).sum() / rows.sum()) ** 2).sum() / rows.sum())
+    )
     return {
+        "class_rho_half": _corr(da, db),
+        "class_sign_agree": float(((da > 0) == (db > 0)).double().mean()),
+        "class_common": (d / max(spread, 1e-30)).tolist(),
         "rho_half": rho,
         "rho_half_within_class": _corr(wa, wb),
         "between_class_share": 1 - float(_within(full, labels).norm() ** 2 / centred.norm() ** 2),
@@ -106,9 +130,28 @@ def agreement(model, train_losses, val_losses, n_val: int, gen: torch.Generator,
     }
 
 
+def persistence(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over one fit's probe steps: corr(d_t, d_t+1) of the class-common part (d in units of
+    u's spread), the share of classes keeping their sign, and per class the t-statistic
+    mean/se of d over the steps with the James–Stein factor max(0, 1 − se²/mean²)."""
+    d = torch.tensor([r["class_common"] for r in rows], dtype=torch.float64)
+    steps = len(d)
+    mean, se = d.mean(0), d.std(0) / steps**0.5
+    return {
+        "steps": steps,
+        "corr_next": float(np.mean([_corr(d[i], d[i + 1]) for i in range(steps - 1)])),
+        "sign_kept_next": float(((d[1:] > 0) == (d[:-1] > 0)).double().mean()),
+        "t_per_class": (mean / se).tolist(),
+        "shrink_per_class": (1 - se**2 / mean**2).clamp_min(0).tolist(),
+        "class_rho_half_mean": float(np.mean([r["class_rho_half"] for r in rows])),
+        "class_sign_agree_mean": float(np.mean([r["class_sign_agree"] for r in rows])),
+        "between_class_share_mean": float(np.mean([r["between_class_share"] for r in rows])),
+    }
+
+
 class Probe(pl.Callback):
-    def __init__(self, steps, train_losses, val_losses, n_val, bad, labels, seed) -> None:
-        self.steps, self.rows, self.labels = set(steps), [], labels
+    def __init__(self, steps, train_losses, val_losses, n_val, bad, labels, seed, rows=None):
+        self.steps, self.rows, self.labels, self.row_share = set(steps), [], labels, rows
         self.train_losses, self.val_losses, self.n_val, self.bad = (
             train_losses,
             val_losses,
@@ -127,6 +170,7 @@ class Probe(pl.Callback):
                 self.gen,
                 self.bad,
                 self.labels,
+                self.row_share,
             )
             rec["step"] = trainer.global_step
             self.rows.append(rec)
@@ -179,6 +223,38 @@ def probe_cnn(data: Path, seed: int, dataset: str = "mnist", epochs: int = 12):
     return [{"recipe": f"cnn_{dataset}", "seed": seed, **r} for r in probe.rows]
 
 
+def probe_imbalanced(data: Path, seed: int) -> list[dict[str, Any]]:
+    """The probe on session 50's imbalanced recipe (MNIST digits 5–9 at a tenth, 35 % wrong
+    labels, a ``WeightedRandomSampler`` balancing the noisy labels, 300 balanced validation
+    images, the small CNN, Adam, 6 epochs), every row weighted by the share of the batches the
+    sampler gives it (1/count of its label)."""
+    setup = s50.Setup("imbalanced", data, seed)
+    train, bad = setup.noisy_train()
+    x, y = train.tensors
+    xv, yv = setup.val.tensors
+    share = (1.0 / torch.bincount(y, minlength=10).double())[y]
+
+    def train_losses(m):
+        return torch.cat(
+            [
+                F.cross_entropy(m(x[i : i + 2000]), y[i : i + 2000], reduction="none")
+                for i in range(0, len(y), 2000)
+            ]
+        )
+
+    def val_losses(m):
+        return F.cross_entropy(m(xv), yv, reduction="none")
+
+    torch.manual_seed(seed)
+    model = setup.make(setup.own, False)
+    steps = setup.epochs * ((len(y) + 63) // 64)
+    probe = Probe(range(10, steps, 20), train_losses, val_losses, len(yv), bad, y, seed, share)
+    s50.trainer([probe], setup.epochs).fit(
+        model, datamodule=s50.ImbalancedData((x, y), (xv, yv), False)
+    )
+    return [{"recipe": "imbalanced", "seed": seed, **r} for r in probe.rows]
+
+
 def _last(batch):
     """The recipe's labels: the last item of its ``(tokens, offsets, y)`` batches."""
     return batch[-1]
@@ -187,7 +263,7 @@ def _last(batch):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--probe", choices=["news", "cnn", "cnn_fashion"])
+    p.add_argument("--probe", choices=["news", "cnn", "cnn_fashion", "imbalanced"])
     p.add_argument("--arms", nargs="+", default=["plain", "dw"], choices=["plain", "dw"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--dw-kwargs", type=json.loads, default={}, help="LearnedDataWeights settings")
@@ -203,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         if args.probe == "news":
             rows = probe_news(args.data, seed)
+        elif args.probe == "imbalanced":
+            rows = probe_imbalanced(args.data, seed)
         elif args.probe:
             rows = probe_cnn(args.data, seed, "fashion" if "fashion" in args.probe else "mnist")
         else:
@@ -218,6 +296,10 @@ def main(argv: list[str] | None = None) -> None:
                 r.pop("warnings", None)
         for r in rows:
             print(json.dumps({k: v for k, v in r.items() if k != "flag_warnings"}), flush=True)
+        if args.probe:
+            summary = {"recipe": rows[0]["recipe"], "seed": seed, "summary": persistence(rows)}
+            print(json.dumps(summary), flush=True)
+            rows = [*rows, summary]
         records += rows
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
