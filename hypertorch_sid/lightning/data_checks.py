@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, WeightedRandomSampler
 from torch.utils.data.dataloader import default_collate
 
 from ..core.errors import ConfigurationError
@@ -196,6 +196,21 @@ def _check_collation(loader: DataLoader) -> None:
             f"{type(batch).__name__} from the IndexedDataset's samples, not an Indexed batch: "
             f"the example indices are lost, so no batch says which weights it reads. {fix}"
         )
+
+
+def draws_weighted(loader: DataLoader) -> bool:
+    """Whether the training DataLoader draws its rows with a torch ``WeightedRandomSampler``
+    (a class-rebalancing sampler), also as Lightning wraps it under DDP
+    (``DistributedSamplerWrapper`` over a data set of the sampler's draws)."""
+    sampler: Any = getattr(loader, "sampler", None)
+    for _ in range(4):
+        if isinstance(sampler, WeightedRandomSampler):
+            return True
+        inner = getattr(getattr(sampler, "dataset", None), "_sampler", None)
+        if inner is None:
+            return False
+        sampler = inner
+    return False
 
 
 def _check_training_loader(loader: DataLoader, per: str) -> None:
