@@ -82,7 +82,7 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
-from ..core.outer_step import TrustRprop
+from ..core.outer_step import ShrinkReading, TrustRprop
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_bool
 from .amp import loss_scale, scaler_skips
@@ -92,6 +92,7 @@ from .callback import (
     config_given,
     default_unless_given,
     given,
+    horizon,
 )
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
@@ -611,6 +612,39 @@ class WeightDecayProblem:
         total = sum(n for _, n in sizes)
         lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
         return lr if lr > 0 else eta
+
+    @torch.no_grad()
+    def shrink_readings(self) -> list[list[ShrinkReading]] | None:
+        """Per λ slot, how fast its decayed tensors shrink under a unit of decay as their
+        optimizers set it (:class:`~hypertorch_sid.core.outer_step.ShrinkReading`, eq.
+        shrinkrate): SGD's lr(1 − d)/(1 − μ); Adam's (any optimizer with ``exp_avg_sq``) lr and
+        ε with σ² = max(v̂ − (λw)², 0) per element; decoupled decay the group's lr. A tensor
+        whose optimizer gives no reading (not stepped yet, another optimizer) is left out. None
+        per element or where no slot has a reading."""
+        decay = self.decay
+        if decay is None or decay.per_element:
+            return None
+        lams = decay.applied_lambdas()
+        slots: list[list[ShrinkReading]] = [[] for _ in decay.slot_names]
+        for i, e in enumerate(decay.entries):
+            opt = self.placement[i][0]
+            group = self._group(i)
+            lr = float(group.get("lr", 0.0) or 0.0)
+            w = e.param.detach().abs()
+            state = opt.state.get(e.param, {})
+            if self.decoupled:
+                slots[e.slot].append(ShrinkReading(w, gain=lr))
+            elif isinstance(opt, torch.optim.SGD):
+                mu = float(group.get("momentum", 0.0) or 0.0)
+                damp = float(group.get("dampening", 0.0) or 0.0) if mu > 0 else 0.0
+                slots[e.slot].append(ShrinkReading(w, gain=lr * (1.0 - damp) / (1.0 - mu)))
+            elif "exp_avg_sq" in state and "step" in state and "betas" in group:
+                v = state["exp_avg_sq"].detach() / (1.0 - group["betas"][1] ** float(state["step"]))
+                lam = float(lams[i])
+                data_sq = (v - (lam * w) ** 2).clamp(min=0.0)
+                eps = float(group.get("eps", 1e-8))
+                slots[e.slot].append(ShrinkReading(w, data_sq=data_sq, lr=lr, eps=eps))
+        return slots if any(slots) else None
 
     def _entry_lambdas(self) -> list[float | Tensor]:
         """λ of each decayed tensor, a number where it is one value over the tensor (every slot
@@ -1189,6 +1223,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
 
     def _outer_step_size(self, eta: float | None) -> float | None:
         return self.problem.shrink_step_size(eta)
+
+    def _observe_horizon(self, trainer: pl.Trainer) -> None:
+        """Also: an outer step that reads the decay's shrink of the weights (``observe_shrink``,
+        :class:`~hypertorch_sid.core.outer_step.ShrinkFallRprop`) gets it per λ slot."""
+        super()._observe_horizon(trainer)
+        outer = self.sid.outer_optimizer
+        observe = getattr(outer, "observe_shrink", None)
+        if callable(observe) and outer.wants_shrink():
+            readings = self.problem.shrink_readings()
+            if readings is not None:
+                observe(horizon(trainer)[0], {0: readings})
 
     def _probe_pending(self) -> bool:
         """Whether the groups are still to be probed on this fit's decayed tensors: once per
