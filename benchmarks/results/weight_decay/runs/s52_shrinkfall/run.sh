@@ -12,7 +12,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 arm=$1; shift
 case $arm in
-  ctl | fctl) kw='{}' ;;
+  ctl | ctlb | fctl) kw='{}' ;;
   fall | ffall) kw='{"outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.ShrinkFallRprop", "init_args": {}}}' ;;
   *) echo "unknown arm $arm" >&2; exit 2 ;;
 esac
