@@ -46,7 +46,7 @@ def spread(xs: list) -> str:
 
 
 def final_lambda(r: dict) -> float:
-    return r["lambda_summary"]["mean"]
+    return max(r["lambda_summary"]["mean"], 1e-300)  # λ may underflow to 0 (digits MLP)
 
 
 def screen() -> None:
