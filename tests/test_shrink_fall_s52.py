@@ -200,3 +200,54 @@ def test_through_the_drop_in_adam_reads_a_large_share_and_sgd_is_trust_rprop():
     ref = _bag_fit("sgd", None)  # the drop-in's TrustRprop
     for name, value in ref.decay_values().items():
         assert torch.equal(sgd.decay_values()[name], value)
+
+
+class _Counted(list):
+    """Per slot readings that count their lookups (as the callback's lazy ShrinkReadings)."""
+
+    def __init__(self, slots):
+        super().__init__(slots)
+        self.looked_up: list[int] = []
+
+    def __getitem__(self, k):
+        self.looked_up.append(k)
+        return super().__getitem__(k)
+
+
+def test_the_step_looks_up_only_slots_still_descending_with_less_decay():
+    """g = (+1, −1, +1): slot 0 falls (looked up, eq. shrinkfall), slot 1 rises (not looked up),
+    slot 2 falls; next step slot 1 has risen (never looked up again), slots 0 and 2 are."""
+    rho = torch.full((3,), math.log(1e-2), dtype=f64, requires_grad=True)
+    opt = ShrinkFallRprop([rho])
+    g = torch.tensor([1.0, -1.0, 1.0], dtype=f64)
+    for expected in ([0, 2], [0, 2]):
+        readings = _Counted([[_sgd(1.0)], [_sgd(1.0)], [_sgd(1e-3)]])
+        opt.observe(100, 1.0)
+        opt.observe_shrink(100, {0: readings})
+        rho.grad = g.clone()
+        opt.step()
+        assert readings.looked_up == expected
+
+
+def test_readings_are_taken_only_where_the_fall_may_act_and_never_per_element_for_sgd():
+    """The callback's readings are lazy (session 52, wd52b): an SGD MLP's shrink is in closed
+    form (one gain per tensor), so a whole fit takes no per-element reading of the optimizers'
+    state; Adam's are taken only for slots the outer step looks up, each slot once per hyper
+    step. On the Adam bag of words the first hypergradient says "more decay" for both layers
+    (λ rises, no slot descends after): no reading at all, where reading every slot before each
+    hyper step (the recording) took 4 — and λ comes out the same."""
+    sgd = _bag_fit("sgd", ShrinkFallRprop)
+    assert sgd.problem.shrink_reads == 0
+    readings = sgd.problem.shrink_readings()
+    assert len(readings) == 2 and all(r.weight is None for slot in readings for r in slot)
+    assert sgd.problem.shrink_reads == 0
+    adam = _bag_fit("adam", ShrinkFallRprop)
+    assert adam.problem.shrink_reads == 0
+    lazy = adam.problem.shrink_readings()
+    lazy[1]
+    lazy[1]
+    assert adam.problem.shrink_reads == 2  # slot 1's weight and bias, once
+    eager = _bag_fit("adam", _Recording)
+    assert eager.problem.shrink_reads == 4
+    for name, value in eager.decay_values().items():
+        assert torch.equal(adam.decay_values()[name], value)

@@ -338,24 +338,32 @@ class ShrinkReading:
     """How fast one decayed tensor shrinks under a unit of coupled decay, as its training
     optimizer sets it: per element η_i of eq. shrinkrate.
 
-    ``weight``: |w| per element. ``data_sq``: Adam only, σ_i² = max(v̂_i − (λ w_i)², 0), the part
-    of the second moment v̂ (bias-corrected) that is not the decay λw itself; ``None``: a uniform
-    η_i = ``gain`` (SGD: lr(1 − d)/(1 − μ); decoupled decay: the group's lr). ``lr`` and ``eps``:
-    Adam's.
+    ``weight``: |w| per element (Adam), or ``None`` where η_i = ``gain`` is the same for all
+    ``elements`` of the tensor (SGD: lr(1 − d)/(1 − μ); decoupled decay: the group's lr), whose
+    share is then in closed form, S = 1 − exp(−R gain λ), and nothing per element is read.
+    ``data_sq``: Adam only, σ_i² = max(v̂_i − (λ w_i)², 0), the part of the second moment v̂
+    (bias-corrected) that is not the decay λw itself. ``lr`` and ``eps``: Adam's.
     """
 
-    weight: Tensor
+    weight: Tensor | None
     data_sq: Tensor | None = None
     gain: float = 0.0
     lr: float = 0.0
     eps: float = 1e-8
+    elements: int = 0
+
+    @property
+    def numel(self) -> int:
+        return self.weight.numel() if self.weight is not None else self.elements
 
     def rate(self, lam: float) -> Tensor:
         """s_i(λ') = λ' η_i(λ'), the relative shrink per training step at decay λ' (eq.
         shrinkrate): with Adam η_i(λ') = lr / (√(σ_i² + λ'² w_i²) + ε) — a weight its data
         barely move (σ_i ≪ λ'|w_i|) is moved by about lr per step whatever λ' is, until λ'|w_i|
-        nears ε; with SGD η_i = gain."""
+        nears ε; with SGD η_i = gain (one value where no weights were read)."""
         if self.data_sq is None:
+            if self.weight is None:
+                return torch.tensor(self.gain * lam, dtype=torch.float64)
             return torch.full_like(self.weight, self.gain * lam)
         denom = (self.data_sq + (lam * self.weight) ** 2).sqrt() + self.eps
         return self.lr * lam / denom
@@ -364,11 +372,14 @@ class ShrinkReading:
 def shrink_share(readings: Sequence[ShrinkReading], lam: float, steps: int) -> float:
     """S(λ') = mean over the slot's elements of 1 − exp(−R s_i(λ')): the share of its weights
     that decay alone would remove over the R training steps left (eq. shrinkshare). Increasing
-    in λ'."""
+    in λ'. A uniform rate (SGD, decoupled decay) counts in closed form."""
     total = count = 0.0
     for r in readings:
-        total += float(-torch.expm1(-steps * r.rate(lam).double()).sum())
-        count += r.weight.numel()
+        if r.data_sq is None:
+            total += r.numel * -math.expm1(-steps * r.gain * lam)
+        else:
+            total += float(-torch.expm1(-steps * r.rate(lam).double()).sum())
+        count += r.numel
     return total / count if count else 0.0
 
 
@@ -444,16 +455,19 @@ class ShrinkFallRprop(TrustRprop):
         _check("max_fall", max_fall, low=0.0, strict=True, who="ShrinkFallRprop")
         super().__init__(params, lr, etas, step_sizes, trust, fall_eta)
         self.max_fall = float(max_fall)
-        self._readings: dict[int, list[list[ShrinkReading]]] = {}
+        self._readings: dict[int, Sequence[list[ShrinkReading]]] = {}
         self._steps: int | None = None
         #: per hyper step, the entries eq. shrinkfall lowered (for logs and tests)
         self.fell: list[int] = []
 
     def observe_shrink(
-        self, remaining_steps: int | None, readings: dict[int, list[list[ShrinkReading]]]
+        self, remaining_steps: int | None, readings: dict[int, Sequence[list[ShrinkReading]]]
     ) -> None:
         """R and, per parameter (its index in the optimizer's parameters, a vector of slots),
-        per slot the :class:`ShrinkReading` of its decayed tensors; for the next step only."""
+        per slot the :class:`ShrinkReading` of its decayed tensors; for the next step only. A
+        slot is looked up (``readings[k]``) only where eq. shrinkfall may act (it still descends
+        and g_t > 0), so a lazy sequence (the callback's) reads the optimizers' state of those
+        slots only."""
         self._steps, self._readings = remaining_steps, readings
 
     def wants_shrink(self) -> bool:
