@@ -8,15 +8,46 @@
 #      | fctl, ffall (the confirmation on fresh seeds 9-17, rule.md: ctl and fall without
 #        --reuse, bench_weight_decay.py called directly, only the learned trainings; run fctl
 #        then ffall per setting)
+#      | nctl, nfall (rule_fair.md a: ctl and fall with "max_overhead": null, no clock; seeds
+#        18-20, one call per arm and setting)
+#      | alt (rule_fair.md b: ctl and fall as they are, fresh seeds 18-26, arms actl and afall
+#        run alternately seed by seed: actl 18, afall 18, actl 19, ...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 arm=$1; shift
 case $arm in
-  ctl | ctlb | fctl) kw='{}' ;;
-  fall | ffall) kw='{"outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.ShrinkFallRprop", "init_args": {}}}' ;;
+  ctl | ctlb | fctl | actl) kw='{}' ;;
+  nctl) kw='{"max_overhead": null}' ;;
+  nfall) kw='{"max_overhead": null, "outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.ShrinkFallRprop", "init_args": {}}}' ;;
+  alt) kw= ;;
+  fall | ffall | afall) kw='{"outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.ShrinkFallRprop", "init_args": {}}}' ;;
   *) echo "unknown arm $arm" >&2; exit 2 ;;
 esac
 out=benchmarks/results/weight_decay/runs/s52_shrinkfall
+fit() {  # ARM KWARGS SETTING SEED...: the learned per-layer training only, fresh seeds
+  local a=$1 k=$2 s=$3; shift 3
+  PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 ${PYTHON:-python} benchmarks/bench_weight_decay.py \
+    --settings "$s" --seeds "$@" --methods learned_per_layer --optuna-trials 0 \
+    --learned-kwargs "$k" --threads 1 --out "$out/weight_decay_${a}_${s}_fair.json"
+  rm -f "$out"/weight_decay_"${a}_${s}"_*.png  # per-seed plots: not kept
+}
+if [ "$arm" = nctl ] || [ "$arm" = nfall ]; then
+  cd "$here/../../../../.."
+  for setting in "$@"; do fit "$arm" "$kw" "$setting" 18 19 20; done
+  exit 0
+fi
+if [ "$arm" = alt ]; then
+  cd "$here/../../../../.."
+  fall='{"outer_optimizer": {"class_path": "hypertorch_sid.core.outer_step.ShrinkFallRprop", "init_args": {}}}'
+  for setting in "$@"; do
+    for seed in 18 19 20 21 22 23 24 25 26; do
+      fit actl '{}' "$setting" "$seed"
+      fit afall "$fall" "$setting" "$seed"
+    done
+    rm -f "$out"/weight_decay_a{ctl,fall}_"${setting}"_fair_seeds.{json,md}  # one seed each: no summary
+  done
+  exit 0
+fi
 if [ "$arm" = fctl ] || [ "$arm" = ffall ]; then
   cd "$here/../../../../.."
   for setting in "$@"; do

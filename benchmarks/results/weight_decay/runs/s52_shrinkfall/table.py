@@ -8,7 +8,12 @@ and rule.md's screen (a. news_mlp mean + s.e. < 0; b. mnist_mlp ≤ +1 s.e.; c. 
 `python table.py confirm` (fresh seeds 9-17): confirm.{md,json}, ffall − fctl per setting and the
 decision's conditions a-e of rule.md.
 
-usage (from anywhere): python table.py [confirm]
+`python table.py fair` (rule_fair.md, seeds 18-26): fair.{md,json}: a. per setting whether the
+option acts without the clock (nctl / nfall, seeds 18-20: any final λ differs) and, where not,
+whether λ and test loss are bit-identical; b. afall − actl (alternating, default budget) on the
+acting settings; c. every afall fit's final overhead.
+
+usage (from anywhere): python table.py [confirm | fair]
 """
 
 import importlib.util
@@ -146,5 +151,86 @@ def confirm() -> None:
     print("\n".join(rows))
 
 
+NO_CLOCK, ALTERNATE = (18, 19, 20), tuple(range(18, 27))
+
+
+def fair_run(arm: str, setting: str, seed: int) -> dict | None:
+    path = here / f"weight_decay_{arm}_{setting}_fair_seed{seed}.json"
+    if not path.exists():
+        return None
+    run = json.loads(path.read_text())["settings"][setting]["runs"]["learned_per_layer"]
+    return run if run.get("finished") else None
+
+
+def fair() -> None:
+    """rule_fair.md's a, b, c."""
+    rows = ["a. Without the clock (`max_overhead=None`), seeds 18-20: does the option act?", "",
+            "| setting | acts (seeds where a λ differs) | λ bit-identical "
+            "| test loss bit-identical | nfall − nctl test loss (mean over seeds) |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    acting, a_ok, a_done, noclock = [], True, True, {}
+    for s in CONFIRM:
+        pairs = [(fair_run("nctl", s, n), fair_run("nfall", s, n)) for n in NO_CLOCK]
+        if any(c is None or f is None for c, f in pairs):
+            a_done = False
+            rows.append(f"| {s} | not run | | | |")
+            continue
+        lam = [c["lambda_by_slot"] == f["lambda_by_slot"] for c, f in pairs]
+        loss = [c["test_loss"] == f["test_loss"] for c, f in pairs]
+        acts = [n for n, same in zip(NO_CLOCK, lam) if not same]
+        if acts:
+            acting.append(s)
+        elif not all(loss):
+            a_ok = False
+        d = statistics.mean(f["test_loss"] - c["test_loss"] for c, f in pairs)
+        noclock[s] = dict(acts=acts, lambda_identical=lam, loss_identical=loss, mean_difference=d)
+        rows.append(f"| {s} | {'yes (' + ', '.join(map(str, acts)) + ')' if acts else 'no'} "
+                    f"| {sum(lam)} of 3 | {sum(loss)} of 3 | {d:+.4f} |")  # fmt: skip
+    rows += ["", "b. Where it acts: afall − actl, default budget, alternating, seeds 18-26", "",
+             "| setting | afall − actl | n | n up | per seed (sign) | hyper steps afall / actl "
+             "| overhead max afall / actl | final mean λ afall / actl (geometric mean) |",
+             "|---|---|---:|---:|---|---|---|---|"]  # fmt: skip
+    diff, b_done, over = {}, True, 0.0
+    for s in acting:
+        pairs = [(fair_run("actl", s, n), fair_run("afall", s, n)) for n in ALTERNATE]
+        pairs = [(c, f) for c, f in pairs if c is not None and f is not None]
+        if len(pairs) < len(ALTERNATE):
+            b_done = False
+        if len(pairs) < 2:
+            rows.append(f"| {s} | {len(pairs)} seeds in | | | | | | |")
+            continue
+        cl, fl = [c["test_loss"] for c, _ in pairs], [f["test_loss"] for _, f in pairs]
+        diff[s] = s46.paired_difference(fl, cl)
+        over = max([over] + [f["budget"]["overhead"] for _, f in pairs])
+        signs = "".join("+" if x > y else ("−" if x < y else "=") for x, y in zip(fl, cl))
+        hs = [spread([r["hyper_steps"] for r in rs]) for rs in zip(*pairs)][::-1]
+        ov = [max(r["budget"]["overhead"] for r in rs) for rs in zip(*pairs)][::-1]
+        geo = [statistics.geometric_mean([final_lambda(r) for r in rs]) for rs in zip(*pairs)]
+        rows.append(f"| {s} | {s45.f(diff[s])} | {len(pairs)} | {signs.count('+')} | {signs} "
+                    f"| {hs[0]} / {hs[1]} | {ov[0]:.3f} / {ov[1]:.3f} "
+                    f"| {geo[1]:.2g} / {geo[0]:.2g} |")  # fmt: skip
+    news = diff.get("news_mlp")
+    above = [s for s in diff if diff[s]["mean"] > 2 * diff[s]["se"]]
+    cond = {
+        "a": (a_done and a_ok and "news_mlp" in acting,
+              f"acting: {', '.join(acting) or 'none'}; not acting and bit-identical: "
+              f"{'yes' if a_ok else 'no'}{'' if a_done else ' (not all run)'}"),
+        "b": (b_done and news is not None and news["mean"] + news["se"] < 0 and not above,
+              f"news_mlp {s45.f(news) if news else '—'} (mean + s.e. < 0); above 2 s.e.: "
+              f"{', '.join(above) or 'none'}{'' if b_done else ' (not all seeds in)'}"),
+        "c": (b_done and bool(diff) and over <= MAX_FIT,
+              f"max afall overhead {over:.3f} (≤ {MAX_FIT})"),
+    }  # fmt: skip
+    rows += ["", "| condition | holds | numbers |", "|---|---|---|"]
+    rows += [f"| {k} | {'yes' if ok else 'no'} | {txt} |" for k, (ok, txt) in cond.items()]
+    held = all(ok for ok, _ in cond.values())
+    rows += ["", f"Verdict (a' is checked in the docs): {'a-c hold' if held else 'not met'}."]
+    out = dict(acting=acting, no_clock=noclock, differences=diff,
+               conditions={k: v[0] for k, v in cond.items()}, held=held)  # fmt: skip
+    (here / "fair.md").write_text("\n".join(rows) + "\n")
+    (here / "fair.json").write_text(json.dumps(out, indent=1))
+    print("\n".join(rows))
+
+
 if __name__ == "__main__":
-    confirm() if sys.argv[1:] == ["confirm"] else screen()
+    {"confirm": confirm, "fair": fair}.get(sys.argv[1] if sys.argv[1:] else "", screen)()
