@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -197,7 +198,12 @@ def test_through_the_drop_in_adam_reads_a_large_share_and_sgd_is_trust_rprop():
     sgd = _bag_fit("sgd", _Recording)
     assert not any(sgd.sid.outer_optimizer.falls)
     assert all(s <= 0.1 for shares in sgd.sid.outer_optimizer.shares for s in shares)
-    ref = _bag_fit("sgd", None)  # the drop-in's TrustRprop
+    ref = _bag_fit("sgd", functools.partial(TrustRprop, lr=0.3, step_sizes=(0.01, 2.0)))
+    assert type(ref.sid.outer_optimizer) is TrustRprop
+    drop_in = _bag_fit("sgd", None)  # the default since session 52 (rule_fair.md)
+    assert type(drop_in.sid.outer_optimizer) is ShrinkFallRprop
+    for name, value in ref.decay_values().items():
+        assert torch.equal(drop_in.decay_values()[name], value)
     for name, value in ref.decay_values().items():
         assert torch.equal(sgd.decay_values()[name], value)
 

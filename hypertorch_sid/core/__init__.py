@@ -54,7 +54,7 @@ from .maps import ContractionMap, FixedPointMap, GradientDescentMap, ProximalGra
 from .modes import frozen_mode
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
-from .outer_step import SignalGatedAdam, TrustRprop
+from .outer_step import ShrinkFallRprop, SignalGatedAdam, TrustRprop
 from .preconditioning import FisherDiagonal, NoPreconditioner, Preconditioner
 from .presets import PRESETS, Preset, get_preset
 from .sample_weights import (
@@ -147,6 +147,7 @@ __all__ = [
     "Parameterization",
     "ProjectedDecay",
     "ShrinkageStep",
+    "ShrinkFallRprop",
     "SignalGatedAdam",
     "TrustRprop",
     "ShrunkToLayer",

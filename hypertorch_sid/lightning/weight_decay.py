@@ -82,7 +82,7 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
-from ..core.outer_step import ShrinkReading, TrustRprop
+from ..core.outer_step import ShrinkFallRprop, ShrinkReading
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_bool
 from .amp import loss_scale, scaler_skips
@@ -1017,7 +1017,11 @@ def _defaults(
         elif not per_element and parameterization == "log":
             lr = given(kwargs.get("outer_lr"), defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen
             sizes = (min(1e-2, lr), max(2.0, lr))
-            defaults["outer_optimizer"] = functools.partial(TrustRprop, lr=lr, step_sizes=sizes)
+            # ShrinkFallRprop (session 52, rule_fair.md): TrustRprop whose first fall goes where
+            # the decay's own shrink says; bit-identical to TrustRprop where it cannot act
+            defaults["outer_optimizer"] = functools.partial(
+                ShrinkFallRprop, lr=lr, step_sizes=sizes
+            )
     chosen = config_given(kwargs) or kwargs.get("curvature") is not None
     fixed = elements.refresh_curvature or chosen
     if per_element and not fixed:
