@@ -125,6 +125,10 @@ def test_a_resumed_state_keeps_which_slots_rose():
     again = ShrinkFallRprop([rho])
     again.load_state_dict(opt.state_dict())
     assert not again.wants_shrink()  # the one slot has risen: no readings needed
+    rho.grad = torch.ones(1, dtype=f64)
+    again.observe(100, 1.0)
+    again.step()  # torch casts the loaded state to ρ's dtype: still a step, not a TypeError
+    assert not again.wants_shrink()
 
 
 class _Bag(pl.LightningModule):

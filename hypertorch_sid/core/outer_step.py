@@ -482,6 +482,8 @@ class ShrinkFallRprop(TrustRprop):
     def _descending(self, st: dict, p: Tensor) -> Tensor:
         if "rose" not in st:
             st["rose"] = torch.zeros_like(p, dtype=torch.bool)
+        elif st["rose"].dtype != torch.bool:  # load_state_dict casts state to the entry's dtype
+            st["rose"] = st["rose"] != 0
         return ~st["rose"]
 
     @torch.no_grad()
