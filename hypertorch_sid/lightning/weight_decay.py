@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -83,7 +83,7 @@ from ..core.decay import (
 )
 from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
-from ..core.outer_step import TrustRprop
+from ..core.outer_step import ShrinkFallRprop, ShrinkReading
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_bool, is_real
 from .amp import loss_scale, scaler_skips
@@ -93,6 +93,7 @@ from .callback import (
     config_given,
     default_unless_given,
     given,
+    horizon,
 )
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
@@ -151,6 +152,31 @@ def _initial_value_fix(value: Any, parameterization: str) -> str:
             "further if no decay is best), or pass parameterization='projection' to start at 0"
         )
     return "the initial λ, e.g. the optimizer's former weight_decay (1e-4)"
+
+
+class ShrinkReadings(Sequence):
+    """Per λ slot, the :class:`~hypertorch_sid.core.outer_step.ShrinkReading` of its decayed
+    tensors (:meth:`WeightDecayProblem.shrink_readings`), read when a slot is first looked up,
+    at the λ of when the sequence was made: the outer step looks up only the slots eq.
+    shrinkfall may move (still descending, hypergradient "less decay"), so the others cost
+    nothing, and SGD's or decoupled decay's cost no per-element work at all."""
+
+    def __init__(self, problem: WeightDecayProblem, lambdas: list) -> None:
+        self._problem, self._lambdas = problem, lambdas
+        self._slots: dict[int, list[ShrinkReading]] = {}
+
+    def __len__(self) -> int:
+        return len(self._problem.decay.slot_names)
+
+    def __getitem__(self, k: int) -> list[ShrinkReading]:  # type: ignore[override]
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        if k not in self._slots:
+            entries = self._problem.decay.entries
+            read = (self._problem._shrink_reading(i, float(self._lambdas[i]))
+                    for i, e in enumerate(entries) if e.slot == k)  # fmt: skip
+            self._slots[k] = [r for r in read if r is not None]
+        return self._slots[k]
 
 
 class WeightDecayProblem:
@@ -227,6 +253,8 @@ class WeightDecayProblem:
         self.weight_decay = float(weight_decay)
         self.granularity = granularity
         self.decoupled = decoupled
+        #: per-element readings of the optimizers' state taken for eq. shrinkfall (Adam's)
+        self.shrink_reads = 0
         self.apply_to = apply_to
         self.training_loss = training_loss
         self.validation_loss = validation_loss
@@ -611,6 +639,45 @@ class WeightDecayProblem:
         lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
         return lr if lr > 0 else eta
 
+    def shrink_readings(self) -> ShrinkReadings | None:
+        """Per λ slot, how fast its decayed tensors shrink under a unit of decay as their
+        optimizers set it (:class:`~hypertorch_sid.core.outer_step.ShrinkReading`, eq.
+        shrinkrate), at the λ and optimizer state of now: a lazy sequence (:class:`ShrinkReadings`)
+        that reads a slot's tensors only when the outer step looks the slot up. SGD's
+        lr(1 − d)/(1 − μ) and decoupled decay's group lr are one number per tensor (closed form,
+        nothing read per element); Adam's (any optimizer with ``exp_avg_sq``) lr and ε with
+        σ² = max(v̂ − (λw)², 0) per element. A tensor whose optimizer gives no reading (not
+        stepped yet, another optimizer) is left out. None per element."""
+        decay = self.decay
+        if decay is None or decay.per_element:
+            return None
+        return ShrinkReadings(self, decay.applied_lambdas())
+
+    @torch.no_grad()
+    def _shrink_reading(self, i: int, lam: float) -> ShrinkReading | None:
+        """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` (see :meth:`shrink_readings`);
+        counts the per-element readings in ``shrink_reads``."""
+        e = self.decay.entries[i]
+        opt = self.placement[i][0]
+        group = self._group(i)
+        lr = float(group.get("lr", 0.0) or 0.0)
+        if self.decoupled:
+            return ShrinkReading(None, gain=lr, elements=e.param.numel())
+        if isinstance(opt, torch.optim.SGD):
+            mu = float(group.get("momentum", 0.0) or 0.0)
+            damp = float(group.get("dampening", 0.0) or 0.0) if mu > 0 else 0.0
+            gain = lr * (1.0 - damp) / (1.0 - mu)
+            return ShrinkReading(None, gain=gain, elements=e.param.numel())
+        state = opt.state.get(e.param, {})
+        if "exp_avg_sq" in state and "step" in state and "betas" in group:
+            self.shrink_reads += 1
+            w = e.param.detach().abs()
+            v = state["exp_avg_sq"].detach() / (1.0 - group["betas"][1] ** float(state["step"]))
+            data_sq = (v - (lam * w) ** 2).clamp(min=0.0)
+            eps = float(group.get("eps", 1e-8))
+            return ShrinkReading(w, data_sq=data_sq, lr=lr, eps=eps)
+        return None
+
     def _entry_lambdas(self) -> list[float | Tensor]:
         """λ of each decayed tensor, a number where it is one value over the tensor (every slot
         of per layer/tensor/group/global; per element where the model says so, e.g. a layer's
@@ -949,7 +1016,11 @@ def _defaults(
         elif not per_element and parameterization == "log":
             lr = given(kwargs.get("outer_lr"), defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen
             sizes = (min(1e-2, lr), max(2.0, lr))
-            defaults["outer_optimizer"] = functools.partial(TrustRprop, lr=lr, step_sizes=sizes)
+            # ShrinkFallRprop (session 52, rule_fair.md): TrustRprop whose first fall goes where
+            # the decay's own shrink says; bit-identical to TrustRprop where it cannot act
+            defaults["outer_optimizer"] = functools.partial(
+                ShrinkFallRprop, lr=lr, step_sizes=sizes
+            )
     chosen = config_given(kwargs) or kwargs.get("curvature") is not None
     fixed = elements.refresh_curvature or chosen
     if per_element and not fixed:
@@ -1188,6 +1259,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
 
     def _outer_step_size(self, eta: float | None) -> float | None:
         return self.problem.shrink_step_size(eta)
+
+    def _observe_horizon(self, trainer: pl.Trainer) -> None:
+        """Also: an outer step that reads the decay's shrink of the weights (``observe_shrink``,
+        :class:`~hypertorch_sid.core.outer_step.ShrinkFallRprop`) gets it per λ slot."""
+        super()._observe_horizon(trainer)
+        outer = self.sid.outer_optimizer
+        observe = getattr(outer, "observe_shrink", None)
+        if callable(observe) and outer.wants_shrink():
+            readings = self.problem.shrink_readings()
+            if readings is not None and len(readings):
+                observe(horizon(trainer)[0], {0: readings})
 
     def _probe_pending(self) -> bool:
         """Whether the groups are still to be probed on this fit's decayed tensors: once per
