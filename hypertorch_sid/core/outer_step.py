@@ -432,14 +432,14 @@ class ShrinkFallRprop(TrustRprop):
     :class:`~hypertorch_sid.LearnedWeightDecay` per layer/tensor/group/global; per element it
     gives none); unobserved, it is :class:`TrustRprop`.
 
+    The other parameters are :class:`TrustRprop`'s.
+
     Parameters
     ----------
     max_fall:
-        The most one hyper step lowers log λ by eq. shrinkfall (5: λ₀ = 1e-4 → 6.7e-6 at most;
+        The most one hyper step lowers log λ by eq. shrinkfall (5: λ₀ = 1e-4 → 6.7e-7 at most;
         20 Newsgroups trained at λ₀ = 1e-6 was within 0.003 of no decay,
         ``docs/weight_decay_budget.md``).
-    others:
-        :class:`TrustRprop`'s.
     """
 
     def __init__(
