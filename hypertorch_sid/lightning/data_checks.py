@@ -25,8 +25,10 @@ from torch.utils.data.dataloader import default_collate
 
 from ..core.errors import ConfigurationError
 from ..core.indexing import LABEL_KEYS, Indexed, IndexedDataset, LabelledIndexed, indexed_collate
+from ..core.normalisers import CLASS_GAUGES
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
+from ..core.validation import is_integer, is_real
 from .sampling import _identity, _unwrapped
 
 
@@ -103,6 +105,65 @@ def _default_target(data: Any) -> Tensor:
             "tensor>."
         )
     return labels
+
+
+def _refuse_arguments(
+    per: str,
+    num_classes: Any,
+    gauge: str,
+    target: Any,
+    validation_loss: Any,
+    initial: Any,
+) -> None:
+    """The refusals of :class:`~.data_weights.LearnedDataWeights`' arguments that need no
+    weights built: ``per``, ``num_classes`` (only and always with ``per="class"``), ``gauge``,
+    ``target`` and ``validation_loss`` callables, one ``initial`` for every row."""
+    if per not in ("sample", "class"):
+        raise ConfigurationError(
+            f"LearnedDataWeights: per must be 'sample' or 'class', got {per!r}."
+        )
+    if per == "class" and (not is_integer(num_classes) or num_classes < 2):
+        raise ConfigurationError(
+            f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
+        )
+    if per == "sample" and num_classes is not None:
+        raise ConfigurationError(
+            f"LearnedDataWeights: num_classes={num_classes!r} is read only with per='class' "
+            "(one weight per class); per='sample', the default, learns one weight per "
+            "training example and needs no class count. Pass per='class' for class weights, "
+            "or drop num_classes."
+        )
+    if gauge not in ("auto", "batch", "mean_logit", *CLASS_GAUGES):
+        raise ConfigurationError(
+            "LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit' (or 'class', "
+            "each row's cross term centred on its class and each class's mean logit held, or "
+            f"'class_centred', the centring alone), got {gauge!r}."
+        )
+    for name, fn in (("target", target), ("validation_loss", validation_loss)):
+        if fn is not None and not callable(fn):
+            raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
+    _refuse_initial_of_many(initial, per)
+
+
+def _refuse_initial_of_many(initial: Any, per: str) -> None:
+    """``initial`` is one ω₀ for every row: a tensor or list of one per example (or class) was a
+    raw "only one element tensors can be converted to Python scalars" / "float() argument must
+    be ... not 'list'" from inside the weights (session 52)."""
+    if (
+        initial is None
+        or is_real(initial)
+        or (isinstance(initial, Tensor) and initial.numel() == 1)
+    ):
+        return
+    many = len(initial) if isinstance(initial, (list, tuple, Tensor)) else None
+    got = f"a {type(initial).__name__} of {many}" if many is not None else repr(initial)
+    row = "example" if per == "sample" else "class"
+    raise ConfigurationError(
+        f"LearnedDataWeights: initial is one starting weight ω₀ for every {row} (a number, "
+        f"e.g. initial=0.5 under the sigmoid), got {got}: the weight of each {row} is what the "
+        "callback learns, all from that one start. Pass one number, or drop initial= (the "
+        "parameterisation's default)."
+    )
 
 
 def _refuse_class_gauge(

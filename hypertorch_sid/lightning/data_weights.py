@@ -84,7 +84,7 @@ from ..core.normalisers import CLASS_GAUGES
 from ..core.objectives import ExpectedError, MeanLoss, ValidationObjective, as_validation_objective
 from ..core.parameterizations import WeightParameterization, as_weight_parameterization
 from ..core.sample_weights import SampleWeights
-from ..core.validation import as_strategy, check_bool, is_integer, is_real
+from ..core.validation import as_strategy, check_bool
 from .callback import (
     HyperOptimizationCallback,
     config_given,
@@ -100,6 +100,7 @@ from .data_checks import (
     _default_target,
     _examples_digest,
     _examples_of,
+    _refuse_arguments,
     _refuse_class_gauge,
     _refuse_real_targets,
     _validation_tensor,
@@ -167,31 +168,7 @@ class DataWeightsProblem(WeightedStep):
         objective: str | ValidationObjective = DEFAULT_OBJECTIVE,
         gauge: Literal["auto", "batch", "mean_logit", "class", "class_centred"] = "auto",
     ) -> None:
-        if per not in ("sample", "class"):
-            raise ConfigurationError(
-                f"LearnedDataWeights: per must be 'sample' or 'class', got {per!r}."
-            )
-        if per == "class" and (not is_integer(num_classes) or num_classes < 2):
-            raise ConfigurationError(
-                f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
-            )
-        if per == "sample" and num_classes is not None:
-            raise ConfigurationError(
-                f"LearnedDataWeights: num_classes={num_classes!r} is read only with per='class' "
-                "(one weight per class); per='sample', the default, learns one weight per "
-                "training example and needs no class count. Pass per='class' for class weights, "
-                "or drop num_classes."
-            )
-        if gauge not in ("auto", "batch", "mean_logit", *CLASS_GAUGES):
-            raise ConfigurationError(
-                "LearnedDataWeights: gauge must be 'auto', 'batch' or 'mean_logit' (or 'class', "
-                "each row's cross term centred on its class and each class's mean logit held, or "
-                f"'class_centred', the centring alone), got {gauge!r}."
-            )
-        for name, fn in (("target", target), ("validation_loss", validation_loss)):
-            if fn is not None and not callable(fn):
-                raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
-        _refuse_initial_of_many(initial, per)
+        _refuse_arguments(per, num_classes, gauge, target, validation_loss, initial)
         self.per = per
         self.num_classes = None if num_classes is None else int(num_classes)  # np.int64(3) too
         #: refused now, not at the fit; one object for every fit (a shared term's θ is kept)
@@ -500,27 +477,6 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
 #: contrast checks saw only the rows read since the resume (128 of 240 had none after a
 #: mid-epoch resume), and the class shares counted the visits since the resume only
 _ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
-
-
-def _refuse_initial_of_many(initial: Any, per: str) -> None:
-    """``initial`` is one ω₀ for every row: a tensor or list of one per example (or class) was a
-    raw "only one element tensors can be converted to Python scalars" / "float() argument must
-    be ... not 'list'" from inside the weights (session 52)."""
-    if (
-        initial is None
-        or is_real(initial)
-        or (isinstance(initial, Tensor) and initial.numel() == 1)
-    ):
-        return
-    many = len(initial) if isinstance(initial, (list, tuple, Tensor)) else None
-    got = f"a {type(initial).__name__} of {many}" if many is not None else repr(initial)
-    row = "example" if per == "sample" else "class"
-    raise ConfigurationError(
-        f"LearnedDataWeights: initial is one starting weight ω₀ for every {row} (a number, "
-        f"e.g. initial=0.5 under the sigmoid), got {got}: the weight of each {row} is what the "
-        "callback learns, all from that one start. Pass one number, or drop initial= (the "
-        "parameterisation's default)."
-    )
 
 
 def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:
