@@ -768,11 +768,11 @@ class LateBudget(OverheadBudget):
     ``max_overhead · (1 − early_share)`` of the first part's training cost is left to spend on
     the hyper steps after it, on top of what the later steps pay back (they run at every due
     step until it is spent, so a shorter ``every_n_steps`` lets them spend it where it
-    matters). The first hyper step always runs where :class:`OverheadBudget` allows it (nothing
-    is spent before it): its curvature estimate and first step (e.g. the first fall of
-    ``ShrinkFallRprop``) stay where they were (eq. budgetlate applies once one hyper step ran;
-    the one-off work before the first, e.g. timing a product, would otherwise hold it back). The end-of-fit rule keeps the fit's final share
-    within ``max_overhead``. Where the fit's length is unknown: :class:`OverheadBudget`'s rule.
+    matters). The first hyper step always runs where :class:`OverheadBudget` allows it: its
+    curvature estimate and first step (e.g. the first fall of ``ShrinkFallRprop``) stay where
+    they were (eq. budgetlate applies once one hyper step ran; the one-off work before the
+    first, e.g. timing a product, would otherwise hold it back). The end-of-fit rule keeps the
+    fit's final share within ``max_overhead``. Where the fit's length is unknown: :class:`OverheadBudget`'s rule.
     ``early_share=1`` or ``late_from=0`` is :class:`OverheadBudget` step for step.
 
     Why: while the network still fits, the hypergradient on λ says "less decay" (greedy, a few

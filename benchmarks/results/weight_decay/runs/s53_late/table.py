@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 here = Path(__file__).resolve().parent
-spec = importlib.util.spec_from_file_location("s45_table", here.parent / "s45_fastfall" / "table.py")
+S45 = here.parent / "s45_fastfall" / "table.py"
+spec = importlib.util.spec_from_file_location("s45_table", S45)
 s45 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(s45)  # puts benchmarks/ on sys.path
 from bench_weight_decay import paired_difference  # noqa: E402
@@ -85,7 +86,8 @@ def compare(arm: dict, ctl: dict, settings: list[str]) -> tuple[dict, list[str]]
         geo = [statistics.geometric_mean(m["final_lambda"]) for m in (ma, mc)]
         out[s] = dict(arm=a, ctl=c, difference=d, up=up, arm_mechanism=ma, ctl_mechanism=mc)
         rows.append(
-            f"| {s} | {statistics.mean(a):.4f} | {statistics.mean(c):.4f} | {f(d)} | {up} of {len(a)} "
+            f"| {s} | {statistics.mean(a):.4f} | {statistics.mean(c):.4f} | {f(d)} "
+            f"| {up} of {len(a)} "
             f"| {spread(ma['hyper_steps'])} / {spread(mc['hyper_steps'])} "
             f"| {max(ma['overhead']):.3f} / {max(mc['overhead']):.3f} "
             f"| {statistics.mean(ma['cpu_s']):.1f} / {statistics.mean(mc['cpu_s']):.1f} "
