@@ -772,8 +772,9 @@ class LateBudget(OverheadBudget):
     curvature estimate and first step (e.g. the first fall of ``ShrinkFallRprop``) stay where
     they were (eq. budgetlate applies once one hyper step ran; the one-off work before the
     first, e.g. timing a product, would otherwise hold it back). The end-of-fit rule keeps the
-    fit's final share within ``max_overhead``. Where the fit's length is unknown: :class:`OverheadBudget`'s rule.
-    ``early_share=1`` or ``late_from=0`` is :class:`OverheadBudget` step for step.
+    fit's final share within ``max_overhead``. Where the fit's length is unknown:
+    :class:`OverheadBudget`'s rule. ``early_share=1`` or ``late_from=0`` is
+    :class:`OverheadBudget` step for step.
 
     Why: while the network still fits, the hypergradient on λ says "less decay" (greedy, a few
     training steps ahead), and decay pays only once the training overfits, after about half of
