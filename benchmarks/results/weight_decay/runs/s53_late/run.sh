@@ -5,6 +5,8 @@
 # usage (from anywhere): [PYTHON=python] bash run.sh ARM SETTING...
 #   ARM: late (the screen, seeds 0-8, grid/no decay reused from the stored runs,
 #        benchmarks/issue28_beat_run_arm.sh; control: the stored s52_shrinkfall runs)
+#      | ctl53 (record only, after the failed screen: today's default rerun on seeds 0-8 in this
+#        session, grid/no decay reused, to tell the option from the load; rule.md's addendum)
 #      | alt (the confirmation, fresh seeds 27-35: actl (the default) and alate run
 #        alternately seed by seed: actl 27, alate 27, actl 28, ...)
 set -euo pipefail
@@ -25,6 +27,11 @@ case $arm in
     for setting in "$@"; do
       OUT=$out bash "$here/../../../../issue28_beat_run_arm.sh" "$setting" late "$late"
       rm -f "$here"/weight_decay_late_"${setting}"_*.png  # per-seed plots: not kept
+    done ;;
+  ctl53)
+    for setting in "$@"; do
+      OUT=$out bash "$here/../../../../issue28_beat_run_arm.sh" "$setting" ctl53 '{}'
+      rm -f "$here"/weight_decay_ctl53_"${setting}"_*.png  # per-seed plots: not kept
     done ;;
   alt)
     cd "$here/../../../../.."
