@@ -8,7 +8,10 @@ fit's CPU seconds and the final λ; then S1-S3.
 `python table.py confirm` (fresh seeds 27-35, actl / alate run alternately): confirm.{md,json},
 alate − actl per setting, then C1-C4.
 
-usage (from anywhere): python table.py [confirm]
+`python table.py ctl53` (record only, rule.md's addendum): ctl53.{md,json}, late − ctl53 and
+ctl53 − ctl (the same code, another time) on the settings ctl53 ran.
+
+usage (from anywhere): python table.py [confirm | ctl53]
 """
 
 import importlib.util
@@ -187,5 +190,30 @@ def confirm() -> None:
     print("\n".join(md))
 
 
+def rerun() -> None:
+    """late − ctl53 (today's default rerun in this session) and ctl53 − ctl (session 52's)."""
+    late = {s: [variant("late", s, n, here) for n in SCREEN_SEEDS] for s in ORDER}
+    again = {s: [variant("ctl53", s, n, here) for n in SCREEN_SEEDS] for s in ORDER}
+    ctl = {s: [control(s, n) for n in SCREEN_SEEDS] for s in ORDER}
+    ran = [s for s in ORDER if all(again[s])]
+    data, rows = compare(late, again, ran)
+    drift, drift_rows = compare(again, ctl, ran)
+    md = [
+        "Record only (rule.md's addendum): late against today's default rerun in this session "
+        "(ctl53), seeds 0-8",
+        "",
+        HEAD.format(a="late", c="ctl53"),
+        *rows,
+        "",
+        "The same code at two times: ctl53 (this session) against ctl (session 52's stored runs)",
+        "",
+        HEAD.format(a="ctl53", c="ctl"),
+        *drift_rows,
+    ]
+    (here / "ctl53.md").write_text("\n".join(md) + "\n")
+    (here / "ctl53.json").write_text(json.dumps(dict(late=data, drift=drift), indent=1))
+    print("\n".join(md))
+
+
 if __name__ == "__main__":
-    confirm() if sys.argv[1:] == ["confirm"] else screen()
+    {"confirm": confirm, "ctl53": rerun}.get(sys.argv[1] if sys.argv[1:] else "", screen)()
