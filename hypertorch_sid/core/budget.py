@@ -755,77 +755,6 @@ class PacedBudget(OverheadBudget):
         return ok
 
 
-@dataclass
-class LateBudget(OverheadBudget):
-    """:class:`OverheadBudget` that saves its credit in the first part of a fit of known length
-    and spends it in the rest (eq. budgetlate): a due hyper step runs when
-    :meth:`OverheadBudget.allows` does and, while the training steps done are fewer than
-    ``late_from`` of the fit's length (done + remaining),
-
-        spent_hyper ≤ early_share · max_overhead · spent_training                (eq. budgetlate)
-
-    From ``late_from`` on :class:`OverheadBudget`'s rule alone, with the credit saved:
-    ``max_overhead · (1 − early_share)`` of the first part's training cost is left to spend on
-    the hyper steps after it, on top of what the later steps pay back (they run at every due
-    step until it is spent, so a shorter ``every_n_steps`` lets them spend it where it
-    matters). The first hyper step always runs where :class:`OverheadBudget` allows it: its
-    curvature estimate and first step (e.g. the first fall of ``ShrinkFallRprop``) stay where
-    they were (eq. budgetlate applies once one hyper step ran; the one-off work before the
-    first, e.g. timing a product, would otherwise hold it back). The end-of-fit rule keeps the
-    fit's final share within ``max_overhead``. Where the fit's length is unknown:
-    :class:`OverheadBudget`'s rule. ``early_share=1`` or ``late_from=0`` is
-    :class:`OverheadBudget` step for step.
-
-    Why: while the network still fits, the hypergradient on λ says "less decay" (greedy, a few
-    training steps ahead), and decay pays only once the training overfits, after about half of
-    it on the benchmark's MLPs; the early hyper steps lower λ that the late ones must win back.
-
-    Parameters
-    ----------
-    max_overhead: as :class:`OverheadBudget`'s.
-    clock: as :class:`OverheadBudget`'s.
-    early_share: the share of ``max_overhead`` the hyper steps may spend before ``late_from``
-        (in [0, 1]).
-    late_from: the fraction of the fit's training steps from which the saved credit is spent
-        (in [0, 1)).
-    """
-
-    early_share: float = 0.25
-    late_from: float = 0.5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        share, late = self.early_share, self.late_from
-        if not is_real(share) or not 0 <= share <= 1:
-            raise ConfigurationError(
-                f"LateBudget: early_share must be a number in [0, 1] (the share of max_overhead "
-                f"the hyper steps may spend before late_from; 1: OverheadBudget), got {share!r}."
-            )
-        if not is_real(late) or not 0 <= late < 1:
-            raise ConfigurationError(
-                f"LateBudget: late_from must be a number in [0, 1) (the fraction of the fit's "
-                f"training steps from which the saved credit is spent; 0: OverheadBudget), "
-                f"got {late!r}."
-            )
-
-    def saving(self, remaining_steps: int | None) -> bool:
-        """Whether the fit is still in its first part (before ``late_from`` of its length)."""
-        if remaining_steps is None:
-            return False
-        return self.training_steps < self.late_from * (self.training_steps + remaining_steps)
-
-    def allows(
-        self, remaining_steps: int | None = None, products: int = 0, due_left: int | None = None
-    ) -> bool:
-        """:meth:`OverheadBudget.allows`, and before ``late_from`` eq. budgetlate."""
-        if self.saving(remaining_steps) and self.hyper_steps:  # the first: OverheadBudget's
-            saved = self.spent_hyper > self.early_share * self.max_overhead * self.spent_training
-            if saved:
-                self.skipped += 1
-                return False
-        return super().allows(remaining_steps, products, due_left)
-
-
 def _synchronizer(kind: str) -> Callable[[], None] | None:
     """What waits for the queued work of a device of this kind (nothing on the CPU)."""
     if kind == "cpu":
@@ -860,8 +789,7 @@ def make_budget(max_overhead: float | None | Budget) -> Budget:
     :class:`OverheadBudget` (a dear hyper step is paid back before the next one runs;
     ``PlannedBudget(0.5)``, eq. budgetplan, shares it among the hyper steps still due instead;
     ``PacedBudget(0.5)``, eq. budgetpace, repays only the first one's excess, to the end of the
-    fit; ``LateBudget(0.5)``, eq. budgetlate, saves credit in the fit's first half and spends it
-    in the second), a Budget as it is."""
+    fit), a Budget as it is."""
     if max_overhead is None:
         return NoBudget()
     if isinstance(max_overhead, Budget):
