@@ -180,15 +180,15 @@ class LazyAdam(torch.optim.Optimizer):
     def _shrunk(state: dict[str, Any], rows: Tensor, step: Tensor, z2: float) -> Tensor:
         """The rows' moves of eq. shrunkstep from their normalised steps ``step``: the change
         of J(S, Q) as this visit adds to each row's S and Q (kept in ``state``)."""
-        if "evidence_sum" not in state:
-            state["evidence_sum"] = torch.zeros_like(state["exp_avg"], dtype=torch.float64)
-            state["evidence_sq"] = torch.zeros_like(state["exp_avg"], dtype=torch.float64)
-        s_old = state["evidence_sum"].index_select(0, rows)
-        q_old = state["evidence_sq"].index_select(0, rows)
+        if "evidence_sum" not in state:  # in the logits' dtype (a checkpoint loads them so)
+            state["evidence_sum"] = torch.zeros_like(state["exp_avg"])
+            state["evidence_sq"] = torch.zeros_like(state["exp_avg"])
+        s_old = state["evidence_sum"].index_select(0, rows).to(torch.float64)
+        q_old = state["evidence_sq"].index_select(0, rows).to(torch.float64)
         n = step.to(torch.float64)
         s_new, q_new = s_old + n, q_old + n * n
-        state["evidence_sum"].index_copy_(0, rows, s_new)
-        state["evidence_sq"].index_copy_(0, rows, q_new)
+        state["evidence_sum"].index_copy_(0, rows, s_new.to(step.dtype))
+        state["evidence_sq"].index_copy_(0, rows, q_new.to(step.dtype))
         return (_shrunk_sum(s_new, q_new, z2) - _shrunk_sum(s_old, q_old, z2)).to(step.dtype)
 
     @staticmethod
