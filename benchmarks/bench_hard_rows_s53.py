@@ -29,7 +29,6 @@ Usage (from the repository root; one thread)::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -44,20 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_dw_accuracy_s52 as s52  # noqa: E402
 import bench_user_recipes_s50 as s50  # noqa: E402
 
-from hypertorch_sid.core.lazy_adam import LazyAdam  # noqa: E402
 from hypertorch_sid.core.objectives import OBJECTIVES  # noqa: E402
 
 #: candidate arms: LearnedDataWeights settings (objects built per fit)
 CANDIDATES: dict[str, Any] = {
     "dw_mean_loss": lambda: {"objective": "mean_loss"},
     "dw_q1": lambda: {"objective": OBJECTIVES["expected_error"](q=1.0)},
-    # the drop-in's own LazyAdam (lr 1, betas (0, 0.999), row_scale=True) with eq. shrunkstep
-    "dw_shrink1": lambda: {
-        "outer_optimizer": functools.partial(LazyAdam, lr=1.0, betas=(0.0, 0.999), shrink=1.0)
-    },
-    "dw_shrink2": lambda: {
-        "outer_optimizer": functools.partial(LazyAdam, lr=1.0, betas=(0.0, 0.999), shrink=2.0)
-    },
+    # eq. shrunkstep in the drop-in's own LazyAdam (what a user passes)
+    "dw_shrink1": lambda: {"shrink": 1.0},
+    "dw_shrink2": lambda: {"shrink": 2.0},
 }
 for _name in ("class_relative_error", "class_error"):
     if _name in OBJECTIVES:
@@ -134,7 +128,9 @@ def run(name: str, data: Path, seed: int, inits, arms, dw_kwargs, rows_dir: Path
                 "test_acc": float((pred == y).float().mean()),
                 "test_loss": float(F.cross_entropy(z, y)),
                 "val_acc": float((zv.argmax(1) == yv).float().mean()),
-                "class_acc": [float((pred[y == c] == c).float().mean()) for c in range(setup.classes)],
+                "class_acc": [
+                    float((pred[y == c] == c).float().mean()) for c in range(setup.classes)
+                ],
                 "val_class_acc": [
                     float((zv.argmax(1)[yv == c] == c).float().mean()) for c in range(setup.classes)
                 ],
@@ -206,6 +202,10 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _record_key(r: dict[str, Any]) -> tuple:
+    return r["recipe"], r["seed"], r["init"], r["arm"], json.dumps(r["dw_kwargs"])
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=Path("../shared/data"))
@@ -232,14 +232,8 @@ def main(argv: list[str] | None = None) -> None:
             recs = run(name, args.data, seed, inits, args.arms, args.dw_kwargs, args.rows)
             for r in recs:
                 r["dw_kwargs"] = args.dw_kwargs
-            keys = {
-                (r["recipe"], r["seed"], r["init"], r["arm"], json.dumps(r["dw_kwargs"]))
-                for r in recs
-            }
-            old = [
-                r for r in old
-                if (r["recipe"], r["seed"], r["init"], r["arm"], json.dumps(r["dw_kwargs"])) not in keys
-            ] + recs  # fmt: skip
+            keys = {_record_key(r) for r in recs}
+            old = [r for r in old if _record_key(r) not in keys] + recs
             if args.out is not None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 payload = {"command": " ".join(["python", *sys.argv]), "records": old}

@@ -83,7 +83,7 @@ class LazyAdam(torch.optim.Optimizer):
     of random sign give S² ≈ Q and leave the row where it started; steps of one sign keep a
     share 1 − z²/t of their sum after t visits. Under ``row_scale=True`` every visit moves a
     row by about ±lr whatever the strength of its evidence, so a row whose hypergradient is
-    noise random-walks: after the ~7 visits of a short fit a quarter of them sit ±3 logits from
+    noise random-walks: after the 3–5 visits of a short fit many of them sit 2–4 logits from
     the start, as low as the rows the evidence consistently pushes down (hard clean examples
     of an easy class beside its corrupted ones, docs/failures.md, session 53).
     """
