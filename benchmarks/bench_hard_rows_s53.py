@@ -18,7 +18,9 @@ which :func:`summary` reads
   class (mean over classes).
 
 Arms: ``plain``, ``dw`` (the defaults, with ``--dw-kwargs``), and the candidates of
-:data:`CANDIDATES` (LearnedDataWeights settings that differ from the default in one thing).
+:data:`CANDIDATES` (LearnedDataWeights settings that differ from the default in one thing). The
+session-53 arms ``dw_shrink1`` / ``dw_shrink2`` (``shrink=1.0`` / ``2.0``, eq. shrunkstep, rejected:
+docs/failures.md) exist only at the git tag ``s53-shrunk-step-unmerged``.
 
 Usage (from the repository root; one thread)::
 
@@ -49,9 +51,6 @@ from hypertorch_sid.core.objectives import OBJECTIVES  # noqa: E402
 CANDIDATES: dict[str, Any] = {
     "dw_mean_loss": lambda: {"objective": "mean_loss"},
     "dw_q1": lambda: {"objective": OBJECTIVES["expected_error"](q=1.0)},
-    # eq. shrunkstep in the drop-in's own LazyAdam (what a user passes)
-    "dw_shrink1": lambda: {"shrink": 1.0},
-    "dw_shrink2": lambda: {"shrink": 2.0},
 }
 for _name in ("class_relative_error", "class_error"):
     if _name in OBJECTIVES:

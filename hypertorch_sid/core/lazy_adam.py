@@ -37,12 +37,6 @@ def _two_betas(betas: Any) -> tuple[float, float]:
     return float(values[0]), float(values[1])
 
 
-def _shrunk_sum(s: Tensor, q: Tensor, z2: float) -> Tensor:
-    """J(S, Q) = S · max(0, 1 − z² Q / S²) of eq. shrunkstep (0 where S = 0)."""
-    keep = (1 - z2 * q / s.pow(2).clamp_min(1e-300)).clamp_min(0)
-    return torch.where(s != 0, s * keep, torch.zeros_like(s))
-
-
 class LazyAdam(torch.optim.Optimizer):
     """Adam that moves only the rows whose gradient is non-zero (TensorFlow's LazyAdam).
 
@@ -70,22 +64,6 @@ class LazyAdam(torch.optim.Optimizer):
     so a row visited a few times whose hypergradients are small beside the population's moves
     little (not ±lr at its first visit whatever its size), while its own scale takes over as
     its visits accumulate (k = 0: each row's own, k → ∞: ``row_scale=False``).
-
-    ``shrink`` = z² > 0 moves each row by its cumulative evidence shrunk toward no move, as far
-    as that evidence is no larger than its own noise (positive-part James–Stein). With
-    nᵢₜ = m̂ᵢₜ/sᵢₜ the normalised step of row i's t-th visit (what it moves by at z² = 0),
-    Sᵢ = Σₜ nᵢₜ and Qᵢ = Σₜ nᵢₜ²,
-
-        J(S, Q) = S · max(0, 1 − z² Q / S²),   xᵢ ← xᵢ − lr · (J(Sᵢ + nᵢ, Qᵢ + nᵢ²) − J(Sᵢ, Qᵢ)),
-                                                                              (eq. shrunkstep)
-
-    so a row's total displacement is lr · J(Sᵢ, Qᵢ) (plus any shift a projection adds). Steps
-    of random sign give S² ≈ Q and leave the row where it started; steps of one sign keep a
-    share 1 − z²/t of their sum after t visits. Under ``row_scale=True`` every visit moves a
-    row by about ±lr whatever the strength of its evidence, so a row whose hypergradient is
-    noise random-walks: after the 3–5 visits of a short fit many of them sit 2–4 logits from
-    the start, as low as the rows the evidence consistently pushes down (hard clean examples
-    of an easy class beside its corrupted ones, docs/failures.md, session 53).
     """
 
     def __init__(
@@ -96,12 +74,7 @@ class LazyAdam(torch.optim.Optimizer):
         eps: float = 1e-8,
         row_scale: bool | Literal["batch"] = True,
         scale_prior: float = 0.0,
-        shrink: float = 0.0,
     ) -> None:
-        if not (is_real(shrink) and shrink >= 0):
-            raise ConfigurationError(
-                f"LazyAdam: shrink (z² of eq. shrunkstep) must be a number ≥ 0, got {shrink!r}."
-            )
         if not scale_prior >= 0:
             raise ConfigurationError(f"LazyAdam: scale_prior must be ≥ 0, got {scale_prior!r}.")
         if not lr > 0:
@@ -117,7 +90,6 @@ class LazyAdam(torch.optim.Optimizer):
             "eps": eps,
             "row_scale": row_scale,
             "scale_prior": float(scale_prior),
-            "shrink": float(shrink),
         }
         super().__init__(params, defaults)
 
@@ -171,25 +143,8 @@ class LazyAdam(torch.optim.Optimizer):
                 else:  # one scale for all rows: a row's step keeps its gradient's magnitude
                     scale = self._shared_scale(state, values, b2)
                 update = m_hat / (scale + group["eps"])
-                if group.get("shrink", 0.0) > 0:
-                    update = self._shrunk(state, rows, update, group["shrink"])
                 p.index_add_(0, rows, update, alpha=-group["lr"])
         return loss
-
-    @staticmethod
-    def _shrunk(state: dict[str, Any], rows: Tensor, step: Tensor, z2: float) -> Tensor:
-        """The rows' moves of eq. shrunkstep from their normalised steps ``step``: the change
-        of J(S, Q) as this visit adds to each row's S and Q (kept in ``state``)."""
-        if "evidence_sum" not in state:  # in the logits' dtype (a checkpoint loads them so)
-            state["evidence_sum"] = torch.zeros_like(state["exp_avg"])
-            state["evidence_sq"] = torch.zeros_like(state["exp_avg"])
-        s_old = state["evidence_sum"].index_select(0, rows).to(torch.float64)
-        q_old = state["evidence_sq"].index_select(0, rows).to(torch.float64)
-        n = step.to(torch.float64)
-        s_new, q_new = s_old + n, q_old + n * n
-        state["evidence_sum"].index_copy_(0, rows, s_new.to(step.dtype))
-        state["evidence_sq"].index_copy_(0, rows, q_new.to(step.dtype))
-        return (_shrunk_sum(s_new, q_new, z2) - _shrunk_sum(s_old, q_old, z2)).to(step.dtype)
 
     @staticmethod
     def _shared_scale(state: dict[str, Any], values: Tensor, beta2: float) -> Tensor:

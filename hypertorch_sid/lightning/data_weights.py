@@ -611,10 +611,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         :class:`LazyAdam`'s ``scale_prior`` (k pseudo-visits of the population's second moment
         in each row's, eq. scaleprior; default 0: each row's own). Ignored when
         ``outer_optimizer`` is given.
-    shrink:
-        :class:`LazyAdam`'s ``shrink`` (z² of eq. shrunkstep: each row moved by its cumulative
-        evidence less what its own noise explains; default 0: every visit moves its row by
-        about ±``outer_lr``). Ignored when ``outer_optimizer`` is given.
     sparse_grad:
         Row-sparse gradients of the logits (``SampleWeights(sparse_grad=...)``: an outer step
         costs O(batch), not O(n)). Default ``None``: on per sample with the default
@@ -661,7 +657,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         sparse_grad: bool | None = None,
         outer_betas: tuple[float, float] = (0.0, 0.999),
         scale_prior: float = 0.0,
-        shrink: float = 0.0,
         gauge: Literal["auto", "batch", "mean_logit", "class", "class_centred"] = "auto",
         schedule: Literal["fit_length", "fixed"] = "fixed",
         **kwargs: Any,
@@ -761,7 +756,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 ("outer_betas", tuple(outer_betas), (0.0, 0.999)),
                 ("row_scale", row_scale, True),
                 ("scale_prior", scale_prior, 0.0),
-                ("shrink", shrink, 0.0),
             )
             if value != default
         }
@@ -778,19 +772,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._own_outer = kwargs.get("outer_optimizer") is None
         outer_lr = kwargs.pop("outer_lr")  # the drop-in's own LazyAdam's (refused beside another)
         if self._own_outer:  # its settings refused now, not at the fit's first hyper step
-            settings = {
-                "lr": outer_lr,
-                "betas": outer_betas,
-                "row_scale": row_scale,
-                "shrink": shrink,
-            }
+            settings = {"lr": outer_lr, "betas": outer_betas, "row_scale": row_scale}
             try:
                 LazyAdam([torch.zeros(1, requires_grad=True)], scale_prior=scale_prior, **settings)
             except (ConfigurationError, TypeError) as err:
                 raise ConfigurationError(
                     f"LearnedDataWeights: its outer optimizer (outer_lr={outer_lr!r}, "
                     f"outer_betas={outer_betas!r}, row_scale={row_scale!r}, "
-                    f"scale_prior={scale_prior!r}, shrink={shrink!r}): {err}"
+                    f"scale_prior={scale_prior!r}): {err}"
                 ) from None
             kwargs["outer_optimizer"] = functools.partial(
                 _lazy_adam,
@@ -799,7 +788,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 betas=tuple(outer_betas),
                 row_scale=row_scale,
                 scale_prior=scale_prior,
-                shrink=shrink,
             )
         super().__init__(problem=problem, **kwargs)
         self.outer_lr = outer_lr  # the drop-in's LazyAdam's (a user's optimizer: its own)
