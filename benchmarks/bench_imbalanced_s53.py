@@ -32,7 +32,8 @@ Usage (from the repository root; ``--data``: the folder holding ``mnist/``)::
 
     OMP_NUM_THREADS=1 python benchmarks/bench_imbalanced_s53.py --data ../shared/data \
         --recipes two20 five10 --seeds 0 1 2 3 4 --out benchmarks/results/user_recipes/s53_imb.json
-    python benchmarks/bench_imbalanced_s53.py --table --out benchmarks/results/user_recipes/s53_imb.json
+    python benchmarks/bench_imbalanced_s53.py --table \
+        --out benchmarks/results/user_recipes/s53_imb.json
 
 Each run merges its records into ``--out`` (a rerun replaces the same recipe, noise, arm and
 seed).
@@ -203,10 +204,12 @@ def table(records: list[dict[str, Any]]) -> str:
                     diff = f"{a.mean():+.2f} ± {se:.2f} ({(a > 0).sum()} / {(a < 0).sum()})"
                 ratio = [r["w_rare_over_common"] for r in rs if "w_rare_over_common" in r]
                 name = f"{recipe}{' +35 % noise' if noise else ''}"
+                means = " | ".join(
+                    mean_se([r[k] for r in rs])
+                    for k in ("bal_acc", "test_acc", "rare_recall", "test_loss")
+                )
                 lines.append(
-                    f"| {name} | {arm} | {','.join(str(r['seed']) for r in rs)} "
-                    f"| {mean_se([r['bal_acc'] for r in rs])} | {mean_se([r['test_acc'] for r in rs])} "
-                    f"| {mean_se([r['rare_recall'] for r in rs])} | {mean_se([r['test_loss'] for r in rs])} "
+                    f"| {name} | {arm} | {','.join(str(r['seed']) for r in rs)} | {means} "
                     f"| {np.mean([r['wall_s'] for r in rs]):.1f} | {diff} "
                     f"| {f'{np.mean(ratio):.2f}' if ratio else '–'} |"
                 )
