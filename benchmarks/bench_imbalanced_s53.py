@@ -19,6 +19,8 @@ Arms, per seed in one process:
 * ``dw_class``    ``LearnedDataWeights(per="class", num_classes=10)``;
 * ``dw_batch``    ``LearnedDataWeights(gauge="batch")``;
 * ``dw_centred``  ``LearnedDataWeights(gauge="class_centred")``;
+* ``dw_batch_low`` ``LearnedDataWeights(gauge="batch", initial=0.1)`` (a diagnosis: room for a
+                  row's weight to rise 10×, not 2×, above its start);
 * ``sampler``     plain training from a ``WeightedRandomSampler`` drawing each row with
                   probability ∝ 1 / n_c (the classes drawn equally often; session 50's recipe);
 * ``sampler_dw``  the same sampler with ``LearnedDataWeights()`` (``"auto"`` keeps ``"batch"``
@@ -67,13 +69,24 @@ from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
 
 CLASSES = 10
 RECIPES = {"two20": ((3, 8), 20), "five10": ((5, 6, 7, 8, 9), 10)}
-ARMS = ("plain", "invfreq", "dw", "dw_class", "dw_batch", "dw_centred", "sampler", "sampler_dw")
+ARMS = (
+    "plain",
+    "invfreq",
+    "dw",
+    "dw_class",
+    "dw_batch",
+    "dw_centred",
+    "dw_batch_low",
+    "sampler",
+    "sampler_dw",
+)
 #: each data-weights arm's settings
 DW = {
     "dw": {},
     "dw_class": {"per": "class", "num_classes": CLASSES},
     "dw_batch": {"gauge": "batch"},
     "dw_centred": {"gauge": "class_centred"},
+    "dw_batch_low": {"gauge": "batch", "initial": 0.1},
     "sampler_dw": {},
 }
 EPOCHS, BATCH, VAL_PER_CLASS = 6, 64, 30
