@@ -503,6 +503,21 @@ class Setup:
                 record.update(
                     w_bad=float(w[b].mean()), w_good=float(w[~b].mean()), auc=auc(w[b], w[~b])
                 )
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    try:
+                        flags = cb.flagged().cpu().numpy()
+                    except Exception as err:  # noqa: BLE001 - a finding, recorded
+                        record["flagged_error"] = f"{type(err).__name__}: {err}"[:600]
+                        flags = None
+                record["flagged_warnings"] = package_warnings(said, 400)
+                if flags is not None:
+                    hit = int(b[flags].sum()) if len(flags) else 0
+                    record.update(
+                        flagged=len(flags),
+                        flag_precision=hit / len(flags) if len(flags) else None,
+                        flag_recall=hit / max(1, int(b.sum())),
+                    )
         return record
 
 
