@@ -128,6 +128,7 @@ from .sampling import (
     loader_parts,
     validation_loader,
 )
+from .sources import prepared
 from .weight_decay import _muted_logging
 from .weighted_step import WeightedStep
 
@@ -464,11 +465,14 @@ def _lazy_adam(
 
 
 def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
-    """The training batch of ``rows`` of the training set, collated by its DataLoader and moved
-    to the module's device as Lightning moves a training batch."""
+    """The training batch of ``rows`` of the training set, collated by its DataLoader and
+    prepared as Lightning's loop prepares a training batch (:func:`~.sources.prepared`: the
+    precision's dtype, the module's transfer hooks, the device). Only moved to the device until
+    session 53: under ``precision="bf16-true"`` the re-read's float32 inputs failed in the
+    bfloat16 network, and that failure confirmed rows fitted to a loss exactly 0 (common in
+    bfloat16) as masked examples."""
     loader = first_loader(trainer.train_dataloader, "train dataloader")
-    batch = loader.collate_fn([loader.dataset[r] for r in rows])
-    return trainer.strategy.batch_to_device(batch)
+    return prepared(trainer, loader.collate_fn([loader.dataset[r] for r in rows]))
 
 
 #: the per-row record a checkpoint keeps beside the labels (key: RowRecord attribute): each

@@ -255,10 +255,7 @@ class HyperData:
         trainer = self.trainer
 
         def prepare(batch: Any) -> Any:
-            with _validating(trainer) if validation else nullcontext():
-                batch = trainer.precision_plugin.convert_input(batch)
-                batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
-                return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+            return prepared(trainer, batch, validation)
 
         return prepare
 
@@ -385,6 +382,17 @@ def _refuse_empty(dataset: Dataset, what: str) -> None:
             f"{'validation examples for E' if what.startswith('val') else 'training examples'}. "
             "Check the split that built it (e.g. random_split's sizes)."
         )
+
+
+def prepared(trainer: pl.Trainer, batch: Any, validation: bool = False) -> Any:
+    """``batch`` as Lightning's loops hand it to a step: the precision's dtype conversion (e.g.
+    to bfloat16 under ``precision="bf16-true"``), the module's ``on_before_batch_transfer``,
+    then the strategy's ``batch_to_device`` (``transfer_batch_to_device``,
+    ``on_after_batch_transfer``); a validation batch with the trainer in its validating stage."""
+    with _validating(trainer) if validation else nullcontext():
+        batch = trainer.precision_plugin.convert_input(batch)
+        batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
+        return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
 
 
 @contextmanager
