@@ -65,6 +65,23 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
     check_no_shared_memory(inner, hyper)
 
 
+def check_still_require_grad(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
+    """At each hypergradient: w and λ still require grad. Switched off after the optimizer was
+    built (``requires_grad_(False)``, e.g. ``model.requires_grad_(False)`` over a module that
+    holds λ too) it was a raw autograd "One of the differentiated Tensors does not require
+    grad" from inside the solve (session 53)."""
+    for name, xs in (("hyperparameters", hyper), ("inner_parameters", inner)):
+        off = [i for i, x in enumerate(xs) if not x.requires_grad]
+        if off:
+            raise ConfigurationError(
+                f"{name} at positions {off[:5]}{' ...' if len(off) > 5 else ''} no longer "
+                "require grad (requires_grad_(False) after the SIDHyperOptimizer was built): "
+                "the hypergradient differentiates in every w and λ it was built with. Switch "
+                "them back on (requires_grad_(True)), or build a new SIDHyperOptimizer over the "
+                "tensors that are still trained and tuned."
+            )
+
+
 def check_no_duplicates(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
     """No tensor twice in ``inner`` or in ``hyper``, and none in both.
 

@@ -68,6 +68,7 @@ from .problem import (
     BilevelProblem,
     ModuleProblem,
     ProblemSource,
+    check_still_trained,
     named_tensors,
     refuse_untunable_training,
 )
@@ -952,8 +953,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         check_weights(pl_module, self._active, trainer.global_step, data, self._losses)
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        assert self.sid is not None and self.data is not None
+        assert self.sid is not None and self.data is not None and self._active is not None
         self._check_weights(trainer, pl_module)
+        check_still_trained(type(self).__name__, self._active.inner_parameters, pl_module)
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step

@@ -58,20 +58,24 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
     given): 1-D, or a column ``(b, 1)`` (a data set returning ``torch.tensor([y])``, labels
     kept as ``y[:, None]``), read as :func:`class_ids`. A column was read as no labels before
     (session 52): the class gauge and every label check were silently off, and
-    ``per="class"`` advised ``batch[1].argmax(1)``, which maps every row to class 0."""
+    ``per="class"`` advised ``batch[1].argmax(1)``, which maps every row to class 0. Binary
+    labels stored as bools (``y == k``) are read as the classes 0 / 1 (:func:`class_ids`): read
+    as no labels before (session 53), the class gauge and the label checks were silently off
+    (the weights up to 0.75 off the integer labels' fit)."""
     return (
         isinstance(labels, Tensor)
         and (labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1))
         and not labels.is_floating_point()
         and not labels.is_complex()
-        and labels.dtype != torch.bool
         and (b is None or labels.shape[0] == b)
     )
 
 
 def class_ids(labels: Tensor) -> Tensor:
-    """An :func:`_integer_vector`'s class ids as a 1-D tensor (a column flattened)."""
-    return labels if labels.dim() == 1 else labels.reshape(-1)
+    """An :func:`_integer_vector`'s class ids as a 1-D tensor (a column flattened; bools as
+    0 / 1)."""
+    ids = labels if labels.dim() == 1 else labels.reshape(-1)
+    return ids.long() if ids.dtype == torch.bool else ids
 
 
 def batch_labels(data: Any) -> Any:
@@ -332,6 +336,7 @@ def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
             "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
             f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
         )
+    labels = class_ids(labels)
     low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
     if low < 0 or high >= num_classes:
         unlabelled = (
@@ -346,7 +351,7 @@ def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
             f"batch holds labels from {low} to {high}, outside 0..{num_classes - 1}: "
             f"{unlabelled}."
         )
-    return class_ids(labels)
+    return labels
 
 
 def _warn_indexed_validation(loaders: Any) -> None:

@@ -103,6 +103,7 @@ from .problem import (
     BilevelProblem,
     UntrainedGroups,
     check_meaning,
+    check_still_trained,
     named_tensors,
     with_batch_idx,
 )
@@ -541,27 +542,10 @@ class WeightDecayProblem:
             )
 
     def check_still_trained(self, module: pl.LightningModule) -> None:
-        """Every tensor the optimizers trained when the fit started still requires gradients.
-
-        The hypergradient differentiates the training's fixed point in all of them (they are
-        the inner parameters, collected at the fit's start); one frozen during the fit
-        (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper
-        step ("One of the differentiated Tensors does not require grad"), or, frozen before the
-        first step, was blamed as a layer the training never uses.
-        """
-        frozen = [p for p in self._inner if not p.requires_grad]
-        if not frozen:
-            return
-        names = {id(p): n for n, p in named_tensors(module)}
-        said = [names.get(id(p), "an unnamed tensor") for p in frozen]
-        raise ConfigurationError(
-            f"LearnedWeightDecay: {', '.join(said[:5])}{' ...' if len(said) > 5 else ''} "
-            "stopped requiring gradients during the fit (requires_grad_(False) after it "
-            "started), but the hypergradient differentiates the training's fixed point in every "
-            "tensor the optimizers trained when the fit started. Freeze them before trainer.fit, "
-            "or end this fit and continue in a new one (trainer.fit again with this callback: "
-            "λ carries over and the trained tensors are collected again)."
-        )
+        """Every tensor the optimizers trained when the fit started still requires gradients
+        (:func:`~hypertorch_sid.lightning.problem.check_still_trained`); one frozen before the
+        first step was blamed as a layer the training never uses."""
+        check_still_trained("LearnedWeightDecay", self._inner, module)
 
     @torch.no_grad()
     def apply(

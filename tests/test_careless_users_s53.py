@@ -1,0 +1,191 @@
+"""A careless user's inputs that gave silent wrong answers or unclear failures (session 53; the
+table of every recipe tried and its outcome is in docs/failures.md, "Careless users (session
+53)"). Each test fails without its fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import (
+    ConfigurationError,
+    HyperOptimizationCallback,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+    SIDConfig,
+    SIDHyperOptimizer,
+)
+
+X, Y = TOY_X, TOY_Y
+
+
+def _weights(**kw: Any) -> LearnedDataWeights:
+    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _decay(**kw: Any) -> LearnedWeightDecay:
+    return LearnedWeightDecay(1e-3, **{"every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def _val(y: Tensor = Y) -> DataLoader:
+    return DataLoader(TensorDataset(X[:60], y[:60]), batch_size=20)
+
+
+def _indexed(*tensors: Tensor) -> DataLoader:
+    return DataLoader(IndexedDataset(TensorDataset(*(tensors or (X, Y)))), batch_size=16)
+
+
+def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> None:
+    kw.setdefault("max_epochs", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(cb if isinstance(cb, list) else [cb], **kw).fit(model, train, val)
+
+
+# ---------------------------------------------------------------- labels
+class _Binary(ToyClassifier):
+    """Class 0 of the toy against the others, the per-sample BCE (float targets, cast here)."""
+
+    def __init__(self) -> None:
+        super().__init__("none")
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(
+            self(x).view(-1), y.float().view(-1), reduction="none"
+        )
+
+
+@pytest.mark.parametrize("per", ["sample", "class"])
+def test_binary_labels_stored_as_bools_are_read_as_the_labels(per):
+    """Binary labels as bools (``y == k``, cast in the step): read as no labels, so the class
+    gauge (the default) and every label check were silently off, the weights up to 0.75 off
+    the same fit's on integer labels; ``per="class"`` was refused ("class ids stored as
+    floats?"). Now read as 0 / 1: the weights equal the integer labels' bit for bit."""
+    binary = (Y == 0).long()
+    extra = {"per": "class", "num_classes": 2} if per == "class" else {}
+    learned = {}
+    for y in (binary, binary.bool()):
+        cb = _weights(**extra)
+        _fit(cb, _indexed(X, y), _val(y), _Binary())
+        learned[y.dtype] = cb.data_weights()
+    assert len(learned[torch.long]) == (240 if per == "sample" else 2)
+    assert torch.equal(learned[torch.bool], learned[torch.long])
+
+
+# ---------------------------------------------------------------- a training step's batch
+class _EditsItsBatch(ToyClassifier):
+    """A ``training_step`` that edits its batch in place (``"scale"``: ``x /= 2``, a
+    normalisation; ``"remap"``: ``y[y == 5] = 0``, a label remap that changes nothing here) or
+    not (``"copy"``: ``x = x / 2``)."""
+
+    def __init__(self, edit: str) -> None:
+        super().__init__("none")
+        self.edit = edit
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        if self.edit == "scale":
+            x /= 2.0
+        elif self.edit == "remap":
+            y[y == 5] = 0
+        if self.edit != "scale":
+            x = x / 2.0
+        return F.cross_entropy(self(x), y, reduction="none")
+
+
+def test_a_training_step_that_edits_its_batch_in_place_runs_with_the_data_weights():
+    """``x /= 2`` (or ``y[y == 5] = 0``, ``x.clamp_(...)``) inside ``training_step``: the
+    training batches' cross term replays the step on the same batch between the training's
+    forward and its backward, so the replay's write reached tensors that backward needs: a
+    raw autograd "modified by an inplace operation" error at the first step after the first
+    hyper step (before it, the replay also read the halved x again, so its losses were not
+    the step's). Now a step seen editing its batch gets copies for every replay, taken
+    before it ran: the weights equal those of the step that copies (``x = x / 2``) bit for
+    bit."""
+    learned = {}
+    for edit in ("copy", "scale", "remap"):
+        cb = _weights()
+        _fit(cb, _indexed(), _val(), _EditsItsBatch(edit))
+        learned[edit] = cb.data_weights()
+    assert torch.equal(learned["scale"], learned["copy"])
+    assert torch.equal(learned["remap"], learned["copy"])
+
+
+# ---------------------------------------------------------------- tensors frozen mid-fit
+class _FreezeAtEpoch1(pl.Callback):
+    def __init__(self, layer: str) -> None:
+        self.layer = layer
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            module.get_submodule(self.layer).requires_grad_(False)
+
+
+class _TwoLayerRidge(Ridge):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin2 = torch.nn.Linear(5, 1, bias=False, dtype=torch.float64)
+
+    def _fit(self, batch: Any) -> Tensor:
+        x, y = batch
+        return 0.5 * ((self.lin(x).squeeze(-1) + self.lin2(x).squeeze(-1) - y) ** 2).mean()
+
+
+def test_a_layer_frozen_during_the_fit_is_named_by_every_callback():
+    """A layer frozen at epoch 1 by a callback (progressive freezing): ``LearnedWeightDecay``
+    named it since session 49; ``LearnedDataWeights`` and ``HyperOptimizationCallback`` failed
+    inside autograd at the next hyper step ("One of the differentiated Tensors does not
+    require grad"). Now each names the tensors and the fix."""
+    frozen = r"net\.0\.weight, net\.0\.bias stopped requiring gradients during the fit"
+    with pytest.raises(ConfigurationError, match="LearnedDataWeights: " + frozen):
+        _fit([_weights(), _FreezeAtEpoch1("net.0")], _indexed(), _val(), ToyClassifier("none"))
+    train, val = loaders(ridge_data(), 20, 30)
+    base = HyperOptimizationCallback(every_n_steps=2, start_step=2)
+    with pytest.raises(ConfigurationError, match=r"HyperOptimizationCallback: lin2\.weight stop"):
+        _fit([base, _FreezeAtEpoch1("lin2")], train, val, _TwoLayerRidge(), max_epochs=3)
+
+
+def test_core_tensors_that_stop_requiring_grad_are_named():
+    """``SIDHyperOptimizer`` built, then λ (or w) switched off by ``requires_grad_(False)``
+    (``model.requires_grad_(False)`` over a module that holds λ too): a raw autograd "One of
+    the differentiated Tensors does not require grad" from inside the solve. Now named at the
+    next hypergradient, with the fix."""
+    X5, y5, Xv, yv = (t.float() for t in ridge_data())
+    w = torch.zeros(5, requires_grad=True)
+    log_lam = torch.zeros(1, requires_grad=True)
+
+    def fit_loss(b: Any) -> Tensor:
+        return 0.5 * ((b[0] @ w - b[1]) ** 2).mean()
+
+    hopt = SIDHyperOptimizer(
+        [log_lam],
+        [w],
+        lambda b: fit_loss(b) + 0.5 * log_lam.exp().sum() * (w**2).sum(),
+        fit_loss,
+        torch.optim.Adam([log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
+    )
+    train = [(X5[i : i + 20], y5[i : i + 20]) for i in range(0, 120, 20)]
+    hopt.step(train, (Xv, yv))
+    log_lam.requires_grad_(False)
+    with pytest.raises(ConfigurationError, match=r"hyperparameters at positions \[0\] no longer"):
+        hopt.step(train, (Xv, yv))
+    log_lam.requires_grad_(True)
+    w.requires_grad_(False)
+    with pytest.raises(ConfigurationError, match=r"inner_parameters at positions \[0\] no long"):
+        hopt.step(train, (Xv, yv))
