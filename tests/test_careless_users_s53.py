@@ -189,3 +189,77 @@ def test_core_tensors_that_stop_requiring_grad_are_named():
     w.requires_grad_(False)
     with pytest.raises(ConfigurationError, match=r"inner_parameters at positions \[0\] no long"):
         hopt.step(train, (Xv, yv))
+
+
+class _Dicts(torch.utils.data.Dataset):
+    """The toy as dict samples, the label under ``key``."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __len__(self) -> int:
+        return len(X)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"x": X[i], self.key: Y[i]}
+
+
+class _DictStep(ToyClassifier):
+    def __init__(self, key: str) -> None:
+        super().__init__("none")
+        self.key = key
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return F.cross_entropy(self(batch["x"]), batch[self.key], reduction="none")
+
+
+def test_labels_under_a_key_the_drop_in_does_not_read_are_said():
+    """Dict samples with the label under ``"cls"`` (not one of ``y``, ``label``, ``labels``,
+    ``target``, ``targets``): no label was read and nothing said, so the class gauge and the
+    label checks were off, the weights 0.73 off the same data's under ``"y"``. Now said at the
+    first step, naming the key and ``target=``, with which the weights equal the ``"y"``
+    fit's bit for bit."""
+    val = DataLoader(_Dicts("cls"), batch_size=20)
+    with pytest.warns(UserWarning, match=r"under 'cls'.*target=lambda batch: batch\['cls'\]"):
+        trainer([_weights()], max_epochs=1).fit(_DictStep("cls"), _indexed_dicts("cls"), val)
+    learned = {}
+    for key, cb in (("y", _weights()), ("cls", _weights(target=lambda b: b["cls"]))):
+        _fit(cb, _indexed_dicts(key), DataLoader(_Dicts(key), batch_size=20), _DictStep(key))
+        learned[key] = cb.data_weights()
+    assert torch.equal(learned["cls"], learned["y"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the "y" key: not said
+        warnings.filterwarnings("ignore", message=".*(LeafSpec|workers|only \\d+ hyper steps)")
+        val = DataLoader(_Dicts("y"), batch_size=20)
+        trainer([_weights()], max_epochs=1).fit(_DictStep("y"), _indexed_dicts("y"), val)
+
+
+def _indexed_dicts(key: str) -> DataLoader:
+    return DataLoader(IndexedDataset(_Dicts(key)), batch_size=16)
+
+
+# ---------------------------------------------------------------- the user's callables
+@pytest.mark.parametrize(
+    "build, call",
+    [
+        (lambda: _decay(validation_loss=lambda batch: batch[0].sum()), "validation_loss"),
+        (lambda: _decay(training_loss=lambda m, b, i: m(b[0]).sum()), "training_loss"),
+        (lambda: _weights(validation_loss=lambda batch: batch[0].sum(1)), "validation_loss"),
+        (lambda: _weights(per="class", num_classes=3, target=lambda m, b: b[1]), "target"),
+        (
+            lambda: HyperOptimizationCallback(outer_optimizer=lambda: torch.optim.SGD([], lr=1)),
+            "outer_optimizer",
+        ),
+    ],
+    ids=["decay-validation", "decay-training", "weights-validation", "target", "optimizer"],
+)
+def test_a_callable_written_for_another_call_is_refused_at_construction(build, call):
+    """``validation_loss=lambda batch: ...`` (the drop-ins call ``validation_loss(module,
+    batch)``), ``target=lambda module, batch: ...``, ``outer_optimizer=lambda: ...``: taken,
+    then a raw "takes 1 positional argument but 2 were given" naming a lambda at the first hyper
+    step, after every training step before it. Now refused at construction, naming the call."""
+    with pytest.raises(ConfigurationError, match=rf"{call} is called as {call}\("):
+        build()
+    _decay(validation_loss=lambda module, batch: batch[0].sum())  # the right calls are taken
+    _weights(per="class", num_classes=3, target=lambda batch: batch[1])
+    HyperOptimizationCallback(outer_optimizer=torch.optim.Adam)

@@ -9,6 +9,7 @@ must be: ``"{name} must be {requirement}, got {value!r}."``.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
@@ -378,6 +379,29 @@ def as_strategy(
     raise ConfigurationError(
         f"{name} must be {names} or {article} {kind.__name__}{hint}, got {value!r}."
     )
+
+
+def check_takes(name: str, fn: Any, arguments: Sequence[str], returns: str) -> None:
+    """``fn`` is a callable that can be called as ``fn(*arguments)`` (positionally): one of
+    the user's callables that the drop-ins call only mid-fit (``validation_loss(module,
+    batch)``, ``target(batch)``, ``outer_optimizer(params)``). Written for another call
+    (``validation_loss=lambda batch: ...``), it failed at the first hyper step, after the
+    training steps before it, with Python's "takes 1 positional argument but 2 were given"
+    naming a lambda (session 53). A callable whose signature cannot be read is taken."""
+    call = f"{name.split(': ')[-1]}({', '.join(arguments)}) -> {returns}"
+    if not callable(fn):
+        raise ConfigurationError(f"{name} must be a callable {call}, got {type(fn).__name__}.")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or an extension type
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as err:
+        raise ConfigurationError(
+            f"{name} is called as {call}, and the callable given cannot be called so ({err}): "
+            "write it with those arguments."
+        ) from None
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -44,7 +44,13 @@ from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
-from ..core.validation import check_bool, check_choice, check_integer, check_positive
+from ..core.validation import (
+    check_bool,
+    check_choice,
+    check_integer,
+    check_positive,
+    check_takes,
+)
 from .averaging import put_learned_in_averages
 from .isolation import (
     LossWatch,
@@ -279,6 +285,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
+        if outer_optimizer is not None:
+            call = ("params",)
+            check_takes(who + "outer_optimizer", outer_optimizer, call, "torch.optim.Optimizer")
         if outer_optimizer is not None and outer_lr is not None:
             raise ConfigurationError(
                 f"HyperOptimizationCallback: outer_lr={outer_lr!r} is the learning rate of the "

@@ -28,7 +28,7 @@ from ..core.indexing import LABEL_KEYS, Indexed, IndexedDataset, LabelledIndexed
 from ..core.normalisers import CLASS_GAUGES
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
-from ..core.validation import is_integer, is_real
+from ..core.validation import check_takes, is_integer, is_real
 from .sampling import _identity, _unwrapped
 
 
@@ -98,6 +98,32 @@ def batch_labels(data: Any) -> Any:
     return found[0] if len(found) == 1 else None
 
 
+def _warn_unread_label_keys(data: Any, b: int) -> None:
+    """A dict sample (or dataclass) holding no key of :data:`LABEL_KEYS` but an integer
+    vector of one entry per row under another (``{"x": ..., "cls": ...}``): the labels are
+    read under those keys only, so none were read, and the class gauge ``gauge="auto"``
+    chooses for labelled data and every label check were off without a word (the weights
+    0.73 off those of the same data under ``"y"``, session 53). Said once, at the fit's first
+    step, naming the keys and ``target=``."""
+    if isinstance(data, Mapping):
+        items = list(data.items())
+    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+        items = [(f.name, getattr(data, f.name)) for f in dataclasses.fields(data)]
+    else:
+        return
+    keys = [k for k, v in items if _integer_vector(v, b)]
+    if not keys or batch_labels(data) is not None:
+        return
+    rank_zero_warn(
+        f"LearnedDataWeights: the training batches hold one integer per example under "
+        f"{', '.join(repr(k) for k in keys)}, but labels are read under the keys "
+        f"{', '.join(LABEL_KEYS)} only, so none were read: the class gauge (what gauge='auto' "
+        "chooses for labelled data) and the label checks (labels changing between epochs, "
+        "-100 rows, classes missing from the validation data) are off. If those are the class "
+        f"labels, pass target=lambda batch: batch[{keys[0]!r}]; otherwise ignore this."
+    )
+
+
 def _default_target(data: Any) -> Tensor:
     labels = batch_labels(data)
     if labels is None:
@@ -143,9 +169,11 @@ def _refuse_arguments(
             "each row's cross term centred on its class and each class's mean logit held, or "
             f"'class_centred', the centring alone), got {gauge!r}."
         )
-    for name, fn in (("target", target), ("validation_loss", validation_loss)):
-        if fn is not None and not callable(fn):
-            raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
+    if target is not None:
+        check_takes("LearnedDataWeights: target", target, ("batch",), "class ids")
+    if validation_loss is not None:
+        call = ("module", "batch")
+        check_takes("LearnedDataWeights: validation_loss", validation_loss, call, "losses")
     _refuse_initial_of_many(initial, per)
 
 

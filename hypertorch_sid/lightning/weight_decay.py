@@ -85,7 +85,7 @@ from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
 from ..core.outer_step import ShrinkFallRprop, ShrinkReading
 from ..core.scale import InvariantRule, as_invariant_rule
-from ..core.validation import check_bool, is_real
+from ..core.validation import check_bool, check_takes, is_real
 from .amp import loss_scale, scaler_skips
 from .callback import (
     CALLBACK_CONFIG,
@@ -229,10 +229,8 @@ class WeightDecayProblem:
                 f"{weight_decay!r}: {_initial_value_fix(weight_decay, parameterization)}."
             )
         for name, fn in (("training_loss", training_loss), ("validation_loss", validation_loss)):
-            if fn is not None and not callable(fn):
-                raise ConfigurationError(
-                    f"LearnedWeightDecay: {name} must be a callable (module, batch) -> scalar."
-                )
+            if fn is not None:
+                check_takes(f"LearnedWeightDecay: {name}", fn, ("module", "batch"), "scalar")
         check_bool("LearnedWeightDecay: proximal", proximal)
         check_bool("LearnedWeightDecay: decoupled", decoupled)
         if (

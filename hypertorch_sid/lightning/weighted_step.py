@@ -34,6 +34,7 @@ from .data_checks import (
     _real_targets,
     _refuse_masked_entries,
     _warn_masked_samples,
+    _warn_unread_label_keys,
 )
 from .problem import with_batch_idx
 from .row_record import RowRecord
@@ -152,6 +153,8 @@ class WeightedStep(RowRecord):
                 _refuse_masked_entries(raw)
                 if self.per == "sample":
                     self._read_binary_floats(data, carried)
+                    if not self._own_target and carried is None and isinstance(raw, Tensor):
+                        _warn_unread_label_keys(data, raw.shape[0])
                 self._choose_gauge(data, raw, carried)
             if in_loop and self._masked_checks > 0 and replay is not None:
                 self._masked_checks -= 1
