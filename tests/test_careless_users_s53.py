@@ -33,8 +33,8 @@ def _weights(**kw: Any) -> LearnedDataWeights:
     return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
 
 
-def _decay(**kw: Any) -> LearnedWeightDecay:
-    return LearnedWeightDecay(1e-3, **{"every_n_steps": 4, "max_overhead": None, **kw})
+def _decay(weight_decay: float = 1e-3, **kw: Any) -> LearnedWeightDecay:
+    return LearnedWeightDecay(weight_decay, **{"every_n_steps": 4, "max_overhead": None, **kw})
 
 
 def _val(y: Tensor = Y) -> DataLoader:
@@ -263,3 +263,26 @@ def test_a_callable_written_for_another_call_is_refused_at_construction(build, c
     _decay(validation_loss=lambda module, batch: batch[0].sum())  # the right calls are taken
     _weights(per="class", num_classes=3, target=lambda batch: batch[1])
     HyperOptimizationCallback(outer_optimizer=torch.optim.Adam)
+
+
+# ---------------------------------------------------------------- resume
+def test_a_resumed_fit_says_a_wipe_that_began_before_its_checkpoint(tmp_path):
+    """``LearnedWeightDecay(1.0)`` on session 51's 4-layer MLP (its decay wipes the last hidden
+    matrix), the fit checkpointed every epoch and resumed from epoch 2 to its end (a preempted
+    job): the straight fit says at its end that net.4.weight was wiped (3.26 → 0.012); the
+    resumed one compared with its own start's norm, 0.09 (already wiped), and said nothing.
+    The start norms are checkpointed now and the resumed fit says what the straight fit says."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from test_careless_users_s51 import DeepNet
+
+    train = DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True)
+    torch.manual_seed(0)
+    every_epoch = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1)
+    _fit([_decay(weight_decay=1.0), every_epoch], train, _val(), DeepNet(), max_epochs=4,
+         enable_checkpointing=True)  # fmt: skip
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        resumed = trainer([_decay(weight_decay=1.0)], max_epochs=4)
+        resumed.fit(DeepNet(), train, _val(), ckpt_path=str(tmp_path / "epoch=1-step=30.ckpt"))
+    wiped = [str(w.message) for w in said if "wiped" in str(w.message)]
+    assert len(wiped) == 1 and "net.4.weight fell from 3.26 at the fit's start" in wiped[0]

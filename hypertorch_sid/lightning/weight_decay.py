@@ -282,6 +282,9 @@ class WeightDecayProblem:
         #: the norm of each decayed weight matrix at the fit's start (``build``), which
         #: :meth:`check_not_wiped` compares with; None once a wipe was said in this fit
         self._start_norms: list[float] | None = None
+        #: the start norms of the fit a checkpoint was written in, by decayed tensor name
+        #: (:data:`NORMS_KEY`), which the resumed fit's ``build`` takes over
+        self.checkpointed_start_norms: dict[str, float] | None = None
         #: ``() -> n``, the number of validation samples behind E (0: unknown), for the
         #: per-element prior (set by LearnedWeightDecay)
         self.validation_size: Callable[[], int] = lambda: 0
@@ -330,6 +333,10 @@ class WeightDecayProblem:
         decay = self.decay
         assert decay is not None
         self._start_norms = self._norms()
+        saved, self.checkpointed_start_norms = self.checkpointed_start_norms, None
+        names = [e.name for e in decay.entries]
+        if saved is not None and sorted(saved) == sorted(names):  # a resumed fit: its start's
+            self._start_norms = [saved[name] for name in names]
 
         def inner_loss(batch: Any) -> Tensor:
             data = self._data_loss(module, batch, "training")
@@ -376,6 +383,13 @@ class WeightDecayProblem:
             for e in self.decay.entries
         ]
         return [float(n) for n in torch.stack([n.float().cpu() for n in norms]).tolist()]
+
+    def start_norms(self) -> dict[str, float] | None:
+        """The norms :meth:`check_not_wiped` compares with, by decayed tensor name (None before
+        a build, and once a wipe was said)."""
+        if self._start_norms is None or self.decay is None:
+            return None
+        return {e.name: a for e, a in zip(self.decay.entries, self._start_norms)}
 
     def check_not_wiped(self) -> None:
         """Say, at the fit's end, where the decay has wiped weight matrices: their norm ended
@@ -900,6 +914,11 @@ WIPED = 0.05
 #: fit takes over rather than probing again on a network trained further
 GROUPS_KEY = "invariant_groups"
 
+#: the checkpoint entry holding the decayed tensors' norms at the fit's start
+#: (:meth:`WeightDecayProblem.check_not_wiped`): a resumed fit compares with them, not with its
+#: own start's, which a wipe before the checkpoint had already brought down (session 53)
+NORMS_KEY = "decay_start_norms"
+
 
 def _weight_matrix(p: Tensor) -> bool:
     """Whether ``p`` looks like a layer's weight (a matrix or a kernel), not a tensor added to the
@@ -1413,6 +1432,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             groups = self.invariant_groups if probed else self._checkpointed_groups
             if groups is not None:  # a loaded state saved again before its fit keeps them
                 state[GROUPS_KEY] = dict(groups)
+            norms = self.problem.start_norms() or self.problem.checkpointed_start_norms
+            if norms is not None:
+                state[NORMS_KEY] = dict(norms)
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -1440,6 +1462,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                     "to True / False (truncated or foreign checkpoint?)."
                 )
             self._checkpointed_groups = dict(groups)
+        if isinstance(state_dict, dict) and NORMS_KEY in state_dict:
+            state_dict = dict(state_dict)
+            norms = state_dict.pop(NORMS_KEY)
+            if not isinstance(norms, dict) or not all(
+                isinstance(k, str) and is_real(v) for k, v in norms.items()
+            ):
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the checkpoint's {NORMS_KEY} must map decayed tensor "
+                    "names to numbers (truncated or foreign checkpoint?)."
+                )
+            self.problem.checkpointed_start_norms = {k: float(v) for k, v in norms.items()}
         super().load_state_dict(state_dict)
 
     def decay_values(self) -> dict[str, Tensor]:

@@ -153,8 +153,8 @@ class WeightedStep(RowRecord):
                 _refuse_masked_entries(raw)
                 if self.per == "sample":
                     self._read_binary_floats(data, carried)
-                    if not self._own_target and carried is None and isinstance(raw, Tensor):
-                        _warn_unread_label_keys(data, raw.shape[0])
+                    if not self._own_target and carried is None and _rows_of(raw):
+                        _warn_unread_label_keys(data, _rows_of(raw))
                 self._choose_gauge(data, raw, carried)
             if in_loop and self._masked_checks > 0 and replay is not None:
                 self._masked_checks -= 1
@@ -254,3 +254,9 @@ def _copied(data: Any) -> Any:
     were written before that backward ran, a raw autograd "modified by an inplace operation"
     error at the first step after the first hyper step."""
     return apply_to_collection(data, Tensor, Tensor.clone)
+
+
+def _rows_of(raw: Any) -> int:
+    """The rows of a per-sample loss tensor (0 for anything else: a reduced loss is refused
+    after)."""
+    return raw.shape[0] if isinstance(raw, Tensor) and raw.dim() > 0 else 0
