@@ -45,11 +45,12 @@ def _indexed(*tensors: Tensor) -> DataLoader:
     return DataLoader(IndexedDataset(TensorDataset(*(tensors or (X, Y)))), batch_size=16)
 
 
-def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> None:
+def _fit(cb: Any, train: Any, val: Any, model: Any, ckpt_path: Any = None, **kw: Any) -> None:
     kw.setdefault("max_epochs", 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer(cb if isinstance(cb, list) else [cb], **kw).fit(model, train, val)
+        fitter = trainer(cb if isinstance(cb, list) else [cb], **kw)
+        fitter.fit(model, train, val, ckpt_path=ckpt_path)
 
 
 # ---------------------------------------------------------------- labels
@@ -286,3 +287,39 @@ def test_a_resumed_fit_says_a_wipe_that_began_before_its_checkpoint(tmp_path):
         resumed.fit(DeepNet(), train, _val(), ckpt_path=str(tmp_path / "epoch=1-step=30.ckpt"))
     wiped = [str(w.message) for w in said if "wiped" in str(w.message)]
     assert len(wiped) == 1 and "net.4.weight fell from 3.26 at the fit's start" in wiped[0]
+
+
+@pytest.mark.parametrize("which", ["num_classes", "apply_to"])
+def test_a_resume_under_another_count_of_slots_names_the_setting(tmp_path, which):
+    """A ``LearnedDataWeights(per="class", num_classes=3)`` checkpoint resumed with
+    ``num_classes=4``, a ``LearnedWeightDecay(granularity="per_tensor", apply_to="weights")``
+    one with ``apply_to="all"``: "the saved hyperparameters have shapes [(3,)], these have
+    [(4,)]: the checkpoint is truncated or belongs to another model", which it is not. Now the
+    setting is named with both values (the drop-ins' checkpointed settings)."""
+    if which == "num_classes":
+        first, again = (_weights(per="class", num_classes=n) for n in (3, 4))
+        train, model = _indexed(), lambda: ToyClassifier("none")
+    else:
+        first = _decay(granularity="per_tensor", apply_to="weights")
+        again = _decay(granularity="per_tensor", apply_to="all")
+        train, model = DataLoader(TensorDataset(X, Y), batch_size=16), lambda: ToyClassifier()
+    fitted = trainer([first], max_epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted.fit(model(), train, _val())
+    fitted.save_checkpoint(tmp_path / "one.ckpt")
+    expected = r"num_classes='3' \(this run: '4'\)" if which == "num_classes" else "apply_to='weights'"
+    with pytest.raises(ConfigurationError, match=rf"learned with {expected}"):
+        _fit(again, train, _val(), model(), ckpt_path=str(tmp_path / "one.ckpt"))
+
+
+# ---------------------------------------------------------------- the core's settings
+def test_raise_on_divergence_with_negative_retries_is_refused():
+    """``RaiseOnDivergence(retries=-1)`` was taken, and the first hypergradient ran no attempt:
+    a raw ``AssertionError: unreachable``. Refused at construction now, as ``Recover(-1)`` and
+    ``BackOff(-1)`` were."""
+    from hypertorch_sid import RaiseOnDivergence
+
+    with pytest.raises(ConfigurationError, match=r"RaiseOnDivergence\.retries must be an integer"):
+        RaiseOnDivergence(retries=-1)
+    assert RaiseOnDivergence().retries == 0

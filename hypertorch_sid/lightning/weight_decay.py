@@ -1445,6 +1445,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         }
         if self.granularity == "per_element":
             meaning["elements"] = type(self.elements).__name__
+        if self.granularity in ("per_tensor", "per_element"):  # which tensors have a slot
+            meaning["apply_to"] = self.apply_to  # (s53: "truncated or another model" before)
         return meaning
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
