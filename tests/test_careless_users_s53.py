@@ -221,7 +221,9 @@ def test_labels_under_a_key_the_drop_in_does_not_read_are_said():
     first step, naming the key and ``target=``, with which the weights equal the ``"y"``
     fit's bit for bit."""
     val = DataLoader(_Dicts("cls"), batch_size=20)
-    with pytest.warns(UserWarning, match=r"under 'cls'.*target=lambda batch: batch\['cls'\]"):
+    with pytest.warns(
+        UserWarning, match=r"labels under 'cls'.*target=lambda batch: batch\['cls'\]"
+    ):
         trainer([_weights()], max_epochs=1).fit(_DictStep("cls"), _indexed_dicts("cls"), val)
     learned = {}
     for key, cb in (("y", _weights()), ("cls", _weights(target=lambda b: b["cls"]))):
@@ -308,7 +310,9 @@ def test_a_resume_under_another_count_of_slots_names_the_setting(tmp_path, which
         warnings.simplefilter("ignore")
         fitted.fit(model(), train, _val())
     fitted.save_checkpoint(tmp_path / "one.ckpt")
-    expected = r"num_classes='3' \(this run: '4'\)" if which == "num_classes" else "apply_to='weights'"
+    expected = (
+        r"num_classes='3' \(this run: '4'\)" if which == "num_classes" else "apply_to='weights'"
+    )
     with pytest.raises(ConfigurationError, match=rf"learned with {expected}"):
         _fit(again, train, _val(), model(), ckpt_path=str(tmp_path / "one.ckpt"))
 
@@ -323,3 +327,68 @@ def test_raise_on_divergence_with_negative_retries_is_refused():
     with pytest.raises(ConfigurationError, match=r"RaiseOnDivergence\.retries must be an integer"):
         RaiseOnDivergence(retries=-1)
     assert RaiseOnDivergence().retries == 0
+
+
+# ---------------------------------------------------------------- reading the weights
+def test_a_flag_threshold_that_flags_every_row_or_none_is_refused():
+    """``flagged(50)`` (a percentage) or ``flagged(1.0)`` under the sigmoid (ω < 1 always)
+    returned every one of the 240 rows; ``flagged(float("nan"))``, ``flagged(-1)``,
+    ``flagged(0)`` returned none: whatever was learned. Refused now, naming a weight as the
+    fix; thresholds inside the weights' range flag as before (softmax weights, which average
+    1, take thresholds above 1)."""
+    cb = _weights()
+    _fit(cb, _indexed(), _val(), ToyClassifier("none"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the flags' own evidence warnings
+        assert 0 < len(cb.flagged(0.5)) < 240
+        for every in (50, 1.0):
+            with pytest.raises(ConfigurationError, match="flags every row.*not a percentage"):
+                cb.flagged(every)
+        for none in (float("nan"), -1, 0):
+            with pytest.raises(ConfigurationError, match="threshold must be a finite number > 0"):
+                cb.flagged(none)
+        softmax = _weights(parameterization="softmax")
+        _fit(softmax, _indexed(), _val(), ToyClassifier("none"))
+        assert 0 < len(softmax.flagged(2.0)) < 240
+
+
+CLASSES = ["ant", "bee", "cat"]
+
+
+class _Named(torch.utils.data.Dataset):
+    """The toy with each label a class name (a string)."""
+
+    def __init__(self, rows: int = len(X)) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> tuple[Tensor, str]:
+        return X[i], CLASSES[int(Y[i])]
+
+
+class _NamedStep(ToyClassifier):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, names = batch
+        y = torch.tensor([CLASSES.index(c) for c in names])
+        return F.cross_entropy(self(x), y, reduction="none")
+
+
+def test_class_names_as_labels_are_said_with_their_fix():
+    """Labels as class names (strings, mapped to ids in the step): per sample no label was
+    read, silently (the class gauge and the label checks off: the weights 0.76 off the integer
+    labels' fit); ``per="class"`` named "one-hot or soft labels?" and ``batch[1].argmax(1)``,
+    which a tuple of strings has not. Now said, naming ``target=`` mapping names to ids, with
+    which the weights equal the integer fit's bit for bit."""
+    names = DataLoader(IndexedDataset(_Named()), batch_size=16)
+    named_val = DataLoader(_Named(60), batch_size=20)
+    with pytest.warns(UserWarning, match=r"labels as class names \(strings\).*CLASSES\.index"):
+        trainer([_weights()], max_epochs=1).fit(_NamedStep("none"), names, named_val)
+    with pytest.raises(ConfigurationError, match=r"\(class names\?\).*CLASSES\.index"):
+        _fit(_weights(per="class", num_classes=3), names, named_val, _NamedStep("none"))
+    cb = _weights(target=lambda b: torch.tensor([CLASSES.index(c) for c in b[1]]))
+    _fit(cb, names, named_val, _NamedStep("none"))
+    ids = _weights()
+    _fit(ids, _indexed(), _val(), ToyClassifier("none"))
+    assert torch.equal(cb.data_weights(), ids.data_weights())

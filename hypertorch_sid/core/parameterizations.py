@@ -26,6 +26,9 @@ class WeightParameterization(ABC):
     """ω = T(x): how the learned logits x give the weights ω ≥ 0 (elementwise on the rows
     read, apart from a normaliser that is held fixed within a hyper step)."""
 
+    #: the supremum of ω (1 for a sigmoid's weights): a flag threshold above it flags every row
+    largest: float = math.inf
+
     @abstractmethod
     def logit(self, weight: float, n: int) -> float:
         """x₀ for the initial weight ω₀ (the same for every row)."""
@@ -74,6 +77,8 @@ class WeightParameterization(ABC):
 
 class SigmoidWeights(WeightParameterization):
     """ωᵢ = σ(xᵢ) ∈ (0, 1): each row independent (the literature's choice)."""
+
+    largest = 1.0
 
     def logit(self, weight: float, n: int) -> float:
         if not 0 < weight < 1:
@@ -204,6 +209,8 @@ class SharedLossWeights(WeightParameterization):
     kept (O(n) storage), so :meth:`SampleWeights.values` and the flags read ω at the example's
     last visit.
     """
+
+    largest = 1.0
 
     def __init__(
         self,

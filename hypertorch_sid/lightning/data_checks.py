@@ -98,29 +98,40 @@ def batch_labels(data: Any) -> Any:
     return found[0] if len(found) == 1 else None
 
 
-def _warn_unread_label_keys(data: Any, b: int) -> None:
-    """A dict sample (or dataclass) holding no key of :data:`LABEL_KEYS` but an integer
-    vector of one entry per row under another (``{"x": ..., "cls": ...}``): the labels are
-    read under those keys only, so none were read, and the class gauge ``gauge="auto"``
-    chooses for labelled data and every label check were off without a word (the weights
-    0.73 off those of the same data under ``"y"``, session 53). Said once, at the fit's first
-    step, naming the keys and ``target=``."""
-    if isinstance(data, Mapping):
-        items = list(data.items())
-    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
-        items = [(f.name, getattr(data, f.name)) for f in dataclasses.fields(data)]
+def _warn_unread_labels(data: Any, b: int) -> None:
+    """Labels the drop-in cannot read, said once at the fit's first step, naming ``target=``:
+    class names (strings) where the labels are read, or a dict sample (dataclass) holding no
+    key of :data:`LABEL_KEYS` but an integer vector of one entry per row under another
+    (``{"x": ..., "cls": ...}``). No label was read from either, and the class gauge
+    ``gauge="auto"`` chooses for labelled data and every label check were off without a word
+    (the weights 0.73 off those of the same data under ``"y"``, session 53)."""
+    labels = batch_labels(data)
+    if isinstance(labels, (list, tuple)) and labels and all(isinstance(c, str) for c in labels):
+        where, fix = (
+            "as class names (strings)",
+            "torch.tensor([CLASSES.index(c) for c in batch[1]])",
+        )
     else:
-        return
-    keys = [k for k, v in items if _integer_vector(v, b)]
-    if not keys or batch_labels(data) is not None:
-        return
+        if isinstance(data, Mapping):
+            items = list(data.items())
+        elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+            items = [(f.name, getattr(data, f.name)) for f in dataclasses.fields(data)]
+        else:
+            return
+        keys = [k for k, v in items if _integer_vector(v, b)]
+        if not keys or labels is not None:
+            return
+        where = (
+            f"under {', '.join(repr(k) for k in keys)}, but labels are read under the keys "
+            f"{', '.join(LABEL_KEYS)} only"
+        )
+        fix = f"batch[{keys[0]!r}]"
     rank_zero_warn(
-        f"LearnedDataWeights: the training batches hold one integer per example under "
-        f"{', '.join(repr(k) for k in keys)}, but labels are read under the keys "
-        f"{', '.join(LABEL_KEYS)} only, so none were read: the class gauge (what gauge='auto' "
-        "chooses for labelled data) and the label checks (labels changing between epochs, "
-        "-100 rows, classes missing from the validation data) are off. If those are the class "
-        f"labels, pass target=lambda batch: batch[{keys[0]!r}]; otherwise ignore this."
+        f"LearnedDataWeights: the training batches hold their labels {where}, so none were "
+        "read (integer class ids are): the class gauge (what gauge='auto' chooses for labelled "
+        "data) and the label checks (labels changing between epochs, -100 rows, classes "
+        "missing from the validation data) are off. If those are the class labels, pass "
+        f"target=lambda batch: {fix}; otherwise ignore this."
     )
 
 
@@ -357,12 +368,18 @@ def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
         floats = isinstance(labels, Tensor) and (  # ids stored as floats, a vector or column
             labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1)
         )
+        names = isinstance(labels, (list, tuple)) and any(isinstance(c, str) for c in labels)
+        cause, fix = (
+            ("class ids stored as floats?", "batch[1].long()")
+            if floats
+            else ("class names?", "torch.tensor([CLASSES.index(c) for c in batch[1]])")
+            if names  # session 53: argmax(1) was the fix given for a tuple of strings
+            else ("one-hot or soft labels?", "batch[1].argmax(1)")
+        )
         raise ConfigurationError(
             f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
-            f"and the batch's target is {what} "
-            f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
-            "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
-            f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
+            f"and the batch's target is {what} ({cause}): pass target=lambda batch: <a 1-D "
+            f"integer tensor of class ids>, e.g. {fix}."
         )
     labels = class_ids(labels)
     low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)

@@ -34,7 +34,7 @@ from .data_checks import (
     _real_targets,
     _refuse_masked_entries,
     _warn_masked_samples,
-    _warn_unread_label_keys,
+    _warn_unread_labels,
 )
 from .problem import with_batch_idx
 from .row_record import RowRecord
@@ -154,7 +154,7 @@ class WeightedStep(RowRecord):
                 if self.per == "sample":
                     self._read_binary_floats(data, carried)
                     if not self._own_target and carried is None and _rows_of(raw):
-                        _warn_unread_label_keys(data, _rows_of(raw))
+                        _warn_unread_labels(data, _rows_of(raw))
                 self._choose_gauge(data, raw, carried)
             if in_loop and self._masked_checks > 0 and replay is not None:
                 self._masked_checks -= 1
