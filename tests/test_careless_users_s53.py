@@ -392,3 +392,13 @@ def test_class_names_as_labels_are_said_with_their_fix():
     ids = _weights()
     _fit(ids, _indexed(), _val(), ToyClassifier("none"))
     assert torch.equal(cb.data_weights(), ids.data_weights())
+
+
+def test_an_infinite_outer_learning_rate_is_refused_at_construction():
+    """``LearnedDataWeights(outer_lr=float("inf"))`` was taken (its ``LazyAdam`` checked
+    lr > 0 only): the training batches' cross term wrote σ(±inf) into the rows it moved (a
+    weight of exactly 1.0 left in ``data_weights()``) before the first hyper step failed with
+    "non-finite λ ... lower the outer learning rate". Refused at construction now."""
+    with pytest.raises(ConfigurationError, match="lr must be > 0 and finite, got inf"):
+        LearnedDataWeights(outer_lr=float("inf"))
+    LearnedDataWeights(outer_lr=2.0)
