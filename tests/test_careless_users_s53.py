@@ -402,3 +402,15 @@ def test_an_infinite_outer_learning_rate_is_refused_at_construction():
     with pytest.raises(ConfigurationError, match="lr must be > 0 and finite, got inf"):
         LearnedDataWeights(outer_lr=float("inf"))
     LearnedDataWeights(outer_lr=2.0)
+
+
+def test_shared_loss_weights_with_beta1_of_1_are_refused():
+    """``LearnedDataWeights(parameterization=SharedLossWeights(betas=(1.0, 0.9)))``: θ's own
+    ``LazyAdam`` group divides by 1 − β₁ᵗ = 0; the first hyper step failed with "non-finite λ
+    ... Lower the outer learning rate", a fix that does not help. Refused at construction now,
+    as the drop-in's own ``outer_betas`` are."""
+    from hypertorch_sid import SharedLossWeights
+
+    with pytest.raises(ConfigurationError, match=r"SharedLossWeights: .*betas must be two"):
+        SharedLossWeights(betas=(1.0, 0.9))
+    assert SharedLossWeights(betas=[0.5, 0.9]).betas == (0.5, 0.9)
