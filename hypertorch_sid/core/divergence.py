@@ -202,6 +202,9 @@ class RaiseOnDivergence(DivergencePolicy):
 
     retries: int = 0
 
+    def __post_init__(self) -> None:  # retries=-1 was an AssertionError "unreachable" (s53)
+        _check_retries(self)
+
 
 @dataclass(frozen=True)
 class BackOff(DivergencePolicy):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
-from .validation import as_strategy
+from .validation import as_strategy, is_real
 
 if TYPE_CHECKING:
     from .sample_weights import SampleWeights
@@ -33,12 +33,24 @@ class BelowWeight(FlagRule):
     """ω < ``threshold`` (default: half the initial weight ω₀)."""
 
     def __init__(self, threshold: float | None = None) -> None:
-        self.threshold = threshold
+        if threshold is not None and not (is_real(threshold) and 0 < threshold < math.inf):
+            raise ConfigurationError(  # NaN or ≤ 0 flagged no row, whatever the weights (s53)
+                f"BelowWeight: threshold must be a finite number > 0 (a weight: rows with ω "
+                f"below it are flagged), got {threshold!r}."
+            )
+        self.threshold = None if threshold is None else float(threshold)
 
     def flags(self, weights: SampleWeights) -> Tensor:
         threshold = self.threshold
         if threshold is None:
             threshold = 0.5 * weights.initial_weight
+        largest = weights.parameterization.largest
+        if threshold >= largest:  # flagged(50), a percentage: every row, whatever was learned
+            raise ConfigurationError(
+                f"flagging ω < {threshold:g} flags every row: the weights of "
+                f"{weights.parameterization!r} are below {largest:g}. Pass a weight (e.g. 0.25 "
+                "flags ω < 0.25), not a percentage."
+            )
         return weights.values() < threshold
 
     def __repr__(self) -> str:

@@ -3,6 +3,7 @@ hyper step costs the same for any number of rows."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -77,8 +78,8 @@ class LazyAdam(torch.optim.Optimizer):
     ) -> None:
         if not scale_prior >= 0:
             raise ConfigurationError(f"LazyAdam: scale_prior must be ≥ 0, got {scale_prior!r}.")
-        if not lr > 0:
-            raise ConfigurationError(f"LazyAdam: lr must be > 0, got {lr!r}.")
+        if not 0 < lr < math.inf:  # inf: the training cross term wrote σ(±inf) (session 53)
+            raise ConfigurationError(f"LazyAdam: lr must be > 0 and finite, got {lr!r}.")
         if row_scale not in (True, False, "batch"):
             raise ConfigurationError(
                 f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."

@@ -64,6 +64,7 @@ from .validation import (
     check_batch_dtype,
     check_outer_optimizer,
     check_parameters,
+    check_still_require_grad,
 )
 from .watch import (
     Buffers,
@@ -373,6 +374,7 @@ class SIDHyperOptimizer:
         -------
         A list of tensors shaped like the hyperparameters.
         """
+        check_still_require_grad(self.inner_parameters, self.hyperparameters)
         self._buffers_at_start, self._buffers_after_inner = self._buffers.snapshot(), []
         try:
             with twice_differentiable(self.module):

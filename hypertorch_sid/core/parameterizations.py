@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .lazy_adam import _two_betas
 from .normalisers import Normaliser, SoftmaxNormaliser
 from .validation import as_strategy
 
@@ -25,6 +26,9 @@ Tensors = list[Tensor]
 class WeightParameterization(ABC):
     """ω = T(x): how the learned logits x give the weights ω ≥ 0 (elementwise on the rows
     read, apart from a normaliser that is held fixed within a hyper step)."""
+
+    #: the supremum of ω (1 for a sigmoid's weights): a flag threshold above it flags every row
+    largest: float = math.inf
 
     @abstractmethod
     def logit(self, weight: float, n: int) -> float:
@@ -74,6 +78,8 @@ class WeightParameterization(ABC):
 
 class SigmoidWeights(WeightParameterization):
     """ωᵢ = σ(xᵢ) ∈ (0, 1): each row independent (the literature's choice)."""
+
+    largest = 1.0
 
     def logit(self, weight: float, n: int) -> float:
         if not 0 < weight < 1:
@@ -205,6 +211,8 @@ class SharedLossWeights(WeightParameterization):
     last visit.
     """
 
+    largest = 1.0
+
     def __init__(
         self,
         lr: float = 0.005,
@@ -212,13 +220,18 @@ class SharedLossWeights(WeightParameterization):
         clip: float = 3.0,
         basis: Callable[[Tensor], Tensor] = hinge_basis,
     ) -> None:
-        if not lr > 0 or not clip > 0:
+        if not 0 < lr < math.inf or not clip > 0:
             raise ConfigurationError(
-                f"SharedLossWeights: lr and clip must be > 0, got lr={lr!r}, clip={clip!r}."
+                f"SharedLossWeights: lr (finite) and clip must be > 0, got lr={lr!r}, "
+                f"clip={clip!r}."
             )
         if not callable(basis):
             raise ConfigurationError("SharedLossWeights: basis must be a callable z -> φ(z).")
-        self.lr, self.betas, self.clip, self.basis = float(lr), tuple(betas), float(clip), basis
+        try:  # θ's own LazyAdam group: β₁ = 1 divided by 1 − β₁ᵗ = 0 (session 53)
+            betas = _two_betas(betas)
+        except ConfigurationError as err:
+            raise ConfigurationError(f"SharedLossWeights: {err}") from None
+        self.lr, self.betas, self.clip, self.basis = float(lr), betas, float(clip), basis
         #: the number of basis functions, dim φ
         self.features = int(basis(torch.zeros(1)).shape[-1])
         self.theta: Tensor | None = None

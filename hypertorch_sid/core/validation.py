@@ -9,6 +9,7 @@ must be: ``"{name} must be {requirement}, got {value!r}."``.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
@@ -63,6 +64,23 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
         )
     check_dtypes(inner, hyper)
     check_no_shared_memory(inner, hyper)
+
+
+def check_still_require_grad(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
+    """At each hypergradient: w and λ still require grad. Switched off after the optimizer was
+    built (``requires_grad_(False)``, e.g. ``model.requires_grad_(False)`` over a module that
+    holds λ too) it was a raw autograd "One of the differentiated Tensors does not require
+    grad" from inside the solve (session 53)."""
+    for name, xs in (("hyperparameters", hyper), ("inner_parameters", inner)):
+        off = [i for i, x in enumerate(xs) if not x.requires_grad]
+        if off:
+            raise ConfigurationError(
+                f"{name} at positions {off[:5]}{' ...' if len(off) > 5 else ''} no longer "
+                "require grad (requires_grad_(False) after the SIDHyperOptimizer was built): "
+                "the hypergradient differentiates in every w and λ it was built with. Switch "
+                "them back on (requires_grad_(True)), or build a new SIDHyperOptimizer over the "
+                "tensors that are still trained and tuned."
+            )
 
 
 def check_no_duplicates(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
@@ -361,6 +379,29 @@ def as_strategy(
     raise ConfigurationError(
         f"{name} must be {names} or {article} {kind.__name__}{hint}, got {value!r}."
     )
+
+
+def check_takes(name: str, fn: Any, arguments: Sequence[str], returns: str) -> None:
+    """``fn`` is a callable that can be called as ``fn(*arguments)`` (positionally): one of
+    the user's callables that the drop-ins call only mid-fit (``validation_loss(module,
+    batch)``, ``target(batch)``, ``outer_optimizer(params)``). Written for another call
+    (``validation_loss=lambda batch: ...``), it failed at the first hyper step, after the
+    training steps before it, with Python's "takes 1 positional argument but 2 were given"
+    naming a lambda (session 53). A callable whose signature cannot be read is taken."""
+    call = f"{name.split(': ')[-1]}({', '.join(arguments)}) -> {returns}"
+    if not callable(fn):
+        raise ConfigurationError(f"{name} must be a callable {call}, got {type(fn).__name__}.")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or an extension type
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as err:
+        raise ConfigurationError(
+            f"{name} is called as {call}, and the callable given cannot be called so ({err}): "
+            "write it with those arguments."
+        ) from None
 
 
 def check_bool(name: str, value: Any) -> bool:

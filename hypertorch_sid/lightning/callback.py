@@ -44,7 +44,13 @@ from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
-from ..core.validation import check_bool, check_choice, check_integer, check_positive
+from ..core.validation import (
+    check_bool,
+    check_choice,
+    check_integer,
+    check_positive,
+    check_takes,
+)
 from .averaging import put_learned_in_averages
 from .isolation import (
     LossWatch,
@@ -68,6 +74,7 @@ from .problem import (
     BilevelProblem,
     ModuleProblem,
     ProblemSource,
+    check_still_trained,
     named_tensors,
     refuse_untunable_training,
 )
@@ -278,6 +285,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
+        if outer_optimizer is not None:
+            call = ("params",)
+            check_takes(who + "outer_optimizer", outer_optimizer, call, "torch.optim.Optimizer")
         if outer_optimizer is not None and outer_lr is not None:
             raise ConfigurationError(
                 f"HyperOptimizationCallback: outer_lr={outer_lr!r} is the learning rate of the "
@@ -952,8 +962,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         check_weights(pl_module, self._active, trainer.global_step, data, self._losses)
 
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        assert self.sid is not None and self.data is not None
+        assert self.sid is not None and self.data is not None and self._active is not None
         self._check_weights(trainer, pl_module)
+        check_still_trained(type(self).__name__, self._active.inner_parameters, pl_module)
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step

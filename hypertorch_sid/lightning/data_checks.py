@@ -28,7 +28,7 @@ from ..core.indexing import LABEL_KEYS, Indexed, IndexedDataset, LabelledIndexed
 from ..core.normalisers import CLASS_GAUGES
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
-from ..core.validation import is_integer, is_real
+from ..core.validation import check_takes, is_integer, is_real
 from .sampling import _identity, _unwrapped
 
 
@@ -58,20 +58,24 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
     given): 1-D, or a column ``(b, 1)`` (a data set returning ``torch.tensor([y])``, labels
     kept as ``y[:, None]``), read as :func:`class_ids`. A column was read as no labels before
     (session 52): the class gauge and every label check were silently off, and
-    ``per="class"`` advised ``batch[1].argmax(1)``, which maps every row to class 0."""
+    ``per="class"`` advised ``batch[1].argmax(1)``, which maps every row to class 0. Binary
+    labels stored as bools (``y == k``) are read as the classes 0 / 1 (:func:`class_ids`): read
+    as no labels before (session 53), the class gauge and the label checks were silently off
+    (the weights up to 0.75 off the integer labels' fit)."""
     return (
         isinstance(labels, Tensor)
         and (labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1))
         and not labels.is_floating_point()
         and not labels.is_complex()
-        and labels.dtype != torch.bool
         and (b is None or labels.shape[0] == b)
     )
 
 
 def class_ids(labels: Tensor) -> Tensor:
-    """An :func:`_integer_vector`'s class ids as a 1-D tensor (a column flattened)."""
-    return labels if labels.dim() == 1 else labels.reshape(-1)
+    """An :func:`_integer_vector`'s class ids as a 1-D tensor (a column flattened; bools as
+    0 / 1)."""
+    ids = labels if labels.dim() == 1 else labels.reshape(-1)
+    return ids.long() if ids.dtype == torch.bool else ids
 
 
 def batch_labels(data: Any) -> Any:
@@ -92,6 +96,43 @@ def batch_labels(data: Any) -> Any:
     else:
         found = []
     return found[0] if len(found) == 1 else None
+
+
+def _warn_unread_labels(data: Any, b: int) -> None:
+    """Labels the drop-in cannot read, said once at the fit's first step, naming ``target=``:
+    class names (strings) where the labels are read, or a dict sample (dataclass) holding no
+    key of :data:`LABEL_KEYS` but an integer vector of one entry per row under another
+    (``{"x": ..., "cls": ...}``). No label was read from either, and the class gauge
+    ``gauge="auto"`` chooses for labelled data and every label check were off without a word
+    (the weights 0.73 off those of the same data under ``"y"``, session 53)."""
+    labels = batch_labels(data)
+    if isinstance(labels, (list, tuple)) and labels and all(isinstance(c, str) for c in labels):
+        where, fix = (
+            "as class names (strings)",
+            "torch.tensor([CLASSES.index(c) for c in batch[1]])",
+        )
+    else:
+        if isinstance(data, Mapping):
+            items = list(data.items())
+        elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+            items = [(f.name, getattr(data, f.name)) for f in dataclasses.fields(data)]
+        else:
+            return
+        keys = [k for k, v in items if _integer_vector(v, b)]
+        if not keys or labels is not None:
+            return
+        where = (
+            f"under {', '.join(repr(k) for k in keys)}, but labels are read under the keys "
+            f"{', '.join(LABEL_KEYS)} only"
+        )
+        fix = f"batch[{keys[0]!r}]"
+    rank_zero_warn(
+        f"LearnedDataWeights: the training batches hold their labels {where}, so none were "
+        "read (integer class ids are): the class gauge (what gauge='auto' chooses for labelled "
+        "data) and the label checks (labels changing between epochs, -100 rows, classes "
+        "missing from the validation data) are off. If those are the class labels, pass "
+        f"target=lambda batch: {fix}; otherwise ignore this."
+    )
 
 
 def _default_target(data: Any) -> Tensor:
@@ -139,9 +180,11 @@ def _refuse_arguments(
             "each row's cross term centred on its class and each class's mean logit held, or "
             f"'class_centred', the centring alone), got {gauge!r}."
         )
-    for name, fn in (("target", target), ("validation_loss", validation_loss)):
-        if fn is not None and not callable(fn):
-            raise ConfigurationError(f"LearnedDataWeights: {name} must be a callable.")
+    if target is not None:
+        check_takes("LearnedDataWeights: target", target, ("batch",), "class ids")
+    if validation_loss is not None:
+        call = ("module", "batch")
+        check_takes("LearnedDataWeights: validation_loss", validation_loss, call, "losses")
     _refuse_initial_of_many(initial, per)
 
 
@@ -325,13 +368,20 @@ def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
         floats = isinstance(labels, Tensor) and (  # ids stored as floats, a vector or column
             labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1)
         )
+        names = isinstance(labels, (list, tuple)) and any(isinstance(c, str) for c in labels)
+        cause, fix = (
+            ("class ids stored as floats?", "batch[1].long()")
+            if floats
+            else ("class names?", "torch.tensor([CLASSES.index(c) for c in batch[1]])")
+            if names  # session 53: argmax(1) was the fix given for a tuple of strings
+            else ("one-hot or soft labels?", "batch[1].argmax(1)")
+        )
         raise ConfigurationError(
             f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
-            f"and the batch's target is {what} "
-            f"({'class ids stored as floats?' if floats else 'one-hot or soft labels?'}): "
-            "pass target=lambda batch: <a 1-D integer tensor of class ids>, e.g. "
-            f"{'batch[1].long()' if floats else 'batch[1].argmax(1)'}."
+            f"and the batch's target is {what} ({cause}): pass target=lambda batch: <a 1-D "
+            f"integer tensor of class ids>, e.g. {fix}."
         )
+    labels = class_ids(labels)
     low, high = torch.stack(torch.aminmax(labels)).tolist() if labels.numel() else (0, 0)
     if low < 0 or high >= num_classes:
         unlabelled = (
@@ -346,7 +396,7 @@ def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
             f"batch holds labels from {low} to {high}, outside 0..{num_classes - 1}: "
             f"{unlabelled}."
         )
-    return class_ids(labels)
+    return labels
 
 
 def _warn_indexed_validation(loaders: Any) -> None:

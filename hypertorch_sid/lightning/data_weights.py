@@ -1100,11 +1100,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
         return state
 
     def _meaning(self) -> dict[str, str]:
-        """What the stored logits mean: one per example or class, through which map."""
-        return {
+        """What the stored logits mean: one per example or class (of how many: another
+        ``num_classes`` was refused as "truncated or another model", session 53), through which
+        map."""
+        meaning = {
             "per": self.per,
             "parameterization": type(self.problem.parameterization).__name__,
         }
+        if self.per == "class":
+            meaning["num_classes"] = str(self.problem.num_classes)
+        return meaning
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and MEANING_KEY in state_dict:

@@ -276,6 +276,28 @@ class ModuleProblem:
             untrained.check(trainer, module)
 
 
+def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> None:
+    """Every tensor the optimizers trained when the fit started (``inner``, the inner
+    parameters collected at the fit's start) still requires gradients: the hypergradient
+    differentiates the training's fixed point in all of them. One frozen during the fit
+    (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper step
+    ("One of the differentiated Tensors does not require grad"): said since session 49 for
+    ``LearnedWeightDecay``, since session 53 for every callback."""
+    frozen = [p for p in inner if not p.requires_grad]
+    if not frozen:
+        return
+    names = {id(p): n for n, p in named_tensors(module)}
+    said = [names.get(id(p), "an unnamed tensor") for p in frozen]
+    raise ConfigurationError(
+        f"{who}: {', '.join(said[:5])}{' ...' if len(said) > 5 else ''} "
+        "stopped requiring gradients during the fit (requires_grad_(False) after it "
+        "started), but the hypergradient differentiates the training's fixed point in every "
+        "tensor the optimizers trained when the fit started. Freeze them before trainer.fit, "
+        "or end this fit and continue in a new one (trainer.fit again with this callback: "
+        "the hyperparameters carry over and the trained tensors are collected again)."
+    )
+
+
 #: the checkpoint key under which a drop-in saves what its stored hyperparameters mean
 MEANING_KEY = "hyperparameter_meaning"
 

@@ -85,7 +85,7 @@ from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
 from ..core.outer_step import ShrinkFallRprop, ShrinkReading
 from ..core.scale import InvariantRule, as_invariant_rule
-from ..core.validation import check_bool, is_real
+from ..core.validation import check_bool, check_takes, is_real
 from .amp import loss_scale, scaler_skips
 from .callback import (
     CALLBACK_CONFIG,
@@ -103,6 +103,7 @@ from .problem import (
     BilevelProblem,
     UntrainedGroups,
     check_meaning,
+    check_still_trained,
     named_tensors,
     with_batch_idx,
 )
@@ -228,10 +229,8 @@ class WeightDecayProblem:
                 f"{weight_decay!r}: {_initial_value_fix(weight_decay, parameterization)}."
             )
         for name, fn in (("training_loss", training_loss), ("validation_loss", validation_loss)):
-            if fn is not None and not callable(fn):
-                raise ConfigurationError(
-                    f"LearnedWeightDecay: {name} must be a callable (module, batch) -> scalar."
-                )
+            if fn is not None:
+                check_takes(f"LearnedWeightDecay: {name}", fn, ("module", "batch"), "scalar")
         check_bool("LearnedWeightDecay: proximal", proximal)
         check_bool("LearnedWeightDecay: decoupled", decoupled)
         if (
@@ -283,6 +282,9 @@ class WeightDecayProblem:
         #: the norm of each decayed weight matrix at the fit's start (``build``), which
         #: :meth:`check_not_wiped` compares with; None once a wipe was said in this fit
         self._start_norms: list[float] | None = None
+        #: the start norms of the fit a checkpoint was written in, by decayed tensor name
+        #: (:data:`NORMS_KEY`), which the resumed fit's ``build`` takes over
+        self.checkpointed_start_norms: dict[str, float] | None = None
         #: ``() -> n``, the number of validation samples behind E (0: unknown), for the
         #: per-element prior (set by LearnedWeightDecay)
         self.validation_size: Callable[[], int] = lambda: 0
@@ -331,6 +333,10 @@ class WeightDecayProblem:
         decay = self.decay
         assert decay is not None
         self._start_norms = self._norms()
+        saved, self.checkpointed_start_norms = self.checkpointed_start_norms, None
+        names = [e.name for e in decay.entries]
+        if saved is not None and sorted(saved) == sorted(names):  # a resumed fit: its start's
+            self._start_norms = [saved[name] for name in names]
 
         def inner_loss(batch: Any) -> Tensor:
             data = self._data_loss(module, batch, "training")
@@ -377,6 +383,13 @@ class WeightDecayProblem:
             for e in self.decay.entries
         ]
         return [float(n) for n in torch.stack([n.float().cpu() for n in norms]).tolist()]
+
+    def start_norms(self) -> dict[str, float] | None:
+        """The norms :meth:`check_not_wiped` compares with, by decayed tensor name (None before
+        a build, and once a wipe was said)."""
+        if self._start_norms is None or self.decay is None:
+            return None
+        return {e.name: a for e, a in zip(self.decay.entries, self._start_norms)}
 
     def check_not_wiped(self) -> None:
         """Say, at the fit's end, where the decay has wiped weight matrices: their norm ended
@@ -541,27 +554,10 @@ class WeightDecayProblem:
             )
 
     def check_still_trained(self, module: pl.LightningModule) -> None:
-        """Every tensor the optimizers trained when the fit started still requires gradients.
-
-        The hypergradient differentiates the training's fixed point in all of them (they are
-        the inner parameters, collected at the fit's start); one frozen during the fit
-        (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper
-        step ("One of the differentiated Tensors does not require grad"), or, frozen before the
-        first step, was blamed as a layer the training never uses.
-        """
-        frozen = [p for p in self._inner if not p.requires_grad]
-        if not frozen:
-            return
-        names = {id(p): n for n, p in named_tensors(module)}
-        said = [names.get(id(p), "an unnamed tensor") for p in frozen]
-        raise ConfigurationError(
-            f"LearnedWeightDecay: {', '.join(said[:5])}{' ...' if len(said) > 5 else ''} "
-            "stopped requiring gradients during the fit (requires_grad_(False) after it "
-            "started), but the hypergradient differentiates the training's fixed point in every "
-            "tensor the optimizers trained when the fit started. Freeze them before trainer.fit, "
-            "or end this fit and continue in a new one (trainer.fit again with this callback: "
-            "λ carries over and the trained tensors are collected again)."
-        )
+        """Every tensor the optimizers trained when the fit started still requires gradients
+        (:func:`~hypertorch_sid.lightning.problem.check_still_trained`); one frozen before the
+        first step was blamed as a layer the training never uses."""
+        check_still_trained("LearnedWeightDecay", self._inner, module)
 
     @torch.no_grad()
     def apply(
@@ -917,6 +913,11 @@ WIPED = 0.05
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
 GROUPS_KEY = "invariant_groups"
+
+#: the checkpoint entry holding the decayed tensors' norms at the fit's start
+#: (:meth:`WeightDecayProblem.check_not_wiped`): a resumed fit compares with them, not with its
+#: own start's, which a wipe before the checkpoint had already brought down (session 53)
+NORMS_KEY = "decay_start_norms"
 
 
 def _weight_matrix(p: Tensor) -> bool:
@@ -1431,6 +1432,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             groups = self.invariant_groups if probed else self._checkpointed_groups
             if groups is not None:  # a loaded state saved again before its fit keeps them
                 state[GROUPS_KEY] = dict(groups)
+            norms = self.problem.start_norms() or self.problem.checkpointed_start_norms
+            if norms is not None:
+                state[NORMS_KEY] = dict(norms)
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -1441,6 +1445,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         }
         if self.granularity == "per_element":
             meaning["elements"] = type(self.elements).__name__
+        if self.granularity in ("per_tensor", "per_element"):  # which tensors have a slot
+            meaning["apply_to"] = self.apply_to  # (s53: "truncated or another model" before)
         return meaning
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -1458,6 +1464,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                     "to True / False (truncated or foreign checkpoint?)."
                 )
             self._checkpointed_groups = dict(groups)
+        if isinstance(state_dict, dict) and NORMS_KEY in state_dict:
+            state_dict = dict(state_dict)
+            norms = state_dict.pop(NORMS_KEY)
+            if not isinstance(norms, dict) or not all(
+                isinstance(k, str) and is_real(v) for k, v in norms.items()
+            ):
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the checkpoint's {NORMS_KEY} must map decayed tensor "
+                    "names to numbers (truncated or foreign checkpoint?)."
+                )
+            self.problem.checkpointed_start_norms = {k: float(v) for k, v in norms.items()}
         super().load_state_dict(state_dict)
 
     def decay_values(self) -> dict[str, Tensor]:

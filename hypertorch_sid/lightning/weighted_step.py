@@ -19,6 +19,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.utilities import rank_zero_info
 from torch import Tensor
 
@@ -33,6 +34,7 @@ from .data_checks import (
     _real_targets,
     _refuse_masked_entries,
     _warn_masked_samples,
+    _warn_unread_labels,
 )
 from .problem import with_batch_idx
 from .row_record import RowRecord
@@ -118,6 +120,7 @@ class WeightedStep(RowRecord):
         self._reread_rows, self._lossy = set(), None
         original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
+        edits_batch = False  # whether the user's step edits its batch in place (x /= 255)
 
         @functools.wraps(original)
         def training_step(batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
@@ -127,7 +130,13 @@ class WeightedStep(RowRecord):
             if in_loop:  # once: LBFGS's closure calls training_step again at its line points
                 self.loop_batch = None
             rng = RandomState.capture(module.device, module) if self.on_training_batch else None
+            nonlocal edits_batch
+            replay = _copied(data) if edits_batch else data  # the batch as the step got it
+            versions = None if edits_batch else _versions(data)
             out = original(data, batch_idx, *args, **kwargs)
+            if versions is not None and _versions(data) != versions:
+                edits_batch, replay = True, None  # this batch as it came is gone: no replay
+                self._original = lambda data, *rest: original(_copied(data), *rest)
             raw = out.get("loss") if isinstance(out, Mapping) else out
             if raw is None:  # Lightning's skip of a training batch: nothing read or weighted
                 if in_loop:
@@ -144,10 +153,12 @@ class WeightedStep(RowRecord):
                 _refuse_masked_entries(raw)
                 if self.per == "sample":
                     self._read_binary_floats(data, carried)
+                    if not self._own_target and carried is None and _rows_of(raw):
+                        _warn_unread_labels(data, _rows_of(raw))
                 self._choose_gauge(data, raw, carried)
-            if in_loop and self._masked_checks > 0:
+            if in_loop and self._masked_checks > 0 and replay is not None:
                 self._masked_checks -= 1
-                if _warn_masked_samples(raw, data, self._zero_when_shrunk):
+                if _warn_masked_samples(raw, replay, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
             labels = self._read_checks(index, data, carried) if in_loop else None
@@ -155,8 +166,8 @@ class WeightedStep(RowRecord):
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
             if in_loop:
                 self._seen(index, losses, labels)
-                if self.on_training_batch is not None and rng is not None:
-                    self.on_training_batch(index, data, losses.detach(), rng)
+                if self.on_training_batch is not None and rng is not None and replay is not None:
+                    self.on_training_batch(index, replay, losses.detach(), rng)
             loss = weighted_loss(losses, weights, self.normalize)
             return {**out, "loss": loss} if isinstance(out, Mapping) else loss
 
@@ -226,3 +237,26 @@ class WeightedStep(RowRecord):
         if self._stood_in is not None:
             self._drop_stand_in(self._stood_in)
             self._stood_in = None
+
+
+def _versions(data: Any) -> list[int]:
+    """The version counters of the batch's tensors (each in-place write raises its tensor's)."""
+    seen: list[int] = []
+    apply_to_collection(data, Tensor, lambda t: seen.append(t._version))
+    return seen
+
+
+def _copied(data: Any) -> Any:
+    """The batch with each tensor copied, for a step that edits its batch in place (``x /=
+    255``, ``y[y == -1] = 0``, ``x.clamp_(0, 1)``): the cross term's and the masked-row check's
+    replays of ``training_step`` then read the batch as the step got it, and write to copies.
+    They ran on the batch itself (session 53): its tensors the training's backward still needs
+    were written before that backward ran, a raw autograd "modified by an inplace operation"
+    error at the first step after the first hyper step."""
+    return apply_to_collection(data, Tensor, Tensor.clone)
+
+
+def _rows_of(raw: Any) -> int:
+    """The rows of a per-sample loss tensor (0 for anything else: a reduced loss is refused
+    after)."""
+    return raw.shape[0] if isinstance(raw, Tensor) and raw.dim() > 0 else 0
