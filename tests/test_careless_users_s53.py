@@ -414,3 +414,31 @@ def test_shared_loss_weights_with_beta1_of_1_are_refused():
     with pytest.raises(ConfigurationError, match=r"SharedLossWeights: .*betas must be two"):
         SharedLossWeights(betas=(1.0, 0.9))
     assert SharedLossWeights(betas=[0.5, 0.9]).betas == (0.5, 0.9)
+
+
+# ---------------------------------------------------------------- lead, session 53
+def test_an_outer_optimizer_that_decays_the_hyperparameters_is_refused():
+    """``outer_optimizer=functools.partial(torch.optim.AdamW, lr=0.1)`` (AdamW's default
+    weight_decay=0.01): every outer step decayed log λ toward 0 (λ toward 1), a pull the
+    hypergradient does not see, without a word. Refused, in the core and through a callback."""
+    import functools
+
+    w, lam = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
+    with pytest.raises(ConfigurationError, match=r"AdamW has weight_decay=0.01.*weight_decay=0"):
+        SIDHyperOptimizer(
+            [lam], [w], lambda b: (lam.exp() * w**2).sum(), lambda b: w.sum(),
+            torch.optim.AdamW([lam], lr=0.1),
+        )  # fmt: skip
+    SIDHyperOptimizer(  # weight_decay=0 is fine
+        [lam], [w], lambda b: (lam.exp() * w**2).sum(), lambda b: w.sum(),
+        torch.optim.AdamW([lam], lr=0.1, weight_decay=0.0),
+    )  # fmt: skip
+    decaying = functools.partial(torch.optim.AdamW, lr=0.1)
+    train, val = loaders(ridge_data(), 20)
+    with pytest.raises(ConfigurationError, match=r"outer_optimizer AdamW has weight_decay"):
+        _fit(
+            HyperOptimizationCallback(every_n_steps=2, outer_optimizer=decaying),
+            train,
+            val,
+            Ridge(),
+        )

@@ -52,7 +52,9 @@ class Record:
         ((torch.zeros(3), torch.tensor([1])), 1),  # shape (1,): one integer (session 52)
         ((torch.zeros(3), torch.tensor([[1]])), None),  # shape (1, 1): not a label's shape
         ((torch.zeros(3), 1.0), None),  # a float target
-        ((torch.zeros(3), True), None),  # a bool is no class id
+        ((torch.zeros(3), True), 1),  # a bool is the binary class 1 (session 53)
+        ((torch.zeros(3), torch.tensor(False)), 0),
+        ((torch.zeros(3), np.bool_(True)), 1),
         ((torch.zeros(3), torch.tensor([0.0, 1.0])), None),  # one-hot
         ((torch.zeros(3), 1, 0.5), None),  # (x, y, w): which one?
         ({"x": torch.zeros(3), "y": 1, "label": 1}, None),  # two label keys

@@ -106,16 +106,16 @@ LABEL_KEYS = ("y", "label", "labels", "target", "targets")
 def _integer_scalar(value: Any) -> bool:
     """Whether ``value`` is one integer: a Python or NumPy integer, or an integer tensor holding
     one value, of shape () or (1,) (a label stored as ``torch.tensor([y])``, read as the (B, 1)
-    column it collates to is read; a bool is not a class id)."""
+    column it collates to is read); a bool is the binary class 0 / 1, as a collated bool label
+    column is read (session 53)."""
     if isinstance(value, Tensor):
         return (
             value.dim() <= 1
             and value.numel() == 1
             and not value.is_floating_point()
             and not value.is_complex()
-            and value.dtype != torch.bool
         )
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) or type(value).__name__ in ("bool", "bool_")
 
 
 def sample_label(sample: Any) -> int | None:
@@ -126,8 +126,9 @@ def sample_label(sample: Any) -> int | None:
     * otherwise a pair ``(x, y)`` (a tuple or list of exactly two entries): ``y``;
 
     and only where that value is one integer (a Python or NumPy integer, an integer tensor of
-    shape () or (1,); not a bool, a float, a one-hot vector, a string or a sequence). Nothing
-    else is guessed: ``(x, y, w)`` (which of the three?) and a bare tensor give None."""
+    shape () or (1,), or a bool read as 0 / 1; not a float, a one-hot vector, a string or a
+    sequence). Nothing else is guessed: ``(x, y, w)`` (which of the three?) and a bare tensor
+    give None."""
     if isinstance(sample, Mapping):
         found = [sample[k] for k in LABEL_KEYS if k in sample]
     elif dataclasses.is_dataclass(sample) or hasattr(sample, "_fields"):

@@ -239,8 +239,8 @@ def _floating_tensors(batch: Any, where: str) -> Iterable[tuple[str, Tensor]]:
 def check_outer_optimizer(
     optimizer: torch.optim.Optimizer, inner: Sequence[Tensor], hyper: Sequence[Tensor]
 ) -> None:
-    """The outer optimizer must hold every λ and no w, must not need a closure (LBFGS), and
-    must descend (no ``maximize=True``)."""
+    """The outer optimizer must hold every λ and no w, must not need a closure (LBFGS), must
+    descend (no ``maximize=True``) and must not decay λ itself (no ``weight_decay``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigurationError(
             f"outer_optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
@@ -258,6 +258,20 @@ def check_outer_optimizer(
             f"outer_optimizer {type(optimizer).__name__} has maximize=True (group "
             f"{ascending[0]}): it would move λ up the hypergradient, increasing the validation "
             "objective E it is meant to lower. Drop maximize=True."
+        )
+    decaying = [
+        (i, g["weight_decay"])
+        for i, g in enumerate(optimizer.param_groups)
+        if g.get("weight_decay")
+    ]
+    if decaying:  # session 53: partial(AdamW, lr=…) pulled log λ toward 0 (λ toward 1) unseen
+        group, rate = decaying[0]
+        raise ConfigurationError(
+            f"outer_optimizer {type(optimizer).__name__} has weight_decay={rate} (group {group}): "
+            "it would decay the hyperparameters themselves at every outer step (log λ toward 0, "
+            "i.e. λ toward 1; a data weight's logit toward its midpoint), a pull the "
+            "hypergradient does not see. Pass weight_decay=0 (AdamW's default is 0.01) or use "
+            "torch.optim.Adam."
         )
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
