@@ -425,14 +425,16 @@ def test_per_class_weights_from_the_same_machinery():
     ("parameterization", "directional", "tolerance"),
     [
         ("sigmoid", "forward_mode", 1e-4),
-        ("sigmoid", "forward_difference", 2e-3),
-        ("shared_loss", "forward_difference", 2e-3),
+        ("sigmoid", "forward_difference", 5e-3),
+        ("shared_loss", "forward_difference", 5e-3),
     ],
 )
 def test_resume_reproduces_the_learned_weights(tmp_path, parameterization, directional, tolerance):
     """Resumed from a checkpoint, the weights end where the straight fit's do: up to the
     rounding of the resumed run's arithmetic (dual numbers), which a forward difference divides
-    by its step (√ε relative): ~1e-3 instead of ~1e-5."""
+    by its step (√ε relative): ~1e-3 instead of ~1e-5. On an AVX-512 CPU (session 53) one weight
+    of 240 ended 2.8e-3 (relative) from the straight fit's, the rest within 2e-3; a fit that lost
+    half its hyper steps (2 epochs of learning instead of 4) is a median 0.3 (relative) away."""
     cb = callback(parameterization=parameterization, directional=directional)
     fit(cb, 4, data=Data(shuffle=False))
     straight = cb.data_weights()
