@@ -173,3 +173,55 @@ def test_a_dataset_given_as_the_validation_batch_is_named():
     hopt, _, _ = _ridge()
     with pytest.raises(ConfigurationError, match=r"val_batch is a TensorDataset.*DataLoader"):
         hopt.hypergradient(batches, TensorDataset(Xv, yv))
+
+
+# ---------------------------------------------------------------- a projection not in place
+def _projected(project):
+    """λ learned directly (a decay ≥ 0) with E pulling it down (E reads λ: ∇₂E = 1)."""
+    from hypertorch_sid.core.config import FeasibleSet
+
+    batches, val = _data()
+    w = torch.zeros(D, requires_grad=True)
+    lam = torch.full((D,), 0.01, requires_grad=True)
+    hopt = SIDHyperOptimizer(
+        [lam],
+        [w],
+        lambda b: _fit(w, b) + 0.5 * (lam * w**2).sum(),
+        lambda b: _fit(w, b) + lam.sum(),
+        torch.optim.SGD([lam], lr=0.01),
+        config=SIDConfig(
+            inner_steps=10, adjoint_steps=10, feasible_set=FeasibleSet(project=project)
+        ),
+    )
+    return hopt, lam, batches, val
+
+
+def _rebinds(hs):
+    hs[0] = hs[0].clamp(min=0)
+
+
+@pytest.mark.parametrize(
+    "project, match",
+    [
+        (lambda hs: hs[0].clamp(min=0), "returned new values"),
+        (lambda hs: [h.clamp(min=0) for h in hs], "returned new values"),
+        (_rebinds, "replaced items of the list"),
+    ],
+    ids=["clamp", "list of clamps", "rebinds"],
+)
+def test_a_projection_that_does_not_write_lambda_in_place_is_refused(project, match):
+    """Before: ``hs[0].clamp(min=0)`` returned the projected values and λ stayed where the step
+    put it: −0.04 after five steps, a negative decay, silently; ``hs[0] = ...`` swapped a
+    tensor without grad into the optimizer's list: "no longer require grad", a wrong cause."""
+    with pytest.raises(ConfigurationError, match=match + r".*clamp_"):
+        hopt, lam, batches, val = _projected(project)
+        for _ in range(5):
+            hopt.step(batches, val)
+        raise AssertionError(f"λ = {lam.detach()}")
+
+
+def test_an_in_place_projection_keeps_lambda_in_the_set():
+    hopt, lam, batches, val = _projected(lambda hs: hs[0].clamp_(min=0))
+    for _ in range(5):
+        hopt.step(batches, val)
+    assert bool((lam.detach() >= 0).all())
