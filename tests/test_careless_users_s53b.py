@@ -225,3 +225,24 @@ def test_an_in_place_projection_keeps_lambda_in_the_set():
     for _ in range(5):
         hopt.step(batches, val)
     assert bool((lam.detach() >= 0).all())
+
+
+# ---------------------------------------------------------------- λ computed once, outside
+def test_a_lambda_computed_once_outside_the_loss_is_named():
+    """Before: autograd's bare "Trying to backward through the graph a second time … Specify
+    retain_graph=True" (whose advice would have hidden a stale λ: the loss would never see
+    λ's updates)."""
+    batches, val = _data()
+    w = torch.zeros(D, requires_grad=True)
+    log_lam = torch.zeros(D, requires_grad=True)
+    lam = log_lam.exp()  # once, before the loop
+    hopt = SIDHyperOptimizer(
+        [log_lam],
+        [w],
+        lambda b: _fit(w, b) + 0.5 * (lam * w**2).sum(),
+        lambda b: _fit(w, b),
+        torch.optim.Adam([log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=10, adjoint_steps=10),
+    )
+    with pytest.raises(ConfigurationError, match=r"outside the loss.*inside inner_loss"):
+        hopt.step(batches, val)

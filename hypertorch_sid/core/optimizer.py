@@ -84,6 +84,17 @@ _CHECK_SAMPLES = 8
 
 Tensors = list[Tensor]
 
+#: autograd's words for a graph used after it was freed
+_GRAPH_FREED = "backward through the graph a second time"
+#: what it means here (it was autograd's bare message, session 53)
+_STALE_GRAPH = (
+    "a loss reads a tensor computed from λ or w once, outside the loss (e.g. lam = "
+    "log_lam.exp() before the loop, or self.lam = self.log_lam.exp() in __init__): autograd "
+    "freed its graph after its first use, and it would not follow λ's updates anyway (a stale "
+    "λ). Compute it inside inner_loss / outer_loss (e.g. lam = log_lam.exp() there), or as a "
+    "property of the module."
+)
+
 
 class SIDHyperOptimizer:
     """Stochastic implicit differentiation (Algorithm 1) driving a torch optimizer on λ.
@@ -387,6 +398,8 @@ class SIDHyperOptimizer:
             with _autograd_on(), twice_differentiable(self.module):
                 return self._hypergradient(self._stream(train_batches), val_batch)
         except (NotImplementedError, RuntimeError) as err:
+            if _GRAPH_FREED in str(err):
+                raise ConfigurationError(_STALE_GRAPH) from err
             if not any(s in str(err) for s in NO_SECOND_DERIVATIVE):
                 raise
             raise not_twice_differentiable(err) from err
