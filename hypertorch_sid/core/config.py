@@ -48,6 +48,7 @@ from .rows import RowSnapshot
 from .schedules import StepSchedule, check_schedule_kind
 from .solvers import AdjointSolver, Automatic, AveragedMomentum, InnerSolver
 from .validation import check_bool, check_choice, check_integer, check_positive, check_real
+from .watch import project_in_place
 
 Tensors = list[Tensor]
 BatchSource = Literal["stochastic", "full"]
@@ -133,7 +134,12 @@ class FeasibleSet:
         is not in Λ."""
         with torch.no_grad():
             if self.project is not None:
-                self.project(hyperparameters)
+                try:
+                    project_in_place(self.project, hyperparameters)
+                except ConfigurationError:
+                    for h, b in zip(hyperparameters, before):
+                        b.restore(h)
+                    raise
             if not all(torch.isfinite(b.changed(h)).all() for h, b in zip(hyperparameters, before)):
                 for h, b in zip(hyperparameters, before):
                     b.restore(h)

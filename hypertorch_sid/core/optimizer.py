@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,8 @@ from .solvers import (
 from .validation import (
     as_tensor_list,
     check_batch_dtype,
+    check_finite,
+    check_like_hyperparameters,
     check_outer_optimizer,
     check_parameters,
     check_still_require_grad,
@@ -80,6 +83,17 @@ log = logging.getLogger("hypertorch_sid")
 _CHECK_SAMPLES = 8
 
 Tensors = list[Tensor]
+
+#: autograd's words for a graph used after it was freed
+_GRAPH_FREED = "backward through the graph a second time"
+#: what it means here (it was autograd's bare message, session 53)
+_STALE_GRAPH = (
+    "a loss reads a tensor computed from λ or w once, outside the loss (e.g. lam = "
+    "log_lam.exp() before the loop, or self.lam = self.log_lam.exp() in __init__): autograd "
+    "freed its graph after its first use, and it would not follow λ's updates anyway (a stale "
+    "λ). Compute it inside inner_loss / outer_loss (e.g. lam = log_lam.exp() there), or as a "
+    "property of the module."
+)
 
 
 class SIDHyperOptimizer:
@@ -375,11 +389,17 @@ class SIDHyperOptimizer:
         A list of tensors shaped like the hyperparameters.
         """
         check_still_require_grad(self.inner_parameters, self.hyperparameters)
+        check_finite(self.hyperparameters, "hyperparameters")  # written by the user since?
         self._buffers_at_start, self._buffers_after_inner = self._buffers.snapshot(), []
         try:
-            with twice_differentiable(self.module):
+            # autograd on, as torch.optim's closures run: a call under torch.no_grad() or
+            # inference_mode (a loop's outer update wrapped in one) was refused as "inner_loss
+            # does not depend on the inner parameters", then a raw autograd error (session 53)
+            with _autograd_on(), twice_differentiable(self.module):
                 return self._hypergradient(self._stream(train_batches), val_batch)
         except (NotImplementedError, RuntimeError) as err:
+            if _GRAPH_FREED in str(err):
+                raise ConfigurationError(_STALE_GRAPH) from err
             if not any(s in str(err) for s in NO_SECOND_DERIVATIVE):
                 raise
             raise not_twice_differentiable(err) from err
@@ -726,6 +746,7 @@ class SIDHyperOptimizer:
         """
         if self.outer_optimizer is None:
             raise ConfigurationError("apply() needs outer_optimizer (the optimizer over λ).")
+        check_like_hyperparameters(hypergrad, self.hyperparameters)
         if not all_finite(hypergrad):
             raise DivergenceError(
                 "hypergradient",
@@ -769,6 +790,13 @@ class SIDHyperOptimizer:
         # the saved run checked inner_loss's dependencies at its first hypergradient; checking
         # again would draw one more batch (and dropout mask) than the uninterrupted run did
         self._checked = self._checked or self.cost.hypergradients > 0
+
+
+@contextmanager
+def _autograd_on() -> Iterator[None]:
+    """Gradients recorded whatever the caller's mode: Algorithm 1 differentiates the losses."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from . import rows
 from .errors import ConfigurationError, DivergenceError
@@ -45,6 +45,12 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
             f"val_batch is a one-shot iterator ({type(val_batch).__name__}): it would be "
             "exhausted after the first hyper step. Pass a batch such as (X_val, y_val), a list "
             "of batches (list(generator)), or a DataLoader over the validation set."
+        )
+    if isinstance(val_batch, Dataset):  # its samples, not a batch (session 53)
+        raise ConfigurationError(
+            f"val_batch is a {type(val_batch).__name__} (a dataset, not a batch): outer_loss "
+            "would be handed the dataset object itself. Pass a DataLoader over it "
+            "(DataLoader(val_set, batch_size=...)), or one batch such as (X_val, y_val)."
         )
     if isinstance(val_batch, SeveralBatches):
         return list(val_batch), True
@@ -292,8 +298,9 @@ def check_read_by_outer_loss(
     hyperparameters: Sequence[Tensor],
     unread: Sequence[int],
 ) -> None:
-    """The hyperparameters at positions ``unread`` (which ℓ̂ does not read) must be read by E:
-    else their hypergradient is zero at every step and they never move, silently."""
+    """The hyperparameters at positions ``unread`` (which ℓ̂ does not read, or reads only in
+    terms without w, so that they do not move w(λ)) must be read by E: else their hypergradient
+    is zero at every step and they never move, silently."""
     loss = outer_loss(_validation_batches(val_batch)[0][0])
     grads = torch.autograd.grad(
         loss.reshape(()), [hyperparameters[i] for i in unread], allow_unused=True
@@ -302,11 +309,14 @@ def check_read_by_outer_loss(
     if never:
         raise ConfigurationError(
             f"the hyperparameters at positions {never} (in the order given; a BilevelModule's "
-            "order of register_hyperparameter) are read by neither inner_loss nor outer_loss: "
-            "their hypergradient is zero and they never move. Use them in inner_loss as "
-            "tensors (float(lam), lam.item(), .detach() or an argument that takes a float, "
-            "such as F.cross_entropy's label_smoothing, cut them from autograd), or do not "
-            "register them."
+            "order of register_hyperparameter) are read by neither inner_loss nor outer_loss, "
+            "or by inner_loss only in terms without w (∂ℓ̂/∂λ does not depend on w: λ added to "
+            "the loss on its own, or a penalty computed from w.detach() or w.data): they "
+            "change neither the trained w nor E, so their hypergradient is zero and they never "
+            "move. Use them in inner_loss as tensors, together with w (e.g. "
+            "0.5 * (log_lam.exp() * w**2).sum(); float(lam), lam.item(), .detach() or an "
+            "argument that takes a float, such as F.cross_entropy's label_smoothing, cut them "
+            "from autograd), or do not register them."
         )
 
 

@@ -64,6 +64,8 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
         )
     check_dtypes(inner, hyper)
     check_no_shared_memory(inner, hyper)
+    check_finite(hyper, "hyperparameters")
+    check_finite(inner, "inner_parameters")
 
 
 def check_still_require_grad(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
@@ -81,6 +83,52 @@ def check_still_require_grad(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -
                 "them back on (requires_grad_(True)), or build a new SIDHyperOptimizer over the "
                 "tensors that are still trained and tuned."
             )
+
+
+def check_finite(xs: Sequence[Tensor], name: str) -> None:
+    """No NaN/Inf in w or λ. A λ₀ = log(0) = −inf (a decay of 0 learned as log λ) or a NaN
+    was reported as "the inner solve diverged at step 0 … not a contraction: lower the inner
+    step size", blaming the step size (session 53)."""
+    flags = [torch.isfinite(x.detach()).all() for x in xs]
+    if len({f.device for f in flags}) == 1 and bool(torch.stack(flags).all()):
+        return
+    bad = [i for i, f in enumerate(flags) if not bool(f)]
+    if not bad:
+        return
+    x = xs[bad[0]].detach()
+    raise ConfigurationError(
+        f"{name} at positions {bad[:5]}{' ...' if len(bad) > 5 else ''} hold NaN or Inf "
+        f"({name}[{bad[0]}]: {int((~torch.isfinite(x)).sum())} of {x.numel()} entries, e.g. "
+        f"{float(x[~torch.isfinite(x)].flatten()[0])}). " + _FINITE_FIX[name]
+    )
+
+
+_FINITE_FIX = {
+    "hyperparameters": "Start λ finite: a hyperparameter learned as log λ cannot start at "
+    "λ = 0 (log 0 = −inf); start it at a small positive λ (e.g. log_lam = torch.full(shape, "
+    "math.log(1e-4))), or learn λ itself with a projection onto λ ≥ 0.",
+    "inner_parameters": "Start w finite: re-initialise the model (a previous fit that "
+    "diverged leaves NaN weights; load a checkpoint from before it).",
+}
+
+
+def check_like_hyperparameters(hypergrad: Any, hyper: Sequence[Tensor]) -> None:
+    """``apply(hypergrad)``: one tensor per hyperparameter, shaped like it. A shorter list was
+    zipped away (the λ left out silently not stepped; an empty list stepped nothing and counted
+    a hyper step), a bare tensor iterated over its rows: torch's "attempting to assign a
+    gradient of size" (session 53)."""
+    if isinstance(hypergrad, Tensor) or not isinstance(hypergrad, Sequence):
+        raise ConfigurationError(
+            f"apply() takes a list of tensors, one per hyperparameter (what hypergradient() "
+            f"returns), got a {type(hypergrad).__name__}: pass [g] for one hyperparameter."
+        )
+    shapes = [tuple(g.shape) if isinstance(g, Tensor) else type(g).__name__ for g in hypergrad]
+    expected = [tuple(h.shape) for h in hyper]
+    if shapes != expected:
+        raise ConfigurationError(
+            f"apply() got hypergradients shaped {shapes}, but the hyperparameters are shaped "
+            f"{expected}: pass the whole list hypergradient() returned, in its order."
+        )
 
 
 def check_no_duplicates(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
@@ -503,7 +551,9 @@ def check_dependencies(
         raise ConfigurationError(
             "inner_loss does not depend on the inner parameters (its result does not require grad)."
         )
-    grads = torch.autograd.grad(loss.reshape(()), list(inner) + list(hyper), allow_unused=True)
+    grads = torch.autograd.grad(
+        loss.reshape(()), list(inner) + list(hyper), allow_unused=True, create_graph=True
+    )
     unused_w = [i for i, g in enumerate(grads[: len(inner)]) if g is None]
     if unused_w and names is not None:
         said = ", ".join(names[i] for i in unused_w[:5]) + (" …" if len(unused_w) > 5 else "")
@@ -528,7 +578,28 @@ def check_dependencies(
             "F.cross_entropy's label_smoothing or F.huber_loss's delta) is cut from autograd; "
             "write that loss with tensor operations instead."
         )
-    return unread
+    return sorted(unread + _not_moving_w(grads[len(inner) :], inner))
+
+
+def _not_moving_w(hyper_grads: Sequence[Tensor | None], inner: Sequence[Tensor]) -> list[int]:
+    """Positions of the hyperparameters ℓ̂ reads whose ∂ℓ̂/∂λ does not depend on w: the cross
+    derivative ∂²ℓ̂/∂w∂λ is then exactly zero, λ does not move w(λ) and the implicit part of its
+    hypergradient is zero at every step (λ added to ℓ̂ in a term without w, or a penalty
+    computed from ``w.detach()`` / ``w.data``). Found on autograd's graph: no path from
+    ∂ℓ̂/∂λ back to any w (session 53)."""
+    cut = []
+    for j, g in enumerate(hyper_grads):
+        if g is None or g.layout != torch.strided:  # a sparse ∂ℓ̂/∂λ: not read here
+            continue
+        if g.requires_grad:
+            back = torch.autograd.grad(
+                g, list(inner), grad_outputs=torch.ones_like(g), allow_unused=True,
+                retain_graph=True,
+            )  # fmt: skip
+            if any(b is not None for b in back):
+                continue
+        cut.append(j)
+    return cut
 
 
 def estimate_contraction(

@@ -298,7 +298,7 @@ def check_initial_projection(
         return
     copies = [h.detach().clone() for h in hyperparameters]
     with torch.no_grad():
-        project(copies)
+        project_in_place(project, copies)
     moved = [i for i, (h, c) in enumerate(zip(hyperparameters, copies)) if not torch.equal(h, c)]
     if moved:
         i = moved[0]
@@ -307,6 +307,32 @@ def check_initial_projection(
             f"hyperparameter {i} from {_brief(hyperparameters[i])} to {_brief(copies[i])}. "
             "Initialise λ inside it (e.g. a weight decay ≥ 0), or learn an unconstrained "
             "parameterisation such as log λ."
+        )
+
+
+def project_in_place(project: Callable[[Tensors], Any], hyperparameters: Sequence[Tensor]) -> None:
+    """``project`` on a copy of the list, checked to have written λ in place: a projection
+    that returns the projected values (``hs[0].clamp(min=0)``) or rebinds them
+    (``hs[0] = ...``) left λ where the step put it (a negative decay, silently; a rebinding
+    swapped in a tensor without grad: "no longer require grad"), session 53."""
+    given = list(hyperparameters)
+    out = project(given)
+    returned = [out] if isinstance(out, Tensor) else out
+    rebound = len(given) != len(hyperparameters) or any(
+        a is not b for a, b in zip(given, hyperparameters)
+    )
+    apart = isinstance(returned, (list, tuple)) and any(
+        isinstance(r, Tensor)
+        and r is not h
+        and (r.shape != h.shape or not torch.equal(r.to(h.dtype), h))
+        for r, h in zip(returned, hyperparameters)
+    )
+    if rebound or apart:
+        how = "replaced items of the list" if rebound else "returned new values"
+        raise ConfigurationError(
+            f"FeasibleSet.project {how} instead of writing λ in place, so λ stayed where the "
+            "outer step put it (outside the set). Write into the tensors with in-place "
+            "operations, e.g. project=lambda hs: hs[0].clamp_(min=0), or hs[i].copy_(value)."
         )
 
 
