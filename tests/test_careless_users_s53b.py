@@ -247,3 +247,36 @@ def test_a_lambda_computed_once_outside_the_loss_is_named():
     with pytest.raises(ConfigurationError, match=r"outside the loss.*inside inner_loss"):
         for _ in range(3):  # the first may run: only its cross term frees λ's part of the graph
             hopt.step(batches, val)
+
+
+def test_the_cut_check_gives_no_verdict_through_an_op_without_a_double_backward():
+    """The check that λ can move w differentiates ∂ℓ̂/∂λ once more. Through an op without a
+    double backward (a user's custom kernel; such models run the data weights with
+    ``directional="forward_difference"``) it cannot: no verdict and no refusal, not autograd's
+    raw error (session 53, the lead's review)."""
+    from hypertorch_sid.core.validation import check_dependencies
+
+    class CubeGrad(torch.autograd.Function):  # 3x²·g, itself not differentiable
+        @staticmethod
+        def forward(ctx, x, g):
+            return 3 * x**2 * g
+
+        @staticmethod
+        def backward(ctx, _):
+            raise RuntimeError("CubeGrad has no double backward")
+
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return CubeGrad.apply(x, g)
+
+    w, lam = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    assert check_dependencies(lambda b: Cube.apply(w * lam).sum(), None, [w], [lam]) == []
+    # a λ whose ∂ℓ̂/∂λ does not reach w is still found where the graph can be read
+    assert check_dependencies(lambda b: (w**2).sum() + lam.sum(), None, [w], [lam]) == [0]

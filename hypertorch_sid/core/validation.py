@@ -551,9 +551,11 @@ def check_dependencies(
         raise ConfigurationError(
             "inner_loss does not depend on the inner parameters (its result does not require grad)."
         )
-    grads = torch.autograd.grad(
-        loss.reshape(()), list(inner) + list(hyper), allow_unused=True, create_graph=True
+    grads_w = torch.autograd.grad(
+        loss.reshape(()), list(inner), allow_unused=True, retain_graph=True
     )
+    grads_h, cut = _hyper_grads_and_cut(loss.reshape(()), inner, hyper)
+    grads = grads_w + grads_h
     unused_w = [i for i, g in enumerate(grads[: len(inner)]) if g is None]
     if unused_w and names is not None:
         said = ", ".join(names[i] for i in unused_w[:5]) + (" …" if len(unused_w) > 5 else "")
@@ -578,7 +580,21 @@ def check_dependencies(
             "F.cross_entropy's label_smoothing or F.huber_loss's delta) is cut from autograd; "
             "write that loss with tensor operations instead."
         )
-    return sorted(unread + _not_moving_w(grads[len(inner) :], inner))
+    return sorted(set(unread) | set(cut))
+
+
+def _hyper_grads_and_cut(
+    loss: Tensor, inner: Sequence[Tensor], hyper: Sequence[Tensor]
+) -> tuple[tuple[Tensor | None, ...], list[int]]:
+    """∂ℓ̂/∂λ with its graph (only λ's path is differentiated twice) and the positions whose
+    ∂ℓ̂/∂λ does not reach w (:func:`_not_moving_w`). Where the graph holds an op without a double
+    backward, no verdict: the plain ∂ℓ̂/∂λ and nothing cut (such models run with
+    ``directional="forward_difference"``)."""
+    try:
+        grads = torch.autograd.grad(loss, list(hyper), allow_unused=True, create_graph=True)
+        return grads, _not_moving_w(grads, inner)
+    except RuntimeError:
+        return torch.autograd.grad(loss, list(hyper), allow_unused=True, retain_graph=True), []
 
 
 def _not_moving_w(hyper_grads: Sequence[Tensor | None], inner: Sequence[Tensor]) -> list[int]:
