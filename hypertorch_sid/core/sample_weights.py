@@ -251,6 +251,9 @@ class SampleWeights:
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
+        #: a fixed positive factor per row that ω is multiplied by where the loss reads it
+        #: (:meth:`use_prior`; e.g. eq. labelshift's r of the row's label), or None
+        self.prior: Tensor | None = None
         self.normaliser: Normaliser | None = None
         #: the last :data:`CHECKED_KEPT` indices checked, latest first (a hyper step's
         #: curvature estimate reads two or more batches in turn: each is read of the device once)
@@ -315,6 +318,29 @@ class SampleWeights:
         if labels is None or labels.shape != (self.n,):
             return None
         return labels.to(index.device)[index]
+
+    def use_prior(self, factors: Tensor | None) -> None:
+        """Multiply each row's weight by a fixed factor wherever a loss reads it
+        (:meth:`weights`, :meth:`weighted_mean`, :meth:`with_prior`), not in :meth:`values`
+        (the learned ω): ``factors`` a positive vector of shape ``(n,)``, e.g. the label-shift
+        correction r of each row's label (:class:`~hypertorch_sid.core.label_shift.LabelShift`),
+        or None for none."""
+        if factors is not None:
+            factors = torch.as_tensor(factors).detach()
+            if factors.shape != (self.n,) or not bool((factors > 0).all()):
+                raise ConfigurationError(
+                    f"SampleWeights.use_prior takes positive factors of shape ({self.n},), got "
+                    f"shape {tuple(factors.shape)}."
+                )
+            factors = factors.to(self.logits.device, self.logits.dtype)
+        self.prior = factors
+
+    def with_prior(self, omega: Tensor, index: Tensor) -> Tensor:
+        """ω of the rows ``index`` times their :meth:`use_prior` factors (ω where none)."""
+        if self.prior is None:
+            return omega
+        prior = self.prior.to(omega.device, omega.dtype)
+        return omega * prior[index.to(prior.device)]
 
     def use_sparse_grad(self, sparse_grad: bool) -> None:
         """Switch between row-sparse and dense gradients of the logits (see ``sparse_grad``)."""
@@ -416,11 +442,12 @@ class SampleWeights:
 
     def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
         """ω of the rows ``index`` (differentiable in the logits; only these rows get a
-        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector).
-        ``losses``: the rows' per-sample losses now, for a parameterisation that reads them
+        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector),
+        times the rows' :meth:`use_prior` factors where set. ``losses``: the rows' per-sample losses now, for a parameterisation that reads them
         (:class:`SharedLossWeights`; without them it uses each row's last ones)."""
         index = self.check_index(index)
-        return self.parameterization.rows(self.logits_of(index), self, index, losses)
+        omega = self.parameterization.rows(self.logits_of(index), self, index, losses)
+        return self.with_prior(omega, index)
 
     def weighted_mean(self, losses: Tensor, index: Tensor, normalize: bool = False) -> Tensor:
         """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,));
@@ -436,7 +463,7 @@ class SampleWeights:
         return weighted_loss(losses, self.weights(index, losses), normalize, held)
 
     def values(self) -> Tensor:
-        """Every ω (detached, shape ``(n,)``)."""
+        """Every learned ω (detached, shape ``(n,)``), without the :meth:`use_prior` factors."""
         with torch.no_grad():
             every = torch.arange(self.n, device=self.logits.device)
             return self.parameterization.rows(self.logits_of().detach(), self, every).clone()
