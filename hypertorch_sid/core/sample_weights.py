@@ -322,15 +322,17 @@ class SampleWeights:
     def use_prior(self, factors: Tensor | None) -> None:
         """Multiply each row's weight by a fixed factor wherever a loss reads it
         (:meth:`weights`, :meth:`weighted_mean`, :meth:`with_prior`), not in :meth:`values`
-        (the learned ω): ``factors`` a positive vector of shape ``(n,)``, e.g. the label-shift
+        (the learned ω): ``factors`` a non-negative finite vector of shape ``(n,)`` (a row at
+        0 leaves the loss), e.g. the label-shift
         correction r of each row's label (:class:`~hypertorch_sid.core.label_shift.LabelShift`),
         or None for none."""
         if factors is not None:
             factors = torch.as_tensor(factors).detach()
-            if factors.shape != (self.n,) or not bool((factors > 0).all()):
+            ok = factors.shape == (self.n,) and factors.is_floating_point()
+            if not ok or not bool((torch.isfinite(factors) & (factors >= 0)).all()):
                 raise ConfigurationError(
-                    f"SampleWeights.use_prior takes positive factors of shape ({self.n},), got "
-                    f"shape {tuple(factors.shape)}."
+                    f"SampleWeights.use_prior takes finite non-negative float factors of shape "
+                    f"({self.n},), got a {factors.dtype} tensor of shape {tuple(factors.shape)}."
                 )
             factors = factors.to(self.logits.device, self.logits.dtype)
         self.prior = factors
@@ -443,8 +445,9 @@ class SampleWeights:
     def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
         """ω of the rows ``index`` (differentiable in the logits; only these rows get a
         gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector),
-        times the rows' :meth:`use_prior` factors where set. ``losses``: the rows' per-sample losses now, for a parameterisation that reads them
-        (:class:`SharedLossWeights`; without them it uses each row's last ones)."""
+        times the rows' :meth:`use_prior` factors where set. ``losses``: the rows' per-sample
+        losses now, for a parameterisation that reads them (:class:`SharedLossWeights`;
+        without them it uses each row's last ones)."""
         index = self.check_index(index)
         omega = self.parameterization.rows(self.logits_of(index), self, index, losses)
         return self.with_prior(omega, index)
