@@ -85,6 +85,7 @@ ARMS = (
     "sampler_dw",
     "dw_prior",
     "sampler_dw_prior",
+    "dw_prior_frozen",
 )
 #: each data-weights arm's settings
 DW = {
@@ -96,6 +97,8 @@ DW = {
     "sampler_dw": {},
     "dw_prior": {"prior": LabelShift()},  # session 54: the label-shift class prior
     "sampler_dw_prior": {"prior": LabelShift()},
+    # a diagnosis: the prior alone, the learned weights never moved (no hyper step in the fit)
+    "dw_prior_frozen": {"prior": LabelShift(), "start_step": 10**6},
 }
 EPOCHS, BATCH, VAL_PER_CLASS = 6, 64, 30
 

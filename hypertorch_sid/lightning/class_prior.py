@@ -28,9 +28,10 @@ from torch.utils.data import DataLoader, WeightedRandomSampler
 from ..core.indexing import Indexed, split_indexed
 from ..core.label_shift import LabelShift, LabelShiftRatios
 from .data_checks import _carried_labels
+from .evidence import MIN_VAL_PER_CLASS
 from .sampling import draws_by_index, first_loader, validation_loader
 
-__all__ = ["ClassPrior", "weighted_sampler"]
+__all__ = ["AutoClassPrior", "ClassPrior", "weighted_sampler"]
 
 #: the batch size of the passes that read the labels
 READ_BATCH = 512
@@ -76,12 +77,7 @@ class ClassPrior:
             rows = _training_labels(problem, loader)
             val = _validation_counts(problem, trainer)
         if rows is None or val is None:
-            which = "training" if rows is None else "validation"
-            rank_zero_warn(
-                f"LearnedDataWeights(prior=...): no integer class labels could be read from the "
-                f"{which} set, so no label-shift prior is applied (r ≡ 1). Pass target=lambda "
-                "batch: <its integer labels>, or prior=None to silence this."
-            )
+            self._unread("training" if rows is None else "validation")
             return
         known = rows >= 0
         sampler = weighted_sampler(loader)
@@ -90,6 +86,8 @@ class ClassPrior:
             rows[known], weights=None if mass is None else mass[known], minlength=val.numel()
         ).double()
         found = self.shift.ratios(train, val)
+        if not self._applies(train, val):
+            return
         self.found = found
         self._say(found, sampler is not None, int(known.sum()), int(val.sum()))
         if found.identity:
@@ -98,8 +96,19 @@ class ClassPrior:
         factors[known] = found.ratios[rows[known]]
         weights.use_prior(factors)
 
-    @staticmethod
-    def _say(found: LabelShiftRatios, sampled: bool, n_train: int, n_val: int) -> None:
+    def _applies(self, train: Tensor, val: Tensor) -> bool:
+        """Whether r is applied with these class counts (asked for: always)."""
+        return True
+
+    def _unread(self, which: str) -> None:
+        """Say that the ``which`` set's labels could not be read (the prior was asked for)."""
+        rank_zero_warn(
+            f"LearnedDataWeights(prior=...): no integer class labels could be read from the "
+            f"{which} set, so no label-shift prior is applied (r ≡ 1). Pass target=lambda "
+            "batch: <its integer labels>, or prior=None to silence this."
+        )
+
+    def _say(self, found: LabelShiftRatios, sampled: bool, n_train: int, n_val: int) -> None:
         """The prior found (info), and each class missing from one of the sets (a warning)."""
         drawn = " (as the WeightedRandomSampler draws them)" if sampled else ""
         r = ", ".join(f"{v:.3g}" for v in found.ratios.tolist())
@@ -180,3 +189,26 @@ def _validation_counts(problem: Any, trainer: pl.Trainer) -> Tensor | None:
             counts = torch.nn.functional.pad(counts, (0, k - counts.numel()))
             counts += torch.nn.functional.pad(add, (0, k - add.numel()))
     return None if counts is None or int(counts.sum()) == 0 else counts
+
+
+class AutoClassPrior(ClassPrior):
+    """``prior="auto"``'s :class:`ClassPrior`: the same r, said only where it is not ≡ 1;
+    nothing said where no labels are read (a regression, soft labels: no class prior to
+    apply); and none where the validation set holds fewer than
+    :data:`~.evidence.MIN_VAL_PER_CLASS` examples of a class the training holds (it is too
+    small to define the class distribution: r would drop that class's rows from the loss; the
+    drop-in's shortfall warning says so, :meth:`~.evidence.RowEvidence.validation_shortfall`).
+    """
+
+    def _applies(self, train: Tensor, val: Tensor) -> bool:
+        k = max(train.numel(), val.numel())
+        val = torch.nn.functional.pad(val, (0, k - val.numel()))
+        train = torch.nn.functional.pad(train, (0, k - train.numel()))
+        return not bool(((train > 0) & (val < MIN_VAL_PER_CLASS)).any())
+
+    def _unread(self, which: str) -> None:
+        return None
+
+    def _say(self, found: LabelShiftRatios, sampled: bool, n_train: int, n_val: int) -> None:
+        if not found.identity:
+            super()._say(found, sampled, n_train, n_val)

@@ -92,7 +92,7 @@ from .callback import (
     default_unless_given,
     refuse_a_class,
 )
-from .class_prior import ClassPrior
+from .class_prior import AutoClassPrior, ClassPrior
 from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     MASKED_CHECKS,
@@ -143,6 +143,9 @@ DEFAULT_OBJECTIVE = ExpectedError(q=0.5)
 #: together; the whole validation set if it is smaller): the v that every training batch's cross
 #: term uses until the next hyper step is solved against this batch's ∇₁E
 MIN_VAL_BATCH = 256
+
+#: whether ``prior="auto"`` applies the label-shift class prior (eq. labelshift) per sample
+AUTO_PRIOR = False
 
 #: :meth:`LearnedDataWeights.flagged`'s rule: the two-component split's rows the network
 #: contradicts (:meth:`DataWeightsProblem.misfits`)
@@ -494,8 +497,10 @@ _ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
 
 def _class_prior(prior: LabelShift | str | None, per: str) -> ClassPrior | None:
     """``LearnedDataWeights(prior=...)`` as the problem's :class:`ClassPrior`, or a clear error."""
-    if prior is None or (isinstance(prior, str) and prior == "auto"):
+    if prior is None:
         return None
+    if isinstance(prior, str) and prior == "auto":
+        return AutoClassPrior(LabelShift()) if AUTO_PRIOR and per == "sample" else None
     if isinstance(prior, str) and prior == "label_shift":
         prior = LabelShift()
     if not isinstance(prior, LabelShift):
