@@ -24,10 +24,7 @@ Arms, per seed in one process:
 * ``sampler``     plain training from a ``WeightedRandomSampler`` drawing each row with
                   probability ∝ 1 / n_c (the classes drawn equally often; session 50's recipe);
 * ``sampler_dw``  the same sampler with ``LearnedDataWeights()`` (``"auto"`` keeps ``"batch"``
-                  there, session 52);
-* ``dw_prior``    ``LearnedDataWeights(prior=LabelShift())`` (session 54: each row's weight times
-                  the label-shift correction r_c = π̂_c / p_c of its label);
-* ``sampler_dw_prior`` the sampler with ``prior=LabelShift()`` (r from the sampler's draws: ≈ 1).
+                  there, session 52).
 
 Recorded per fit: balanced test accuracy (the mean of the per-class recalls), test accuracy,
 the minority classes' mean recall, test cross entropy, the clean validation loss, wall and CPU
@@ -69,7 +66,6 @@ from bench_user_recipes_s50 import (  # noqa: E402  (the s50 module's machinery)
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
-from hypertorch_sid.core.label_shift import LabelShift  # noqa: E402
 
 CLASSES = 10
 RECIPES = {"two20": ((3, 8), 20), "five10": ((5, 6, 7, 8, 9), 10)}
@@ -83,9 +79,6 @@ ARMS = (
     "dw_batch_low",
     "sampler",
     "sampler_dw",
-    "dw_prior",
-    "sampler_dw_prior",
-    "dw_prior_frozen",
 )
 #: each data-weights arm's settings
 DW = {
@@ -95,10 +88,6 @@ DW = {
     "dw_centred": {"gauge": "class_centred"},
     "dw_batch_low": {"gauge": "batch", "initial": 0.1},
     "sampler_dw": {},
-    "dw_prior": {"prior": LabelShift()},  # session 54: the label-shift class prior
-    "sampler_dw_prior": {"prior": LabelShift()},
-    # a diagnosis: the prior alone, the learned weights never moved (no hyper step in the fit)
-    "dw_prior_frozen": {"prior": LabelShift(), "start_step": 10**6},
 }
 EPOCHS, BATCH, VAL_PER_CLASS = 6, 64, 30
 
@@ -191,10 +180,6 @@ def run(folder: Path, recipe: str, seed: int, arm: str, noise: bool) -> dict[str
         record["w_class"] = [round(v, 4) for v in w_class.tolist()]
         common = [c for c in range(CLASSES) if c not in rare]
         record["w_rare_over_common"] = (w_class[list(rare)].mean() / w_class[common].mean()).item()
-        found = cb.label_shift()
-        if found is not None:
-            record["prior_r"] = [round(v, 4) for v in found.ratios.tolist()]
-            record["prior_s"] = found.shrinkage
     return record
 
 

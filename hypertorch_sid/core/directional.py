@@ -364,7 +364,7 @@ class TrainingCrossTerm:
             x = w.logits_of(index)
         with torch.enable_grad():
             x.requires_grad_(True)
-            omega = w.with_prior(w.parameterization.rows(x, w, index, losses), index)
+            omega = w.parameterization.rows(x, w, index, losses)
             held = w.gauge == "mean_logit"
             u = check_per_sample(u, index)
             u = class_centred(u, omega.detach(), w.labels_of(index))  # None: no class gauge

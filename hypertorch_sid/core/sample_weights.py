@@ -251,9 +251,6 @@ class SampleWeights:
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
-        #: a fixed positive factor per row that ω is multiplied by where the loss reads it
-        #: (:meth:`use_prior`; e.g. eq. labelshift's r of the row's label), or None
-        self.prior: Tensor | None = None
         self.normaliser: Normaliser | None = None
         #: the last :data:`CHECKED_KEPT` indices checked, latest first (a hyper step's
         #: curvature estimate reads two or more batches in turn: each is read of the device once)
@@ -318,31 +315,6 @@ class SampleWeights:
         if labels is None or labels.shape != (self.n,):
             return None
         return labels.to(index.device)[index]
-
-    def use_prior(self, factors: Tensor | None) -> None:
-        """Multiply each row's weight by a fixed factor wherever a loss reads it
-        (:meth:`weights`, :meth:`weighted_mean`, :meth:`with_prior`), not in :meth:`values`
-        (the learned ω): ``factors`` a non-negative finite vector of shape ``(n,)`` (a row at
-        0 leaves the loss), e.g. the label-shift
-        correction r of each row's label (:class:`~hypertorch_sid.core.label_shift.LabelShift`),
-        or None for none."""
-        if factors is not None:
-            factors = torch.as_tensor(factors).detach()
-            ok = factors.shape == (self.n,) and factors.is_floating_point()
-            if not ok or not bool((torch.isfinite(factors) & (factors >= 0)).all()):
-                raise ConfigurationError(
-                    f"SampleWeights.use_prior takes finite non-negative float factors of shape "
-                    f"({self.n},), got a {factors.dtype} tensor of shape {tuple(factors.shape)}."
-                )
-            factors = factors.to(self.logits.device, self.logits.dtype)
-        self.prior = factors
-
-    def with_prior(self, omega: Tensor, index: Tensor) -> Tensor:
-        """ω of the rows ``index`` times their :meth:`use_prior` factors (ω where none)."""
-        if self.prior is None:
-            return omega
-        prior = self.prior.to(omega.device, omega.dtype)
-        return omega * prior[index.to(prior.device)]
 
     def use_sparse_grad(self, sparse_grad: bool) -> None:
         """Switch between row-sparse and dense gradients of the logits (see ``sparse_grad``)."""
@@ -444,13 +416,11 @@ class SampleWeights:
 
     def weights(self, index: Tensor, losses: Tensor | None = None) -> Tensor:
         """ω of the rows ``index`` (differentiable in the logits; only these rows get a
-        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector),
-        times the rows' :meth:`use_prior` factors where set. ``losses``: the rows' per-sample
-        losses now, for a parameterisation that reads them (:class:`SharedLossWeights`;
-        without them it uses each row's last ones)."""
+        gradient: a sparse one with ``sparse_grad``, else an ``index_add`` into an n-vector).
+        ``losses``: the rows' per-sample losses now, for a parameterisation that reads them
+        (:class:`SharedLossWeights`; without them it uses each row's last ones)."""
         index = self.check_index(index)
-        omega = self.parameterization.rows(self.logits_of(index), self, index, losses)
-        return self.with_prior(omega, index)
+        return self.parameterization.rows(self.logits_of(index), self, index, losses)
 
     def weighted_mean(self, losses: Tensor, index: Tensor, normalize: bool = False) -> Tensor:
         """ℓ̂ = (1/|ζ|) Σᵢ ωᵢ ℓᵢ (eq. weighted) from per-sample losses ``losses`` (shape (b,));
@@ -466,7 +436,7 @@ class SampleWeights:
         return weighted_loss(losses, self.weights(index, losses), normalize, held)
 
     def values(self) -> Tensor:
-        """Every learned ω (detached, shape ``(n,)``), without the :meth:`use_prior` factors."""
+        """Every ω (detached, shape ``(n,)``)."""
         with torch.no_grad():
             every = torch.arange(self.n, device=self.logits.device)
             return self.parameterization.rows(self.logits_of().detach(), self, every).clone()

@@ -79,7 +79,6 @@ from ..core.directional import (
 from ..core.errors import ConfigurationError
 from ..core.flag_rules import BelowWeight, FlagRule, TwoComponentSplit
 from ..core.indexing import Indexed, sample_label, split_indexed
-from ..core.label_shift import LabelShift, LabelShiftRatios
 from ..core.lazy_adam import LazyAdam
 from ..core.normalisers import CLASS_GAUGES
 from ..core.objectives import ExpectedError, MeanLoss, ValidationObjective, as_validation_objective
@@ -92,7 +91,6 @@ from .callback import (
     default_unless_given,
     refuse_a_class,
 )
-from .class_prior import AutoClassPrior, ClassPrior
 from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     MASKED_CHECKS,
@@ -143,9 +141,6 @@ DEFAULT_OBJECTIVE = ExpectedError(q=0.5)
 #: together; the whole validation set if it is smaller): the v that every training batch's cross
 #: term uses until the next hyper step is solved against this batch's ∇₁E
 MIN_VAL_BATCH = 256
-
-#: whether ``prior="auto"`` applies the label-shift class prior (eq. labelshift) per sample
-AUTO_PRIOR = False
 
 #: :meth:`LearnedDataWeights.flagged`'s rule: the two-component split's rows the network
 #: contradicts (:meth:`DataWeightsProblem.misfits`)
@@ -217,9 +212,6 @@ class DataWeightsProblem(WeightedStep):
                     "and holding the mean logit would change the problem: use gauge='auto' or "
                     "'batch' there (or normalize=True)."
                 )
-        #: the label-shift class prior (eq. labelshift), set by the callback: each row's weight
-        #: times r of its label, counted at each fit's build; None: none
-        self.prior: ClassPrior | None = None
         self._module: pl.LightningModule | None = None
         self._original: Callable[..., Any] | None = None
         #: the module given :meth:`stand_in` (until the build wraps it, or the fit ends)
@@ -329,10 +321,6 @@ class DataWeightsProblem(WeightedStep):
         with torch.no_grad():
             weights.logits.data = weights.logits.data.to(module.device, dtype)  # log Z follows
             weights.parameterization.bind(weights)
-        if self.prior is not None and self.per == "sample":
-            self.prior.apply(self, trainer, first_loader(trainer.train_dataloader, "train"))
-        else:
-            weights.use_prior(None)
         self._wrap(module)
         return BilevelProblem(
             hyperparameters=weights.hyperparameters,
@@ -495,28 +483,6 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
 _ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
 
 
-def _class_prior(prior: LabelShift | str | None, per: str) -> ClassPrior | None:
-    """``LearnedDataWeights(prior=...)`` as the problem's :class:`ClassPrior`, or a clear error."""
-    if prior is None:
-        return None
-    if isinstance(prior, str) and prior == "auto":
-        return AutoClassPrior(LabelShift()) if AUTO_PRIOR and per == "sample" else None
-    if isinstance(prior, str) and prior == "label_shift":
-        prior = LabelShift()
-    if not isinstance(prior, LabelShift):
-        raise ConfigurationError(
-            "LearnedDataWeights: prior must be None, 'auto', 'label_shift' or a LabelShift(), "
-            f"got {prior!r}."
-        )
-    if per != "sample":
-        raise ConfigurationError(
-            "LearnedDataWeights(per='class') learns each class's weight itself, so a label-shift "
-            "prior on top would correct the class balance twice: drop prior=, or use "
-            "per='sample' with it."
-        )
-    return ClassPrior(prior)
-
-
 def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) -> Tensor:
     """Σ ωᵢℓᵢ / Σ ωᵢ (``normalize``) or mean ωᵢℓᵢ from ``training_step``'s output, the
     weights of the rows ``index`` differentiable in the hyperparameters."""
@@ -662,16 +628,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         proportions of the benchmark where 50 / 40 were chosen (T = 384):
         ``min(50, ⌈13 T / 100⌉)`` / ``min(40, ⌈5 T / 48⌉)`` (:meth:`fit_length_schedule`;
         T ≥ 383 or unknown keeps 50 / 40). The resolved schedule is logged at the fit's start.
-    prior:
-        A class prior the learned weights are multiplied by (per sample): ``None`` (default
-        for now) or ``"auto"``: none; ``"label_shift"`` or ``LabelShift()``
-        (:class:`~hypertorch_sid.core.label_shift.LabelShift`): the label-shift correction
-        r_c = π̂_c / p_c of each row's label, the validation set's class frequency over the
-        training's (a ``WeightedRandomSampler``'s draws where one draws the rows), counted at
-        each fit's start by one pass over the training samples' labels and shrunk toward r ≡ 1
-        where the validation set shows no shift beyond its noise (eq. shiftshrink). Row i's
-        loss weight is then r_{yᵢ}ωᵢ: the learned ω reorder the examples within their class
-        on top of the validation's class balance. Read it with :meth:`label_shift`.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
         defaults differ from the callback's: ``start_step=50`` with ``every_n_steps=40``
@@ -707,7 +663,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         scale_prior: float = 0.0,
         gauge: Literal["auto", "batch", "mean_logit", "class", "class_centred"] = "auto",
         schedule: Literal["fit_length", "fixed"] = "fixed",
-        prior: LabelShift | Literal["auto", "label_shift"] | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("problem") is not None:
@@ -842,7 +797,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self.outer_lr = outer_lr  # the drop-in's LazyAdam's (a user's optimizer: its own)
         self.problem: DataWeightsProblem = problem
         problem.class_by_default = cross_term == "training"
-        problem.prior = _class_prior(prior, per)
         self.per = per
         self.cross_term = cross_term
         self.sparse_grad = sparse_grad
@@ -1215,15 +1169,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if isinstance(self, LearnedDataWeights):  # not the class given for a callback
             super().on_exception(trainer, pl_module, exception)
             self.problem.unwrap()
-
-    def label_shift(self) -> LabelShiftRatios | None:
-        """The label-shift class prior of the last fit (``prior=``): r per class (``.ratios``),
-        the training's and validation's class frequencies, the shrinkage and X² it was
-        computed from (:class:`~hypertorch_sid.core.label_shift.LabelShiftRatios`); None
-        without a prior or where no labels were read. The learned weights
-        (:meth:`data_weights`) do not include r: row i's loss weight is r_{yᵢ}ωᵢ."""
-        prior = self.problem.prior
-        return None if prior is None else prior.found
 
     @property
     def weights(self) -> SampleWeights | None:
