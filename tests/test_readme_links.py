@@ -1,4 +1,4 @@
-"""Every link of the README and of the first pages a new user reads resolves.
+"""Every link of the README and of the docs pages resolves.
 
 A relative link must name a file of the repository, and its ``#anchor`` a heading of that page as
 MkDocs slugs it (Python-Markdown's ``toc`` extension, as ``mkdocs.yml`` configures it: the
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: the README and the pages it sends a new user to first
-PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/what_to_expect.md"]
+#: the README and every page of the docs
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(`{3,}|~{3,}).*?^\1", flags=re.S | re.M)
 
