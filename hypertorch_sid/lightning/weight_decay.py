@@ -70,7 +70,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from ..core.budget import Budget
@@ -390,6 +390,37 @@ class WeightDecayProblem:
         if self._start_norms is None or self.decay is None:
             return None
         return {e.name: a for e, a in zip(self.decay.entries, self._start_norms)}
+
+    def decay_off(self, loss: float | None) -> str | None:
+        """Say, at the fit's end, where the hyper steps drove λ so low that its decay is off in
+        effect: ½λ‖w‖² below :data:`DECAY_OFF` of the training ``loss`` (None: no loss read,
+        or no such tensor). The maths is unchanged; the number λ reached is not (session 53: a
+        multi-label fit's λ fell to 1e-30 where no decay was best, and a printed
+        ``learned_weight_decay`` of 1e-30 read like a fault)."""
+        if self.decay is None or loss is None or not math.isfinite(loss) or loss == 0:
+            return None
+        entries, lams = self.decay.entries, self._entry_lambdas()
+        with torch.no_grad():
+            terms = [
+                float(0.5 * (lam * e.param.detach().float().pow(2)).sum())
+                for e, lam in zip(entries, lams)
+            ]
+        off = [i for i, t in enumerate(terms) if t <= DECAY_OFF * abs(loss)]
+        if not off:
+            return None
+        values = [float(lams[i]) if not isinstance(lams[i], Tensor) else float(lams[i].max())
+                  for i in off]  # fmt: skip
+        names = ", ".join(entries[i].name for i in off[:4]) + (" …" if len(off) > 4 else "")
+        low, high = min(values), max(values)
+        reached = f"{high:.1g}" if low == high else f"{low:.1g} … {high:.1g}"
+        return (
+            f"the hyper steps drove λ of {len(off)} of the {len(entries)} decayed tensors "
+            f"({names}) down to {reached}, where the decay's term ½λ‖w‖² is below "
+            f"{DECAY_OFF:g} of the training loss ({loss:.3g}): the decay is effectively off "
+            "there, because the validation loss was lowest with less decay. Read these λ as 0, "
+            "not as a fault (learned_weight_decay and the logs give the number λ reached); "
+            "pass min_weight_decay=... to keep a floor under λ."
+        )
 
     def check_not_wiped(self) -> None:
         """Say, at the fit's end, where the decay has wiped weight matrices: their norm ended
@@ -910,6 +941,11 @@ HIGH_INITIAL = 0.5
 #: ≥ 0.68
 WIPED = 0.05
 
+#: λ whose decay term ½λ‖w‖² ends the fit below this share of the training loss is reported as
+#: off in effect (:meth:`WeightDecayProblem.decay_off`): a term 1e-6 of the loss moves neither
+#: the loss nor its minimiser by more than float32 reads (session 54)
+DECAY_OFF = 1e-6
+
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
 GROUPS_KEY = "invariant_groups"
@@ -1247,10 +1283,14 @@ class LearnedWeightDecay(HyperOptimizationCallback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also: a fit never ends silently with layers the decay wiped
-        (:meth:`WeightDecayProblem.check_not_wiped`)."""
+        (:meth:`WeightDecayProblem.check_not_wiped`), and says where λ was driven so low that
+        the decay is off in effect (:meth:`WeightDecayProblem.decay_off`)."""
         super().on_train_end(trainer, pl_module)
         if self.sid is not None:
             self.problem.check_not_wiped()
+            said = self.problem.decay_off(self._losses.last())
+            if said is not None:
+                rank_zero_info(f"LearnedWeightDecay: {said}")
 
     def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor]:
         """½ Σᵢ λᵢ‖wᵢ‖² at the current λ (eq. weighted decay; decoupled: with the optimizer's P),
@@ -1404,7 +1444,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def learned_weight_decay(self) -> dict[str, Tensor]:
         """The learned λ by slot name (one per layer, group or tensor as ``granularity`` says;
         ``granularity="global"``: one entry; ``"per_element"``: every value of each tensor,
-        flattened), detached; empty before a fit has built λ in this process."""
+        flattened), detached; empty before a fit has built λ in this process. Where no decay
+        was best λ can end far below any effect (1e-30): the fit's end says so, naming the
+        tensors (:meth:`WeightDecayProblem.decay_off`)."""
         self._refuse_unapplied_checkpoint("learned_weight_decay")
         decay = self.problem.decay
         if decay is None:
