@@ -88,6 +88,15 @@ def test_a_budget_that_ran_a_few_of_the_due_hyper_steps_says_so() -> None:
     assert not any("allowed none" in m for m in said)  # one warning, not the other's too
 
 
+def test_a_budget_that_cut_a_few_of_many_due_says_nothing() -> None:
+    # the budget's ordinary spacing (more than half of the due hyper steps ran) is no warning
+    from hypertorch_sid.lightning.metrics import budget_cut
+
+    assert budget_cut(9, 12, 10, 0.5) is None and budget_cut(5, 7, 10, 0.5) is None
+    assert budget_cut(12, 40, 10, 0.5) is None  # enough ran
+    assert "ran only 3 of the 11" in budget_cut(3, 11, 10, 0.5)
+
+
 def test_a_budget_that_ran_none_says_so_once_through_the_same_check() -> None:
     cb, said = _priced_fit(per_product=200.0, steps=60)
     assert cb._ran_in_fit == 0 and cb._due_in_fit == 15
