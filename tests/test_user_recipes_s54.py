@@ -147,3 +147,31 @@ def test_lambda_with_an_effect_is_not_said_to_be_off(caplog) -> None:
     with caplog.at_level(logging.INFO):
         _trainer([cb], max_steps=8, limit_val_batches=0).fit(Net(), train, val)
     assert not any("effectively off" in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------- gradient checkpointing that cuts the gradient (reentrant)
+
+
+class Reentrant(Net):
+    """A block under ``checkpoint(..., use_reentrant=True)`` on the raw inputs (no grad): the
+    block gets no gradient, in plain training too (torch only warns)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        x, y = batch
+        h = checkpoint(self.net[0], x, use_reentrant=True)
+        return F.cross_entropy(self.net[2](self.net[1](h)), y)
+
+
+def test_a_gradient_cut_by_reentrant_checkpointing_is_named() -> None:
+    # Before session 54 the refusal called the checkpointed block "a layer the training never
+    # uses" — the user calls it in every forward — and named no fix for the cut gradient.
+    from hypertorch_sid import ConfigurationError
+
+    train, val = _data()
+    cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigurationError, match=r"net\.0\.weight.*use_reentrant=False"):
+            _trainer([cb], max_steps=8, limit_val_batches=0).fit(Reentrant(), train, val)

@@ -579,9 +579,14 @@ class WeightDecayProblem:
         if unused:
             raise ConfigurationError(
                 f"LearnedWeightDecay: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} "
-                "got no gradient from the training loss (a layer the training never uses), so "
-                "it has no trained value for the hypergradient to differentiate. Freeze it "
-                "(requires_grad_(False)), leave it out of the optimizer, or remove the layer."
+                "got no gradient from the training loss, so it has no trained value for the "
+                "hypergradient to differentiate: a layer the training never uses (freeze it "
+                "with requires_grad_(False), leave it out of the optimizer, or remove it), or "
+                "one whose gradient the forward cuts, which leaves it untrained without this "
+                "callback too: a .detach() or torch.no_grad() before it, or a block run under "
+                "torch.utils.checkpoint(..., use_reentrant=True) on inputs that do not require "
+                "grad (torch warned 'None of the inputs have requires_grad=True'; pass "
+                "use_reentrant=False)."
             )
 
     def check_still_trained(self, module: pl.LightningModule) -> None:
