@@ -392,7 +392,10 @@ def table(records: list[dict[str, Any]]) -> str:
             d = np.array([runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds])
             se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
             diff = f"{d.mean():+.4f} ± {se:.4f} ({int((d > 0).sum())}/{len(d)})"
-        wall = np.mean([r["wall_s"] for r in runs.values()])
+        wall = f"{np.mean([r['wall_s'] for r in runs.values()]):.1f}"
+        if seeds:  # the wall time's ratio to the comparison's, paired by seed
+            ratio = [runs[s]["wall_s"] / ref[s]["wall_s"] for s in seeds]
+            wall += f" ({min(ratio):.1f}–{max(ratio):.1f}×)"
         note = []
         if "lam_range" in next(iter(runs.values())):
             note.append("λ " + "; ".join(f"{r['lam_range'][0]:.2g}–{r['lam_range'][1]:.2g}"
@@ -402,7 +405,7 @@ def table(records: list[dict[str, Any]]) -> str:
         if "due_ran" in next(iter(runs.values())):
             note.append("due/ran " + "; ".join(str(r["due_ran"]) for r in runs.values()))
         out.append(f"| {recipe} | {arm} | {len(runs)} | {loss.mean():.4f} | {diff} | "
-                   f"{wall:.1f} | {'; '.join(note)} |")  # fmt: skip
+                   f"{wall} | {'; '.join(note)} |")  # fmt: skip
     return "\n".join(out)
 
 

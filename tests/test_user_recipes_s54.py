@@ -138,7 +138,11 @@ def test_lambda_driven_below_any_effect_is_said_to_be_off(caplog) -> None:
     assert float(lam[first].max()) == pytest.approx(1e-30, rel=1e-3)  # the maths unchanged
     said = [r.getMessage() for r in caplog.records if "effectively off" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
-    assert "net.0" in said[0] and "1e-30" in said[0] and "min_weight_decay" in said[0]
+    assert (
+        "1 of the 2 learned λ (net.0)" in said[0]
+        and "1e-30" in said[0]
+        and "min_weight_decay" in said[0]
+    )
 
 
 def test_lambda_with_an_effect_is_not_said_to_be_off(caplog) -> None:

@@ -393,33 +393,36 @@ class WeightDecayProblem:
 
     def decay_off(self, loss: float | None) -> str | None:
         """Say, at the fit's end, where the hyper steps drove λ so low that its decay is off in
-        effect: ½λ‖w‖² below :data:`DECAY_OFF` of the training ``loss`` (None: no loss read,
-        or no such tensor). The maths is unchanged; the number λ reached is not (session 53: a
-        multi-label fit's λ fell to 1e-30 where no decay was best, and a printed
-        ``learned_weight_decay`` of 1e-30 read like a fault)."""
-        if self.decay is None or loss is None or not math.isfinite(loss) or loss == 0:
+        effect: the decay term ½λ‖w‖² of every tensor one λ decays below :data:`DECAY_OFF` of
+        the training ``loss`` (None: no loss read, or no such λ). Judged per λ, not per tensor
+        (a bias's term is small at any λ). The maths is unchanged; the number λ reached is
+        not (session 53: a multi-label fit's λ fell to 1e-30 where no decay was best, and a
+        printed ``learned_weight_decay`` of 1e-30 read like a fault)."""
+        decay = self.decay
+        if decay is None or loss is None or not math.isfinite(loss) or loss == 0:
             return None
-        entries, lams = self.decay.entries, self._entry_lambdas()
+        terms: dict[str, float] = {}
+        reached: dict[str, float] = {}
         with torch.no_grad():
-            terms = [
-                float(0.5 * (lam * e.param.detach().float().pow(2)).sum())
-                for e, lam in zip(entries, lams)
-            ]
-        off = [i for i, t in enumerate(terms) if t <= DECAY_OFF * abs(loss)]
+            for e, lam in zip(decay.entries, self._entry_lambdas()):
+                name = e.name if decay.per_element else decay.slot_names[e.slot]
+                term = float(0.5 * (lam * e.param.detach().float().pow(2)).sum())
+                terms[name] = terms.get(name, 0.0) + term
+                value = float(lam) if not isinstance(lam, Tensor) else float(lam.max())
+                reached[name] = max(reached.get(name, 0.0), value)
+        off = [name for name, term in terms.items() if term <= DECAY_OFF * abs(loss)]
         if not off:
             return None
-        values = [float(lams[i]) if not isinstance(lams[i], Tensor) else float(lams[i].max())
-                  for i in off]  # fmt: skip
-        names = ", ".join(entries[i].name for i in off[:4]) + (" …" if len(off) > 4 else "")
-        low, high = min(values), max(values)
-        reached = f"{high:.1g}" if low == high else f"{low:.1g} … {high:.1g}"
+        low, high = min(reached[n] for n in off), max(reached[n] for n in off)
+        values = f"{high:.1g}" if f"{low:.1g}" == f"{high:.1g}" else f"{low:.1g} … {high:.1g}"
+        names = ", ".join(off[:4]) + (" …" if len(off) > 4 else "")
         return (
-            f"the hyper steps drove λ of {len(off)} of the {len(entries)} decayed tensors "
-            f"({names}) down to {reached}, where the decay's term ½λ‖w‖² is below "
-            f"{DECAY_OFF:g} of the training loss ({loss:.3g}): the decay is effectively off "
-            "there, because the validation loss was lowest with less decay. Read these λ as 0, "
-            "not as a fault (learned_weight_decay and the logs give the number λ reached); "
-            "pass min_weight_decay=... to keep a floor under λ."
+            f"the hyper steps drove {len(off)} of the {len(terms)} learned λ ({names}) down to "
+            f"{values}, where the decay's term ½λ‖w‖² is below {DECAY_OFF:g} of the training "
+            f"loss ({loss:.3g}): the decay is effectively off there, because the validation loss "
+            "was lowest with less decay. Read these λ as 0, not as a fault (learned_weight_decay "
+            "and the logs give the number λ reached); pass min_weight_decay=... to keep a floor "
+            "under λ."
         )
 
     def check_not_wiped(self) -> None:
