@@ -61,6 +61,7 @@ from .isolation import (
 )
 from .metrics import (
     FEW_HYPER_STEPS,
+    budget_cut,
     describe,
     few_hyper_steps,
     hyper_metrics,
@@ -325,6 +326,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
+        self._ran_in_fit = 0  # hyper steps the budget allowed in this fit
         self._planned_short = False  # the fit's start warned that it plans too few hyper steps
         self._fit_start = 0  # the optimizer step this fit started from (a resume: later)
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
@@ -465,6 +467,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 horizon(trainer)[0], needed, self._due_left(trainer)
             )
         self.budget.start_hyper_step()
+        self._ran_in_fit += 1
         try:
             self._hyper_step(trainer, pl_module)
         finally:
@@ -688,6 +691,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._remember_learned(trainer)
         self._last_step = trainer.global_step
         self._due_in_fit, self._said_horizon, self._said_new_tensors = 0, False, False
+        self._ran_in_fit = 0
         self._fit_start = trainer.global_step
         rank_zero_info(
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
@@ -950,10 +954,27 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         if self.sid is not None:
             with self.budget.added_work():
                 self._check_weights(trainer, pl_module)
-            said = self.budget.starved(self._due_in_fit, self.sid.minimum_products())
-            if said is not None:
-                rank_zero_warn(f"{type(self).__name__}: {said}")
+            self._warn_if_budget_cut()
             self._warn_if_ended_before_learning(trainer)
+
+    def _warn_if_budget_cut(self) -> None:
+        """One warning where the budget ran too few of the fit's due hyper steps for
+        the hyperparameters to be learned: none of them (the budget's own account of why,
+        :meth:`~hypertorch_sid.core.budget.Budget.starved`), or fewer than
+        :meth:`hyper_steps_needed` where more were due (:func:`budget_cut`). Counted, not timed:
+        the hyper steps due and those run."""
+        assert self.sid is not None
+        ran, due = self._ran_in_fit, self._due_in_fit
+        said = (
+            self.budget.starved(due, self.sid.minimum_products())
+            if ran == 0
+            else budget_cut(
+                ran, due, self.hyper_steps_needed(), getattr(self.budget, "max_overhead", None),
+                self.hyperparameters_named,
+            )
+        )  # fmt: skip
+        if said is not None:
+            rank_zero_warn(f"{type(self).__name__}: {said}")
 
     def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Never go on with non-finite weights; the error names the cause

@@ -145,6 +145,14 @@ class LossWatch:
             bad = torch.where(clean, bad, bad_before)
             self._first = torch.stack([first, last, bad])
 
+    def last(self) -> float | None:
+        """The last finite training loss watched (None: none yet)."""
+        self._fold()
+        if self._first is None:
+            return None
+        last = float(self._first[1])
+        return last if math.isfinite(last) else None
+
     def cause(self) -> str | None:
         """Why the weights went non-finite, where the losses tell (None: they do not)."""
         self._fold()

@@ -70,7 +70,7 @@ from typing import Any, Literal
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from ..core.budget import Budget
@@ -391,6 +391,40 @@ class WeightDecayProblem:
             return None
         return {e.name: a for e, a in zip(self.decay.entries, self._start_norms)}
 
+    def decay_off(self, loss: float | None) -> str | None:
+        """Say, at the fit's end, where the hyper steps drove λ so low that its decay is off in
+        effect: the decay term ½λ‖w‖² of every tensor one λ decays below :data:`DECAY_OFF` of
+        the training ``loss`` (None: no loss read, or no such λ). Judged per λ, not per tensor
+        (a bias's term is small at any λ). The maths is unchanged; the number λ reached is
+        not (session 53: a multi-label fit's λ fell to 1e-30 where no decay was best, and a
+        printed ``learned_weight_decay`` of 1e-30 read like a fault)."""
+        decay = self.decay
+        if decay is None or loss is None or not math.isfinite(loss) or loss == 0:
+            return None
+        terms: dict[str, float] = {}
+        reached: dict[str, float] = {}
+        with torch.no_grad():
+            for e, lam in zip(decay.entries, self._entry_lambdas()):
+                name = e.name if decay.per_element else decay.slot_names[e.slot]
+                term = float(0.5 * (lam * e.param.detach().float().pow(2)).sum())
+                terms[name] = terms.get(name, 0.0) + term
+                value = float(lam) if not isinstance(lam, Tensor) else float(lam.max())
+                reached[name] = max(reached.get(name, 0.0), value)
+        off = [name for name, term in terms.items() if term <= DECAY_OFF * abs(loss)]
+        if not off:
+            return None
+        low, high = min(reached[n] for n in off), max(reached[n] for n in off)
+        values = f"{high:.1g}" if f"{low:.1g}" == f"{high:.1g}" else f"{low:.1g} … {high:.1g}"
+        names = ", ".join(off[:4]) + (" …" if len(off) > 4 else "")
+        return (
+            f"the hyper steps drove {len(off)} of the {len(terms)} learned λ ({names}) down to "
+            f"{values}, where the decay's term ½λ‖w‖² is below {DECAY_OFF:g} of the training "
+            f"loss ({loss:.3g}): the decay is effectively off there, because the validation loss "
+            "was lowest with less decay. Read these λ as 0, not as a fault (learned_weight_decay "
+            "and the logs give the number λ reached); pass min_weight_decay=... to keep a floor "
+            "under λ."
+        )
+
     def check_not_wiped(self) -> None:
         """Say, at the fit's end, where the decay has wiped weight matrices: their norm ended
         below :data:`WIPED` of its value at the fit's start. A λ₀ so large that the decay
@@ -548,9 +582,14 @@ class WeightDecayProblem:
         if unused:
             raise ConfigurationError(
                 f"LearnedWeightDecay: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} "
-                "got no gradient from the training loss (a layer the training never uses), so "
-                "it has no trained value for the hypergradient to differentiate. Freeze it "
-                "(requires_grad_(False)), leave it out of the optimizer, or remove the layer."
+                "got no gradient from the training loss, so it has no trained value for the "
+                "hypergradient to differentiate: a layer the training never uses (freeze it "
+                "with requires_grad_(False), leave it out of the optimizer, or remove it), or "
+                "one whose gradient the forward cuts, which leaves it untrained without this "
+                "callback too: a .detach() or torch.no_grad() before it, or a block run under "
+                "torch.utils.checkpoint(..., use_reentrant=True) on inputs that do not require "
+                "grad (torch warned 'None of the inputs have requires_grad=True'; pass "
+                "use_reentrant=False)."
             )
 
     def check_still_trained(self, module: pl.LightningModule) -> None:
@@ -910,6 +949,11 @@ HIGH_INITIAL = 0.5
 #: ≥ 0.68
 WIPED = 0.05
 
+#: λ whose decay term ½λ‖w‖² ends the fit below this share of the training loss is reported as
+#: off in effect (:meth:`WeightDecayProblem.decay_off`): a term 1e-6 of the loss moves neither
+#: the loss nor its minimiser by more than float32 reads (session 54)
+DECAY_OFF = 1e-6
+
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
 GROUPS_KEY = "invariant_groups"
@@ -1247,10 +1291,14 @@ class LearnedWeightDecay(HyperOptimizationCallback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also: a fit never ends silently with layers the decay wiped
-        (:meth:`WeightDecayProblem.check_not_wiped`)."""
+        (:meth:`WeightDecayProblem.check_not_wiped`), and says where λ was driven so low that
+        the decay is off in effect (:meth:`WeightDecayProblem.decay_off`)."""
         super().on_train_end(trainer, pl_module)
         if self.sid is not None:
             self.problem.check_not_wiped()
+            said = self.problem.decay_off(self._losses.last())
+            if said is not None:
+                rank_zero_info(f"LearnedWeightDecay: {said}")
 
     def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor]:
         """½ Σᵢ λᵢ‖wᵢ‖² at the current λ (eq. weighted decay; decoupled: with the optimizer's P),
@@ -1404,7 +1452,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def learned_weight_decay(self) -> dict[str, Tensor]:
         """The learned λ by slot name (one per layer, group or tensor as ``granularity`` says;
         ``granularity="global"``: one entry; ``"per_element"``: every value of each tensor,
-        flattened), detached; empty before a fit has built λ in this process."""
+        flattened), detached; empty before a fit has built λ in this process. Where no decay
+        was best λ can end far below any effect (1e-30): the fit's end says so, naming the
+        tensors (:meth:`WeightDecayProblem.decay_off`)."""
         self._refuse_unapplied_checkpoint("learned_weight_decay")
         decay = self.problem.decay
         if decay is None:
