@@ -19,6 +19,7 @@ float64).
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -74,7 +75,9 @@ _STRATEGIES = (
 def settings(config: SIDConfig) -> dict[str, str]:
     """What of ``config`` a resumed run is compared on: its plain settings and the kinds of its
     strategies, as text."""
-    plain = {name: repr(getattr(config, name)) for name in _SETTINGS}
+    plain = {
+        name: re.sub(r" at 0x[0-9a-f]+", "", repr(getattr(config, name))) for name in _SETTINGS
+    }
     kinds = {name: type(getattr(config, name)).__name__ for name in _STRATEGIES}
     return plain | kinds
 
@@ -192,7 +195,6 @@ def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
         raise ConfigurationError(
             f"the saved train_batches_position must be an integer ≥ 0 or None, got {position!r}."
         )
-    _warn_other_config(state.get("config"), opt.config)
     if "guard" in state:
         DivergenceGuard().load_state_dict(state["guard"])  # validates only
     if state["outer_optimizer"] is not None and opt.outer_optimizer is not None:
@@ -212,6 +214,7 @@ def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
     opt.phi.load_scale_state(scale)
     opt.cost.load(cost)
     opt._resume_position = position
+    _warn_other_config(state.get("config"), opt.config)
     opt._streams = {}  # the next train_batches goes on from the saved position
 
 
