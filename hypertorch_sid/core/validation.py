@@ -115,7 +115,10 @@ def check_unchanged(
     or a schedule put inside ``inner_loss``/``outer_loss``) moved λ at every one of its calls
     with no word: the hypergradient was taken along a λ that changed under it, and λ drifted
     apart from the outer optimizer's steps (session 54)."""
-    moved = [i for i, (h, b) in enumerate(zip(hyper, before)) if not torch.equal(h.detach(), b)]
+    if not hyper:
+        return
+    differ = torch.stack([(h.detach() != b).any() for h, b in zip(hyper, before)]).tolist()
+    moved = [i for i, d in enumerate(differ) if d]  # one read of the device
     if not moved:
         return
     with torch.no_grad():
