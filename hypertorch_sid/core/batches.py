@@ -179,6 +179,9 @@ class BatchStream:
         self.name = name
         self._reiterable = not isinstance(source, Iterator)
         self._iterator: Iterator[Any] | None = None
+        #: batches drawn since the source was last iterated from its start (a resumed run
+        #: skips as many: :meth:`skip`)
+        self.position = 0
         self.samples_drawn = 0
         self.batches_drawn = 0
         self.bytes_drawn = 0
@@ -193,13 +196,13 @@ class BatchStream:
 
     def __next__(self) -> Any:
         if self._iterator is None:
-            self._iterator = iter(self.source)
+            self._iterator, self.position = iter(self.source), 0
         try:
             batch = next(self._iterator)
         except StopIteration:
             if not self._reiterable or self.samples_drawn == 0:
                 raise ConfigurationError(self._exhausted_message()) from None
-            self._iterator = iter(self.source)
+            self._iterator, self.position = iter(self.source), 0
             try:
                 batch = next(self._iterator)
             except StopIteration:
@@ -207,7 +210,23 @@ class BatchStream:
         self._drawn(batch)
         return batch
 
+    def skip(self, n: int) -> bool:
+        """Go on from the ``n``-th batch of a fresh pass of a re-iterable source, as a run that
+        drew ``n`` batches of its pass did (a resumed run). False, and the stream unchanged, for
+        a one-shot iterator (its position is its owner's) or a pass shorter than ``n``."""
+        if not self._reiterable or n <= 0:
+            return n == 0
+        iterator = iter(self.source)
+        skipped = list(itertools.islice(iterator, n))
+        if len(skipped) < n:
+            return False
+        for batch in skipped:  # counted as drawn: the source is known not to be empty
+            self._drawn(batch)
+        self._iterator, self.position = iterator, n
+        return True
+
     def _drawn(self, batch: Any) -> None:
+        self.position += 1
         self.samples_drawn += batch_size(batch)
         self.batches_drawn += 1
         self.bytes_drawn += nbytes(batch)
@@ -235,6 +254,7 @@ class BatchStream:
         # at most its stated length: a source whose len() understates an endless pass ends too
         batches = list(itertools.islice(iter(self.source), self.batches_per_pass))
         self._iterator = None
+        self.position = -len(batches)  # the next draw starts a fresh pass (position 0)
         if not batches:
             raise ConfigurationError(self._exhausted_message())
         for batch in batches:

@@ -42,7 +42,12 @@ from .estimation import CurvatureProbe
 from .horizon import StepReads
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
-from .outer import check_read_by_outer_loss, outer_gradients, outer_hessian_vector_product
+from .outer import (
+    check_read_by_outer_loss,
+    check_validation_batch,
+    outer_gradients,
+    outer_hessian_vector_product,
+)
 from .rows import RowSnapshot, all_finite, stored
 from .schedules import StepSchedule
 from .second_order import (
@@ -65,9 +70,11 @@ from .validation import (
     check_batch_dtype,
     check_finite,
     check_like_hyperparameters,
+    check_module,
     check_outer_optimizer,
     check_parameters,
     check_still_require_grad,
+    check_unchanged,
 )
 from .watch import (
     Buffers,
@@ -178,6 +185,7 @@ class SIDHyperOptimizer:
         #: the one owner of α, L, μ, λ_min, q and the damping δ
         self.constants = StepConstants(self.config)
         if module is not None:
+            check_module(module, self.inner_parameters)
             check_second_derivatives(module, self.inner_parameters)
         self.module = module
         self.penalty = penalty
@@ -218,6 +226,9 @@ class SIDHyperOptimizer:
         self._checked = False
         self._probe_batch: Any = None  # the first checks' batch: ℓ̂ before/after the first solve
         self._streams: dict[int, BatchStream] = {}
+        #: a loaded state's position in the pass of ``train_batches`` (skipped at the first draw)
+        self._resume_position: int | None = None
+        self._lambda_at_start: Tensors = []  # λ as the running hypergradient found it
         #: buffers of the modules the losses call, found at the first checks and restored after
         #: each hyper step when no ``module=`` was given (as ``frozen_mode`` does with it)
         self._buffers = Buffers()
@@ -326,8 +337,11 @@ class SIDHyperOptimizer:
             return train_batches
         stream = self._streams.get(id(train_batches))
         if stream is None or stream.source is not train_batches:
+            last = next(iter(self._streams.values()), None)
             stream = BatchStream(train_batches, "train_batches")
             self._streams = {id(train_batches): stream}
+            state.resume_position(stream, self._resume_position, last)
+            self._resume_position = None
         return stream
 
     def _source(self, kind: str, stream: BatchStream) -> BatchStream:
@@ -390,8 +404,11 @@ class SIDHyperOptimizer:
         """
         check_still_require_grad(self.inner_parameters, self.hyperparameters)
         check_finite(self.hyperparameters, "hyperparameters")  # written by the user since?
+        self._lambda_at_start = [h.detach().clone() for h in self.hyperparameters]
         self._buffers_at_start, self._buffers_after_inner = self._buffers.snapshot(), []
         try:
+            with frozen_mode(self.module, "eval"):  # None refused here, not after the solves
+                check_validation_batch(self.outer_loss, val_batch)
             # autograd on, as torch.optim's closures run: a call under torch.no_grad() or
             # inference_mode (a loop's outer update wrapped in one) was refused as "inner_loss
             # does not depend on the inner parameters", then a raw autograd error (session 53)
@@ -452,6 +469,7 @@ class SIDHyperOptimizer:
             adjoint = self._adjoint_solve(stream, val_batch)  # 2. v_k   (eq. backalg)
             hypergrad = self._assemble(stream, adjoint)  # 3. ∇̂f(λ)      (eq. gradestim)
             self._check_divergence(hypergrad, adjoint)
+            check_unchanged(self.hyperparameters, self._lambda_at_start)  # a loss wrote λ?
         except BaseException:  # a failed hypergradient leaves no partial state
             with torch.no_grad():
                 for w, w_start in zip(self.inner_parameters, w0):
@@ -496,10 +514,17 @@ class SIDHyperOptimizer:
         c, mean = self.config, self.mean_across_processes
         self.constants.at_w_t()
         with frozen_mode(self.module, "eval"):
-            g_w, g_lam, value = outer_gradients(
-                self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters,
-                self.module,
-            )  # fmt: skip
+            try:
+                g_w, g_lam, value = outer_gradients(
+                    self.outer_loss, val_batch, self.inner_parameters, self.hyperparameters,
+                    self.module,
+                )  # fmt: skip
+            except RuntimeError as error:  # validation data of another dtype: named (session 54)
+                try:
+                    check_batch_dtype(val_batch, self.inner_parameters, "val_batch")
+                except ConfigurationError as named:
+                    raise named from error
+                raise
             if self.cost.hypergradients == 0 and self.phi.unread_hyperparameters:
                 check_read_by_outer_loss(
                     self.outer_loss, val_batch, self.hyperparameters,
@@ -775,8 +800,15 @@ class SIDHyperOptimizer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: λ, outer optimizer state, warm-start v, constants, cost
-        (:mod:`~hypertorch_sid.core.state`)."""
+        """What this optimizer owns, to resume: λ, the outer optimizer's state, the warm-start v,
+        the constants, the cost, the position in the current pass of ``train_batches`` and the
+        config's settings (:mod:`~hypertorch_sid.core.state`).
+
+        Not w: save the inner weights with the model (``model.state_dict()``) beside this state,
+        and load both, e.g. ``torch.save({"model": model.state_dict(), "hopt":
+        hopt.state_dict()}, path)``. With w, this state and the user's own random state (a
+        shuffling ``DataLoader``'s generator, dropout) restored, N/2 + N/2 hyper steps equal N.
+        """
         return state.state_dict(self)
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -784,7 +816,10 @@ class SIDHyperOptimizer:
 
         Every entry is validated before anything changes: a truncated, corrupted or foreign state
         raises :class:`ConfigurationError` and leaves this optimizer (λ, v, the outer optimizer,
-        constants, cost) exactly as it was.
+        constants, cost) exactly as it was. A state saved under other config settings loads with
+        a warning naming them. The next ``train_batches`` (a list, a ``DataLoader``) goes on
+        from the saved position in its pass (a warning where it cannot: a one-shot iterator, a
+        shorter pass). The inner weights w are not in it: load them with the model.
         """
         state.load_state_dict(self, saved)
         # the saved run checked inner_loss's dependencies at its first hypergradient; checking

@@ -77,6 +77,42 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
     return [val_batch], False
 
 
+def check_validation_batch(outer_loss: Callable[[Any], Tensor], val_batch: Any) -> None:
+    """Refuse a validation batch with no samples, and ``val_batch=None`` unless ``outer_loss``
+    takes it (an E that reads no data), before the solves run (session 54). None reached the
+    user's ``outer_loss`` after the inner solve, as its own ``TypeError`` ("cannot unpack
+    non-iterable NoneType"); it is now tried once, at the call, without gradients."""
+    tensors = [t for t in _tensors(val_batch) if t.dim() > 0]
+    empty = [tuple(t.shape) for t in tensors if t.shape[0] == 0]
+    if tensors and len(empty) == len(
+        tensors
+    ):  # E = mean over no samples = NaN: it was "∇E diverged (residual norm 0)"
+        raise ConfigurationError(
+            f"val_batch holds a tensor with no samples (shape {empty[0]}): E would be a mean "
+            "over nothing (NaN). Check the validation split (e.g. X[n_train:] past the end of "
+            "X) and pass at least one validation sample."
+        )
+    if val_batch is not None:
+        return
+    try:
+        with torch.no_grad():
+            outer_loss(None)
+    except Exception as err:
+        raise ConfigurationError(
+            f"val_batch is None, and outer_loss(None) fails ({type(err).__name__}: {err}). "
+            "Pass the validation data: one batch such as (X_val, y_val), a list of batches or a "
+            "DataLoader over the validation set, e.g. hopt.step(train_loader, (X_val, y_val))."
+        ) from err
+
+
+def _tensors(x: Any) -> list[Tensor]:
+    """The tensors of a batch or a list of batches (tuples, lists, dicts; nested)."""
+    if isinstance(x, Tensor):
+        return [x]
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+    return [t for item in items for t in _tensors(item)]
+
+
 def _is_namedtuple(x: Any) -> bool:
     return isinstance(x, tuple) and hasattr(x, "_fields")
 

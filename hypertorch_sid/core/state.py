@@ -2,13 +2,24 @@
 
 The state holds λ, the outer optimizer's state, the warm-start v, the step constants
 (:class:`~hypertorch_sid.core.constants.StepConstants`), the map's preconditioner S, the
-divergence guard and the cost. Every entry is validated before anything changes: a truncated,
-corrupted or foreign state raises :class:`ConfigurationError` and leaves the optimizer as it was.
+divergence guard, the cost, the position in the current pass of the ``train_batches`` the
+optimizer iterates itself (a list or a ``DataLoader``: the resumed run skips the batches the
+saved one had drawn) and the config's settings (a load under other settings warns). Every entry
+is validated before anything changes: a truncated, corrupted or foreign state raises
+:class:`ConfigurationError` and leaves the optimizer as it was.
+
+It does not hold the inner weights w: they are the user's model's, saved with it
+(``model.state_dict()``, or the tensors themselves). A resumed run continues the saved one
+exactly when w, this state, and whatever random state the user's data and losses draw on (a
+shuffling ``DataLoader``'s generator, dropout) are restored, and the optimizer is built with the
+same config over the same losses (session 54: 3 + 3 hyper steps equal 6 to the last bit in
+float64).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .batches import BatchStream
 from .constants import StepConstants
 from .cost import Cost
 from .divergence import DivergenceGuard
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from .config import SIDConfig
     from .optimizer import SIDHyperOptimizer
 
 Tensors = list[Tensor]
@@ -42,7 +55,96 @@ def state_dict(opt: SIDHyperOptimizer) -> dict[str, Any]:
         "scale": opt.phi.scale_state(),
         "guard": opt.guard.state_dict(),
         "cost": opt.cost.as_dict(),
+        "train_batches_position": _position(opt),
+        "config": settings(opt.config),
     }
+
+
+#: the settings a resumed run must share with the saved one to continue it exactly
+_SETTINGS = (
+    "inner_steps", "adjoint_steps", "step_size", "adjoint_step_size", "alpha", "eta", "beta",
+    "gamma", "switch", "q", "sigma2", "warm_start_adjoint", "mode", "batches",
+)  # fmt: skip
+#: strategies compared by their kind (their fields may follow the training, e.g. a horizon)
+_STRATEGIES = (
+    "curvature", "inner_solver", "damping", "adjoint_solver", "look_ahead", "preconditioner",
+    "on_divergence", "hvp",
+)  # fmt: skip
+
+
+def settings(config: SIDConfig) -> dict[str, str]:
+    """What of ``config`` a resumed run is compared on: its plain settings and the kinds of its
+    strategies, as text."""
+    plain = {
+        name: re.sub(r" at 0x[0-9a-f]+", "", repr(getattr(config, name))) for name in _SETTINGS
+    }
+    kinds = {name: type(getattr(config, name)).__name__ for name in _STRATEGIES}
+    return plain | kinds
+
+
+def _warn_other_config(saved: Any, config: SIDConfig) -> None:
+    """Warn where the state was saved under other settings: the resumed run is not the
+    continuation of the saved one (a deliberate change, e.g. more inner steps, is allowed)."""
+    if not isinstance(saved, dict):
+        return
+    ours = settings(config)
+    changed = [f"{k} {saved[k]} → {v}" for k, v in ours.items() if k in saved and saved[k] != v]
+    if changed:
+        warnings.warn(
+            "hypertorch_sid: the loaded state was saved with other settings than this "
+            f"optimizer's config ({'; '.join(changed)}): the resumed hyper steps run with this "
+            "config, so they do not continue the saved run exactly. Build the optimizer with the "
+            "saved run's SIDConfig to continue it as it was.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _same_list(last: BatchStream | None, source: Any) -> bool:
+    """Whether ``source`` is a list or tuple as long as the ``last`` stream's list or tuple."""
+    return (
+        last is not None
+        and isinstance(last.source, (list, tuple))
+        and isinstance(source, (list, tuple))
+        and len(last.source) == len(source)
+    )
+
+
+def _position(opt: SIDHyperOptimizer) -> int | None:
+    """The batches drawn from the current pass of the ``train_batches`` the optimizer iterates
+    itself (a list, a DataLoader), or None (none yet, a one-shot iterator: its position is the
+    caller's, or a :class:`BatchStream` given by the caller, e.g. the Lightning callback's)."""
+    streams = list(opt._streams.values())
+    if not streams or not streams[0]._reiterable:
+        return opt._resume_position  # a loaded one not yet used, else None
+    return streams[0].position
+
+
+def resume_position(stream: BatchStream, position: int | None, last: BatchStream | None) -> None:
+    """Go on where the batches left off: from a loaded state's ``position``, or from the ``last``
+    stream's where the new source is a list (or tuple) as long as its list, the same batches
+    built again (``hopt.step([b for b in batches], ...)`` in the loop: every hyper step restarted
+    from the first batch, and the rest of the data were never drawn, session 54). A loaded
+    position that cannot be skipped to warns."""
+    if position is None:
+        if _same_list(last, stream.source):
+            stream.skip(last.position)  # type: ignore[union-attr]
+        return
+    if stream.skip(position):
+        return
+    warnings.warn(
+        f"hypertorch_sid: the loaded state had drawn {position} batches of the current pass of "
+        f"train_batches; this {stream.name} cannot go on from there ("
+        + (
+            "a one-shot iterator: resume it yourself"
+            if not stream._reiterable
+            else "its pass is shorter: another data source than the saved run's"
+        )
+        + "), so it starts from its first batch and the resumed run draws other batches than "
+        "an uninterrupted one would.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
@@ -86,6 +188,13 @@ def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
             f"the saved cost must be a dict of integer counters among {sorted(fields)}, got "
             f"{cost!r}."
         )
+    position = state.get("train_batches_position")
+    if position is not None and (
+        isinstance(position, bool) or not isinstance(position, int) or position < 0
+    ):
+        raise ConfigurationError(
+            f"the saved train_batches_position must be an integer ≥ 0 or None, got {position!r}."
+        )
     if "guard" in state:
         DivergenceGuard().load_state_dict(state["guard"])  # validates only
     if state["outer_optimizer"] is not None and opt.outer_optimizer is not None:
@@ -104,6 +213,9 @@ def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
     opt.constants.load_state_dict(state["constants"])
     opt.phi.load_scale_state(scale)
     opt.cost.load(cost)
+    opt._resume_position = position
+    _warn_other_config(state.get("config"), opt.config)
+    opt._streams = {}  # the next train_batches goes on from the saved position
 
 
 def _load_outer_optimizer(optimizer: torch.optim.Optimizer, saved: Any) -> None:

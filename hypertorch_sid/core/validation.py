@@ -55,6 +55,12 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
                     "the leaf you optimise, e.g. log_lam, and compute λ = log_lam.exp() inside "
                     "the losses."
                 )
+    for i, x in enumerate(hyper):  # was "read by neither inner_loss nor outer_loss" (s54)
+        if x.numel() == 0:
+            raise ConfigurationError(
+                f"hyperparameters[{i}] has no entries (shape {tuple(x.shape)}): there is nothing "
+                "to tune in it. Leave it out, or give it its size (e.g. torch.zeros(d))."
+            )
     check_no_duplicates(inner, hyper)
     devices = {x.device for x in list(inner) + list(hyper)}
     if len(devices) > 1:
@@ -66,6 +72,66 @@ def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
     check_no_shared_memory(inner, hyper)
     check_finite(hyper, "hyperparameters")
     check_finite(inner, "inner_parameters")
+
+
+def check_module(module: Any, inner: Sequence[Tensor]) -> None:
+    """``module=`` must be an ``nn.Module`` holding some of the inner parameters w.
+
+    A module holding none of them (another model, a ``copy.deepcopy`` of the model, a model
+    whose parameters are all frozen) was taken silently: its modes and buffers were switched
+    while the solves trained other tensors, and ``hvp="forward"`` differentiated the wrong model
+    (session 54)."""
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigurationError(
+            f"module= must be the torch.nn.Module that owns the inner parameters, got "
+            f"{type(module).__name__}. Pass the model (module=model), or leave module= out."
+        )
+    params = list(module.parameters())
+    ids = {id(w) for w in inner}
+    if any(id(p) in ids for p in params):
+        return
+    if not params:
+        why = "it has no parameters"
+    elif not any(p.requires_grad for p in params):
+        why = f"its {len(params)} parameters are all frozen (requires_grad=False)"
+    else:
+        why = (
+            f"none of its {len(params)} parameters is among the inner parameters (another "
+            "model, or a copy of the model: copy.deepcopy makes new tensors)"
+        )
+    raise ConfigurationError(
+        f"module= ({type(module).__name__}) holds none of the inner parameters w: {why}. Pass "
+        "the model whose parameters are trained, with inner_parameters=model.parameters() (or "
+        "a list of them), or leave module= out where w is not a module's."
+    )
+
+
+def check_unchanged(
+    hyper: Sequence[Tensor], before: Sequence[Tensor], where: str = "the hypergradient"
+) -> None:
+    """λ is as the hypergradient found it, else λ is put back and :class:`ConfigurationError`.
+
+    A loss that writes λ (``log_lam.data.clamp_(min=0)``, ``lam.data.add_(...)``: a constraint
+    or a schedule put inside ``inner_loss``/``outer_loss``) moved λ at every one of its calls
+    with no word: the hypergradient was taken along a λ that changed under it, and λ drifted
+    apart from the outer optimizer's steps (session 54)."""
+    if not hyper:
+        return
+    differ = torch.stack([(h.detach() != b).any() for h, b in zip(hyper, before)]).tolist()
+    moved = [i for i, d in enumerate(differ) if d]  # one read of the device
+    if not moved:
+        return
+    with torch.no_grad():
+        for h, b in zip(hyper, before):
+            h.copy_(b)
+    raise ConfigurationError(
+        f"the hyperparameters at positions {moved} were changed during {where}: "
+        "a loss writes λ in place (inner_loss, outer_loss or a training_step: e.g. "
+        "log_lam.data.clamp_(...), "
+        "lam.data.add_(...)); λ was put back. λ is changed only by the outer optimizer: put a "
+        "constraint into SIDConfig(feasible_set=FeasibleSet(project=...)), and compute a "
+        "transformed λ inside the loss without writing it (e.g. lam = log_lam.exp())."
+    )
 
 
 def check_still_require_grad(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:
@@ -246,7 +312,7 @@ def check_no_shared_memory(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> 
                     )
 
 
-def check_batch_dtype(batch: Any, inner_parameters: Sequence[Tensor]) -> None:
+def check_batch_dtype(batch: Any, inner_parameters: Sequence[Tensor], name: str = "batch") -> None:
     """Floating tensors in ``batch`` have the parameters' dtype.
 
     Walks tensors, tuples, lists and dicts; integer and bool tensors (labels, indices) are
@@ -257,7 +323,7 @@ def check_batch_dtype(batch: Any, inner_parameters: Sequence[Tensor]) -> None:
     if len(dtypes) != 1:
         return  # mixed parameters: check_dtypes reports that
     (dtype,) = dtypes
-    for where, x in _floating_tensors(batch, "batch"):
+    for where, x in _floating_tensors(batch, name):
         if x.dtype != dtype:
             target = {torch.float64: ".double()", torch.float32: ".float()"}.get(
                 dtype, f".to({dtype})"

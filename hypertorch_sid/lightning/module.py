@@ -53,7 +53,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ..core.errors import ConfigurationError
-from ..core.validation import check_inner_optimizers, is_real
+from ..core.validation import check_inner_optimizers, check_unchanged, is_real
 
 __all__ = ["Bilevel", "BilevelModule"]
 
@@ -127,6 +127,11 @@ class Bilevel:
         if not tensor.is_floating_point():
             raise ConfigurationError(
                 f"hyperparameter {name!r} has dtype {tensor.dtype}; use a floating-point tensor."
+            )
+        if tensor.numel() == 0:  # was refused at the first hyper step as "read by neither loss"
+            raise ConfigurationError(
+                f"hyperparameter {name!r} has no entries (shape {tuple(tensor.shape)}): there is "
+                "nothing to tune in it. Give it its size (e.g. torch.zeros(d)), or leave it out."
             )
         param = nn.Parameter(tensor, requires_grad=True)
         self.register_parameter(name, param)
@@ -242,9 +247,12 @@ class Bilevel:
     def _first_training_step(self, *args: Any, **kwargs: Any) -> Any:
         """``training_step`` once, watching which λ it reads; then the method is itself again."""
         del self.__dict__["training_step"]
-        reads = _Reads(list(self.hyperparameters()))
+        hyper = list(self.hyperparameters())
+        before = [h.detach().clone() for h in hyper]
+        reads = _Reads(hyper)
         with reads:
             out = self.training_step(*args, **kwargs)
+        check_unchanged(hyper, before, "training_step")
         if not reads.found:
             names = ", ".join(self._hyperparameter_names)
             raise ConfigurationError(
