@@ -268,3 +268,26 @@ def test_a_bilevel_module_with_validation_data_of_another_dtype_is_named():
     X, y, Xv, yv = ridge_data()
     with pytest.raises(ConfigurationError, match=r"val_batch\[0\] has dtype torch.float32"):
         _fit_module(Ridge(), (X, y, Xv.float(), yv.float()))
+
+
+def test_a_hyperparameter_summary_of_floats_is_logged():
+    """Before: an override returning floats (``{"lam": float(self.log_lam.exp())}``) crashed the
+    callback's logging with ``'float' object has no attribute 'detach'``; now a number is read
+    as a tensor, and a value that is neither is refused naming its key."""
+    pytest.importorskip("pytorch_lightning")
+    from lightning_problems import Ridge
+
+    class Floats(Ridge):
+        def hyperparameter_summary(self):
+            return {"lam": float(self.log_lam.exp().mean())}
+
+    model = Floats()
+    _fit_module(model)
+    assert torch.isfinite(model.log_lam).all()
+
+    class Strings(Ridge):
+        def hyperparameter_summary(self):
+            return {"lam": "small"}
+
+    with pytest.raises(ConfigurationError, match=r"hyperparameter_summary\(\)\['lam'\] is str"):
+        _fit_module(Strings())

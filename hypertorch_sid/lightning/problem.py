@@ -266,7 +266,7 @@ class ModuleProblem:
             inner_parameters=list(module.inner_parameters()),
             inner_loss=module.inner_loss,
             outer_loss=module.outer_loss,
-            summary=module.hyperparameter_summary,
+            summary=functools.partial(summarised, module),
             freeze=hyper,
         )
 
@@ -274,6 +274,33 @@ class ModuleProblem:
         untrained = getattr(self, "untrained", None)
         if untrained is not None:
             untrained.check(trainer, module)
+
+
+def summarised(module: Bilevel) -> dict[str, Tensor]:
+    """``module.hyperparameter_summary()`` as detached tensors: an override may return floats
+    or tensors with a graph (e.g. ``{"lam": self.log_lam.exp()}``); anything else is refused,
+    naming the key."""
+    summary = module.hyperparameter_summary()
+    if not isinstance(summary, dict):
+        raise ConfigurationError(
+            f"{type(module).__name__}.hyperparameter_summary() must return a dict "
+            f"{{name: tensor or number}}, got {type(summary).__name__}."
+        )
+    out = {}
+    for name, value in summary.items():
+        try:
+            out[str(name)] = (
+                value.detach()
+                if isinstance(value, Tensor)
+                else torch.as_tensor(value, dtype=torch.get_default_dtype())
+            )
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ConfigurationError(
+                f"{type(module).__name__}.hyperparameter_summary()[{name!r}] is "
+                f"{type(value).__name__}, not a tensor or a number: return e.g. "
+                '{"lam": self.log_lam.exp()}.'
+            ) from err
+    return out
 
 
 def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> None:
