@@ -179,3 +179,27 @@ def test_a_gradient_cut_by_reentrant_checkpointing_is_named() -> None:
         warnings.simplefilter("ignore")
         with pytest.raises(ConfigurationError, match=r"net\.0\.weight.*use_reentrant=False"):
             _trainer([cb], max_steps=8, limit_val_batches=0).fit(Reentrant(), train, val)
+
+
+class ReentrantRows(Net):
+    """The same cut under per-sample losses (``LearnedDataWeights``)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        x, y = batch
+        h = checkpoint(self.net[0], x, use_reentrant=True)
+        return F.cross_entropy(self.net[2](self.net[1](h)), y, reduction="none")
+
+
+def test_a_gradient_cut_by_reentrant_checkpointing_is_named_under_data_weights() -> None:
+    # Before: the core's refusal named only "a layer the training never uses (e.g. an EMA copy)".
+    from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights
+
+    train, val = _data()
+    rows = DataLoader(IndexedDataset(train.dataset), batch_size=16, shuffle=True)
+    cb = LearnedDataWeights(every_n_steps=4, start_step=0, max_overhead=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigurationError, match=r"net\.0\.weight.*use_reentrant=False"):
+            _trainer([cb], max_steps=8, limit_val_batches=0).fit(ReentrantRows(), rows, val)

@@ -626,10 +626,13 @@ def check_dependencies(
     if unused_w and names is not None:
         said = ", ".join(names[i] for i in unused_w[:5]) + (" …" if len(unused_w) > 5 else "")
         raise ConfigurationError(
-            f"the training loss does not depend on {said} (a layer the training never uses, "
-            "e.g. an EMA copy of the network among the optimizer's parameters): they have no "
-            "fixed point to solve for. Leave them out of the optimizer (or of "
-            "inner_parameters), or freeze them (requires_grad_(False)) before the fit."
+            f"the training loss does not depend on {said}: either a layer the training never "
+            "uses (e.g. an EMA copy of the network among the optimizer's parameters: leave them "
+            "out of the optimizer or of inner_parameters, or freeze them with "
+            "requires_grad_(False) before the fit), or a gradient cut on the way to them "
+            "(.detach(), torch.no_grad(), or torch.utils.checkpoint(..., use_reentrant=True) on "
+            "inputs that do not require grad: pass use_reentrant=False). They have no fixed "
+            "point to solve for."
         )
     if unused_w:
         raise ConfigurationError(
