@@ -46,7 +46,8 @@ def test_coin_evidence_moves_less_and_consistent_evidence_keeps_its_drift():
     # the plain step's spread: 5 visits of ±1 (mean square 5); the agreeing one's about 4.3
     # (its moves come in runs, so not the ½ of independent gates: docs/failures.md, session 54)
     assert agree.pow(2).mean() < 0.9 * plain.pow(2).mean()
-    assert (agree == 0).float().mean() > 0.05 > (plain == 0).float().mean()  # odd visits: ≠ 0
+    # coin rows 3 logits down (session 53's sunk rows): 20 % with the plain step, 6 % here
+    assert (agree >= 2.9).float().mean() < 0.5 * (plain >= 2.9).float().mean()
     # rows whose evidence says "down" 65 % of the time (corrupted rows' share, session 53)
     biased = torch.where(torch.rand(4000, 5, generator=gen) < 0.65, 1.0, -1.0)
     d_plain, d_agree = _walk(LazyAdam, biased).mean(), _walk(AgreeingLazyAdam, biased).mean()
