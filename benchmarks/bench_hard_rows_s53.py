@@ -31,7 +31,6 @@ Usage (from the repository root; one thread)::
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -46,18 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_dw_accuracy_s52 as s52  # noqa: E402
 import bench_user_recipes_s50 as s50  # noqa: E402
 
-from hypertorch_sid.core.agreeing_step import AgreeingLazyAdam  # noqa: E402
 from hypertorch_sid.core.objectives import OBJECTIVES  # noqa: E402
 
 #: candidate arms: LearnedDataWeights settings (objects built per fit)
 CANDIDATES: dict[str, Any] = {
     "dw_mean_loss": lambda: {"objective": "mean_loss"},
     "dw_q1": lambda: {"objective": OBJECTIVES["expected_error"](q=1.0)},
-}
-#: session 54: the agreeing outer step (eq. agreestep, hypertorch_sid/core/agreeing_step.py)
-CANDIDATES["dw_agree"] = lambda: {
-    "outer_optimizer": functools.partial(AgreeingLazyAdam, lr=1.0, betas=(0.0, 0.999)),
-    "sparse_grad": True,
 }
 for _name in ("class_relative_error", "class_error"):
     if _name in OBJECTIVES:
