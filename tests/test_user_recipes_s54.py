@@ -203,3 +203,38 @@ def test_a_gradient_cut_by_reentrant_checkpointing_is_named_under_data_weights()
         warnings.simplefilter("ignore")
         with pytest.raises(ConfigurationError, match=r"net\.0\.weight.*use_reentrant=False"):
             _trainer([cb], max_steps=8, limit_val_batches=0).fit(ReentrantRows(), rows, val)
+
+
+class Rows(Net):
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y, reduction="none")
+
+
+class StopAt(pl.Callback):
+    """What EarlyStopping does, at a known step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        trainer.should_stop = trainer.global_step >= self.step
+
+
+@pytest.mark.parametrize("stop, said", [(20, True), (None, False)])
+def test_a_fit_stopped_early_after_its_first_hyper_step_says_the_weights_say_little(
+    stop: int | None, said: bool
+) -> None:
+    # Before: a noisy-label recipe under EarlyStopping(patience=3) stopped at step 80 of 256,
+    # just after its first hyper step: weights at their start, flagged() empty, no word.
+    from hypertorch_sid import IndexedDataset, LearnedDataWeights
+
+    train, val = _data()
+    rows = DataLoader(IndexedDataset(train.dataset), batch_size=16, shuffle=True)
+    cb = LearnedDataWeights(start_step=16, every_n_steps=16, max_overhead=None)
+    stops = [StopAt(stop)] if stop else []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer([cb, *stops], max_epochs=10, limit_val_batches=0).fit(Rows(), rows, val)
+    told = [w for w in caught if "stopped at optimizer step" in str(w.message)]
+    assert bool(told) == said
