@@ -242,7 +242,9 @@ class Setup(s54.Setup):
         record["arm"], record["logs"] = arm, sorted(set(logs.lines))
         tr = LAST["trainer"]
         record["epochs_run"] = tr.current_epoch
-        record["final_lr"] = [g["lr"] for g in tr.optimizers[0].param_groups] if tr.optimizers else []
+        record["final_lr"] = (
+            [g["lr"] for g in tr.optimizers[0].param_groups] if tr.optimizers else []
+        )
         return record
 
 

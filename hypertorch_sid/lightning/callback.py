@@ -787,7 +787,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
         """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""
         said = few_hyper_steps(
-            trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
+            planned_steps(trainer), self.every_n_steps, self.start_step,
             trainer.global_step, self.hyper_steps_needed(),
         )  # fmt: skip
         self._planned_short = said is not None
@@ -1106,9 +1106,30 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         )  # fmt: skip
 
 
+def planned_steps(trainer: pl.Trainer) -> float:
+    """The optimizer steps the fit plans: ``trainer.estimated_stepping_batches``, counted per
+    epoch under a ``GradientAccumulationScheduler``. Lightning divides every epoch by the
+    accumulation in force when it is read (session 55: ``{0: 1, 2: 4}`` over 5 epochs of 32
+    batches, 88 steps, read as 160 at the fit's start and 40 from epoch 2 on, so the steps left
+    went negative and the warnings counted a fit that does not run)."""
+    total = trainer.estimated_stepping_batches
+    schedule = classes("callbacks.GradientAccumulationScheduler")
+    scheduler = next((c for c in trainer.callbacks if isinstance(c, schedule)), None)
+    batches = trainer.num_training_batches
+    if scheduler is None or not math.isfinite(total) or trainer.max_epochs in (None, -1):
+        return total
+    if not math.isfinite(batches):
+        return total
+    steps = sum(
+        math.ceil(batches / scheduler.get_accumulate_grad_batches(epoch))
+        for epoch in range(max(trainer.max_epochs, 1))
+    )
+    return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
+
+
 def remaining_steps(trainer: pl.Trainer) -> int | None:
     """The optimizer steps left in the fit (None where its length is unknown)."""
-    total = trainer.estimated_stepping_batches
+    total = planned_steps(trainer)
     return int(total) - trainer.global_step if math.isfinite(total) and total >= 0 else None
 
 

@@ -89,6 +89,7 @@ from .callback import (
     HyperOptimizationCallback,
     config_given,
     default_unless_given,
+    planned_steps,
     refuse_a_class,
 )
 from .cross_term import RandomState, _cross_term_for, directional_losses
@@ -833,7 +834,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         uninterrupted one's schedule)."""
         if not self._schedule_caps:
             return
-        total = trainer.estimated_stepping_batches
+        total = planned_steps(trainer)
         start, every = self.fit_length_schedule(
             total,
             self._schedule_caps.get("start_step", self.start_step),
@@ -879,7 +880,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             return
         epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
         said = late_first_hyper_step(
-            trainer.estimated_stepping_batches, self.every_n_steps, self.start_step,
+            planned_steps(trainer), self.every_n_steps, self.start_step,
             trainer.global_step, epoch,
         )  # fmt: skip
         if said is not None:  # a fit stopped before that step is still told it learned nothing
@@ -899,7 +900,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         at step 96 of 256, one hyper step in: AUC 0.52, nothing flagged, the plain fit's test
         loss to every digit)."""
         super()._warn_if_ended_before_learning(trainer)
-        stopped, planned = trainer.global_step, trainer.estimated_stepping_batches
+        stopped, planned = trainer.global_step, planned_steps(trainer)
         if (
             getattr(self, "_said_late", False)
             or self.cross_term != "training"
