@@ -33,11 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -52,7 +54,7 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s50 import images  # noqa: E402
-from bench_user_recipes_s54 import Backbone, Recipe, pretrained, table  # noqa: E402
+from bench_user_recipes_s54 import Backbone, Recipe, pretrained  # noqa: E402
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
 
@@ -209,6 +211,8 @@ class Setup(s54.Setup):
             self.make, self.own = SmallCNN, 5e-4
             self.extra = lambda: [GradientAccumulationScheduler(scheduling={0: 1, 2: 4})]
             self.trainer_kw = {"gradient_clip_val": 0.5, "gradient_clip_algorithm": "value"}
+            self.arms = ("own", "decay", "plain", "dw", "dw_advice")  # the warning's advice
+            self.advice_kw = {"start_step": 17, "every_n_steps": 17}
         elif name == "plateau_step":
             self.make = PlateauMLP
         elif name == "swa_bn":
@@ -229,14 +233,16 @@ class Setup(s54.Setup):
         logger = logging.getLogger("hypertorch_sid")
         logger.addHandler(logs)
         level, logger.level = logger.level, logging.INFO
-        patched = s54.LearnedWeightDecay
+        patched, dw_kw = s54.LearnedWeightDecay, self.dw_kw
+        if arm == "dw_advice":
+            self.dw_kw = self.advice_kw
         if arm == "decay_tl":  # s54's "decay" arm with training_loss= given
             s54.LearnedWeightDecay = DecayWithLoss
         try:
             with recipe_trainer(self.extra):
-                record = super().run("decay" if arm == "decay_tl" else arm)
+                record = super().run({"decay_tl": "decay", "dw_advice": "dw"}.get(arm, arm))
         finally:
-            s54.LearnedWeightDecay = patched
+            s54.LearnedWeightDecay, self.dw_kw = patched, dw_kw
             logger.removeHandler(logs)
             logger.setLevel(level)
         record["arm"], record["logs"] = arm, sorted(set(logs.lines))
@@ -246,6 +252,42 @@ class Setup(s54.Setup):
             [g["lr"] for g in tr.optimizers[0].param_groups] if tr.optimizers else []
         )
         return record
+
+
+VERSUS = {"decay": "own", "decay_tl": "own", "dw": "plain", "dw_advice": "plain"}
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    """Per recipe and drop-in arm: test loss − the comparison's, paired by seed (mean ± s.e.,
+    seeds worse), the wall ratio, optimizer steps, λ range / AUC, errors."""
+    out = ["| recipe | arm | test loss − comparison (s.e., worse) | wall × | steps | λ / AUC |",
+           "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    by: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in records:
+        by.setdefault((r["recipe"], r["arm"]), {})[r["seed"]] = r
+    for (recipe, arm), runs in sorted(by.items()):
+        ref = by.get((recipe, VERSUS.get(arm, "")), {})
+        err = next((r["error"] for r in runs.values() if "error" in r), None)
+        if err or not ref:
+            loss = "" if err else " / ".join(f"{runs[s]['test_loss']:.4f}" for s in sorted(runs))
+            out.append(f"| {recipe} | {arm} | {err[:200] if err else loss} | | | |")
+            continue
+        seeds = sorted(s for s in runs if s in ref)
+        d = np.array([runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds])
+        se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+        wall = [runs[s]["wall_s"] / ref[s]["wall_s"] for s in seeds]
+        steps = "/".join(f"{runs[s]['steps']}" for s in seeds)
+        ref_steps = "/".join(f"{ref[s]['steps']}" for s in seeds)
+        note = "; ".join(
+            f"{r['lam_range'][0]:.2g}–{r['lam_range'][1]:.2g}" if "lam_range" in r
+            else f"{r.get('auc', float('nan')):.2f}"
+            for r in (runs[s] for s in seeds)
+        )  # fmt: skip
+        out.append(
+            f"| {recipe} | {arm} | {d.mean():+.4f} ± {se:.4f} ({int((d > 0).sum())}/{len(d)}) | "
+            f"{min(wall):.1f}–{max(wall):.1f} | {steps} (vs {ref_steps}) | {note} |"
+        )
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
