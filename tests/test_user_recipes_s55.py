@@ -9,7 +9,11 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import Callback, GradientAccumulationScheduler
+from pytorch_lightning.callbacks import (
+    Callback,
+    GradientAccumulationScheduler,
+    StochasticWeightAveraging,
+)
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -25,11 +29,12 @@ def _trainer(callbacks: list, **kw: Any) -> pl.Trainer:
 
 
 class Net(pl.LightningModule):
-    def __init__(self, per_sample: bool = False) -> None:
+    def __init__(self, per_sample: bool = False, norm: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.per_sample = per_sample
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        bn = nn.BatchNorm1d(16) if norm else nn.Identity()
+        self.net = nn.Sequential(nn.Linear(6, 16), bn, nn.Tanh(), nn.Linear(16, 3))
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
@@ -103,3 +108,54 @@ def test_data_weights_whose_first_hyper_step_comes_late_under_an_accumulation_sc
     said = [str(w.message) for w in caught if "LearnedDataWeights" in str(w.message)]
     assert trainer.global_step == 22
     assert any("at optimizer step 16" in s and "runs 22 optimizer steps" in s for s in said), said
+
+
+def test_stochastic_weight_averagings_batchnorm_epoch_is_counted_as_one_step() -> None:
+    """Lightning's SWA on a model with BatchNorm adds an epoch that accumulates all 8 batches
+    into one step: 4 epochs run 4·8 + 1 = 33 steps, read as 40 at the fit's start (the s55
+    recipe: "this fit runs 192 optimizer steps" of 161) and as 5 in that epoch (steps left < 0)."""
+    train, val = _data()
+    horizons = Horizons()
+    decay = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=0.5)
+    trainer = _trainer([decay, swa, horizons], max_epochs=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(norm=True), train, val)
+    said = [str(w.message) for w in caught if "hyper step" in str(w.message)]
+    assert trainer.global_step == 33
+    assert any("this fit runs 33 optimizer steps" in s for s in said), said
+    assert min(horizons.seen) >= 0, horizons.seen
+
+
+class ManualEverySecond(Net):
+    """Manual optimisation that steps the optimizer every second batch (accumulation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        opt = self.optimizers()
+        self.manual_backward(super().training_step(batch, batch_idx) / 2)
+        if batch_idx % 2 == 1:
+            opt.step()
+            opt.zero_grad()
+
+
+def test_manual_optimisation_stepping_every_second_batch_counts_its_steps() -> None:
+    """3 epochs of 8 batches, a step every second batch: 12 steps, which Lightning counts as 24
+    (training batches); the steps left were twice the true ones to the end (12 at the last
+    step), and the fit's start said "runs 24 optimizer steps" as a fact."""
+    train, val = _data()
+    horizons = Horizons()
+    loss = lambda module, batch: F.cross_entropy(module.net(batch[0]), batch[1])  # noqa: E731
+    decay = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None, training_loss=loss)
+    trainer = _trainer([decay, horizons], max_epochs=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(ManualEverySecond(), train, val)
+    said = [str(w.message) for w in caught if "hyper step" in str(w.message)]
+    assert trainer.global_step == 12
+    assert horizons.seen[-1] == 0, horizons.seen
+    assert any("Under manual optimisation Lightning counts" in s for s in said), said

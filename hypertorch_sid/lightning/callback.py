@@ -791,6 +791,11 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             trainer.global_step, self.hyper_steps_needed(),
         )  # fmt: skip
         self._planned_short = said is not None
+        if said is not None and _manual(trainer):
+            said += (
+                " (Under manual optimisation Lightning counts every training batch as an "
+                "optimizer step: where training_step steps less often, fewer hyper steps run.)"
+            )
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")
 
@@ -1108,23 +1113,52 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
 
 def planned_steps(trainer: pl.Trainer) -> float:
     """The optimizer steps the fit plans: ``trainer.estimated_stepping_batches``, counted per
-    epoch under a ``GradientAccumulationScheduler``. Lightning divides every epoch by the
-    accumulation in force when it is read (session 55: ``{0: 1, 2: 4}`` over 5 epochs of 32
-    batches, 88 steps, read as 160 at the fit's start and 40 from epoch 2 on, so the steps left
-    went negative and the warnings counted a fit that does not run)."""
+    epoch where the accumulation changes between epochs. Lightning divides every epoch by the
+    accumulation in force when it is read (session 55: ``GradientAccumulationScheduler({0: 1,
+    2: 4})`` over 5 epochs of 32 batches, 88 steps, read as 160 at the fit's start and 40 from
+    epoch 2 on, so the steps left went negative and the warnings counted a fit that does not
+    run); ``StochasticWeightAveraging`` adds an epoch that accumulates all its batches into one
+    step (BatchNorm's statistics of the averaged weights)."""
     total = trainer.estimated_stepping_batches
-    schedule = classes("callbacks.GradientAccumulationScheduler")
-    scheduler = next((c for c in trainer.callbacks if isinstance(c, schedule)), None)
-    batches = trainer.num_training_batches
-    if scheduler is None or not math.isfinite(total) or trainer.max_epochs in (None, -1):
+    if _manual(trainer):
+        return _paced_steps(trainer, total)
+    scheduler = _callback(trainer, "callbacks.GradientAccumulationScheduler")
+    swa = _callback(trainer, "callbacks.StochasticWeightAveraging")
+    bn_epoch = swa is not None and getattr(swa, "_model_contains_batch_norm", False)
+    batches, epochs = trainer.num_training_batches, trainer.max_epochs
+    if not (scheduler or bn_epoch) or epochs in (None, -1) or not math.isfinite(batches):
         return total
-    if not math.isfinite(batches):
+    base = trainer.accumulate_grad_batches  # in SWA's own epoch: all its batches; the fit's:
+    if bn_epoch and trainer.current_epoch >= epochs - 1:
+        base = getattr(swa, "_accumulate_grad_batches", base)
+    accumulate = scheduler.get_accumulate_grad_batches if scheduler else lambda _: base
+    steps = [math.ceil(batches / accumulate(epoch)) for epoch in range(max(epochs, 1))]
+    if bn_epoch:
+        steps[-1] = 1
+    return min(sum(steps), trainer.max_steps) if trainer.max_steps != -1 else sum(steps)
+
+
+def _paced_steps(trainer: pl.Trainer, total: float) -> float:
+    """Under manual optimisation Lightning counts training batches, and ``training_step`` steps
+    the optimizers as often as it likes (every second batch, session 55: 80 steps read as 160):
+    the batches planned × the steps per batch so far (Lightning's count before the first)."""
+    batches, epochs, step = trainer.num_training_batches, trainer.max_epochs, trainer.global_step
+    seen = trainer.fit_loop.epoch_loop.total_batch_idx + 1
+    if epochs in (None, -1) or not math.isfinite(batches) or seen <= 0 or step == 0:
         return total
-    steps = sum(
-        math.ceil(batches / scheduler.get_accumulate_grad_batches(epoch))
-        for epoch in range(max(trainer.max_epochs, 1))
-    )
+    steps = math.ceil(batches * max(epochs, 1) * step / seen)
     return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
+
+
+def _manual(trainer: pl.Trainer) -> bool:
+    """Whether the fit's module optimizes manually (``automatic_optimization = False``)."""
+    module = getattr(trainer, "lightning_module", None)
+    return module is not None and not module.automatic_optimization
+
+
+def _callback(trainer: pl.Trainer, path: str) -> Any:
+    """The trainer's callback of the Lightning class at ``path`` (None: none)."""
+    return next((c for c in trainer.callbacks if isinstance(c, classes(path))), None)
 
 
 def remaining_steps(trainer: pl.Trainer) -> int | None:
