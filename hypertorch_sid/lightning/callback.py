@@ -1125,8 +1125,10 @@ def planned_steps(trainer: pl.Trainer) -> float:
     scheduler = _callback(trainer, "callbacks.GradientAccumulationScheduler")
     swa = _callback(trainer, "callbacks.StochasticWeightAveraging")
     bn_epoch = swa is not None and getattr(swa, "_model_contains_batch_norm", False)
+    if not (scheduler or bn_epoch):
+        return total
     batches, epochs = trainer.num_training_batches, trainer.max_epochs
-    if not (scheduler or bn_epoch) or epochs in (None, -1) or not math.isfinite(batches):
+    if epochs in (None, -1) or not math.isfinite(batches):
         return total
     base = trainer.accumulate_grad_batches  # in SWA's own epoch: all its batches; the fit's:
     if bn_epoch and trainer.current_epoch >= epochs - 1:
@@ -1158,7 +1160,9 @@ def _manual(trainer: pl.Trainer) -> bool:
 
 def _callback(trainer: pl.Trainer, path: str) -> Any:
     """The trainer's callback of the Lightning class at ``path`` (None: none)."""
-    return next((c for c in trainer.callbacks if isinstance(c, classes(path))), None)
+    return next(
+        (c for c in getattr(trainer, "callbacks", ()) if isinstance(c, classes(path))), None
+    )
 
 
 def remaining_steps(trainer: pl.Trainer) -> int | None:
