@@ -159,3 +159,29 @@ def test_manual_optimisation_stepping_every_second_batch_counts_its_steps() -> N
     assert trainer.global_step == 12
     assert horizons.seen[-1] == 0, horizons.seen
     assert any("Under manual optimisation Lightning counts" in s for s in said), said
+
+
+class StopAt(Callback):
+    """Ends the fit at an optimizer step, as ``max_time`` does by the clock."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        trainer.should_stop = trainer.should_stop or trainer.global_step >= self.step
+
+
+def test_data_weights_in_a_fit_of_unknown_length_stopped_soon_after_the_first_hyper_step() -> None:
+    """``Trainer(max_time=..., max_epochs=-1)``: the fit's planned length is infinite. Stopped at
+    step 24 with the first hyper step at 16, the end-of-fit warning formatted the planned length
+    as ``int(inf)``: OverflowError after the fit, the model trained but the user's script
+    stopped."""
+    train, val = _data(indexed=True)
+    weights = LearnedDataWeights(start_step=16, every_n_steps=8)
+    trainer = _trainer([weights, StopAt(24)], max_epochs=-1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(per_sample=True), train, val)
+    said = [str(w.message) for w in caught if "stopped at optimizer step 24" in str(w.message)]
+    assert trainer.global_step == 24
+    assert len(said) == 1 and "planned" not in said[0], said

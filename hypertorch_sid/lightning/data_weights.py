@@ -912,9 +912,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
         said = late_first_hyper_step(stopped, self.every_n_steps, self.start_step, 0, epoch)
         if said is not None:
+            of = f" of the {int(planned)} planned" if math.isfinite(planned) else ""
             rank_zero_warn(
-                f"LearnedDataWeights: the fit stopped at optimizer step {stopped} of the "
-                f"{int(planned)} planned (EarlyStopping, max_time?), so the weights and "
+                f"LearnedDataWeights: the fit stopped at optimizer step {stopped}{of} "
+                "(EarlyStopping, max_time?), so the weights and "
                 f"flagged() say little: {said} If EarlyStopping stopped it, let it run longer "
                 "(patience, min_steps)."
             )
