@@ -625,7 +625,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
     schedule:
         ``"fixed"`` (default): ``start_step=50``, ``every_n_steps=40`` whatever the fit's
         length. ``"fit_length"``: those of the two not given are scaled down to the fit's
-        length T (``trainer.estimated_stepping_batches``, read at the fit's start) in the
+        length T (``planned_steps``, read at the fit's start) in the
         proportions of the benchmark where 50 / 40 were chosen (T = 384):
         ``min(50, ⌈13 T / 100⌉)`` / ``min(40, ⌈5 T / 48⌉)`` (:meth:`fit_length_schedule`;
         T ≥ 383 or unknown keeps 50 / 40). The resolved schedule is logged at the fit's start.
@@ -810,7 +810,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         total: float, start_cap: int = 50, every_cap: int = 40
     ) -> tuple[int, int]:
         """``(start_step, every_n_steps)`` of ``schedule="fit_length"`` in a fit of ``total``
-        optimizer steps (``trainer.estimated_stepping_batches``): the benchmark's proportions
+        optimizer steps (``planned_steps``): the benchmark's proportions
         (bench_noisy_labels, T = 384, where 50 / 40 were chosen) carried to any length: the
         first 13 % of the fit trains plainly (50 ≈ 0.13 · 384) and the fit gets ~9.6
         hyper-step intervals (384 / 40), each capped by its fixed default:
@@ -830,7 +830,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
     def _resolve_schedule(self, trainer: pl.Trainer) -> None:
         """Set this fit's ``start_step`` / ``every_n_steps`` (those the user did not give) from
         the fit's length, and say them. Every fit resolves anew from its whole length
-        (``estimated_stepping_batches`` counts from step 0, so a resumed fit gets the
+        (the planned steps count from step 0, so a resumed fit gets the
         uninterrupted one's schedule)."""
         if not self._schedule_caps:
             return
