@@ -2,8 +2,8 @@
 
 Each recipe is a ``LightningModule`` written as a user would from the Lightning / PyTorch
 tutorials, on small subsets of real data (MNIST, Fashion-MNIST, 20 Newsgroups), trained four
-ways per seed (the harness of ``bench_user_recipes_s50.py``, whose data loaders, label noise,
-AUC and test loss are imported):
+ways per seed (the harness of ``recipe_harness.py``: data loaders, label noise, AUC, test loss,
+the command line):
 
 * ``own``    the recipe as written, with its own fixed ``weight_decay``, clean labels;
 * ``decay``  ``LearnedWeightDecay(<own value>)`` with every default (``decoupled=True`` where the

@@ -20,8 +20,8 @@ Newsgroups), trained per seed in up to five arms:
 Judged on a held-out test set nothing was chosen on: the recipe's own loss (MSE, cross entropy,
 mean binary cross entropy) and accuracy (per-label accuracy for the multi-label set; the
 regression: none). The data-weight arms also record the corrupted rows' mean weight against the
-clean ones' and the weights' AUC. The harness (20 Newsgroups loader, label noise, AUC, Trainer)
-is ``bench_user_recipes_s50.py``'s.
+clean ones' and the weights' AUC. The harness (20 Newsgroups loader, label noise, AUC, Trainer,
+the command line) is ``recipe_harness.py``.
 
 Usage (from the repository root; ``--data``: the folder holding ``mnist/``, ``fashion-mnist/``
 and ``20news/``)::
