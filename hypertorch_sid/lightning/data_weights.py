@@ -1230,7 +1230,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         steps read π_c, and r_c = π_c / s⁰_c (``.factor``, eq. rarity: how many times rarer
         the class is in training), as the fit's record holds them now; None where they are
         unknown (no integer labels read, per-class weights, no hyper step yet). Where some
-        r_c ≥ 3 the fit said so once, with what was measured (docs/data_weights.md)."""
+        class's r_c is ≥ 3 also at the lower end of π_c's interval (:meth:`ClassRarity.rare`)
+        the fit said so once, with what was measured (docs/data_weights.md, session 55)."""
         return class_rarity(self.problem)
 
     def flagged(self, rule: FlagRule | str | float | None = None) -> Tensor:
