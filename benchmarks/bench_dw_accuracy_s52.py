@@ -33,7 +33,6 @@ Usage (from the repository root; one thread)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -44,11 +43,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s50 as s50  # noqa: E402
 import bench_user_recipes_s51 as s51  # noqa: E402
+from recipe_harness import (  # noqa: E402
+    auc,
+    keep_rows,
+    probe_parser,
+    read_records,
+    run_probe,
+    trainer,
+)
 
 from hypertorch_sid import LearnedDataWeights  # noqa: E402
 from hypertorch_sid.core.objectives import MarginError  # noqa: E402
@@ -138,7 +145,7 @@ def fit(setup, train, arm: str, init: int, dw_kwargs: dict[str, Any]):
         cb = LearnedDataWeights(**kw)
     torch.manual_seed(init)
     model = setup.make(setup.own, dw)
-    tr = s50.trainer([cb] if cb is not None else [], setup.epochs, **setup.trainer_kw)
+    tr = trainer([cb] if cb is not None else [], setup.epochs, **setup.trainer_kw)
     t0 = time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -170,10 +177,7 @@ def run(name: str, data: Path, seed: int, inits, arms, dw_kwargs) -> list[dict[s
                 if arm == "plain_neff":  # a random subset of the noisy rows, n_eff of the dw fit
                     g = torch.Generator().manual_seed(init)
                     keep = torch.randperm(len(bad), generator=g)[: round(n_eff)]
-                if isinstance(noisy, s50.Docs):
-                    train = s50.Docs([noisy.seqs[i] for i in keep.tolist()], noisy.labels[keep])
-                else:
-                    train = TensorDataset(*(t[keep] for t in noisy.tensors))
+                train = keep_rows(noisy, keep)
             model, cb, cpu = fit(setup, train, arm, init, dw_kwargs)
             z, y = logits_of(model, test)
             rec: dict[str, Any] = {"recipe": name, "seed": seed, "init": init, "arm": arm}
@@ -196,7 +200,7 @@ def run(name: str, data: Path, seed: int, inits, arms, dw_kwargs) -> list[dict[s
                 w = cb.data_weights().detach().float().numpy()
                 good = ~badn
                 rec["w_bad"], rec["w_good"] = float(w[badn].mean()), float(w[good].mean())
-                rec["auc"] = s50.auc(w[badn], w[good])
+                rec["auc"] = auc(w[badn], w[good])
                 rec["sum_w_over_n"] = float(w.mean())
                 rec["n_eff"] = float(w.sum() ** 2 / (w**2).sum())
                 if arm == "dw":
@@ -292,41 +296,21 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def _key(r: dict[str, Any]) -> tuple:
-    return r["recipe"], r["seed"], r["init"], r["arm"], json.dumps(r["dw_kwargs"])
-
-
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--recipes", nargs="+", default=["cutmix_cnn"], choices=RECIPES)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument(
-        "--inits", nargs="+", type=int, default=None,
-        help="initialisation seeds (default: the data seed, as the session-51 benchmarks)",
-    )  # fmt: skip
+    p = probe_parser(__doc__, RECIPES, "cutmix_cnn", 0)
     p.add_argument("--arms", nargs="+", default=["plain", "dw"], choices=ARMS)
-    p.add_argument("--dw-kwargs", type=json.loads, default={}, help="LearnedDataWeights settings")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--table", action="store_true", help="print --out's table and stop")
     args = p.parse_args(argv)
     if args.table:
-        print(table(json.loads(args.out.read_text())["records"]))
+        print(table(read_records(args.out)))
         return
-    torch.set_num_threads(1)
-    old = json.loads(args.out.read_text())["records"] if args.out and args.out.exists() else []
-    for name in args.recipes:
-        for seed in args.seeds:
-            inits = args.inits if args.inits is not None else [seed]
-            recs = run(name, args.data, seed, inits, args.arms, args.dw_kwargs)
-            for r in recs:
-                r["dw_kwargs"] = args.dw_kwargs if r["arm"].startswith("dw") else {}
-            key = {_key(r) for r in recs}
-            old = [r for r in old if _key(r) not in key] + recs
-            if args.out is not None:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                payload = {"command": " ".join(["python", *sys.argv]), "records": old}
-                args.out.write_text(json.dumps(payload, indent=1))
+
+    def run_seed(name: str, seed: int, inits: list[int]) -> list[dict[str, Any]]:
+        recs = run(name, args.data, seed, inits, args.arms, args.dw_kwargs)
+        for r in recs:
+            r["dw_kwargs"] = args.dw_kwargs if r["arm"].startswith("dw") else {}
+        return recs
+
+    run_probe(args, run_seed)
 
 
 if __name__ == "__main__":

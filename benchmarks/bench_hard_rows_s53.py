@@ -30,20 +30,18 @@ Usage (from the repository root; one thread)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_dw_accuracy_s52 as s52  # noqa: E402
-import bench_user_recipes_s50 as s50  # noqa: E402
+from recipe_harness import auc, probe_parser, read_records, run_probe  # noqa: E402
 
 from hypertorch_sid.core.objectives import OBJECTIVES  # noqa: E402
 
@@ -85,7 +83,7 @@ def summary(rows: dict[str, np.ndarray], classes: int) -> dict[str, Any]:
         corr.append(spearman(w[gc], m[gc]))
         hard_by_class.append(float(w[gc][b == 0].mean()))
     return {
-        "auc": s50.auc(w[bad], w[good]),
+        "auc": auc(w[bad], w[good]),
         "w_bad": float(w[bad].mean()),
         "w_bad_median": float(cut),
         "w_clean": float(w[good].mean()),
@@ -156,7 +154,7 @@ def run(name: str, data: Path, seed: int, inits, arms, dw_kwargs, rows_dir: Path
                 if plain:
                     rec.update(summary(rows, setup.classes))
                 else:
-                    rec["auc"] = s50.auc(rows["w"][rows["bad"]], rows["w"][~rows["bad"]])
+                    rec["auc"] = auc(rows["w"][rows["bad"]], rows["w"][~rows["bad"]])
                 if rows_dir is not None:
                     rows_dir.mkdir(parents=True, exist_ok=True)
                     np.savez_compressed(rows_dir / f"{name}_{seed}_{init}_{arm}.npz", **rows)
@@ -201,42 +199,25 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _record_key(r: dict[str, Any]) -> tuple:
-    return r["recipe"], r["seed"], r["init"], r["arm"], json.dumps(r["dw_kwargs"])
-
-
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--recipes", nargs="+", default=["news_bag"], choices=s52.RECIPES)
-    p.add_argument("--seeds", nargs="+", type=int, default=[10])
-    p.add_argument("--inits", nargs="+", type=int, default=None)
+    p = probe_parser(__doc__, s52.RECIPES, "news_bag", 10)
     p.add_argument("--arms", nargs="+", default=["plain", "dw"])
-    p.add_argument("--dw-kwargs", type=json.loads, default={})
     p.add_argument("--rows", type=Path, default=None, help="folder for the per-row .npz files")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--table", action="store_true", help="print --out's table and stop")
     args = p.parse_args(argv)
     if args.table:
-        print(table(json.loads(args.out.read_text())["records"]))
+        print(table(read_records(args.out)))
         return
     bad_arms = [a for a in args.arms if a not in ("plain", "dw") and a not in CANDIDATES]
     if bad_arms:
         raise SystemExit(f"unknown arms {bad_arms}; known: plain, dw, {', '.join(CANDIDATES)}")
-    torch.set_num_threads(1)
-    old = json.loads(args.out.read_text())["records"] if args.out and args.out.exists() else []
-    for name in args.recipes:
-        for seed in args.seeds:
-            inits = args.inits if args.inits is not None else [seed]
-            recs = run(name, args.data, seed, inits, args.arms, args.dw_kwargs, args.rows)
-            for r in recs:
-                r["dw_kwargs"] = args.dw_kwargs
-            keys = {_record_key(r) for r in recs}
-            old = [r for r in old if _record_key(r) not in keys] + recs
-            if args.out is not None:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                payload = {"command": " ".join(["python", *sys.argv]), "records": old}
-                args.out.write_text(json.dumps(payload, indent=1))
+
+    def run_seed(name: str, seed: int, inits: list[int]) -> list[dict[str, Any]]:
+        recs = run(name, args.data, seed, inits, args.arms, args.dw_kwargs, args.rows)
+        for r in recs:
+            r["dw_kwargs"] = args.dw_kwargs
+        return recs
+
+    run_probe(args, run_seed)
 
 
 if __name__ == "__main__":

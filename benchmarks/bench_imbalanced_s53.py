@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +55,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_user_recipes_s50 import (  # noqa: E402  (the s50 module's machinery)
-    SmallCNN,
+from bench_user_recipes_s50 import SmallCNN  # noqa: E402
+from recipe_harness import (  # noqa: E402
     corrupt,
     images,
-    package_warnings,
+    mean_se,
+    merge_records,
+    read_records,
+    timed_fit,
     trainer,
+    write_json,
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights  # noqa: E402
@@ -160,12 +162,9 @@ def run(folder: Path, recipe: str, seed: int, arm: str, noise: bool) -> dict[str
     tr = trainer([cb] if cb is not None else [], EPOCHS)
     record: dict[str, Any] = {"recipe": recipe, "noise": noise, "arm": arm, "seed": seed}
     record["counts"] = counts.int().tolist()
-    t0, c0 = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tr.fit(model, loader, val)
-    record.update(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0)
-    record["warnings"] = package_warnings(caught, 300)
+    timed_fit(record, lambda: tr.fit(model, loader, val), width=300)
+    if "error" in record:
+        return record
     record.update(evaluate(model, xt, yt, rare))
     record["val_loss"] = evaluate(model, xv, yv, rare)["test_loss"]
     if cb is not None:
@@ -183,10 +182,9 @@ def run(folder: Path, recipe: str, seed: int, arm: str, noise: bool) -> dict[str
     return record
 
 
-def mean_se(values: list[float]) -> str:
-    a = np.asarray(values, float)
-    se = a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else float("nan")
-    return f"{a.mean():.4f} ± {se:.4f}"
+def mean_se_cell(values: list[float]) -> str:
+    """``mean ± s.e.``"""
+    return "{:.4f} ± {:.4f}".format(*mean_se(values))
 
 
 def table(records: list[dict[str, Any]]) -> str:
@@ -213,12 +211,12 @@ def table(records: list[dict[str, Any]]) -> str:
                 diff = "–"
                 if paired and arm != "dw":
                     a = np.asarray(paired)
-                    se = a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else float("nan")
-                    diff = f"{a.mean():+.2f} ± {se:.2f} ({(a > 0).sum()} / {(a < 0).sum()})"
+                    mean, se = mean_se(a)
+                    diff = f"{mean:+.2f} ± {se:.2f} ({(a > 0).sum()} / {(a < 0).sum()})"
                 ratio = [r["w_rare_over_common"] for r in rs if "w_rare_over_common" in r]
                 name = f"{recipe}{' +35 % noise' if noise else ''}"
                 means = " | ".join(
-                    mean_se([r[k] for r in rs])
+                    mean_se_cell([r[k] for r in rs])
                     for k in ("bal_acc", "test_acc", "rare_recall", "test_loss")
                 )
                 lines.append(
@@ -227,6 +225,11 @@ def table(records: list[dict[str, Any]]) -> str:
                     f"| {f'{np.mean(ratio):.2f}' if ratio else '–'} |"
                 )
     return "\n".join(lines)
+
+
+def _key(r: dict[str, Any]) -> tuple:
+    """A record's identity: a rerun of the same recipe, noise, arm and seed replaces it."""
+    return r["recipe"], r["noise"], r["arm"], r["seed"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -240,11 +243,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", action="store_true", help="print --out's table and stop")
     args = p.parse_args(argv)
     if args.table:
-        print(table(json.loads(args.out.read_text())["records"]))
+        print(table(read_records(args.out)))
         return
     torch.set_num_threads(1)
     command = " ".join(["python", *sys.argv])
-    old = json.loads(args.out.read_text())["records"] if args.out.exists() else []
+    old = read_records(args.out)
     for recipe in args.recipes:
         for seed in args.seeds:  # every arm of a seed in turn: paired, in the same hour
             for arm in args.arms:
@@ -256,11 +259,8 @@ def main(argv: list[str] | None = None) -> None:
                     if k not in ("warnings", "command", "recall", "counts")
                 }
                 print(json.dumps(shown), flush=True)
-                key = (recipe, args.noise, arm, seed)
-                old = [r for r in old if (r["recipe"], r["noise"], r["arm"], r["seed"]) != key]
-                old.append(rec)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"records": old}, indent=1))
+                old = merge_records(old, [rec], _key)
+                write_json(args.out, {"records": old})
 
 
 if __name__ == "__main__":

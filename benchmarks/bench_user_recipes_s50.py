@@ -29,31 +29,44 @@ Each ``--recipes`` run merges its records into ``--out``.
 
 from __future__ import annotations
 
-import argparse
-import gzip
-import json
-import re
 import sys
-import tarfile
 import tempfile
-import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
-from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay, indexed_collate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe_harness import (  # noqa: E402, F401  (re-exported: later scripts import them here)
+    NEWS_GROUPS,
+    NOISE,
+    Docs,
+    RecipeModule,
+    _idx,
+    auc,
+    corrupt,
+    decay_record,
+    images,
+    news,
+    noisy_labels,
+    package_warnings,
+    recipe_cli,
+    recipe_loader,
+    test_loss,
+    timed_fit,
+    trainer,
+    weights_record,
+)
 
-NOISE = 0.35
+from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
+
 ARMS = ("none", "own", "decay", "plain", "dw")
 #: settings given to every data-weights arm (--dw-kwargs, JSON)
 DW_KWARGS: dict[str, Any] = {}
@@ -63,72 +76,6 @@ EXTRA_ARMS = ("dw_mean_loss",)
 # ----------------------------------------------------------------------------- data
 
 
-def _idx(path: Path) -> np.ndarray:
-    raw = gzip.decompress(path.read_bytes())
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
-def images(data: Path, name: str, seed: int, n_train: int, n_val: int, n_test: int):
-    """Disjoint random subsets: train / val from the training file, test from the test file."""
-    folder = data / name
-    x = torch.tensor(_idx(folder / "train-images-idx3-ubyte.gz"), dtype=torch.float32) / 255
-    y = torch.tensor(_idx(folder / "train-labels-idx1-ubyte.gz"), dtype=torch.long)
-    xt = torch.tensor(_idx(folder / "t10k-images-idx3-ubyte.gz"), dtype=torch.float32) / 255
-    yt = torch.tensor(_idx(folder / "t10k-labels-idx1-ubyte.gz"), dtype=torch.long)
-    g = torch.Generator().manual_seed(1000 + seed)
-    p, q = torch.randperm(len(x), generator=g), torch.randperm(len(xt), generator=g)
-    tr, va, te = p[:n_train], p[n_train : n_train + n_val], q[:n_test]
-    x, xt = (x - 0.1307) / 0.3081, (xt - 0.1307) / 0.3081
-    return (x[tr, None], y[tr]), (x[va, None], y[va]), (xt[te, None], yt[te])
-
-
-NEWS_GROUPS = ("comp.graphics", "rec.sport.hockey", "sci.space", "talk.politics.guns")
-_TOKEN = re.compile(r"[a-z]{2,}")
-
-
-def news(data: Path, seed: int, n_train: int, n_val: int, n_test: int, vocab: int = 8000):
-    """Four groups of 20 Newsgroups (bydate), headers dropped, lower-case word tokens."""
-    docs: dict[str, list[tuple[list[str], int]]] = {"train": [], "test": []}
-    with tarfile.open(data / "20news" / "20news-bydate.tar.gz") as tar:
-        for member in tar:
-            parts = member.name.split("/")
-            if not member.isfile() or len(parts) < 3 or parts[1] not in NEWS_GROUPS:
-                continue
-            text = tar.extractfile(member).read().decode("latin-1")
-            body = text.split("\n\n", 1)[-1].lower()
-            split = "train" if parts[0].endswith("train") else "test"
-            docs[split].append((_TOKEN.findall(body)[:200], NEWS_GROUPS.index(parts[1])))
-    docs["train"].sort(key=lambda d: (d[1], d[0][:5]))
-    docs["test"].sort(key=lambda d: (d[1], d[0][:5]))
-    g = torch.Generator().manual_seed(1000 + seed)
-    p = torch.randperm(len(docs["train"]), generator=g).tolist()
-    q = torch.randperm(len(docs["test"]), generator=g).tolist()
-    tr = [docs["train"][i] for i in p[:n_train]]
-    va = [docs["train"][i] for i in p[n_train : n_train + n_val]]
-    te = [docs["test"][i] for i in q[:n_test]]
-    counts = Counter(w for toks, _ in tr for w in toks)
-    ids = {w: i + 1 for i, (w, _) in enumerate(counts.most_common(vocab - 1))}
-
-    def encode(split):
-        seqs = [torch.tensor([ids[w] for w in toks if w in ids] or [0]) for toks, _ in split]
-        return seqs, torch.tensor([lab for _, lab in split])
-
-    return encode(tr), encode(va), encode(te)
-
-
-class Docs(Dataset):
-    def __init__(self, seqs: list[torch.Tensor], labels: torch.Tensor) -> None:
-        self.seqs, self.labels = seqs, labels
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-    def __getitem__(self, i: int):
-        return self.seqs[i], self.labels[i]
-
-
 def bag_collate(samples):
     """EmbeddingBag's flat input: the tokens end to end, each document's offset, the labels."""
     seqs = [s for s, _ in samples]
@@ -136,38 +83,17 @@ def bag_collate(samples):
     return torch.cat(seqs), offsets, torch.stack([y for _, y in samples])
 
 
-def corrupt(y: torch.Tensor, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """35 % of the labels moved to another class, uniformly; returns the labels and the mask."""
-    g = torch.Generator().manual_seed(7 + seed)
-    bad = torch.rand(len(y), generator=g) < NOISE
-    shift = torch.randint(1, classes, (len(y),), generator=g)
-    return torch.where(bad, (y + shift) % classes, y), bad
-
-
 # ----------------------------------------------------------------------------- recipes
 
 
-class Base(pl.LightningModule):
-    """What every recipe shares: a per-sample switch and a validation loss."""
-
-    def __init__(self, wd: float, per_sample: bool) -> None:
-        super().__init__()
-        self.wd, self.per_sample = wd, per_sample
-
-    def reduce(self, loss: torch.Tensor) -> torch.Tensor:
-        self.log("train_loss", loss.mean())
-        return loss if self.per_sample else loss.mean()
-
-    def validation_step(self, batch, batch_idx):
-        *x, y = batch
-        self.log("val_loss", self.criterion(self(*x), y).mean(), prog_bar=True)
+class Base(RecipeModule):
+    """The harness's recipe module, its per-sample loss named ``criterion``."""
 
     def criterion(self, out, y):
         return F.cross_entropy(out, y, reduction="none")
 
-    def training_step(self, batch, batch_idx):
-        *x, y = batch
-        return self.reduce(self.criterion(self(*x), y))
+    def per_sample_loss(self, out, y):
+        return self.criterion(out, y)
 
 
 class NewsBag(Base):
@@ -384,70 +310,11 @@ class GroupsAdamW(Base):
 # ----------------------------------------------------------------------------- one fit
 
 
-def auc(scores_bad: np.ndarray, scores_good: np.ndarray) -> float:
-    """P(a corrupted example's weight < a clean one's), ties counted half."""
-    allv = np.concatenate([scores_bad, scores_good])
-    ranks = allv.argsort().argsort() + 1.0
-    # average ranks for ties
-    _, inv, cnt = np.unique(allv, return_inverse=True, return_counts=True)
-    sums = np.bincount(inv, weights=ranks)
-    ranks = (sums / cnt)[inv]
-    rb = ranks[: len(scores_bad)].sum()
-    u = rb - len(scores_bad) * (len(scores_bad) + 1) / 2
-    return float(1 - u / (len(scores_bad) * len(scores_good)))
-
-
-def trainer(callbacks, epochs, **kw) -> pl.Trainer:
-    return pl.Trainer(
-        max_epochs=epochs, callbacks=callbacks, logger=False,
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks or []),
-        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", **kw,
-    )  # fmt: skip
-
-
-def test_loss(
-    model: nn.Module, loader: DataLoader, regression: bool = False
-) -> tuple[float, float]:
-    model.eval()
-    total, correct, n = 0.0, 0, 0
-    with torch.no_grad():
-        for *x, y in loader:
-            out = model(*x)
-            if regression:
-                total += F.mse_loss(out, y, reduction="sum").item()
-                correct += (out.round() == y).sum().item()
-            else:
-                total += F.cross_entropy(out, y, reduction="sum").item()
-                correct += (out.argmax(1) == y).sum().item()
-            n += len(y)
-    return total / n, correct / n
-
-
-def recipe_loader(data, collate, batch: int, indexed: bool, shuffle: bool) -> DataLoader:
-    """A recipe's loader: indexed for the data weights (the user's ``collate_fn`` wrapped by
-    ``indexed_collate``), ``batch`` while training, 256 for evaluation."""
-    if indexed:
-        data = IndexedDataset(data)
-        collate = indexed_collate(collate) if collate is not None else None
-    kw = {"collate_fn": collate} if collate is not None else {}
-    return DataLoader(data, batch_size=batch if shuffle else 256, shuffle=shuffle, **kw)
-
-
-def package_warnings(caught: list, width: int) -> list[str]:
-    """The warnings of a fit that come from this package (its messages cut at ``width``)."""
-    return sorted(
-        {
-            str(w.message)[:width]
-            for w in caught
-            if "hypertorch" in (w.filename or "")
-            or "Learned" in str(w.message)
-            or "hyper" in str(w.message)
-        }
-    )
-
-
 class Setup:
     """A recipe's data and how to build and fit it, per arm."""
+
+    #: the arms every recipe runs
+    arms = ARMS
 
     def __init__(self, name: str, data: Path, seed: int) -> None:
         self.name, self.seed = name, seed
@@ -524,12 +391,7 @@ class Setup:
                 torch.rand(len(y), generator=g) - 0.5
             )
             return TensorDataset(x, torch.where(bad, y + shift, y)), bad
-        if isinstance(self.train, Docs):
-            y, bad = corrupt(self.train.labels, self.classes, self.seed)
-            return Docs(self.train.seqs, y), bad
-        x, y = self.train.tensors
-        y2, bad = corrupt(y, self.classes, self.seed)
-        return TensorDataset(x, y2), bad
+        return noisy_labels(self.train, self.classes, self.seed)
 
     def loader(self, data, indexed: bool, shuffle: bool) -> DataLoader:
         return recipe_loader(data, self.collate, 64, indexed, shuffle)
@@ -556,24 +418,21 @@ class Setup:
         tr = trainer(callbacks, self.epochs, **self.trainer_kw)
         val = self.loader(self.val, False, False)
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
-        t0 = time.process_time()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                if self.datamodule:
-                    dm = ImbalancedData(
-                        train.tensors if hasattr(train, "tensors") else train,
-                        self.val.tensors,
-                        arm.startswith("dw"),
-                    )
-                    tr.fit(model, datamodule=dm)
-                else:
-                    tr.fit(model, self.loader(train, arm.startswith("dw"), True), val)
-            except Exception as err:  # noqa: BLE001 - a finding, recorded
-                record["error"] = f"{type(err).__name__}: {err}"
-                return record
-            record["cpu_s"] = time.process_time() - t0
-            record["warnings"] = package_warnings(caught, 300)
+
+        def fit() -> None:
+            if self.datamodule:
+                dm = ImbalancedData(
+                    train.tensors if hasattr(train, "tensors") else train,
+                    self.val.tensors,
+                    arm.startswith("dw"),
+                )
+                tr.fit(model, datamodule=dm)
+            else:
+                tr.fit(model, self.loader(train, arm.startswith("dw"), True), val)
+
+        timed_fit(record, fit, width=300)
+        if "error" in record:
+            return record
         if ckpt is not None and ckpt.best_model_path:
             state = torch.load(ckpt.best_model_path, weights_only=False)["state_dict"]
             model.load_state_dict(state)
@@ -585,16 +444,10 @@ class Setup:
         val_loss, _ = test_loss(model, val, self.regression)  # the clean set the user holds
         record.update(test_loss=loss, test_acc=acc, val_loss=val_loss, epochs_run=tr.current_epoch)
         if arm == "decay":
-            lam = {k: float(v.mean()) for k, v in cb.learned_weight_decay.items()}
-            record["lam"] = lam
-            record["lam_range"] = [min(lam.values()), max(lam.values())]
+            record.update(decay_record(cb))
         if arm.startswith("dw"):
-            w = cb.data_weights().detach().numpy()
             badn = bad.numpy()
-            record.update(
-                w_bad=float(w[badn].mean()), w_good=float(w[~badn].mean()),
-                auc=auc(w[badn], w[~badn]),
-            )  # fmt: skip
+            record.update(weights_record(cb.data_weights().detach().numpy(), badn))
             with warnings.catch_warnings(record=True) as fw:
                 warnings.simplefilter("always")
                 flagged = cb.flagged().numpy()
@@ -657,46 +510,6 @@ def table(records: list[dict[str, Any]]) -> str:
         )
         lines.append(f"| {name} | " + " | ".join(cols) + f" | {sep or '–'} | {flags or '–'} |")
     return "\n".join(lines)
-
-
-def recipe_cli(argv: list[str] | None, bench: Any, default_out: Path) -> None:
-    """The recipe benchmarks' command line (this one's and ``bench_user_recipes_s51.py``'s): run
-    ``--recipes`` × ``--seeds`` × ``--arms``, print each record, and keep every record in
-    ``--out`` (a rerun replaces the records of the same recipe, arm and seed), each with the
-    command that made it; ``--table`` prints the table of ``--out`` and stops. ``bench``: the
-    benchmark's module, whose ``RECIPES``, ``ARMS``, ``EXTRA_ARMS``, ``Setup``, ``table`` and
-    ``DW_KWARGS`` (updated by ``--dw-kwargs``) are read."""
-    description, recipes, setup, table = bench.__doc__, bench.RECIPES, bench.Setup, bench.table
-    arms, extra_arms, dw_kwargs = bench.ARMS, bench.EXTRA_ARMS, bench.DW_KWARGS
-    p = argparse.ArgumentParser(description=description.split("\n")[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--recipes", nargs="+", default=["all"])
-    p.add_argument("--arms", nargs="+", default=list(arms), choices=arms + extra_arms)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--out", type=Path, default=default_out)
-    p.add_argument("--table", action="store_true", help="print --out's table and stop")
-    p.add_argument("--dw-kwargs", type=json.loads, default={}, help="LearnedDataWeights settings")
-    args = p.parse_args(argv)
-    dw_kwargs.update(args.dw_kwargs)
-    if args.table:
-        print(table(json.loads(args.out.read_text())["records"]))
-        return
-    torch.set_num_threads(1)
-    command = " ".join(["python", *sys.argv])
-    old = json.loads(args.out.read_text())["records"] if args.out.exists() else []
-    for name in recipes if args.recipes == ["all"] else args.recipes:
-        for seed in args.seeds:
-            made = setup(name, args.data, seed)
-            for arm in args.arms:
-                rec = made.run(arm)
-                rec["command"] = command
-                shown = {k: v for k, v in rec.items() if k not in ("warnings", "lam", "command")}
-                print(json.dumps(shown), flush=True)
-                old = [r for r in old if (r["recipe"], r["arm"], r["seed"]) != (name, arm, seed)]
-                old.append(rec)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                record = {"command": command, "noise": NOISE, "records": old}
-                args.out.write_text(json.dumps(record, indent=1))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,8 +2,8 @@
 
 Each recipe is a ``LightningModule`` written as a user would from the Lightning / PyTorch
 tutorials, on small subsets of real data (MNIST, Fashion-MNIST, 20 Newsgroups), trained four
-ways per seed (the harness of ``bench_user_recipes_s50.py``, whose data loaders, label noise,
-AUC and test loss are imported):
+ways per seed (the harness of ``recipe_harness.py``: data loaders, label noise, AUC, test loss,
+the command line):
 
 * ``own``    the recipe as written, with its own fixed ``weight_decay``, clean labels;
 * ``decay``  ``LearnedWeightDecay(<own value>)`` with every default (``decoupled=True`` where the
@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,17 +48,20 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.data import DataLoader, Subset, TensorDataset, random_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_user_recipes_s50 import (  # noqa: E402
+from recipe_harness import (  # noqa: E402
     Docs,
-    auc,
-    corrupt,
+    RecipeModule,
+    decay_record,
     images,
+    keep_rows,
     news,
-    package_warnings,
+    noisy_labels,
     recipe_cli,
     recipe_loader,
     test_loss,
+    timed_fit,
     trainer,
+    weights_record,
 )
 
 from hypertorch_sid import (  # noqa: E402
@@ -98,26 +99,9 @@ def pad_lengths_collate(samples):
 # ----------------------------------------------------------------------------- recipes
 
 
-# not session 50's Base: its criterion() method would shadow a recipe's criterion submodule
-# (CutMix's label-smoothed loss, registered as self.criterion, would not be used)
-class Recipe(pl.LightningModule):
-    """What every recipe shares: a per-sample switch and a validation loss."""
-
-    def __init__(self, wd: float, per_sample: bool) -> None:
-        super().__init__()
-        self.wd, self.per_sample = wd, per_sample
-
-    def reduce(self, loss: torch.Tensor) -> torch.Tensor:
-        self.log("train_loss", loss.mean())
-        return loss if self.per_sample else loss.mean()
-
-    def training_step(self, batch, batch_idx):
-        *x, y = batch
-        return self.reduce(F.cross_entropy(self(*x), y, reduction="none"))
-
-    def validation_step(self, batch, batch_idx):
-        *x, y = batch
-        self.log("val_loss", F.cross_entropy(self(*x), y), prog_bar=True)
+# the harness's module, not session 50's Base: its criterion() method would shadow a recipe's
+# criterion submodule (CutMix's label-smoothed loss, registered as self.criterion)
+Recipe = RecipeModule
 
 
 def warmup_cosine(opt, warmup: int, total: int):
@@ -379,6 +363,9 @@ RECIPES = (
 class Setup:
     """A recipe's data and how to build and fit it, per arm."""
 
+    #: the arms every recipe runs
+    arms = ARMS
+
     def __init__(self, name: str, data: Path, seed: int) -> None:
         self.name, self.seed = name, seed
         self.collate: Callable | None = None
@@ -438,12 +425,7 @@ class Setup:
             raise SystemExit(f"unknown recipe {name!r}")
 
     def noisy_train(self):
-        if isinstance(self.train, Docs):
-            y, bad = corrupt(self.train.labels, self.classes, self.seed)
-            return Docs(self.train.seqs, y), bad
-        x, y = self.train.tensors
-        y2, bad = corrupt(y, self.classes, self.seed)
-        return TensorDataset(x, y2), bad
+        return noisy_labels(self.train, self.classes, self.seed)
 
     def loader(self, data, indexed: bool, shuffle: bool) -> DataLoader:
         return recipe_loader(data, self.collate, self.batch, indexed, shuffle)
@@ -452,11 +434,7 @@ class Setup:
         noisy = arm in ("plain", "dw", "oracle")
         train, bad = self.noisy_train() if noisy else (self.train, None)
         if arm == "oracle":
-            keep = torch.nonzero(~bad).squeeze(1)
-            if isinstance(train, Docs):
-                train = Docs([train.seqs[i] for i in keep.tolist()], train.labels[keep])
-            else:
-                train = TensorDataset(*(t[keep] for t in train.tensors))
+            train = keep_rows(train, torch.nonzero(~bad).squeeze(1))
         # the focal loss's α: from the labels the user trains on
         self.counts = torch.bincount(train[:][1], minlength=self.classes).float()
         wd = 0.0 if arm in ("none", "decay") else self.own
@@ -471,37 +449,26 @@ class Setup:
         tr = trainer([cb] if cb is not None else [], self.epochs, **self.trainer_kw)
         val = self.loader(self.val, False, False)
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
-        t0, w0 = time.process_time(), time.perf_counter()
         dm = None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                if self.name == "mobile_bf16":
-                    x, y = train.tensors
-                    xv, yv = self.val.tensors
-                    y_clean = torch.cat([y if arm == "oracle" else self.train.tensors[1], yv])
-                    dm = SplitData(
-                        torch.cat([x, xv]), torch.cat([y, yv]), y_clean, len(yv),
-                        arm == "dw", self.seed,
-                    )  # fmt: skip
-                    tr.fit(model, datamodule=dm)
-                else:
-                    tr.fit(model, self.loader(train, arm == "dw", True), val)
-            except Exception as err:  # noqa: BLE001 - a finding, recorded
-                record["error"] = f"{type(err).__name__}: {err}"[:2000]
-                return record
-            record["cpu_s"] = time.process_time() - t0
-            record["wall_s"] = time.perf_counter() - w0
-            record["warnings"] = package_warnings(caught, 400)
+        if self.name == "mobile_bf16":
+            x, y = train.tensors
+            xv, yv = self.val.tensors
+            y_clean = torch.cat([y if arm == "oracle" else self.train.tensors[1], yv])
+            dm = SplitData(
+                torch.cat([x, xv]), torch.cat([y, yv]), y_clean, len(yv), arm == "dw", self.seed
+            )
+            timed_fit(record, lambda: tr.fit(model, datamodule=dm))
+        else:
+            timed_fit(record, lambda: tr.fit(model, self.loader(train, arm == "dw", True), val))
+        if "error" in record:
+            return record
         test_kw = {"collate_fn": self.collate} if self.collate else {}
         loss, acc = test_loss(model, DataLoader(self.test, batch_size=500, **test_kw))
         val_loss, _ = test_loss(model, DataLoader(self.val, batch_size=500, **test_kw))
         record.update(test_loss=loss, test_acc=acc, val_loss=val_loss, epochs_run=tr.current_epoch)
         record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
         if arm == "decay":
-            lam = {k: float(v.mean()) for k, v in cb.learned_weight_decay.items()}
-            record["lam"] = lam
-            record["lam_range"] = [min(lam.values()), max(lam.values())]
+            record.update(decay_record(cb))
         if cb is not None:
             record["hyper_steps"] = len(getattr(cb, "history", []) or [])
         if arm == "dw":
@@ -509,10 +476,7 @@ class Setup:
             badn = bad.numpy()
             if dm is not None:  # the pool's (val rows clean), the training split's in order
                 badn = np.concatenate([badn, np.zeros(len(self.val), bool)])[dm.train_idx.numpy()]
-            record.update(
-                w_bad=float(w[badn].mean()), w_good=float(w[~badn].mean()),
-                auc=auc(w[badn], w[~badn]),
-            )  # fmt: skip
+            record.update(weights_record(w, badn))
         return record
 
 

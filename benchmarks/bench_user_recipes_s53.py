@@ -20,8 +20,8 @@ Newsgroups), trained per seed in up to five arms:
 Judged on a held-out test set nothing was chosen on: the recipe's own loss (MSE, cross entropy,
 mean binary cross entropy) and accuracy (per-label accuracy for the multi-label set; the
 regression: none). The data-weight arms also record the corrupted rows' mean weight against the
-clean ones' and the weights' AUC. The harness (20 Newsgroups loader, label noise, AUC, Trainer)
-is ``bench_user_recipes_s50.py``'s.
+clean ones' and the weights' AUC. The harness (20 Newsgroups loader, label noise, AUC, Trainer,
+the command line) is ``recipe_harness.py``.
 
 Usage (from the repository root; ``--data``: the folder holding ``mnist/``, ``fashion-mnist/``
 and ``20news/``)::
@@ -34,36 +34,41 @@ Each run merges its records into ``--out``; ``--table`` prints the table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
-from sklearn.datasets import load_diabetes, load_digits
+from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_user_recipes_s50 import (  # noqa: E402
+from recipe_harness import (  # noqa: E402, F401  (split, diabetes, shift_targets: re-exported)
     Docs,
-    auc,
+    RecipeModule,
     corrupt,
+    decay_record,
+    diabetes,
     images,
     news,
+    noisy_labels,
     package_warnings,
+    paired,
+    recipe_cli,
     recipe_loader,
+    shift_targets,
+    split,
+    timed_fit,
     trainer,
+    weights_record,
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
@@ -74,22 +79,6 @@ EXTRA_ARMS = ("dw_default", "dw_mean_loss")
 MAX_TOKENS = 128
 
 # ----------------------------------------------------------------------------- data
-
-
-def split(n: int, seed: int, n_train: int, n_val: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(1000 + seed)
-    p = torch.randperm(n, generator=g)
-    return p[:n_train], p[n_train : n_train + n_val], p[n_train + n_val :]
-
-
-def diabetes(seed: int):
-    """scikit-learn's diabetes (442 × 10): 260 train / 80 val / 102 test, standardised on train."""
-    d = load_diabetes()
-    x, y = torch.tensor(d.data, dtype=torch.float32), torch.tensor(d.target, dtype=torch.float32)
-    tr, va, te = split(len(x), seed, 260, 80)
-    mx, sx, my, sy = x[tr].mean(0), x[tr].std(0), y[tr].mean(), y[tr].std()
-    x, y = (x - mx) / sx, (y - my) / sy
-    return (x[tr], y[tr]), (x[va], y[va]), (x[te], y[te])
 
 
 #: five attributes of a digit: even, ≥ 5, prime, has a closed loop, drawn with straight strokes
@@ -111,15 +100,6 @@ def digits(seed: int, n_train: int = 900, n_val: int = 300):
     return (x[tr], y[tr]), (x[va], y[va]), (x[te], y[te])
 
 
-def shift_targets(y: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """30 % of the (standardised) targets shifted by ±3–6."""
-    g = torch.Generator().manual_seed(7 + seed)
-    bad = torch.rand(len(y), generator=g) < 0.3
-    size = 3 + 3 * torch.rand(len(y), generator=g)
-    sign = torch.where(torch.rand(len(y), generator=g) < 0.5, -1.0, 1.0)
-    return torch.where(bad, y + sign * size, y), bad
-
-
 def conv_collate(samples):
     """``(tokens (B, L), labels)``, each document's first ``MAX_TOKENS`` words, padded with 0 to
     at least the convolution's width."""
@@ -133,26 +113,8 @@ def conv_collate(samples):
 # ----------------------------------------------------------------------------- recipes
 
 
-class Recipe(pl.LightningModule):
-    """What every recipe shares: its criterion per sample, a per-sample switch, validation and
-    test steps logging the recipe's loss."""
-
-    def __init__(self, wd: float, per_sample: bool) -> None:
-        super().__init__()
-        self.wd, self.per_sample = wd, per_sample
-
-    def per_sample_loss(self, out, y):
-        return F.cross_entropy(out, y, reduction="none")
-
-    def training_step(self, batch, batch_idx):
-        *x, y = batch
-        loss = self.per_sample_loss(self(*x), y)
-        self.log("train_loss", loss.mean())
-        return loss if self.per_sample else loss.mean()
-
-    def validation_step(self, batch, batch_idx):
-        *x, y = batch
-        self.log("val_loss", self.per_sample_loss(self(*x), y).mean(), prog_bar=True)
+class Recipe(RecipeModule):
+    """The harness's recipe module with a test step logging the recipe's loss."""
 
     def test_step(self, batch, batch_idx):
         *x, y = batch
@@ -402,9 +364,8 @@ class Setup:
         self.train, self.val, self.test = (TensorDataset(*s) for s in (tr, va, te))
 
     def noisy_train(self):
-        if isinstance(self.train, Docs):
-            y, bad = corrupt(self.train.labels, self.classes, self.seed)
-            return Docs(self.train.seqs, y), bad
+        if self.kind == "ce":
+            return noisy_labels(self.train, self.classes, self.seed)
         x, y = self.train.tensors
         if self.kind == "mse":
             y2, bad = shift_targets(y, self.seed)
@@ -414,8 +375,6 @@ class Setup:
             other = ATTRS[torch.randint(0, 10, (len(y),), generator=g)]
             bad &= (other != y).any(1)
             y2 = torch.where(bad[:, None], other, y)
-        else:
-            y2, bad = corrupt(y, self.classes, self.seed)
         return TensorDataset(x, y2), bad
 
     def metrics(self, model: nn.Module, data) -> tuple[float, float | None]:
@@ -460,31 +419,22 @@ class Setup:
             ]
         tr = trainer(cbs + extra, self.epochs, **self.trainer_kw)
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
-        t0, w0 = time.process_time(), time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                if self.name == "datamodule_ckpt":
-                    dm = DigitsData(train, self.val, self.test, per_sample)
-                    tr.fit(model, datamodule=dm)
-                    record["validate_best"] = tr.validate(
-                        datamodule=dm, ckpt_path="best", verbose=False
-                    )[0]
-                    record["test_best"] = tr.test(datamodule=dm, ckpt_path="best", verbose=False)[0]
-                    model = DigitsMLP.load_from_checkpoint(extra[0].best_model_path)
-                else:
-                    val = recipe_loader(self.val, self.collate, self.batch, False, False)
-                    tr.fit(
-                        model,
-                        recipe_loader(train, self.collate, self.batch, per_sample, True),
-                        val,
-                    )
-            except Exception as err:  # noqa: BLE001 - a finding, recorded
-                record["error"] = f"{type(err).__name__}: {err}"[:2000]
-                return record
-            record["cpu_s"] = time.process_time() - t0
-            record["wall_s"] = time.perf_counter() - w0
-            record["warnings"] = package_warnings(caught, 400)
+
+        def fit() -> nn.Module:
+            if self.name != "datamodule_ckpt":
+                val = recipe_loader(self.val, self.collate, self.batch, False, False)
+                train_loader = recipe_loader(train, self.collate, self.batch, per_sample, True)
+                tr.fit(model, train_loader, val)
+                return model
+            dm = DigitsData(train, self.val, self.test, per_sample)
+            tr.fit(model, datamodule=dm)
+            record["validate_best"] = tr.validate(datamodule=dm, ckpt_path="best", verbose=False)[0]
+            record["test_best"] = tr.test(datamodule=dm, ckpt_path="best", verbose=False)[0]
+            return DigitsMLP.load_from_checkpoint(extra[0].best_model_path)
+
+        model = timed_fit(record, fit)
+        if "error" in record:
+            return record
         record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
         record["test_loss"], record["test_acc"] = self.metrics(model, self.test)
         record["val_loss"], _ = self.metrics(model, self.val)
@@ -494,15 +444,10 @@ class Setup:
                 getattr(cb, "history", []) or []
             )
             if isinstance(cb, LearnedWeightDecay):
-                lam = {k: float(v.mean()) for k, v in cb.learned_weight_decay.items()}
-                record["lam"] = lam
-                record["lam_range"] = [min(lam.values()), max(lam.values())]
+                record.update(decay_record(cb))
             else:
-                w = cb.data_weights().detach().float().numpy()
                 b = bad.numpy()
-                record.update(
-                    w_bad=float(w[b].mean()), w_good=float(w[~b].mean()), auc=auc(w[b], w[~b])
-                )
+                record.update(weights_record(cb.data_weights().detach().float().numpy(), b))
                 with warnings.catch_warnings(record=True) as said:
                     warnings.simplefilter("always")
                     try:
@@ -556,11 +501,7 @@ def table(records: list[dict[str, Any]]) -> str:
                     for s, r in rows
                     if "test_loss" in r and "test_loss" in by.get((name, ref, s), {})
                 ]
-                if d:
-                    se = (
-                        float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-                    )
-                    diff = f"{np.mean(d):+.4f} ± {se:.4f} ({sum(x > 0 for x in d)}/{len(d)})"
+                diff = paired(d) if d else diff
             extra = "; ".join(
                 f"{r['lam_range'][0]:.1e}–{r['lam_range'][1]:.1e}"
                 if "lam_range" in r and arm == "decay"
@@ -574,36 +515,8 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data"))
-    p.add_argument("--recipes", nargs="+", default=["all"])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results/user_recipes/s53/records.json")
-    )
-    p.add_argument("--table", action="store_true", help="print --out's table and stop")
-    args = p.parse_args(argv)
-    if args.table:
-        print(table(json.loads(args.out.read_text())["records"]))
-        return
-    torch.set_num_threads(1)
-    command = " ".join(["python", *sys.argv])
-    old = json.loads(args.out.read_text())["records"] if args.out.exists() else []
-    for name in RECIPES if args.recipes == ["all"] else args.recipes:
-        for seed in args.seeds:
-            made = Setup(name, args.data, seed)
-            for arm in args.arms:
-                if arm not in made.arms and arm not in EXTRA_ARMS:
-                    continue
-                rec = made.run(arm)
-                rec["command"] = command
-                shown = {k: v for k, v in rec.items() if k not in ("warnings", "lam", "command")}
-                print(json.dumps(shown), flush=True)
-                old = [r for r in old if (r["recipe"], r["arm"], r["seed"]) != (name, arm, seed)]
-                old.append(rec)
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps({"records": old}, indent=1))
+    out = Path("benchmarks/results/user_recipes/s53/records.json")
+    recipe_cli(argv, sys.modules[__name__], out, seeds=(0, 1, 2))
 
 
 if __name__ == "__main__":

@@ -38,11 +38,7 @@ Each run merges its records into ``--out``; ``--table`` prints the table.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
-import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +51,24 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_user_recipes_s50 import (  # noqa: E402
-    auc,
-    corrupt,
+from recipe_harness import (  # noqa: E402
+    RecipeModule,
+    decay_record,
+    diabetes,
     images,
+    merge_records,
     news,
-    package_warnings,
+    noisy_labels,
+    paired,
+    read_records,
+    recipe_key,
     recipe_loader,
+    shift_targets,
+    timed_fit,
     trainer,
+    weights_record,
+    write_json,
 )
-from bench_user_recipes_s53 import diabetes, shift_targets  # noqa: E402
 
 from hypertorch_sid import LearnedDataWeights, LearnedWeightDecay  # noqa: E402
 
@@ -98,23 +102,8 @@ def noisy_lm(y: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 # ----------------------------------------------------------------------------- recipes
 
 
-class Recipe(pl.LightningModule):
-    def __init__(self, wd: float, per_sample: bool) -> None:
-        super().__init__()
-        self.wd, self.per_sample = wd, per_sample
-
-    def per_sample_loss(self, out, y):
-        return F.cross_entropy(out, y, reduction="none")
-
-    def training_step(self, batch, batch_idx):
-        *x, y = batch
-        loss = self.per_sample_loss(self(*x), y)
-        self.log("train_loss", loss.mean())
-        return loss if self.per_sample else loss.mean()
-
-    def validation_step(self, batch, batch_idx):
-        *x, y = batch
-        self.log("val_loss", self.per_sample_loss(self(*x), y).mean())
+class Recipe(RecipeModule):
+    """The harness's recipe module with Adam (lr 1e-3) over ``self.parameters()``."""
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=self.wd)
@@ -290,14 +279,14 @@ class Setup:
         self.train, self.val, self.test = (TensorDataset(*s) for s in (tr, va, te))
 
     def noisy_train(self):
+        if self.kind == "ce":
+            return noisy_labels(self.train, self.classes, self.seed)
         x, y = self.train.tensors
         if self.kind == "lm":
             y2, bad = noisy_lm(y, self.seed)
         elif self.kind == "mse":
             y2, bad = shift_targets(y[:, 0], self.seed)
             y2 = y2[:, None]
-        else:
-            y2, bad = corrupt(y, self.classes, self.seed)
         return TensorDataset(x, y2), bad
 
     def metrics(self, model: nn.Module, data) -> tuple[float, float | None]:
@@ -333,19 +322,11 @@ class Setup:
         epochs = kw.pop("max_epochs", self.epochs)
         tr = trainer(cbs, epochs, **kw)
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
-        t0, w0 = time.process_time(), time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                val = recipe_loader(self.val, None, self.batch, False, False)
-                tr.fit(model, recipe_loader(train, None, self.batch, per_sample, True), val)
-            except Exception as err:  # noqa: BLE001 - a finding, recorded
-                record["error"] = f"{type(err).__name__}: {err}"[:2000]
-                record["warnings"] = package_warnings(caught, 400)
-                return record
-            record["cpu_s"] = time.process_time() - t0
-            record["wall_s"] = time.perf_counter() - w0
-            record["warnings"] = package_warnings(caught, 600)
+        val = recipe_loader(self.val, None, self.batch, False, False)
+        train_loader = recipe_loader(train, None, self.batch, per_sample, True)
+        timed_fit(record, lambda: tr.fit(model, train_loader, val), width=600)
+        if "error" in record:
+            return record
         params = dict(model.named_parameters())
         record["frozen_changed"] = max(
             (float((params[k].detach() - v).abs().max()) for k, v in frozen.items()), default=0.0
@@ -358,16 +339,11 @@ class Setup:
             record.setdefault("hyper_steps", {})[name] = len(cb.history or [])
             record.setdefault("due_ran", {})[name] = [cb._due_in_fit, cb._ran_in_fit]
             if isinstance(cb, LearnedWeightDecay):
-                lam = {k: float(v.mean()) for k, v in cb.learned_weight_decay.items()}
-                record["lam"] = lam
-                record["lam_range"] = [min(lam.values()), max(lam.values())]
+                record.update(decay_record(cb))
                 record["decayed"] = sorted(cb.decay_values())
             else:
-                w = cb.data_weights().detach().float().numpy()
                 b = bad.numpy()
-                record.update(
-                    w_bad=float(w[b].mean()), w_good=float(w[~b].mean()), auc=auc(w[b], w[~b])
-                )
+                record.update(weights_record(cb.data_weights().detach().float().numpy(), b))
         return record
 
 
@@ -389,9 +365,7 @@ def table(records: list[dict[str, Any]]) -> str:
         ref = by.get((recipe, versus.get(arm, "")), {})
         seeds = [s for s in runs if s in ref and "test_loss" in ref[s]]
         if seeds:
-            d = np.array([runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds])
-            se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
-            diff = f"{d.mean():+.4f} ± {se:.4f} ({int((d > 0).sum())}/{len(d)})"
+            diff = paired(runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds)
         wall = f"{np.mean([r['wall_s'] for r in runs.values()]):.1f}"
         if seeds:  # the wall time's ratio to the comparison's, paired by seed
             ratio = [runs[s]["wall_s"] / ref[s]["wall_s"] for s in seeds]
@@ -421,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
-    records = json.loads(args.out.read_text()) if args.out.exists() else []
+    records = read_records(args.out)
     if args.table:
         print(table(records))
         return
@@ -435,12 +409,8 @@ def main(argv: list[str] | None = None) -> None:
                 if arm not in setup.arms:
                     continue
                 rec = setup.run(arm)
-                records = [
-                    r for r in records
-                    if (r["recipe"], r["arm"], r["seed"]) != (name, arm, seed)
-                ] + [rec]  # fmt: skip
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(records, indent=1))
+                records = merge_records(records, [rec], recipe_key)
+                write_json(args.out, records)  # a bare list, as session 54 kept it
                 short = {k: rec.get(k) for k in ("test_loss", "wall_s", "lam_range", "auc",
                                                  "due_ran", "error", "frozen_changed")}  # fmt: skip
                 print(name, arm, seed, short, flush=True)

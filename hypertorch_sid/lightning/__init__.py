@@ -8,12 +8,14 @@ Importing this package imports ``pytorch_lightning``; the core does not.
 
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
 from .data_weights import DataWeightsProblem, LearnedDataWeights
+from .imbalance import ClassRarity
 from .module import Bilevel, BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource
 from .weight_decay import LearnedWeightDecay, WeightDecayProblem
 
 __all__ = [
     "CALLBACK_CONFIG",
+    "ClassRarity",
     "DataWeightsProblem",
     "LearnedDataWeights",
     "Bilevel",

@@ -114,6 +114,7 @@ from .evidence import (  # the constants stay importable from here
     CLASS_SHIFT_FACTOR,  # noqa: F401
     MIN_VAL_PER_CLASS,  # noqa: F401
 )
+from .imbalance import ClassRarity, class_rarity, imbalance_advice
 from .isolation import metric_states_kept
 from .metrics import late_first_hyper_step
 from .namespaces import is_overridden
@@ -957,6 +958,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self.problem.sparse_grad = self.sparse_grad_for(trainer.world_size)
         self.problem.validation_examples = self._validation_size(trainer)
         self._said_shortfall = False
+        self._judged_rarity = False  # the imbalance hint: once per fit, when first known
         if self._val_floor is not None:
             self.val_batch_size = self._default_val_batch(trainer, self._val_floor)
         super().on_train_start(trainer, pl_module)
@@ -969,7 +971,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         """Say once per fit, as soon as the hyper steps have read the validation data, where it
         holds too few examples of a class for the per-sample weights to carry evidence
         (:meth:`DataWeightsProblem.validation_shortfall`; :meth:`flagged` then flags nothing),
-        and where the training read masked examples (:meth:`DataWeightsProblem.masked_rows`)."""
+        and where the training read masked examples (:meth:`DataWeightsProblem.masked_rows`).
+        Judge once, at the first epoch's end that knows both sides' class shares, whether some
+        class is far rarer in the training draws than in the validation data
+        (:func:`~.imbalance.imbalance_advice`, eq. rarity): a hint, the learning unchanged."""
         masked = self.problem.masked_rows(functools.partial(_training_rows, trainer))
         if masked is not None:
             rank_zero_warn(f"LearnedDataWeights: {masked}")
@@ -977,6 +982,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
             said = self.problem.validation_shortfall()
             if said is not None:
                 self._said_shortfall = True
+                rank_zero_warn(f"LearnedDataWeights: {said}")
+        rarity = None if self._judged_rarity else self.class_imbalance()
+        if rarity is not None:
+            self._judged_rarity = True
+            said = imbalance_advice(rarity)
+            if said is not None:
                 rank_zero_warn(f"LearnedDataWeights: {said}")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -1215,6 +1226,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._refuse_unapplied_checkpoint("data_weights")
         w = self.problem.weights
         return w.values().cpu() if w is not None else torch.empty(0)
+
+    def class_imbalance(self) -> ClassRarity | None:
+        """Each class's share of the training draws s⁰_c and of the validation rows the hyper
+        steps read π_c, and r_c = π_c / s⁰_c (``.factor``, eq. rarity: how many times rarer
+        the class is in training), as the fit's record holds them now; None where they are
+        unknown (no integer labels read, per-class weights, no hyper step yet). Where some
+        class's r_c is ≥ 3 also at the lower end of π_c's interval (:meth:`ClassRarity.rare`)
+        the fit said so once, with what was measured (docs/data_weights.md, session 55)."""
+        return class_rarity(self.problem)
 
     def flagged(self, rule: FlagRule | str | float | None = None) -> Tensor:
         """Indices of the examples (classes) the validation data says not to trust, by
