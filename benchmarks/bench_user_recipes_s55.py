@@ -53,8 +53,8 @@ from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
-from bench_user_recipes_s50 import images  # noqa: E402
 from bench_user_recipes_s54 import Backbone, Recipe, pretrained  # noqa: E402
+from recipe_harness import images  # noqa: E402
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
 
