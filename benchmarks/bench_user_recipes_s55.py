@@ -31,15 +31,12 @@ Each run merges its records into ``--out``; ``--table`` prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -54,7 +51,14 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s54 import Backbone, Recipe, pretrained  # noqa: E402
-from recipe_harness import images  # noqa: E402
+from recipe_harness import (  # noqa: E402
+    images,
+    merge_records,
+    paired,
+    read_records,
+    recipe_key,
+    write_json,
+)
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
 
@@ -273,8 +277,7 @@ def table(records: list[dict[str, Any]]) -> str:
             out.append(f"| {recipe} | {arm} | {err[:200] if err else loss} | | | |")
             continue
         seeds = sorted(s for s in runs if s in ref)
-        d = np.array([runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds])
-        se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+        diff = paired(runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds)
         wall = [runs[s]["wall_s"] / ref[s]["wall_s"] for s in seeds]
         steps = "/".join(f"{runs[s]['steps']}" for s in seeds)
         ref_steps = "/".join(f"{ref[s]['steps']}" for s in seeds)
@@ -284,7 +287,7 @@ def table(records: list[dict[str, Any]]) -> str:
             for r in (runs[s] for s in seeds)
         )  # fmt: skip
         out.append(
-            f"| {recipe} | {arm} | {d.mean():+.4f} ± {se:.4f} ({int((d > 0).sum())}/{len(d)}) | "
+            f"| {recipe} | {arm} | {diff} | "
             f"{min(wall):.1f}–{max(wall):.1f} | {steps} (vs {ref_steps}) | {note} |"
         )
     return "\n".join(out)
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
-    records = json.loads(args.out.read_text()) if args.out.exists() else []
+    records = read_records(args.out)
     if args.table:
         print(table(records))
         return
@@ -315,11 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                 if arm not in setup.arms:
                     continue
                 rec = setup.run(arm)
-                records = [
-                    r for r in records if (r["recipe"], r["arm"], r["seed"]) != (name, arm, seed)
-                ] + [rec]
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(records, indent=1))
+                records = merge_records(records, [rec], recipe_key)
+                write_json(args.out, records)
                 short = {k: rec.get(k) for k in ("test_loss", "wall_s", "lam_range", "auc",
                                                  "due_ran", "steps", "error")}  # fmt: skip
                 print(name, arm, seed, short, flush=True)
