@@ -77,7 +77,7 @@ from ..core.directional import (
     TrainingCrossTerm,
 )
 from ..core.errors import ConfigurationError
-from ..core.flag_rules import BelowWeight, FlagRule, TwoComponentSplit
+from ..core.flag_rules import FLAG_RULES, BelowWeight, FlagRule, TwoComponentSplit
 from ..core.indexing import Indexed, sample_label, split_indexed
 from ..core.lazy_adam import LazyAdam
 from ..core.normalisers import CLASS_GAUGES
@@ -754,10 +754,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
             objective,
             gauge,
         )
+        try:
+            betas = tuple(outer_betas)
+        except TypeError:  # one number: refused below, naming it (a raw TypeError before)
+            betas = outer_betas
         own_settings = {
             name: value
             for name, value, default in (
-                ("outer_betas", tuple(outer_betas), (0.0, 0.999)),
+                ("outer_betas", betas, (0.0, 0.999)),
                 ("row_scale", row_scale, True),
                 ("scale_prior", scale_prior, 0.0),
             )
@@ -789,7 +793,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 _lazy_adam,
                 problem.parameterization,
                 lr=outer_lr,
-                betas=tuple(outer_betas),
+                betas=betas,
                 row_scale=row_scale,
                 scale_prior=scale_prior,
             )
@@ -932,9 +936,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     if n != problem.weights.n
                     else "other examples (another split or data set)"
                 )
+                cause = (
+                    "the train dataloader was reloaded (reload_dataloaders_every_n_epochs) over"
+                    if trainer.reload_dataloaders_every_n_epochs
+                    else "the training set changed in place during the fit (no loader was "
+                    "reloaded: a data set that grows or shrinks itself?) and now holds"
+                )  # blamed on a reload nobody asked for before (session 55)
                 raise ConfigurationError(
-                    f"LearnedDataWeights: the train dataloader was reloaded "
-                    f"(reload_dataloaders_every_n_epochs) over {what}; "
+                    f"LearnedDataWeights: {cause} {what}; "
                     f"the weights belong to the {problem.weights.n} examples this fit started "
                     "with. Keep one training set for the fit (reload loaders over the same data "
                     "set), or learn its weights in a new fit (a new LearnedDataWeights)."
@@ -1237,9 +1246,20 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the flags may be mostly hard clean examples."""
         self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
-        if w is None:
+        if w is None:  # no suspects: "nothing flagged" silently (session 55)
+            rank_zero_warn(
+                "LearnedDataWeights.flagged: no fit has built the weights of this callback "
+                "object, so there is nothing to flag: call it on the callback given to the "
+                "Trainer (trainer.fit(...) with callbacks=[callback]), after the fit."
+            )
             return torch.empty(0, dtype=torch.long)
         default, misfit = rule is None, isinstance(rule, str) and rule == SPLIT_MISFIT
+        if isinstance(rule, str) and not misfit and rule not in FLAG_RULES:  # a name mistyped
+            names = ", ".join(repr(n) for n in (*FLAG_RULES, SPLIT_MISFIT))
+            raise ConfigurationError(
+                f"LearnedDataWeights.flagged: the rule must be {names}, a number t (flags the "
+                f"weights below t) or a FlagRule (e.g. TwoComponentSplit()), got {rule!r}."
+            )
         if default:
             rule = TwoComponentSplit() if self.per == "sample" else BelowWeight()
         flags = w.flagged(TwoComponentSplit() if misfit else rule).cpu()
