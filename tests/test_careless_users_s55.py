@@ -275,3 +275,10 @@ def test_control_a_validation_loader_of_another_structure_is_named():
             DataLoader(TensorDataset(X, Y), batch_size=16),
             DataLoader(Dicts(), batch_size=20),
         )
+
+
+def test_a_dict_of_columns_is_refused_by_the_dataset_wrapper():
+    """``IndexedDataset({"x": X, "y": y})`` (a data set's columns, as a dict) was taken with
+    length 2, its keys, and the DataLoader failed with a bare ``KeyError: 0``."""
+    with pytest.raises(ConfigurationError, match=r"a dict of 2 keys \('x', 'y'\): columns\?"):
+        IndexedDataset({"x": X, "y": Y})
