@@ -1243,7 +1243,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         Where these checks pass but the network predicted another class for nearly as large a share
         of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less than
         ½, e.g. a network that fits the data poorly), the rows are returned with a warning saying
-        the flags may be mostly hard clean examples."""
+        the flags may be mostly hard clean examples. Before any fit it returns no row, with a
+        warning (an empty result reads as "no suspect")."""
         self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
         if w is None:  # no suspects: "nothing flagged" silently (session 55)
