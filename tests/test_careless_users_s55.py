@@ -282,3 +282,39 @@ def test_a_dict_of_columns_is_refused_by_the_dataset_wrapper():
     length 2, its keys, and the DataLoader failed with a bare ``KeyError: 0``."""
     with pytest.raises(ConfigurationError, match=r"a dict of 2 keys \('x', 'y'\): columns\?"):
         IndexedDataset({"x": X, "y": Y})
+
+
+@pytest.mark.parametrize("copies", ["subset", "concat"])
+def test_examples_repeated_in_the_training_set_are_said(copies):
+    """Oversampling by copies (a ``Subset`` listing 40 indices twice, ``ConcatDataset([ds,
+    ds])``) gave each copy its own weight, learned apart without a word: the two copies of an
+    example ended up to 0.71-0.83 apart, and ``flagged()`` could name one and keep the other."""
+    from torch.utils.data import ConcatDataset, Subset
+
+    base = TensorDataset(X, Y)
+    train = (
+        Subset(base, [*range(len(X)), *range(40)])
+        if copies == "subset"
+        else ConcatDataset([base, base])
+    )
+    loader = DataLoader(IndexedDataset(train), batch_size=16, shuffle=True)
+    cb = _weights()
+    with pytest.warns(UserWarning, match="training positions read an example another"):
+        trainer([cb], max_epochs=1).fit(ToyClassifier("none"), loader, _val())
+
+
+def test_control_a_random_split_is_no_repetition():
+    """Control (passes before and after): a ``random_split`` part and a ``ConcatDataset`` of two
+    different data sets hold each example once: nothing said."""
+    from torch.utils.data import ConcatDataset, random_split
+
+    base = TensorDataset(X, Y)
+    part = random_split(base, [200, 40], generator=torch.Generator().manual_seed(0))[0]
+    halves = ConcatDataset([TensorDataset(X[:120], Y[:120]), TensorDataset(X[120:], Y[120:])])
+    for train in (part, halves):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer([_weights()], max_epochs=1).fit(
+                ToyClassifier("none"), DataLoader(IndexedDataset(train), batch_size=16), _val()
+            )
+        assert not [w for w in said if "read an example another" in str(w.message)]

@@ -126,6 +126,7 @@ from .sampling import (
     draws_by_index,
     first_loader,
     loader_parts,
+    repeated_examples,
     validation_loader,
 )
 from .sources import prepared
@@ -280,6 +281,7 @@ class DataWeightsProblem(WeightedStep):
                         "again (use a new LearnedDataWeights for another data set)."
                     )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
+                _warn_repeated_examples(dataset)
                 self._labels = self._last_loss = None
                 self._visits = None
             saved, self.checkpointed_examples = self.checkpointed_examples, None
@@ -454,6 +456,22 @@ class DataWeightsProblem(WeightedStep):
         if self.objective is DEFAULT_OBJECTIVE and not self._checked_targets:
             self._checked_targets = True
             _refuse_real_targets(data, losses)
+
+
+def _warn_repeated_examples(dataset: Any) -> None:
+    """Examples the training set holds at more than one position (oversampling by copies): each
+    position has its own weight, learned apart (session 55: the two copies of an example ended
+    0.71-0.83 apart on the toy, and ``flagged()`` could name one and keep the other)."""
+    k = repeated_examples(dataset)
+    if k:
+        rank_zero_warn(
+            f"LearnedDataWeights: {k} of the {len(dataset)} training positions read an example "
+            "another position reads too (a Subset listing an index twice, a ConcatDataset "
+            "holding a data set twice: oversampling by copies?). Each position gets its own "
+            "weight, learned apart: the copies of one example end with different weights, and "
+            "flagged() may name one copy and keep another. Keep one copy of each example and "
+            "oversample with a WeightedRandomSampler instead."
+        )
 
 
 def _lazy_adam(
