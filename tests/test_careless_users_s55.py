@@ -318,3 +318,42 @@ def test_control_a_random_split_is_no_repetition():
                 ToyClassifier("none"), DataLoader(IndexedDataset(train), batch_size=16), _val()
             )
         assert not [w for w in said if "read an example another" in str(w.message)]
+
+
+class _Counts(pl.LightningModule):
+    """A regression of whole-number targets (counts 0-9, stored as floats) by squared error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return (self.net(x).squeeze(-1) - y) ** 2
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_whole_number_float_targets_under_the_default_objective_are_refused():
+    """A regression of whole numbers stored as floats (counts 0-9) escaped the default
+    objective's refusal of regressions (it looked for fractional targets only): E was
+    ExpectedError of squared errors, silently. Float class ids (0.0, 1.0, 2.0, …) look the
+    same and were read as no labels; the refusal names both fixes. ``objective="mean_loss"``
+    runs."""
+    counts = (X[:, 0] * 3 + 5).round().clamp(0, 9)
+    train = DataLoader(IndexedDataset(TensorDataset(X, counts)), batch_size=16)
+    val = DataLoader(TensorDataset(X[:60], counts[:60]), batch_size=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigurationError, match="whole numbers stored as floats.*mean_loss"):
+            trainer([_weights()], max_epochs=2).fit(_Counts(), train, val)
+        cb = _weights(objective="mean_loss")
+        trainer([cb], max_epochs=2).fit(_Counts(), train, val)
+    assert len(cb.data_weights()) == len(X)

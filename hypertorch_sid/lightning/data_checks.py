@@ -549,6 +549,20 @@ def _real_targets(data: Any, losses: Any) -> Tensor | None:
     return y[real] if bool(real.any()) else None
 
 
+def _whole_float_targets(data: Any, losses: Any) -> Tensor | None:
+    """The batch's targets where they are floats, one per loss, all whole numbers and some
+    outside {0, 1} (binary targets stored as floats are labels): a regression on whole
+    numbers or class ids stored as floats, which nothing in the batch tells apart."""
+    if not isinstance(losses, Tensor):
+        return None
+    y = batch_labels(data)
+    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
+        return None
+    y = y.detach()
+    whole = bool((y == y.round()).all()) and bool(((y < 0) | (y > 1)).any())
+    return y[(y < 0) | (y > 1)] if whole else None
+
+
 def _refuse_real_targets(data: Any, losses: Any) -> None:
     """A clear error where the default objective (:class:`ExpectedError`, which reads a loss
     as −log p of the right answer) meets a regression: a validation batch whose targets
@@ -556,6 +570,17 @@ def _refuse_real_targets(data: Any, losses: Any) -> None:
     outside [0, 1] (not class ids, not probabilities). e^(−qℓ) of a squared error depends on the
     targets' units, and at large ones the few best-fit examples alone decide E."""
     real = _real_targets(data, losses)
+    whole = _whole_float_targets(data, losses)
+    if real is None and whole is not None:  # silent before (session 55): either reading is
+        raise ConfigurationError(  # a user's, and each has its own fix
+            f"LearnedDataWeights: the validation targets are whole numbers stored as floats, "
+            f"one per loss (e.g. {float(whole[0]):g}): a regression on whole-number targets "
+            "(counts, ratings), or class ids stored as floats? A regression: the default outer "
+            "objective ExpectedError(q=0.5) reads each loss as −log p of the right answer, and "
+            "e^(−ℓ/2) of a squared error depends on the targets' units: pass "
+            "objective='mean_loss'. Class ids: store them as integers (torch.long): float "
+            "ids are read as no labels, so the class gauge and the label checks are off."
+        )
     if real is not None:
         raise ConfigurationError(
             f"LearnedDataWeights: the validation targets are real numbers, one per "
