@@ -361,10 +361,10 @@ class OverheadBudget(Budget):
 
     def __post_init__(self) -> None:
         value = self.max_overhead
-        if not is_real(value) or not value > 0:
+        if not is_real(value) or not 0 < value < math.inf:  # inf: a raw NaN error at the fit
             raise ConfigurationError(
-                f"max_overhead must be a number > 0 (0.5: at most 50 % more compute than the "
-                f"plain training), got {value!r}; pass max_overhead=None for no budget."
+                f"max_overhead must be a number > 0 and finite (0.5: at most 50 % more compute "
+                f"than the plain training), got {value!r}; pass max_overhead=None for no budget."
             )
         self._clock_given = self.clock is not None
         if not self._clock_given:

@@ -144,6 +144,6 @@ def as_flag_rule(rule: FlagRule | str | float | None) -> FlagRule:
     (:class:`BelowWeight`), a name (``"split"``, ``"below_half"``) or the rule itself."""
     if rule is None:
         return TwoComponentSplit()
-    if isinstance(rule, (int, float)) and not isinstance(rule, bool):
+    if is_real(rule):  # a NumPy number too (np.float32 from a quantile: refused before)
         return BelowWeight(float(rule))
     return as_strategy("the flag rule", rule, FlagRule, FLAG_RULES, "0.25 or TwoComponentSplit()")

@@ -51,6 +51,13 @@ class IndexedDataset(Dataset):
             )
         if isinstance(dataset, IndexedDataset):
             raise ConfigurationError("the dataset is already an IndexedDataset: wrap it once.")
+        if isinstance(dataset, Mapping):  # its length is its keys': a raw KeyError: 0 after
+            raise ConfigurationError(
+                f"IndexedDataset needs a data set of samples, got a {type(dataset).__name__} of "
+                f"{len(dataset)} keys ({', '.join(map(repr, list(dataset)[:4]))}): columns? Its "
+                "samples would be its keys. Make rows of it first, e.g. "
+                "TensorDataset(columns['x'], columns['y'])."
+            )
         self.dataset = dataset
 
     def __len__(self) -> int:

@@ -76,9 +76,9 @@ class LazyAdam(torch.optim.Optimizer):
         row_scale: bool | Literal["batch"] = True,
         scale_prior: float = 0.0,
     ) -> None:
-        if not scale_prior >= 0:
+        if not is_real(scale_prior) or not scale_prior >= 0:
             raise ConfigurationError(f"LazyAdam: scale_prior must be ≥ 0, got {scale_prior!r}.")
-        if not 0 < lr < math.inf:  # inf: the training cross term wrote σ(±inf) (session 53)
+        if not is_real(lr) or not 0 < lr < math.inf:  # inf: σ(±inf) written (s53)
             raise ConfigurationError(f"LazyAdam: lr must be > 0 and finite, got {lr!r}.")
         if row_scale not in (True, False, "batch"):
             raise ConfigurationError(

@@ -71,11 +71,34 @@ def check_per_sample(losses: Any, index: Tensor) -> Tensor:
             "compute it with reduction='none' (e.g. F.cross_entropy(logits, y, reduction='none')) "
             "and return the vector of per-sample losses."
         )
+    if losses.dim() > 1 and losses.shape[0] != b and b in losses.shape[1:]:
+        at = list(losses.shape).index(b)
+        raise ConfigurationError(
+            f"the per-sample losses have shape {tuple(losses.shape)} for a batch of {b} samples: "
+            f"the batch is their dimension {at}, not the first (a sequence model's (T, B) "
+            f"losses?). Put the samples first, e.g. losses.movedim({at}, 0), or reduce the "
+            f"other dimensions yourself (losses.mean(0) for (T, B)): each sample's losses "
+            "are averaged over every dimension after the first."
+        )
     if losses.dim() > 1:
         losses = losses.reshape(losses.shape[0], -1).mean(1)
     if losses.shape[0] != b:
         raise ConfigurationError(
             f"{losses.shape[0]} per-sample losses for a batch of {b} indexed samples: return one "
-            "loss per sample (reduction='none', not 'mean' or 'sum')."
+            f"loss per sample (reduction='none', not 'mean' or 'sum'){_several_views(losses, b)}."
         )
     return losses
+
+
+def _several_views(losses: Tensor, b: int) -> str:
+    """The likely cause where the losses are k × the batch: each sample's k views (two
+    augmentations, a pair) concatenated along the batch, which the per-sample weights cannot
+    read (which loss is which sample's?)."""
+    k, left = divmod(int(losses.shape[0]), b)
+    if k < 2 or left:
+        return ""
+    return (
+        f"; {k} × the batch: {k} views of each sample concatenated (torch.cat([x1, x2]))? Give "
+        f"each sample one loss, e.g. losses.view({k}, {b}).mean(0) where view j holds rows "
+        f"j·{b} … (j+1)·{b} − 1"
+    )

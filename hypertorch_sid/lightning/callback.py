@@ -367,6 +367,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._learned: list[Tensor] = []  # λ living in the module, as the hyper steps left it
         self._names: list[str] = []  # their names in the module
         self._fitting = False  # between setup("fit") and teardown / on_exception
+        #: how the last fit ended where an exception ended it (a Ctrl-C included), said once by
+        #: the read-outs (:meth:`_refuse_unapplied_checkpoint`); None after a finished fit
+        self._unfinished: str | None = None
         self._before_build = False  # in a fit, before on_train_start built the core object
 
     # ================================================================== hooks (one per job)
@@ -385,6 +388,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         if stage == "fit":
             readable_progress_bar(trainer)
             self._fitting = self._before_build = True
+            self._unfinished = None
             self._freeze_module_hyperparameters(pl_module)
             self.budget.share_work(None)  # a previous fit's (on_train_start shares this fit's)
             self._losses = LossWatch()
@@ -534,6 +538,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         """
         if not isinstance(self, HyperOptimizationCallback):
             return
+        if self._fitting:  # the read-outs say they are an unfinished fit's (session 55)
+            name = type(exception).__name__ if exception is not None else "an exception"
+            self._unfinished = f"by {name} at optimizer step {trainer.global_step}"
         before_build, self._fitting, self._before_build = self._before_build, False, False
         self._unfreeze()
         if before_build and not isinstance(exception, ConfigurationError):
@@ -602,7 +609,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         ran none (``trainer.fit(ckpt_path=...)`` with the checkpoint's own ``max_epochs``, e.g.
         to get a finished fit's hyperparameters back) left it unapplied, and the drop-ins'
         readers gave their start silently: ``learned_weight_decay`` λ₀ (1e-3 where 6.5e-8 was
-        learned), ``data_weights()`` nothing and ``flagged()`` no row (session 52)."""
+        learned), ``data_weights()`` nothing and ``flagged()`` no row (session 52). Read after
+        a fit that an exception ended (a Ctrl-C too: Lightning stops the fit and raises
+        ``SystemExit``), they say so once (session 55: the unfinished fit's values, silently)."""
         if self._pending is not None:
             raise ConfigurationError(
                 f"{type(self).__name__}.{what}: this callback holds a checkpoint's "
@@ -611,6 +620,14 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 "max_steps being reached at the checkpoint. Resume with a larger max_epochs "
                 "(they are applied at its first training step), or keep the fitted callback "
                 "object."
+            )
+        if self._unfinished is not None:  # read after a fit an exception or Ctrl-C ended:
+            said, self._unfinished = self._unfinished, None  # its values, silently (s55)
+            rank_zero_warn(
+                f"{type(self).__name__}.{what}: the last fit was ended {said}, before its "
+                f"end: these are {self.hyperparameters_named} as it left them, not a finished "
+                "fit's. Resume it (trainer.fit(..., ckpt_path=...) from a checkpoint) or fit "
+                "again before relying on them."
             )
 
     def _train_dataset(self) -> Any:
@@ -780,8 +797,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             old, self.data = self.data, self._hyper_data(trainer)
             self.data.continue_from(old)
         rank_zero_info(
-            f"{type(self).__name__}: the dataloaders were reloaded over other data sets; the "
-            f"hyper steps now draw from them ({self.data.n_train} training samples)."
+            f"{type(self).__name__}: the dataloaders were reloaded over other data sets (or a "
+            f"data set changed its length in place); the hyper steps now draw from them "
+            f"({self.data.n_train} training samples)."
         )
 
     def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:

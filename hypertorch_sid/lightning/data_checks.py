@@ -355,27 +355,63 @@ def _check_training_loader(loader: DataLoader, per: str) -> None:
         _check_collation(loader)
 
 
+def _label_fault(labels: Any, b: int | None = None) -> tuple[str, str, str]:
+    """(what ``labels`` is, its likely cause, a fix) where they are no :func:`_integer_vector`
+    of ``b`` class ids."""
+    what = (
+        f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
+        if isinstance(labels, Tensor)
+        else "None"
+        if labels is None
+        else f"a {type(labels).__name__}"
+    )
+    vector = isinstance(labels, Tensor) and (  # a vector or a column
+        labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1)
+    )
+    names = isinstance(labels, (list, tuple)) and any(isinstance(c, str) for c in labels)
+    if vector and not labels.is_floating_point() and b is not None:
+        return what, f"{labels.shape[0]} labels, not one per row", "batch[1] (every row's label)"
+    if vector:
+        return what, "class ids stored as floats?", "batch[1].long()"
+    if names:  # session 53: argmax(1) was the fix given for a tuple of strings
+        return what, "class names?", "torch.tensor([CLASSES.index(c) for c in batch[1]])"
+    if isinstance(labels, Tensor):
+        return what, "one-hot or soft labels?", "batch[1].argmax(1)"
+    return what, "not a tensor", "torch.as_tensor(batch[1])"
+
+
+def _check_sample_target(target: Any, data: Any, b: int, binary_floats: bool) -> None:
+    """``per="sample"``: a ``target=`` the user gave must give one integer class id per row of
+    a training batch (binary targets stored as floats are read as 0 / 1). What it gave was
+    read as no labels before, without a word (session 55): a list, a float or one-hot tensor,
+    a NumPy array, labels of another length or a ``target`` that failed turned the class gauge
+    (``gauge="auto"``'s choice for labelled data) and every label check off, and the weights
+    were those of the unlabelled fit (0.14 / 0.84 where the labels' fit has 0.09 / 0.64)."""
+    try:
+        labels = target(data)
+    except Exception as err:
+        raise ConfigurationError(
+            f"LearnedDataWeights: target= failed on a training batch ({type(err).__name__}: "
+            f"{err}): it is called as target(batch) on the training batches (without the "
+            "index) and must give one integer class id per row."
+        ) from err
+    if binary_floats or _integer_vector(labels, b):
+        return
+    what, cause, fix = _label_fault(labels, b)
+    raise ConfigurationError(
+        f"LearnedDataWeights: target= gave {what} for a training batch of {b} rows ({cause}); "
+        f"it must give one integer class id per row, a 1-D integer tensor of {b} entries (or a "
+        f"({b}, 1) column), e.g. target=lambda batch: {fix}: the class gauge and the label "
+        "checks read them. Without class labels (a regression), leave target= out."
+    )
+
+
 def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
     """``per="class"``: a training batch's ``target(batch)`` must be a 1-D integer tensor (or
     a column, :func:`_integer_vector`) of class ids in 0..num_classes - 1, the rows of the
     class weights; returned 1-D."""
     if not _integer_vector(labels):
-        what = (
-            f"a {labels.dtype} tensor of shape {tuple(labels.shape)}"
-            if isinstance(labels, Tensor)
-            else type(labels).__name__
-        )
-        floats = isinstance(labels, Tensor) and (  # ids stored as floats, a vector or column
-            labels.dim() == 1 or (labels.dim() == 2 and labels.shape[1] == 1)
-        )
-        names = isinstance(labels, (list, tuple)) and any(isinstance(c, str) for c in labels)
-        cause, fix = (
-            ("class ids stored as floats?", "batch[1].long()")
-            if floats
-            else ("class names?", "torch.tensor([CLASSES.index(c) for c in batch[1]])")
-            if names  # session 53: argmax(1) was the fix given for a tuple of strings
-            else ("one-hot or soft labels?", "batch[1].argmax(1)")
-        )
+        what, cause, fix = _label_fault(labels)
         raise ConfigurationError(
             f"LearnedDataWeights(per='class') indexes its weights by integer class labels, "
             f"and the batch's target is {what} ({cause}): pass target=lambda batch: <a 1-D "
@@ -513,6 +549,20 @@ def _real_targets(data: Any, losses: Any) -> Tensor | None:
     return y[real] if bool(real.any()) else None
 
 
+def _whole_float_targets(data: Any, losses: Any) -> Tensor | None:
+    """The batch's targets where they are floats, one per loss, all whole numbers and some
+    outside {0, 1} (binary targets stored as floats are labels): a regression on whole
+    numbers or class ids stored as floats, which nothing in the batch tells apart."""
+    if not isinstance(losses, Tensor):
+        return None
+    y = batch_labels(data)
+    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
+        return None
+    y = y.detach()
+    whole = bool((y == y.round()).all()) and bool(((y < 0) | (y > 1)).any())
+    return y[(y < 0) | (y > 1)] if whole else None
+
+
 def _refuse_real_targets(data: Any, losses: Any) -> None:
     """A clear error where the default objective (:class:`ExpectedError`, which reads a loss
     as −log p of the right answer) meets a regression: a validation batch whose targets
@@ -520,6 +570,17 @@ def _refuse_real_targets(data: Any, losses: Any) -> None:
     outside [0, 1] (not class ids, not probabilities). e^(−qℓ) of a squared error depends on the
     targets' units, and at large ones the few best-fit examples alone decide E."""
     real = _real_targets(data, losses)
+    whole = _whole_float_targets(data, losses)
+    if real is None and whole is not None:  # silent before (session 55): either reading is
+        raise ConfigurationError(  # a user's, and each has its own fix
+            f"LearnedDataWeights: the validation targets are whole numbers stored as floats, "
+            f"one per loss (e.g. {float(whole[0]):g}): a regression on whole-number targets "
+            "(counts, ratings), or class ids stored as floats? A regression: the default outer "
+            "objective ExpectedError(q=0.5) reads each loss as −log p of the right answer, and "
+            "e^(−ℓ/2) of a squared error depends on the targets' units: pass "
+            "objective='mean_loss'. Class ids: store them as integers (torch.long): float "
+            "ids are read as no labels, so the class gauge and the label checks are off."
+        )
     if real is not None:
         raise ConfigurationError(
             f"LearnedDataWeights: the validation targets are real numbers, one per "

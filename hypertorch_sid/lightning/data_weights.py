@@ -77,7 +77,7 @@ from ..core.directional import (
     TrainingCrossTerm,
 )
 from ..core.errors import ConfigurationError
-from ..core.flag_rules import BelowWeight, FlagRule, TwoComponentSplit
+from ..core.flag_rules import FLAG_RULES, BelowWeight, FlagRule, TwoComponentSplit
 from ..core.indexing import Indexed, sample_label, split_indexed
 from ..core.lazy_adam import LazyAdam
 from ..core.normalisers import CLASS_GAUGES
@@ -128,6 +128,7 @@ from .sampling import (
     draws_by_index,
     first_loader,
     loader_parts,
+    repeated_examples,
     validation_loader,
 )
 from .sources import prepared
@@ -282,6 +283,7 @@ class DataWeightsProblem(WeightedStep):
                         "again (use a new LearnedDataWeights for another data set)."
                     )
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
+                _warn_repeated_examples(dataset)
                 self._labels = self._last_loss = None
                 self._visits = None
             saved, self.checkpointed_examples = self.checkpointed_examples, None
@@ -456,6 +458,22 @@ class DataWeightsProblem(WeightedStep):
         if self.objective is DEFAULT_OBJECTIVE and not self._checked_targets:
             self._checked_targets = True
             _refuse_real_targets(data, losses)
+
+
+def _warn_repeated_examples(dataset: Any) -> None:
+    """Examples the training set holds at more than one position (oversampling by copies): each
+    position has its own weight, learned apart (session 55: the two copies of an example ended
+    0.71-0.83 apart on the toy, and ``flagged()`` could name one and keep the other)."""
+    k = repeated_examples(dataset)
+    if k:
+        rank_zero_warn(
+            f"LearnedDataWeights: {k} of the {len(dataset)} training positions read an example "
+            "another position reads too (a Subset listing an index twice, a ConcatDataset "
+            "holding a data set twice: oversampling by copies?). Each position gets its own "
+            "weight, learned apart: the copies of one example end with different weights, and "
+            "flagged() may name one copy and keep another. Keep one copy of each example and "
+            "oversample with a WeightedRandomSampler instead."
+        )
 
 
 def _lazy_adam(
@@ -756,10 +774,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
             objective,
             gauge,
         )
+        try:
+            betas = tuple(outer_betas)
+        except TypeError:  # one number: refused below, naming it (a raw TypeError before)
+            betas = outer_betas
         own_settings = {
             name: value
             for name, value, default in (
-                ("outer_betas", tuple(outer_betas), (0.0, 0.999)),
+                ("outer_betas", betas, (0.0, 0.999)),
                 ("row_scale", row_scale, True),
                 ("scale_prior", scale_prior, 0.0),
             )
@@ -791,7 +813,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 _lazy_adam,
                 problem.parameterization,
                 lr=outer_lr,
-                betas=tuple(outer_betas),
+                betas=betas,
                 row_scale=row_scale,
                 scale_prior=scale_prior,
             )
@@ -935,9 +957,14 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     if n != problem.weights.n
                     else "other examples (another split or data set)"
                 )
+                cause = (
+                    "the train dataloader was reloaded (reload_dataloaders_every_n_epochs) over"
+                    if trainer.reload_dataloaders_every_n_epochs
+                    else "the training set changed in place during the fit (no loader was "
+                    "reloaded: a data set that grows or shrinks itself?) and now holds"
+                )  # blamed on a reload nobody asked for before (session 55)
                 raise ConfigurationError(
-                    f"LearnedDataWeights: the train dataloader was reloaded "
-                    f"(reload_dataloaders_every_n_epochs) over {what}; "
+                    f"LearnedDataWeights: {cause} {what}; "
                     f"the weights belong to the {problem.weights.n} examples this fit started "
                     "with. Keep one training set for the fit (reload loaders over the same data "
                     "set), or learn its weights in a new fit (a new LearnedDataWeights)."
@@ -1256,12 +1283,24 @@ class LearnedDataWeights(HyperOptimizationCallback):
         Where these checks pass but the network predicted another class for nearly as large a share
         of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less than
         ½, e.g. a network that fits the data poorly), the rows are returned with a warning saying
-        the flags may be mostly hard clean examples."""
+        the flags may be mostly hard clean examples. Before any fit it returns no row, with a
+        warning (an empty result reads as "no suspect")."""
         self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
-        if w is None:
+        if w is None:  # no suspects: "nothing flagged" silently (session 55)
+            rank_zero_warn(
+                "LearnedDataWeights.flagged: no fit has built the weights of this callback "
+                "object, so there is nothing to flag: call it on the callback given to the "
+                "Trainer (trainer.fit(...) with callbacks=[callback]), after the fit."
+            )
             return torch.empty(0, dtype=torch.long)
         default, misfit = rule is None, isinstance(rule, str) and rule == SPLIT_MISFIT
+        if isinstance(rule, str) and not misfit and rule not in FLAG_RULES:  # a name mistyped
+            names = ", ".join(repr(n) for n in (*FLAG_RULES, SPLIT_MISFIT))
+            raise ConfigurationError(
+                f"LearnedDataWeights.flagged: the rule must be {names}, a number t (flags the "
+                f"weights below t) or a FlagRule (e.g. TwoComponentSplit()), got {rule!r}."
+            )
         if default:
             rule = TwoComponentSplit() if self.per == "sample" else BelowWeight()
         flags = w.flagged(TwoComponentSplit() if misfit else rule).cpu()

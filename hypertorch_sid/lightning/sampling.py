@@ -31,6 +31,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import (
+    ConcatDataset,
     DataLoader,
     Dataset,
     IterableDataset,
@@ -57,6 +58,7 @@ __all__ = [
     "first_loader",
     "fetch",
     "loader_parts",
+    "repeated_examples",
     "sampled_part",
     "shard_indices",
     "shared_examples",
@@ -531,6 +533,37 @@ def shared_examples(train: Any, val: Any) -> tuple[int, int] | None:
     if val_at is None:
         return len(train_at), n_val
     return len(train_at & val_at), n_val
+
+
+def repeated_examples(dataset: Any) -> int:
+    """How many positions of ``dataset`` read an example an earlier position reads too: a
+    ``Subset`` listing an index twice, a ``ConcatDataset`` holding one data set twice or a
+    part of it again (oversampling by copies); 0 where there is no Subset or ConcatDataset
+    to look through."""
+    rows = _rows(dataset)
+    return 0 if rows is None else len(rows) - len(set(rows))
+
+
+def _rows(dataset: Any, depth: int = 0) -> list[tuple[Any, int]] | None:
+    """(the bottom data set's identity, the position in it) of each position of ``dataset``,
+    through IndexedDataset, Subset and ConcatDataset wraps; None where there is none of the
+    last two (nothing can be repeated)."""
+    if depth > 16:
+        return None
+    if isinstance(dataset, IndexedDataset):
+        return _rows(dataset.dataset, depth + 1)
+    if isinstance(dataset, Subset):
+        inner = _rows(dataset.dataset, depth + 1) or _all_rows(dataset.dataset)
+        return [inner[int(i)] for i in dataset.indices]
+    if isinstance(dataset, ConcatDataset):
+        parts = [_rows(d, depth + 1) or _all_rows(d) for d in dataset.datasets]
+        return [row for part in parts for row in part]
+    return None
+
+
+def _all_rows(dataset: Any) -> list[tuple[Any, int]]:
+    key = _identity(dataset)
+    return [(key, i) for i in range(len(dataset))]
 
 
 def validation_loader(trainer: pl.Trainer) -> Any:

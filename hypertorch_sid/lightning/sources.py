@@ -51,6 +51,14 @@ SAMPLERS = ("train_sampler", "val_sampler")
 _RANDOM = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
+def _length(dataset: Any) -> int | None:
+    """A data set's length, None where it has none (a stream)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
 class HyperData:
     """The training stream and the validation source of the callback's hyper steps.
 
@@ -88,6 +96,7 @@ class HyperData:
         #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
         self.order = TrainingOrder(trainer.train_dataloader)
         self._loaded = self._loaded_datasets()
+        self._sizes = tuple(_length(d) for d in self._loaded)
 
     def _warn_shared_examples(self) -> None:
         """A warning where the validation examples are training examples too (the same data
@@ -126,9 +135,11 @@ class HyperData:
         from the old one."""
         now = self._loaded_datasets()
         changed = any(
-            o is not None and n is not None and n is not o for n, o in zip(now, self._loaded)
-        )
+            o is not None and n is not None and (n is not o or _length(n) != size)
+            for n, o, size in zip(now, self._loaded, self._sizes)
+        )  # the same data set grown or shrunk in place: its samplers drew from the old rows
         self._loaded = tuple(n if n is not None else o for n, o in zip(now, self._loaded))
+        self._sizes = tuple(_length(d) for d in self._loaded)
         return changed
 
     def resized_by_reload(self, state: dict[str, Any]) -> dict[str, Any]:

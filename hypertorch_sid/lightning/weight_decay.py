@@ -85,7 +85,7 @@ from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
 from ..core.outer_step import ShrinkFallRprop, ShrinkReading
 from ..core.scale import InvariantRule, as_invariant_rule
-from ..core.validation import check_bool, check_takes, is_real
+from ..core.validation import check_bool, check_positive, check_takes, is_real
 from .amp import loss_scale, scaler_skips
 from .callback import (
     CALLBACK_CONFIG,
@@ -1203,6 +1203,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 "problem=...) for another one."
             )
         kwargs.pop("problem", None)  # None: a LightningCLI passes every parameter it knows
+        # refused now, not by the outer step (TrustRprop, a name the user never gave) at the fit
+        check_positive("LearnedWeightDecay: outer_lr", kwargs.get("outer_lr"), allow_none=True)
         if kwargs.get("outer_optimizer") is not None and kwargs.get("outer_lr") is not None:
             raise ConfigurationError(
                 f"LearnedWeightDecay: outer_lr={kwargs['outer_lr']!r} sets the drop-in's own "

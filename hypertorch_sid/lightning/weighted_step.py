@@ -31,6 +31,7 @@ from .cross_term import RandomState
 from .data_checks import (
     MASKED_CHECKS,
     _carried_labels,
+    _check_sample_target,
     _real_targets,
     _refuse_masked_entries,
     _warn_masked_samples,
@@ -153,6 +154,8 @@ class WeightedStep(RowRecord):
                 _refuse_masked_entries(raw)
                 if self.per == "sample":
                     self._read_binary_floats(data, carried)
+                    if self._own_target and _rows_of(raw):
+                        _check_sample_target(self.target, data, _rows_of(raw), self._binary_floats)
                     if not self._own_target and carried is None and _rows_of(raw):
                         _warn_unread_labels(data, _rows_of(raw))
                 self._choose_gauge(data, raw, carried)
