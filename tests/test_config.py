@@ -111,8 +111,20 @@ def test_numpy_integers_pass_the_core_and_the_callback_alike():
 def test_the_callback_refuses_bad_settings_at_construction_not_at_train_start():
     with pytest.raises(ConfigurationError, match="divergence_factor must be a number > 1"):
         HyperOptimizationCallback(divergence_factor=0.5)
-    with pytest.raises(ConfigurationError, match="unknown setting"):
+    with pytest.raises(ConfigurationError, match=r"did you mean adjoint_steps="):
         LearnedWeightDecay(1e-3, adjoint_step=4)
+
+
+def test_a_mistyped_drop_in_argument_names_the_drop_in_and_its_own_arguments():
+    from hypertorch_sid import LearnedDataWeights
+
+    with pytest.raises(ConfigurationError) as info:
+        LearnedDataWeights(num_class=3)
+    message = str(info.value)
+    assert message.startswith("LearnedDataWeights: unknown argument(s) ['num_class']")
+    assert "did you mean num_classes=" in message and "'per'" in message
+    with pytest.raises(ConfigurationError, match=r"LearnedWeightDecay: .*did you mean outer_lr="):
+        LearnedWeightDecay(1e-3, outer_lrr=0.1)
 
 
 def test_the_callback_and_the_core_share_one_config():

@@ -22,6 +22,8 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -34,7 +36,7 @@ from torch import Tensor
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.budget import UNLIMITED, Budget, check_budget_state, make_budget
-from ..core.config import FeasibleSet, SIDConfig
+from ..core.config import REMOVED, FeasibleSet, SIDConfig
 from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
@@ -150,6 +152,33 @@ def refuse_a_class(hooked: Any) -> None:
         f"callbacks=[{given[0]}] holds the class, not a callback: Lightning calls a class's "
         f"hooks without an instance. Pass an instance: callbacks=[{given[0]}()] (with its "
         "settings in the parentheses)."
+    )
+
+
+def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
+    """Refuse a keyword that is neither the callback's own argument nor a :class:`SIDConfig`
+    field, naming the callback, the closest names and both lists (a typo such as
+    ``num_class=`` for ``num_classes=`` otherwise read as an unknown SIDConfig setting)."""
+    fields = {f.name for f in dataclasses.fields(SIDConfig)} | set(REMOVED)
+    unknown = sorted(set(settings) - fields)
+    if not unknown:
+        return
+    own = sorted(
+        {
+            name
+            for cls in callback.__mro__
+            if "__init__" in vars(cls)
+            for name, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+    )
+    close = {n: difflib.get_close_matches(n, own + sorted(fields), n=1) for n in unknown}
+    hints = "; ".join(f"{n}= → did you mean {c[0]}=?" for n, c in close.items() if c)
+    raise ConfigurationError(
+        f"{callback.__name__}: unknown argument(s) {unknown}"
+        + (f" ({hints})" if hints else "")
+        + f". It takes its own arguments {own} and the SIDConfig settings "
+        f"{sorted(f.name for f in dataclasses.fields(SIDConfig))}."
     )
 
 
@@ -315,6 +344,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             )
         #: where λ, w, ℓ̂, E come from (default: the BilevelModule being trained)
         self.problem: ProblemSource = problem if problem is not None else ModuleProblem()
+        check_setting_names(type(self), settings)
         #: how SID runs, validated once (shared with the core object built at train start)
         self.config = SIDConfig.from_settings(config, **settings)
         self._schedule_given = config.step_size != CALLBACK_CONFIG.step_size or (
