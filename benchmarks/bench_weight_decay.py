@@ -725,7 +725,9 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
     built afresh for each training (``'{"max_overhead": {"class_path":
     "hypertorch_sid.core.budget.PlannedBudget", "init_args": {"max_overhead": 0.5}}}'``), and so
     is a ``"curvature"`` dict a curvature strategy (``'{"curvature": {"class_path":
-    "hypertorch_sid.EstimatedCurvature", "init_args": {"warm_start": true, ...}}}'``)."""
+    "hypertorch_sid.EstimatedCurvature", "init_args": {"warm_start": true, ...}}}'``), and a
+    ``"hypergradient"`` dict its object (``'{"hypergradient": {"class_path":
+    "hypertorch_sid.core.forward_sensitivity.ForwardSensitivity"}}'``)."""
     if isinstance(kwargs.get("look_ahead"), dict):  # e.g. {"filter": "rayleigh"}
         import hypertorch_sid
 
@@ -738,7 +740,7 @@ def _with_strategies(kwargs: dict[str, Any], damping: str) -> dict[str, Any]:
         kwargs = {**kwargs, "elements": TiedToLayer(**kwargs["elements"])}
     if isinstance(kwargs.get("outer_optimizer"), dict):
         kwargs = {**kwargs, "outer_optimizer": _outer_factory(kwargs["outer_optimizer"])}
-    for key in ("max_overhead", "curvature"):  # a Budget (PlannedBudget(0.5)), a Curvature
+    for key in ("max_overhead", "curvature", "hypergradient"):  # built afresh per training
         if isinstance(kwargs.get(key), dict):
             kwargs = {**kwargs, key: _outer_factory(kwargs[key])()}
     if damping == "default":

@@ -1000,8 +1000,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             as_trained(),  # inside a training step: the module's flags are the training's
         ):
             try:
-                data = self.data
-                hypergrad = self.sid.hypergradient(data.train_stream, data.validation_batch())
+                hypergrad = self._hypergradient(pl_module)
             except DivergenceError as err:
                 if self.on_divergence == "raise":
                     raise
@@ -1042,6 +1041,12 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 "or continue in a new fit (trainer.fit again with this callback: λ carries over "
                 "and the new tensors are collected)."
             )
+
+    def _hypergradient(self, pl_module: pl.LightningModule) -> Tensors:
+        """The hyper step's hypergradient: SID's (Algorithm 1) on the next training and
+        validation batches (a subclass may compute it otherwise)."""
+        assert self.sid is not None and self.data is not None
+        return self.sid.hypergradient(self.data.train_stream, self.data.validation_batch())
 
     def _adjust_hypergradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: Tensors

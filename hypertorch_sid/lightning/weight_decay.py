@@ -82,7 +82,9 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
-from ..core.modes import as_trained
+from ..core.forward_sensitivity import ForwardSensitivity, StaticStep, update_rule
+from ..core.modes import as_trained, frozen_mode
+from ..core.outer import outer_gradients
 from ..core.outer_step import ShrinkFallRprop, ShrinkReading
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_bool, check_takes, is_real
@@ -641,6 +643,68 @@ class WeightDecayProblem:
                     "the optimizer's weight_decay at 0 (the learned λ replaces it)."
                 )
 
+    @torch.no_grad()
+    def follow_sensitivity(
+        self,
+        sensitivity: ForwardSensitivity,
+        optimizer: torch.optim.Optimizer,
+        scale: Tensor | None = None,
+    ) -> None:
+        """Advance z = ∂w/∂λ by the step ``optimizer`` is about to take, along the decay path
+        (H dropped): coupled, through the optimizer's own step (eq. fwdcoupled, SGD / Adam /
+        AdamW, any other refused); decoupled, the shrink alone (eq. fwddecoupled, any
+        optimizer). Called before :meth:`apply` (w_t and the data gradient as they are before
+        the decay); ``scale``: the loss scale the gradients still carry."""
+        if self.decay is None:
+            return
+        if sensitivity.z is not None and len(sensitivity.z) != len(self.decay.entries):
+            sensitivity.reset()  # another set of decayed tensors (a new fit on another module)
+        lams = self._entry_lambdas()
+        rules = [self._step_rule(i, optimizer, lams[i], scale) for i in range(len(lams))]
+        shrink = [float(self._group(i)["lr"]) for i in range(len(lams))] if self.decoupled else None
+        sensitivity.step([e.param for e in self.decay.entries], lams, rules, shrink)
+
+    def _step_rule(
+        self,
+        i: int,
+        optimizer: torch.optim.Optimizer,
+        lam: float | Tensor,
+        scale: Tensor | None,
+    ) -> Any:
+        """Decayed tensor ``i``'s optimizer step rule (None: ``optimizer`` does not move it)."""
+        assert self.decay is not None
+        param = self.decay.entries[i].param
+        if self.placement[i][0] is not optimizer or param.grad is None:
+            return None
+        if self.decoupled:
+            return StaticStep()
+        grad = param.grad if scale is None else param.grad / scale
+        return update_rule(optimizer, self._group(i), param, grad + lam * param)
+
+    def forward_hypergradient(
+        self,
+        sensitivity: ForwardSensitivity,
+        outer_loss: Callable[[Any], Tensor],
+        val_batch: Any,
+        module: pl.LightningModule,
+    ) -> tuple[list[Tensor], float]:
+        """dE/dρ = ∇₂E + Σᵢ (dλᵢ/dρ) ⟨∇₁E(w_t), zᵢ⟩ (eq. forwardhyper, through the
+        parameterisation λ(ρ)) on ``val_batch``, and E."""
+        decay = self.decay
+        assert decay is not None
+        params = [e.param for e in decay.entries]
+        with frozen_mode(module, "eval"):
+            g_w, g_rho, value = outer_gradients(
+                outer_loss, val_batch, params, decay.hyperparameters, module
+            )
+        products = sensitivity.products(g_w)
+        with torch.enable_grad():
+            inner = [(decay.lambda_of(e) * p).sum() for e, p in zip(decay.entries, products)]
+            through = torch.autograd.grad(
+                torch.stack(inner).sum(), decay.hyperparameters, allow_unused=True
+            )
+        return [g if t is None else g + t for g, t in zip(g_rho, through)], value
+
     def follow_new_optimizers(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         """Optimizers created anew during the fit (``trainer.strategy.setup_optimizers(trainer)``
         in a callback: a warm restart, a switch of optimizer) hold the decayed tensors in new
@@ -963,6 +1027,9 @@ GROUPS_KEY = "invariant_groups"
 #: own start's, which a wipe before the checkpoint had already brought down (session 53)
 NORMS_KEY = "decay_start_norms"
 
+#: the checkpoint entry holding ``hypergradient=ForwardSensitivity()``'s z and moment tangents
+SENSITIVITY_KEY = "forward_sensitivity"
+
 
 def _weight_matrix(p: Tensor) -> bool:
     """Whether ``p`` looks like a layer's weight (a matrix or a kernel), not a tensor added to the
@@ -1157,6 +1224,16 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         steps, see :class:`~hypertorch_sid.core.decay.ElementModel`). ``None`` runs every due
         hyper step and makes a seeded fit bit-for-bit repeatable. A
         :class:`~hypertorch_sid.core.budget.Budget` (e.g. ``PlannedBudget(0.5)``) for another.
+    hypergradient:
+        ``None`` (default): SID's damped implicit hypergradient at each hyper step.
+        ``ForwardSensitivity()``
+        (:class:`~hypertorch_sid.core.forward_sensitivity.ForwardSensitivity`, an option,
+        docs/weight_decay_budget.md, session 55): the
+        derivative of the validation loss through the training that ran, ∇₂E + ⟨∇₁E(w_t), z_t⟩
+        with z = ∂w/∂λ advanced at every optimizer step along the decay path (the Hessian
+        term dropped; eq. fwdcoupled / fwddecoupled). Coupled decay follows torch's SGD
+        (momentum, Nesterov), Adam and AdamW (any other optimizer is refused); decoupled any
+        optimizer. z is checkpointed with the callback's state.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`
         (``every_n_steps``, ``adjoint_steps``, ``outer_lr``, ``val``, ``config``, ...). The
@@ -1195,8 +1272,14 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         invariant: str | InvariantRule = "held",
         min_weight_decay: float = 0.0,
         max_overhead: float | Budget | Literal["auto"] | None = "auto",
+        hypergradient: ForwardSensitivity | None = None,
         **kwargs: Any,
     ) -> None:
+        if hypergradient is not None and not isinstance(hypergradient, ForwardSensitivity):
+            raise ConfigurationError(
+                f"LearnedWeightDecay: hypergradient must be None (the damped implicit one, the "
+                f"default) or a ForwardSensitivity(), got {hypergradient!r}."
+            )
         if kwargs.get("problem") is not None:
             raise ConfigurationError(
                 "LearnedWeightDecay builds its own problem; use HyperOptimizationCallback("
@@ -1266,6 +1349,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self.proximal = proximal
         self.elements = model
         self.invariant = rule
+        #: ``hypergradient=``: None (SID's damped implicit hypergradient) or the
+        #: :class:`~hypertorch_sid.core.forward_sensitivity.ForwardSensitivity` whose z the
+        #: training's steps advance
+        self.sensitivity = hypergradient
         #: which λ groups (slots; per element, layers) are scale-invariant, once probed
         self.invariant_groups: dict[str, bool] | None = None
         #: the decay (its tensors) they were probed on: a fit on other tensors (another module
@@ -1395,10 +1482,35 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 with self.budget.added_work():  # once
                     self.problem.check_gradients(pl_module, optimizer)
             self.problem.follow_new_optimizers(trainer, pl_module)
+            if self.sensitivity is not None:  # w_t and ∇ℓ before the decay is applied
+                self.problem.follow_sensitivity(
+                    self.sensitivity, optimizer, loss_scale(trainer, optimizer)
+                )
             self.problem.apply(
                 optimizer, loss_scale(trainer, optimizer), scaler_skips(trainer, optimizer)
             )
             super().on_before_optimizer_step(trainer, pl_module, optimizer)
+
+    def _hypergradient(self, pl_module: pl.LightningModule) -> list[Tensor]:
+        """With ``hypergradient=ForwardSensitivity()``: eq. forwardhyper, ∇₂E + ⟨∇₁E(w_t), z⟩
+        on the next validation batch (no training batch, no adjoint solve); else SID's."""
+        if self.sensitivity is None:
+            return super()._hypergradient(pl_module)
+        assert self.sid is not None and self.data is not None and self._active is not None
+        hypergrad, value = self.problem.forward_hypergradient(
+            self.sensitivity, self._active.outer_loss, self.data.validation_batch(), pl_module
+        )
+        norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in hypergrad)))
+        nan = math.nan
+        self.sid.last = {
+            **dict.fromkeys(("relative_adjoint_residual", "v_norm", "damping", "L"), nan),
+            **dict.fromkeys(("lambda_min", "inner_residual", "adjoint_residual"), nan),
+            **dict.fromkeys(("inner_eta", "adjoint_eta", "alpha"), nan),
+            "outer_loss": value,
+            "hypergradient_norm": norm,
+            "samples": float(self.sid.cost.samples),
+        }
+        return hypergrad
 
     def _validation_size(self) -> int:
         """n of the per-element prior: the validation set's size, or for a streamed one (no
@@ -1485,6 +1597,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             norms = self.problem.start_norms() or self.problem.checkpointed_start_norms
             if norms is not None:
                 state[NORMS_KEY] = dict(norms)
+            if self.sensitivity is not None:  # z is the training's state, as w is
+                state[SENSITIVITY_KEY] = self.sensitivity.state_dict()
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -1500,6 +1614,16 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return meaning
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and SENSITIVITY_KEY in state_dict:
+            state_dict = dict(state_dict)
+            saved = state_dict.pop(SENSITIVITY_KEY)
+            if self.sensitivity is None:
+                raise ConfigurationError(
+                    "LearnedWeightDecay: the checkpoint was written with "
+                    "hypergradient=ForwardSensitivity() (it holds z = ∂w/∂λ), this callback "
+                    "has none: resume with hypergradient=ForwardSensitivity()."
+                )
+            self.sensitivity.load_state_dict(saved)
         if isinstance(state_dict, dict) and MEANING_KEY in state_dict:
             state_dict = dict(state_dict)
             check_meaning("LearnedWeightDecay", state_dict.pop(MEANING_KEY), self._meaning())
