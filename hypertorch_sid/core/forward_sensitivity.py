@@ -57,8 +57,9 @@ Tangents = dict[str, Tensor]
 class UpdateRule(Protocol):
     """Δ̇(ġ): the derivative of one optimizer step along a gradient tangent ġ."""
 
-    def tangent(self, dg: Tensor | None, state: Tangents) -> Tensor | None:
-        """Δ̇ along ``dg`` (None: ġ = 0), advancing the moments' tangents in ``state``."""
+    def subtract(self, z: Tensor, dg: Tensor | None, state: Tangents) -> None:
+        """z ← z − Δ̇(ġ) in place (``dg`` None: ġ = 0; ``dg`` may be kept as state),
+        advancing the moments' tangents in ``state``."""
         ...
 
 
@@ -67,7 +68,7 @@ class StaticStep:
     """Δ̇ = 0: a step that does not depend on λ (decoupled decay with H dropped: ġ = 0, and
     the moments' tangents stay 0)."""
 
-    def tangent(self, dg: Tensor | None, state: Tangents) -> Tensor | None:
+    def subtract(self, z: Tensor, dg: Tensor | None, state: Tangents) -> None:
         return None
 
 
@@ -90,22 +91,24 @@ class SGDStep:
     nesterov: bool = False
     first: bool = True
 
-    def tangent(self, dg: Tensor | None, state: Tangents) -> Tensor | None:
+    def subtract(self, z: Tensor, dg: Tensor | None, state: Tangents) -> None:
         if self.momentum == 0:
-            return None if dg is None else self.lr * dg
+            if dg is not None:
+                z.add_(dg, alpha=-self.lr)
+            return
         u = state.get("u")
         if self.first or u is None:
-            u = dg.clone() if dg is not None else None
+            if dg is None:
+                state.pop("u", None)
+                return
+            u = state["u"] = dg.clone() if self.nesterov else dg
         elif dg is not None:
-            u = self.momentum * u + (1.0 - self.dampening) * dg
+            u.mul_(self.momentum).add_(dg, alpha=1.0 - self.dampening)
         else:
-            u = self.momentum * u
-        if u is None:
-            return None
-        state["u"] = u
-        if self.nesterov:
-            return self.lr * (self.momentum * u if dg is None else dg + self.momentum * u)
-        return self.lr * u
+            u.mul_(self.momentum)
+        if self.nesterov and dg is not None:
+            z.add_(dg, alpha=-self.lr)
+        z.add_(u, alpha=-self.lr * (self.momentum if self.nesterov else 1.0))
 
 
 @dataclass(frozen=True)
@@ -131,11 +134,11 @@ class AdamStep:
     v: Tensor | None
     g: Tensor
 
-    def tangent(self, dg: Tensor | None, state: Tangents) -> Tensor | None:
+    def subtract(self, z: Tensor, dg: Tensor | None, state: Tangents) -> None:
         b1, b2 = self.betas
         dm, dv = state.get("m"), state.get("v")
         if dg is None and dm is None:
-            return None
+            return
         dg = torch.zeros_like(self.g) if dg is None else dg
         dm = (1 - b1) * dg if dm is None else b1 * dm + (1 - b1) * dg
         dv = 2 * (1 - b2) * self.g * dg if dv is None else b2 * dv + 2 * (1 - b2) * self.g * dg
@@ -147,7 +150,7 @@ class AdamStep:
         denom = root + self.eps
         safe = torch.where(root > 0, root, torch.ones_like(root))
         dv_term = torch.where(root > 0, (m / c1) * (dv / c2) / (2 * safe * denom**2), 0.0)
-        return self.lr * ((dm / c1) / denom - dv_term)
+        z.sub_(self.lr * ((dm / c1) / denom - dv_term))
 
 
 @dataclass
@@ -220,19 +223,24 @@ class ForwardSensitivity:
                 f"step got {len(weights)} weights, the sensitivity tracks {len(self.z)}: pass the "
                 "same decayed weights at every step (or reset() for new ones)."
             )
-        z = [zi.to(w) for zi, w in zip(self.z, weights)]  # a loaded state: onto w's device
+        if self.z[0].device != weights[0].device or self.z[0].dtype != weights[0].dtype:
+            self._move_to(weights)  # a loaded state
         if self.forgetting < 1.0:
-            z = [self.forgetting * zi for zi in z]
-            self.moments = [{k: self.forgetting * t for k, t in m.items()} for m in self.moments]
+            torch._foreach_mul_(self.z, self.forgetting)
+            for m in self.moments:
+                for t in m.values():
+                    t.mul_(self.forgetting)
+        hz = hvp(self.z) if hvp is not None else [None] * len(weights)
+        shrinks = shrink if shrink is not None else [None] * len(weights)
+        for z, w, lam, rule, eta_d, h, state in zip(
+            self.z, weights, decay, updates, shrinks, hz, self.moments
+        ):
+            if rule is not None:
+                _advance(z, w, lam, rule, eta_d, h, state)
+
+    def _move_to(self, weights: Sequence[Tensor]) -> None:
+        self.z = [z.to(w) for z, w in zip(self.z, weights)]
         self.moments = [{k: t.to(w) for k, t in m.items()} for m, w in zip(self.moments, weights)]
-        hz = hvp(z) if hvp is not None else [None] * len(z)
-        shrinks = shrink if shrink is not None else [None] * len(z)
-        self.z = [
-            zi if rule is None else _advance(zi, w, lam, rule, eta_d, h, state)
-            for zi, w, lam, rule, eta_d, h, state in zip(
-                z, weights, decay, updates, shrinks, hz, self.moments
-            )
-        ]
 
     def products(self, validation_grads: Sequence[Tensor]) -> Tensors:
         """∇₁E ⊙ z of each weight (its sum is ⟨∇₁E(w_t), z_t⟩ of eq. forwardhyper); zeros
@@ -290,14 +298,17 @@ def _advance(
     eta_d: float | None,
     hz: Tensor | None,
     state: Tangents,
-) -> Tensor:
-    """z_{t+1} of one weight (eq. fwdcoupled; eq. fwddecoupled where ``eta_d`` is given)."""
+) -> None:
+    """z ← z_{t+1} of one weight in place (eq. fwdcoupled; eq. fwddecoupled where ``eta_d``
+    is given)."""
     if eta_d is None:
-        dg = w + lam * z if hz is None else hz + w + lam * z
-        return z - rule.tangent(dg, state)
-    moved = (1.0 - eta_d * lam) * z - eta_d * w
-    step = rule.tangent(hz, state)
-    return moved if step is None else moved - step
+        dg = torch.add(w, z, alpha=lam) if isinstance(lam, float) else w + lam * z
+        if hz is not None:
+            dg.add_(hz)
+        rule.subtract(z, dg, state)
+        return
+    z.mul_(1.0 - eta_d * lam).add_(w, alpha=-eta_d)
+    rule.subtract(z, hz, state)
 
 
 #: the optimizers whose step :func:`update_rule` differentiates, and how
@@ -305,12 +316,15 @@ _FOLLOWED = ("SGD", "Adam", "AdamW")
 
 
 def update_rule(
-    optimizer: torch.optim.Optimizer, group: dict[str, Any], param: Tensor, grad: Tensor
+    optimizer: torch.optim.Optimizer,
+    group: dict[str, Any],
+    param: Tensor,
+    grad: Tensor | Callable[[], Tensor],
 ) -> UpdateRule:
     """The step rule of ``param`` in ``optimizer``'s ``group``, read before the step (the
     optimizer's state then holds u_{t−1}, m_{t−1}, v_{t−1}): :class:`SGDStep` for
     ``torch.optim.SGD``, :class:`AdamStep` for ``Adam`` / ``AdamW`` (``grad``: g_t, the decay
-    included where coupled). Any other optimizer, or a setting whose step is not followed
+    included where coupled, or a function giving it, called only where the rule reads it). Any other optimizer, or a setting whose step is not followed
     (amsgrad, maximize, the optimizer's own weight decay), is refused naming what to change."""
     name = type(optimizer).__name__
     if type(optimizer) not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
@@ -346,6 +360,7 @@ def update_rule(
     betas = (float(group["betas"][0]), float(group["betas"][1]))
     if not all(math.isfinite(b) for b in betas):
         raise ConfigurationError(f"ForwardSensitivity: {name}'s betas {betas} are not finite.")
+    g = grad() if callable(grad) else grad
     return AdamStep(
-        lr, betas, float(group["eps"]), step, state.get("exp_avg"), state.get("exp_avg_sq"), grad
+        lr, betas, float(group["eps"]), step, state.get("exp_avg"), state.get("exp_avg_sq"), g
     )

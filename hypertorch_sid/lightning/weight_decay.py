@@ -679,7 +679,7 @@ class WeightDecayProblem:
         if self.decoupled:
             return StaticStep()
         grad = param.grad if scale is None else param.grad / scale
-        return update_rule(optimizer, self._group(i), param, grad + lam * param)
+        return update_rule(optimizer, self._group(i), param, lambda: grad + lam * param)
 
     def forward_hypergradient(
         self,

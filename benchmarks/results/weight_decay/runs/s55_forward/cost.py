@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from bench_weight_decay import make_network  # noqa: E402
 
 from hypertorch_sid.core.forward_sensitivity import ForwardSensitivity, update_rule  # noqa: E402
@@ -43,7 +43,8 @@ def run(name: str, steps: int = 50, blocks: int = 7) -> dict[str, float]:
         with torch.no_grad():
             if follow:
                 rules = [
-                    update_rule(opt, opt.param_groups[0], p, p.grad + lam * p) for p in params
+                    update_rule(opt, opt.param_groups[0], p, lambda: p.grad + lam * p)
+                    for p in params
                 ]
                 sens.step(params, [lam] * len(params), rules)
             torch._foreach_add_([p.grad for p in params], params, alpha=lam)
