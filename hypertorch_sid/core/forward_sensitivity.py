@@ -324,8 +324,9 @@ def update_rule(
     """The step rule of ``param`` in ``optimizer``'s ``group``, read before the step (the
     optimizer's state then holds u_{t−1}, m_{t−1}, v_{t−1}): :class:`SGDStep` for
     ``torch.optim.SGD``, :class:`AdamStep` for ``Adam`` / ``AdamW`` (``grad``: g_t, the decay
-    included where coupled, or a function giving it, called only where the rule reads it). Any other optimizer, or a setting whose step is not followed
-    (amsgrad, maximize, the optimizer's own weight decay), is refused naming what to change."""
+    included where coupled, or a function giving it, called only where the rule reads it).
+    Any other optimizer, or a setting whose step is not followed (amsgrad, maximize, the
+    optimizer's own weight decay), is refused naming what to change."""
     name = type(optimizer).__name__
     if type(optimizer) not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
         raise ConfigurationError(

@@ -1501,6 +1501,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             self.sensitivity, self._active.outer_loss, self.data.validation_batch(), pl_module
         )
         norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in hypergrad)))
+        self.sid.cost.hypergradients += 1  # counted as SID's (no products, no samples)
         nan = math.nan
         self.sid.last = {
             **dict.fromkeys(("relative_adjoint_residual", "v_norm", "damping", "L"), nan),

@@ -43,7 +43,7 @@ def run(name: str, steps: int = 50, blocks: int = 7) -> dict[str, float]:
         with torch.no_grad():
             if follow:
                 rules = [
-                    update_rule(opt, opt.param_groups[0], p, lambda: p.grad + lam * p)
+                    update_rule(opt, opt.param_groups[0], p, lambda p=p: p.grad + lam * p)
                     for p in params
                 ]
                 sens.step(params, [lam] * len(params), rules)
