@@ -59,6 +59,7 @@ def main() -> None:
             "wall_fwd": statistics.fmean(w["wall_s"] for _, w in pairs),
             "test_ctl": statistics.fmean(c["test_loss"] for c, _ in pairs),
             "test_fwd": statistics.fmean(w["test_loss"] for _, w in pairs),
+            "by_seed": [round(x, 4) for x in d],
         }
         table[setting] = entry
         e = entry
@@ -74,7 +75,11 @@ def main() -> None:
         "fwd − grid | λ ctl | λ fwd | λ grid | wall ctl s | wall fwd s |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
-    text = "# Session 55 screen: fwd − ctl, held-out test loss\n\n" + head + "\n" + "\n".join(rows)
+    seeds = [f"- {k}: fwd − ctl by seed {v['by_seed']}" for k, v in table.items()]
+    text = (
+        "# Session 55 screen: fwd − ctl, held-out test loss\n\n"
+        + head + "\n" + "\n".join(rows) + "\n\n" + "\n".join(seeds)
+    )  # fmt: skip
     (here / "screen.md").write_text(text + "\n")
     (here / "screen.json").write_text(json.dumps(table, indent=1) + "\n")
     print(text)
