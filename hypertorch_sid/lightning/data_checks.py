@@ -534,17 +534,25 @@ _MASKED_WHY = (
 )
 
 
-def _real_targets(data: Any, losses: Any) -> Tensor | None:
-    """The entries of the batch's targets (:func:`batch_labels`: ``batch[1]``, or a dict
-    sample's ``"y"`` / ``"target"`` / ...) that say regression, or None: targets that are real
-    numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
-    class ids, not probabilities)."""
+def _float_targets(data: Any, losses: Any) -> Tensor | None:
+    """The batch's targets (:func:`batch_labels`) where they are floats, one per loss, detached;
+    None otherwise."""
     if not isinstance(losses, Tensor):
         return None
     y = batch_labels(data)
     if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
         return None
-    y = y.detach()
+    return y.detach()
+
+
+def _real_targets(data: Any, losses: Any) -> Tensor | None:
+    """The entries of the batch's targets (:func:`batch_labels`: ``batch[1]``, or a dict
+    sample's ``"y"`` / ``"target"`` / ...) that say regression, or None: targets that are real
+    numbers, one per loss (same number of entries), some fractional and outside [0, 1] (not
+    class ids, not probabilities)."""
+    y = _float_targets(data, losses)
+    if y is None:
+        return None
     real = ((y < 0) | (y > 1)) & (y != y.round())
     return y[real] if bool(real.any()) else None
 
@@ -553,12 +561,9 @@ def _whole_float_targets(data: Any, losses: Any) -> Tensor | None:
     """The batch's targets where they are floats, one per loss, all whole numbers and some
     outside {0, 1} (binary targets stored as floats are labels): a regression on whole
     numbers or class ids stored as floats, which nothing in the batch tells apart."""
-    if not isinstance(losses, Tensor):
+    y = _float_targets(data, losses)
+    if y is None:
         return None
-    y = batch_labels(data)
-    if not (isinstance(y, Tensor) and y.is_floating_point() and y.numel() == losses.numel()):
-        return None
-    y = y.detach()
     whole = bool((y == y.round()).all()) and bool(((y < 0) | (y > 1)).any())
     return y[(y < 0) | (y > 1)] if whole else None
 
