@@ -552,3 +552,36 @@ def test_tensors_unfrozen_during_the_fit_are_named():
                       r"\(net.0.weight, net.0.bias; e.g. BackboneFinetuning"):  # fmt: skip
         _fit(model, [cb, finetune], max_epochs=3)
     assert not any(name.startswith("net.0.") for name in cb.decay_values())
+
+
+def test_a_group_thawed_mid_fit_can_keep_a_fixed_decay_as_the_warning_says():
+    """The new-tensors warning's advice for a mid-fit thaw (a fixed decay on the group
+    BackboneFinetuning adds) works: the fit runs with it, λ stays finite, and the thawed
+    tensors stay out of the learned decay."""
+    from pytorch_lightning.callbacks import BackboneFinetuning
+
+    class DecayedThaw(BackboneFinetuning):
+        def finetune_function(self, pl_module, epoch, optimizer):
+            before = len(optimizer.param_groups)
+            super().finetune_function(pl_module, epoch, optimizer)
+            if len(optimizer.param_groups) > before:
+                optimizer.param_groups[-1]["weight_decay"] = 1e-4
+
+    class WithBackbone(MLP):
+        def __init__(self):
+            super().__init__()
+            self.backbone = self.net[0]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.05)
+
+    model = WithBackbone()
+    finetune = DecayedThaw(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.0)
+    cb = LearnedWeightDecay(0.01, every_n_steps=2, max_overhead=None)
+    advice = r'in its finetune_function .*param_groups\[-1\]\["weight_decay"\] = 1e-4'
+    with pytest.warns(UserWarning, match=advice):
+        _fit(model, [cb, finetune], max_epochs=3)
+    groups = model.trainer.optimizers[0].param_groups
+    assert len(groups) == 2 and groups[-1]["weight_decay"] == 1e-4
+    assert not any(name.startswith("net.0.") for name in cb.decay_values())
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in cb.decay_values().values())

@@ -284,6 +284,8 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
 
     #: what happens to tensors the optimizers train that the fit did not start with
     _new_tensors_get = "are left out of the hypergradient"
+    #: what a callback that thaws tensors mid-fit (BackboneFinetuning) can do instead
+    _thawed_mid_fit_advice = ""
 
     def __init__(
         self,
@@ -1093,7 +1095,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 f"BackboneFinetuning unfroze them): they {self._new_tensors_get}, because "
                 "the inner parameters are collected when a fit starts. Unfreeze before the fit, "
                 "or continue in a new fit (trainer.fit again with this callback: λ carries over "
-                "and the new tensors are collected)."
+                "and the new tensors are collected)." + self._thawed_mid_fit_advice
             )
 
     def _adjust_hypergradient(

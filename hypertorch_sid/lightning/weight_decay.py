@@ -1178,6 +1178,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
 
     #: what happens to tensors the optimizers train that the fit did not start with
     _new_tensors_get = "get no learned decay and are left out of the hypergradient"
+    _thawed_mid_fit_advice = (
+        " Where a callback thaws them mid-fit (BackboneFinetuning), give the group it adds a "
+        "fixed decay, e.g. in its finetune_function after unfreeze_and_add_param_group: "
+        'optimizer.param_groups[-1]["weight_decay"] = 1e-4.'
+    )
 
     def __init__(
         self,
