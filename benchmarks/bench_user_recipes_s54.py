@@ -384,36 +384,49 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    run_cli(argv, sys.modules[__name__], "s54", seeds=[0, 1], shown=("frozen_changed",))
+
+
+def run_cli(
+    argv: list[str] | None,
+    bench: Any,
+    folder: str,
+    seeds: list[int],
+    shown: tuple[str, ...] = (),
+) -> None:
+    """The command line of this round and the next: ``bench``'s ``RECIPES`` × ``--seeds`` ×
+    ``Setup(...).arms`` (or ``--arms``), each record merged into ``--out`` (default
+    ``benchmarks/results/user_recipes/<folder>/records.json``) and printed with the package's
+    warnings; ``--table`` prints ``bench.table`` of ``--out`` and stops."""
+    parser = argparse.ArgumentParser(description=bench.__doc__)
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--recipes", nargs="+", default=["all"])
     parser.add_argument("--arms", nargs="+", default=None)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--seeds", nargs="+", type=int, default=seeds)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results/user_recipes/s54/records.json")
-    )
+    default_out = Path(f"benchmarks/results/user_recipes/{folder}/records.json")
+    parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
     records = read_records(args.out)
     if args.table:
-        print(table(records))
+        print(bench.table(records))
         return
     torch.set_num_threads(args.threads)
     pl.seed_everything(0, verbose=False)
-    recipes = RECIPES if args.recipes == ["all"] else args.recipes
-    for name in recipes:
+    keys = ("test_loss", "wall_s", "lam_range", "auc", "due_ran", "error") + shown
+    for name in bench.RECIPES if args.recipes == ["all"] else args.recipes:
         for seed in args.seeds:
-            setup = Setup(name, args.data, seed)
+            setup = bench.Setup(name, args.data, seed)
             for arm in args.arms or setup.arms:
                 if arm not in setup.arms:
                     continue
                 rec = setup.run(arm)
                 records = merge_records(records, [rec], recipe_key)
                 write_json(args.out, records)  # a bare list, as session 54 kept it
-                short = {k: rec.get(k) for k in ("test_loss", "wall_s", "lam_range", "auc",
-                                                 "due_ran", "error", "frozen_changed")}  # fmt: skip
-                print(name, arm, seed, short, flush=True)
+                print(name, arm, seed, {k: rec.get(k) for k in keys}, flush=True)
+                for line in rec.get("warnings", []) + rec.get("logs", []):
+                    print("   |", line[:300], flush=True)
 
 
 if __name__ == "__main__":

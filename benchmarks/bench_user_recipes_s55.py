@@ -30,7 +30,6 @@ Each run merges its records into ``--out``; ``--table`` prints the table.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from contextlib import contextmanager
@@ -53,11 +52,7 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s54 import Backbone, Recipe, pretrained  # noqa: E402
 from recipe_harness import (  # noqa: E402
     images,
-    merge_records,
     paired,
-    read_records,
-    recipe_key,
-    write_json,
 )
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
@@ -294,37 +289,7 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
-    parser.add_argument("--recipes", nargs="+", default=["all"])
-    parser.add_argument("--arms", nargs="+", default=None)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results/user_recipes/s55/records.json")
-    )
-    parser.add_argument("--table", action="store_true")
-    args = parser.parse_args(argv)
-    records = read_records(args.out)
-    if args.table:
-        print(table(records))
-        return
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(0, verbose=False)
-    for name in RECIPES if args.recipes == ["all"] else args.recipes:
-        for seed in args.seeds:
-            setup = Setup(name, args.data, seed)
-            for arm in args.arms or setup.arms:
-                if arm not in setup.arms:
-                    continue
-                rec = setup.run(arm)
-                records = merge_records(records, [rec], recipe_key)
-                write_json(args.out, records)
-                short = {k: rec.get(k) for k in ("test_loss", "wall_s", "lam_range", "auc",
-                                                 "due_ran", "steps", "error")}  # fmt: skip
-                print(name, arm, seed, short, flush=True)
-                for line in rec.get("warnings", []) + rec.get("logs", []):
-                    print("   |", line[:300], flush=True)
+    s54.run_cli(argv, sys.modules[__name__], "s55", seeds=[0, 1, 2], shown=("steps",))
 
 
 if __name__ == "__main__":
