@@ -114,7 +114,7 @@ def fixed(args: argparse.Namespace) -> dict[str, Any]:
         def __init__(self) -> None:
             self.decay = decay
 
-        def _data_loss(self, module: Any, batch: Any, which: str) -> torch.Tensor:
+        def data_loss(self, module: Any, batch: Any, which: str) -> torch.Tensor:
             return module.training_step(batch, 0)
 
     torch.manual_seed(args.seed)

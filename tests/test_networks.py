@@ -108,7 +108,7 @@ def test_drop_in_trains_every_network_without_harm(kind, optimizer, granularity)
         assert cb.history, "no hyper step ran"
         lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
         assert torch.isfinite(lam).all() and (lam > 0).all()
-        bounds = cb.problem.stable_bounds()
+        bounds = cb.problem.stability.bounds()
         assert float(lam.max()) <= max(bounds) * (1 + 1e-6)
         norms = [h["hyper/hypergradient_norm"] for h in cb.history]
         assert all(math.isfinite(n) and n < 1e3 for n in norms), norms

@@ -229,7 +229,7 @@ def test_learned_weight_decay_models_only_the_optimizer_decay_it_leaves_alone():
         assert cb._optimizer_decay.modelled == ["SGD (group 1): weight_decay=0.1, coupled"]
         batch = next(iter(WDData().train_dataloader()))
         with torch.no_grad():
-            learned = cb.problem._data_loss(model, batch, "training") + cb.problem.decay.penalty()
+            learned = cb.problem.data_loss(model, batch, "training") + cb.problem.decay.penalty()
             biases = 0.5 * 0.1 * sum((p**2).sum() for p in model.parameters() if p.dim() == 1)
             torch.testing.assert_close(cb._active.inner_loss(batch) - learned, biases)
 

@@ -166,7 +166,7 @@ def test_probe_on_a_cnn_leaves_the_module_as_it_was():
         def __init__(self):
             self.decay = decay
 
-        def _data_loss(self, module, batch, which):
+        def data_loss(self, module, batch, which):
             return module.training_step(batch, 0)
 
     model.eval()
@@ -189,7 +189,7 @@ class _Counted:
     def __init__(self, decay, refuse=False):
         self.decay, self.sizes, self.refuse = decay, [], refuse
 
-    def _data_loss(self, module, batch, which):
+    def data_loss(self, module, batch, which):
         self.sizes.append(len(batch[0]))
         if self.refuse and len(batch[0]) != 64:
             raise RuntimeError("shape mismatch")

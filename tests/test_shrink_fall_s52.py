@@ -247,17 +247,17 @@ def test_readings_are_taken_only_where_the_fall_may_act_and_never_per_element_fo
     (λ rises, no slot descends after): no reading at all, where reading every slot before each
     hyper step (the recording) took 4 — and λ comes out the same."""
     sgd = _bag_fit("sgd", ShrinkFallRprop)
-    assert sgd.problem.shrink_reads == 0
-    readings = sgd.problem.shrink_readings()
+    assert sgd.problem.shrink.reads == 0
+    readings = sgd.problem.shrink.readings()
     assert len(readings) == 2 and all(r.weight is None for slot in readings for r in slot)
-    assert sgd.problem.shrink_reads == 0
+    assert sgd.problem.shrink.reads == 0
     adam = _bag_fit("adam", ShrinkFallRprop)
-    assert adam.problem.shrink_reads == 0
-    lazy = adam.problem.shrink_readings()
+    assert adam.problem.shrink.reads == 0
+    lazy = adam.problem.shrink.readings()
     lazy[1]
     lazy[1]
-    assert adam.problem.shrink_reads == 2  # slot 1's weight and bias, once
+    assert adam.problem.shrink.reads == 2  # slot 1's weight and bias, once
     eager = _bag_fit("adam", _Recording)
-    assert eager.problem.shrink_reads == 4
+    assert eager.problem.shrink.reads == 4
     for name, value in eager.decay_values().items():
         assert torch.equal(adam.decay_values()[name], value)

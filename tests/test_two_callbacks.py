@@ -154,7 +154,7 @@ def test_the_decay_is_in_the_data_weights_inner_loss_and_e_is_the_unweighted_los
             torch.testing.assert_close(inner, weighted + penalty, rtol=1e-6, atol=1e-9)
 
             x, y = next(iter(data.val_dataloader()))
-            e = decay.problem._data_loss(model, (x, y), "validation")
+            e = decay.problem.data_loss(model, (x, y), "validation")
             torch.testing.assert_close(e, F.cross_entropy(model.net(x), y))
     finally:
         weights.problem.unwrap()

@@ -126,7 +126,7 @@ def _assert_healthy(model, cb):
     assert cb.history, "no hyper step ran"
     lam = torch.cat([v.flatten() for v in cb.decay_values().values()])
     assert torch.isfinite(lam).all() and (lam > 0).all()
-    assert float(lam.max()) <= max(cb.problem.stable_bounds()) * (1 + 1e-6)
+    assert float(lam.max()) <= max(cb.problem.stability.bounds()) * (1 + 1e-6)
     retries = [h["hyper/retries"] for h in cb.history]  # recovered divergences, never hidden
     assert all(r in (0.0, 1.0, 2.0) for r in retries), retries  # Recover(2): at most 2 per step
     norms = [h["hyper/hypergradient_norm"] for h in cb.history]
@@ -167,7 +167,7 @@ def test_drop_in_in_the_users_own_training_setup(setup):
             assert all(p.requires_grad for p in cb.problem._inner)
         if setup == "groups_with_own_lr":  # one λ per group, each bounded by its own lr
             assert len(cb.slot_names) == 2
-            assert cb.problem.stable_bounds()[-1] == pytest.approx(1 / 0.02)
+            assert cb.problem.stability.bounds()[-1] == pytest.approx(1 / 0.02)
 
 
 class DictBatches(torch.utils.data.Dataset):

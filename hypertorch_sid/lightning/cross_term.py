@@ -21,7 +21,7 @@ from torch import Tensor
 from ..core.budget import make_budget
 from ..core.directional import DirectionalDerivative, ForwardMode
 from ..core.errors import ConfigurationError
-from .weight_decay import _muted_logging
+from .isolation import muted_logging
 
 
 class RandomState(NamedTuple):
@@ -110,7 +110,7 @@ def directional_losses(
     def losses(*flat: Tensor) -> Tensor:
         buffers = {n: b.clone() for n, b in start.items()}  # each pass from the step's start
         swapped = {**buffers, **dict(zip(keys, flat))}
-        with _reparametrize_module(module, swapped), _muted_logging(module):  # type: ignore[arg-type]
+        with _reparametrize_module(module, swapped), muted_logging(module):  # type: ignore[arg-type]
             with rng.replayed() if rng is not None else contextlib.nullcontext():
                 out = step(data, 0)
         out = out.get("loss") if isinstance(out, Mapping) else out

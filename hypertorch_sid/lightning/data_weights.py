@@ -115,7 +115,7 @@ from .evidence import (  # the constants stay importable from here
     MIN_VAL_PER_CLASS,  # noqa: F401
 )
 from .imbalance import ClassRarity, class_rarity, imbalance_advice
-from .isolation import metric_states_kept
+from .isolation import metric_states_kept, muted_logging
 from .metrics import late_first_hyper_step
 from .namespaces import is_overridden
 from .problem import (
@@ -132,7 +132,6 @@ from .sampling import (
     validation_loader,
 )
 from .sources import prepared
-from .weight_decay import _muted_logging
 from .weighted_step import WeightedStep
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]
@@ -408,7 +407,7 @@ class DataWeightsProblem(WeightedStep):
         differentiable in w and in the logits of the batch's rows."""
         assert self.weights is not None
         index, data = self._index_and_data(batch)
-        with _muted_logging(module):
+        with muted_logging(module):
             out = self._losses(module, data)
         return _weighted(out, index, self.weights, self.normalize)
 
@@ -436,7 +435,7 @@ class DataWeightsProblem(WeightedStep):
             self._check_targets(data, out)
             return self.objective(out)
         try:
-            with _muted_logging(module):
+            with muted_logging(module):
                 read = self.objective.read(
                     module, data, lambda: _validation_tensor(self._losses(module, data))
                 )

@@ -115,7 +115,7 @@ def _probe_loss(
 
     def loss() -> Tensor:
         with private_rng(seed, module.device):
-            return problem._data_loss(module, batch, "training")
+            return problem.data_loss(module, batch, "training")
 
     return loss
 

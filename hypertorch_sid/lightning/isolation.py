@@ -1,5 +1,5 @@
 """What a hyper step must leave as it found it: λ's ``requires_grad``, the training's random
-streams, and the module's torchmetrics states (BatchNorm statistics are the core's
+streams, the module's torchmetrics states and its logs (BatchNorm statistics are the core's
 ``frozen_mode``); and what it must not start from: non-finite weights."""
 
 from __future__ import annotations
@@ -68,6 +68,27 @@ def metric_states_kept(module: pl.LightningModule) -> Iterator[None]:
             for name, value in states.items():
                 setattr(m, name, value)
             m._update_count, m._computed, m._forward_cache = count, computed, cache
+
+
+@contextmanager
+def muted_logging(module: pl.LightningModule) -> Iterator[None]:
+    """``self.log``/``self.log_dict`` do nothing inside (the hyper step must not overwrite logs).
+
+    Lightning has no public switch for this: ``training_step`` called from a hyper step would
+    otherwise log the hyper step's losses as training metrics. Pass ``training_loss=`` to avoid
+    calling ``training_step`` at all.
+    """
+
+    def noop(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    module.__dict__["log"] = noop
+    module.__dict__["log_dict"] = noop
+    try:
+        yield
+    finally:
+        del module.__dict__["log"]
+        del module.__dict__["log_dict"]
 
 
 def non_finite_data(dataset: Any) -> str | None:

@@ -32,8 +32,7 @@ from .data_checks import (
     class_ids,
 )
 from .evidence import _UNSEEN, RowEvidence
-from .isolation import metric_states_kept, private_rng
-from .weight_decay import _muted_logging
+from .isolation import metric_states_kept, muted_logging, private_rng
 
 __all__ = ["RowRecord"]
 
@@ -287,7 +286,7 @@ class RowRecord(RowEvidence):
             torch.no_grad(),
             frozen_mode(module, "eval"),
             private_rng(0, module.device),
-            _muted_logging(module),
+            muted_logging(module),
             metric_states_kept(module),
             _reparametrize_module(module, shrunk),
         ):

@@ -64,8 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -83,7 +82,7 @@ from ..core.decay import (
 )
 from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
-from ..core.outer_step import ShrinkFallRprop, ShrinkReading
+from ..core.outer_step import ShrinkFallRprop
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_bool, check_positive, check_takes, is_real
 from .amp import loss_scale, scaler_skips
@@ -95,6 +94,7 @@ from .callback import (
     given,
     horizon,
 )
+from .data_loss import DataLoss
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
 from .optimizer_decay import PRECONDITIONED, decouples, preconditioner
@@ -105,8 +105,9 @@ from .problem import (
     check_meaning,
     check_still_trained,
     named_tensors,
-    with_batch_idx,
 )
+from .shrink import ShrinkRates
+from .stability import StableBounds
 
 __all__ = [
     "LearnedWeightDecay",
@@ -115,27 +116,6 @@ __all__ = [
     "probe_forwards",
     "scale_invariant_slots",
 ]
-
-
-@contextmanager
-def _muted_logging(module: pl.LightningModule) -> Iterator[None]:
-    """``self.log``/``self.log_dict`` do nothing inside (the hyper step must not overwrite logs).
-
-    Lightning has no public switch for this: ``training_step`` called from a hyper step would
-    otherwise log the hyper step's losses as training metrics. Pass ``training_loss=`` to avoid
-    calling ``training_step`` at all.
-    """
-
-    def noop(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    module.__dict__["log"] = noop
-    module.__dict__["log_dict"] = noop
-    try:
-        yield
-    finally:
-        del module.__dict__["log"]
-        del module.__dict__["log_dict"]
 
 
 def _initial_value_fix(value: Any, parameterization: str) -> str:
@@ -155,39 +135,16 @@ def _initial_value_fix(value: Any, parameterization: str) -> str:
     return "the initial λ, e.g. the optimizer's former weight_decay (1e-4)"
 
 
-class ShrinkReadings(Sequence):
-    """Per λ slot, the :class:`~hypertorch_sid.core.outer_step.ShrinkReading` of its decayed
-    tensors (:meth:`WeightDecayProblem.shrink_readings`), read when a slot is first looked up,
-    at the λ of when the sequence was made: the outer step looks up only the slots eq.
-    shrinkfall may move (still descending, hypergradient "less decay"), so the others cost
-    nothing, and SGD's or decoupled decay's cost no per-element work at all."""
-
-    def __init__(self, problem: WeightDecayProblem, lambdas: list) -> None:
-        self._problem, self._lambdas = problem, lambdas
-        self._slots: dict[int, list[ShrinkReading]] = {}
-
-    def __len__(self) -> int:
-        return len(self._problem.decay.slot_names)
-
-    def __getitem__(self, k: int) -> list[ShrinkReading]:  # type: ignore[override]
-        if not 0 <= k < len(self):
-            raise IndexError(k)
-        if k not in self._slots:
-            entries = self._problem.decay.entries
-            read = (self._problem._shrink_reading(i, float(self._lambdas[i]))
-                    for i, e in enumerate(entries) if e.slot == k)  # fmt: skip
-            self._slots[k] = [r for r in read if r is not None]
-        return self._slots[k]
-
-
 class WeightDecayProblem:
     """Weight decay on any ``LightningModule`` as a :class:`~.problem.ProblemSource`.
 
     At ``check`` it finds the decayed tensors in the trainer's optimizers and creates λ (a core
     :class:`~hypertorch_sid.core.decay.WeightDecay`, :attr:`decay`); :meth:`apply` adds the decay
     to the training's steps; :meth:`build` gives the bilevel problem (ℓ̂ = ℓ + ½ Σ P λ w², E = ℓ on
-    validation data, λ projected onto [0, :meth:`stable_bounds`]). Parameters: see
-    :class:`LearnedWeightDecay`.
+    validation data, λ projected onto [0, stable bound], :attr:`stability`). Its parts: ℓ and E,
+    :attr:`data_loss` (:class:`~.data_loss.DataLoss`); λ's stability bounds, :attr:`stability`
+    (:class:`~.stability.StableBounds`); the decay's shrink of the weights, :attr:`shrink`
+    (:class:`~.shrink.ShrinkRates`). Parameters: see :class:`LearnedWeightDecay`.
     """
 
     def __init__(
@@ -252,8 +209,6 @@ class WeightDecayProblem:
         self.weight_decay = float(weight_decay)
         self.granularity = granularity
         self.decoupled = decoupled
-        #: per-element readings of the optimizers' state taken for eq. shrinkfall (Adam's)
-        self.shrink_reads = 0
         self.apply_to = apply_to
         self.training_loss = training_loss
         self.validation_loss = validation_loss
@@ -266,16 +221,12 @@ class WeightDecayProblem:
         self.placement: list[tuple[torch.optim.Optimizer, int]] = []
         self._inner: list[Tensor] = []
         self._scales: list[Tensor | float] | None = None
-        self._warned_at_limit = False
         self._checked_gradients = False
         self._checked_optimizers: set[int] = set()
         self._optimizer_ids: set[int] = set()
         #: id(optimizer) → the indices of its groups holding decayed tensors
         self._decayed_groups: dict[int, list[int]] = {}
         self._lambda_cache: tuple[tuple | None, list[float | Tensor]] = (None, [])
-        #: ``() -> L̂`` of the data term, once the hyper steps have estimated it (else None):
-        #: the stability cap λ ≤ stable_bound subtracts it (set by LearnedWeightDecay)
-        self.data_curvature: Callable[[], float | None] = lambda: None
         #: the smallest λ when the current hyper step began (a curvature estimate of ℓ̂ made in
         #: it includes at least this much decay)
         self.lambda_min_at_step = 0.0
@@ -291,6 +242,12 @@ class WeightDecayProblem:
         #: ``() -> b/n``, the share of the validation set in one hyper step's batch (0:
         #: unknown), told to the per-element model (set by LearnedWeightDecay)
         self.validation_share: Callable[[], float] = lambda: 0.0
+        #: ℓ and E on a batch
+        self.data_loss = DataLoss(training_loss, validation_loss)
+        #: λ's box [min_weight_decay, stable bound], read from the optimizers
+        self.stability = StableBounds(self, decoupled, self.weight_decay, self.min_weight_decay)
+        #: how fast a unit of λ shrinks the decayed tensors, read from the optimizers
+        self.shrink = ShrinkRates(self, decoupled)
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -322,7 +279,7 @@ class WeightDecayProblem:
                 "granularity: per_layer, per_tensor, per_element ...)."
             )
         self._collect(trainer, module)
-        self._check_initial_is_stable()
+        self.stability.check_initial()
         self._checked_gradients = False
         self._checked_optimizers = set()
 
@@ -339,11 +296,11 @@ class WeightDecayProblem:
             self._start_norms = [saved[name] for name in names]
 
         def inner_loss(batch: Any) -> Tensor:
-            data = self._data_loss(module, batch, "training")
+            data = self.data_loss(module, batch, "training")
             return data if self.proximal else data + decay.penalty(self._scales)
 
         def outer_loss(batch: Any) -> Tensor:
-            data = self._data_loss(module, batch, "validation")
+            data = self.data_loss(module, batch, "validation")
             prior = decay.prior(self.validation_size() or None)  # eq. prior, per element
             return data if prior is None else data + prior
 
@@ -356,7 +313,7 @@ class WeightDecayProblem:
                 "weight_decay": decay.summary(),
                 **{f"weight_decay/{k}": v for k, v in decay.by_group().items()},
             },
-            projection=lambda hs: self.project_stable(),
+            projection=lambda hs: self.stability.project(),
             penalty=(lambda: decay.coefficients(self._inner, self._scales))
             if self.proximal
             else None,
@@ -660,59 +617,6 @@ class WeightDecayProblem:
                 "between fits (a new trainer.fit continues from the learned λ)."
             )
 
-    def shrink_step_size(self, eta: float | None) -> float | None:
-        """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
-        gradient, so the training's own η (momentum's and Adam's gain included); decoupled decay
-        multiplies w by 1 − lr·λ, so the lr of the decayed tensors' groups (their mean, by
-        elements), whatever the optimizer's gain. What :class:`TrustRprop`'s bound (eq.
-        decaytrust) reads."""
-        if not self.decoupled or self.decay is None:
-            return eta
-        sizes = [(float(self._group(i).get("lr", 0.0) or 0.0), e.param.numel())
-                 for i, e in enumerate(self.decay.entries)]  # fmt: skip
-        total = sum(n for _, n in sizes)
-        lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
-        return lr if lr > 0 else eta
-
-    def shrink_readings(self) -> ShrinkReadings | None:
-        """Per λ slot, how fast its decayed tensors shrink under a unit of decay as their
-        optimizers set it (:class:`~hypertorch_sid.core.outer_step.ShrinkReading`, eq.
-        shrinkrate), at the λ and optimizer state of now: a lazy sequence (:class:`ShrinkReadings`)
-        that reads a slot's tensors only when the outer step looks the slot up. SGD's
-        lr(1 − d)/(1 − μ) and decoupled decay's group lr are one number per tensor (closed form,
-        nothing read per element); Adam's (any optimizer with ``exp_avg_sq``) lr and ε with
-        σ² = max(v̂ − (λw)², 0) per element. A tensor whose optimizer gives no reading (not
-        stepped yet, another optimizer) is left out. None per element."""
-        decay = self.decay
-        if decay is None or decay.per_element:
-            return None
-        return ShrinkReadings(self, decay.applied_lambdas())
-
-    @torch.no_grad()
-    def _shrink_reading(self, i: int, lam: float) -> ShrinkReading | None:
-        """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` (see :meth:`shrink_readings`);
-        counts the per-element readings in ``shrink_reads``."""
-        e = self.decay.entries[i]
-        opt = self.placement[i][0]
-        group = self._group(i)
-        lr = float(group.get("lr", 0.0) or 0.0)
-        if self.decoupled:
-            return ShrinkReading(None, gain=lr, elements=e.param.numel())
-        if isinstance(opt, torch.optim.SGD):
-            mu = float(group.get("momentum", 0.0) or 0.0)
-            damp = float(group.get("dampening", 0.0) or 0.0) if mu > 0 else 0.0
-            gain = lr * (1.0 - damp) / (1.0 - mu)
-            return ShrinkReading(None, gain=gain, elements=e.param.numel())
-        state = opt.state.get(e.param, {})
-        if "exp_avg_sq" in state and "step" in state and "betas" in group:
-            self.shrink_reads += 1
-            w = e.param.detach().abs()
-            v = state["exp_avg_sq"].detach() / (1.0 - group["betas"][1] ** float(state["step"]))
-            data_sq = (v - (lam * w) ** 2).clamp(min=0.0)
-            eps = float(group.get("eps", 1e-8))
-            return ShrinkReading(w, data_sq=data_sq, lr=lr, eps=eps)
-        return None
-
     def _entry_lambdas(self) -> list[float | Tensor]:
         """λ of each decayed tensor, a number where it is one value over the tensor (every slot
         of per layer/tensor/group/global; per element where the model says so, e.g. a layer's
@@ -763,185 +667,6 @@ class WeightDecayProblem:
         assert self.decay is not None
         return preconditioner(self.placement[i][0], self._group(i), self.decay.entries[i].param)
 
-    def stable_bound(self, i: int) -> float:
-        """The largest λ the training optimizer can train decayed tensor ``i`` with, halved.
-
-        Coupled decay adds λw to the gradient: SGD with learning rate η and momentum m is stable
-        on ℓ + ½λw² only while L + λ < 2(1 + m)/η, L the data term's curvature. With L̂ estimated
-        (:attr:`data_curvature`, from the hyper steps' curvature estimate) the bound is half the
-        room left, λ ≤ (2(1 + m)/η − L̂)/2 (with a data curvature of 15 and SGD at lr 0.1 λ rose
-        to 10 under the old (1 + m)/η, past the limit 5, and the weights grew from 6 to 2.6e6).
-        Only on a convex data term (λ̂_min > 0): a network trains at the edge of stability
-        (its sharpness rises to about 2/η and SGD stays stable), where the subtraction would pin
-        λ at 0. Before an estimate, or on networks, (1 + m)/η; where L̂ alone reaches the limit
-        (minibatch estimates overshoot) λ is held under 1 % of it, with a warning. Other
-        optimizers (Adam: the decay is preconditioned, the step bounded by η) λ ≤ 1/η. Decoupled
-        decay multiplies w by 1 − ηλ each step, so λ ≤ 0.5/η keeps that factor in [0.5, 1].
-        """
-        group = self._group(i)
-        lr = float(group.get("lr", 0.0) or 0.0)
-        if lr <= 0:
-            return math.inf
-        if self.decoupled:
-            return 0.5 / lr
-        momentum = float(group.get("momentum", 0.0) or 0.0)
-        if "momentum" in group and not group.get("nesterov", False):
-            limit = 2 * (1 + momentum) / lr
-            L = self.data_curvature()
-            if L is None or not math.isfinite(L) or L <= 0:
-                return limit / 2
-            if L >= limit:
-                return self._at_the_limit(L, limit)
-            return (limit - L) / 2
-        return 1.0 / lr
-
-    def _check_initial_is_stable(self) -> None:
-        """λ₀ above :meth:`stable_bound` (a learning rate so large that lr·λ₀ flips or blows up
-        the decayed weights) is refused naming the learning rate; it was reported as "the
-        initial hyperparameters are outside the feasible set", naming log λ's values.
-
-        The λ checked is the one this fit starts from: λ₀ in a first fit, the learned λ where
-        the callback fitted before (a second ``fit``, a loop over learning rates). Session 51:
-        λ₀ was checked there, so a second fit at a larger learning rate was refused for a λ₀
-        it does not start from, and a learned λ above the new bound was not checked at all."""
-        bounds = self.stable_bounds()
-        assert self.decay is not None
-        starts = [
-            float(lam) if isinstance(lam, (int, float)) else float(lam.max())
-            for lam in self.decay.applied_lambdas()
-        ]
-        worst = max(
-            range(len(bounds)), key=lambda i: starts[i] / bounds[i] if bounds[i] else 0.0,
-            default=None,
-        )  # fmt: skip
-        if worst is None or starts[worst] <= HIGH_INITIAL * bounds[worst]:
-            return
-        start = starts[worst]
-        lr = float(self._group(worst).get("lr", 0.0) or 0.0)
-        what = (
-            f"the initial weight_decay={start:g}"
-            if math.isclose(start, self.weight_decay, rel_tol=1e-6)
-            else f"the weight decay this fit starts from, λ = {start:.3g} (learned in an earlier "
-            f"fit of this callback; weight_decay={self.weight_decay:g} was given)"
-        )
-        if start <= bounds[worst]:
-            rank_zero_warn(
-                f"LearnedWeightDecay: {what} is above "
-                f"half the largest decay the training optimizer can train with at lr={lr:g} "
-                f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}): each step "
-                "removes most of the decayed weights, a layer so decayed holds little more than "
-                "the last step's gradient, and λ's hypergradient vanishes with its weights, so "
-                "λ may never come back down (the careless-user toy, SGD lr 0.1: λ₀ = 6–10 left "
-                "the last layer's λ at 1.9–7.2 after 75 hyper steps and the network at chance; "
-                "λ₀ ≤ 5 fell to 0). Start from a smaller weight_decay (e.g. 1e-4)."
-            )
-            return
-        raise ConfigurationError(
-            f"LearnedWeightDecay: {what} is above the "
-            f"largest decay the training optimizer can train with at lr={lr:g} "
-            f"({bounds[worst]:.3g}, for {self.decay.entries[worst].name}: "
-            f"{'0.5/lr, decoupled' if self.decoupled else 'SGD (1 + momentum)/lr, else 1/lr'}): "
-            "each step would shrink those weights past 0. Start from a smaller weight_decay, or "
-            "lower the learning rate."
-        )
-
-    def _at_the_limit(self, L: float, limit: float) -> float:
-        """L̂ alone reaches SGD's limit 2(1 + m)/η: any λ adds to a curvature the training can
-        barely take (a minibatch estimate may overshoot the true L, but no room is measured),
-        so λ is held below 1 % of the plain cap, and the user is told once."""
-        if not self._warned_at_limit:
-            self._warned_at_limit = True
-            rank_zero_warn(
-                f"LearnedWeightDecay: the data term's estimated curvature L̂ = {L:.3g} reaches "
-                f"the training optimizer's stability limit 2(1 + momentum)/lr = {limit:.3g}; "
-                f"λ is capped at {0.005 * limit:.3g} so that the decay cannot make the training "
-                "diverge. Lower the learning rate of the training optimizer to give λ room."
-            )
-        return 0.005 * limit
-
-    def stable_bounds(self) -> list[float]:
-        """:meth:`stable_bound` of every decayed tensor."""
-        assert self.decay is not None
-        return [self.stable_bound(i) for i in range(len(self.decay.entries))]
-
-    def project_stable(self) -> None:
-        """Keep every λ in [min_weight_decay, stable_bound]: never past what the user's optimizer
-        can train (the upper bound wins where the two cross)."""
-        assert self.decay is not None
-        self.decay.floor(self.min_weight_decay)
-        self.decay.project(self.stable_bounds())
-
-    # ------------------------------------------------------------------ ℓ and E
-    def _data_loss(self, module: pl.LightningModule, batch: Any, which: str) -> Tensor:
-        if which == "validation" and self.validation_loss is not None:
-            source, out = "validation_loss", self.validation_loss(module, batch)
-        elif which == "validation":  # the training loss on a validation batch
-            source, out = self._training_loss_on_validation(module, batch)
-        else:
-            source, out = self._training_loss(module, batch)
-        if isinstance(out, Mapping):
-            out = out.get("loss")
-        if not isinstance(out, Tensor) or out.numel() != 1:
-            fix = (
-                "return a scalar tensor computed from the module (not a Python float or "
-                ".item(): λ's hypergradient flows through it)"
-                if source != "training_step"
-                else "pass training_loss=lambda module, batch: <scalar tensor>"
-            )
-            if out is None and source == "training_step":
-                fix += (
-                    " (Lightning skips a batch whose training_step returns None; a hyper step "
-                    "needs the loss of every batch it draws)"
-                )
-            got = (
-                f"a tensor of shape {tuple(out.shape)} (per-sample losses? reduce them: .mean())"
-                if isinstance(out, Tensor)
-                else type(out).__name__
-            )
-            raise ConfigurationError(
-                f"LearnedWeightDecay: {source} returned {got}, not a scalar tensor ({which} "
-                f"loss): {fix}."
-            )
-        return out.reshape(())
-
-    def _training_loss(self, module: pl.LightningModule, batch: Any) -> tuple[str, Any]:
-        """(where it came from, ℓ on ``batch``): ``training_loss`` or ``training_step``."""
-        if self.training_loss is not None:
-            return "training_loss", self.training_loss(module, batch)
-        with _muted_logging(module):
-            return "training_step", with_batch_idx(module.training_step)(batch, 0)
-
-    def _training_loss_on_validation(
-        self, module: pl.LightningModule, batch: Any
-    ) -> tuple[str, Any]:
-        """ℓ on a validation batch (E without ``validation_loss=``): where
-        :class:`~hypertorch_sid.LearnedDataWeights` weights the training step, its unweighted
-        mean (a validation batch has no example indices, and E is the loss as the data are).
-        A failure there is named:
-        a validation loader whose batches differ from the training's (an extra index, a dict)
-        failed inside the user's ``training_step`` with its bare message ("too many values to
-        unpack")."""
-        unweighted = getattr(module.training_step, "unweighted", None)
-        try:
-            if unweighted is not None and self.training_loss is None:  # LearnedDataWeights'
-                with _muted_logging(module):  # step: a validation batch's loss, unweighted
-                    return "training_step", unweighted(batch, 0)
-            return self._training_loss(module, batch)
-        except ConfigurationError:
-            raise
-        except Exception as err:
-            source = "training_loss" if self.training_loss is not None else "training_step"
-            raise ConfigurationError(
-                f"LearnedWeightDecay: E is the training loss on validation batches, and "
-                f"{source} failed on one ({type(err).__name__}: {err}). The validation "
-                "loader's batches must have the training batches' structure, or pass "
-                "validation_loss=lambda module, batch: <scalar tensor> for its batches."
-            ) from err
-
-
-#: λ₀ above this share of the largest decay the optimizer can train with is warned: the decayed
-#: layers are nearly wiped at every step and λ's hypergradient vanishes with them (session 50)
-HIGH_INITIAL = 0.5
 
 #: a decayed weight matrix whose norm falls below this share of its norm at the fit's start is
 #: wiped (:meth:`WeightDecayProblem.check_not_wiped`): on the session-51 toys (6 MLPs, 17 fits)
@@ -1258,7 +983,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if own_lr is not None:
             self.outer_lr = own_lr  # the drop-in's outer step's first step
         self.problem: WeightDecayProblem = problem
-        problem.data_curvature = self._data_curvature
+        problem.stability.data_curvature = self._data_curvature
         problem.validation_size = self._validation_size
         problem.validation_share = self._validation_share
         self._estimate_seen: tuple[float | None, float] = (None, 0.0)  # (L̂, min λ when made)
@@ -1314,7 +1039,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return functools.partial(self.problem.training_penalty, pl_module)
 
     def _outer_step_size(self, eta: float | None) -> float | None:
-        return self.problem.shrink_step_size(eta)
+        return self.problem.shrink.step_size(eta)
 
     def _observe_horizon(self, trainer: pl.Trainer) -> None:
         """Also: an outer step that reads the decay's shrink of the weights (``observe_shrink``,
@@ -1323,7 +1048,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         outer = self.sid.outer_optimizer
         observe = getattr(outer, "observe_shrink", None)
         if callable(observe) and outer.wants_shrink():
-            readings = self.problem.shrink_readings()
+            readings = self.problem.shrink.readings()
             if readings is not None and len(readings):
                 observe(horizon(trainer)[0], {0: readings})
 

@@ -18,7 +18,9 @@ import hypertorch_sid.core.maps as MP
 import hypertorch_sid.core.optimizer as O
 import hypertorch_sid.core.outer as OU
 import hypertorch_sid.lightning.callback as C
+import hypertorch_sid.lightning.data_loss as DL
 import hypertorch_sid.lightning.metrics as M
+import hypertorch_sid.lightning.stability as ST
 import hypertorch_sid.lightning.weight_decay as W
 
 acc: dict[str, float] = collections.defaultdict(float)
@@ -44,8 +46,8 @@ def wrap(obj: object, name: str) -> None:
 PIECES = [
     (C.HyperOptimizationCallback, "_hyper_step"), (C.HyperOptimizationCallback, "_log"),
     (C, "check_weights"), (W.WeightDecayProblem, "before_hyper_step"),
-    (W.WeightDecayProblem, "apply"), (W.WeightDecayProblem, "project_stable"),
-    (W.WeightDecayProblem, "_data_loss"), (W.LearnedWeightDecay, "_adjust_hypergradient"),
+    (W.WeightDecayProblem, "apply"), (ST.StableBounds, "project"),
+    (DL.DataLoss, "__call__"), (W.LearnedWeightDecay, "_adjust_hypergradient"),
     (O.SIDHyperOptimizer, "hypergradient"), (O.SIDHyperOptimizer, "apply"),
     (O.SIDHyperOptimizer, "_assemble"), (O.SIDHyperOptimizer, "_check_divergence"),
     (O.SIDHyperOptimizer, "_adjoint_solve"), (O.SIDHyperOptimizer, "_inner_solve"),

@@ -1,0 +1,107 @@
+"""The data terms of :class:`~hypertorch_sid.lightning.weight_decay.LearnedWeightDecay`'s bilevel
+problem: ℓ, the user's training loss on a training batch (the inner loss without the decay), and
+E, the validation loss (``validation_loss=``, else ℓ on a validation batch).
+
+ℓ is ``training_loss(module, batch)`` where given, else ``training_step(batch, 0)`` with
+``self.log`` muted (:func:`~hypertorch_sid.lightning.isolation.muted_logging`). What either
+returns is checked to be a scalar tensor, and a failure is named with its fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+from torch import Tensor
+
+from ..core.errors import ConfigurationError
+from .isolation import muted_logging
+from .problem import with_batch_idx
+
+__all__ = ["DataLoss"]
+
+
+class DataLoss:
+    """ℓ or E on a batch: ``data_loss(module, batch, "training")`` or ``(..., "validation")``.
+
+    ``training_loss`` and ``validation_loss``: see
+    :class:`~hypertorch_sid.lightning.weight_decay.LearnedWeightDecay`.
+    """
+
+    def __init__(
+        self,
+        training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+        validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
+    ) -> None:
+        self.training_loss = training_loss
+        self.validation_loss = validation_loss
+
+    def __call__(
+        self, module: pl.LightningModule, batch: Any, which: Literal["training", "validation"]
+    ) -> Tensor:
+        """The scalar loss of ``module`` on ``batch``: ℓ (``which="training"``) or E."""
+        if which == "validation" and self.validation_loss is not None:
+            source, out = "validation_loss", self.validation_loss(module, batch)
+        elif which == "validation":  # the training loss on a validation batch
+            source, out = self._training_loss_on_validation(module, batch)
+        else:
+            source, out = self._training_loss(module, batch)
+        if isinstance(out, Mapping):
+            out = out.get("loss")
+        if not isinstance(out, Tensor) or out.numel() != 1:
+            fix = (
+                "return a scalar tensor computed from the module (not a Python float or "
+                ".item(): λ's hypergradient flows through it)"
+                if source != "training_step"
+                else "pass training_loss=lambda module, batch: <scalar tensor>"
+            )
+            if out is None and source == "training_step":
+                fix += (
+                    " (Lightning skips a batch whose training_step returns None; a hyper step "
+                    "needs the loss of every batch it draws)"
+                )
+            got = (
+                f"a tensor of shape {tuple(out.shape)} (per-sample losses? reduce them: .mean())"
+                if isinstance(out, Tensor)
+                else type(out).__name__
+            )
+            raise ConfigurationError(
+                f"LearnedWeightDecay: {source} returned {got}, not a scalar tensor ({which} "
+                f"loss): {fix}."
+            )
+        return out.reshape(())
+
+    def _training_loss(self, module: pl.LightningModule, batch: Any) -> tuple[str, Any]:
+        """(where it came from, ℓ on ``batch``): ``training_loss`` or ``training_step``."""
+        if self.training_loss is not None:
+            return "training_loss", self.training_loss(module, batch)
+        with muted_logging(module):
+            return "training_step", with_batch_idx(module.training_step)(batch, 0)
+
+    def _training_loss_on_validation(
+        self, module: pl.LightningModule, batch: Any
+    ) -> tuple[str, Any]:
+        """ℓ on a validation batch (E without ``validation_loss=``): where
+        :class:`~hypertorch_sid.LearnedDataWeights` weights the training step, its unweighted
+        mean (a validation batch has no example indices, and E is the loss as the data are).
+        A failure there is named:
+        a validation loader whose batches differ from the training's (an extra index, a dict)
+        failed inside the user's ``training_step`` with its bare message ("too many values to
+        unpack")."""
+        unweighted = getattr(module.training_step, "unweighted", None)
+        try:
+            if unweighted is not None and self.training_loss is None:  # LearnedDataWeights'
+                with muted_logging(module):  # step: a validation batch's loss, unweighted
+                    return "training_step", unweighted(batch, 0)
+            return self._training_loss(module, batch)
+        except ConfigurationError:
+            raise
+        except Exception as err:
+            source = "training_loss" if self.training_loss is not None else "training_step"
+            raise ConfigurationError(
+                f"LearnedWeightDecay: E is the training loss on validation batches, and "
+                f"{source} failed on one ({type(err).__name__}: {err}). The validation "
+                "loader's batches must have the training batches' structure, or pass "
+                "validation_loss=lambda module, batch: <scalar tensor> for its batches."
+            ) from err

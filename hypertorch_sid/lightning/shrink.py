@@ -1,0 +1,115 @@
+"""How fast :class:`~hypertorch_sid.lightning.weight_decay.LearnedWeightDecay`'s decay shrinks
+the weights per training step, as the training optimizers set it (eq. shrinkrate): what the
+outer step :class:`~hypertorch_sid.core.outer_step.ShrinkFallRprop` reads per λ slot
+(:meth:`ShrinkRates.readings`), and the η that :class:`~hypertorch_sid.core.outer_step.TrustRprop`'s
+bound (eq. decaytrust) reads (:meth:`ShrinkRates.step_size`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..core.decay import WeightDecay
+from ..core.outer_step import ShrinkReading
+
+if TYPE_CHECKING:
+    from .weight_decay import WeightDecayProblem
+
+__all__ = ["ShrinkRates", "ShrinkReadings"]
+
+
+class ShrinkReadings(Sequence):
+    """Per λ slot, the :class:`~hypertorch_sid.core.outer_step.ShrinkReading` of its decayed
+    tensors (:meth:`ShrinkRates.readings`), read when a slot is first looked up,
+    at the λ of when the sequence was made: the outer step looks up only the slots eq.
+    shrinkfall may move (still descending, hypergradient "less decay"), so the others cost
+    nothing, and SGD's or decoupled decay's cost no per-element work at all."""
+
+    def __init__(self, rates: ShrinkRates, lambdas: list) -> None:
+        self._rates, self._lambdas = rates, lambdas
+        self._slots: dict[int, list[ShrinkReading]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rates.decay.slot_names)
+
+    def __getitem__(self, k: int) -> list[ShrinkReading]:  # type: ignore[override]
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        if k not in self._slots:
+            entries = self._rates.decay.entries
+            read = (self._rates._reading(i, float(self._lambdas[i]))
+                    for i, e in enumerate(entries) if e.slot == k)  # fmt: skip
+            self._slots[k] = [r for r in read if r is not None]
+        return self._slots[k]
+
+
+class ShrinkRates:
+    """The shrink a unit of λ causes on each tensor ``problem`` decays (its ``decay.entries``,
+    trained by the optimizers and groups its ``placement`` names), coupled or ``decoupled``."""
+
+    def __init__(self, problem: WeightDecayProblem, decoupled: bool) -> None:
+        self._problem = problem
+        self.decoupled = decoupled
+        #: per-element readings of the optimizers' state taken for eq. shrinkfall (Adam's)
+        self.reads = 0
+
+    @property
+    def decay(self) -> WeightDecay | None:
+        """λ of ``problem`` (None before a fit found its tensors)."""
+        return self._problem.decay
+
+    def step_size(self, eta: float | None) -> float | None:
+        """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
+        gradient, so the training's own η (momentum's and Adam's gain included); decoupled decay
+        multiplies w by 1 − lr·λ, so the lr of the decayed tensors' groups (their mean, by
+        elements), whatever the optimizer's gain. What :class:`TrustRprop`'s bound (eq.
+        decaytrust) reads."""
+        if not self.decoupled or self.decay is None:
+            return eta
+        sizes = [(float(self._problem._group(i).get("lr", 0.0) or 0.0), e.param.numel())
+                 for i, e in enumerate(self.decay.entries)]  # fmt: skip
+        total = sum(n for _, n in sizes)
+        lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
+        return lr if lr > 0 else eta
+
+    def readings(self) -> ShrinkReadings | None:
+        """Per λ slot, how fast its decayed tensors shrink under a unit of decay as their
+        optimizers set it (:class:`~hypertorch_sid.core.outer_step.ShrinkReading`, eq.
+        shrinkrate), at the λ and optimizer state of now: a lazy sequence (:class:`ShrinkReadings`)
+        that reads a slot's tensors only when the outer step looks the slot up. SGD's
+        lr(1 − d)/(1 − μ) and decoupled decay's group lr are one number per tensor (closed form,
+        nothing read per element); Adam's (any optimizer with ``exp_avg_sq``) lr and ε with
+        σ² = max(v̂ − (λw)², 0) per element. A tensor whose optimizer gives no reading (not
+        stepped yet, another optimizer) is left out. None per element."""
+        decay = self.decay
+        if decay is None or decay.per_element:
+            return None
+        return ShrinkReadings(self, decay.applied_lambdas())
+
+    @torch.no_grad()
+    def _reading(self, i: int, lam: float) -> ShrinkReading | None:
+        """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` (see :meth:`readings`);
+        counts the per-element readings in :attr:`reads`."""
+        e = self.decay.entries[i]
+        opt = self._problem.placement[i][0]
+        group = self._problem._group(i)
+        lr = float(group.get("lr", 0.0) or 0.0)
+        if self.decoupled:
+            return ShrinkReading(None, gain=lr, elements=e.param.numel())
+        if isinstance(opt, torch.optim.SGD):
+            mu = float(group.get("momentum", 0.0) or 0.0)
+            damp = float(group.get("dampening", 0.0) or 0.0) if mu > 0 else 0.0
+            gain = lr * (1.0 - damp) / (1.0 - mu)
+            return ShrinkReading(None, gain=gain, elements=e.param.numel())
+        state = opt.state.get(e.param, {})
+        if "exp_avg_sq" in state and "step" in state and "betas" in group:
+            self.reads += 1
+            w = e.param.detach().abs()
+            v = state["exp_avg_sq"].detach() / (1.0 - group["betas"][1] ** float(state["step"]))
+            data_sq = (v - (lam * w) ** 2).clamp(min=0.0)
+            eps = float(group.get("eps", 1e-8))
+            return ShrinkReading(w, data_sq=data_sq, lr=lr, eps=eps)
+        return None
