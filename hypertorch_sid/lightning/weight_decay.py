@@ -141,7 +141,7 @@ class WeightDecayProblem:
     At ``check`` it finds the decayed tensors in the trainer's optimizers and creates λ (a core
     :class:`~hypertorch_sid.core.decay.WeightDecay`, :attr:`decay`); :meth:`apply` adds the decay
     to the training's steps; :meth:`build` gives the bilevel problem (ℓ̂ = ℓ + ½ Σ P λ w², E = ℓ on
-    validation data, λ projected onto [0, stable bound], :attr:`stability`). Its parts: ℓ and E,
+    validation data, λ projected onto [min_weight_decay, stable bound]). Its parts: ℓ and E,
     :attr:`data_loss` (:class:`~.data_loss.DataLoss`); λ's stability bounds, :attr:`stability`
     (:class:`~.stability.StableBounds`); the decay's shrink of the weights, :attr:`shrink`
     (:class:`~.shrink.ShrinkRates`). Parameters: see :class:`LearnedWeightDecay`.
