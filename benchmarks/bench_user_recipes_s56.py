@@ -85,6 +85,12 @@ class Recipe(RecipeModule):
         self.log("val_loss", self.per_sample_loss(out, y).mean())
         self.log("val_acc", (out.argmax(1) == y).float().mean())
 
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        out = self(x)
+        self.log("test_loss", F.cross_entropy(out, y))
+        self.log("test_acc", (out.argmax(1) == y).float().mean())
+
 
 class MLP(Recipe):
     def __init__(self, wd, per_sample, lr=0.05):
@@ -247,9 +253,7 @@ class Setup:
                 test = recipe_loader(self.test, None, 64, False, False)
                 got = self.tr.test(model, test, ckpt_path="best", verbose=False)
                 record["best_test_loss"] = test_loss(model, test)[0]
-                record["best_epoch"] = torch.load(best.best_model_path, weights_only=False)[
-                    "epoch"
-                ]
+                record["best_epoch"] = torch.load(best.best_model_path, weights_only=False)["epoch"]
                 record["lightning_test"] = got[0] if got else None
                 record["after_test"] = self.after(cbs)
                 record["best_state"] = self.checkpoint_state(best.best_model_path)
@@ -287,8 +291,8 @@ class Setup:
         out = {"global_step": ck.get("global_step")}
         for key, state in ck.get("callbacks", {}).items():
             if "Learned" in key:
-                out[key.split("{")[0]] = sorted(state)[:20] if isinstance(state, dict) else str(
-                    type(state)
+                out[key.split("{")[0]] = (
+                    sorted(state)[:20] if isinstance(state, dict) else str(type(state))
                 )
         return out
 
