@@ -154,3 +154,43 @@ def test_read_outs_of_a_checkpoint_loaded_by_test_name_test_not_a_fit(
     with pytest.raises(ConfigurationError) as err:
         read()
     assert "the fit that loaded it" not in str(err.value)
+
+
+def test_flags_read_after_test_loaded_a_checkpoint_from_before_the_hyper_steps_say_so(
+    tmp_path,
+) -> None:
+    """``trainer.test(model, ckpt_path="best")`` after the fit, the best epoch before the data
+    weights' first hyper step: Lightning gives the callback that checkpoint's state (every
+    weight at its start, no hyper step), as it gives the module its weights. ``flagged()`` then
+    returned no row without a word, though the fit had learned the weights (``flagged()``
+    before the test flags rows); now it says why there is nothing to flag."""
+    every = ModelCheckpoint(tmp_path, save_top_k=-1)  # one file per epoch (8 steps each)
+    cb = LearnedDataWeights(start_step=12, every_n_steps=4, max_overhead=None)
+    model = Net(per_sample=True)
+    _fit(_trainer([cb, every], max_epochs=4, enable_checkpointing=True), model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = cb.flagged(0.5)  # the fit's weights: a rule's rows
+    assert len(before) > 0 and not [w for w in caught if "no hyper step" in str(w.message)]
+    first = next(tmp_path.glob("epoch=0-*.ckpt"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([cb]).test(model, ckpt_path=first, verbose=False)
+    assert bool((cb.data_weights() == cb.data_weights()[0]).all())  # the checkpoint's: all at start
+    with pytest.warns(UserWarning, match=r"has run no hyper step.*trainer\.test"):
+        assert len(cb.flagged(0.5)) == 0
+
+
+def test_control_flags_after_a_second_fit_with_no_hyper_step_are_the_first_fits() -> None:
+    """The same callback object fitted again (a fine-tuning stage) keeps the weights it learned;
+    a second fit that ends before its own first hyper step leaves them learned: no such word."""
+    cb = LearnedDataWeights(start_step=12, every_n_steps=4, max_overhead=None)
+    model = Net(per_sample=True)
+    _fit(_trainer([cb], max_epochs=3), model)
+    learned = cb.data_weights()
+    _fit(_trainer([cb], max_epochs=1), model)  # 8 steps: no hyper step of its own
+    assert torch.equal(cb.data_weights(), learned)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(cb.flagged(0.5)) > 0
+    assert not [w for w in caught if "no hyper step" in str(w.message)]
