@@ -22,7 +22,9 @@ labels, a clean validation set) against ``dw`` (``LearnedDataWeights()``, per-sa
   "val_acc", mode="max", save_top_k=2)``, ``trainer.test(ckpt_path="best")``, then training
   continued from the best checkpoint to 6 epochs in a new Trainer (``fit(ckpt_path=best)``);
 * ``workers``  MNIST MLP, a data set that augments in ``__getitem__`` (random shifts), loaders
-  with ``num_workers=2, persistent_workers=True``, ``seed_everything(workers=True)``.
+  with ``num_workers=2, persistent_workers=True``, ``seed_everything(workers=True)``; two more
+  arms say why the learned decay lost there: ``decay_held`` (the drop-in with λ held at the own
+  value, no hyper step) and ``own_low`` (the own recipe at ``weight_decay=1e-4``, the λ learned).
 
 Usage (from the repository root)::
 
@@ -210,6 +212,8 @@ class Setup:
         tr, va, te = images(data, which, seed, 2000, 300, 2000)
         self.train, self.val, self.test = tensors(tr), tensors(va), tensors(te)
         self.state = pretrained(data, seed) if name == "lp_ft" else None
+        if name == "workers":  # why the decay lost: λ fixed by the drop-in; the own recipe at 1e-4
+            self.arms += ("decay_held", "own_low")
 
     # each recipe's fit: the model trained as the user would, returned for the test
     def fit(self, cbs: list, train, per_sample: bool, wd: float, record: dict) -> nn.Module:
@@ -303,10 +307,12 @@ class Setup:
         level, logger.level = logger.level, logging.INFO
         noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
         train, bad = noisy_labels(self.train, 10, self.seed) if noisy else (self.train, None)
-        wd = 0.0 if arm == "decay" else self.own
+        wd = {"decay": 0.0, "decay_held": 0.0, "own_low": 1e-4}.get(arm, self.own)
         cbs: list = []
         if arm == "decay":
             cbs.append(LearnedWeightDecay(self.own))
+        if arm == "decay_held":  # no hyper step: λ = the own value, applied by the drop-in
+            cbs.append(LearnedWeightDecay(self.own, start_step=10**9))
         if arm == "dw":
             cbs.append(LearnedDataWeights())
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
@@ -335,7 +341,7 @@ class Setup:
         return record
 
 
-VERSUS = {"decay": "own", "dw": "plain"}
+VERSUS = {"decay": "own", "dw": "plain", "decay_held": "own", "own_low": "own"}
 
 
 def table(records: list[dict[str, Any]]) -> str:
