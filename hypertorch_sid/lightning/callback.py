@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -180,6 +181,22 @@ def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
         + f". It takes its own arguments {own} and the SIDConfig settings "
         f"{sorted(f.name for f in dataclasses.fields(SIDConfig))}."
     )
+
+
+#: the basenames' starts of the temporary checkpoints Lightning's tuners (``LearningRateFinder``,
+#: ``BatchSizeFinder``, ``Tuner``) write at the fit's start, restore and remove: after one of them
+#: runs inside a fit, ``trainer.ckpt_path`` names its file, though the fit resumed from nothing
+TUNER_CHECKPOINTS = (".lr_find_", ".scale_batch_size_")
+
+
+def resumed_from(trainer: pl.Trainer) -> Any:
+    """The checkpoint the fit resumed from (``trainer.ckpt_path``), None for none or for a
+    tuner's temporary checkpoint (:data:`TUNER_CHECKPOINTS`, session 56: such a fit was told
+    that "the checkpoint .lr_find_….ckpt holds no state of this callback")."""
+    path = trainer.ckpt_path
+    if path is None or os.path.basename(os.fspath(path)).startswith(TUNER_CHECKPOINTS):
+        return None
+    return path
 
 
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
@@ -403,6 +420,8 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         #: the read-outs (:meth:`_refuse_unapplied_checkpoint`); None after a finished fit
         self._unfinished: str | None = None
         self._before_build = False  # in a fit, before on_train_start built the core object
+        #: the Trainer function ("fit", "test", ...) that last loaded a checkpoint into it
+        self._loaded_by: str | None = None
 
     # ================================================================== hooks (one per job)
     def setup(
@@ -608,8 +627,11 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        """Refuse a checkpoint file whose bytes fail their CRC-32 (``torch.load`` skips it)."""
+        """Refuse a checkpoint file whose bytes fail their CRC-32 (``torch.load`` skips it);
+        note which of the Trainer's functions loads it (``trainer.test(ckpt_path=...)`` loads
+        the callbacks' state too, but only a fit applies it)."""
         verify_checkpoint_file(trainer.ckpt_path)
+        self._loaded_by = getattr(trainer.state.fn, "value", trainer.state.fn)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (applied at ``on_train_start`` if not built yet).
@@ -645,13 +667,20 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         a fit that an exception ended (a Ctrl-C too: Lightning stops the fit and raises
         ``SystemExit``), they say so once (session 55: the unfinished fit's values, silently)."""
         if self._pending is not None:
+            loaded_by = self._loaded_by or "fit"
+            cause = (
+                "the fit that loaded it (trainer.fit(..., ckpt_path=...)) ran no step, its "
+                "max_epochs / max_steps being reached at the checkpoint"
+                if loaded_by == "fit"
+                else f"trainer.{loaded_by}(..., ckpt_path=...) loaded it (Lightning gives "
+                "every callback its state from the checkpoint there), and only a fit applies "
+                "it"
+            )
             raise ConfigurationError(
                 f"{type(self).__name__}.{what}: this callback holds a checkpoint's "
-                f"{self.hyperparameters_named} that no training step has applied yet: the fit "
-                "that loaded it (trainer.fit(..., ckpt_path=...)) ran no step, its max_epochs / "
-                "max_steps being reached at the checkpoint. Resume with a larger max_epochs "
-                "(they are applied at its first training step), or keep the fitted callback "
-                "object."
+                f"{self.hyperparameters_named} that no training step has applied yet: {cause}. "
+                "Resume with trainer.fit(..., ckpt_path=...) and a larger max_epochs (they "
+                "are applied at its first training step), or keep the fitted callback object."
             )
         if self._unfinished is not None:  # read after a fit an exception or Ctrl-C ended:
             said, self._unfinished = self._unfinished, None  # its values, silently (s55)
@@ -731,7 +760,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._sync_hyperparameters(trainer)
         if self._pending is not None:
             self._restore()
-        elif trainer.ckpt_path is not None:
+        elif resumed_from(trainer) is not None:
             rank_zero_warn(
                 f"{type(self).__name__}: the checkpoint {trainer.ckpt_path} holds no state of this "
                 "callback: λ continues from its current value with a fresh outer optimizer, "

@@ -1293,6 +1293,17 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 "Trainer (trainer.fit(...) with callbacks=[callback]), after the fit."
             )
             return torch.empty(0, dtype=torch.long)
+        if not self.history:  # no hyper step in the state held: every weight at its start
+            rank_zero_warn(
+                "LearnedDataWeights.flagged: the state this callback holds has run no hyper "
+                "step, so every weight is at its start and there is nothing to flag: its fit "
+                "stopped before the first hyper step, or a checkpoint written before it was "
+                "loaded since (trainer.test / validate / predict(..., ckpt_path=...) give the "
+                "callbacks the checkpoint's state too, e.g. ckpt_path='best' of an early "
+                "epoch). Read flagged() before loading such a checkpoint, or load one written "
+                "after the hyper steps began."
+            )
+            return torch.empty(0, dtype=torch.long)
         default, misfit = rule is None, isinstance(rule, str) and rule == SPLIT_MISFIT
         if isinstance(rule, str) and not misfit and rule not in FLAG_RULES:  # a name mistyped
             names = ", ".join(repr(n) for n in (*FLAG_RULES, SPLIT_MISFIT))
