@@ -2,11 +2,13 @@
 (``weight_norm``, ``spectral_norm``, ``orthogonal``), a block used twice, LoRA adapters on a frozen
 base, depthwise-separable convolutions with GroupNorm, a pre-norm Transformer encoder under AdamW
 (decoupled), raw weights in an ``nn.ParameterDict``, an ``nn.Embedding(padding_idx=0)``, a
-bidirectional LSTM over packed sequences, and the data weights on a per-token (B, T) loss.
+bidirectional LSTM over packed sequences, an output layer tied to the embedding, a layer never
+called, the older hook-based ``weight_norm`` / ``spectral_norm``, and the data weights on a
+per-token (B, T) loss, a sequence classifier (B,) and a multi-label loss (B, 12).
 
 Each structure is a small ``LightningModule`` on scikit-learn's digits (1000 training / 300
 validation / 497 test images, split by seed; rows of the 8×8 image as 8 tokens, or its pixel
-values 0–16 as 64 tokens, where the structure reads sequences), trained for seconds. Three arms:
+values 0–16 as 64 tokens, where the structure reads sequences), trained for seconds. Arms:
 
 * ``oracle``: the drop-in with its hyper steps switched off (``start_step`` beyond the fit,
   ``max_overhead=None``) against the user's own optimizer with ``weight_decay=λ₀`` (AdamW's for
@@ -14,11 +16,16 @@ values 0–16 as 64 tokens, where the structure reads sequences), trained for se
   fits seeded alike; ~1e-6 means the decay acts on the tensors the optimizer would decay, once);
 * ``own``: the user's recipe, its optimizer's fixed ``weight_decay=λ₀``;
 * ``learned``: ``LearnedWeightDecay(λ₀)`` (defaults; ``decoupled=True`` for AdamW), the optimizer's
-  decay removed.
+  decay removed;
+* ``implicit``: the same with ``invariant="implicit"`` (no scale-invariant group held).
+
+The data-weights recipes run ``LearnedDataWeights()`` against the plain fit (recorded as ``own``).
 
 Held-out test cross entropy (learned − own, paired by seed). Run::
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD nice -n 5 python benchmarks/bench_zoo_s56.py
+    ... --structures spectral_norm_mlp dwsep_groupnorm --arms own learned implicit \
+        --seeds 0 1 2 3 4 5
     python benchmarks/bench_zoo_s56.py --table
 """
 
@@ -240,6 +247,10 @@ STRUCTURES: dict[str, tuple[Any, Any, float, bool] | tuple[Any, Any, float, bool
     ),
     "spectral_norm_mlp": (lambda: MLP(P.spectral_norm), sgd, 1e-3, False),
     "orthogonal_mlp": (lambda: MLP(P.orthogonal), adam, 1e-4, False),
+    # the older hook-based forms: torch.nn.utils.weight_norm / spectral_norm (weight_g, weight_v;
+    # weight_orig with the weight_u, weight_v buffers), still in torch and in older code
+    "weight_norm_legacy_mlp": (lambda: MLP(nn.utils.weight_norm), sgd, 1e-3, False),
+    "spectral_norm_legacy_mlp": (lambda: MLP(nn.utils.spectral_norm), sgd, 1e-3, False),
     "shared_block": (SharedBlock, sgd, 1e-3, False),
     "lora_frozen_base": (LoRAMLP, adam, 1e-4, False),
     "dwsep_groupnorm": (DWSeparable, adam, 1e-4, False),
