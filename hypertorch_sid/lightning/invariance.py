@@ -111,9 +111,17 @@ def _probing(
 def _probe_loss(
     problem: WeightDecayProblem, module: pl.LightningModule, batch: Any, seed: int
 ) -> Callable[[], Tensor]:
-    """ℓ on ``batch``, one forward pass, its randomness (dropout) seeded by ``seed``."""
+    """ℓ on ``batch``, one forward pass, its randomness (dropout) seeded by ``seed``, each
+    from the module's buffers as they were when it was made. A forward that updates a buffer
+    it reads ran from the state the last one left: ``spectral_norm``'s power iteration moves
+    its ``_u``, ``_v`` and so the σ it divides the weight by, and a layer whose loss does not
+    see the scale of its weight (W / σ(W)) was called not invariant, its λ learned (session 56)."""
+    start = {name: b.detach().clone() for name, b in module.named_buffers()}
 
     def loss() -> Tensor:
+        for name, b in module.named_buffers():
+            if name in start:
+                b.copy_(start[name])
         with private_rng(seed, module.device):
             return problem.data_loss(module, batch, "training")
 
