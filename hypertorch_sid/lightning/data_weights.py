@@ -509,6 +509,27 @@ def _weighted(out: Any, index: Tensor, weights: SampleWeights, normalize: bool) 
     return weights.weighted_mean(losses, index, normalize)
 
 
+def _stopped_by(trainer: pl.Trainer) -> str:
+    """What stopped the fit, as far as the Trainer tells: an ``EarlyStopping`` whose patience
+    ran out (or that says why it stopped), else a guess."""
+    for stopper in trainer.early_stopping_callbacks:
+        if stopper.wait_count >= stopper.patience or getattr(
+            stopper, "stopping_reason_message", None
+        ):
+            return f"EarlyStopping(monitor={stopper.monitor!r}, patience={stopper.patience})"
+    return "EarlyStopping, max_time?"
+
+
+def _best_checkpoint(keeper: Any) -> tuple[int, str, float | None] | None:
+    """A ``ModelCheckpoint``'s best checkpoint as (the callback, its path, its score): a path
+    overwritten by a later best (a fixed ``filename``) gets another score; None before any."""
+    path = getattr(keeper, "best_model_path", "")
+    if not path:
+        return None
+    score = getattr(keeper, "best_model_score", None)
+    return id(keeper), str(path), None if score is None else float(score)
+
+
 class LearnedDataWeights(HyperOptimizationCallback):
     """Per-example (or per-class) data weights learned by SID (see the module docstring).
 
@@ -720,6 +741,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         )
         self._said_unreplayable = False
         self._said_shortfall = False
+        #: at which optimizer step each ModelCheckpoint's best checkpoint of this fit was saved
+        self._saved_at: dict[tuple[int, str, float | None], int] = {}
         #: the schedule's settings the user left to the drop-in, with their caps: with
         #: schedule="fit_length" each is scaled to the fit's length at its start
         #: (:meth:`fit_length_schedule`); a value given is kept
@@ -920,7 +943,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         the fit's start judged the planned length, and ``flagged()`` of such a fit is near
         empty (a 20-row MNIST recipe with 40 % noise and ``EarlyStopping(patience=2)`` stopped
         at step 96 of 256, one hyper step in: AUC 0.52, nothing flagged, the plain fit's test
-        loss to every digit)."""
+        loss to every digit). It names the ``EarlyStopping`` that stopped the fit and the
+        ``Trainer(min_steps=...)`` that keeps it two epochs past the first hyper step (session
+        56, ``ckpt_cnn``: 17 of 19 such fits rescued, none worse; docs/data_weights.md)."""
         super()._warn_if_ended_before_learning(trainer)
         stopped, planned = trainer.global_step, planned_steps(trainer)
         if (
@@ -935,12 +960,57 @@ class LearnedDataWeights(HyperOptimizationCallback):
         said = late_first_hyper_step(stopped, self.every_n_steps, self.start_step, 0, epoch)
         if said is not None:
             of = f" of the {int(planned)} planned" if math.isfinite(planned) else ""
+            first = -(-max(self.start_step, 1) // self.every_n_steps) * self.every_n_steps
             rank_zero_warn(
                 f"LearnedDataWeights: the fit stopped at optimizer step {stopped}{of} "
-                "(EarlyStopping, max_time?), so the weights and "
-                f"flagged() say little: {said} If EarlyStopping stopped it, let it run longer "
-                "(patience, min_steps)."
+                f"({_stopped_by(trainer)}), so the weights and flagged() say little: {said} "
+                "If EarlyStopping stopped it (it judged the plain training before the first "
+                "hyper step, which fits the noisy labels), keep the fit going two epochs past "
+                f"that step: Trainer(min_steps={first + math.ceil(2 * epoch)}) (session 56, "
+                "docs/data_weights.md)."
             )
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Also note at which optimizer step each ``ModelCheckpoint``'s best checkpoint was
+        saved (Lightning sets its ``best_model_path`` before it saves), for
+        :meth:`_warn_if_best_checkpoint_plain`."""
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        for keeper in trainer.checkpoint_callbacks:
+            best = _best_checkpoint(keeper)
+            if best is not None:
+                self._saved_at.setdefault(best, trainer.global_step)
+
+    def _warn_if_best_checkpoint_plain(self, trainer: pl.Trainer) -> None:
+        """Say where a ``ModelCheckpoint``'s best checkpoint was saved at or before this fit's
+        first hyper step: the model it holds trained under the weights' start, i.e. plainly,
+        and a user who loads it (``ckpt_path="best"``, ``load_from_checkpoint``) deploys a
+        plain fit's model whatever the weights learned after (``ckpt_cnn`` of
+        ``bench_user_recipes_s50.py``, 6 of 30 seeds: EarlyStopping stopped at step 80–96, the
+        best checkpoint from step 32–64, the plain fit's test loss to every digit; session
+        56). Not in a resumed fit."""
+        if self._fit_start > 0:
+            return
+        first = self.history[0]["global_step"] if self.history else math.inf
+        for keeper in trainer.checkpoint_callbacks:
+            step = self._saved_at.get(_best_checkpoint(keeper))  # type: ignore[arg-type]
+            if step is not None and step <= first:
+                when = (
+                    f"at or before the first hyper step (step {int(first)})"
+                    if math.isfinite(first)
+                    else "and no hyper step ran"
+                )
+                rank_zero_warn(
+                    f"LearnedDataWeights: the best checkpoint of {type(keeper).__name__}"
+                    f"(monitor={getattr(keeper, 'monitor', None)!r}) was saved at optimizer "
+                    f"step {step}, {when}: the model it holds trained under the weights' "
+                    "start (a plain fit), so loading it (ckpt_path='best', "
+                    "load_from_checkpoint) gives a plain fit's model whatever the weights "
+                    "learned after. Let the fit run past the first hyper step "
+                    "(Trainer(min_steps=...), EarlyStopping's patience) and keep a checkpoint "
+                    "from after it."
+                )
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A weight belongs to one example of one data set: dataloaders reloaded
@@ -985,6 +1055,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self.problem.validation_examples = self._validation_size(trainer)
         self._said_shortfall = False
         self._judged_rarity = False  # the imbalance hint: once per fit, when first known
+        self._saved_at = {}  # (ModelCheckpoint, best path, score) -> step saved, this fit
         if self._val_floor is not None:
             self.val_batch_size = self._default_val_batch(trainer, self._val_floor)
         super().on_train_start(trainer, pl_module)
@@ -1021,6 +1092,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         validation's class shares (:meth:`DataWeightsProblem.class_shift`), and where
         ``gauge="class"`` held nothing because no label was read."""
         super().on_train_end(trainer, pl_module)
+        self._warn_if_best_checkpoint_plain(trainer)
         problem = self.problem
         if problem.weights is None or problem.per != "sample":
             return
