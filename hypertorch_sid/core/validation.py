@@ -25,7 +25,14 @@ def as_tensor_list(xs: Iterable[Tensor] | Tensor, name: str) -> list[Tensor]:
     """A list of tensors from a tensor, a list, or ``module.parameters()``."""
     if isinstance(xs, Tensor):
         xs = [xs]
+    one_shot = iter(xs) is xs  # a generator, e.g. model.parameters()
     xs = list(xs)
+    if not xs and one_shot:  # was "is empty" alone (session 56)
+        raise ConfigurationError(
+            f"{name} is an empty iterator: a generator such as model.parameters() read once "
+            "already (e.g. by an optimizer built from the same generator object) is empty the "
+            "second time. Pass a list: params = list(model.parameters())."
+        )
     if not xs:
         raise ConfigurationError(f"{name} is empty: pass at least one tensor.")
     for i, x in enumerate(xs):
@@ -194,6 +201,14 @@ def check_like_hyperparameters(hypergrad: Any, hyper: Sequence[Tensor]) -> None:
         raise ConfigurationError(
             f"apply() got hypergradients shaped {shapes}, but the hyperparameters are shaped "
             f"{expected}: pass the whole list hypergradient() returned, in its order."
+        )
+    dtypes = [(i, g.dtype, h.dtype) for i, (g, h) in enumerate(zip(hypergrad, hyper))]
+    other = [(i, g, h) for i, g, h in dtypes if g != h]
+    if other:  # was torch's "attempting to assign a gradient with dtype" (session 56)
+        i, g, h = other[0]
+        raise ConfigurationError(
+            f"apply() got hypergradient {i} of dtype {g}, but hyperparameter {i} is {h}: pass "
+            f"it in λ's dtype (g.to({h}))."
         )
 
 
@@ -399,6 +414,16 @@ def check_outer_optimizer(
         raise ConfigurationError(
             f"hyperparameters at positions {missing} are not in outer_optimizer: build it as "
             "torch.optim.Adam(hyperparameters, ...)."
+        )
+    hyper_ids = {id(x) for x in hyper}
+    held_tensors = [p for g in optimizer.param_groups for p in g["params"]]
+    others = [tuple(p.shape) for p in held_tensors if id(p) not in hyper_ids]
+    if others:  # session 56: stepped with whatever .grad they held, which step() then cleared
+        raise ConfigurationError(
+            f"outer_optimizer also holds {len(others)} tensor(s) that are not hyperparameters "
+            f"(shapes {others[:4]}): each outer step would move them by whatever .grad they "
+            "hold and then clear it. Build it over the hyperparameters alone, "
+            "torch.optim.Adam(hyperparameters, ...), or list those tensors as hyperparameters."
         )
 
 
