@@ -126,6 +126,27 @@ def test_a_generator_read_already_by_the_outer_optimizer_is_named():
         SIDHyperOptimizer(hs, [w], lambda b: _fit(w, b), lambda b: _fit(w, b), opt)
 
 
+def test_an_inner_loss_reading_a_copy_of_the_model_is_named():
+    """``inner_loss`` calls ``copy.deepcopy(model)``, ``inner_parameters=model.parameters()``.
+    Before: "leave them out of inner_parameters" for every position, a fix that leaves none."""
+    import copy
+
+    batches, val = _data()
+    model = torch.nn.Linear(D, 1).double()
+    twin = copy.deepcopy(model)
+    log_lam = torch.zeros((), dtype=f64, requires_grad=True)
+    hopt = SIDHyperOptimizer(
+        [log_lam],
+        model.parameters(),
+        lambda b: _fit(twin.weight[0], b) + 0.5 * log_lam.exp() * (twin.weight**2).sum(),
+        lambda b: _fit(model.weight[0], b),
+        torch.optim.Adam([log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=3, adjoint_steps=3),
+    )
+    with pytest.raises(ConfigurationError, match="none of the inner parameters.*deepcopy"):
+        hopt.hypergradient(batches, val)
+
+
 def test_set_constants_alpha_without_q_is_refused_under_decreasing_steps():
     """Before: ``set_constants(alpha=1e-3)`` under the default two-phase steps was silently
     replaced by the curvature estimate's α (0.596 here) at the next hypergradient."""
@@ -237,6 +258,42 @@ def test_given_logits_set_the_initial_weight():
     assert weights.logits.mean().item() == pytest.approx(2.0, abs=1e-5)
     with pytest.raises(ConfigurationError, match="initial=0.9 and logits= disagree"):
         SampleWeights(10, initial=0.9, logits=torch.zeros(10, requires_grad=True))
+
+
+@pytest.mark.parametrize("projected", [True, False])
+def test_a_mean_logit_gauge_left_unheld_is_said(projected):
+    """``SampleWeights(gauge="mean_logit")`` (dense gradients) under ``SIDHyperOptimizer``
+    without ``FeasibleSet(project=weights.projection)``. Before: the mean logit drifted (0.09
+    after 8 steps on this toy), the gauge asked for silently not held. With the projection:
+    nothing said."""
+    torch.manual_seed(0)
+    n = 40
+    X = torch.randn(n, 3)
+    y = (X[:, 0] > 0).long()
+    y[:8] = 1 - y[:8]
+    model = torch.nn.Linear(3, 2)
+    weights = SampleWeights(n, gauge="mean_logit")
+    batches = [(torch.arange(i, i + 10), (X[i : i + 10], y[i : i + 10])) for i in range(0, n, 10)]
+
+    def inner(b):
+        index, (xb, yb) = b
+        return weights.weighted_mean(F.cross_entropy(model(xb), yb, reduction="none"), index)
+
+    feasible = FeasibleSet(project=weights.projection) if projected else FeasibleSet()
+    hopt = SIDHyperOptimizer(
+        weights.hyperparameters,
+        model.parameters(),
+        inner,
+        lambda b: F.cross_entropy(model(b[0]), b[1]),
+        LazyAdam(weights.hyperparameters, lr=0.5),
+        config=SIDConfig(inner_steps=3, adjoint_steps=3, feasible_set=feasible),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            hopt.step(batches, (X, y))
+    said = [w for w in caught if "gauge is held by weights.projection" in str(w.message)]
+    assert len(said) == (0 if projected else 1)
 
 
 def test_a_negative_sample_weight_index_names_ignore_index():

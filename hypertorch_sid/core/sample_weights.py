@@ -378,6 +378,7 @@ class SampleWeights:
         held = self.normaliser
         if held is None:
             return x
+        held.check_held()
         if index is not None:
             held.read(index, x)
         offset = held.offset()

@@ -659,6 +659,13 @@ def check_dependencies(
             "inputs that do not require grad: pass use_reentrant=False). They have no fixed "
             "point to solve for."
         )
+    if unused_w and len(unused_w) == len(inner):  # "leave them out" left nothing (s56)
+        raise ConfigurationError(
+            "inner_loss depends on none of the inner parameters: it reads other tensors than "
+            "the ones given, e.g. a copy of the model (copy.deepcopy(model) or a model built "
+            "twice) or weights detached from them (.detach(), .data, torch.no_grad()). Pass "
+            "the parameters of the model inner_loss calls: inner_parameters=model.parameters()."
+        )
     if unused_w:
         raise ConfigurationError(
             f"inner_loss does not depend on inner parameters at positions {unused_w}: leave them "
