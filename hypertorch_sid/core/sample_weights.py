@@ -101,7 +101,7 @@ from .parameterizations import (
     hinge_basis,
 )
 from .rows import ROW_SPARSE, mark_row_sparse
-from .validation import check_bool, check_integer, is_real
+from .validation import check_bool, check_integer
 from .weighted_loss import check_per_sample, class_centred, weighted_loss
 
 Tensors = list[Tensor]
@@ -239,7 +239,7 @@ class SampleWeights:
         self.parameterization = as_weight_parameterization(parameterization)
         self.gauge: Gauge = "batch"
         softmax = isinstance(self.parameterization, SoftmaxWeights)
-        if initial is not None and not is_real(initial):
+        if isinstance(initial, (str, bool)):  # "0.5" was taken as 0.5, True as 1 (s56)
             raise ConfigurationError(
                 f"SampleWeights: initial must be a number (the starting weight ω₀), got "
                 f"{initial!r}."
