@@ -108,6 +108,21 @@ def test_an_outer_optimizer_holding_other_tensors_beside_lambda_is_refused():
         _ridge(optimizer=lambda log_lam: torch.optim.Adam([log_lam, extra], lr=0.1))
 
 
+def test_hyperparameters_and_inner_parameters_given_the_other_way_round_are_named():
+    """``SIDHyperOptimizer([w], [log_lam], ..., Adam([log_lam]))``. Before: "outer_optimizer
+    holds inner parameters", which does not say that the two lists were swapped."""
+    w = torch.zeros(D, dtype=f64, requires_grad=True)
+    log_lam = torch.zeros(D, dtype=f64, requires_grad=True)
+    with pytest.raises(ConfigurationError, match="were the two lists swapped"):
+        SIDHyperOptimizer(
+            [w],
+            [log_lam],
+            lambda b: _fit(w, b) + 0.5 * (log_lam.exp() * w**2).sum(),
+            lambda b: _fit(w, b),
+            torch.optim.Adam([log_lam], lr=0.1),
+        )
+
+
 def test_apply_names_a_hypergradient_of_another_dtype():
     """Before: torch's "attempting to assign a gradient with dtype 'float' ... grad_dtype"."""
     hopt, _, _ = _ridge()

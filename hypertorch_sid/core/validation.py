@@ -405,9 +405,17 @@ def check_outer_optimizer(
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
     if held & inner_ids:
+        swapped = inner_ids <= held and not held & {id(x) for x in hyper}
         raise ConfigurationError(
             "outer_optimizer holds inner parameters: it must optimise only the hyperparameters "
             "(the inner parameters are updated by the inner solve)."
+            + (  # session 56: the two lists given the other way round
+                " It holds every inner parameter and no hyperparameter: were the two lists "
+                "swapped? The first argument is λ: SIDHyperOptimizer(hyperparameters, "
+                "inner_parameters, inner_loss, outer_loss, outer_optimizer)."
+                if swapped
+                else ""
+            )
         )
     missing = [i for i, x in enumerate(hyper) if id(x) not in held]
     if missing:
