@@ -194,7 +194,10 @@ class Bilevel:
         )
 
     def outer_loss(self, batch: Any) -> Tensor:
-        """E(w, λ): the validation objective on validation data (a scalar); must be overridden."""
+        """E(w, λ): the validation objective on validation data (a scalar); must be overridden.
+
+        The hyper steps call it with the module in eval mode, as validation does (dropout off,
+        BatchNorm's running statistics), whatever mode the training is in."""
         raise ConfigurationError(
             f"{type(self).__name__} must implement outer_loss(batch) -> scalar tensor (the "
             "validation objective)."
