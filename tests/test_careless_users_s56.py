@@ -311,6 +311,29 @@ def test_a_mean_logit_gauge_left_unheld_is_said(projected):
     assert len(said) == (0 if projected else 1)
 
 
+def test_losses_that_are_no_real_numbers_are_named():
+    """Integer per-sample losses (a count of errors) were torch's "mean(): could not infer
+    output dtype"; a complex ``inner_loss`` was autograd's "grad can be implicitly created only
+    for real scalar outputs"; a checkpoint of NaN logits was loaded (NaN weights)."""
+    with pytest.raises(ConfigurationError, match="per-sample losses of dtype torch.int64"):
+        SampleWeights(10).weighted_mean(torch.ones(3, dtype=torch.long), torch.arange(3))
+    batches, val = _data()
+    w = torch.zeros(D, dtype=f64, requires_grad=True)
+    log_lam = torch.zeros(D, dtype=f64, requires_grad=True)
+    hopt = SIDHyperOptimizer(
+        [log_lam],
+        [w],
+        lambda b: (_fit(w, b) + 0.5 * (log_lam.exp() * w**2).sum()).to(torch.complex128),
+        lambda b: _fit(w, b),
+        torch.optim.Adam([log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=3, adjoint_steps=3),
+    )
+    with pytest.raises(ConfigurationError, match="scalar tensor .* of real numbers"):
+        hopt.hypergradient(batches, val)
+    with pytest.raises(ConfigurationError, match="10 non-finite logits"):
+        SampleWeights(10).load_state_dict({"logits": torch.full((10,), float("nan"))})
+
+
 def test_a_negative_sample_weight_index_names_ignore_index():
     """Class weights indexed by labels holding -100 (F.cross_entropy's ignore_index). Before:
     "The weights were sized for another data set", a wrong cause."""

@@ -505,6 +505,11 @@ class SampleWeights:
                 f"saved sample weights of shape {getattr(x, 'shape', None)} do not fit these "
                 f"{self.n} rows: the checkpoint belongs to another data set."
             )
+        if not bool(torch.isfinite(x).all()):  # was copied in: NaN weights (session 56)
+            raise ConfigurationError(
+                f"saved sample weights hold {int((~torch.isfinite(x)).sum())} non-finite logits: "
+                "the checkpoint was written after a diverged step; load an earlier one."
+            )
         with torch.no_grad():
             self.logits.copy_(x)  # the normaliser sees the write (a full pass at the next read)
         self.parameterization.refresh(self)

@@ -644,8 +644,11 @@ def check_dependencies(
             "and where the draw is meant to be a constant (a score-function estimator) pass "
             "its parameters .detach()ed."
         )
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        raise ConfigurationError("inner_loss(batch) must return a scalar tensor.")
+    if not isinstance(loss, Tensor) or loss.numel() != 1 or loss.is_complex():  # complex: s56
+        raise ConfigurationError(
+            "inner_loss(batch) must return a scalar tensor (the minibatch training objective,"
+            " of real numbers)."
+        )
     if not loss.requires_grad:
         raise ConfigurationError(
             "inner_loss does not depend on the inner parameters (its result does not require grad)."
