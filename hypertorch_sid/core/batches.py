@@ -9,11 +9,12 @@ iterator is consumed once and its end is reported clearly.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
 
 from .errors import ConfigurationError
 
@@ -135,6 +136,17 @@ def _refuse_one_batch(source: Any, name: str) -> None:
     same-shaped tensor batches stays a list of batches."""
     if isinstance(source, Tensor):
         given = f"a tensor of shape {tuple(source.shape)}: its rows would be taken as batches"
+    elif isinstance(source, Mapping):  # its keys were the batches (session 56)
+        keys = ", ".join(map(repr, list(source)[:4]))
+        given = f"a {type(source).__name__} of keys {keys}: its keys would be taken as batches"
+    elif isinstance(source, (tuple, list)) and any(
+        isinstance(b, (DataLoader, Dataset)) for b in source
+    ):
+        given = (
+            f"a {type(source).__name__} holding a DataLoader or dataset, each item of which "
+            "would be taken as one batch (pass the DataLoader itself; for several data sets, "
+            "one DataLoader over a ConcatDataset)"
+        )
     elif (
         isinstance(source, (tuple, list))
         and len(source) > 1

@@ -252,6 +252,14 @@ class StepConstants:
                     check_positive(name, value)
             contraction = "a contraction constant in [0, 1)"
             q = check_real("q", q, lambda x: 0 <= x < 1, contraction, allow_none=True)
+            if alpha is not None and q is None and self.config.needs_q:  # was dropped (s56)
+                raise ConfigurationError(
+                    f"set_constants(alpha={alpha!r}) without q: the decreasing steps of "
+                    f"step_size={self.config.step_size!r} need the contraction constant q as well, "
+                    "and without it α would be replaced by the curvature estimate's at the next "
+                    "hypergradient. Pass q= with alpha= (q = max|1 − αμ|, |1 − αL|), or L= and "
+                    "mu= (α and q follow), or use step_size='constant'."
+                )
         self.alpha, self.L, self.mu, self.q = alpha, L, mu, q
         if alpha is not None:
             self.phi.set_step(alpha, self.phi.damping)

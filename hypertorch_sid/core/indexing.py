@@ -71,7 +71,8 @@ class IndexedDataset(Dataset):
                 "an index (an IndexedDataset sits inside it): wrap only the outermost dataset, "
                 "IndexedDataset(Subset(train_set, ...)), not the set inside it too."
             )
-        return Indexed(int(i), sample)
+        i = int(i)
+        return Indexed(i + len(self) if i < 0 else i, sample)  # ds[-1]: row n − 1, not -1 (s56)
 
 
 class LabelledIndexed(Indexed):

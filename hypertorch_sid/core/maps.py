@@ -304,9 +304,10 @@ class GradientDescentMap(FixedPointMap):
 
     def loss(self, batch: Any) -> Tensor:
         loss = self.inner_loss(batch)
-        if not isinstance(loss, Tensor) or loss.numel() != 1:
+        if not isinstance(loss, Tensor) or loss.numel() != 1 or loss.is_complex():  # s56
             raise ConfigurationError(
-                "inner_loss(batch) must return a scalar tensor (the minibatch training objective)."
+                "inner_loss(batch) must return a scalar tensor (the minibatch training objective,"
+                " of real numbers)."
             )
         return loss.reshape(())
 

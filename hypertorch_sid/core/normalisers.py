@@ -159,6 +159,11 @@ class Normaliser(ABC):
         """A common shift the weights read the stored logits with (None: none)."""
         return None
 
+    def check_held(self) -> None:
+        """Before the weights are read: say where what this statistic holds in place was not
+        held since the logits last moved (nothing here)."""
+        return None
+
     def log_partition(self) -> Tensor | None:
         """log Z that softmax weights divide by (float64; None: this statistic is no log Z)."""
         return None
@@ -215,6 +220,9 @@ class MeanLogitGauge(LogitMean):
     :meth:`SampleWeights.logits_of` and :meth:`SampleWeights.state_dict` give them shifted.
     """
 
+    #: |x̄ − x₀| above HELD·(1 + |x₀|) after the logits moved: the dense shift was not applied
+    HELD = 1e-5
+
     def offset(self) -> Tensor | None:
         """c = x̄ − x₀, the common shift the weights read the logits with (None: none held,
         the logits are shifted in place)."""
@@ -229,6 +237,33 @@ class MeanLogitGauge(LogitMean):
             self.full_pass()
         else:  # x̄ = x₀ now; nothing else reads it
             self.full_passes += 1
+            self._held_for = self._logits_now()
+
+    @torch.no_grad()
+    def check_held(self) -> None:
+        """With dense gradients the shift is applied by the family's projection after each
+        outer step: one left out (``SIDHyperOptimizer`` without ``FeasibleSet(project=
+        weights.projection)``) left x̄ to drift, the gauge asked for silently not held (session
+        56: x̄ 0.09 after 8 steps). Read once per change of the logits (one pass); said once."""
+        if self.kept or getattr(self, "_said_unheld", False):
+            return
+        now = self._logits_now()
+        if getattr(self, "_held_for", None) == now:
+            return
+        self._held_for = now
+        drift = float(self.family.logits.detach().double().mean()) - self.x0
+        if abs(drift) > self.HELD * (1 + abs(self.x0)):
+            self._said_unheld = True
+            warnings.warn(
+                f"SampleWeights(gauge='mean_logit'): the mean logit is {drift:+.3g} off x₀ "
+                "since the logits last moved: the gauge is held by weights.projection after "
+                "each outer step, which did not run. Pass "
+                "config=SIDConfig(feasible_set=FeasibleSet(project=weights.projection)) to "
+                "SIDHyperOptimizer (HyperOptimizationCallback(feasible_set=...) under "
+                "Lightning), or call weights.projection() after each outer step.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     @torch.no_grad()
     def release(self) -> None:

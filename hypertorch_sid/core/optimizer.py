@@ -43,6 +43,7 @@ from .horizon import StepReads
 from .maps import AveragedMap, FixedPointMap, build_map
 from .modes import frozen_mode
 from .outer import (
+    check_one_full_batch,
     check_read_by_outer_loss,
     check_validation_batch,
     outer_gradients,
@@ -194,11 +195,17 @@ class SIDHyperOptimizer:
             fixed_point_map, inner_loss, penalty, regularizer, self.inner_parameters,
             self.hyperparameters, alpha=self.constants.alpha, hvp=self.config.hvp, module=module,
         )  # fmt: skip
+        if mean_across_processes is not None and not callable(mean_across_processes):
+            raise ConfigurationError(  # True was taken, then called on a tensor (session 56)
+                "mean_across_processes must be a function averaging a tensor over processes "
+                f"(an all-reduce mean), got {type(mean_across_processes).__name__}."
+            )
         self.mean_across_processes = mean_across_processes
         self._solver_map: FixedPointMap = (
             AveragedMap(self.phi, mean_across_processes) if mean_across_processes else self.phi
         )
         self.config.check_full_batch(full_train_batch)
+        check_one_full_batch(full_train_batch)
         self.full_train_batch = full_train_batch
         check_initial_projection(self.hyperparameters, self.config.feasible_set.project)
         if not self.is_feasible(self.hyperparameters):

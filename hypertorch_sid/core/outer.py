@@ -60,6 +60,13 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
             raise ConfigurationError("the validation DataLoader is empty: it yielded no batch.")
         return batches, True
     if isinstance(val_batch, (list, tuple)) and not _is_namedtuple(val_batch):
+        loaders = [type(b).__name__ for b in val_batch if isinstance(b, (DataLoader, Dataset))]
+        if loaders:  # each was handed to outer_loss as a batch: a raw error in it (session 56)
+            raise ConfigurationError(
+                f"val_batch is a {type(val_batch).__name__} holding a {loaders[0]}: each item "
+                "would be handed to outer_loss as one batch. Pass the DataLoader itself (for "
+                "several validation sets, one DataLoader over a ConcatDataset of them)."
+            )
         if not val_batch:
             raise ConfigurationError(
                 "val_batch is an empty list: pass a batch such as (X_val, y_val), a list of "
@@ -75,6 +82,29 @@ def _validation_batches(val_batch: Any) -> tuple[list[Any], bool]:
                 )
             return list(val_batch), True
     return [val_batch], False
+
+
+def check_one_full_batch(full_train_batch: Any) -> None:
+    """``full_train_batch`` is one batch holding the whole training set: a DataLoader, a
+    dataset, an iterator or a list of batches was handed to the losses whole, failing inside
+    them ("too many values to unpack", session 56)."""
+    given = None
+    if isinstance(full_train_batch, (DataLoader, Dataset)) or (
+        isinstance(full_train_batch, Iterator) and not isinstance(full_train_batch, Tensor)
+    ):
+        given = f"a {type(full_train_batch).__name__}"
+    elif (
+        isinstance(full_train_batch, list)
+        and len(full_train_batch) > 1
+        and _several_batches(full_train_batch)
+    ):
+        given = f"a list of {len(full_train_batch)} batches"
+    if given is not None:
+        raise ConfigurationError(
+            f"full_train_batch must be one batch holding the whole training set, got {given}. "
+            "Join it into one, e.g. next(iter(DataLoader(train_set, batch_size=len(train_set)))) "
+            "or train_set.tensors for a TensorDataset."
+        )
 
 
 def check_validation_batch(outer_loss: Callable[[Any], Tensor], val_batch: Any) -> None:

@@ -101,6 +101,7 @@ from .parameterizations import (
     hinge_basis,
 )
 from .rows import ROW_SPARSE, mark_row_sparse
+from .validation import check_bool, check_integer
 from .weighted_loss import check_per_sample, class_centred, weighted_loss
 
 Tensors = list[Tensor]
@@ -232,22 +233,37 @@ class SampleWeights:
         sparse_grad: bool = False,
         gauge: Gauge = "batch",
     ) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigurationError(f"SampleWeights needs a number of rows n ≥ 1, got {n!r}.")
-        self.n = n
+        if isinstance(n, Tensor) and n.numel() == 1 and not n.is_floating_point():
+            n = int(n)  # class_weights(int(y.max()) + 1) written without int() (session 56)
+        self.n = n = check_integer("SampleWeights: the number of rows n", n, 1)
         self.parameterization = as_weight_parameterization(parameterization)
         self.gauge: Gauge = "batch"
-        if initial is None:
-            initial = 1.0 if isinstance(self.parameterization, SoftmaxWeights) else 0.5
-        self._initial = float(initial)
-        x0 = self.parameterization.logit(self._initial, n)
-        if logits is None:
-            logits = torch.full((n,), x0, dtype=dtype, device=device, requires_grad=True)
-        elif not isinstance(logits, Tensor) or logits.shape != (n,) or not logits.is_leaf:
+        softmax = isinstance(self.parameterization, SoftmaxWeights)
+        if isinstance(initial, (str, bool)):  # "0.5" was taken as 0.5, True as 1 (s56)
+            raise ConfigurationError(
+                f"SampleWeights: initial must be a number (the starting weight ω₀), got "
+                f"{initial!r}."
+            )
+        if logits is not None and (
+            not isinstance(logits, Tensor) or logits.shape != (n,) or not logits.is_leaf
+        ):
             raise ConfigurationError(
                 f"SampleWeights(logits=...) takes a leaf tensor of shape ({n},), e.g. "
                 "self.register_hyperparameter('x', torch.zeros(n)) in a BilevelModule."
             )
+        if logits is not None and not softmax:  # ω₀ is where the given logits start (s56)
+            initial = _initial_of_logits(logits, initial)
+        if initial is None:
+            initial = 1.0 if softmax else 0.5
+        self._initial = float(initial)
+        x0 = self.parameterization.logit(self._initial, n)
+        if logits is None:
+            if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+                raise ConfigurationError(
+                    f"SampleWeights: dtype must be a floating-point torch.dtype (the logits are "
+                    f"learned), got {dtype!r}: e.g. torch.float32."
+                )
+            logits = torch.full((n,), x0, dtype=dtype, device=device, requires_grad=True)
         else:
             dtype, device = logits.dtype, logits.device
         self.logits = logits
@@ -319,6 +335,8 @@ class SampleWeights:
     def use_sparse_grad(self, sparse_grad: bool) -> None:
         """Switch between row-sparse and dense gradients of the logits (see ``sparse_grad``)."""
 
+        check_bool("SampleWeights: sparse_grad", sparse_grad)  # "no" read as True (s56)
+
         def switch() -> None:
             self.sparse_grad = bool(sparse_grad)
             if self.sparse_grad:
@@ -360,6 +378,7 @@ class SampleWeights:
         held = self.normaliser
         if held is None:
             return x
+        held.check_held()
         if index is not None:
             held.read(index, x)
         offset = held.offset()
@@ -404,7 +423,14 @@ class SampleWeights:
         """``index`` (:meth:`index_bounds` of ``given``), whose entries run from ``low`` to
         ``high``: a clear error where they are not rows of the weights, else kept as checked
         (the same batch's ``given`` is not read again) and returned."""
-        if index.numel() and (low < 0 or high >= self.n):
+        if index.numel() and low < 0:  # -100 was called "sized for another data set" (s56)
+            raise ConfigurationError(
+                f"sample-weight index out of range: got {low} for {self.n} rows; an index is a "
+                "row ≥ 0. A negative one is not a row: -100 is F.cross_entropy's ignore_index "
+                "(an unlabelled row given class weights: leave those rows out of the weighted "
+                "loss, e.g. keep = y >= 0; weights.weighted_mean(losses[keep], y[keep]))."
+            )
+        if index.numel() and high >= self.n:
             raise ConfigurationError(
                 f"sample-weight index out of range: got [{low}, {high}] for {self.n} rows. "
                 "The weights were sized for another data set (n = len of the "
@@ -432,6 +458,7 @@ class SampleWeights:
         ``reduction="none"``.
         """
         losses = check_per_sample(losses, index)
+        normalize = check_bool("weighted_mean: normalize", normalize)
         held = self.gauge == "mean_logit"
         return weighted_loss(losses, self.weights(index, losses), normalize, held)
 
@@ -478,12 +505,40 @@ class SampleWeights:
                 f"saved sample weights of shape {getattr(x, 'shape', None)} do not fit these "
                 f"{self.n} rows: the checkpoint belongs to another data set."
             )
+        if not bool(torch.isfinite(x).all()):  # was copied in: NaN weights (session 56)
+            raise ConfigurationError(
+                f"saved sample weights hold {int((~torch.isfinite(x)).sum())} non-finite logits: "
+                "the checkpoint was written after a diverged step; load an earlier one."
+            )
         with torch.no_grad():
             self.logits.copy_(x)  # the normaliser sees the write (a full pass at the next read)
         self.parameterization.refresh(self)
 
     def __repr__(self) -> str:
         return f"SampleWeights(n={self.n}, {self.parameterization!r})"
+
+
+def _initial_of_logits(logits: Tensor, initial: float | None) -> float:
+    """ω₀ of sigmoid weights whose logits are given (``SampleWeights(logits=...)``): σ of their
+    mean, which the mean-logit and class gauges hold and the flag rules compare with. Session
+    56: ω₀ stayed ½ whatever the logits held, so a start at x = 2 (ω 0.88) was pulled to x̄ = 0 by
+    the gauge's projection (refused as "outside the feasible set"). An ``initial`` that
+    disagrees with the logits is refused: they keep their values."""
+    with torch.no_grad():
+        mean = float(logits.detach().double().mean())
+    if not math.isfinite(mean):
+        raise ConfigurationError(
+            "SampleWeights(logits=...): the given logits hold NaN or ±inf; start them finite."
+        )
+    start = 1.0 / (1.0 + math.exp(-mean))
+    if initial is not None and abs(float(initial) - start) > 1e-6:
+        raise ConfigurationError(
+            f"SampleWeights: initial={initial!r} and logits= disagree: the logits keep their "
+            f"values, whose weights start at σ(mean logit) = {start:.4g}. Drop initial= (ω₀ is "
+            "read from the logits), or fill the logits with log(ω₀ / (1 − ω₀)) for the ω₀ you "
+            "want."
+        )
+    return start
 
 
 def class_weights(

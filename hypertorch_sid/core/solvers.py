@@ -559,6 +559,10 @@ def _anchor_batches(
     return join(batches.next_pass(), chunk)
 
 
+#: what ``ConjugateGradient.tol`` must be (a relative residual: 0 runs every step)
+_TOL = "a relative residual in [0, 1) (‖r‖ ≤ tol·‖∇₁E‖ stops; 1 or more stops before any step)"
+
+
 @dataclass(frozen=True)
 class ConjugateGradient(AdjointSolver):
     """Conjugate gradients on A v = ∇₁E with A = I − ∂₁Φᵀ = α(∇²₁₁ℓ + δI) (GD map).
@@ -597,6 +601,9 @@ class ConjugateGradient(AdjointSolver):
                 f"{self.batches!r}."
             )
         object.__setattr__(self, "chunk", check_integer("ConjugateGradient chunk", self.chunk, 1))
+        # NaN or < 0 never stopped early, ≥ 1 stopped before any step (v = v₀, e.g. 0): s56
+        tol = check_real("ConjugateGradient tol", self.tol, lambda t: 0 <= t < 1, _TOL)
+        object.__setattr__(self, "tol", tol)
 
     def operator_batches(self, batches: BatchStream, full_batch: Any = None) -> list[Any]:
         """The batches whose mean product is A for this solve."""

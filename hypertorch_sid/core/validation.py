@@ -25,7 +25,14 @@ def as_tensor_list(xs: Iterable[Tensor] | Tensor, name: str) -> list[Tensor]:
     """A list of tensors from a tensor, a list, or ``module.parameters()``."""
     if isinstance(xs, Tensor):
         xs = [xs]
+    one_shot = iter(xs) is xs  # a generator, e.g. model.parameters()
     xs = list(xs)
+    if not xs and one_shot:  # was "is empty" alone (session 56)
+        raise ConfigurationError(
+            f"{name} is an empty iterator: a generator such as model.parameters() read once "
+            "already (e.g. by an optimizer built from the same generator object) is empty the "
+            "second time. Pass a list: params = list(model.parameters())."
+        )
     if not xs:
         raise ConfigurationError(f"{name} is empty: pass at least one tensor.")
     for i, x in enumerate(xs):
@@ -194,6 +201,14 @@ def check_like_hyperparameters(hypergrad: Any, hyper: Sequence[Tensor]) -> None:
         raise ConfigurationError(
             f"apply() got hypergradients shaped {shapes}, but the hyperparameters are shaped "
             f"{expected}: pass the whole list hypergradient() returned, in its order."
+        )
+    dtypes = [(i, g.dtype, h.dtype) for i, (g, h) in enumerate(zip(hypergrad, hyper))]
+    other = [(i, g, h) for i, g, h in dtypes if g != h]
+    if other:  # was torch's "attempting to assign a gradient with dtype" (session 56)
+        i, g, h = other[0]
+        raise ConfigurationError(
+            f"apply() got hypergradient {i} of dtype {g}, but hyperparameter {i} is {h}: pass "
+            f"it in λ's dtype (g.to({h}))."
         )
 
 
@@ -390,15 +405,33 @@ def check_outer_optimizer(
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
     if held & inner_ids:
+        swapped = inner_ids <= held and not held & {id(x) for x in hyper}
         raise ConfigurationError(
             "outer_optimizer holds inner parameters: it must optimise only the hyperparameters "
             "(the inner parameters are updated by the inner solve)."
+            + (  # session 56: the two lists given the other way round
+                " It holds every inner parameter and no hyperparameter: were the two lists "
+                "swapped? The first argument is λ: SIDHyperOptimizer(hyperparameters, "
+                "inner_parameters, inner_loss, outer_loss, outer_optimizer)."
+                if swapped
+                else ""
+            )
         )
     missing = [i for i, x in enumerate(hyper) if id(x) not in held]
     if missing:
         raise ConfigurationError(
             f"hyperparameters at positions {missing} are not in outer_optimizer: build it as "
             "torch.optim.Adam(hyperparameters, ...)."
+        )
+    hyper_ids = {id(x) for x in hyper}
+    held_tensors = [p for g in optimizer.param_groups for p in g["params"]]
+    others = [tuple(p.shape) for p in held_tensors if id(p) not in hyper_ids]
+    if others:  # session 56: stepped with whatever .grad they held, which step() then cleared
+        raise ConfigurationError(
+            f"outer_optimizer also holds {len(others)} tensor(s) that are not hyperparameters "
+            f"(shapes {others[:4]}): each outer step would move them by whatever .grad they "
+            "hold and then clear it. Build it over the hyperparameters alone, "
+            "torch.optim.Adam(hyperparameters, ...), or list those tensors as hyperparameters."
         )
 
 
@@ -611,8 +644,11 @@ def check_dependencies(
             "and where the draw is meant to be a constant (a score-function estimator) pass "
             "its parameters .detach()ed."
         )
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        raise ConfigurationError("inner_loss(batch) must return a scalar tensor.")
+    if not isinstance(loss, Tensor) or loss.numel() != 1 or loss.is_complex():  # complex: s56
+        raise ConfigurationError(
+            "inner_loss(batch) must return a scalar tensor (the minibatch training objective,"
+            " of real numbers)."
+        )
     if not loss.requires_grad:
         raise ConfigurationError(
             "inner_loss does not depend on the inner parameters (its result does not require grad)."
@@ -633,6 +669,13 @@ def check_dependencies(
             "(.detach(), torch.no_grad(), or torch.utils.checkpoint(..., use_reentrant=True) on "
             "inputs that do not require grad: pass use_reentrant=False). They have no fixed "
             "point to solve for."
+        )
+    if unused_w and len(unused_w) == len(inner):  # "leave them out" left nothing (s56)
+        raise ConfigurationError(
+            "inner_loss depends on none of the inner parameters: it reads other tensors than "
+            "the ones given, e.g. a copy of the model (copy.deepcopy(model) or a model built "
+            "twice) or weights detached from them (.detach(), .data, torch.no_grad()). Pass "
+            "the parameters of the model inner_loss calls: inner_parameters=model.parameters()."
         )
     if unused_w:
         raise ConfigurationError(

@@ -64,6 +64,11 @@ def check_per_sample(losses: Any, index: Tensor) -> Tensor:
         raise ConfigurationError(
             f"per-sample weights need a tensor of per-sample losses, got {type(losses).__name__}."
         )
+    if not losses.is_floating_point():  # torch's "mean(): could not infer output dtype" (s56)
+        raise ConfigurationError(
+            f"per-sample losses of dtype {losses.dtype}: a loss is a floating-point tensor with "
+            "a gradient (an integer or bool one is a count, e.g. of errors, which has none)."
+        )
     b = int(index.numel()) if isinstance(index, Tensor) else len(index)
     if losses.dim() == 0 or (losses.numel() == 1 and b > 1):
         raise ConfigurationError(

@@ -160,6 +160,13 @@ def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
     """Refuse a keyword that is neither the callback's own argument nor a :class:`SIDConfig`
     field, naming the callback, the closest names and both lists (a typo such as
     ``num_class=`` for ``num_classes=`` otherwise read as an unknown SIDConfig setting)."""
+    if "inner_steps" in settings:  # accepted and ignored (session 56)
+        raise ConfigurationError(
+            f"{callback.__name__}: inner_steps={settings['inner_steps']!r} would be ignored: "
+            "Lightning's own training steps are the inner solver (t = 0 extra steps in each "
+            "hyper step). Drop inner_steps=; how often λ moves is every_n_steps=, how far the "
+            "training runs is the Trainer's max_epochs / max_steps."
+        )
     fields = {f.name for f in dataclasses.fields(SIDConfig)} | set(REMOVED)
     unknown = sorted(set(settings) - fields)
     if not unknown:

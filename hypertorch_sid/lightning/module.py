@@ -111,7 +111,13 @@ class Bilevel:
             raise ConfigurationError(f"hyperparameter name must be an identifier, got {name!r}.")
         if name in self._hyperparameter_names:
             raise ConfigurationError(f"hyperparameter {name!r} is already registered.")
-        if hasattr(self, name) and name not in self._parameters:
+        if name in self._parameters:  # register_parameter replaced the weight w silently (s56)
+            raise ConfigurationError(
+                f"cannot register hyperparameter {name!r}: the module already has a parameter "
+                f"{name!r} (a weight w the training optimizes), which it would replace. Give the "
+                "hyperparameter another name (e.g. 'log_lam')."
+            )
+        if hasattr(self, name):
             raise ConfigurationError(
                 f"cannot register hyperparameter {name!r}: the module already has an attribute "
                 "with that name."
@@ -127,6 +133,11 @@ class Bilevel:
         if not tensor.is_floating_point():
             raise ConfigurationError(
                 f"hyperparameter {name!r} has dtype {tensor.dtype}; use a floating-point tensor."
+            )
+        if not bool(torch.isfinite(tensor).all()):  # was refused only at the fit's start (s56)
+            raise ConfigurationError(
+                f"hyperparameter {name!r} has non-finite entries (NaN or ±inf; log 0 = −inf for a "
+                "decay of 0 learned as log λ): start it at a finite value, e.g. log 1e-4."
             )
         if tensor.numel() == 0:  # was refused at the first hyper step as "read by neither loss"
             raise ConfigurationError(
@@ -183,7 +194,10 @@ class Bilevel:
         )
 
     def outer_loss(self, batch: Any) -> Tensor:
-        """E(w, λ): the validation objective on validation data (a scalar); must be overridden."""
+        """E(w, λ): the validation objective on validation data (a scalar); must be overridden.
+
+        The hyper steps call it with the module in eval mode, as validation does (dropout off,
+        BatchNorm's running statistics), whatever mode the training is in."""
         raise ConfigurationError(
             f"{type(self).__name__} must implement outer_loss(batch) -> scalar tensor (the "
             "validation objective)."

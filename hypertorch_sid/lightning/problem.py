@@ -261,6 +261,7 @@ class ModuleProblem:
                 f"{type(module).__name__} declares no hyperparameter: call "
                 "self.register_hyperparameter(name, value) in __init__."
             )
+        self.tuned = dict(module.named_hyperparameters())
         return BilevelProblem(
             hyperparameters=hyper,
             inner_parameters=list(module.inner_parameters()),
@@ -274,6 +275,28 @@ class ModuleProblem:
         untrained = getattr(self, "untrained", None)
         if untrained is not None:
             untrained.check(trainer, module)
+        tuned = getattr(self, "tuned", None)
+        if tuned is not None and isinstance(module, Bilevel):
+            check_same_hyperparameters(module, tuned)
+
+
+def check_same_hyperparameters(module: Bilevel, tuned: dict[str, Tensor]) -> None:
+    """The hyper steps tune the λ the fit started with (``tuned``, by name): one registered
+    later (in ``on_train_start``, a hook) was never tuned, and one replaced by a new
+    ``nn.Parameter`` was read by the training while the hyper steps moved the old tensor,
+    both without a word (session 56)."""
+    now = dict(module.named_hyperparameters())
+    added = [n for n in now if n not in tuned]
+    replaced = [n for n in now if n in tuned and now[n] is not tuned[n]]
+    if added or replaced:
+        what = "registered after the fit started" if added else "replaced by new tensors"
+        raise ConfigurationError(
+            f"{type(module).__name__}: hyperparameter(s) {added or replaced} were {what}, but "
+            "the hyper steps tune the tensors the fit started with "
+            f"({sorted(tuned)}): register every hyperparameter in __init__ (or setup / "
+            "configure_model), and change a λ's value in place (with torch.no_grad(): "
+            "self.log_lam.copy_(...)) rather than assigning a new nn.Parameter."
+        )
 
 
 def summarised(module: Bilevel) -> dict[str, Tensor]:
