@@ -239,3 +239,28 @@ def test_the_step_hook_is_gone_after_a_fit_and_after_a_failed_one():
         p.grad = torch.zeros_like(p)
     optimizer.step()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), start))
+
+
+def test_tensors_thawed_mid_fit_are_said_to_get_no_decay_at_all():
+    """``BackboneFinetuning`` adds the thawed backbone as a new group, which takes the
+    optimizer's default ``weight_decay`` (0 once the decay moved to the callback): the warning
+    says they get no decay at all, with the fixed-decay advice (session 56 measured a fixed
+    1e-4 or 1e-2 on such a group against none: no difference beyond noise)."""
+    from pytorch_lightning.callbacks import BackboneFinetuning
+
+    class WithBackbone(Net):
+        def __init__(self) -> None:
+            super().__init__(functools.partial(torch.optim.SGD, lr=0.05))
+            self.backbone = self.net[0]
+
+        def configure_optimizers(self) -> Any:
+            return self.optimizer([p for p in self.parameters() if p.requires_grad])
+
+    model = WithBackbone()
+    finetune = BackboneFinetuning(unfreeze_backbone_at_epoch=1, lambda_func=lambda epoch: 1.0)
+    cb = LearnedWeightDecay(0.01, every_n_steps=2, max_overhead=None)
+    trainer = lightning_problems.trainer([cb, finetune], limit_val_batches=0, max_epochs=2)
+    with pytest.warns(UserWarning, match=r"no decay at all.*finetune_function"):
+        trainer.fit(model, datamodule=RidgeData())
+    assert trainer.optimizers[0].param_groups[-1]["weight_decay"] == 0
+    assert not any(name.startswith("net.0.") for name in cb.decay_values())

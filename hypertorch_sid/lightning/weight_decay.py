@@ -1181,7 +1181,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     """
 
     #: what happens to tensors the optimizers train that the fit did not start with
-    _new_tensors_get = "get no learned decay and are left out of the hypergradient"
+    _new_tensors_get = (
+        "get no learned decay, only the weight_decay of the group holding them (a group added "
+        "mid-fit takes the optimizer's default: 0 once the decay moved to this callback, i.e. "
+        "no decay at all), and are left out of the hypergradient"
+    )
     _thawed_mid_fit_advice = (
         " Where a callback thaws them mid-fit (BackboneFinetuning), give the group it adds a "
         "fixed decay, e.g. in its finetune_function after unfreeze_and_add_param_group: "
