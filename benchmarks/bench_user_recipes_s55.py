@@ -52,7 +52,7 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s54 import Backbone, Recipe, pretrained  # noqa: E402
 from recipe_harness import (  # noqa: E402
     images,
-    paired,
+    paired_table,
 )
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
@@ -257,35 +257,8 @@ VERSUS = {"decay": "own", "decay_tl": "own", "dw": "plain", "dw_advice": "plain"
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """Per recipe and drop-in arm: test loss − the comparison's, paired by seed (mean ± s.e.,
-    seeds worse), the wall ratio, optimizer steps, λ range / AUC, errors."""
-    out = ["| recipe | arm | test loss − comparison (s.e., worse) | wall × | steps | λ / AUC |",
-           "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    by: dict[tuple[str, str], dict[int, dict]] = {}
-    for r in records:
-        by.setdefault((r["recipe"], r["arm"]), {})[r["seed"]] = r
-    for (recipe, arm), runs in sorted(by.items()):
-        ref = by.get((recipe, VERSUS.get(arm, "")), {})
-        err = next((r["error"] for r in runs.values() if "error" in r), None)
-        if err or not ref:
-            loss = "" if err else " / ".join(f"{runs[s]['test_loss']:.4f}" for s in sorted(runs))
-            out.append(f"| {recipe} | {arm} | {err[:200] if err else loss} | | | |")
-            continue
-        seeds = sorted(s for s in runs if s in ref)
-        diff = paired(runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds)
-        wall = [runs[s]["wall_s"] / ref[s]["wall_s"] for s in seeds]
-        steps = "/".join(f"{runs[s]['steps']}" for s in seeds)
-        ref_steps = "/".join(f"{ref[s]['steps']}" for s in seeds)
-        note = "; ".join(
-            f"{r['lam_range'][0]:.2g}–{r['lam_range'][1]:.2g}" if "lam_range" in r
-            else f"{r.get('auc', float('nan')):.2f}"
-            for r in (runs[s] for s in seeds)
-        )  # fmt: skip
-        out.append(
-            f"| {recipe} | {arm} | {diff} | "
-            f"{min(wall):.1f}–{max(wall):.1f} | {steps} (vs {ref_steps}) | {note} |"
-        )
-    return "\n".join(out)
+    """The paired table of this round (`recipe_harness.paired_table`)."""
+    return paired_table(records, VERSUS)
 
 
 def main(argv: list[str] | None = None) -> None:

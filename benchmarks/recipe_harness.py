@@ -326,6 +326,45 @@ def paired(diffs: Iterable[float]) -> str:
 # ----------------------------------------------------------------------------- records
 
 
+def paired_table(
+    records: list[dict[str, Any]], versus: dict[str, str], accuracy: bool = False
+) -> str:
+    """Per recipe and drop-in arm: test loss − the comparison arm's (``versus[arm]``), paired
+    by seed (mean ± s.e., seeds worse), with ``accuracy`` the points of test accuracy lost,
+    the wall ratio, optimizer steps, λ range / AUC, errors."""
+    acc_head, acc_rule = (" accuracy − comparison |", " --- |") if accuracy else ("", "")
+    out = [f"| recipe | arm | test loss − comparison (s.e., worse) |{acc_head} wall × | steps | "
+           "λ / AUC |", f"| --- | --- | --- |{acc_rule} --- | --- | --- |"]  # fmt: skip
+    by: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in records:
+        by.setdefault((r["recipe"], r["arm"]), {})[r["seed"]] = r
+    for (recipe, arm), runs in sorted(by.items()):
+        ref = by.get((recipe, versus.get(arm, "")), {})
+        err = next((r["error"] for r in runs.values() if "error" in r), None)
+        if err or not ref:
+            loss = "" if err else " / ".join(f"{runs[s]['test_loss']:.4f}" for s in sorted(runs))
+            blanks = " | | | | |" if accuracy else " | | | |"
+            out.append(f"| {recipe} | {arm} | {err[:200] if err else loss}{blanks}")
+            continue
+        seeds = sorted(s for s in runs if s in ref and "test_loss" in ref[s])
+        diff = paired(runs[s]["test_loss"] - ref[s]["test_loss"] for s in seeds)
+        acc = paired(100 * (ref[s]["test_acc"] - runs[s]["test_acc"]) for s in seeds)
+        wall = [runs[s]["wall_s"] / ref[s]["wall_s"] for s in seeds]
+        steps = "/".join(f"{runs[s]['steps']}" for s in seeds)
+        ref_steps = "/".join(f"{ref[s]['steps']}" for s in seeds)
+        note = "; ".join(
+            f"{r['lam_range'][0]:.2g}–{r['lam_range'][1]:.2g}" if "lam_range" in r
+            else f"{r.get('auc', float('nan')):.2f}"
+            for r in (runs[s] for s in seeds)
+        )  # fmt: skip
+        acc_cell = f" {acc} (points lost) |" if accuracy else ""
+        out.append(
+            f"| {recipe} | {arm} | {diff} |{acc_cell} "
+            f"{min(wall):.1f}–{max(wall):.1f} | {steps} (vs {ref_steps}) | {note} |"
+        )
+    return "\n".join(out)
+
+
 def read_records(path: Path | None) -> list[dict[str, Any]]:
     """The records kept in ``path`` (none when there is no file): ``{"records": [...]}`` or a bare
     list (session 54's form)."""
