@@ -17,6 +17,7 @@ import torch
 from lightning_problems import D as D_RIDGE
 from lightning_problems import RidgeData
 from problems import symmetric_with_spectrum
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hypertorch_sid import (
     Batches,
@@ -338,15 +339,16 @@ def test_the_step_size_is_measured_only_where_the_optimizer_gives_no_reading(net
     cb = LearnedWeightDecay(
         1e-2, every_n_steps=10, damping=Recording(FixedDamping(0.0)), max_overhead=None
     )
-    original = cb.on_before_optimizer_step
 
-    def before_step(trainer, module, optimizer):
-        original(trainer, module, optimizer)
-        probes.append(cb._step_probe is not None)
+    def after_step(optimizer, args, kwargs):  # the probe spans the update (session 56: taken
+        probes.append(cb._step_probe is not None)  # inside the step, after the clip and decay)
 
-    cb.on_before_optimizer_step = before_step
     trainer = lightning_problems.trainer([cb], max_steps=30, limit_val_batches=0)
-    trainer.fit(net(lr=0.05), datamodule=RidgeData())
+    handle = register_optimizer_step_post_hook(after_step)
+    try:
+        trainer.fit(net(lr=0.05), datamodule=RidgeData())
+    finally:
+        handle.remove()
     assert len(seen) == 3 and all(eta is not None and eta > 0 for eta in seen)
     assert any(probes) is probed
 

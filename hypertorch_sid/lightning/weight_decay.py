@@ -13,8 +13,9 @@ validation loss with three changed lines::
 
 (one λ per layer, the default; ``granularity="global"`` learns one value.) The module's
 code (``training_step``, ``configure_optimizers``) stays as it is: the callback
-applies the decay itself right before every optimizer step (``on_before_optimizer_step``, after
-the backward and after AMP unscaling), and tunes λ by SID (see
+applies the decay itself where the optimizer's own ``weight_decay=`` acts, inside every
+optimizer step once the gradient is final (after the backward, Lightning's gradient clipping and
+AMP unscaling: an optimizer step pre-hook), and tunes λ by SID (see
 :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`).
 
 What is learned
@@ -50,13 +51,11 @@ penalty), unless ``validation_loss`` is given.
 Positivity: ``parameterization="log"`` learns ρ with λ = exp(ρ) (λ > 0 always);
 ``"projection"`` learns λ directly and projects onto λ ≥ 0 after each outer step.
 
-Caveats: the decay is added before Lightning's gradient clipping (so clipping sees ``g + λw``,
-unlike the optimizer's own ``weight_decay``); under float16 mixed precision a step the
-``GradScaler`` skips (non-finite gradients) skips the decoupled shrink with it
-(:func:`scaler_skips`); by default ℓ is obtained by calling ``training_step`` with ``self.log``
-muted and the module's torchmetrics states restored after each hyper step, so a
-``training_step`` with other side effects (appending to lists, manual optimisation) needs
-``training_loss=``.
+Caveats: under float16 mixed precision a step the ``GradScaler`` skips (non-finite gradients)
+skips the decay with it, as it does the optimizer's own; by default ℓ is obtained by calling
+``training_step`` with ``self.log`` muted and the module's torchmetrics states restored after
+each hyper step, so a ``training_step`` with other side effects (appending to lists, manual
+optimisation) needs ``training_loss=``.
 """
 
 from __future__ import annotations
@@ -71,6 +70,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from ..core.budget import Budget
 from ..core.decay import (
@@ -562,10 +563,13 @@ class WeightDecayProblem:
         scale: Tensor | None = None,
         skips: Tensor | None = None,
     ) -> None:
-        """Add the decay before ``optimizer`` steps: ``grad += λ w`` or ``w *= 1 − lr λ``.
-        ``scale``: the loss scale the gradients still carry (:func:`loss_scale`), by which the
-        added ``λ w`` is multiplied too; ``skips``: 1 where the step will be skipped
-        (:func:`scaler_skips`), and with it the decoupled shrink."""
+        """Add the decay to a step of ``optimizer``, once its gradients are final (after the
+        clipping: :meth:`LearnedWeightDecay._decay_in_step`): ``grad += λ w`` or
+        ``w *= 1 − lr λ``. ``scale``: the loss scale the gradients still carry
+        (:func:`loss_scale`: an optimizer that unscales in its own step), by which the added
+        ``λ w`` is multiplied too; ``skips``: 1 where the step will be skipped
+        (:func:`scaler_skips`: such an optimizer skips inside its step), and with it the
+        decoupled shrink."""
         if self.decay is None:
             return
         self._refuse_optimizer_decay(optimizer)
@@ -902,7 +906,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     """
 
     #: what happens to tensors the optimizers train that the fit did not start with
-    _new_tensors_get = "get no learned decay and are left out of the hypergradient"
+    _new_tensors_get = (
+        "get no learned decay, only the weight_decay of the group holding them (a group added "
+        "mid-fit takes the optimizer's default: 0 once the decay moved to this callback, i.e. "
+        "no decay at all), and are left out of the hypergradient"
+    )
     _thawed_mid_fit_advice = (
         " Where a callback thaws them mid-fit (BackboneFinetuning), give the group it adds a "
         "fixed decay, e.g. in its finetune_function after unfreeze_and_add_param_group: "
@@ -1007,6 +1015,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self._checkpointed_groups: dict[str, bool] | None = None
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
+        #: the optimizer step pre-hook applying the decay during a fit (:meth:`_decay_in_step`)
+        self._step_hook: RemovableHandle | None = None
 
     def on_train_batch_end(
         self,
@@ -1116,21 +1126,95 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         flags = [found.get(n, False) for n in decay.group_names()]
         return self.invariant.adjust(hypergrad, decay.mask(flags))
 
-    def on_before_optimizer_step(
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Also: the decay is applied inside the training optimizers' steps from now on
+        (:meth:`_decay_in_step`), until the fit ends (:meth:`teardown`, :meth:`on_exception`)."""
+        super().on_fit_start(trainer, pl_module)
+        self._release_step_hook()
+        self._step_hook = register_optimizer_step_pre_hook(
+            functools.partial(self._decay_in_step, trainer, pl_module)
+        )
+
+    def _release_step_hook(self) -> None:
+        hook, self._step_hook = self._step_hook, None
+        if hook is not None:
+            hook.remove()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Also: the optimizers' steps no longer apply the decay."""
+        if stage == "fit":
+            self._release_step_hook()
+        super().teardown(trainer, pl_module, stage)
+
+    def on_exception(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        exception: BaseException | None = None,
+    ) -> None:
+        """Also: the optimizers' steps no longer apply the decay."""
+        if isinstance(self, LearnedWeightDecay):  # not the class given for a callback
+            self._release_step_hook()
+        HyperOptimizationCallback.on_exception(self, trainer, pl_module, exception)
+
+    def _decay_in_step(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        optimizer: torch.optim.Optimizer,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """A step pre-hook of every torch optimizer during the fit: a step of one of the
+        training's optimizers gets the decay where its own ``weight_decay=`` acts — inside
+        ``optimizer.step()``, once the gradient is final. Lightning passes the step a closure
+        that runs the backward, ``on_before_optimizer_step`` and the gradient clipping: the
+        decay follows that closure (each call of it: LBFGS evaluates it several times); a step
+        without a closure (AMP's ``GradScaler.step``, after its unscaling; a step it skips never
+        runs) gets it right away. So the clip sees the data gradient alone, as under the
+        optimizer's own decay (session 56: added in ``on_before_optimizer_step``, before the
+        clip, the clipped gradient held ``λw``). Registered globally, not per optimizer, so that
+        optimizers created anew during the fit (:meth:`WeightDecayProblem.follow_new_optimizers`)
+        are decayed from their first step."""
+        if not any(optimizer is opt for opt in trainer.optimizers):
+            return None  # another optimizer (an outer one, another fit's)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self._decay(trainer, pl_module, optimizer)
+            return None
+
+        def decayed() -> Any:
+            loss = closure()
+            self._decay(trainer, pl_module, optimizer)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": decayed}
+        return (args[0], decayed, *args[2:]), kwargs
+
+    def _decay(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """Apply the decay: ``grad += λ w`` (coupled) or ``w *= 1 − lr λ`` (decoupled)."""
+        """Apply the decay to the final gradient: ``grad += λ w`` (coupled) or
+        ``w *= 1 − lr λ`` (decoupled); then the base callback's step-size probe reads the
+        gradient the update uses."""
         # the decay's own cost is the callback's, not training's; every step adds it
         with self.budget.added_work(every_step=True):
-            first = trainer.global_step < len(trainer.optimizers)  # each optimizer's first
-            if not self.problem._checked_gradients and first:
-                with self.budget.added_work():  # once
-                    self.problem.check_gradients(pl_module, optimizer)
             self.problem.follow_new_optimizers(trainer, pl_module)
             self.problem.apply(
                 optimizer, loss_scale(trainer, optimizer), scaler_skips(trainer, optimizer)
             )
             super().on_before_optimizer_step(trainer, pl_module, optimizer)
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """At each optimizer's first step: every tensor it trains got a gradient. The decay
+        itself is applied later, inside the optimizer's step (:meth:`_decay_in_step`)."""
+        first = trainer.global_step < len(trainer.optimizers)  # each optimizer's first
+        if not self.problem._checked_gradients and first:
+            with self.budget.added_work():  # once
+                self.problem.check_gradients(pl_module, optimizer)
 
     def _validation_size(self) -> int:
         """n of the per-element prior: the validation set's size, or for a streamed one (no
