@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import math
 import os
@@ -34,6 +35,7 @@ import torch
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
+from torch.utils.hooks import RemovableHandle
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.budget import UNLIMITED, Budget, check_budget_state, make_budget
@@ -55,6 +57,7 @@ from ..core.validation import (
     check_takes,
 )
 from .averaging import put_learned_in_averages
+from .in_step import hook_steps
 from .isolation import (
     LossWatch,
     check_weights,
@@ -379,6 +382,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self.every_n_steps = every_n_steps
         self._step_probe: StepSizeProbe | None = None
         self._step_size: float | None = None
+        #: the optimizer step pre-hook of the fit (:meth:`_hook_steps`), held by the first
+        #: hyper-optimization callback of the Trainer
+        self._step_hook: RemovableHandle | None = None
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
@@ -465,6 +471,28 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 "checkpoint (ModelCheckpoint saves the callback's state) or use "
                 "strategy='ddp', whose rank 0 is the calling process."
             )
+        self._hook_steps(trainer, pl_module)
+
+    def _hook_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """From now until the fit ends (:meth:`teardown`, :meth:`on_exception`), the training
+        optimizers' steps run, once the gradient is final (after Lightning's clipping), every
+        hyper-optimization callback's :meth:`_change_gradient` and then every one's
+        :meth:`_read_gradient` (:func:`~.in_step.hook_steps`): one hook for the Trainer, held by
+        the first of them, so that a reading sees the other callbacks' changes too."""
+        self._release_step_hook()
+        ours = [c for c in trainer.callbacks if isinstance(c, HyperOptimizationCallback)]  # type: ignore[attr-defined]
+        ours = ours if any(c is self for c in ours) else [self]
+        if ours[0] is self:
+            self._step_hook = hook_steps(
+                lambda: trainer.optimizers,
+                [functools.partial(c._change_gradient, trainer, pl_module) for c in ours],
+                [functools.partial(c._read_gradient, trainer, pl_module) for c in ours],
+            )
+
+    def _release_step_hook(self) -> None:
+        hook, self._step_hook = self._step_hook, None
+        if hook is not None:
+            hook.remove()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
@@ -558,11 +586,20 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             allowed = bool(trainer.strategy.broadcast(allowed, src=0))
         return allowed
 
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    def _change_gradient(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """What this callback does to the final gradient inside ``optimizer``'s step, before
+        any callback reads it (:meth:`_hook_steps`); nothing here."""
+
+    def _read_gradient(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """Before the update a hyper step follows: start measuring the training's step size,
-        where its optimizers give no reading of it (:func:`effective_step_size`)."""
+        where its optimizers give no reading of it (:func:`effective_step_size`), on the
+        gradient the update uses — inside the step, after the clip and every callback's change
+        (session 56: taken in ``on_before_optimizer_step``, the probe held the gradient the clip
+        then rescaled in place, and measured a wrong η)."""
         with self.budget.added_work(every_step=True):
             step = trainer.global_step + 1
             due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
@@ -576,6 +613,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""
         if stage == "fit":
+            self._release_step_hook()
             self._fitting = self._before_build = False
             self._keep_learned(trainer)
             self._unfreeze()
@@ -596,6 +634,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         """
         if not isinstance(self, HyperOptimizationCallback):
             return
+        self._release_step_hook()  # the optimizers' steps no longer run this fit's work
         if self._fitting:  # the read-outs say they are an unfinished fit's (session 55)
             name = type(exception).__name__ if exception is not None else "an exception"
             self._unfinished = f"by {name} at optimizer step {trainer.global_step}"

@@ -70,8 +70,6 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
-from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.hooks import RemovableHandle
 
 from ..core.budget import Budget
 from ..core.decay import (
@@ -564,7 +562,7 @@ class WeightDecayProblem:
         skips: Tensor | None = None,
     ) -> None:
         """Add the decay to a step of ``optimizer``, once its gradients are final (after the
-        clipping: :meth:`LearnedWeightDecay._decay_in_step`): ``grad += λ w`` or
+        clipping: :meth:`LearnedWeightDecay._change_gradient`): ``grad += λ w`` or
         ``w *= 1 − lr λ``. ``scale``: the loss scale the gradients still carry
         (:func:`loss_scale`: an optimizer that unscales in its own step), by which the added
         ``λ w`` is multiplied too; ``skips``: 1 where the step will be skipped
@@ -1015,8 +1013,6 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self._checkpointed_groups: dict[str, bool] | None = None
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
-        #: the optimizer step pre-hook applying the decay during a fit (:meth:`_decay_in_step`)
-        self._step_hook: RemovableHandle | None = None
 
     def on_train_batch_end(
         self,
@@ -1126,91 +1122,29 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         flags = [found.get(n, False) for n in decay.group_names()]
         return self.invariant.adjust(hypergrad, decay.mask(flags))
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Also: the decay is applied inside the training optimizers' steps from now on
-        (:meth:`_decay_in_step`), until the fit ends (:meth:`teardown`, :meth:`on_exception`)."""
-        super().on_fit_start(trainer, pl_module)
-        self._release_step_hook()
-        self._step_hook = register_optimizer_step_pre_hook(
-            functools.partial(self._decay_in_step, trainer, pl_module)
-        )
-
-    def _release_step_hook(self) -> None:
-        hook, self._step_hook = self._step_hook, None
-        if hook is not None:
-            hook.remove()
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Also: the optimizers' steps no longer apply the decay."""
-        if stage == "fit":
-            self._release_step_hook()
-        super().teardown(trainer, pl_module, stage)
-
-    def on_exception(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        exception: BaseException | None = None,
-    ) -> None:
-        """Also: the optimizers' steps no longer apply the decay."""
-        if isinstance(self, LearnedWeightDecay):  # not the class given for a callback
-            self._release_step_hook()
-        HyperOptimizationCallback.on_exception(self, trainer, pl_module, exception)
-
-    def _decay_in_step(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        optimizer: torch.optim.Optimizer,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """A step pre-hook of every torch optimizer during the fit: a step of one of the
-        training's optimizers gets the decay where its own ``weight_decay=`` acts — inside
-        ``optimizer.step()``, once the gradient is final. Lightning passes the step a closure
-        that runs the backward, ``on_before_optimizer_step`` and the gradient clipping: the
-        decay follows that closure (each call of it: LBFGS evaluates it several times); a step
-        without a closure (AMP's ``GradScaler.step``, after its unscaling; a step it skips never
-        runs) gets it right away. So the clip sees the data gradient alone, as under the
-        optimizer's own decay (session 56: added in ``on_before_optimizer_step``, before the
-        clip, the clipped gradient held ``λw``). Registered globally, not per optimizer, so that
-        optimizers created anew during the fit (:meth:`WeightDecayProblem.follow_new_optimizers`)
-        are decayed from their first step."""
-        if not any(optimizer is opt for opt in trainer.optimizers):
-            return None  # another optimizer (an outer one, another fit's)
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
-            self._decay(trainer, pl_module, optimizer)
-            return None
-
-        def decayed() -> Any:
-            loss = closure()
-            self._decay(trainer, pl_module, optimizer)
-            return loss
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": decayed}
-        return (args[0], decayed, *args[2:]), kwargs
-
-    def _decay(
+    def _change_gradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """Apply the decay to the final gradient: ``grad += λ w`` (coupled) or
-        ``w *= 1 − lr λ`` (decoupled); then the base callback's step-size probe reads the
-        gradient the update uses."""
+        """Apply the decay to the final gradient, inside the training optimizer's step where its
+        own ``weight_decay=`` acts (the base callback's step hook, :meth:`_hook_steps`): after
+        Lightning's gradient clipping, so the clip sees the data gradient alone, as under the
+        optimizer's own decay (session 56: added in ``on_before_optimizer_step``, before the
+        clip, the clipped gradient held ``λw``); ``grad += λ w`` (coupled) or ``w *= 1 − lr λ``
+        (decoupled). The step-size probes read the gradient after it. Optimizers created anew
+        during the fit (:meth:`WeightDecayProblem.follow_new_optimizers`) are decayed from their
+        first step."""
         # the decay's own cost is the callback's, not training's; every step adds it
         with self.budget.added_work(every_step=True):
             self.problem.follow_new_optimizers(trainer, pl_module)
             self.problem.apply(
                 optimizer, loss_scale(trainer, optimizer), scaler_skips(trainer, optimizer)
             )
-            super().on_before_optimizer_step(trainer, pl_module, optimizer)
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """At each optimizer's first step: every tensor it trains got a gradient. The decay
-        itself is applied later, inside the optimizer's step (:meth:`_decay_in_step`)."""
+        itself is applied later, inside the optimizer's step (:meth:`_change_gradient`)."""
         first = trainer.global_step < len(trainer.optimizers)  # each optimizer's first
         if not self.problem._checked_gradients and first:
             with self.budget.added_work():  # once

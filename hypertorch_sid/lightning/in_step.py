@@ -1,0 +1,71 @@
+"""Work done inside the training optimizers' steps, once their gradient is final (session 56).
+
+Lightning's ``on_before_optimizer_step`` runs *before* its gradient clipping
+(``Precision._after_closure``), which then rescales the gradients in place; torch's own
+``weight_decay=`` and the update act inside ``optimizer.step()``, after it. What a
+hyper-optimization callback must do to the gradient the update uses (``LearnedWeightDecay``'s
+decay) or read from it (the step-size probe, :class:`~hypertorch_sid.core.horizon.StepSizeProbe`)
+is therefore done here: one global optimizer step pre-hook for the fit, which runs after the
+closure Lightning passes the step (the backward, ``on_before_optimizer_step``, the clip) —
+first every callback's change of the gradient, then every callback's reading of it, so that a
+reading sees every change (two drop-ins in one Trainer).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
+
+#: what a callback does to or with one optimizer's final gradient
+InStepWork = Callable[[torch.optim.Optimizer], None]
+
+
+def hook_steps(
+    optimizers: Callable[[], Sequence[torch.optim.Optimizer]],
+    changes: Sequence[InStepWork],
+    readings: Sequence[InStepWork],
+) -> RemovableHandle:
+    """Run ``changes`` then ``readings`` inside every step of the ``optimizers()`` (read at
+    each step: an optimizer created during the fit is hooked from its first step), after the
+    step's closure; a step without a closure (AMP's ``GradScaler.step``, after its unscaling; a
+    step it skips never runs) gets them right away. LBFGS evaluates its closure several times:
+    each evaluation is followed by them. Other optimizers' steps (an outer optimizer, another
+    fit's) are left alone. Registered globally, not per optimizer; remove the returned handle
+    when the fit ends."""
+    return register_optimizer_step_pre_hook(
+        functools.partial(_in_step, optimizers, tuple(changes) + tuple(readings))
+    )
+
+
+def _in_step(
+    optimizers: Callable[[], Sequence[torch.optim.Optimizer]],
+    work: tuple[InStepWork, ...],
+    optimizer: torch.optim.Optimizer,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    if not any(optimizer is opt for opt in optimizers()):
+        return None
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+
+    def final() -> None:
+        for do in work:
+            do(optimizer)
+
+    if closure is None:
+        final()
+        return None
+
+    def then_final() -> Any:
+        loss = closure()
+        final()
+        return loss
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": then_final}
+    return (args[0], then_final, *args[2:]), kwargs
