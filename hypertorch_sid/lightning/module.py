@@ -44,9 +44,11 @@ them out, and fitting with an optimizer that holds one raises a
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
@@ -253,20 +255,27 @@ class Bilevel:
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """At the first batch of a fit tuned by a hyper-optimization callback: the training step
         runs once under a ``TorchFunctionMode`` that records whether it reads λ (no extra pass),
-        and a training that ignores λ is refused (see :meth:`_first_training_step`)."""
+        and a training that ignores λ is refused; an overridden step's loss is compared with
+        ``inner_loss`` (see :meth:`_first_training_step`)."""
         if self.__dict__.get("_check_lambda_read"):
             self._check_lambda_read = False
             self.__dict__["training_step"] = self._first_training_step
 
     def _first_training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """``training_step`` once, watching which λ it reads; then the method is itself again."""
+        """``training_step`` once, watching which λ it reads and comparing the loss it returns
+        with ``inner_loss`` on the same batch (:meth:`_check_same_objective`); then the method is
+        itself again. A skipped step (``None``) leaves both checks to the next batch."""
         del self.__dict__["training_step"]
+        draws = _RandomState(self.device)  # what the step draws from
         hyper = list(self.hyperparameters())
         before = [h.detach().clone() for h in hyper]
         reads = _Reads(hyper)
         with reads:
             out = self.training_step(*args, **kwargs)
         check_unchanged(hyper, before, "training_step")
+        if out is None:  # Lightning skips this batch: nothing to check yet
+            self._check_lambda_read = True
+            return out
         if not reads.found:
             names = ", ".join(self._hyperparameter_names)
             raise ConfigurationError(
@@ -276,7 +285,90 @@ class Bilevel:
                 "return self.inner_loss(batch) (the default training_step does), or use λ in it "
                 "as inner_loss does."
             )
+        loss = out.get("loss") if isinstance(out, dict) else out
+        if isinstance(loss, Tensor) and loss.numel() == 1:
+            batch = args[0] if args else kwargs.get("batch")
+            self._check_same_objective(loss, self._reference_inner_loss(batch, draws))
         return out
+
+    def _reference_inner_loss(self, batch: Any, draws: _RandomState) -> Tensor | None:
+        """ℓ̂(w, λ; ζ) on the step's batch, detached, after the user's ``training_step`` and
+        before the optimizer step: same w, same λ, same train mode, and the same random draws
+        (the torch, Python and NumPy generators are rewound to ``draws``, their state before the
+        step, then set back, so dropout draws what the step drew and the fit's random stream is
+        untouched); the forward updates copies of the buffers (BatchNorm's running statistics)
+        and ``self.log`` is silenced, so the fit's numbers do not change. Detached rather than
+        under ``no_grad`` (its graph is freed at once): an ``inner_loss`` calling
+        ``torch.autograd.grad``, a gradient penalty, needs the graph. ``None`` where there is
+        nothing to compare: the default ``training_step`` (it returns ``inner_loss``) or manual
+        optimisation (the step returns no loss that Lightning minimises)."""
+        if type(self).training_step is Bilevel.training_step or not self.automatic_optimization:
+            return None
+        buffers = [
+            (m, k, b) for m in self.modules() for k, b in m._buffers.items() if b is not None
+        ]
+        for m, k, b in buffers:  # the forward updates copies: the step's graph saved the originals
+            m._buffers[k] = b.clone()
+        after = _RandomState(self.device)
+        draws.restore()
+        self.__dict__["log"] = self.__dict__["log_dict"] = _silent
+        try:
+            reference = self.inner_loss(batch)
+        finally:
+            del self.__dict__["log"], self.__dict__["log_dict"]
+            after.restore()
+            for m, k, b in buffers:
+                m._buffers[k] = b
+        return reference.detach() if isinstance(reference, Tensor) else None
+
+    def _check_same_objective(self, loss: Tensor, reference: Tensor | None) -> None:
+        """Warn where the ``loss`` ``training_step`` returned is not ``reference``, ``inner_loss``
+        on the same batch.
+
+        The hyper steps differentiate ``inner_loss`` as the objective Lightning's training
+        minimises; a step returning ``inner_loss + extra`` (an auxiliary loss, a penalty, another
+        reduction or scale, label smoothing, augmented inputs) trains for another objective, and
+        λ is tuned for a training that is not the one run (session 56). A warning, not an error:
+        an extra term that does not depend on λ can be meant. Randomness drawn in the step apart
+        from ``inner_loss`` (an augmentation before it) also makes the two values differ: that
+        randomness is then part of the objective and belongs in ``inner_loss`` too."""
+        if reference is None or reference.numel() != 1:
+            return
+        a, b = float(loss.detach()), float(reference)
+        if abs(a - b) <= 1e-4 * max(abs(a), abs(b)) + 1e-6:
+            return
+        rank_zero_warn(
+            f"{type(self).__name__}.training_step returned the loss {a:.6g} on the first batch, "
+            f"while inner_loss on the same batch (same w, λ and random draws) is {b:.6g}: the "
+            "training minimises another objective than the inner_loss the hypergradient "
+            "differentiates, so λ is tuned for a training that is not the one run. Put the "
+            "whole training objective (auxiliary terms, penalties, reduction, scaling, label "
+            "smoothing, augmentation) in inner_loss and let training_step return "
+            "self.inner_loss(batch) (the default training_step does)."
+        )
+
+
+class _RandomState:
+    """The states of the random generators a step may draw from (torch's CPU one and the
+    module's CUDA device's, Python's ``random``, NumPy's global one), to set back later."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.index or 0 if device.type == "cuda" else None
+        self.cpu = torch.get_rng_state()
+        self.gpu = torch.cuda.get_rng_state(self.cuda) if self.cuda is not None else None
+        self.python = random.getstate()
+        self.numpy = np.random.get_state()
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.gpu is not None:
+            torch.cuda.set_rng_state(self.gpu, self.cuda)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """``self.log`` during the reference ``inner_loss`` forward: it logs nothing."""
 
 
 class BilevelModule(Bilevel, pl.LightningModule):
