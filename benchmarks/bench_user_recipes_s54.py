@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_harness import (  # noqa: E402
     RecipeModule,
-    decay_record,
+    callbacks_record,
     diabetes,
     images,
     merge_records,
@@ -66,7 +66,6 @@ from recipe_harness import (  # noqa: E402
     shift_targets,
     timed_fit,
     trainer,
-    weights_record,
     write_json,
 )
 
@@ -334,16 +333,7 @@ class Setup:
         record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
         record["test_loss"], record["test_acc"] = self.metrics(model, self.test)
         record["steps"] = tr.global_step
-        for cb in cbs:
-            name = type(cb).__name__
-            record.setdefault("hyper_steps", {})[name] = len(cb.history or [])
-            record.setdefault("due_ran", {})[name] = [cb._due_in_fit, cb._ran_in_fit]
-            if isinstance(cb, LearnedWeightDecay):
-                record.update(decay_record(cb))
-                record["decayed"] = sorted(cb.decay_values())
-            else:
-                b = bad.numpy()
-                record.update(weights_record(cb.data_weights().detach().float().numpy(), b))
+        callbacks_record(record, cbs, bad)
         return record
 
 

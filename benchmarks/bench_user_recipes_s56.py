@@ -60,7 +60,7 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s54 import Backbone, pretrained  # noqa: E402
 from recipe_harness import (  # noqa: E402
     RecipeModule,
-    decay_record,
+    callbacks_record,
     images,
     noisy_labels,
     paired_table,
@@ -68,7 +68,6 @@ from recipe_harness import (  # noqa: E402
     test_loss,
     timed_fit,
     trainer,
-    weights_record,
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
@@ -328,16 +327,7 @@ class Setup:
         test = recipe_loader(self.test, None, 64, False, False)
         record["test_loss"], record["test_acc"] = test_loss(model, test)
         record["steps"] = self.tr.global_step
-        for cb in cbs:
-            name = type(cb).__name__
-            record.setdefault("hyper_steps", {})[name] = len(cb.history or [])
-            record.setdefault("due_ran", {})[name] = [cb._due_in_fit, cb._ran_in_fit]
-            if isinstance(cb, LearnedWeightDecay):
-                record.update(decay_record(cb))
-                record["decayed"] = sorted(cb.decay_values())
-            else:
-                w = cb.data_weights().detach().float().numpy()
-                record.update(weights_record(w, bad.numpy()))
+        callbacks_record(record, cbs, bad)
         return record
 
 

@@ -309,6 +309,21 @@ def weights_record(w: np.ndarray, bad: np.ndarray) -> dict[str, float]:
 # ----------------------------------------------------------------------------- summary
 
 
+def callbacks_record(record: dict[str, Any], cbs: Iterable[Any], bad: torch.Tensor) -> None:
+    """Add each drop-in's hyper steps (run, and due against run in the fit) to ``record``, and
+    λ (``decay_record``) or the weights' flags against the corrupted rows ``bad``."""
+    for cb in cbs:
+        name = type(cb).__name__
+        record.setdefault("hyper_steps", {})[name] = len(cb.history or [])
+        record.setdefault("due_ran", {})[name] = [cb._due_in_fit, cb._ran_in_fit]
+        if hasattr(cb, "decay_values"):
+            record.update(decay_record(cb))
+            record["decayed"] = sorted(cb.decay_values())
+        else:
+            w = cb.data_weights().detach().float().numpy()
+            record.update(weights_record(w, bad.numpy()))
+
+
 def mean_se(values: Iterable[float]) -> tuple[float, float]:
     """The mean and its standard error (NaN from one value)."""
     a = np.asarray(list(values), float)
