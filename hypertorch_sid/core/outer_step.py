@@ -522,6 +522,105 @@ class ShrinkFallRprop(TrustRprop):
         )
 
 
+def reach_step(span: float, eta_plus: float, steps: float) -> float:
+    """Δ_reach of eq. reachstep: the first step of a run of ``steps`` agreeing Rprop steps, each
+    η₊ times the last, that together move log λ by ``span``.
+
+        Δ_reach(n) = span (η₊ − 1) / (η₊ⁿ − 1),   span / n at η₊ = 1           (eq. reachstep)
+    """
+    if steps <= 0:
+        return math.inf
+    if eta_plus == 1.0:
+        return span / steps
+    return span * (eta_plus - 1.0) / math.expm1(steps * math.log(eta_plus))
+
+
+class ReachRprop(ShrinkFallRprop):
+    """:class:`ShrinkFallRprop` whose step never falls below the size that can still cross
+    ``span`` in log λ with the hyper steps the fit has left.
+
+    Rprop's step Δ halves at every flip of the hypergradient's sign and regrows by η₊ per
+    agreeing hyper step. Early in a fit the sign flips often (the network still fits), so Δ is
+    small when the sign settles; a budget that runs 14 hyper steps in a fit leaves too few for
+    Δ to regrow: on the main job's recipe λ rose ×1.1–1.2 per hyper step in the second half and
+    reached the searches' level (×30–50 above its early fall) at the end of the fit or never
+    (``docs/weight_decay_budget.md``, "Session 57"). Here, with R the training steps left (from
+    :meth:`observe`) and p the pace of the hyper steps so far (training steps per hyper step,
+    measured: the budget's skips included), the hyper steps left are
+
+        n_t = 1 + R_t / p_t,   p_t = (R_1 − R_t) / (t − 1)                     (eq. reachpace)
+
+    and from the second hyper step on eq. signsize's step is held at or above eq. reachstep's
+    Δ_reach(n_t) (:func:`reach_step`), within (Δ_min, Δ_max): a sign that holds from here on
+    moves log λ by at least ``span`` before the fit ends. Early (n large) the floor is far below
+    Δ_min and this is :class:`ShrinkFallRprop` step for step; it binds only when few hyper
+    steps remain. Eq. decaytrust still holds each rise, and a flip still stops λ. Without the
+    fit's length (R unknown) it is :class:`ShrinkFallRprop`.
+
+    The other parameters are :class:`ShrinkFallRprop`'s.
+
+    Parameters
+    ----------
+    span:
+        The distance in log λ a run of agreeing signs must be able to cover with the hyper
+        steps left (ln 100: two decades, the main job's recipe's λ from its early fall to the
+        searches' pick is ln 50).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.3,
+        etas: tuple[float, float] = (0.5, 1.2),
+        step_sizes: tuple[float, float] = (1e-2, 2.0),
+        trust: float = 0.1,
+        fall_eta: float | None = None,
+        max_fall: float = 5.0,
+        span: float = math.log(100.0),
+    ) -> None:
+        _check("span", span, low=0.0, strict=True, who="ReachRprop")
+        super().__init__(params, lr, etas, step_sizes, trust, fall_eta, max_fall)
+        self.span = float(span)
+        self._left: int | None = None
+        #: Δ_reach(n_t) of the last step (0 where it had none: the first step, R unknown)
+        self.reach = 0.0
+
+    def observe(self, remaining_steps: int | None, eta: float | None) -> None:
+        super().observe(remaining_steps, eta)
+        self._left = remaining_steps
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        try:
+            return super().step(closure)
+        finally:
+            self._left = None
+
+    def _signed_step(self, p: Tensor, g: Tensor, group: dict, st: dict) -> Tensor:  # type: ignore[override]
+        """Eqs. signsize and signstep with Δ_min raised to Δ_reach(n_t) (eq. reachpace)."""
+        self.reach = self._reach(st)
+        low, high = group["step_sizes"]
+        floor = min(max(low, self.reach), high)
+        return TrustRprop._signed_step(p, g, {**group, "step_sizes": (floor, high)}, st)
+
+    def _reach(self, st: dict) -> float:
+        left = self._left
+        if left is None:
+            return 0.0
+        if "first_left" not in st:
+            st["first_left"] = float(left)
+        done = st.get("step", 0)  # hyper steps taken before this one
+        if done < 1 or st["first_left"] <= left:
+            return 0.0
+        pace = (st["first_left"] - left) / done
+        return reach_step(self.span, self.defaults["etas"][1], 1.0 + left / pace)
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1].replace("ShrinkFallRprop", "ReachRprop", 1) + (
+            f", span={self.span:g})"
+        )
+
+
 def _check(
     name: str,
     value: float,
