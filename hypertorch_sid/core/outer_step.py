@@ -552,9 +552,11 @@ class ReachRprop(ShrinkFallRprop):
 
     and from the second hyper step on eq. signsize's step is held at or above eq. reachstep's
     Δ_reach(n_t) (:func:`reach_step`), within (Δ_min, Δ_max): a sign that holds from here on
-    moves log λ by at least ``span`` before the fit ends. Early (n large) the floor is far below
-    Δ_min and this is :class:`ShrinkFallRprop` step for step; it binds only when few hyper
-    steps remain. Eq. decaytrust still holds each rise, and a flip still stops λ. Without the
+    moves log λ by at least ``span`` before the fit ends. While many hyper steps remain (n
+    large) the floor is below Δ_min and this is :class:`ShrinkFallRprop` step for step. The pace
+    counts from the first hyper step, so a budget's long wait after it (its curvature estimate's
+    debt) shortens n: on the main job's recipe the floor is 0.5–0.9 from the second hyper step.
+    Eq. decaytrust still holds each rise, and a flip still stops λ. Without the
     fit's length (R unknown) it is :class:`ShrinkFallRprop`.
 
     The other parameters are :class:`ShrinkFallRprop`'s.
