@@ -1121,6 +1121,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._check_hold(trainer)
 
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Note the step: an ``EarlyStopping`` decides here."""
+        self._hold.mark(trainer.global_step)
+
     def _check_hold(self, trainer: pl.Trainer) -> None:
         """Release the hold once a ``Timer``'s time is up; say once which step a stop was
         held to, why, and how to switch it off."""
@@ -1148,6 +1152,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         masked = self.problem.masked_rows(functools.partial(_training_rows, trainer))
         if masked is not None:
             rank_zero_warn(f"LearnedDataWeights: {masked}")
+        self._hold.mark(trainer.global_step)
         self._check_hold(trainer)
         if not self._said_shortfall:
             said = self.problem.validation_shortfall()

@@ -41,7 +41,8 @@ class EarlyStopHold:
     step:
         The step the fit's ``min_steps`` was raised to (None: not engaged in this fit).
     held_at:
-        The step at which a stop was first requested and held (None: none was).
+        The step at which a stop was first requested and held (None: none was): that of the
+        last validation or epoch end (where ``EarlyStopping`` decides) before it was seen.
     """
 
     def __init__(self) -> None:
@@ -49,12 +50,18 @@ class EarlyStopHold:
         self.held_at: int | None = None
         self._loop: Any = None
         self._user: int | None = None
+        self._decided_at: int | None = None
+
+    def mark(self, global_step: int) -> None:
+        """Note a point where an ``EarlyStopping`` may have decided (a validation's or an
+        epoch's end): a stop seen later was asked for here."""
+        self._decided_at = global_step
 
     def engage(self, trainer: Any, step: int) -> bool:
         """Raise the fit's ``min_steps`` to ``step`` where an ``EarlyStopping`` is among the
         trainer's callbacks, the fit is before ``step`` and the user's ``min_steps`` is lower.
         Returns whether it did."""
-        self.step = self.held_at = None
+        self.step = self.held_at = self._decided_at = None
         if not any(isinstance(c, classes("callbacks.EarlyStopping")) for c in trainer.callbacks):
             return False
         loop = trainer.fit_loop.epoch_loop
@@ -84,7 +91,8 @@ class EarlyStopHold:
             self.release()
             return False
         if trainer.should_stop and self.held_at is None and trainer.global_step < self.step:
-            self.held_at = trainer.global_step
+            decided = self._decided_at
+            self.held_at = trainer.global_step if decided is None else decided
             return True
         return False
 
