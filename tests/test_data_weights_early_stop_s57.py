@@ -214,3 +214,47 @@ def test_the_hold_under_the_unified_lightning_package() -> None:
     assert trainer.global_step == 32
     assert trainer.fit_loop.epoch_loop.min_steps is None
     assert [s for s in said if HELD in s], said
+
+
+def _ddp_worker(out: Path) -> None:
+    """Under DDP on 2 CPU ranks (an epoch: 4 steps per rank, the hold at 16 + 8 = 24):
+    EarlyStopping asks at step 12 (where the opt-out stops); the default holds to 24, a Timer up
+    at step 20 stops it at 20. Each rank writes where it stopped."""
+    import json
+
+    from lightning_problems import end_ddp_worker
+
+    runs = [
+        ("held", {}, []),
+        ("timer", {}, [_StepTimer(20)]),
+    ]
+    for case, kw, timer in runs:
+        trainer, _ = _fit([_drop_in(**kw), _stopper(), *timer], devices=2, strategy="ddp")
+        result = {"step": trainer.global_step, "min_steps": trainer.fit_loop.epoch_loop.min_steps}
+        (out / f"{case}_{trainer.global_rank}.json").write_text(json.dumps(result))
+    end_ddp_worker()
+
+
+@pytest.mark.ddp
+def test_every_ddp_rank_holds_to_the_same_step(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    for case, step in (("held", 24), ("timer", 20)):
+        for rank in (0, 1):
+            got = json.loads((tmp_path / f"{case}_{rank}.json").read_text())
+            assert got == {"step": step, "min_steps": None}, (case, rank, got)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _ddp_worker(Path(sys.argv[1]))
