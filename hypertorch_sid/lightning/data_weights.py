@@ -88,7 +88,6 @@ from .callback import (
     HyperOptimizationCallback,
     config_given,
     default_unless_given,
-    planned_steps,
     refuse_a_class,
 )
 from .cross_term import RandomState, _cross_term_for, directional_losses
@@ -116,6 +115,7 @@ from .sampling import (
     validation_loader,
 )
 from .sources import prepared
+from .training_length import planned_steps
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]  # the problem importable here, as before
 
