@@ -2,7 +2,8 @@
 scored) with today's default (ctl) or with ReachRprop as the drop-in's outer step (reach), through
 benchmarks/main_job_spread.py (the same split, model and trainer; --seeds: the callback's
 sampling seed). The reach arm swaps the class the drop-in builds its default outer step from
-(lr 0.3, step sizes (0.01, 2.0), as arms.json's).
+(lr 0.3, step sizes (0.01, 2.0), as arms.json's). Run before ReachRprop became the default
+(from a checkout of the branch's commit before it; after it both arms are ReachRprop).
 
 usage (from the repository root): PYTHONPATH=$PWD python mainjob.py ARM main_job_spread.py-args
   e.g. for k in 0 1 2 3 4 5; do for a in ctl reach; do PYTHONPATH=$PWD python \

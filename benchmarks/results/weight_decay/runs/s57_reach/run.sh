@@ -4,6 +4,8 @@
 # (ShrinkFallRprop), learned per layer, the default budget. Rule: ../../rules_s57/wd57-rule.txt.
 # The two arms run alternately seed by seed in one session (ctl N, reach N, ctl N+1, ...), each a
 # fresh process with the learned training only; grid/Optuna/no decay are not trained.
+# ctl is {} (the default of the time): ShrinkFallRprop when these runs were made, before the
+# default-change commit that follows them on branch wd57; after it, pass the old default explicitly.
 # usage (from anywhere): [PYTHON=python] bash run.sh SETTING SEED...
 #   screen: bash run.sh digits_small 0 1 2 3 4 5 6 7 8
 #   confirmation: bash run.sh digits_small 36 ... 44; bash run.sh mnist_mlp 36 ... 44; fashion_mlp

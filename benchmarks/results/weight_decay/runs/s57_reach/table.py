@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """Session 57: ReachRprop (reach) against today's default (ctl), run alternately seed by seed
 (run.sh); the rule: ../../rules_s57/wd57-rule.txt.
 
@@ -57,8 +58,14 @@ def main() -> None:
         d = [r["test_loss"] - c["test_loss"] for _, c, r in pairs]
         st = paired(d)
         hs = ([r["hyper_steps"] for _, _, r in pairs], [c["hyper_steps"] for _, c, _ in pairs])
-        ov = ([r["budget"]["overhead"] for _, _, r in pairs], [c["budget"]["overhead"] for _, c, _ in pairs])
-        lam = ([r["lambda_summary"]["mean"] for _, _, r in pairs], [c["lambda_summary"]["mean"] for _, c, _ in pairs])
+        ov = (
+            [r["budget"]["overhead"] for _, _, r in pairs],
+            [c["budget"]["overhead"] for _, c, _ in pairs],
+        )
+        lam = (
+            [r["lambda_summary"]["mean"] for _, _, r in pairs],
+            [c["lambda_summary"]["mean"] for _, c, _ in pairs],
+        )
         mean_c = statistics.fmean(c["test_loss"] for _, c, _ in pairs)
         mean_r = statistics.fmean(r["test_loss"] for _, _, r in pairs)
         rows.append(
@@ -78,7 +85,10 @@ def main() -> None:
             cells = []
             for arm, k in (("reach", 2), ("ctl", 1)):
                 for pick in ("grid pick", "Optuna pick", "no WD"):
-                    xs = [p[k]["test_loss"] - dep[pick]["seeds"][str(p[0])]["test_loss"] for p in pairs]
+                    xs = [
+                        p[k]["test_loss"] - dep[pick]["seeds"][str(p[0])]["test_loss"]
+                        for p in pairs
+                    ]
                     cells.append(f(paired(xs)))
                     data[setting][f"{arm}_minus_{pick}"] = paired(xs)
             extra.append(f"| {setting} | " + " | ".join(cells) + " |")
@@ -86,7 +96,8 @@ def main() -> None:
     if extra:
         md += (
             "\n\n| setting | reach − grid pick | reach − Optuna pick | reach − no WD | ctl − grid pick "
-            "| ctl − Optuna pick | ctl − no WD |\n|---|---|---|---|---|---|---|\n" + "\n".join(extra)
+            "| ctl − Optuna pick | ctl − no WD |\n|---|---|---|---|---|---|---|\n"
+            + "\n".join(extra)
         )
     (here / f"{name}.md").write_text(md + "\n")
     (here / f"{name}.json").write_text(json.dumps(data, indent=1))
