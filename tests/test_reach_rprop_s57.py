@@ -91,6 +91,17 @@ def test_a_flip_still_stops_lambda_and_the_state_resumes():
     assert _steps(opt, rho, [1.0], [40]) == _steps(twin, twin_rho, [1.0], [40])
 
 
+def test_a_fit_resumed_to_a_longer_one_restarts_the_pace():
+    """R = 100, 80 (pace 20), then a resume told R = 300 (the fit made longer): no floor at that
+    step, then the pace counts from it: R = 260 after one hyper step is pace 40, n = 7.5."""
+    rho = torch.zeros(1, dtype=f64, requires_grad=True)
+    opt = ReachRprop([rho], trust=math.inf, span=2.0)
+    _steps(opt, rho, [-1.0, -1.0, -1.0], [100, 80, 300])
+    assert opt.reach == 0.0
+    _steps(opt, rho, [-1.0], [260])
+    assert opt.reach == pytest.approx(reach_step(2.0, 1.2, 1 + 260 / 40), rel=1e-12)
+
+
 def test_a_bad_span_is_named():
     with pytest.raises(ConfigurationError, match="span"):
         ReachRprop([torch.zeros(1, requires_grad=True)], span=0.0)

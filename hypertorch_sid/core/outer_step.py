@@ -609,9 +609,10 @@ class ReachRprop(ShrinkFallRprop):
         left = self._left
         if left is None:
             return 0.0
-        if "first_left" not in st:
-            st["first_left"] = float(left)
-        done = st.get("step", 0)  # hyper steps taken before this one
+        if "first_left" not in st or left > st["last_left"]:  # a fit (or one resumed longer)
+            st["first_left"], st["first_step"] = float(left), st.get("step", 0)
+        st["last_left"] = float(left)
+        done = st.get("step", 0) - st.get("first_step", 0)  # hyper steps since the pace's start
         if done < 1 or st["first_left"] <= left:
             return 0.0
         pace = (st["first_left"] - left) / done
