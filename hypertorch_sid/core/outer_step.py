@@ -557,7 +557,8 @@ class ReachRprop(ShrinkFallRprop):
     counts from the first hyper step, so a budget's long wait after it (its curvature estimate's
     debt) shortens n: on the main job's recipe the floor is 0.5–0.9 from the second hyper step.
     Eq. decaytrust still holds each rise, and a flip still stops λ. Without the
-    fit's length (R unknown) it is :class:`ShrinkFallRprop`.
+    fit's length (R unknown) it is :class:`ShrinkFallRprop`; where R grows (a fit resumed to a
+    longer one) the pace starts again. The pace's start is checkpointed with the state.
 
     The other parameters are :class:`ShrinkFallRprop`'s.
 
