@@ -904,8 +904,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             old, self.data = self.data, self._hyper_data(trainer)
             self.data.continue_from(old)
         rank_zero_info(
-            f"{type(self).__name__}: the dataloaders were reloaded over other data sets (or a "
-            f"data set changed its length in place); the hyper steps now draw from them "
+            f"{type(self).__name__}: the dataloaders were reloaded over other data sets (or "
+            f"other rows of one, or a data set changed its length in place); the hyper steps "
+            f"now draw from them "
             f"({self.data.n_train} training samples)."
         )
 
@@ -920,6 +921,14 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             said += (
                 " (Under manual optimisation Lightning counts every training batch as an "
                 "optimizer step: where training_step steps less often, fewer hyper steps run.)"
+            )
+        if said is not None and trainer.fast_dev_run:  # a smoke test, not a short fit
+            said = (
+                f"fast_dev_run={trainer.fast_dev_run!r} runs {planned_steps(trainer)} optimizer "
+                "step(s), a smoke test of the code: too few for a hyper step to learn anything, "
+                "so the hyperparameters stay (nearly) where they start and read as nothing "
+                "learned. Fit without fast_dev_run to learn them (the same callback object "
+                "then starts from where it is now)."
             )
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")

@@ -1300,6 +1300,20 @@ class LearnedDataWeights(HyperOptimizationCallback):
             self.problem.on_training_batch = self.problem.prefetch = None
             self.problem.loop_batch = None
 
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``trainer.test`` over an ``IndexedDataset``: said (:func:`_warn_indexed_validation`)."""
+        super().on_test_start(trainer, pl_module)
+        if is_overridden("test_step", pl_module):
+            _warn_indexed_validation(trainer.test_dataloaders, "test")
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``trainer.predict`` over an ``IndexedDataset`` (e.g. the training loader, to set the
+        network's own suspects beside :meth:`flagged`): said, before ``predict_step`` reads
+        the index as its input (:func:`_warn_indexed_validation`)."""
+        super().on_predict_start(trainer, pl_module)
+        if is_overridden("predict_step", pl_module):
+            _warn_indexed_validation(trainer.predict_dataloaders, "predict")
+
     def on_exception(
         self,
         trainer: pl.Trainer,
