@@ -93,6 +93,7 @@ from .callback import (
 from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     _examples_digest,
+    _warn_indexed_validation,
     batch_labels,  # noqa: F401  (importable from here, as before)
 )
 from .data_weights_problem import DEFAULT_OBJECTIVE, DataWeightsProblem
@@ -104,6 +105,7 @@ from .evidence import (  # the constants stay importable from here
 from .imbalance import ClassRarity, class_rarity, imbalance_advice
 from .isolation import metric_states_kept
 from .metrics import late_first_hyper_step
+from .namespaces import is_overridden
 from .problem import (
     MEANING_KEY,
     check_meaning,
