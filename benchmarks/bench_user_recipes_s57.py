@@ -27,6 +27,11 @@ labels, a clean validation set) against ``dw`` (``LearnedDataWeights()``, per-sa
   test file), ``val_check_interval=0.25, check_val_every_n_epoch=2``, then ``trainer.validate``
   and ``trainer.test`` on the data module.
 
+Controls (on request, ``--arms``): ``dw_sampler`` (``reload_pool``: one ``IndexedDataset`` over
+the pool, the half chosen by a ``SubsetRandomSampler``, the route the refusal names);
+``decay_val_first`` / ``dw_val_first`` (``two_val``: the validation set listed first);
+``own_low`` (``predict``, ``dm_stage``: the own recipe at ``weight_decay=1e-4``, the λ learned).
+
 Usage (from the repository root)::
 
     OMP_NUM_THREADS=1 python benchmarks/bench_user_recipes_s57.py --data ../shared/data \
