@@ -42,7 +42,12 @@ from torch import Tensor
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import ConfigurationError, IndexedDataset, LearnedDataWeights, LearnedWeightDecay
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -106,6 +111,13 @@ class Net(pl.LightningModule):
         )
 
 
+class RMSNet(Net):
+    """RMSprop gives no reading of its step size: the callbacks probe it inside the step."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.RMSprop(self.parameters(), lr=0.01)
+
+
 class Manual(Net):
     """Manual optimisation: one optimizer per layer, each step clipped by the module."""
 
@@ -129,6 +141,20 @@ class Manual(Net):
             torch.optim.SGD(layer.parameters(), lr=0.1, weight_decay=self.weight_decay)
             for layer in (self.l1, self.l2)
         ]
+
+
+def probed(cb: LearnedWeightDecay) -> list[float | None]:
+    """The step sizes η̂ the probe measured, one per hyper step (read as the hyper step takes
+    it)."""
+    seen: list[float | None] = []
+    observe = cb._observe_horizon
+
+    def recording(trainer: pl.Trainer) -> None:
+        seen.append(cb._step_size)
+        observe(trainer)
+
+    cb._observe_horizon = recording  # type: ignore[method-assign]
+    return seen
 
 
 def manual_loss(module: pl.LightningModule, batch: Any) -> Tensor:
@@ -170,9 +196,15 @@ class Fails(Net):
 
 
 def fit(
-    model: Net, callbacks: list[Any], devices: int = 1, epochs: int = 2, **kwargs: Any
+    model: Net,
+    callbacks: list[Any],
+    devices: int = 1,
+    epochs: int = 2,
+    ckpt_path: Path | None = None,
+    **kwargs: Any,
 ) -> pl.Trainer:
-    """``model`` fitted on :class:`Data` with the clip on ``devices`` CPU processes."""
+    """``model`` fitted on :class:`Data` with the clip on ``devices`` CPU processes (resumed
+    from ``ckpt_path``)."""
     if not model.automatic_optimization:
         kwargs.setdefault("gradient_clip_val", None)  # the module clips
     trainer = lightning_problems.trainer(
@@ -186,7 +218,7 @@ def fit(
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(model, datamodule=Data(model.per_sample))
+        trainer.fit(model, datamodule=Data(model.per_sample), ckpt_path=ckpt_path)
     return trainer
 
 
@@ -204,8 +236,9 @@ def lambdas(cb: LearnedWeightDecay) -> dict[str, Tensor]:
 
 
 # ============================================================================ DDP worker
-def ddp_runs(devices: int) -> dict[str, Any]:
-    """Every DDP case of this file, in one sequence (both ranks run it)."""
+def ddp_runs(devices: int, folder: Path) -> dict[str, Any]:
+    """Every DDP case of this file, in one sequence (both ranks run it); a checkpoint goes to
+    ``folder``."""
     out: dict[str, Any] = {"hooks_before": hooks()}
     # λ held: the drop-in, then the optimizer's own decay
     held = LearnedWeightDecay(LAM, **HELD, **sizes(devices))
@@ -225,6 +258,11 @@ def ddp_runs(devices: int) -> dict[str, Any]:
     model = Net()
     fit(model, [decay], devices, epochs=3)
     out["hyper"] = dict(w=weights(model), lam=lambdas(decay), history=decay.history)
+    # hyper steps under RMSprop: the step-size probe, taken in the step hook after the clip
+    decay = LearnedWeightDecay(1e-2, **DECAY, **sizes(devices))
+    model, eta = RMSNet(), probed(decay)
+    fit(model, [decay], devices, epochs=3)
+    out["probe"] = dict(w=weights(model), lam=lambdas(decay), eta=eta)
     # both drop-ins in one fit, and the data weights alone
     decay = LearnedWeightDecay(1e-2, **DECAY, **sizes(devices))
     dw = LearnedDataWeights(**WEIGHTS, **sizes(devices))
@@ -240,11 +278,29 @@ def ddp_runs(devices: int) -> dict[str, Any]:
     out["weights"] = dict(w=weights(model), omega=dw.data_weights(), hooks=model.hooks)
     # manual optimisation, two optimizers, the module's own clip
     model = Manual()
-    fit(model, [LearnedWeightDecay(LAM, training_loss=manual_loss, **HELD, **sizes(devices))], devices)
+    fit(
+        model,
+        [LearnedWeightDecay(LAM, training_loss=manual_loss, **HELD, **sizes(devices))],
+        devices,
+    )
     out["manual"] = dict(w=weights(model), hooks=model.hooks)
     model = Manual(weight_decay=LAM)
     fit(model, [], devices)
     out["manual_own"] = dict(w=weights(model))
+    # both drop-ins, fit → save → fit(ckpt_path=...) in a new Trainer, against a straight fit
+    out["resume"] = {}
+    for tag, epochs in (("straight", 4), ("half", 2), ("resumed", 4)):
+        decay = LearnedWeightDecay(1e-2, **DECAY, **sizes(devices))
+        dw = LearnedDataWeights(**WEIGHTS, **sizes(devices))
+        model = Net(per_sample=True)
+        ckpt = folder / "half.ckpt" if tag == "resumed" else None
+        trainer = fit(model, [decay, dw], devices, epochs=epochs, ckpt_path=ckpt)
+        if tag == "half":
+            trainer.save_checkpoint(folder / "half.ckpt")
+        out["resume"][tag] = dict(
+            w=weights(model), lam=lambdas(decay), omega=dw.data_weights(), hooks=model.hooks,
+            histories=(decay.history, dw.history), step=trainer.global_step,
+        )  # fmt: skip
     # a fit that fails at step 3 (on every rank): its hook is gone
     with pytest.raises(ConfigurationError, match="stop"):
         fit(Fails(), [LearnedWeightDecay(LAM, **HELD, **sizes(devices))], devices)
@@ -254,7 +310,7 @@ def ddp_runs(devices: int) -> dict[str, Any]:
 
 def _ddp_worker(out: Path) -> None:
     torch.set_num_threads(1)
-    result = ddp_runs(WORLD)
+    result = ddp_runs(WORLD, out)
     torch.save(result, out / f"rank{result['rank']}.pt")
     lightning_problems.end_ddp_worker()
 
@@ -330,6 +386,25 @@ def test_ddp_hyper_steps_with_the_clip_equal_one_process_and_both_ranks(ddp):
 
 
 @pytest.mark.ddp
+def test_ddp_step_size_probe_after_the_clip_equals_one_process(ddp):
+    """RMSprop with the clip: the probed step size η̂ (taken in the step hook), λ and the weights
+    are bitwise equal on the two ranks and equal the single-process fit's."""
+    r0, r1 = ddp
+    assert len(r0["probe"]["eta"]) == 9 and None not in r0["probe"]["eta"]
+    assert r0["probe"]["eta"] == r1["probe"]["eta"]
+    assert_same(r0["probe"]["lam"], r1["probe"]["lam"])
+    assert_same(r0["probe"]["w"], r1["probe"]["w"])
+    decay = LearnedWeightDecay(1e-2, **DECAY, **sizes(1))
+    model, eta = RMSNet(), probed(decay)
+    fit(model, [decay], epochs=3)
+    assert r0["probe"]["eta"] == pytest.approx(eta, rel=1e-9)
+    for key, lam in lambdas(decay).items():
+        torch.testing.assert_close(r0["probe"]["lam"][key], lam, rtol=1e-9, atol=1e-14)
+    for key, w in weights(model).items():
+        torch.testing.assert_close(r0["probe"]["w"][key], w, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.ddp
 def test_ddp_data_weights_with_the_hook_and_beside_the_decay(ddp):
     """``LearnedDataWeights`` alone and beside the decay under DDP with the clip: every rank holds
     the same ω, λ and weights, and both learned."""
@@ -341,6 +416,23 @@ def test_ddp_data_weights_with_the_hook_and_beside_the_decay(ddp):
     assert_same(r0["both"]["lam"], r1["both"]["lam"])
     assert r0["both"]["decay_steps"] == r0["both"]["weight_steps"] == 9
     assert not torch.equal(r0["both"]["w"]["l1.weight"], r0["weights"]["w"]["l1.weight"])
+
+
+@pytest.mark.ddp
+def test_ddp_fit_then_fit_from_its_checkpoint_ends_where_the_straight_fit_does(ddp):
+    """Both drop-ins with the clip under DDP: 2 epochs, a checkpoint, a new Trainer's
+    ``fit(ckpt_path=...)`` to 4 ends bitwise where the straight 4-epoch fit does, on both
+    ranks (the resumed fit decays from its first step: one hook at every step)."""
+    for r in ddp:
+        straight, half, resumed = (r["resume"][t] for t in ("straight", "half", "resumed"))
+        assert straight["step"] == resumed["step"] == 24 and half["step"] == 12
+        assert len(resumed["hooks"]) == 12 and set(resumed["hooks"]) == {r["hooks_before"] + 1}
+        assert_same(resumed["w"], straight["w"])
+        assert_same(resumed["lam"], straight["lam"])
+        assert torch.equal(resumed["omega"], straight["omega"])
+        assert resumed["histories"] == straight["histories"]
+        assert not torch.equal(half["omega"], straight["omega"])  # hyper steps after the resume
+    assert_same(ddp[0]["resume"]["resumed"]["w"], ddp[1]["resume"]["resumed"]["w"])
 
 
 @pytest.mark.ddp
@@ -498,8 +590,8 @@ def test_two_trainers_in_sequence_with_validate_and_test_between_decay_once():
 
 
 def test_a_second_fit_of_the_same_trainer_decays_once():
-    """``trainer.fit`` called twice on one Trainer (the second continues to a larger
-    ``max_epochs``): the decay stays the optimizer's own."""
+    """``trainer.fit``, ``trainer.validate``, ``trainer.fit`` on one Trainer (the second fit
+    continues to a larger ``max_epochs``): the decay stays the optimizer's own."""
     own, learned = Net(weight_decay=LAM), Net()
     fits = [(own, lightning_problems.trainer([], max_epochs=1, limit_val_batches=0,
                                              gradient_clip_val=CLIP))]  # fmt: skip
@@ -511,6 +603,7 @@ def test_a_second_fit_of_the_same_trainer_decays_once():
         warnings.simplefilter("ignore")
         for model, trainer in fits:
             trainer.fit(model, datamodule=Data(indexed=False))
+            trainer.validate(model, datamodule=Data(indexed=False), verbose=False)
             trainer.fit_loop.max_epochs = 2
             trainer.fit(model, datamodule=Data(indexed=False))
     assert len(learned.norms) == 12
