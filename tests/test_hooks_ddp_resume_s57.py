@@ -21,7 +21,6 @@ every step:
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import signal
 import subprocess
