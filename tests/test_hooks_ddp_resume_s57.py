@@ -248,6 +248,12 @@ def ddp_runs(devices: int, folder: Path) -> dict[str, Any]:
     model = Net(weight_decay=LAM)
     fit(model, [], devices)
     out["own"] = dict(w=weights(model), hooks=model.hooks)
+    # the data weights first (held: equal weights), the held decay second: the hook's holder is
+    # the data weights, which run the decay's change of the gradient
+    model = Net(per_sample=True)
+    dw = LearnedDataWeights(**{**WEIGHTS, **HELD}, **sizes(devices))
+    fit(model, [dw, LearnedWeightDecay(LAM, **HELD, **sizes(devices))], devices)
+    out["weights_first"] = dict(w=weights(model), hooks=model.hooks)
     # the held callback reused in a second fit: the same fit again, one hook
     model = Net()
     fit(model, [held], devices)
@@ -337,11 +343,14 @@ def assert_same(a: dict[str, Tensor], b: dict[str, Tensor], atol: float = 0.0) -
 def test_ddp_held_decay_after_the_clip_is_the_optimizers_own(ddp):
     """λ held, ``gradient_clip_val`` binding at every step: the DDP fit with the drop-in is the
     DDP fit with ``SGD(weight_decay=λ)``, and the single-process one on the same global batches
-    (the clip sees the averaged data gradient on both ranks; the decay comes after it)."""
+    (the clip sees the averaged data gradient on both ranks; the decay comes after it); so is
+    the fit with held data weights listed before the decay (the hook held by the data
+    weights)."""
     r0, r1 = ddp
     for r in (r0, r1):
         assert len(r["held"]["norms"]) == 12 and min(r["held"]["norms"]) > 2 * CLIP
         assert_same(r["held"]["w"], r["own"]["w"], atol=1e-12)
+        assert_same(r["weights_first"]["w"], r["own"]["w"], atol=1e-12)
     assert_same(r0["held"]["w"], r1["held"]["w"])
     single = Net(weight_decay=LAM)
     fit(single, [])
@@ -359,6 +368,7 @@ def test_ddp_one_step_hook_per_process_during_a_fit_and_none_after(ddp):
         before = r["hooks_before"]
         assert set(r["held"]["hooks"]) == set(r["reused"]["hooks"]) == {before + 1}
         assert set(r["both"]["hooks"]) == set(r["manual"]["hooks"]) == {before + 1}
+        assert set(r["weights_first"]["hooks"]) == {before + 1}
         assert set(r["own"]["hooks"]) == {before}
         assert r["held"]["after"] == r["reused"]["after"] == r["both"]["after"] == before
         assert r["after_failure"] == before
