@@ -601,16 +601,13 @@ def test_two_trainers_in_sequence_with_validate_and_test_between_decay_once():
 def test_a_second_fit_of_the_same_trainer_decays_once():
     """``trainer.fit``, ``trainer.validate``, ``trainer.fit`` on one Trainer (the second fit
     continues to a larger ``max_epochs``): the decay stays the optimizer's own."""
+    settings = dict(max_epochs=1, limit_val_batches=0, gradient_clip_val=CLIP)
     own, learned = Net(weight_decay=LAM), Net()
-    fits = [(own, lightning_problems.trainer([], max_epochs=1, limit_val_batches=0,
-                                             gradient_clip_val=CLIP))]  # fmt: skip
-    fits.append((learned, lightning_problems.trainer(
-        [LearnedWeightDecay(LAM, **HELD, **sizes(1))], max_epochs=1, limit_val_batches=0,
-        gradient_clip_val=CLIP,
-    )))  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for model, trainer in fits:
+    decay = LearnedWeightDecay(LAM, **HELD, **sizes(1))
+    for model, callbacks in ((own, []), (learned, [decay])):
+        trainer = lightning_problems.trainer(callbacks, **settings)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             trainer.fit(model, datamodule=Data(indexed=False))
             trainer.validate(model, datamodule=Data(indexed=False), verbose=False)
             trainer.fit_loop.max_epochs = 2
