@@ -257,3 +257,23 @@ def test_validation_rows_a_training_tensordataset_holds_too_are_said(rows, share
     assert said == ([] if shared == 0 else said[:1]) and len(said) == (shared > 0)
     if shared:
         assert said[0].startswith(f"HyperOptimizationCallback: {shared} of the 60")
+
+
+# ---------------------------------------------------------------- constructor values
+def test_a_whole_float_class_count_is_named_as_the_integer_to_pass():
+    """``num_classes=3.0`` (read from a config, or ``y.max() + 1.0``). Before: "needs
+    num_classes ≥ 2, got 3.0", which 3.0 seems to meet."""
+    with pytest.raises(ConfigurationError, match=r"an integer ≥ 2 .* got 3.0: pass num_classes=3\."):
+        LearnedDataWeights(per="class", num_classes=3.0)
+
+
+@pytest.mark.parametrize("drop_in", [LearnedWeightDecay, LearnedDataWeights])
+def test_a_budget_written_as_a_percentage_is_said(drop_in):
+    """``max_overhead=50`` meant as 50 %. Before: taken as 50× the training's compute (no
+    budget in effect), without a word. Now said, naming max_overhead=0.5; 2 (200 %) is not."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drop_in(max_overhead=50)
+        drop_in(max_overhead=2)
+    said = _said(caught, "it is a fraction")
+    assert said and all("Pass max_overhead=0.5 if you meant 50 %" in s for s in said)

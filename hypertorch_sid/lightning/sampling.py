@@ -522,7 +522,9 @@ def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
 def shared_examples(train: Any, val: Any) -> tuple[int, int] | None:
     """(how many of the validation examples the training set reads too, how many there are),
     where both read the same underlying data set (the same object under Subset /
-    IndexedDataset wraps); None where they read different ones (nothing to compare)."""
+    IndexedDataset wraps), or two ``TensorDataset`` s of other content compared row by row
+    (:func:`_shared_rows`); None where they read different data sets of other kinds (nothing to
+    compare)."""
     (train_base, train_subsets), (val_base, val_subsets) = _unwrapped(train), _unwrapped(val)
     train_at, val_at = _positions(train_subsets), _positions(val_subsets)
     if _identity(train_base) != _identity(val_base):
