@@ -214,8 +214,9 @@ def test_a_class_gauge_left_unheld_is_said(projected):
     [
         (
             lambda: LearnedDataWeights(start_step=4, every_n_steps=4, max_overhead=None),
-            lambda: DataLoader(IndexedDataset(TensorDataset(X[60:70], Y[60:70])), batch_size=16,
-                               drop_last=True),  # fmt: skip
+            lambda: DataLoader(
+                IndexedDataset(TensorDataset(X[60:70], Y[60:70])), batch_size=16, drop_last=True
+            ),  # fmt: skip
             {},
         ),
         (
@@ -263,7 +264,9 @@ def test_validation_rows_a_training_tensordataset_holds_too_are_said(rows, share
 def test_a_whole_float_class_count_is_named_as_the_integer_to_pass():
     """``num_classes=3.0`` (read from a config, or ``y.max() + 1.0``). Before: "needs
     num_classes ≥ 2, got 3.0", which 3.0 seems to meet."""
-    with pytest.raises(ConfigurationError, match=r"an integer ≥ 2 .* got 3.0: pass num_classes=3\."):
+    with pytest.raises(
+        ConfigurationError, match=r"an integer ≥ 2 .* got 3.0: pass num_classes=3\."
+    ):
         LearnedDataWeights(per="class", num_classes=3.0)
 
 

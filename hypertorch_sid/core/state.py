@@ -4,9 +4,10 @@ The state holds λ, the outer optimizer's state, the warm-start v, the step cons
 (:class:`~hypertorch_sid.core.constants.StepConstants`), the map's preconditioner S, the
 divergence guard, the cost, the position in the current pass of the ``train_batches`` the
 optimizer iterates itself (a list or a ``DataLoader``: the resumed run skips the batches the
-saved one had drawn) and the config's settings (a load under other settings warns). Every entry
-is validated before anything changes: a truncated, corrupted or foreign state raises
-:class:`ConfigurationError` and leaves the optimizer as it was.
+saved one had drawn), the config's settings (a load under other settings warns) and each λ's
+name where ``module=`` holds it (a load whose names differ, λ of equal shapes in another
+order, is refused). Every entry is validated before anything changes: a truncated, corrupted
+or foreign state raises :class:`ConfigurationError` and leaves the optimizer as it was.
 
 It does not hold the inner weights w: they are the user's model's, saved with it
 (``model.state_dict()``, or the tensors themselves). A resumed run continues the saved one

@@ -112,9 +112,9 @@ class HyperData:
             f"HyperOptimizationCallback: {shared[0]} of the {shared[1]} validation examples are "
             "training examples too (the validation loader reads the training loader's data "
             "set, or TensorDatasets whose rows hold the same values: overlapping slices or "
-            "index splits of one tensor): the hyper steps tune the hyperparameters for the fit to data the training "
-            "minimises over, not for held-out data (a learned weight decay falls towards 0). "
-            "Hold out validation examples the training never reads, e.g. "
+            "index splits of one tensor): the hyper steps tune the hyperparameters for the fit "
+            "to data the training minimises over, not for held-out data (a learned weight "
+            "decay falls towards 0). Hold out validation examples the training never reads, e.g. "
             "torch.utils.data.random_split(data, [0.8, 0.2])."
         )
 
