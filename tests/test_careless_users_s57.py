@@ -216,7 +216,7 @@ def test_a_class_gauge_left_unheld_is_said(projected):
             lambda: LearnedDataWeights(start_step=4, every_n_steps=4, max_overhead=None),
             lambda: DataLoader(
                 IndexedDataset(TensorDataset(X[60:70], Y[60:70])), batch_size=16, drop_last=True
-            ),  # fmt: skip
+            ),
             {},
         ),
         (
