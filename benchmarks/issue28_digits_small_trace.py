@@ -19,7 +19,7 @@ import bench_weight_decay as bw  # noqa: E402
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
 from hypertorch_sid.core.horizon import effective_step_size  # noqa: E402
-from hypertorch_sid.lightning.callback import remaining_steps  # noqa: E402
+from hypertorch_sid.lightning.training_length import remaining_steps  # noqa: E402
 
 
 class Traced(LearnedWeightDecay):

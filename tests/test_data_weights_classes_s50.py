@@ -14,7 +14,8 @@ from test_data_weights_lightning import NOISY, Data, callback, fit
 from hypertorch_sid import ConfigurationError, LearnedDataWeights
 from hypertorch_sid.core.normalisers import ClassMeanLogitGauge
 from hypertorch_sid.core.sample_weights import SampleWeights
-from hypertorch_sid.lightning.data_weights import _UNSEEN, DataWeightsProblem
+from hypertorch_sid.lightning.data_weights import _UNSEEN
+from hypertorch_sid.lightning.data_weights_problem import DataWeightsProblem
 
 PUSHED = "pushed"
 

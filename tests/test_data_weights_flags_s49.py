@@ -12,7 +12,7 @@ import torch
 from test_data_weights_lightning import NOISY, Data, N, blobs, callback, fit
 
 from hypertorch_sid import LearnedDataWeights
-from hypertorch_sid.lightning.data_weights import DataWeightsProblem
+from hypertorch_sid.lightning.data_weights_problem import DataWeightsProblem
 
 CONTRAST = "contrast of"
 

@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hypertorch_sid import Batches, BilevelModule, HyperOptimizationCallback, LearnedWeightDecay
-from hypertorch_sid.lightning.callback import runs_in_new_processes
+from hypertorch_sid.lightning.training_length import runs_in_new_processes
 
 D, N, N_VAL = 4, 96, 48
 PER_RANK_BATCH, PER_RANK_VAL_BATCH, WORLD = 8, 6, 2

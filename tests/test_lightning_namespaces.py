@@ -30,7 +30,7 @@ from hypertorch_sid import (
     LearnedDataWeights,
     LearnedWeightDecay,
 )
-from hypertorch_sid.lightning.callback import _steps_left_in_time
+from hypertorch_sid.lightning.training_length import _steps_left_in_time
 
 L = pytest.importorskip("lightning.pytorch")
 from hypertorch_sid.lightning.unified import BilevelModule as UnifiedBilevelModule  # noqa: E402

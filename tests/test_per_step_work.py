@@ -209,7 +209,7 @@ def test_a_hyper_step_batch_of_an_indexed_tensor_dataset_is_the_collated_samples
 def test_the_one_read_still_refuses_an_index_out_of_range_and_a_changed_label():
     from hypertorch_sid.core.errors import ConfigurationError
     from hypertorch_sid.core.sample_weights import SampleWeights
-    from hypertorch_sid.lightning.data_weights import DataWeightsProblem
+    from hypertorch_sid.lightning.data_weights_problem import DataWeightsProblem
 
     problem = DataWeightsProblem()
     problem.weights = SampleWeights(10)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay
-from hypertorch_sid.lightning.callback import horizon
+from hypertorch_sid.lightning.training_length import horizon
 
 
 def _trainer(callbacks: list, **kw: Any) -> pl.Trainer:

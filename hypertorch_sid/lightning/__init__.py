@@ -7,7 +7,8 @@ Importing this package imports ``pytorch_lightning``; the core does not.
 """
 
 from .callback import CALLBACK_CONFIG, HyperOptimizationCallback
-from .data_weights import DataWeightsProblem, LearnedDataWeights
+from .data_weights import LearnedDataWeights
+from .data_weights_problem import DataWeightsProblem
 from .imbalance import ClassRarity
 from .module import Bilevel, BilevelModule
 from .problem import BilevelProblem, ModuleProblem, ProblemSource

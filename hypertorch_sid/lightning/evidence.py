@@ -1,7 +1,7 @@
 """What the record of the training rows says about the learned data weights.
 
 :class:`~hypertorch_sid.lightning.row_record.RowRecord` (which
-:class:`~hypertorch_sid.lightning.data_weights.DataWeightsProblem` is) keeps a record as the fit
+:class:`~hypertorch_sid.lightning.DataWeightsProblem` is) keeps a record as the fit
 runs: each row's label at its first visit (``_labels``), its training loss at its last visit
 (``_last_loss``), how often the training loader drew it (``_visits``) and the validation
 batches' class counts (``_val_counts``, ``_val_rows``). :class:`RowEvidence` reads that record:

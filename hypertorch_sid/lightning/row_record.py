@@ -1,6 +1,6 @@
 """The record of the training rows that the data weights keep as the fit runs.
 
-:class:`RowRecord` (which :class:`~hypertorch_sid.lightning.data_weights.DataWeightsProblem`
+:class:`RowRecord` (which :class:`~hypertorch_sid.lightning.DataWeightsProblem`
 is) records at each training step of the loop, after the batch's checks in one read of the
 device (:meth:`RowRecord._read_checks`: the index range, a row whose label changed since its
 first visit): each row's label at its first visit, its training loss at its last visit, how

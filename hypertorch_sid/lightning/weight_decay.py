@@ -91,7 +91,6 @@ from .callback import (
     config_given,
     default_unless_given,
     given,
-    horizon,
 )
 from .data_loss import DataLoss
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
@@ -107,6 +106,7 @@ from .problem import (
 )
 from .shrink import ShrinkRates
 from .stability import StableBounds
+from .training_length import horizon
 
 __all__ = [
     "LearnedWeightDecay",

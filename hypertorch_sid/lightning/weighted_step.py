@@ -1,6 +1,6 @@
 """The training's loss under the data weights: the module's own ``training_step``, wrapped.
 
-:class:`WeightedStep` (which :class:`~hypertorch_sid.lightning.data_weights.DataWeightsProblem`
+:class:`WeightedStep` (which :class:`~hypertorch_sid.lightning.DataWeightsProblem`
 is) gives the module a ``training_step`` that takes the index off the batch, calls the user's
 and returns ℓ̂ = Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ over the batch (or the mean of ωᵢℓᵢ, ``normalize=False``):
 from the fit's ``setup`` a stand-in at the weights as they are (:meth:`WeightedStep.stand_in`,
