@@ -280,3 +280,37 @@ def test_a_budget_written_as_a_percentage_is_said(drop_in):
         drop_in(max_overhead=2)
     said = _said(caught, "it is a fraction")
     assert said and all("Pass max_overhead=0.5 if you meant 50 %" in s for s in said)
+
+
+# ---------------------------------------------------------------- the core: validation = training
+@pytest.mark.parametrize(
+    "val, said",
+    [("first-batch", True), ("overlapping-slice", True), ("held-out", False)],
+)
+def test_a_validation_batch_of_training_rows_is_said_by_the_core(val, said):
+    """``hopt.step(batches, batches[0])``, or validation rows sliced so that they overlap the
+    training slices. Before: λ tuned on the fit to training rows, without a word; held-out
+    rows (``X[160:]``) say nothing."""
+    g = torch.Generator().manual_seed(0)
+    Xd, yd = torch.randn(200, 5, generator=g, dtype=f64), torch.randn(200, generator=g, dtype=f64)
+    batches = [(Xd[i : i + 20], yd[i : i + 20]) for i in range(0, 160, 20)]
+    val_batch = {
+        "first-batch": batches[0],
+        "overlapping-slice": (Xd[140:], yd[140:]),
+        "held-out": (Xd[160:], yd[160:]),
+    }[val]
+    w = torch.zeros(5, dtype=f64, requires_grad=True)
+    log_lam = torch.zeros(5, dtype=f64, requires_grad=True)
+
+    def fit(b: Any) -> Tensor:
+        return 0.5 * ((b[0] @ w - b[1]) ** 2).mean()
+
+    hopt = SIDHyperOptimizer(
+        [log_lam], [w], lambda b: fit(b) + 0.5 * (log_lam.exp() * w**2).sum(), fit,
+        torch.optim.Adam([log_lam], lr=0.1), config=SIDConfig(inner_steps=3, adjoint_steps=3),
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hopt.step(batches, val_batch)
+        hopt.step(batches, val_batch)
+    assert len(_said(caught, "validation batch shares memory")) == int(said)
