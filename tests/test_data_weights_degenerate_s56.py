@@ -4,7 +4,9 @@ the recipe's ``EarlyStopping(patience=3)`` stopped 6 of 30 seeds at step 80–96
 the first hyper step (80), and its ``ModelCheckpoint`` kept a checkpoint from step 32–64: the
 tested model was the plain fit's to every digit. The fit's end now says which callback stopped
 it, the ``min_steps`` that lets the weights act (measured: it rescued all 6), and that the best
-checkpoint holds a plain fit's model."""
+checkpoint holds a plain fit's model. Session 57 made holding the stop the default
+(tests/test_data_weights_early_stop_s57.py): these fits take the opt-out,
+``hold_early_stopping=False``, unless they say otherwise."""
 
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ class Net(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(tmp_path: Path, rising: bool = True, **trainer_kw: Any) -> tuple[pl.Trainer, list[str]]:
+def _fit(
+    tmp_path: Path, rising: bool = True, hold: bool = False, **trainer_kw: Any
+) -> tuple[pl.Trainer, list[str]]:
     """128 rows in 8 batches of 16 (an epoch: 8 steps), 6 epochs planned (48 steps), the first
     hyper step at step 16; EarlyStopping(patience=2) and a ModelCheckpoint on ``val_metric``."""
     g = torch.Generator().manual_seed(0)
@@ -53,7 +57,7 @@ def _fit(tmp_path: Path, rising: bool = True, **trainer_kw: Any) -> tuple[pl.Tra
     train = DataLoader(IndexedDataset(TensorDataset(x[:128], y[:128])), batch_size=16, shuffle=True)
     val = DataLoader(TensorDataset(x[128:], y[128:]), batch_size=32)
     callbacks = [
-        LearnedDataWeights(start_step=16, every_n_steps=8),
+        LearnedDataWeights(start_step=16, every_n_steps=8, hold_early_stopping=hold),
         EarlyStopping(monitor="val_metric", patience=2),
         ModelCheckpoint(monitor="val_metric", dirpath=tmp_path),
     ]
@@ -93,8 +97,9 @@ def test_a_best_checkpoint_from_before_the_first_hyper_step_is_said_to_hold_a_pl
 ) -> None:
     """The best checkpoint was saved at step 8, before the first hyper step (16): a model loaded
     from it is a plain fit's (ckpt_cnn: the plain arm's test loss to every digit). Nothing said
-    that before; also not with the min_steps advice taken, since the metric never improved."""
-    for i, kw in enumerate(({}, {"min_steps": 32})):
+    that before; also not with the min_steps advice taken, or the stop held (session 57), since
+    the metric never improved."""
+    for i, kw in enumerate(({}, {"min_steps": 32}, {"hold": True})):
         trainer, said = _fit(tmp_path / str(i), **kw)
         plain = [s for s in said if "best checkpoint of ModelCheckpoint" in s]
         assert len(plain) == 1, said

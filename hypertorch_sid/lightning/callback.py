@@ -209,6 +209,12 @@ def resumed_from(trainer: pl.Trainer) -> Any:
     return path
 
 
+def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Tensor]:
+    """The inner parameters ``optimizer`` updates: those a step-size probe of its step reads."""
+    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [p for p in sid.inner_parameters if id(p) in mine]
+
+
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
@@ -612,7 +618,10 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         where its optimizers give no reading of it (:func:`effective_step_size`), on the
         gradient the update uses — inside the step, after the clip and every callback's change
         (session 56: taken in ``on_before_optimizer_step``, the probe held the gradient the clip
-        then rescaled in place, and measured a wrong η)."""
+        then rescaled in place, and measured a wrong η). The probe holds the tensors ``optimizer``
+        steps, the update it measures (session 57: manual optimisation with one optimizer per
+        layer probed every layer's gradient at the last optimizer's step, after the others had
+        moved theirs, and measured 0.3–0.6 × η)."""
         with self.budget.added_work(every_step=True):
             step = trainer.global_step + 1
             due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
@@ -621,7 +630,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 # layer: charged as every step's, it was reserved from all remaining steps)
                 with self.budget.added_work():
                     if effective_step_size(trainer.optimizers) is None:
-                        self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
+                        self._step_probe = StepSizeProbe(stepped(optimizer, self.sid))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""

@@ -96,6 +96,7 @@ from .data_checks import (
     batch_labels,  # noqa: F401  (importable from here, as before)
 )
 from .data_weights_problem import DEFAULT_OBJECTIVE, DataWeightsProblem
+from .early_stop_hold import EarlyStopHold, hold_step
 from .evidence import (  # the constants stay importable from here
     _UNSEEN,  # noqa: F401
     CLASS_SHIFT_FACTOR,  # noqa: F401
@@ -104,6 +105,7 @@ from .evidence import (  # the constants stay importable from here
 from .imbalance import ClassRarity, class_rarity, imbalance_advice
 from .isolation import metric_states_kept
 from .metrics import late_first_hyper_step
+from .namespaces import classes
 from .problem import (
     MEANING_KEY,
     check_meaning,
@@ -159,6 +161,10 @@ _ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
 def _stopped_by(trainer: pl.Trainer) -> str:
     """What stopped the fit, as far as the Trainer tells: an ``EarlyStopping`` whose patience
     ran out (or that says why it stopped), else a guess."""
+    timers = [c for c in trainer.callbacks if isinstance(c, classes("callbacks.Timer"))]
+    left = [t.time_remaining() for t in timers]
+    if any(r is not None and r <= 0 for r in left):
+        return "the Timer, max_time"
     for stopper in trainer.early_stopping_callbacks:
         if stopper.wait_count >= stopper.patience or getattr(
             stopper, "stopping_reason_message", None
@@ -315,6 +321,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
         proportions of the benchmark where 50 / 40 were chosen (T = 384):
         ``min(50, ⌈13 T / 100⌉)`` / ``min(40, ⌈5 T / 48⌉)`` (:meth:`fit_length_schedule`;
         T ≥ 383 or unknown keeps 50 / 40). The resolved schedule is logged at the fit's start.
+    hold_early_stopping:
+        ``True`` (default): where an ``EarlyStopping`` is among the trainer's callbacks, a stop
+        it asks for before the weights could act — before the first hyper step plus two epochs
+        of optimizer steps, capped by the fit's planned length — waits until that step
+        (the fit's ``min_steps`` raised to it for the fit, the user's larger one kept and
+        restored after; a ``Timer`` / ``max_time`` still stops the fit on time; one warning says
+        when a stop was held). Plain training on noisy labels reaches its lowest validation
+        loss before the first hyper step, so the stopper ended such fits before the weights
+        moved and the checkpoint kept a plain fit's model (session 56, ``ckpt_cnn``: 19 of 60
+        seeds; session 57, docs/data_weights.md). ``False``: the stop ends the fit when asked.
     **kwargs:
         Settings of :class:`~hypertorch_sid.lightning.HyperOptimizationCallback`. The drop-in's
         defaults differ from the callback's: ``start_step=50`` with ``every_n_steps=40``
@@ -350,10 +366,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
         scale_prior: float = 0.0,
         gauge: Literal["auto", "batch", "mean_logit", "class", "class_centred"] = "auto",
         schedule: Literal["fit_length", "fixed"] = "fixed",
+        hold_early_stopping: bool = True,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("problem") is not None:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
+        check_bool("LearnedDataWeights: hold_early_stopping", hold_early_stopping)
         if schedule not in ("fit_length", "fixed"):
             raise ConfigurationError(
                 f"LearnedDataWeights: schedule must be 'fit_length' (start_step and "
@@ -496,6 +514,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
         self._cross: TrainingCrossTerm | None = None
+        self.hold_early_stopping = hold_early_stopping
+        self._hold = EarlyStopHold()
 
     @staticmethod
     def fit_length_schedule(
@@ -607,14 +627,20 @@ class LearnedDataWeights(HyperOptimizationCallback):
         said = late_first_hyper_step(stopped, self.every_n_steps, self.start_step, 0, epoch)
         if said is not None:
             of = f" of the {int(planned)} planned" if math.isfinite(planned) else ""
-            first = -(-max(self.start_step, 1) // self.every_n_steps) * self.every_n_steps
+            hold = hold_step(self.first_hyper_step(), epoch, math.inf)
+            advice = (
+                "If EarlyStopping stopped it (it judged the plain training before the first "
+                "hyper step, which fits the noisy labels), keep the fit going two epochs past "
+                f"that step: LearnedDataWeights(hold_early_stopping=True), the default, holds "
+                f"its stop to step {hold}, as Trainer(min_steps={hold}) does"
+                if not self.hold_early_stopping
+                else f"An EarlyStopping's stop is held to step {hold}, two epochs past that "
+                "step, but not a Timer's: give the fit the time (max_time) to reach it"
+            )
             rank_zero_warn(
                 f"LearnedDataWeights: the fit stopped at optimizer step {stopped}{of} "
                 f"({_stopped_by(trainer)}), so the weights and flagged() say little: {said} "
-                "If EarlyStopping stopped it (it judged the plain training before the first "
-                "hyper step, which fits the noisy labels), keep the fit going two epochs past "
-                f"that step: Trainer(min_steps={first + math.ceil(2 * epoch)}) (session 56, "
-                "docs/data_weights.md)."
+                f"{advice} (sessions 56-57, docs/data_weights.md)."
             )
 
     def on_save_checkpoint(
@@ -654,8 +680,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
                     f"step {step}, {when}: the model it holds trained under the weights' "
                     "start (a plain fit), so loading it (ckpt_path='best', "
                     "load_from_checkpoint) gives a plain fit's model whatever the weights "
-                    "learned after. Let the fit run past the first hyper step "
-                    "(Trainer(min_steps=...), EarlyStopping's patience) and keep a checkpoint "
+                    "learned after. Let the fit run longer under the weights (a larger "
+                    "Trainer(min_steps=...), EarlyStopping's patience) and keep a checkpoint "
                     "from after it."
                 )
 
@@ -710,6 +736,58 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if self.cross_term == "training":
             self.problem.on_training_batch = self._training_cross_term
             self.problem.prefetch = self._cross_term_reads
+        self._hold.step = self._hold.held_at = None
+        if self.hold_early_stopping:
+            self._engage_hold(trainer)
+
+    def first_hyper_step(self, global_step: int = 0) -> int:
+        """The optimizer step of this fit's first hyper step (from which the weights move):
+        the first multiple of ``every_n_steps`` from ``start_step`` after ``global_step`` (a
+        resumed fit's), or the one recorded where one ran before the checkpoint."""
+        if self.history:
+            return int(self.history[0]["global_step"])
+        n = self.every_n_steps
+        return -(-max(self.start_step, global_step + 1, 1) // n) * n
+
+    def _engage_hold(self, trainer: pl.Trainer) -> None:
+        """Hold an ``EarlyStopping`` stop until the first hyper step plus two epochs
+        (:mod:`~.early_stop_hold`); an epoch of unknown length holds nothing."""
+        epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
+        if math.isfinite(epoch):
+            first = self.first_hyper_step(trainer.global_step)
+            self._hold.engage(trainer, hold_step(first, epoch, planned_steps(trainer)))
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Also keep a held ``EarlyStopping`` stop held (:meth:`_check_hold`)."""
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._check_hold(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Note the step: an ``EarlyStopping`` decides here."""
+        self._hold.mark(trainer.global_step)
+
+    def _check_hold(self, trainer: pl.Trainer) -> None:
+        """Release the hold once a ``Timer``'s time is up; say once which step a stop was
+        held to, why, and how to switch it off."""
+        if not self._hold.check(trainer):
+            return
+        first = self.first_hyper_step()
+        rank_zero_warn(
+            f"LearnedDataWeights: {_stopped_by(trainer)} asked to stop the fit at optimizer "
+            f"step {self._hold.held_at}, before the data weights could act (they move from the "
+            f"first hyper step, at step {first}); the fit goes on to step {self._hold.step} "
+            "(two epochs past it, or the fit's end: Trainer min_steps raised for this fit, "
+            "yours restored after), so the model trains under the weights. "
+            "LearnedDataWeights(hold_early_stopping=False) stops when asked "
+            "(session 57, docs/data_weights.md)."
+        )
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Say once per fit, as soon as the hyper steps have read the validation data, where it
@@ -722,6 +800,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         masked = self.problem.masked_rows(functools.partial(_training_rows, trainer))
         if masked is not None:
             rank_zero_warn(f"LearnedDataWeights: {masked}")
+        self._hold.mark(trainer.global_step)
+        self._check_hold(trainer)
         if not self._said_shortfall:
             said = self.problem.validation_shortfall()
             if said is not None:
@@ -737,7 +817,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also say, at the fit's end, where the weights pushed whole classes away from the
         validation's class shares (:meth:`DataWeightsProblem.class_shift`), and where
-        ``gauge="class"`` held nothing because no label was read."""
+        ``gauge="class"`` held nothing because no label was read. The fit's ``min_steps``
+        is the user's again."""
+        self._hold.release()
         super().on_train_end(trainer, pl_module)
         self._warn_if_best_checkpoint_plain(trainer)
         problem = self.problem
@@ -940,9 +1022,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
             self.problem.stand_in(pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Give the module its own ``training_step`` back."""
+        """Give the module its own ``training_step`` back (and the fit its ``min_steps``)."""
         super().teardown(trainer, pl_module, stage)
         if stage == "fit":
+            self._hold.release()
             self.problem.unwrap()
             self.problem.on_training_batch = self.problem.prefetch = None
             self.problem.loop_batch = None
@@ -956,6 +1039,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if isinstance(self, LearnedDataWeights):  # not the class given for a callback
             super().on_exception(trainer, pl_module, exception)
             self.problem.unwrap()
+            self._hold.release()
 
     @property
     def weights(self) -> SampleWeights | None:
