@@ -479,6 +479,19 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             )
         self._hook_steps(trainer, pl_module)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A fit whose training loader gave no batch ran no training step and no hyper step;
+        Lightning only logs "No training batches", and the read-outs gave λ₀ (or an empty
+        tensor of data weights) without a word (session 57)."""
+        if trainer.num_training_batches == 0 or trainer.limit_train_batches == 0:
+            rank_zero_warn(
+                f"{type(self).__name__}: this fit ran no training step, so no hyper step: its "
+                "training loader gave no batch (drop_last=True over fewer examples than "
+                "batch_size, limit_train_batches=0, or an empty data set), and "
+                f"{self.hyperparameters_named} were not learned. Give the training loader at "
+                "least one batch (drop_last=False, or a batch_size ≤ the data set's size)."
+            )
+
     def _hook_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """From now until the fit ends (:meth:`teardown`, :meth:`on_exception`), the training
         optimizers' steps run, once the gradient is final (after Lightning's clipping), every

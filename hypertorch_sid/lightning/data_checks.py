@@ -148,6 +148,12 @@ def _default_target(data: Any) -> Tensor:
     return labels
 
 
+def _whole(value: Any) -> bool:
+    """A float holding a whole number ≥ 2 (``num_classes=3.0``, read from a config or computed
+    as ``y.max() + 1.0``), which the error then names as the integer to pass."""
+    return isinstance(value, float) and value.is_integer() and value >= 2
+
+
 def _refuse_arguments(
     per: str,
     num_classes: Any,
@@ -165,7 +171,9 @@ def _refuse_arguments(
         )
     if per == "class" and (not is_integer(num_classes) or num_classes < 2):
         raise ConfigurationError(
-            f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
+            "LearnedDataWeights(per='class') needs num_classes, an integer ≥ 2 (the largest "
+            f"label + 1), got {num_classes!r}"
+            + (f": pass num_classes={int(num_classes)}." if _whole(num_classes) else ".")
         )
     if per == "sample" and num_classes is not None:
         raise ConfigurationError(

@@ -135,10 +135,12 @@ class HyperData:
         )
         rank_zero_warn(
             f"HyperOptimizationCallback: {shared[0]} of the {shared[1]} validation examples are "
-            f"training examples too ({which} reads the training loader's data set): the hyper "
-            "steps tune the hyperparameters for the fit to data the training minimises over, "
-            "not for held-out data (a learned weight decay falls towards 0; data weights learn "
-            f"to trust the rows the network fits, wrong labels included). {fix}"
+            f"training examples too ({which} reads the training loader's data set, or "
+            "TensorDatasets whose rows hold the same values: overlapping slices or index splits "
+            "of one tensor): the hyper steps tune the hyperparameters for the fit to data the "
+            "training minimises over, not for held-out data (a learned weight decay falls "
+            "towards 0; data weights learn to trust the rows the network fits, wrong labels "
+            f"included). {fix}"
         )
 
     # ------------------------------------------------------------------ reloaded loaders
