@@ -33,6 +33,8 @@ SLOW_FIRST = (
     "test_core_ridge.py",
     "test_schedules.py",
     "test_faults_core.py",
+    "test_hooks_ddp_resume_s57.py",
+    "test_data_weights_early_stop_s57.py",
 )
 
 

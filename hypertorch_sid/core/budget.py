@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -242,6 +243,10 @@ class Allowance:
 UNLIMITED = Allowance()
 
 
+#: a max_overhead at or above this is read as a percentage written where a fraction belongs
+PERCENT_LIKE = 10.0
+
+
 @dataclass
 class Deadline(Allowance):
     """A hyper step's allowance under :class:`OverheadBudget`: end by clock reading ``end``,
@@ -365,6 +370,15 @@ class OverheadBudget(Budget):
             raise ConfigurationError(
                 f"max_overhead must be a number > 0 and finite (0.5: at most 50 % more compute "
                 f"than the plain training), got {value!r}; pass max_overhead=None for no budget."
+            )
+        if value >= PERCENT_LIKE:  # max_overhead=50 meant as 50 %: 51× the training allowed
+            warnings.warn(
+                f"hypertorch_sid: max_overhead={value!r} allows the hyper steps {value:g}× the "
+                f"plain training's compute ({100 * value:g} % more): it is a fraction, 0.5 for "
+                f"50 % more. Pass max_overhead={value / 100:g} if you meant {value:g} %, or "
+                "max_overhead=None for no budget.",
+                UserWarning,
+                stacklevel=3,
             )
         self._clock_given = self.clock is not None
         if not self._clock_given:

@@ -284,7 +284,7 @@ class LayerDeviations(ElementModel):
         """λ_layer as a number where every deviation s_e of the tensor is 0 (λ_e = λ_layer · 1
         exactly), else λ_e."""
         if bool((decay.hyperparameters[1 + entry.slot] == 0).all()):
-            return decay.parameterization.transform(decay.hyperparameters[0])[entry.layer].item()
+            return decay.numbers(decay.hyperparameters[0])[entry.layer]
         return self.lambda_of(decay, entry).detach()
 
     def floor(self, decay: WeightDecay, lower: float) -> None:
@@ -630,6 +630,11 @@ class WeightDecay:
         ):
             raise ConfigurationError(f"weight_decay must be a finite number, got {weight_decay!r}.")
         fill = self.parameterization.initial(float(weight_decay))
+        #: λ₀ as given and ρ₀ = T⁻¹(λ₀) as computed: a slot whose ρ still holds ρ₀ (stored in
+        #: its dtype) applies λ₀ itself, as ``SGD(weight_decay=λ₀)`` would; exp(log λ₀) in
+        #: float32 is not λ₀ (5e-4 → 4.9999997e-4: the weights drifted by an ulp per step from
+        #: the optimizer's own decay, held or not, session 57)
+        self.start = (float(weight_decay), fill)
         self.granularity = granularity
         key = GRANULARITIES[granularity]
         slots: dict[str, int] = {}
@@ -700,8 +705,17 @@ class WeightDecay:
         element model says so, :meth:`ElementModel.applied`), else a tensor shaped like it."""
         if self.per_element:
             return [self.elements.applied(self, e) for e in self.entries]
-        lam = self.parameterization.transform(self.hyperparameters[0]).tolist()
+        lam = self.numbers(self.hyperparameters[0])
         return [lam[e.slot] for e in self.entries]
+
+    @torch.no_grad()
+    def numbers(self, rho: Tensor) -> list[float]:
+        """λ = T(ρ) of a vector of slots (or layers) as numbers, λ₀ exactly where ρ is still
+        ρ₀ in ρ's dtype (:attr:`start`)."""
+        lam0, fill = self.start
+        rho0 = torch.tensor(fill, dtype=rho.dtype).item()
+        lam = self.parameterization.transform(rho).tolist()
+        return [lam0 if r == rho0 else x for r, x in zip(rho.tolist(), lam)]
 
     def prior(self, samples: int | None = None) -> Tensor | None:
         """The per-element model's prior term of the outer objective (eq. prior: add it to E),

@@ -334,9 +334,41 @@ class ClassMeanLogitGauge(LogitMean):
         delta[known] = shift[y].to(x.dtype)
         x.sub_(delta)
         self.full_passes += 1
+        self._held_for = self._logits_now()
 
     def step_full(self) -> None:
         self.update()
+
+    @torch.no_grad()
+    def check_held(self) -> None:
+        """The class means are held by the family's projection after each outer step: one left
+        out (``SIDHyperOptimizer`` without ``FeasibleSet(project=weights.projection)``) let whole
+        classes sink or rise, the gauge asked for silently not held (session 57: as the mean-logit
+        gauge's, session 56). Read once per change of the logits the projection did not make
+        (one pass); said once."""
+        if getattr(self, "_said_unheld", False):
+            return
+        now = self._logits_now()
+        if getattr(self, "_held_for", None) == now:
+            return
+        self._held_for = now
+        means = self.class_means()
+        if means is None:
+            return
+        drift = torch.nan_to_num(means - self.x0, nan=0.0)
+        worst = int(drift.abs().argmax())
+        if float(drift[worst].abs()) > MeanLogitGauge.HELD * (1 + abs(self.x0)):
+            self._said_unheld = True
+            warnings.warn(
+                f"SampleWeights class gauge: class {worst}'s mean logit is "
+                f"{float(drift[worst]):+.3g} off x₀ since the logits last moved: the gauge is "
+                "held by weights.projection after each outer step, which did not run. Pass "
+                "config=SIDConfig(feasible_set=FeasibleSet(project=weights.projection)) to "
+                "SIDHyperOptimizer (HyperOptimizationCallback(feasible_set=...) under "
+                "Lightning), or call weights.projection() after each outer step.",
+                UserWarning,
+                stacklevel=4,
+            )
 
 
 #: The class gauges by name (:meth:`SampleWeights.use_class_gauge`): each centres the training

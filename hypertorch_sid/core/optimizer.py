@@ -76,6 +76,7 @@ from .validation import (
     check_parameters,
     check_still_require_grad,
     check_unchanged,
+    warn_validation_in_training,
 )
 from .watch import (
     Buffers,
@@ -411,6 +412,8 @@ class SIDHyperOptimizer:
         """
         check_still_require_grad(self.inner_parameters, self.hyperparameters)
         check_finite(self.hyperparameters, "hyperparameters")  # written by the user since?
+        if not self._checked:  # once: validation data that are training data (session 57)
+            warn_validation_in_training(train_batches, val_batch)
         self._lambda_at_start = [h.detach().clone() for h in self.hyperparameters]
         self._buffers_at_start, self._buffers_after_inner = self._buffers.snapshot(), []
         try:

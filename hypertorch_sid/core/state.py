@@ -4,9 +4,10 @@ The state holds λ, the outer optimizer's state, the warm-start v, the step cons
 (:class:`~hypertorch_sid.core.constants.StepConstants`), the map's preconditioner S, the
 divergence guard, the cost, the position in the current pass of the ``train_batches`` the
 optimizer iterates itself (a list or a ``DataLoader``: the resumed run skips the batches the
-saved one had drawn) and the config's settings (a load under other settings warns). Every entry
-is validated before anything changes: a truncated, corrupted or foreign state raises
-:class:`ConfigurationError` and leaves the optimizer as it was.
+saved one had drawn), the config's settings (a load under other settings warns) and each λ's
+name where ``module=`` holds it (a load whose names differ, λ of equal shapes in another
+order, is refused). Every entry is validated before anything changes: a truncated, corrupted
+or foreign state raises :class:`ConfigurationError` and leaves the optimizer as it was.
 
 It does not hold the inner weights w: they are the user's model's, saved with it
 (``model.state_dict()``, or the tensors themselves). A resumed run continues the saved one
@@ -57,7 +58,51 @@ def state_dict(opt: SIDHyperOptimizer) -> dict[str, Any]:
         "cost": opt.cost.as_dict(),
         "train_batches_position": _position(opt),
         "config": settings(opt.config),
+        "hyperparameter_names": hyperparameter_names(opt),
     }
+
+
+def hyperparameter_names(opt: SIDHyperOptimizer) -> list[str | None]:
+    """Each λ's name in ``opt.module`` (a parameter or buffer there, e.g. a ``BilevelModule``'s
+    registered hyperparameter), None where it has none: what a load compares, position by
+    position, so that hyperparameters of equal shapes given in another order (a module whose
+    ``register_hyperparameter`` calls were reordered, another problem) are not loaded into each
+    other's places (session 57: they were, silently)."""
+    module = opt.module
+    if module is None:
+        return [None] * len(opt.hyperparameters)
+    named = {id(t): n for n, t in (*module.named_parameters(), *module.named_buffers())}
+    return [named.get(id(h)) for h in opt.hyperparameters]
+
+
+def _check_same_names(saved: Any, opt: SIDHyperOptimizer) -> None:
+    """Refuse a state whose hyperparameters, named where both runs name them, come in another
+    order or are others (absent in states saved before session 57: not compared)."""
+    if saved is None:
+        return
+    ours = hyperparameter_names(opt)
+    if (
+        not isinstance(saved, (list, tuple))
+        or len(saved) != len(ours)
+        or not all(n is None or isinstance(n, str) for n in saved)
+    ):
+        raise ConfigurationError(
+            f"the saved hyperparameter_names must be a list of {len(ours)} names or None, got "
+            f"{saved!r}: the checkpoint is corrupted or belongs to another problem."
+        )
+    differ = [i for i, (a, b) in enumerate(zip(saved, ours)) if a and b and a != b]
+    if differ:
+        in_saved = set(saved) >= {ours[i] for i in differ}
+        raise ConfigurationError(
+            f"the saved hyperparameters are {list(saved)}, this optimizer's {ours} (position "
+            f"{differ[0]}: {saved[differ[0]]!r} saved, {ours[differ[0]]!r} here): "
+            + (
+                "the same hyperparameters in another order, so each would be loaded into "
+                "another's place. Pass (or register) them in the saved run's order."
+                if in_saved
+                else "another problem's hyperparameters. Resume from a checkpoint of this model."
+            )
+        )
 
 
 #: the settings a resumed run must share with the saved one to continue it exactly
@@ -161,6 +206,7 @@ def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
             "foreign checkpoint?)."
         )
     saved = _saved_tensors("hyperparameters", state["hyperparameters"], opt.hyperparameters)
+    _check_same_names(state.get("hyperparameter_names"), opt)
     if not opt.is_feasible(saved):
         raise ConfigurationError(
             "the saved hyperparameters are outside the feasible set (feasible() returned "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -325,6 +326,57 @@ def check_no_shared_memory(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> 
                         "other. Make them separate tensors, e.g. w = p.data[:6].clone()"
                         ".requires_grad_(), or split the buffer into disjoint pieces."
                     )
+
+
+def warn_validation_in_training(train_batches: Any, val_batch: Any) -> None:
+    """Warn where the validation data are training data: a floating-point tensor of
+    ``val_batch`` (a batch, or a DataLoader over a ``TensorDataset``) overlapping in memory with
+    one of ``train_batches`` (a list or tuple of batches, or such a DataLoader): the same
+    tensors, or overlapping slices of one (``val_batch = batches[0]``, ``X[:100]`` against
+    ``X[80:]``). E then measures the fit to data the inner steps minimise over, and λ is tuned
+    for that (a learned weight decay falls towards 0), without a word (session 57). Other
+    iterables are not read (a generator would be consumed); disjoint slices say nothing."""
+    val = [x for _, x in _floating_tensors(_data_of(val_batch), "val_batch")]
+    if not val or not isinstance(train_batches, (list, tuple, torch.utils.data.DataLoader)):
+        return
+    train = [x for _, x in _floating_tensors(_data_of(train_batches), "train_batches")]
+    shared = [
+        (i, j)
+        for i, v in enumerate(val)
+        for j, t in enumerate(train)
+        if _same_storage(v, t) and _overlap(v, t)
+    ]
+    if shared:
+        warnings.warn(
+            "hypertorch_sid: the validation batch shares memory with the training batches (the "
+            "same tensors, or overlapping slices of one): E then measures the fit to data the "
+            "inner steps minimise over, and λ is tuned for that (a learned weight decay falls "
+            "towards 0) instead of for held-out data. Hold out validation rows the training "
+            "batches never hold, e.g. X[:n_train] for training and X[n_train:] for validation.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _data_of(source: Any) -> Any:
+    """The tensors of a DataLoader over a ``TensorDataset``; anything else as it is."""
+    if isinstance(source, torch.utils.data.DataLoader):
+        dataset = source.dataset
+        return list(dataset.tensors) if isinstance(dataset, torch.utils.data.TensorDataset) else []
+    return source
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are views of one (plain, non-empty) storage."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.layout != torch.strided or b.layout != torch.strided or a.device.type == "meta":
+        return False
+    try:
+        ptr = a.untyped_storage().data_ptr()
+        return ptr != 0 and ptr == b.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def check_batch_dtype(batch: Any, inner_parameters: Sequence[Tensor], name: str = "batch") -> None:

@@ -209,6 +209,12 @@ def resumed_from(trainer: pl.Trainer) -> Any:
     return path
 
 
+def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Tensor]:
+    """The inner parameters ``optimizer`` updates: those a step-size probe of its step reads."""
+    mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return [p for p in sid.inner_parameters if id(p) in mine]
+
+
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
@@ -473,6 +479,19 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             )
         self._hook_steps(trainer, pl_module)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A fit whose training loader gave no batch ran no training step and no hyper step;
+        Lightning only logs "No training batches", and the read-outs gave λ₀ (or an empty
+        tensor of data weights) without a word (session 57)."""
+        if trainer.num_training_batches == 0 or trainer.limit_train_batches == 0:
+            rank_zero_warn(
+                f"{type(self).__name__}: this fit ran no training step, so no hyper step: its "
+                "training loader gave no batch (drop_last=True over fewer examples than "
+                "batch_size, limit_train_batches=0, or an empty data set), and "
+                f"{self.hyperparameters_named} were not learned. Give the training loader at "
+                "least one batch (drop_last=False, or a batch_size ≤ the data set's size)."
+            )
+
     def _hook_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """From now until the fit ends (:meth:`teardown`, :meth:`on_exception`), the training
         optimizers' steps run, once the gradient is final (after Lightning's clipping), every
@@ -599,7 +618,10 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         where its optimizers give no reading of it (:func:`effective_step_size`), on the
         gradient the update uses — inside the step, after the clip and every callback's change
         (session 56: taken in ``on_before_optimizer_step``, the probe held the gradient the clip
-        then rescaled in place, and measured a wrong η)."""
+        then rescaled in place, and measured a wrong η). The probe holds the tensors ``optimizer``
+        steps, the update it measures (session 57: manual optimisation with one optimizer per
+        layer probed every layer's gradient at the last optimizer's step, after the others had
+        moved theirs, and measured 0.3–0.6 × η)."""
         with self.budget.added_work(every_step=True):
             step = trainer.global_step + 1
             due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
@@ -608,7 +630,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 # layer: charged as every step's, it was reserved from all remaining steps)
                 with self.budget.added_work():
                     if effective_step_size(trainer.optimizers) is None:
-                        self._step_probe = StepSizeProbe(list(self.sid.inner_parameters))
+                        self._step_probe = StepSizeProbe(stepped(optimizer, self.sid))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""
@@ -904,8 +926,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             old, self.data = self.data, self._hyper_data(trainer)
             self.data.continue_from(old)
         rank_zero_info(
-            f"{type(self).__name__}: the dataloaders were reloaded over other data sets (or a "
-            f"data set changed its length in place); the hyper steps now draw from them "
+            f"{type(self).__name__}: the dataloaders were reloaded over other data sets (or "
+            f"other rows of one, or a data set changed its length in place); the hyper steps "
+            f"now draw from them "
             f"({self.data.n_train} training samples)."
         )
 
@@ -920,6 +943,14 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             said += (
                 " (Under manual optimisation Lightning counts every training batch as an "
                 "optimizer step: where training_step steps less often, fewer hyper steps run.)"
+            )
+        if said is not None and trainer.fast_dev_run:  # a smoke test, not a short fit
+            said = (
+                f"fast_dev_run={trainer.fast_dev_run!r} runs {planned_steps(trainer)} optimizer "
+                "step(s), a smoke test of the code: too few for a hyper step to learn anything, "
+                "so the hyperparameters stay (nearly) where they start and read as nothing "
+                "learned. Fit without fast_dev_run to learn them (the same callback object "
+                "then starts from where it is now)."
             )
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")

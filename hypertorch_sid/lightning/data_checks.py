@@ -148,6 +148,12 @@ def _default_target(data: Any) -> Tensor:
     return labels
 
 
+def _whole(value: Any) -> bool:
+    """A float holding a whole number ≥ 2 (``num_classes=3.0``, read from a config or computed
+    as ``y.max() + 1.0``), which the error then names as the integer to pass."""
+    return isinstance(value, float) and value.is_integer() and value >= 2
+
+
 def _refuse_arguments(
     per: str,
     num_classes: Any,
@@ -165,7 +171,9 @@ def _refuse_arguments(
         )
     if per == "class" and (not is_integer(num_classes) or num_classes < 2):
         raise ConfigurationError(
-            f"LearnedDataWeights(per='class') needs num_classes ≥ 2, got {num_classes!r}."
+            "LearnedDataWeights(per='class') needs num_classes, an integer ≥ 2 (the largest "
+            f"label + 1), got {num_classes!r}"
+            + (f": pass num_classes={int(num_classes)}." if _whole(num_classes) else ".")
         )
     if per == "sample" and num_classes is not None:
         raise ConfigurationError(
@@ -344,7 +352,12 @@ def _check_training_loader(loader: DataLoader, per: str) -> None:
                 "inside, which need not run from 0 to len - 1 nor be distinct (two "
                 "IndexedDatasets in one ConcatDataset both start at 0). Wrap the outermost "
                 "dataset instead: IndexedDataset(random_split(train_set, ...)[0]), "
-                "IndexedDataset(ConcatDataset([a, b]))."
+                "IndexedDataset(ConcatDataset([a, b])). To train on another part of one data "
+                "set each epoch (reload_dataloaders_every_n_epochs), keep one IndexedDataset "
+                "over all of it and let a sampler pick the part, DataLoader(indexed_set, "
+                "sampler=SubsetRandomSampler(part)): a weight per example of the whole set "
+                "(an IndexedDataset of each part would give each epoch's examples the same "
+                "indices)."
             )
         raise ConfigurationError(
             f"LearnedDataWeights: the training dataset ({type(dataset).__name__}) has no "
@@ -435,22 +448,26 @@ def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
     return labels
 
 
-def _warn_indexed_validation(loaders: Any) -> None:
-    """A validation DataLoader over an :class:`IndexedDataset` hands its batches, indices and
-    all, to the user's ``validation_step`` (only ``training_step`` is unwrapped), which then
-    fails inside the user's code (e.g. "mat1 and mat2 must have the same dtype": the index read
-    as the input), not with our words: said at fit start, before Lightning's validation runs
-    (a warning: a ``validation_step`` written for ``Indexed`` batches works)."""
+def _warn_indexed_validation(loaders: Any, step: str = "validation") -> None:
+    """A validation (test, predict) DataLoader over an :class:`IndexedDataset` hands its
+    batches, indices and all, to the user's ``validation_step`` (``test_step``,
+    ``predict_step``; only ``training_step`` is unwrapped), which then fails inside the user's
+    code (e.g. "mat1 and mat2 must have the same dtype", "Dimension out of range": the index
+    read as the input), not with our words: said before Lightning's loop runs (a warning: a
+    step written for ``Indexed`` batches works). ``trainer.predict`` over the training loader
+    (the network's own suspects beside ``flagged()``) met it in session 57."""
     if isinstance(loaders, dict):
         loaders = list(loaders.values())
     for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
         if isinstance(getattr(loader, "dataset", None), IndexedDataset):
+            data = {"validation": "val_set"}.get(step, f"{step}_set")
             rank_zero_warn(
-                "LearnedDataWeights: the validation DataLoader's dataset is an IndexedDataset, "
-                "so your validation_step gets Indexed batches (index, then your batch; only "
-                "training_step is unwrapped). Only the training set needs example indices: "
-                "pass the validation set unwrapped, DataLoader(val_set) instead of "
-                "DataLoader(IndexedDataset(val_set)), unless your validation_step reads "
+                f"LearnedDataWeights: the {step} DataLoader's dataset is an IndexedDataset, "
+                f"so your {step}_step gets Indexed batches (index, then your batch; only "
+                f"training_step is unwrapped). Only the training set needs example indices: "
+                f"pass the {step} set unwrapped, DataLoader({data}) instead of "
+                f"DataLoader(IndexedDataset({data})) (for the training set: "
+                f"DataLoader(train_loader.dataset.dataset)), unless your {step}_step reads "
                 "batch.data."
             )
             return

@@ -93,6 +93,7 @@ from .callback import (
 from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     _examples_digest,
+    _warn_indexed_validation,
     batch_labels,  # noqa: F401  (importable from here, as before)
 )
 from .data_weights_problem import DEFAULT_OBJECTIVE, DataWeightsProblem
@@ -105,7 +106,7 @@ from .evidence import (  # the constants stay importable from here
 from .imbalance import ClassRarity, class_rarity, imbalance_advice
 from .isolation import metric_states_kept
 from .metrics import late_first_hyper_step
-from .namespaces import classes
+from .namespaces import classes, is_overridden
 from .problem import (
     MEANING_KEY,
     check_meaning,
@@ -1029,6 +1030,20 @@ class LearnedDataWeights(HyperOptimizationCallback):
             self.problem.unwrap()
             self.problem.on_training_batch = self.problem.prefetch = None
             self.problem.loop_batch = None
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``trainer.test`` over an ``IndexedDataset``: said (:func:`_warn_indexed_validation`)."""
+        super().on_test_start(trainer, pl_module)
+        if is_overridden("test_step", pl_module):
+            _warn_indexed_validation(trainer.test_dataloaders, "test")
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """``trainer.predict`` over an ``IndexedDataset`` (e.g. the training loader, to set the
+        network's own suspects beside :meth:`flagged`): said, before ``predict_step`` reads
+        the index as its input (:func:`_warn_indexed_validation`)."""
+        super().on_predict_start(trainer, pl_module)
+        if is_overridden("predict_step", pl_module):
+            _warn_indexed_validation(trainer.predict_dataloaders, "predict")
 
     def on_exception(
         self,

@@ -522,17 +522,53 @@ def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
 def shared_examples(train: Any, val: Any) -> tuple[int, int] | None:
     """(how many of the validation examples the training set reads too, how many there are),
     where both read the same underlying data set (the same object under Subset /
-    IndexedDataset wraps); None where they read different ones (nothing to compare)."""
+    IndexedDataset wraps), or two ``TensorDataset`` s of other content compared row by row
+    (:func:`_shared_rows`); None where they read different data sets of other kinds (nothing to
+    compare)."""
     (train_base, train_subsets), (val_base, val_subsets) = _unwrapped(train), _unwrapped(val)
-    if _identity(train_base) != _identity(val_base):
-        return None
     train_at, val_at = _positions(train_subsets), _positions(val_subsets)
+    if _identity(train_base) != _identity(val_base):
+        return _shared_rows(train_base, train_at, val_base, val_at)
     n_val = len(val_at) if val_at is not None else len(val)
     if train_at is None:
         return n_val, n_val
     if val_at is None:
         return len(train_at), n_val
     return len(train_at & val_at), n_val
+
+
+def _shared_rows(
+    train: Any, train_at: set[int] | None, val: Any, val_at: set[int] | None
+) -> tuple[int, int] | None:
+    """For two ``TensorDataset`` s of other content: (how many of the validation rows read
+    a training row's values, how many there are), compared by each row's fingerprint
+    (:func:`_row_keys`); None for other data sets. Overlapping slices of one tensor
+    (``X[:800]`` and ``X[700:]``, an off-by-one split) were not seen: each slice is a data set
+    of its own (session 57)."""
+    if not (isinstance(train, TensorDataset) and isinstance(val, TensorDataset)):
+        return None
+    like = [(t.shape[1:], t.dtype) for t in train.tensors]
+    if like != [(t.shape[1:], t.dtype) for t in val.tensors]:
+        return None  # other columns: other examples
+    train_keys = set(_row_keys(train, train_at))
+    val_keys = _row_keys(val, val_at)
+    return sum(k in train_keys for k in val_keys), len(val_keys)
+
+
+def _row_keys(dataset: TensorDataset, at: set[int] | None) -> list[tuple[float, ...]]:
+    """Each row's content in a few numbers (per tensor: its sum and its sum weighted by column
+    position, float64; NaN counted as 0), of the positions ``at`` (None: every row)."""
+    columns = []
+    for t in dataset.tensors:
+        rows = t.detach().reshape(t.shape[0], -1)
+        at_col = torch.arange(1, rows.shape[1] + 1, dtype=torch.float64, device=rows.device)
+        parts = [r.to(torch.float64) for r in rows.split(4096)]  # a float64 copy of 4096 rows
+        columns += [
+            torch.nan_to_num(torch.cat([r.sum(1) for r in parts])),
+            torch.nan_to_num(torch.cat([r @ at_col for r in parts])),
+        ]
+    keys = [tuple(row) for row in torch.stack(columns, 1).tolist()]
+    return keys if at is None else [keys[i] for i in sorted(at)]
 
 
 def repeated_examples(dataset: Any) -> int:

@@ -88,6 +88,8 @@ class HyperData:
         self.val: SampledBatches | LoaderBatches | None = None
         self.val_full: Any = None
         self.val_dataset: Any = None
+        #: the validation loaders after the first (which the hyper steps do not read)
+        self.other_val_loaders: list[Any] = []
         self.train = self._train_source(batch_size, seed)
         kind = "stream" if self.train_parts is None else "sampler"
         self.train_stream = BatchStream(self.train, f"the callback's training {kind}")
@@ -97,24 +99,48 @@ class HyperData:
         self.order = TrainingOrder(trainer.train_dataloader)
         self._loaded = self._loaded_datasets()
         self._sizes = tuple(_length(d) for d in self._loaded)
+        self._part = _drawn_part(trainer.train_dataloader)
 
     def _warn_shared_examples(self) -> None:
         """A warning where the validation examples are training examples too (the same data
         set passed as both, or overlapping splits of one): E then measures the fit to data the
         training minimises over, and the hypergradient tunes λ for that (a weight decay falls
-        towards 0, data weights trust what the network fits) instead of for held-out data."""
+        towards 0, data weights trust what the network fits) instead of for held-out data.
+        Where there are several validation loaders and another one holds no training example
+        (a probe of the training set listed first, the held-out set second), the fix is to list
+        that one first (session 57: the warning told the user to hold out data they had)."""
         if self.train_parts is None or self.val_dataset is None:
             return
         shared = shared_examples(self.train_parts[0], self.val_dataset)
         if shared is None or shared[0] == 0:
             return
+        held_out = [
+            i
+            for i, loader in enumerate(self.other_val_loaders, start=1)
+            if not _shares_training_examples(self.train_parts[0], loader)
+        ]
+        which = (
+            f"the first of the {len(self.other_val_loaders) + 1} validation dataloaders, the "
+            "one the hyper steps read,"
+            if self.other_val_loaders
+            else "the validation loader"
+        )
+        fix = (
+            f"List your held-out validation loader first: val_dataloader()[{held_out[0]}] "
+            "holds no training example, so return it first (e.g. [val_loader, probe_loader]; "
+            "the hyper steps read only the first)."
+            if held_out
+            else "Hold out validation examples the training never reads, e.g. "
+            "torch.utils.data.random_split(data, [0.8, 0.2])."
+        )
         rank_zero_warn(
             f"HyperOptimizationCallback: {shared[0]} of the {shared[1]} validation examples are "
-            "training examples too (the validation loader reads the training loader's data "
-            "set): the hyper steps tune the hyperparameters for the fit to data the training "
-            "minimises over, not for held-out data (a learned weight decay falls towards 0). "
-            "Hold out validation examples the training never reads, e.g. "
-            "torch.utils.data.random_split(data, [0.8, 0.2])."
+            f"training examples too ({which} reads the training loader's data set, or "
+            "TensorDatasets whose rows hold the same values: overlapping slices or index splits "
+            "of one tensor): the hyper steps tune the hyperparameters for the fit to data the "
+            "training minimises over, not for held-out data (a learned weight decay falls "
+            "towards 0; data weights learn to trust the rows the network fits, wrong labels "
+            f"included). {fix}"
         )
 
     # ------------------------------------------------------------------ reloaded loaders
@@ -132,14 +158,20 @@ class HyperData:
     def reloaded(self) -> bool:
         """Whether Lightning has reloaded a loader over another data set since these samplers
         were built (``reload_dataloaders_every_n_epochs``, e.g. a curriculum): they would draw
-        from the old one."""
+        from the old one. Another part of the same data set counts too: a reloaded training
+        loader whose ``SubsetRandomSampler`` picks other rows (a new random part of one
+        ``IndexedDataset`` each epoch; session 57: the hyper steps kept drawing the first
+        epoch's part, and the weights of the other rows never moved)."""
         now = self._loaded_datasets()
         changed = any(
             o is not None and n is not None and (n is not o or _length(n) != size)
             for n, o, size in zip(now, self._loaded, self._sizes)
         )  # the same data set grown or shrunk in place: its samplers drew from the old rows
+        part = _drawn_part(self.trainer.train_dataloader)
+        changed = changed or (part is not None and part != self._part)
         self._loaded = tuple(n if n is not None else o for n, o in zip(now, self._loaded))
         self._sizes = tuple(_length(d) for d in self._loaded)
+        self._part = part if part is not None else self._part
         return changed
 
     def resized_by_reload(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -341,6 +373,8 @@ class HyperData:
                 "the module or the datamodule."
             )
         to_device = self._prepare(validation=True)
+        if isinstance(loader, (list, tuple)):
+            self.other_val_loaders = list(loader[1:])
         loader = first_loader(loader, "validation dataloader")
         if not draws_by_index(loader):  # a stream: read from the loader itself
             if val == "full":
@@ -380,6 +414,26 @@ class HyperData:
         sampler = ShardedSampler(len(dataset), batch_size, seed, self.rank, self.world_size)
         # a hyper-step batch above the loader's is read in parts of the loader's size
         self.val = SampledBatches(dataset, collate, sampler, to_device, chunk=loader_bs)
+
+
+def _drawn_part(loaders: Any) -> tuple[int, ...] | None:
+    """The rows a training loader's ``SubsetRandomSampler`` draws (None: no such sampler)."""
+    if isinstance(loaders, (list, tuple)):
+        loaders = loaders[0] if loaders else None
+    sampler = getattr(loaders, "sampler", None)
+    if not isinstance(sampler, SubsetRandomSampler):
+        return None
+    return tuple(int(i) for i in sampler.indices)
+
+
+def _shares_training_examples(train: Dataset, loader: Any) -> bool:
+    """Whether a validation ``loader`` reads examples of the training set ``train`` (a loader
+    over another data set, or over a disjoint split of the same one, does not)."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return False
+    shared = shared_examples(train, dataset)
+    return shared is not None and shared[0] > 0
 
 
 def _refuse_empty(dataset: Dataset, what: str) -> None:

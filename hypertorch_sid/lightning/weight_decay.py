@@ -685,6 +685,11 @@ DECAY_OFF = 1e-6
 #: fit takes over rather than probing again on a network trained further
 GROUPS_KEY = "invariant_groups"
 
+#: the checkpoint entry naming the λ slots (per element: the layers) in the order the stored
+#: λ holds them: a resumed fit whose model declares its layers in another order (the same
+#: names, so its weights load) would read each layer's λ from another's slot (session 57)
+SLOTS_KEY = "hyperparameter_slots"
+
 #: the checkpoint entry holding the decayed tensors' norms at the fit's start
 #: (:meth:`WeightDecayProblem.check_not_wiped`): a resumed fit compares with them, not with its
 #: own start's, which a wipe before the checkpoint had already brought down (session 53)
@@ -1011,6 +1016,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self._probed_on: Any = None
         #: the groups a checkpoint held, taken over by the resumed fit instead of a new probe
         self._checkpointed_groups: dict[str, bool] | None = None
+        #: the λ slots' names a checkpoint held, in its order (compared when it is applied)
+        self._checkpointed_slots: list[str] | None = None
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
 
@@ -1235,6 +1242,11 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             norms = self.problem.start_norms() or self.problem.checkpointed_start_norms
             if norms is not None:
                 state[NORMS_KEY] = dict(norms)
+            decay = self.problem.decay
+            slots = decay.group_names() if self.sid is not None and decay else None
+            slots = slots if slots is not None else self._checkpointed_slots
+            if slots is not None:
+                state[SLOTS_KEY] = list(slots)
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -1275,7 +1287,38 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                     "names to numbers (truncated or foreign checkpoint?)."
                 )
             self.problem.checkpointed_start_norms = {k: float(v) for k, v in norms.items()}
+        if isinstance(state_dict, dict) and SLOTS_KEY in state_dict:
+            state_dict = dict(state_dict)
+            slots = state_dict.pop(SLOTS_KEY)
+            if not isinstance(slots, list) or not all(isinstance(k, str) for k in slots):
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the checkpoint's {SLOTS_KEY} must be a list of λ group "
+                    "names (truncated or foreign checkpoint?)."
+                )
+            self._checkpointed_slots = list(slots)
         super().load_state_dict(state_dict)
+
+    def _restore(self) -> None:
+        """Refuse a checkpoint whose λ slots name other layers, or the same in another order,
+        than this fit's, then load it (the stored λ are read slot by slot)."""
+        decay, saved = self.problem.decay, self._checkpointed_slots
+        ours = decay.group_names() if decay is not None else None
+        if saved is not None and ours is not None and saved != list(ours):
+            reordered = sorted(saved) == sorted(ours)
+            self._pending = None  # nothing of it is applied
+            raise ConfigurationError(
+                f"LearnedWeightDecay: the checkpoint's λ belong to the groups {saved}, in that "
+                f"order; this model's are {list(ours)}. "
+                + (
+                    "The same layers declared in another order: each would read another "
+                    "layer's λ. Declare the layers in the checkpoint's order (the order of "
+                    "named_parameters()), or start a new fit (no ckpt_path)."
+                    if reordered
+                    else "Another model's λ: resume from a checkpoint of this model, or start a "
+                    "new fit (no ckpt_path)."
+                )
+            )
+        super()._restore()
 
     def decay_values(self) -> dict[str, Tensor]:
         """The current λ of every decayed parameter, by parameter name (detached); empty before
