@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s54 import Backbone, Recipe, pretrained  # noqa: E402
 from recipe_harness import (  # noqa: E402
+    LogLines,
     images,
     paired_table,
 )
@@ -183,15 +184,6 @@ def recipe_trainer(extra):
         yield
     finally:
         s54.trainer = plain
-
-
-class LogLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage()[:400])
 
 
 class Setup(s54.Setup):

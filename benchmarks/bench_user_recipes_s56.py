@@ -53,18 +53,20 @@ from pytorch_lightning.callbacks import (
     ModelPruning,
 )
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
 from bench_user_recipes_s54 import Backbone, pretrained  # noqa: E402
 from recipe_harness import (  # noqa: E402
+    LogLines,
     RecipeModule,
     callbacks_record,
     images,
     noisy_labels,
     paired_table,
     recipe_loader,
+    tensors,
     test_loss,
     timed_fit,
     trainer,
@@ -185,19 +187,6 @@ class Shifted(Dataset):
 
 
 # ----------------------------------------------------------------------------- one fit
-
-
-class LogLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage()[:400])
-
-
-def tensors(data) -> TensorDataset:
-    return TensorDataset(*data)
 
 
 class Setup:

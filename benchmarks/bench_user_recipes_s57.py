@@ -54,11 +54,12 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from torch import nn
-from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, TensorDataset, random_split
+from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, random_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
 from recipe_harness import (  # noqa: E402
+    LogLines,
     RecipeModule,
     auc,
     callbacks_record,
@@ -66,6 +67,7 @@ from recipe_harness import (  # noqa: E402
     noisy_labels,
     paired_table,
     recipe_loader,
+    tensors,
     test_loss,
     timed_fit,
     trainer,
@@ -186,19 +188,6 @@ class StageData(pl.LightningDataModule):
 
 
 # ----------------------------------------------------------------------------- one fit
-
-
-class LogLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage()[:400])
-
-
-def tensors(data) -> TensorDataset:
-    return TensorDataset(*data)
 
 
 class Setup:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
 import math
 import re
 import sys
@@ -226,6 +227,22 @@ def recipe_loader(data, collate, batch: int, indexed: bool, shuffle: bool) -> Da
         collate = indexed_collate(collate) if collate is not None else None
     kw = {"collate_fn": collate} if collate is not None else {}
     return DataLoader(data, batch_size=batch if shuffle else 256, shuffle=shuffle, **kw)
+
+
+class LogLines(logging.Handler):
+    """The package's log lines of one fit (each cut at 400 characters)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage()[:400])
+
+
+def tensors(data) -> TensorDataset:
+    """A ``TensorDataset`` of a split's tensors."""
+    return TensorDataset(*data)
 
 
 def package_warnings(caught: list, width: int) -> list[str]:
