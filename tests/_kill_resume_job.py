@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning_problems
+import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
@@ -65,6 +69,31 @@ class EpochSeededSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.n
+
+
+def kill_at_marker(command: list[str], out: Path, log: Path, timeout: float = 240.0) -> None:
+    """Run a job ``command`` (its output to ``log``) and SIGKILL it once it writes ``out/marker``
+    (its kill point); fail the calling test where it ends first or does not get there in time."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + timeout
+            while not (out / "marker").exists():
+                if proc.poll() is not None:
+                    pytest.fail(
+                        f"the job ended (rc {proc.returncode}) before its kill point:\n"
+                        + log.read_text()[-3000:]
+                    )
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the job did not reach the kill point in {timeout:.0f} s")
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def data() -> tuple[Tensor, ...]:

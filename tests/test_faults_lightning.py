@@ -35,11 +35,9 @@ import json
 import math
 import os
 import re
-import signal
 import struct
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -104,32 +102,9 @@ def _job_command(out: Path, *args: str) -> list[str]:
 
 
 def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path, reference):
+    command = _job_command(tmp_path, "--tag", "killed", "--kill-after", str(KILL_AFTER))
+    job.kill_at_marker(command, tmp_path, tmp_path / "killed.log")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    log = tmp_path / "killed.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            _job_command(tmp_path, "--tag", "killed", "--kill-after", str(KILL_AFTER)),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        try:
-            deadline = time.monotonic() + 240
-            while not (tmp_path / "marker").exists():
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"the job ended (rc {proc.returncode}) before step {KILL_AFTER}:\n"
-                        + log.read_text()[-3000:]
-                    )
-                if time.monotonic() > deadline:
-                    pytest.fail("the job did not reach the kill point in 240 s")
-                time.sleep(0.05)
-            os.kill(proc.pid, signal.SIGKILL)
-            assert proc.wait(timeout=60) == -signal.SIGKILL
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert not (tmp_path / "killed_final.pt").exists()  # it did not finish
 
     # the last checkpoint is from before the kill, with hyper steps done after it

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
-from _kill_resume_job import EpochSeededSampler, KillPoint
+from _kill_resume_job import EpochSeededSampler, KillPoint, kill_at_marker
 from lightning_problems import ridge_data
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
@@ -521,27 +519,9 @@ def test_sigkill_after_hyper_steps_then_resume_ends_where_the_uninterrupted_fit_
     """Killed after step 15 (hyper steps at 14 past the last checkpoint, step 12), resumed in a
     new process: the step hook is registered again and decays from the first resumed step
     after the clip — the end is bitwise the uninterrupted fit's."""
+    command = _command(tmp_path, "--tag", "killed", "--kill-after", str(KILL_AFTER))
+    kill_at_marker(command, tmp_path, tmp_path / "killed.log")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    log = tmp_path / "killed.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            _command(tmp_path, "--tag", "killed", "--kill-after", str(KILL_AFTER)),
-            stdout=sink, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 240
-            while not (tmp_path / "marker").exists():
-                if proc.poll() is not None:
-                    pytest.fail(f"the job ended (rc {proc.returncode}):\n{log.read_text()[-3000:]}")
-                if time.monotonic() > deadline:
-                    pytest.fail("the job did not reach the kill point in 240 s")
-                time.sleep(0.05)
-            os.kill(proc.pid, signal.SIGKILL)
-            assert proc.wait(timeout=60) == -signal.SIGKILL
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert not (tmp_path / "killed_final.pt").exists()
     last = tmp_path / "killed_ckpt" / "last.ckpt"
     ckpt = torch.load(last, weights_only=True)
