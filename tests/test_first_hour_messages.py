@@ -49,4 +49,4 @@ def test_the_short_fit_warning_does_not_promise_that_lambda_stays_put():
     2.5e-5, TrustRprop). "barely move" alone was wrong; the warning says either may happen."""
     said = few_hyper_steps(190, 20, 0, 0)
     assert said is not None and "only 9 hyper steps" in said
-    assert "barely move" in said and "too few hyper steps left to correct itself" in said
+    assert "barely move" in said and "too few hyper steps left to correct themselves" in said

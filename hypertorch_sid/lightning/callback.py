@@ -215,6 +215,31 @@ def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Te
     return [p for p in sid.inner_parameters if id(p) in mine]
 
 
+_UNAPPLIED_BY_FIT = (
+    "the fit that loaded it (trainer.fit(..., ckpt_path=...)) ran no step, its max_epochs / "
+    "max_steps being reached at the checkpoint. Resume with trainer.fit(..., ckpt_path=...) and "
+    "a larger max_epochs (they are applied at its first training step), or keep the fitted "
+    "callback object."
+)
+
+
+def _unapplied_outside_fit(loaded_by: str) -> str:
+    """Why a checkpoint's state that ``trainer.<loaded_by>(ckpt_path=...)`` gave a callback is
+    unread, and the way forward (session 58: a drop-in made in ``configure_callbacks()`` is a
+    new object at every ``trainer.test``, so the one that trained is gone from the Trainer)."""
+    return (
+        f"trainer.{loaded_by}(..., ckpt_path=...) gave it the checkpoint's state, and this "
+        "callback object has run no fit in this process, so it is not the one that trained. "
+        "Lightning replaces the Trainer's callbacks by those the LightningModule's "
+        f"configure_callbacks() returns at every trainer.fit / {loaded_by}, so a drop-in made "
+        "inside configure_callbacks() (or given to a new Trainer) is a new object there: make it "
+        "once (e.g. in __init__: self.drop_in = ...) and return that object from "
+        "configure_callbacks(), then read it (after trainer."
+        f"{loaded_by}(ckpt_path=...) it holds the checkpoint's values); or read the fitted "
+        f"object before trainer.{loaded_by}."
+    )
+
+
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
@@ -736,19 +761,11 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         ``SystemExit``), they say so once (session 55: the unfinished fit's values, silently)."""
         if self._pending is not None:
             loaded_by = self._loaded_by or "fit"
-            cause = (
-                "the fit that loaded it (trainer.fit(..., ckpt_path=...)) ran no step, its "
-                "max_epochs / max_steps being reached at the checkpoint"
-                if loaded_by == "fit"
-                else f"trainer.{loaded_by}(..., ckpt_path=...) loaded it (Lightning gives "
-                "every callback its state from the checkpoint there), and only a fit applies "
-                "it"
-            )
             raise ConfigurationError(
-                f"{type(self).__name__}.{what}: this callback holds a checkpoint's "
-                f"{self.hyperparameters_named} that no training step has applied yet: {cause}. "
-                "Resume with trainer.fit(..., ckpt_path=...) and a larger max_epochs (they "
-                "are applied at its first training step), or keep the fitted callback object."
+                f"{type(self).__name__}.{what}: this callback holds "
+                f"{self.hyperparameters_named} from a checkpoint that no training step has "
+                "applied yet: "
+                + (_UNAPPLIED_BY_FIT if loaded_by == "fit" else _unapplied_outside_fit(loaded_by))
             )
         if self._unfinished is not None:  # read after a fit an exception or Ctrl-C ended:
             said, self._unfinished = self._unfinished, None  # its values, silently (s55)
@@ -936,7 +953,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""
         said = few_hyper_steps(
             planned_steps(trainer), self.every_n_steps, self.start_step,
-            trainer.global_step, self.hyper_steps_needed(),
+            trainer.global_step, self.hyper_steps_needed(), self.hyperparameters_named,
         )  # fmt: skip
         self._planned_short = said is not None
         if said is not None and _manual(trainer):

@@ -152,7 +152,12 @@ def budget_cut(
 
 
 def few_hyper_steps(
-    total: float, every: int, start_step: int, global_step: int, minimum: int = FEW_HYPER_STEPS
+    total: float,
+    every: int,
+    start_step: int,
+    global_step: int,
+    minimum: int = FEW_HYPER_STEPS,
+    named: str = "λ",
 ) -> str | None:
     """The warning for a fit of ``total`` optimizer steps with fewer than ``minimum``
     (:data:`FEW_HYPER_STEPS`) hyper steps (None: enough, or the length is unknown).
@@ -161,7 +166,9 @@ def few_hyper_steps(
     in log λ), so a fit of 32 optimizer steps with one hyper step every 20 learns nothing,
     silently; TrustRprop's steps grow while the sign holds, so a few can move λ far (of a
     digits CNN's 9 planned, the 6 its budget ran moved λ 20×) with none left to correct it.
-    Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on.
+    Hyper steps run at the multiples of ``every_n_steps`` from ``start_step`` on. ``named``
+    names the hyperparameters the warning speaks of (``"the data weights"``: session 58, the
+    data weights' warning spoke of λ).
     """
     if not math.isfinite(total) or total < 0:  # unknown (e.g. a stream, no max_steps): -1
         return None
@@ -191,9 +198,9 @@ def few_hyper_steps(
     return (
         f"this fit runs {runs}, so only {planned} "
         f"hyper step{'s' if planned != 1 else ''} (one every every_n_steps={n} optimizer "
-        f"steps{f', from start_step={start_step}' if start_step else ''}): λ will "
-        "barely move from where it starts, or move with too few hyper steps left to correct "
-        f"itself. {advice}."
+        f"steps{f', from start_step={start_step}' if start_step else ''}): {named} will "
+        "barely move from where they start, or move with too few hyper steps left to correct "
+        f"themselves. {advice}."
     )
 
 
