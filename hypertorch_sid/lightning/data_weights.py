@@ -925,12 +925,15 @@ class LearnedDataWeights(HyperOptimizationCallback):
             rng=rng,
         )
         g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
-        g = g.coalesce()
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
             strategy = self._trainer.strategy
-            rows = strategy.all_gather(g.indices()[0]).reshape(-1)
-            values = strategy.all_gather(g.values()).reshape(-1)
-            g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
+            if g.is_sparse:
+                g = g.coalesce()
+                rows = strategy.all_gather(g.indices()[0]).reshape(-1)
+                values = strategy.all_gather(g.values()).reshape(-1)
+                g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
+            else:  # dense (sparse_grad off): zero off each rank's rows, so their sum
+                g = strategy.reduce(g, reduce_op="sum")
             shared = [strategy.reduce(t, reduce_op="mean") for t in shared]
         self._cross.apply([g, *shared])
 
