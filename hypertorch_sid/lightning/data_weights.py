@@ -170,7 +170,10 @@ def _stopped_by(trainer: pl.Trainer) -> str:
         if stopper.wait_count >= stopper.patience or getattr(
             stopper, "stopping_reason_message", None
         ):
-            return f"EarlyStopping(monitor={stopper.monitor!r}, patience={stopper.patience})"
+            return (
+                f"EarlyStopping(monitor={stopper.monitor!r}, mode={stopper.mode!r}, "
+                f"patience={stopper.patience})"
+            )
     return "EarlyStopping, max_time?"
 
 

@@ -222,6 +222,13 @@ class DataWeightsProblem(WeightedStep):
                 if p.requires_grad
             }.values()
         )
+        if not inner:  # said here, not as the core's "inner_parameters is empty" (s58)
+            raise ConfigurationError(
+                "LearnedDataWeights: the training optimizers hold no trainable parameter (every "
+                "tensor they were given has requires_grad=False), so the training moves nothing "
+                "and no weight can be learned. Unfreeze the layers to train before the fit (or "
+                "build the optimizer over the trainable ones)."
+            )
         # the weights take the model's device and dtype (float64 under precision="64-true",
         # bfloat16 under "bf16-true"), as LearnedWeightDecay's λ does
         dtype = next((p.dtype for p in inner if p.is_floating_point()), weights.logits.dtype)
