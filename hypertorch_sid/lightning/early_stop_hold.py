@@ -12,8 +12,9 @@ with Lightning's own mechanism: the fit loop's ``min_steps`` (below which ``trai
 does not end the fit) raised to ``max(the user's min_steps, s_hold)`` for the fit and restored
 after it. A ``Timer`` (``Trainer(max_time=...)``) still stops the fit on time: once its time is
 up the hold is released; so is a stop an ``EarlyStopping`` asks for on a non-finite metric, a
-``divergence_threshold`` or a ``stopping_threshold`` (only a patience run out is held). Works alike under ``pytorch_lightning`` and ``lightning.pytorch``; under
-DDP every rank computes the same step and takes rank 0's reading of the clock.
+``divergence_threshold`` or a ``stopping_threshold`` (only a patience run out is held). Works
+alike under ``pytorch_lightning`` and ``lightning.pytorch``; under DDP every rank computes the
+same step and takes rank 0's reading of the clock.
 """
 
 from __future__ import annotations
