@@ -241,7 +241,8 @@ class TrustRprop(torch.optim.Optimizer):
         _check("step_sizes[0]", step_sizes[0], low=0.0, who=who)
         if _is_number(step_sizes[1]) and step_sizes[1] <= step_sizes[0]:
             raise ConfigurationError(
-                f"{who}: step_sizes is (Δ_min, Δ_max), the smallest step on log λ first, got "
+                f"{who}: step_sizes is (Δ_min, Δ_max), so step_sizes[1] must be above "
+                f"step_sizes[0], got "
                 f"{tuple(step_sizes)!r}: pass step_sizes={tuple(sorted(step_sizes))!r} if it "
                 "was reversed (the two must differ)."
             )
