@@ -355,8 +355,7 @@ class TrainingCrossTerm:
         self, index: Tensor, u: Tensor, alpha: float, losses: Tensor | None = None
     ) -> Tensors:
         """ĝ for every tensor of ``weights.hyperparameters``: the rows ``index`` of the logits
-        (shape ``(n,)``: sparse COO where the family's ``sparse_grad`` is on, else dense, zero
-        off the rows), then the parameterisation's own tensors (dense: θ of
+        (sparse COO, shape ``(n,)``), then the parameterisation's own tensors (dense: θ of
         :class:`SharedLossWeights` from every row, with the rows' current ``losses``)."""
         w = self.weights
         index = w.check_index(index)
@@ -373,8 +372,6 @@ class TrainingCrossTerm:
             g, *gs = torch.autograd.grad(inner, [x, *shared], allow_unused=True)
         g = -float(alpha) * g.to(w.logits.dtype)
         rows = torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)
-        if not w.sparse_grad:  # the family's dense gradients: an optimizer not taking sparse
-            rows = rows.to_dense()  # ones (Adam, TrustRprop) was handed a COO tensor (s58)
         own = [
             torch.zeros_like(t) if gt is None else -float(alpha) * gt.detach()
             for t, gt in zip(shared, gs)

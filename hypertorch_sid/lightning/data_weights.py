@@ -928,6 +928,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
             rng=rng,
         )
         g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
+        if not (self._own_outer or problem.sparse_grad):  # a user's optimizer may not take a
+            g = g.to_dense()  # sparse one (Adam, ReachRprop crashed: session 58)
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
             strategy = self._trainer.strategy
             if g.is_sparse:
