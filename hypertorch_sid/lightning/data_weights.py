@@ -928,12 +928,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
             rng=rng,
         )
         g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
-        if not (self._own_outer or problem.sparse_grad):  # a user's optimizer may not take a
-            g = g.to_dense()  # sparse one (Adam, ReachRprop crashed: session 58)
+        # a user's optimizer may take no sparse gradient (Adam, ReachRprop crashed: s58)
+        g = g.coalesce() if self._own_outer or problem.sparse_grad else g.to_dense()
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
             strategy = self._trainer.strategy
             if g.is_sparse:
-                g = g.coalesce()
                 rows = strategy.all_gather(g.indices()[0]).reshape(-1)
                 values = strategy.all_gather(g.values()).reshape(-1)
                 g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
