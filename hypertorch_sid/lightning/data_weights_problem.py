@@ -168,6 +168,7 @@ class DataWeightsProblem(WeightedStep):
         self._gather = trainer.strategy.all_gather if trainer.world_size > 1 else None
         dataset = self._training_dataset(trainer)
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
+        self._trained_classes = None
         if self.per == "sample":
             n = len(dataset)
             other = self.reads_other_examples(dataset)  # another fold of one data set?
@@ -305,8 +306,11 @@ class DataWeightsProblem(WeightedStep):
         if self.per == "sample":
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
-        labels = self.target(data)
-        return _check_class_labels(labels, self.num_classes), data  # type: ignore[arg-type]
+        labels = _check_class_labels(self.target(data), self.num_classes)  # type: ignore[arg-type]
+        seen = torch.bincount(labels, minlength=self.num_classes) > 0  # type: ignore[arg-type]
+        held = self._trained_classes
+        self._trained_classes = seen if held is None else held.to(seen.device) | seen
+        return labels, data
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:
