@@ -170,10 +170,8 @@ def _stopped_by(trainer: pl.Trainer) -> str:
         if stopper.wait_count >= stopper.patience or getattr(
             stopper, "stopping_reason_message", None
         ):
-            return (
-                f"EarlyStopping(monitor={stopper.monitor!r}, mode={stopper.mode!r}, "
-                f"patience={stopper.patience})"
-            )
+            mode = "" if stopper.mode == "min" else f", mode={stopper.mode!r}"  # a slip shows
+            return f"EarlyStopping(monitor={stopper.monitor!r}, patience={stopper.patience}{mode})"
     return "EarlyStopping, max_time?"
 
 
