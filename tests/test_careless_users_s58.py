@@ -134,7 +134,7 @@ def test_a_stop_that_is_no_patience_run_out_is_not_held(stop: Any) -> None:
     assert fitter.global_step <= 13 and not said
 
 
-def test_control_a_patience_stop_is_held_and_says_its_mode() -> None:
+def test_a_patience_stop_is_held_and_names_a_mode_other_than_min() -> None:
     """mode='max' on a loss stops at the second validation (patience 0): held to step 44, as
     before; the line now names the mode (the user's slip is visible)."""
     fitter, said = _held_fit(EarlyStopping("val_loss", patience=0, mode="max"), _Logged())
