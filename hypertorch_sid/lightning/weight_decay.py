@@ -366,7 +366,8 @@ class WeightDecayProblem:
                 terms[name] = terms.get(name, 0.0) + term
                 value = float(lam) if not isinstance(lam, Tensor) else float(lam.max())
                 reached[name] = max(reached.get(name, 0.0), value)
-        fell = {n for n, v in reached.items() if v < self.weight_decay}  # not a λ held at λ₀
+        # not a λ held at λ₀ (read back as float32 exp(ρ₀), a few ulps off λ₀)
+        fell = {n for n, v in reached.items() if v < self.weight_decay * (1 - 1e-5)}
         off = [n for n, term in terms.items() if term <= DECAY_OFF * abs(loss) and n in fell]
         if not off:
             return None
