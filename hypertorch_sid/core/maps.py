@@ -38,7 +38,12 @@ from torch import Tensor
 from .autodiff import grad as _grad
 from .errors import ConfigurationError
 from .gauss_newton import GaussNewton, check_hvp
-from .validation import check_contraction, check_dependencies, estimate_contraction
+from .validation import (
+    check_contraction,
+    check_dependencies,
+    check_scalar_loss,
+    estimate_contraction,
+)
 from .watch import check_map_output, check_penalty_not_in_loss
 
 if TYPE_CHECKING:  # the map chooses how its step constants are set (double dispatch)
@@ -304,11 +309,7 @@ class GradientDescentMap(FixedPointMap):
 
     def loss(self, batch: Any) -> Tensor:
         loss = self.inner_loss(batch)
-        if not isinstance(loss, Tensor) or loss.numel() != 1 or loss.is_complex():  # s56
-            raise ConfigurationError(
-                "inner_loss(batch) must return a scalar tensor (the minibatch training objective,"
-                " of real numbers)."
-            )
+        check_scalar_loss("inner_loss", loss, "the minibatch training objective")
         return loss.reshape(())
 
     def smooth_loss(self, batch: Any) -> Tensor:

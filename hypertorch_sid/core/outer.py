@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from . import rows
 from .errors import ConfigurationError, DivergenceError
 from .solvers import norm
+from .validation import check_scalar_loss
 
 Tensors = list[Tensor]
 
@@ -303,10 +304,7 @@ def outer_gradients(
     values: Tensors = []  # E of each batch, read at once after the loop
     for batch in batches:
         loss = outer_loss(batch)
-        if not isinstance(loss, Tensor) or loss.numel() != 1:
-            raise ConfigurationError(
-                "outer_loss(batch) must return a scalar tensor (the validation objective E)."
-            )
+        check_scalar_loss("outer_loss", loss, "the validation objective E")
         if not loss.requires_grad:
             raise ConfigurationError(
                 "outer_loss depends on neither the inner parameters nor the hyperparameters (its "

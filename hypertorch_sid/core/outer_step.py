@@ -232,16 +232,25 @@ class TrustRprop(torch.optim.Optimizer):
         trust: float = 0.1,
         fall_eta: float | None = None,
     ) -> None:
-        who = "TrustRprop"
+        who = type(self).__name__  # a ReachRprop's error names the class the user gave
         _check("lr", lr, low=0.0, strict=True, who=who)
+        _check_pair("etas", etas, "(η₋, η₊), e.g. (0.5, 1.2)", who)
         _check("etas[0]", etas[0], low=0.0, high=1.0, strict=True, who=who)
         _check("etas[1]", etas[1], low=1.0, who=who)
+        _check_pair("step_sizes", step_sizes, "(Δ_min, Δ_max), e.g. (1e-2, 2.0)", who)
         _check("step_sizes[0]", step_sizes[0], low=0.0, who=who)
+        if _is_number(step_sizes[1]) and step_sizes[1] <= step_sizes[0]:
+            raise ConfigurationError(
+                f"{who}: step_sizes is (Δ_min, Δ_max), so step_sizes[1] must be above "
+                f"step_sizes[0], got "
+                f"{tuple(step_sizes)!r}: pass step_sizes={tuple(sorted(step_sizes))!r} if it "
+                "was reversed (the two must differ)."
+            )
         _check("step_sizes[1]", step_sizes[1], low=step_sizes[0], strict=True, who=who)
         ok = isinstance(trust, (int, float)) and not isinstance(trust, bool) and trust > 0
         if not ok:
             raise ConfigurationError(
-                f"TrustRprop: trust must be a number > 0 (math.inf: no bound), got {trust!r}."
+                f"{who}: trust must be a number > 0 (math.inf: no bound), got {trust!r}."
             )
         if fall_eta is not None:
             _check("fall_eta", fall_eta, low=1.0, who=who)
@@ -273,7 +282,11 @@ class TrustRprop(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise ConfigurationError("TrustRprop does not take sparse gradients.")
+                    raise ConfigurationError(
+                        f"{type(self).__name__} does not take sparse gradients: give the "
+                        "weights dense ones (SampleWeights(sparse_grad=False), "
+                        "LearnedDataWeights(sparse_grad=False)), or use LazyAdam."
+                    )
                 st = self._state_of(p, group["lr"])
                 old = p.clone()
                 kept = self._signed_step(p, p.grad, group, st)
@@ -623,6 +636,18 @@ class ReachRprop(ShrinkFallRprop):
         return super().__repr__()[:-1].replace("ShrinkFallRprop", "ReachRprop", 1) + (
             f", span={self.span:g})"
         )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_pair(name: str, value: object, meaning: str, who: str) -> None:
+    """Refuse anything but two numbers (a scalar, or three step sizes, crashed at the first
+    step: "'float' object is not subscriptable", "too many values to unpack")."""
+    pair = isinstance(value, (tuple, list)) and len(value) == 2
+    if not pair:
+        raise ConfigurationError(f"{who}: {name} must be two numbers {meaning}, got {value!r}.")
 
 
 def _check(

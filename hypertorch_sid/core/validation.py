@@ -696,11 +696,7 @@ def check_dependencies(
             "and where the draw is meant to be a constant (a score-function estimator) pass "
             "its parameters .detach()ed."
         )
-    if not isinstance(loss, Tensor) or loss.numel() != 1 or loss.is_complex():  # complex: s56
-        raise ConfigurationError(
-            "inner_loss(batch) must return a scalar tensor (the minibatch training objective,"
-            " of real numbers)."
-        )
+    check_scalar_loss("inner_loss", loss, "the minibatch training objective")
     if not loss.requires_grad:
         raise ConfigurationError(
             "inner_loss does not depend on the inner parameters (its result does not require grad)."
@@ -854,4 +850,24 @@ def check_contraction(q: float, where: str) -> float:
         f"δ > q − 1 ≈ {float(q) - 1:.3g}: the damped map has ‖∂₁Φ‖/(1 + δ)), or use a map that "
         "satisfies the paper's contraction "
         "assumption (e.g. gradient descent with α < 2/L on a strongly convex inner loss)."
+    )
+
+
+def check_scalar_loss(name: str, loss: Any, meaning: str) -> None:
+    """Refuse a ``name(batch)`` result that is no real scalar tensor, naming what it was and
+    how to reduce it (a vector of per-sample losses was refused as "must return a scalar
+    tensor" without its shape or the fix, or failed in Lightning's ``self.log``: session 58)."""
+    if isinstance(loss, Tensor) and loss.numel() == 1 and not loss.is_complex():  # complex: s56
+        return
+    if isinstance(loss, Tensor):
+        got = f"a {'complex ' if loss.is_complex() else ''}tensor of shape {tuple(loss.shape)}"
+    else:
+        got = f"a {type(loss).__name__}"
+    fix = (
+        ": reduce it to one number, e.g. return losses.mean() (per-sample losses)"
+        if isinstance(loss, Tensor) and loss.numel() > 1 and not loss.is_complex()
+        else ""
+    )
+    raise ConfigurationError(
+        f"{name}(batch) must return a scalar tensor ({meaning}, of real numbers), got {got}{fix}."
     )

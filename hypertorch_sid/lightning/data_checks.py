@@ -72,10 +72,12 @@ def _integer_vector(labels: Any, b: int | None = None) -> bool:
 
 
 def class_ids(labels: Tensor) -> Tensor:
-    """An :func:`_integer_vector`'s class ids as a 1-D tensor (a column flattened; bools as
-    0 / 1)."""
+    """An :func:`_integer_vector`'s class ids as a 1-D int64 tensor (a column flattened; bools
+    as 0 / 1). Labels of another integer dtype (uint8 as MNIST's raw targets, int8, int16)
+    crashed in torch's indexing before (session 58: "index_reduce_(): Expected dtype
+    int32/int64 for index but got: Char")."""
     ids = labels if labels.dim() == 1 else labels.reshape(-1)
-    return ids.long() if ids.dtype == torch.bool else ids
+    return ids if ids.dtype == torch.long else ids.long()
 
 
 def batch_labels(data: Any) -> Any:

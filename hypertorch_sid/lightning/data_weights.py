@@ -170,7 +170,8 @@ def _stopped_by(trainer: pl.Trainer) -> str:
         if stopper.wait_count >= stopper.patience or getattr(
             stopper, "stopping_reason_message", None
         ):
-            return f"EarlyStopping(monitor={stopper.monitor!r}, patience={stopper.patience})"
+            mode = "" if stopper.mode == "min" else f", mode={stopper.mode!r}"  # a slip shows
+            return f"EarlyStopping(monitor={stopper.monitor!r}, patience={stopper.patience}{mode})"
     return "EarlyStopping, max_time?"
 
 
@@ -925,12 +926,16 @@ class LearnedDataWeights(HyperOptimizationCallback):
             rng=rng,
         )
         g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
-        g = g.coalesce()
+        # a user's optimizer may take no sparse gradient (Adam, ReachRprop crashed: s58)
+        g = g.coalesce() if self._own_outer or problem.sparse_grad else g.to_dense()
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
             strategy = self._trainer.strategy
-            rows = strategy.all_gather(g.indices()[0]).reshape(-1)
-            values = strategy.all_gather(g.values()).reshape(-1)
-            g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
+            if g.is_sparse:
+                rows = strategy.all_gather(g.indices()[0]).reshape(-1)
+                values = strategy.all_gather(g.values()).reshape(-1)
+                g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
+            else:  # dense (sparse_grad off): zero off each rank's rows, so their sum
+                g = strategy.reduce(g, reduce_op="sum")
             shared = [strategy.reduce(t, reduce_op="mean") for t in shared]
         self._cross.apply([g, *shared])
 

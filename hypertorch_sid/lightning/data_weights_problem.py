@@ -168,6 +168,7 @@ class DataWeightsProblem(WeightedStep):
         self._gather = trainer.strategy.all_gather if trainer.world_size > 1 else None
         dataset = self._training_dataset(trainer)
         self._val_counts, self._val_rows, self._val_batches = None, 0, 0
+        self._trained_classes = None
         if self.per == "sample":
             n = len(dataset)
             other = self.reads_other_examples(dataset)  # another fold of one data set?
@@ -222,6 +223,13 @@ class DataWeightsProblem(WeightedStep):
                 if p.requires_grad
             }.values()
         )
+        if not inner:  # said here, not as the core's "inner_parameters is empty" (s58)
+            raise ConfigurationError(
+                "LearnedDataWeights: the training optimizers hold no trainable parameter (every "
+                "tensor they were given has requires_grad=False), so the training moves nothing "
+                "and no weight can be learned. Unfreeze the layers to train before the fit (or "
+                "build the optimizer over the trainable ones)."
+            )
         # the weights take the model's device and dtype (float64 under precision="64-true",
         # bfloat16 under "bf16-true"), as LearnedWeightDecay's λ does
         dtype = next((p.dtype for p in inner if p.is_floating_point()), weights.logits.dtype)
@@ -298,8 +306,11 @@ class DataWeightsProblem(WeightedStep):
         if self.per == "sample":
             return split_indexed(batch)
         data = batch.data if isinstance(batch, Indexed) else batch
-        labels = self.target(data)
-        return _check_class_labels(labels, self.num_classes), data  # type: ignore[arg-type]
+        labels = _check_class_labels(self.target(data), self.num_classes)  # type: ignore[arg-type]
+        seen = torch.bincount(labels, minlength=self.num_classes) > 0  # type: ignore[arg-type]
+        held = self._trained_classes
+        self._trained_classes = seen if held is None else held.to(seen.device) | seen
+        return labels, data
 
     # ------------------------------------------------------------------ ℓ̂ and E
     def _losses(self, module: pl.LightningModule, data: Any, batch_idx: int = 0) -> Any:

@@ -11,8 +11,10 @@ fit before the weights act, and its ``ModelCheckpoint`` then keeps a plain fit's
 with Lightning's own mechanism: the fit loop's ``min_steps`` (below which ``trainer.should_stop``
 does not end the fit) raised to ``max(the user's min_steps, s_hold)`` for the fit and restored
 after it. A ``Timer`` (``Trainer(max_time=...)``) still stops the fit on time: once its time is
-up the hold is released. Works alike under ``pytorch_lightning`` and ``lightning.pytorch``; under
-DDP every rank computes the same step and takes rank 0's reading of the clock.
+up the hold is released; so is a stop an ``EarlyStopping`` asks for on a non-finite metric, a
+``divergence_threshold`` or a ``stopping_threshold`` (only a patience run out is held). Works
+alike under ``pytorch_lightning`` and ``lightning.pytorch``; under DDP every rank computes the
+same step and takes rank 0's reading of the clock.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class EarlyStopHold:
         whether a stop is being held for the first time now (for the one line that says so)."""
         if not self.engaged:
             return False
-        if _time_is_up(trainer):
+        if _time_is_up(trainer) or _stopped_not_by_patience(trainer):
             self.release()
             return False
         if trainer.should_stop and self.held_at is None and trainer.global_step < self.step:
@@ -95,6 +97,23 @@ class EarlyStopHold:
             self.held_at = trainer.global_step if decided is None else decided
             return True
         return False
+
+
+#: the reasons an ``EarlyStopping`` stops a fit that the hold keeps going: patience run out
+#: (plain training past its lowest validation loss). A metric that is NaN or has crossed the
+#: user's ``divergence_threshold`` (a diverged model), or a ``stopping_threshold`` reached
+#: (the user's own goal), stops the fit as the user asked (session 58: they were held)
+HELD_REASONS = ("NOT_STOPPED", "PATIENCE_EXHAUSTED")
+
+
+def _stopped_not_by_patience(trainer: Any) -> bool:
+    """Whether an ``EarlyStopping`` asked to stop for a reason other than its patience (its
+    ``stopping_reason``; a Lightning that records none is read as patience)."""
+    for stopper in trainer.early_stopping_callbacks:
+        reason = getattr(getattr(stopper, "stopping_reason", None), "name", "NOT_STOPPED")
+        if reason not in HELD_REASONS:
+            return True
+    return False
 
 
 def _time_is_up(trainer: Any) -> bool:

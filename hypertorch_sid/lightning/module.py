@@ -55,7 +55,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from ..core.errors import ConfigurationError
-from ..core.validation import check_inner_optimizers, check_unchanged, is_real
+from ..core.validation import check_inner_optimizers, check_scalar_loss, check_unchanged, is_real
 
 __all__ = ["Bilevel", "BilevelModule"]
 
@@ -221,12 +221,14 @@ class Bilevel:
                 "self.manual_backward(self.inner_loss(batch)); opt.step()."
             )
         loss = self.inner_loss(batch)
+        check_scalar_loss(f"{type(self).__name__}.inner_loss", loss, "the training objective")
         self.log("train/inner_loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> Tensor:
         """Logs ``outer_loss(batch)`` as ``val/outer_loss``."""
         loss = self.outer_loss(batch)
+        check_scalar_loss(f"{type(self).__name__}.outer_loss", loss, "the validation objective")
         self.log("val/outer_loss", loss, prog_bar=True)
         return loss
 

@@ -106,6 +106,8 @@ class RowRecord(RowEvidence):
         #: :meth:`validation_shortfall` reads)
         self.validation_examples: int | None = None
         self._val_counts: Tensor | None = None
+        #: per class (``per="class"``): which classes the training batches held
+        self._trained_classes: Tensor | None = None
         self._val_rows = self._val_batches = 0
 
     def _read_checks(
@@ -341,7 +343,7 @@ class RowRecord(RowEvidence):
     def _count_validation(self, data: Any, carried: Tensor | None = None) -> None:
         """Add a validation batch's integer labels (:meth:`_labels_of`) to the per-class counts
         :meth:`validation_shortfall` reads; a batch without them adds none."""
-        labels = self._labels_of(data, None, carried) if self.per == "sample" else None
+        labels = self._labels_of(data, None, carried)  # per class too: a class none holds
         if labels is None:
             return
         labels, held = labels.detach().cpu(), self._val_counts

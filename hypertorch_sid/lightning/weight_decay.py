@@ -119,7 +119,7 @@ __all__ = [
 
 def _initial_value_fix(value: Any, parameterization: str) -> str:
     """How to give the initial λ the user meant by ``value`` (refused)."""
-    if isinstance(value, Tensor) and value.numel() == 1:
+    if math.prod(getattr(value, "shape", (0,))) == 1:  # a tensor or a NumPy array of one
         return f"pass a Python float (weight_decay={float(value):.6g})"
     if isinstance(value, (Mapping, list, tuple, Tensor)):
         return (
@@ -366,7 +366,9 @@ class WeightDecayProblem:
                 terms[name] = terms.get(name, 0.0) + term
                 value = float(lam) if not isinstance(lam, Tensor) else float(lam.max())
                 reached[name] = max(reached.get(name, 0.0), value)
-        off = [name for name, term in terms.items() if term <= DECAY_OFF * abs(loss)]
+        # not a λ held at λ₀ (read back as float32 exp(ρ₀), a few ulps off λ₀)
+        fell = {n for n, v in reached.items() if v < self.weight_decay * (1 - 1e-5)}
+        off = [n for n, term in terms.items() if term <= DECAY_OFF * abs(loss) and n in fell]
         if not off:
             return None
         low, high = min(reached[n] for n in off), max(reached[n] for n in off)
@@ -430,11 +432,22 @@ class WeightDecayProblem:
         placement: list[tuple[torch.optim.Optimizer, int]] = []
         inner: dict[int, Tensor] = {}
         coupled_in: set[str] = set()  # decoupling optimizers given coupled decay
+        owner: dict[int, int] = {}  # the optimizer training each tensor
         for oi, opt in enumerate(trainer.optimizers):
             for gi, group in enumerate(opt.param_groups):
                 for p in group["params"]:
                     if not p.requires_grad:
                         continue
+                    if id(p) in owner and owner[id(p)] != oi:
+                        raise ConfigurationError(
+                            f"LearnedWeightDecay: {names.get(id(p), 'a tensor')} is trained by "
+                            f"two optimizers (optimizer{owner[id(p)]} and optimizer{oi}): "
+                            "each one's step would add the decay to the gradient they share, "
+                            "so it would be decayed as neither optimizer's weight_decay=λ "
+                            "would, and not as learned_weight_decay says. Give each tensor to "
+                            "one optimizer."
+                        )
+                    owner[id(p)] = oi
                     inner[id(p)] = p
                     if self.apply_to == "weights" and p.dim() < 2:
                         continue
