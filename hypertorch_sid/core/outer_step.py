@@ -581,6 +581,11 @@ class ReachRprop(ShrinkFallRprop):
         The distance in log λ a run of agreeing signs must be able to cover with the hyper
         steps left (ln 100: two decades, the main job's recipe's λ from its early fall to the
         searches' pick is ln 50).
+    settle:
+        The share of the fit, counted from the pace's start, left to λ to settle in: the floor
+        aims to arrive with R_t = settle·R₁ steps still to go (n_t counts the hyper steps until
+        then, eq. reachsettle: n_t = 1 + (R_t − settle·R₁) / p_t) and is off after it, where
+        the step is :class:`ShrinkFallRprop`'s own. 0 (the default): the floor holds to the end.
     """
 
     def __init__(
@@ -593,10 +598,18 @@ class ReachRprop(ShrinkFallRprop):
         fall_eta: float | None = None,
         max_fall: float = 5.0,
         span: float = math.log(100.0),
+        settle: float = 0.0,
     ) -> None:
         _check("span", span, low=0.0, strict=True, who="ReachRprop")
+        _check("settle", settle, low=0.0, high=1.0, who="ReachRprop")
+        if settle >= 1.0:
+            raise ConfigurationError(
+                f"ReachRprop: settle is the share of the fit left to λ to settle in, below 1 "
+                f"(e.g. 0.25), got {settle!r}."
+            )
         super().__init__(params, lr, etas, step_sizes, trust, fall_eta, max_fall)
         self.span = float(span)
+        self.settle = float(settle)
         self._left: int | None = None
         #: Δ_reach(n_t) of the last step (0 where it had none: the first step, R unknown)
         self.reach = 0.0
@@ -630,11 +643,14 @@ class ReachRprop(ShrinkFallRprop):
         if done < 1 or st["first_left"] <= left:
             return 0.0
         pace = (st["first_left"] - left) / done
-        return reach_step(self.span, self.defaults["etas"][1], 1.0 + left / pace)
+        to_settle = left - self.settle * st["first_left"]  # steps until λ should have arrived
+        if to_settle <= 0:  # eq. reachsettle: the floor is off, λ settles
+            return 0.0
+        return reach_step(self.span, self.defaults["etas"][1], 1.0 + to_settle / pace)
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1].replace("ShrinkFallRprop", "ReachRprop", 1) + (
-            f", span={self.span:g})"
+            f", span={self.span:g}, settle={self.settle:g})"
         )
 
 
