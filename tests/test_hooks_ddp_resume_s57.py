@@ -603,6 +603,7 @@ class ManualRMSprop(Manual):
     def __init__(self) -> None:
         super().__init__()
         self.responses: list[float] = []
+        self.parts: list[tuple[float, float]] = []  # (moved, ‖g‖²) of each optimizer step
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         opts = self.optimizers()
@@ -615,27 +616,30 @@ class ManualRMSprop(Manual):
             moved = sum(
                 float(((b - p.detach()) * p.grad).sum()) for b, p in zip(before, layer.parameters())
             )
-            self.responses.append(
-                moved / sum(float(p.grad.pow(2).sum()) for p in layer.parameters())
-            )
+            grad_sq = sum(float(p.grad.pow(2).sum()) for p in layer.parameters())
+            self.responses.append(moved / grad_sq)
+            self.parts.append((moved, grad_sq))
 
     def configure_optimizers(self) -> Any:
         return [torch.optim.RMSprop(layer.parameters(), lr=0.01) for layer in (self.l1, self.l2)]
 
 
 def test_the_step_size_probe_reads_the_update_of_the_optimizer_it_probes():
-    """Manual optimisation, one RMSprop per layer: the step hook's probe at a due step measures
-    that optimizer's update on the tensors it steps (every 2 optimizer steps: the second
-    layer's). Before, it held every layer's gradient after the first optimizer had already
-    moved its layer, and measured 0.77 × the second layer's response (0.15 for 0.19): a
-    mixture that is no optimizer's step size."""
+    """Manual optimisation, one RMSprop per layer: the step hook's probe measures each
+    optimizer's update on the tensors it steps, over its own step. Before session 57 it held
+    every layer's gradient after the first optimizer had already moved its layer, and measured
+    0.77 × the second layer's response (0.15 for 0.19): a mixture that is no optimizer's step
+    size; session 57 measured the batch's last optimizer alone; since session 58 the batch's
+    optimizers are pooled, Σ_o ⟨Δw_o, g_o⟩ / Σ_o ‖g_o‖² (``tests/test_left_s58.py``)."""
     model = ManualRMSprop()
     decay = LearnedWeightDecay(1e-2, training_loss=manual_loss, **DECAY, **sizes(1))
     eta = probed(decay)
     fit(model, [decay], epochs=1)
     assert len(eta) == 6
-    assert eta == pytest.approx(model.responses[1::2], rel=1e-9)
-    assert max(model.responses[0::2]) > 2 * max(eta)  # the layers' responses differ
+    batches = list(zip(model.parts[0::2], model.parts[1::2]))
+    pooled = [(a[0] + b[0]) / (a[1] + b[1]) for a, b in batches]
+    assert eta == pytest.approx(pooled, rel=1e-9)
+    assert max(model.responses[0::2]) > 2 * max(model.responses[1::2])  # the layers differ
 
 
 if __name__ == "__main__":

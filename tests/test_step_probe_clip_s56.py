@@ -56,31 +56,31 @@ def _measured_against_truth(fit: Any) -> list[tuple[float, float]]:
     """(η̂ the probes measured, η the step took per unit of its final gradient), per probe."""
     before: dict[int, torch.Tensor] = {}
     pairs: list[tuple[float, float]] = []
-    original = StepSizeProbe.step_size
+    original = StepSizeProbe.moved  # each probed update's part (session 58: pooled by batch)
 
     def keep_weights(optimizer: Any, args: Any, kwargs: Any) -> None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 before[id(p)] = p.detach().double().clone()
 
-    def step_size(probe: StepSizeProbe) -> float | None:
+    def step_size(probe: StepSizeProbe) -> float:
         moved = sum(
             float(((before[id(p)] - p.detach().double()) * p.grad.double()).sum())
             for p in probe.params
         )
         norm = sum(float(p.grad.double().pow(2).sum()) for p in probe.params)
-        eta = original(probe)
-        pairs.append((math.nan if eta is None else eta, moved / norm))
-        return eta
+        part = original(probe)
+        pairs.append((part / probe.grad_sq, moved / norm))
+        return part
 
     handle = register_optimizer_step_pre_hook(keep_weights)
-    StepSizeProbe.step_size = step_size  # type: ignore[method-assign]
+    StepSizeProbe.moved = step_size  # type: ignore[method-assign]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fit()
     finally:
-        StepSizeProbe.step_size = original  # type: ignore[method-assign]
+        StepSizeProbe.moved = original  # type: ignore[method-assign]
         handle.remove()
     return pairs
 

@@ -190,11 +190,55 @@ class StepSizeProbe:
                 float((p.double() * g.double()).sum()) for p, g in zip(self.params, self.grads)
             )
 
+    def moved(self) -> float:
+        """⟨w_before − w_after, g⟩ after the update (0 without gradients)."""
+        return self.before - self._dot() if self.params else 0.0
+
     def step_size(self) -> float | None:
         """η̂ after the update (None without gradients, or a non-positive measurement)."""
         if not self.params or self.grad_sq <= 0:
             return None
-        eta = (self.before - self._dot()) / self.grad_sq
+        eta = self.moved() / self.grad_sq
+        return eta if math.isfinite(eta) and eta > 0 else None
+
+
+class PooledStepSizeProbe:
+    """η̂ of several updates, each made by another optimizer on its own tensors (manual
+    optimisation with one optimizer per layer):
+
+        η̂ = Σ_o ⟨w_o,before − w_o,after, g_o⟩ / Σ_o ‖g_o‖²,
+
+    each optimizer's part measured over its own step (:meth:`open` before it, :meth:`close`
+    right after it, by a :class:`StepSizeProbe` on the tensors it steps), so that another
+    optimizer's update or a later backward into its gradients does not enter it. One optimizer
+    gives :class:`StepSizeProbe`'s η̂; several, the ‖g‖²-weighted mean of theirs, as one
+    optimizer whose parameter groups held their tensors at their step sizes would (SGD with
+    learning rates lr_o: Σ_o lr_o ‖g_o‖² / Σ_o ‖g_o‖²).
+    """
+
+    def __init__(self) -> None:
+        self.moved = self.grad_sq = 0.0
+        self._open: StepSizeProbe | None = None
+
+    def open(self, params: list[torch.Tensor]) -> None:
+        """Start measuring the update about to be made to ``params`` (their gradients final).
+        A probe opened and not closed (an LBFGS step evaluating its closure again) is replaced:
+        the update follows the last evaluation."""
+        self._open = StepSizeProbe(params)
+
+    def close(self) -> None:
+        """The update opened last has been made: add its part."""
+        probe, self._open = self._open, None
+        if probe is not None and probe.params:
+            self.moved += probe.moved()
+            self.grad_sq += probe.grad_sq
+
+    def step_size(self) -> float | None:
+        """η̂ of the updates closed so far (None without gradients, or a non-positive
+        measurement)."""
+        if self.grad_sq <= 0:
+            return None
+        eta = self.moved / self.grad_sq
         return eta if math.isfinite(eta) and eta > 0 else None
 
 

@@ -34,7 +34,6 @@ import torch
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
-from torch.utils.hooks import RemovableHandle
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.budget import UNLIMITED, Budget, check_budget_state, make_budget
@@ -43,7 +42,7 @@ from ..core.divergence import Recover
 from ..core.errors import ConfigurationError, DivergenceError
 from ..core.estimation import EstimatedCurvature
 from ..core.gauss_newton import check_hvp
-from ..core.horizon import StepSizeProbe, effective_step_size
+from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.preconditioning import NoPreconditioner
@@ -56,7 +55,7 @@ from ..core.validation import (
     check_takes,
 )
 from .averaging import put_learned_in_averages
-from .in_step import hook_steps
+from .in_step import StepHooks, hook_steps
 from .isolation import (
     LossWatch,
     check_weights,
@@ -411,11 +410,17 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             "step_size" in settings
         )
         self.every_n_steps = every_n_steps
-        self._step_probe: StepSizeProbe | None = None
+        self._step_probe: PooledStepSizeProbe | None = None
         self._step_size: float | None = None
-        #: the optimizer step pre-hook of the fit (:meth:`_hook_steps`), held by the first
+        #: (the training batch, whether its updates are probed): :meth:`_probes_batch`
+        self._probed_batch: tuple[int, bool] = (-1, False)
+        #: the most optimizer steps one training batch has made in this fit (None: no batch
+        #: ended yet), and the step the current batch started after
+        self._steps_per_batch: int | None = None
+        self._batch_start_step = 0
+        #: the optimizer step hooks of the fit (:meth:`_hook_steps`), held by the first
         #: hyper-optimization callback of the Trainer
-        self._step_hook: RemovableHandle | None = None
+        self._step_hook: StepHooks | None = None
         self.budget: Budget = make_budget(max_overhead)
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
@@ -531,6 +536,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 lambda: trainer.optimizers,
                 [functools.partial(c._change_gradient, trainer, pl_module) for c in ours],
                 [functools.partial(c._read_gradient, trainer, pl_module) for c in ours],
+                [c._close_reading for c in ours],
             )
 
     def _release_step_hook(self) -> None:
@@ -544,6 +550,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._share_hyper_work(trainer)
         with self.budget.added_work():
             self._build(trainer, pl_module)
+        # the batches' probes start afresh (a resumed fit: from the checkpoint's step)
+        self._probed_batch, self._steps_per_batch = (-1, False), None
+        self._batch_start_step, self._step_probe = trainer.global_step, None
         self.budget.training_step_done()  # the training's time is counted from here
 
     def _share_hyper_work(self, trainer: pl.Trainer) -> None:
@@ -576,6 +585,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         """Every ``every_n_steps`` optimizer steps: one hyper step on λ (when the budget allows
         it: else at the first step after that it does)."""
         self._losses.observe(outputs, trainer.global_step)
+        made = trainer.global_step - self._batch_start_step
+        self._steps_per_batch = max(self._steps_per_batch or 0, made)
+        self._batch_start_step = trainer.global_step
         if self._step_probe is not None:
             with self.budget.added_work():
                 self._step_size, self._step_probe = self._step_probe.step_size(), None
@@ -639,23 +651,54 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     def _read_gradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """Before the update a hyper step follows: start measuring the training's step size,
-        where its optimizers give no reading of it (:func:`effective_step_size`), on the
-        gradient the update uses — inside the step, after the clip and every callback's change
-        (session 56: taken in ``on_before_optimizer_step``, the probe held the gradient the clip
-        then rescaled in place, and measured a wrong η). The probe holds the tensors ``optimizer``
-        steps, the update it measures (session 57: manual optimisation with one optimizer per
-        layer probed every layer's gradient at the last optimizer's step, after the others had
-        moved theirs, and measured 0.3–0.6 × η)."""
+        """In a batch whose updates a hyper step follows: start measuring the update
+        ``optimizer`` is about to make, where the optimizers give no reading of the training's
+        step size (:func:`effective_step_size`), on the gradient the update uses — inside the
+        step, after the clip and every callback's change (session 56: taken in
+        ``on_before_optimizer_step``, the probe held the gradient the clip then rescaled in
+        place, and measured a wrong η). The probe holds the tensors ``optimizer`` steps and is
+        closed right after its update (:meth:`_close_reading`); every optimizer that steps in
+        the batch adds its part, read by the batch's end (:class:`PooledStepSizeProbe`: session
+        57 measured the update of one of them, the batch's last, under manual optimisation with
+        one optimizer per layer; session 58 pools them all)."""
         with self.budget.added_work(every_step=True):
-            step = trainer.global_step + 1
-            due = step >= max(self.start_step, 1) and step % self.every_n_steps == 0
-            if self.sid is not None and due:
-                # once per hyper step, not at every step (reading Adam's v̂ costs ms on a big
-                # layer: charged as every step's, it was reserved from all remaining steps)
-                with self.budget.added_work():
-                    if effective_step_size(trainer.optimizers) is None:
-                        self._step_probe = StepSizeProbe(stepped(optimizer, self.sid))
+            if self.sid is None or not self._probes_batch(trainer, pl_module):
+                return
+            # once per probed update, not at every step (reading Adam's v̂ costs ms on a big
+            # layer: charged as every step's, it was reserved from all remaining steps)
+            with self.budget.added_work():
+                if effective_step_size(trainer.optimizers) is None:
+                    self._step_probe = self._step_probe or PooledStepSizeProbe()
+                    self._step_probe.open(stepped(optimizer, self.sid))
+
+    def _close_reading(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer`` has made its update: close the probe of it (:meth:`_read_gradient`)."""
+        if self._step_probe is not None:
+            with self.budget.added_work():
+                self._step_probe.close()
+
+    def _probes_batch(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """Whether the training batch now stepping may end in a due hyper step, so that each of
+        its optimizer updates is probed: decided at its first optimizer step, from the most
+        steps a batch has made (one under automatic optimisation; under manual optimisation
+        every batch until one has ended), and opened at any due step beyond that."""
+        batch = trainer.fit_loop.epoch_loop.total_batch_idx
+        if batch != self._probed_batch[0]:
+            first = trainer.global_step  # no update of this batch has been made yet
+            most = 1 if pl_module.automatic_optimization else self._steps_per_batch
+            due = most is None or self._next_due(first) <= first + most
+            self._probed_batch = (batch, due)
+        if not self._probed_batch[1] and self._next_due(trainer.global_step) == (
+            trainer.global_step + 1
+        ):
+            self._probed_batch = (batch, True)
+        return self._probed_batch[1]
+
+    def _next_due(self, step: int) -> int:
+        """The first optimizer step after ``step`` at which a hyper step is due (:meth:`_due`)."""
+        n = self.every_n_steps
+        first = max(self.start_step, 1, step + 1)
+        return -(-first // n) * n
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""

@@ -8,7 +8,9 @@ decay) or read from it (the step-size probe, :class:`~hypertorch_sid.core.horizo
 is therefore done here: one global optimizer step pre-hook for the fit, which runs after the
 closure Lightning passes the step (the backward, ``on_before_optimizer_step``, the clip) —
 first every callback's change of the gradient, then every callback's reading of it, so that a
-reading sees every change (two drop-ins in one Trainer).
+reading sees every change (two drop-ins in one Trainer) — and one global step post hook, which
+closes the readings right after the update (session 58: a probe of each optimizer's update,
+under manual optimisation with one optimizer per layer).
 """
 
 from __future__ import annotations
@@ -18,28 +20,62 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.utils.hooks import RemovableHandle
 
 #: what a callback does to or with one optimizer's final gradient
 InStepWork = Callable[[torch.optim.Optimizer], None]
 
 
+class StepHooks:
+    """The handles of :func:`hook_steps`' global hooks, removed together."""
+
+    def __init__(self, *handles: RemovableHandle) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 def hook_steps(
     optimizers: Callable[[], Sequence[torch.optim.Optimizer]],
     changes: Sequence[InStepWork],
     readings: Sequence[InStepWork],
-) -> RemovableHandle:
+    after: Sequence[InStepWork] = (),
+) -> StepHooks:
     """Run ``changes`` then ``readings`` inside every step of the ``optimizers()`` (read at
     each step: an optimizer created during the fit is hooked from its first step), after the
     step's closure; a step without a closure (AMP's ``GradScaler.step``, after its unscaling; a
     step it skips never runs) gets them right away. LBFGS evaluates its closure several times:
-    each evaluation is followed by them. Other optimizers' steps (an outer optimizer, another
-    fit's) are left alone. Registered globally, not per optimizer; remove the returned handle
-    when the fit ends."""
-    return register_optimizer_step_pre_hook(
-        functools.partial(_in_step, optimizers, tuple(changes) + tuple(readings))
-    )
+    each evaluation is followed by them. ``after`` runs once the step has updated the weights.
+    Other optimizers' steps (an outer optimizer, another fit's) are left alone. Registered
+    globally, not per optimizer; remove the returned hooks when the fit ends."""
+    handles = [
+        register_optimizer_step_pre_hook(
+            functools.partial(_in_step, optimizers, tuple(changes) + tuple(readings))
+        )
+    ]
+    if after:
+        handles.append(
+            register_optimizer_step_post_hook(functools.partial(_after_step, optimizers, after))
+        )
+    return StepHooks(*handles)
+
+
+def _after_step(
+    optimizers: Callable[[], Sequence[torch.optim.Optimizer]],
+    work: Sequence[InStepWork],
+    optimizer: torch.optim.Optimizer,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    if any(optimizer is opt for opt in optimizers()):
+        for do in work:
+            do(optimizer)
 
 
 def _in_step(
