@@ -7,6 +7,12 @@ optimizer per layer, and a checkpoint's hyperparameters loaded by name.
   last; now each optimizer that steps in the batch is probed over its own step and the parts
   are pooled, Σ_o ⟨Δw_o, g_o⟩ / Σ_o ‖g_o‖² (SGD per layer, without momentum: Σ_o lr_o ‖g_o‖² /
   Σ_o ‖g_o‖², a closed form).
+* **λ outside ``module=`` are matched by name.** A saved state named λ only where ``module=``
+  held them; λ given otherwise (the Lightning drop-ins' λ and data weights, a core user's
+  tensors) were matched by shape, and same-shaped λ in another order loaded into each other's
+  places, silently. Now λ given as ``(name, tensor)`` pairs, or named in the outer optimizer
+  (torch's named parameters), are named in the state, and so are the drop-ins'; a load whose
+  names differ is refused; states without names (written before) load by position as before.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 import hypertorch_sid.lightning.callback as callback_module
-from hypertorch_sid import LearnedWeightDecay
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+    SIDConfig,
+    SIDHyperOptimizer,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -176,3 +189,162 @@ def test_a_due_step_inside_the_batch_still_probes_the_whole_batch(monkeypatch):
     assert ends == [3, 7]
     for got, batch in zip(eta, ends):
         assert got == pytest.approx(pooled(model.parts[batch]), rel=1e-9)
+
+
+# ================================================================ λ matched by name (item 3)
+F64 = torch.float64
+
+
+def two_lambdas(order: tuple[str, str], named_by: str) -> SIDHyperOptimizer:
+    """A ridge whose λ_a decays w[:2] and λ_b w[2:] (both of shape (1,), held by no module),
+    given to the core in ``order`` and named by the caller's ``(name, tensor)`` pairs
+    (``named_by="pairs"``), by the outer optimizer's named parameters (``"optimizer"``), or not
+    at all (``"none"``)."""
+    lam = {"a": torch.zeros(1, dtype=F64, requires_grad=True)}
+    lam["b"] = torch.full((1,), 0.5, dtype=F64, requires_grad=True)
+    w = torch.zeros(4, dtype=F64, requires_grad=True)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(100, 4, generator=g, dtype=F64), torch.randn(100, generator=g, dtype=F64)
+
+    def fit(b: Any) -> Tensor:
+        return 0.5 * ((b[0] @ w - b[1]) ** 2).mean()
+
+    def inner(b: Any) -> Tensor:
+        decay = torch.cat([lam["a"].exp().expand(2), lam["b"].exp().expand(2)])
+        return fit(b) + 0.5 * (decay * w**2).sum()
+
+    pairs = [(n, lam[n]) for n in order]
+    tensors = [t for _, t in pairs]
+    outer = torch.optim.Adam(pairs if named_by == "optimizer" else tensors, lr=0.1)
+    hopt = SIDHyperOptimizer(
+        pairs if named_by == "pairs" else tensors, [w], inner, fit, outer,
+        config=SIDConfig(inner_steps=3, adjoint_steps=3),
+    )  # fmt: skip
+    hopt.batches = [(x[i : i + 20], y[i : i + 20]) for i in range(0, 80, 20)]  # type: ignore[attr-defined]
+    hopt.val = (x[80:], y[80:])  # type: ignore[attr-defined]
+    return hopt
+
+
+def stepped_state(named_by: str) -> dict[str, Any]:
+    saved = two_lambdas(("a", "b"), named_by)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            saved.step(saved.batches, saved.val)  # type: ignore[attr-defined]
+    return saved.state_dict()
+
+
+@pytest.mark.parametrize("named_by", ["pairs", "optimizer"])
+def test_same_shaped_lambdas_outside_a_module_loaded_in_another_order_are_refused(named_by):
+    """Two λ of shape (1,) held by no module, saved in the order a, b and loaded into an
+    optimizer given b, a: refused, naming both orders, nothing changed. Before: the state named
+    no λ outside ``module=``; given by the outer optimizer, each took the other's value
+    silently (given as pairs, the core took no pairs). The same order loads (control)."""
+    state = stepped_state(named_by)
+    assert state["hyperparameter_names"] == ["a", "b"]
+    other = two_lambdas(("b", "a"), named_by)
+    before = [h.detach().clone() for h in other.hyperparameters]
+    with pytest.raises(ConfigurationError, match="in another order"):
+        other.load_state_dict(state)
+    assert all(torch.equal(h, b) for h, b in zip(other.hyperparameters, before))
+    same = two_lambdas(("a", "b"), named_by)
+    same.load_state_dict(state)
+    assert [float(h) for h in same.hyperparameters] == [float(x) for x in state["hyperparameters"]]
+
+
+@pytest.mark.parametrize("old", ["no names", "names None"])
+def test_a_state_written_before_names_loads_by_position_as_before(old):
+    """A state of today's main: λ outside a module unnamed (``[None, None]``), or older, the key
+    absent: loads into a named optimizer of the same order, by position, as before."""
+    state = stepped_state("none")
+    assert state["hyperparameter_names"] == [None, None]
+    if old == "no names":
+        del state["hyperparameter_names"]
+    named = two_lambdas(("a", "b"), "pairs")
+    named.load_state_dict(state)
+    assert [float(h) for h in named.hyperparameters] == [float(x) for x in state["hyperparameters"]]
+
+
+def test_lambdas_named_twice_or_mixed_with_tensors_are_refused():
+    """A name given twice, or pairs mixed with bare tensors: a clear error naming the fix."""
+    a, b = (torch.zeros(1, dtype=F64, requires_grad=True) for _ in range(2))
+    w = torch.zeros(2, dtype=F64, requires_grad=True)
+    loss = lambda batch: (w**2).sum()  # noqa: E731
+    with pytest.raises(ConfigurationError, match=r"names \['a'\] more than once"):
+        SIDHyperOptimizer([("a", a), ("a", b)], [w], loss, loss)
+    with pytest.raises(ConfigurationError, match="mixes tensors"):
+        SIDHyperOptimizer([("a", a), b], [w], loss, loss)
+
+
+class Toy(pl.LightningModule):
+    """A 4-8-1 tanh regression (float64), SGD; ``per_sample`` gives the rows' losses."""
+
+    def __init__(self, per_sample: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8, dtype=F64), torch.nn.Tanh(), torch.nn.Linear(8, 1, dtype=F64)
+        )
+        self.per_sample = per_sample
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        losses = 0.5 * (self.net(x).squeeze(-1) - y) ** 2
+        return losses if self.per_sample else losses.mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def toy_fit(callback: Any, per_sample: bool, epochs: int, ckpt: Any = None) -> pl.Trainer:
+    train, val = loaders()
+    if per_sample:
+        train = DataLoader(IndexedDataset(train.dataset), batch_size=16)
+    trainer = lightning_problems.trainer([callback], max_epochs=epochs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Toy(per_sample), train, val, ckpt_path=ckpt)
+    return trainer
+
+
+@pytest.mark.parametrize("granularity", ["per_layer", "per_element"])
+def test_the_decays_checkpoint_names_its_lambdas_and_one_of_today_loads(tmp_path, granularity):
+    """``LearnedWeightDecay``'s λ live in the callback, outside the module: its state names
+    them now (per layer the slots' tensor; per element the layers' λ and each tensor's
+    deviation). A checkpoint as today's main writes it (the names None) resumes: the resumed
+    fit starts from its λ and ends where the uninterrupted one does."""
+    kw = dict(granularity=granularity, every_n_steps=2, max_overhead=None, seed=1)
+    first = LearnedWeightDecay(1e-2, **kw)
+    trainer = toy_fit(first, False, 1)
+    names = first.sid.state_dict()["hyperparameter_names"]
+    expected = (
+        ["λ[slots]"]
+        if granularity == "per_layer"
+        else ["λ[layers]", *(f"deviation[net.{i}.{t}]" for i in (0, 2) for t in ("weight", "bias"))]
+    )
+    assert names == expected
+    path = tmp_path / "today.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    (state,) = [v for k, v in ckpt["callbacks"].items() if "LearnedWeightDecay" in k]
+    state["sid"]["hyperparameter_names"] = [None] * len(names)  # as today's main writes it
+    torch.save(ckpt, path)
+    resumed = LearnedWeightDecay(1e-2, **kw)
+    toy_fit(resumed, False, 2, ckpt=path)
+    straight = LearnedWeightDecay(1e-2, **kw)
+    toy_fit(straight, False, 2)
+    assert len(resumed.history) == len(straight.history) == 4
+    for got, want in zip(resumed.sid.hyperparameters, straight.sid.hyperparameters):
+        assert torch.allclose(got, want, rtol=1e-9, atol=0)
+
+
+def test_the_data_weights_checkpoint_names_its_weights():
+    """``LearnedDataWeights``' logits live in the callback: named in its state."""
+    weights = LearnedDataWeights(
+        every_n_steps=2, start_step=0, max_overhead=None, seed=0, objective="mean_loss"
+    )
+    toy_fit(weights, True, 1)
+    assert weights.sid.state_dict()["hyperparameter_names"] == ["logits"]

@@ -163,6 +163,10 @@ class ElementModel(ABC):
     def create(self, decay: WeightDecay, fill: float) -> Tensors:
         """The learned tensors for ``decay.entries``, every λ_e at T(fill)."""
 
+    def names(self, decay: WeightDecay) -> list[str]:
+        """The names of the tensors :meth:`create` makes (one λ per decayed tensor)."""
+        return [f"λ[{e.name}]" for e in decay.entries]
+
     @abstractmethod
     def lambda_of(self, decay: WeightDecay, entry: Decayed) -> Tensor:
         """λ of one decayed tensor, shaped like it; differentiable."""
@@ -249,6 +253,9 @@ class LayerDeviations(ElementModel):
         layers = torch.full((len(decay.layer_names),), fill, dtype=like.dtype, device=like.device)
         deviations = [_filled(e.param, 0.0) for e in decay.entries]
         return [layers.requires_grad_(True), *deviations]
+
+    def names(self, decay: WeightDecay) -> list[str]:
+        return ["λ[layers]", *(f"deviation[{e.name}]" for e in decay.entries)]
 
     def lambda_of(self, decay: WeightDecay, entry: Decayed) -> Tensor:
         layer = decay.parameterization.transform(decay.hyperparameters[0][entry.layer])
@@ -769,6 +776,11 @@ class WeightDecay:
             by_param.get(id(p), torch.zeros((), dtype=p.dtype, device=p.device))
             for p in inner_parameters
         ]
+
+    def hyperparameter_names(self) -> list[str]:
+        """The names of :attr:`hyperparameters`, by which a saved state is matched to them (the
+        slots' order is the slots' own matter: :attr:`slot_names`)."""
+        return self.elements.names(self) if self.per_element else ["λ[slots]"]
 
     def group_names(self) -> list[str]:
         """The groups :meth:`mask` flags: the λ slots, or per element the layers."""

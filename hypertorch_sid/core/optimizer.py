@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +76,7 @@ from .validation import (
     check_parameters,
     check_still_require_grad,
     check_unchanged,
+    named_tensor_list,
     warn_validation_in_training,
 )
 from .watch import (
@@ -112,7 +113,11 @@ class SIDHyperOptimizer:
     ----------
     hyperparameters, inner_parameters:
         λ and w: leaf tensors with ``requires_grad=True`` (lists, single tensors or
-        ``module.parameters()``). The losses read them as closures.
+        ``module.parameters()``). The losses read them as closures. λ may be given as
+        ``(name, tensor)`` pairs (a dict, ``holder.named_parameters()``): a saved state names
+        them, and a load whose names differ (the same λ in another order) is refused. λ held by
+        ``module``, or given to an ``outer_optimizer`` built over named tensors, are named
+        there already.
     inner_loss:
         ``inner_loss(batch) -> scalar``: ℓ̂(w, λ; ζ) on a training minibatch. Defines the GD map
         Φ̂ = w − α∇₁ℓ̂. Not needed when ``fixed_point_map`` is given.
@@ -159,7 +164,10 @@ class SIDHyperOptimizer:
 
     def __init__(
         self,
-        hyperparameters: Iterable[Tensor] | Tensor,
+        hyperparameters: Iterable[Tensor]
+        | Iterable[tuple[str, Tensor]]
+        | Mapping[str, Tensor]
+        | Tensor,
         inner_parameters: Iterable[Tensor] | Tensor,
         inner_loss: Callable[[Any], Tensor] | None = None,
         outer_loss: Callable[[Any], Tensor] | None = None,
@@ -174,7 +182,9 @@ class SIDHyperOptimizer:
         mean_across_processes: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         self.config = SIDConfig.from_settings(config)  # checks that it is a SIDConfig
-        self.hyperparameters = as_tensor_list(hyperparameters, "hyperparameters")
+        self.hyperparameters, names = named_tensor_list(hyperparameters, "hyperparameters")
+        #: the names λ were given with (None where none was): :func:`.state.hyperparameter_names`
+        self.given_names: list[str | None] = names
         self.inner_parameters = as_tensor_list(inner_parameters, "inner_parameters")
         check_parameters(self.inner_parameters, self.hyperparameters)
         if outer_loss is None or not callable(outer_loss):

@@ -365,6 +365,12 @@ class SampleWeights:
         :class:`SharedLossWeights`): what ``SIDHyperOptimizer`` and the outer optimizer learn."""
         return [self.logits, *self.parameterization.hyperparameters]
 
+    @property
+    def hyperparameter_names(self) -> list[str]:
+        """The names of :attr:`hyperparameters`, by which a saved state is matched to them."""
+        own = type(self.parameterization).__name__
+        return ["logits", *(f"{own}[{i}]" for i in range(len(self.hyperparameters) - 1))]
+
     # ------------------------------------------------------------------ reading the weights
     def logits_of(self, index: Tensor | None = None) -> Tensor:
         """x of the rows ``index`` (a checked 1-D long tensor; None: every row) as the weights

@@ -5,9 +5,10 @@ The state holds λ, the outer optimizer's state, the warm-start v, the step cons
 divergence guard, the cost, the position in the current pass of the ``train_batches`` the
 optimizer iterates itself (a list or a ``DataLoader``: the resumed run skips the batches the
 saved one had drawn), the config's settings (a load under other settings warns) and each λ's
-name where ``module=`` holds it (a load whose names differ, λ of equal shapes in another
-order, is refused). Every entry is validated before anything changes: a truncated, corrupted
-or foreign state raises :class:`ConfigurationError` and leaves the optimizer as it was.
+name where it has one (held by ``module=``, given as ``(name, tensor)`` pairs, or named in the
+outer optimizer: a load whose names differ, λ of equal shapes in another order, is refused).
+Every entry is validated before anything changes: a truncated, corrupted or foreign state
+raises :class:`ConfigurationError` and leaves the optimizer as it was.
 
 It does not hold the inner weights w: they are the user's model's, saved with it
 (``model.state_dict()``, or the tensors themselves). A resumed run continues the saved one
@@ -63,15 +64,23 @@ def state_dict(opt: SIDHyperOptimizer) -> dict[str, Any]:
 
 
 def hyperparameter_names(opt: SIDHyperOptimizer) -> list[str | None]:
-    """Each λ's name in ``opt.module`` (a parameter or buffer there, e.g. a ``BilevelModule``'s
-    registered hyperparameter), None where it has none: what a load compares, position by
-    position, so that hyperparameters of equal shapes given in another order (a module whose
+    """Each λ's name: in ``opt.module`` (a parameter or buffer there, e.g. a ``BilevelModule``'s
+    registered hyperparameter), else the name it was given with (``(name, tensor)`` pairs), else
+    its name in the outer optimizer (one built over named tensors: torch's ``param_names``);
+    None where it has none. What a load compares, position by position, so that
+    hyperparameters of equal shapes given in another order (a module whose
     ``register_hyperparameter`` calls were reordered, another problem) are not loaded into each
-    other's places (session 57: they were, silently)."""
+    other's places (session 57: they were, silently; session 58: also where λ live outside
+    ``module``, named by the caller or the outer optimizer)."""
+    named: dict[int, str] = {}
+    outer = opt.outer_optimizer
+    for group in outer.param_groups if outer is not None else ():
+        named.update(zip(map(id, group["params"]), group.get("param_names", ())))
+    given = getattr(opt, "given_names", ())
+    named.update((id(h), n) for h, n in zip(opt.hyperparameters, given) if n)
     module = opt.module
-    if module is None:
-        return [None] * len(opt.hyperparameters)
-    named = {id(t): n for n, t in (*module.named_parameters(), *module.named_buffers())}
+    if module is not None:
+        named.update((id(t), n) for n, t in (*module.named_parameters(), *module.named_buffers()))
     return [named.get(id(h)) for h in opt.hyperparameters]
 
 

@@ -13,7 +13,7 @@ import inspect
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,36 @@ def as_tensor_list(xs: Iterable[Tensor] | Tensor, name: str) -> list[Tensor]:
         if not isinstance(x, Tensor):
             raise ConfigurationError(f"{name}[{i}] is a {type(x).__name__}, not a torch.Tensor.")
     return xs
+
+
+def named_tensor_list(
+    xs: Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Mapping[str, Tensor] | Tensor, name: str
+) -> tuple[list[Tensor], list[str | None]]:
+    """The tensors of what :func:`as_tensor_list` takes, or of ``(name, tensor)`` pairs (a
+    dict, ``module.named_parameters()``), and their names (None where none was given)."""
+    if isinstance(xs, Tensor):
+        return [xs], [None]
+    one_shot = not isinstance(xs, Mapping) and iter(xs) is xs  # type: ignore[arg-type]
+    items = list(xs.items() if isinstance(xs, Mapping) else xs)  # type: ignore[arg-type]
+    if not any(isinstance(x, tuple) for x in items):
+        tensors = as_tensor_list(iter(items) if one_shot else items, name)
+        return tensors, [None] * len(tensors)
+    if not all(
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], Tensor)
+        for x in items
+    ):
+        raise ConfigurationError(
+            f"{name} mixes tensors and other items: pass tensors, or (name, tensor) pairs "
+            "(a dict of tensors, module.named_parameters()), not both."
+        )
+    names = [n for n, _ in items]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigurationError(
+            f"{name} names {twice} more than once: give each tensor its own name (a saved "
+            "state's values are matched to the tensors by these names)."
+        )
+    return as_tensor_list([t for _, t in items], name), names
 
 
 def check_parameters(inner: Sequence[Tensor], hyper: Sequence[Tensor]) -> None:

@@ -1109,7 +1109,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             hvp = dataclasses.replace(gauss_newton, regularizer=lambda: own() + decay())
             config = config.replace(hvp=hvp)
         return SIDHyperOptimizer(
-            problem.hyperparameters,
+            problem.named_hyperparameters(),
             problem.inner_parameters,
             problem.inner_loss,
             problem.outer_loss,

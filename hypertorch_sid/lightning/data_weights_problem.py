@@ -244,6 +244,7 @@ class DataWeightsProblem(WeightedStep):
             outer_loss=lambda batch: self.validation(module, batch),
             summary=lambda: {"data_weight": weights.values()},
             projection=lambda hs: weights.projection(),
+            names=weights.hyperparameter_names,
         )
 
     def reads_other_examples(self, dataset: Any) -> bool:

@@ -58,6 +58,8 @@ class BilevelProblem:
         (``SIDHyperOptimizer(regularizer=)``), exactly and without reading a minibatch.
     freeze: λ tensors living in the module (their ``requires_grad`` is toggled around hyper
         steps so the training never updates them).
+    names: the names of λ that live outside the module (a checkpoint's values are matched to
+        λ by them: session 58, same-shaped λ in another order loaded swapped), or None.
     """
 
     hyperparameters: Tensors
@@ -70,6 +72,13 @@ class BilevelProblem:
     regularizer: Callable[[], Tensor] | None = None
     exact_cross_term: bool = False
     freeze: Tensors = field(default_factory=list)
+    names: list[str] | None = None
+
+    def named_hyperparameters(self) -> Tensors | list[tuple[str, Tensor]]:
+        """λ as the core optimizer takes them: ``(name, tensor)`` pairs where named."""
+        if self.names is None:
+            return self.hyperparameters
+        return list(zip(self.names, self.hyperparameters, strict=True))
 
 
 @runtime_checkable

@@ -318,6 +318,7 @@ class WeightDecayProblem:
             else None,
             regularizer=None if self.proximal else lambda: decay.penalty(self._scales),
             exact_cross_term=not self.proximal,  # ℓ (training_step) does not read λ
+            names=decay.hyperparameter_names(),
         )
 
     def before_hyper_step(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
