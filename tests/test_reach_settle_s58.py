@@ -8,21 +8,12 @@ import math
 
 import pytest
 import torch
+from test_reach_rprop_s57 import _steps  # one hyper step per (g, R)
 
 from hypertorch_sid import ConfigurationError
 from hypertorch_sid.core.outer_step import ReachRprop, ShrinkFallRprop, reach_step
 
 f64 = torch.float64
-
-
-def _steps(opt: torch.optim.Optimizer, rho: torch.Tensor, grads: list[float], lefts: list) -> list:
-    out = []
-    for g, left in zip(grads, lefts, strict=True):
-        opt.observe(left, None if left is None else 1.0)
-        rho.grad = torch.full_like(rho, g)
-        opt.step()
-        out.append(float(rho.detach()[0]))
-    return out
 
 
 def test_a_held_sign_crosses_span_by_the_settle_point():
