@@ -24,6 +24,7 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
+from test_hooks_ddp_resume_s57 import probed  # the η̂ of every hyper step
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -103,20 +104,6 @@ def loaders() -> tuple[DataLoader, DataLoader]:
     y = torch.sin(x.sum(1)) + 0.1 * torch.randn(80, generator=gen, dtype=torch.float64)
     train, val = TensorDataset(x[:64], y[:64]), TensorDataset(x[64:], y[64:])
     return DataLoader(train, batch_size=16), DataLoader(val, batch_size=16)
-
-
-def probed(cb: LearnedWeightDecay) -> list[float | None]:
-    """The step sizes η̂ the probe measured, one per hyper step (read as the hyper step takes
-    it)."""
-    seen: list[float | None] = []
-    observe = cb._observe_horizon
-
-    def recording(trainer: pl.Trainer) -> None:
-        seen.append(cb._step_size)
-        observe(trainer)
-
-    cb._observe_horizon = recording  # type: ignore[method-assign]
-    return seen
 
 
 def fit_per_layer(kind: str, every_n_steps: int) -> tuple[PerLayer, list[float | None], list[int]]:
