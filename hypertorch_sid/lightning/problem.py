@@ -335,6 +335,16 @@ def summarised(module: Bilevel) -> dict[str, Tensor]:
     return out
 
 
+def toggled_off(module: torch.nn.Module) -> set[int]:
+    """The ids of the tensors that Lightning's ``toggle_optimizer`` switched off for another
+    optimizer's step (manual optimisation with several optimizers, the GAN pattern): they
+    required gradients before the toggle and do again after ``untoggle_optimizer``, so they
+    are still trained (session 59: such a fit was refused as "stopped requiring gradients" at
+    the second optimizer's first step)."""
+    state = getattr(module, "_param_requires_grad_state", None) or {}
+    return {id(p) for p, before in state.items() if before}
+
+
 def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> None:
     """Every tensor the optimizers trained when the fit started (``inner``, the inner
     parameters collected at the fit's start) still requires gradients: the hypergradient
@@ -342,7 +352,8 @@ def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> No
     (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper step
     ("One of the differentiated Tensors does not require grad"): said since session 49 for
     ``LearnedWeightDecay``, since session 53 for every callback."""
-    frozen = [p for p in inner if not p.requires_grad]
+    toggled = toggled_off(module)
+    frozen = [p for p in inner if not p.requires_grad and id(p) not in toggled]
     if not frozen:
         return
     names = {id(p): n for n, p in named_tensors(module)}

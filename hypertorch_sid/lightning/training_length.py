@@ -50,12 +50,23 @@ def planned_steps(trainer: pl.Trainer) -> float:
 def _paced_steps(trainer: pl.Trainer, total: float) -> float:
     """Under manual optimisation Lightning counts training batches, and ``training_step`` steps
     the optimizers as often as it likes (every second batch, session 55: 80 steps read as 160):
-    the batches planned × the steps per batch so far (Lightning's count before the first)."""
+    the batches planned × the steps per batch so far. Before the first step: Lightning's count ×
+    the optimizers, each stepped once a batch (Lightning's pattern for several; session 59: two
+    optimizers toggled in turn ran 384 steps, warned at the fit's start as 192)."""
     batches, epochs, step = trainer.num_training_batches, trainer.max_epochs, trainer.global_step
     seen = trainer.fit_loop.epoch_loop.total_batch_idx + 1
-    if epochs in (None, -1) or not math.isfinite(batches) or seen <= 0 or step == 0:
+    if step == 0:
+        return _each_optimizer_once(trainer, total)
+    if epochs in (None, -1) or not math.isfinite(batches) or seen <= 0:
         return total
     steps = math.ceil(batches * max(epochs, 1) * step / seen)
+    return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
+
+
+def _each_optimizer_once(trainer: pl.Trainer, total: float) -> float:
+    """Lightning's count of a manual fit's steps (its batches) × its optimizers, up to
+    ``max_steps`` (which Lightning counts in optimizer steps)."""
+    steps = total * max(len(trainer.optimizers), 1)
     return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
 
 
