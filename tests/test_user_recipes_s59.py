@@ -115,3 +115,48 @@ def test_the_fit_start_counts_each_optimizer_of_a_manual_fit() -> None:
     assert trainer.global_step == 48
     few = [s for s in said if "optimizer steps, so only" in s]
     assert few and "runs 48 optimizer steps" in few[0], few
+
+
+class WeightNormed(pl.LightningModule):
+    """An MLP whose layers are ``parametrizations.weight_norm``'d (w = g · v / ‖v‖)."""
+
+    def __init__(self, norm: Any) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(norm(nn.Linear(6, 16)), nn.Tanh(), norm(nn.Linear(16, 3)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [nn.utils.parametrizations.weight_norm, nn.utils.parametrizations.spectral_norm],
+    ids=["weight_norm", "spectral_norm"],
+)
+def test_a_parametrized_layer_is_one_layer(norm: Any) -> None:
+    """Per layer, a layer's weight and bias share its λ, also where the weight is a
+    parametrization's (``<layer>.parametrizations.weight.original[k]``). Before: its bias got
+    one λ (``"net.0"``) and its weight another (``"net.0.parametrizations.weight"``)."""
+    train, val = _sets()
+    cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
+    trainer = pl.Trainer(
+        max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    trainer.fit(WeightNormed(norm), DataLoader(train, batch_size=16), DataLoader(val))
+    assert set(cb.learned_weight_decay) == {"net.0", "net.2"}
+    decayed = cb.decay_values()
+    assert "net.0.parametrizations.weight.original" in "".join(decayed)
+    assert len({float(decayed[n].mean()) for n in decayed if n.startswith("net.0.")}) == 1

@@ -116,7 +116,15 @@ PARAMETERIZATIONS: dict[str, Callable[[], Parameterization]] = {
 
 
 def _layer(name: str, group: str) -> str:
-    return name.rpartition(".")[0] or "(root)"
+    """The layer of the tensor ``name``: the module that owns it, or for the tensors of a
+    parametrization (``torch.nn.utils.parametrize``: ``weight_norm``, ``spectral_norm``,
+    ``<layer>.parametrizations.<tensor>.original[k]``) the layer it parametrizes, so that a
+    layer's weight and bias share its λ (session 59: a ``weight_norm``'d Linear got one λ for
+    its bias and another for its weight, read out as ``"net.1.parametrizations.weight"``)."""
+    parts = name.split(".")[:-1]
+    if len(parts) >= 2 and parts[-2] == "parametrizations":
+        parts = parts[:-2]
+    return ".".join(parts) or "(root)"
 
 
 #: granularity → the slot key of a tensor (name, group key); None: one λ per element
