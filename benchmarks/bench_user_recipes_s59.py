@@ -28,7 +28,8 @@ labels, a clean validation set) against ``dw`` (``LearnedDataWeights()``, per-sa
 * ``ckpt_resume``  Fashion-MNIST MLP, ``ModelCheckpoint(save_top_k=-1, every_n_epochs=1)``, 6
   epochs; then a new Trainer with new callbacks (a fresh drop-in with the same arguments)
   resumes from the epoch-2 checkpoint to epoch 6 (the restart after a crash); the resumed
-  model is deployed; SGD momentum, own 5e-4;
+  model is deployed (``first_test``: the first fit's, without the restart); SGD momentum,
+  own 5e-4;
 * ``wn_sampler``  Fashion-MNIST MLP whose layers are ``parametrizations.weight_norm``'d, fed
   through the user's ``WeightedRandomSampler`` (the shirt class drawn twice as often), Adam,
   own 1e-4.
@@ -285,6 +286,9 @@ class Setup(s57.Setup):
             self.tr = trainer([*cbs, ModelCheckpoint(**every), Probe(cbs, record, "first")], 6)
             self.tr.fit(model, loader, val)
             record["first_end"] = self.after(cbs)
+            first = recipe_loader(self.test, None, 64, False, False)
+            record["first_test"] = test_loss(model, first)  # the fit without the restart
+            model.train()
             ckpts = sorted(p.name for p in Path(folder).glob("*.ckpt"))
             record["ckpts"] = ckpts
             [mid] = [p for p in Path(folder).glob("epoch=2-*.ckpt")]
