@@ -654,6 +654,70 @@ class ReachRprop(ShrinkFallRprop):
         )
 
 
+class TailHoldRprop(ShrinkFallRprop):
+    """:class:`ShrinkFallRprop` that lets λ rise no more in the fit's last ``tail`` share.
+
+    Eq. decaytrust holds each rise to δ/(ηR) of λ, a bound that grows without limit as the
+    fit ends (R → 0): λ can reach λ₀ + (δ/η) Σ_j 1/R_j, and the last hyper steps, whose
+    hypergradient looks only as far ahead as the steps left, may each add as much decay as the
+    ones before. Near the end that reading's sign is ⟨∇₁E, ∂²ℓ/∂w∂λ⟩ (≈ ⟨∇₁E, w⟩ for decay:
+    "shrinking w helps the validation loss now"), which does not depend on λ, so it rarely turns,
+    and no later hyper step is left to correct an overshoot. On the main job's recipe today's
+    default climbed from 1.7e-3 at step 340 to 3.6e-3–9e-3 at 400, past the searches' pick of
+    2.5e-3 (``docs/weight_decay_budget.md``, "Session 58"). Here, with R₁ the training steps
+    left at the first observed hyper step (restarted where R grows: a fit resumed to a longer
+    one),
+
+        max rise = 0   where R_t ≤ tail · R₁                                   (eq. tailhold)
+
+    i.e. eq. decaytrust with δ = 0 in the last share: a hyper step there may lower λ (less decay
+    is the training without it) or hold it, never raise it. Before that it is
+    :class:`ShrinkFallRprop` step for step; unobserved (R unknown) it is
+    :class:`ShrinkFallRprop`. R₁ and the last R are kept in the parameter group, so they are
+    checkpointed with the optimizer's ``state_dict``.
+
+    The other parameters are :class:`ShrinkFallRprop`'s.
+
+    Parameters
+    ----------
+    tail:
+        The share of the fit (counted from the first observed hyper step) in which λ may not
+        rise, in [0, 1); 0: :class:`ShrinkFallRprop`.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.3,
+        etas: tuple[float, float] = (0.5, 1.2),
+        step_sizes: tuple[float, float] = (1e-2, 2.0),
+        trust: float = 0.1,
+        fall_eta: float | None = None,
+        max_fall: float = 5.0,
+        tail: float = 0.2,
+    ) -> None:
+        _check("tail", tail, low=0.0, high=1.0, who="TailHoldRprop")
+        super().__init__(params, lr, etas, step_sizes, trust, fall_eta, max_fall)
+        self.tail = float(tail)
+
+    def observe(self, remaining_steps: int | None, eta: float | None) -> None:
+        """As :meth:`TrustRprop.observe`, then eq. tailhold: no rise where R ≤ tail·R₁."""
+        super().observe(remaining_steps, eta)
+        if remaining_steps is None:
+            return
+        group = self.param_groups[0]
+        if group.get("first_left") is None or remaining_steps > group["last_left"]:
+            group["first_left"] = remaining_steps
+        group["last_left"] = remaining_steps
+        if self.tail > 0 and remaining_steps <= self.tail * group["first_left"]:
+            self.max_rise = 0.0
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1].replace("ShrinkFallRprop", "TailHoldRprop", 1) + (
+            f", tail={self.tail:g})"
+        )
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
