@@ -1,6 +1,7 @@
 """Session 59: the main job (examples/lightning_digits.py via benchmarks/main_job_spread.py, LAST
 weights scored) with today's default (ctl) or TailHoldRprop(tail=0.2) (tail) as the drop-in's
-default outer step. usage: PYTHONPATH=$PWD python mainjob.py ARM main_job_spread.py-args"""
+default outer step (TailHoldRprop is at git tag s59-tail-hold-unmerged).
+usage: PYTHONPATH=$PWD python mainjob.py ARM main_job_spread.py-args"""
 
 import functools
 import sys

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 59 (rule: ../../rules_s59/tailhold59-rule.txt): ctl and tail alternating run by run, the
+# Session 59 (rule: ../../rules_s59/tailhold59-rule.txt; code at git tag s59-tail-hold-unmerged):
+# ctl and tail alternating run by run, the
 # two protocols interleaved pair by pair (so an early stop leaves pairs of both).
 # usage (from the repository root): bash benchmarks/results/weight_decay/runs/s59_tail/run.sh
 set -euo pipefail
