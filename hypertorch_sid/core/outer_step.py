@@ -654,6 +654,128 @@ class ReachRprop(ShrinkFallRprop):
         )
 
 
+def horizon_scale(left: float, first_left: float, memory: float) -> float:
+    """s_t of eq. horizonscale: the response of the fit's last weights to a change of λ made
+    with ``left`` training steps to go, relative to one made with ``first_left`` to go, for
+    weights that forget a change after ``memory``·``first_left`` steps.
+
+        s_t = (1 − e^(−R_t / (τ R₁))) / (1 − e^(−1 / τ)),   R_t / R₁ at τ = ∞     (eq. horizonscale)
+
+    1 at R_t = R₁, 0 at R_t = 0; at most 1 (a fit resumed longer, R_t > R₁, is not sped up)."""
+    if left <= 0:
+        return 0.0
+    x = min(left / first_left, 1.0)
+    if math.isinf(memory):
+        return x
+    return math.expm1(-x / memory) / math.expm1(-1.0 / memory)
+
+
+class HorizonRprop(ShrinkFallRprop):
+    """:class:`ShrinkFallRprop` whose move in log λ shrinks with the share of the fit a change
+    of λ can still act on, so that λ settles as the fit ends.
+
+    A change δλ made with R training steps to go moves the last weights by about
+    η δλ w (1 − e^(−κR)) / κ (coupled decay ηλw per step, κ the rate at which the training
+    forgets a push, η(h + λ) on a quadratic): the hypergradient of the last weights' validation
+    loss with respect to the λ of the steps still to come carries the factor 1 − e^(−κR), which
+    vanishes as R → 0. Rprop reads only the sign, and late in a fit the look-ahead's sign is
+    that of ⟨∇E, w⟩ ("shrinking w helps now"), which does not turn with λ: on the main job's
+    recipe today's default raises λ ×2 per hyper step over the fit's last fifth, past the
+    searches' pick (``docs/weight_decay_budget.md``, "Session 58"). Here the move of eq.
+    signstep is multiplied by the factor Rprop dropped, relative to the first hyper step's,
+
+        ρ' = ρ − s_t Δ_t sign(g_t),   s_t of eq. horizonscale (:func:`horizon_scale`)
+
+    with R₁ the steps left at the first observed hyper step and τ = ``memory`` the training's
+    memory 1/κ as a share of R₁. Δ_t itself follows eq. signsize unscaled (a sign that holds
+    grows it, a flip halves it, as in :class:`ShrinkFallRprop`); eq. decaytrust still bounds
+    each rise, and where it binds Δ_t becomes the move made divided by s_t. Eq. shrinkfall
+    (the first falls from λ₀) is not scaled. Without the fit's length (R unknown) it is
+    :class:`ShrinkFallRprop` step for step; where R grows (a fit resumed to a longer one) R₁
+    starts again. R₁ is checkpointed with the state.
+
+    The other parameters are :class:`ShrinkFallRprop`'s.
+
+    Parameters
+    ----------
+    memory:
+        τ of eq. horizonscale, > 0: after how large a share of the fit (counted from the first
+        hyper step) the weights have forgotten a change of λ. 0.25: full steps for most of the
+        fit, ×0.64 with a quarter left, ×0.34 with a tenth; ``math.inf``: s_t = R_t / R₁ (the
+        weights forget nothing within the fit).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 0.3,
+        etas: tuple[float, float] = (0.5, 1.2),
+        step_sizes: tuple[float, float] = (1e-2, 2.0),
+        trust: float = 0.1,
+        fall_eta: float | None = None,
+        max_fall: float = 5.0,
+        memory: float = 0.25,
+    ) -> None:
+        ok = _is_number(memory) and not math.isnan(memory) and memory > 0
+        if not ok:
+            raise ConfigurationError(
+                "HorizonRprop: memory is the share of the fit after which the weights have "
+                f"forgotten a change of λ, a number > 0 (e.g. 0.25; math.inf: s_t = R_t/R₁), "
+                f"got {memory!r}."
+            )
+        super().__init__(params, lr, etas, step_sizes, trust, fall_eta, max_fall)
+        self.memory = float(memory)
+        self._left: int | None = None
+        #: s_t of the last step (1 where R was unknown)
+        self.scale = 1.0
+
+    def observe(self, remaining_steps: int | None, eta: float | None) -> None:
+        super().observe(remaining_steps, eta)
+        self._left = remaining_steps
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        try:
+            return super().step(closure)
+        finally:
+            self._left = None
+
+    def _signed_step(self, p: Tensor, g: Tensor, group: dict, st: dict) -> Tensor:  # type: ignore[override]
+        """Eqs. signsize and signstep, the move scaled by s_t (eq. horizonscale)."""
+        self.scale = self._scale(st)
+        old = p.clone()
+        kept = TrustRprop._signed_step(p, g, group, st)
+        p.copy_(old + self.scale * (p - old))
+        return kept
+
+    def _scale(self, st: dict) -> float:
+        left = self._left
+        if left is None:
+            return 1.0
+        if "first_left" not in st or left > st["last_left"]:  # a fit (or one resumed longer)
+            st["first_left"] = float(max(left, 1))
+        st["last_left"] = float(left)
+        return horizon_scale(left, st["first_left"], self.memory)
+
+    def _trusted(self, p: Tensor, old: Tensor, st: dict, group: dict) -> None:
+        """Eq. decaytrust; where it binds, Δ becomes the move made divided by s_t."""
+        if not math.isfinite(self.max_rise):
+            return
+        top = torch.log(old.exp() + self.max_rise)
+        held = p > top
+        if bool(held.any()):
+            self.bound = True
+            p.copy_(torch.where(held, top, p))
+            low, high = group["step_sizes"]
+            moved = ((p - old) / max(self.scale, 1e-12)).clamp(low, high)
+            st["step_size"].copy_(torch.where(held, moved, st["step_size"]))
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1].replace("ShrinkFallRprop", "HorizonRprop", 1) + (
+            f", memory={self.memory:g})"
+        )
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
