@@ -78,13 +78,8 @@ from ..core.outer_step import ShrinkFallRprop
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_positive, is_real
 from .amp import loss_scale, scaler_skips
-from .callback import (
-    CALLBACK_CONFIG,
-    HyperOptimizationCallback,
-    config_given,
-    default_unless_given,
-    given,
-)
+from .callback import HyperOptimizationCallback
+from .callback_settings import CALLBACK_CONFIG, config_given, default_unless_given, given
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
 from .problem import MEANING_KEY, check_meaning
