@@ -22,10 +22,7 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
-import inspect
-import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -37,15 +34,12 @@ from torch import Tensor
 
 from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
 from ..core.budget import UNLIMITED, Budget, check_budget_state, make_budget
-from ..core.config import REMOVED, FeasibleSet, SIDConfig
-from ..core.divergence import Recover
+from ..core.config import FeasibleSet, SIDConfig
 from ..core.errors import ConfigurationError, DivergenceError
-from ..core.estimation import EstimatedCurvature
 from ..core.gauss_newton import check_hvp
 from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
-from ..core.preconditioning import NoPreconditioner
 from ..core.presets import PRESETS, get_preset
 from ..core.validation import (
     check_bool,
@@ -55,6 +49,7 @@ from ..core.validation import (
     check_takes,
 )
 from .averaging import put_learned_in_averages
+from .callback_settings import CALLBACK_CONFIG, check_setting_names, given
 from .in_step import StepHooks, hook_steps
 from .isolation import (
     LossWatch,
@@ -83,6 +78,7 @@ from .problem import (
     named_tensors,
     refuse_untunable_training,
 )
+from .resumed import _UNAPPLIED_BY_FIT, _unapplied_outside_fit, resumed_from
 from .sources import HyperData
 from .training_length import _manual, horizon, planned_steps, runs_in_new_processes
 
@@ -92,44 +88,6 @@ Tensors = list[Tensor]
 
 
 _STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
-
-
-#: the callback's SID settings: Lightning's training is the inner solver (t = 0), k = 10 adjoint
-#: steps, a cheap curvature estimate refreshed every 10 hyper steps (a network's sharpness grows),
-#: and Recover(2) on divergence (re-estimate; halve α or raise the damping; retry). The estimate
-#: reads the mean of its minibatches' Hessians: ``minibatches="each"`` (the union of their spectra)
-#: cut the main job's diverged refreshes (27 of 36 runs → 6) and its budgeted median test loss
-#: (0.2524 → 0.2401, 24 runs), but with ``max_overhead=None`` it was worse on 11 of 12 seeds
-#: (median 0.2383 against 0.2248: a larger L, a smaller α, less adjoint progress per hyper step),
-#: and within noise on the benchmark's seven settings (session 44, docs/weight_decay_budget.md).
-CALLBACK_CONFIG = SIDConfig(
-    inner_steps=0,
-    adjoint_steps=10,
-    step_size="decreasing",  # a few warm-started adjoint steps per hyper step
-    curvature=EstimatedCurvature(batches=2, iters=10, every=10),
-    preconditioner=NoPreconditioner(),  # per-sample passes: not yet measured on networks
-    on_divergence=Recover(retries=2),
-)
-
-
-def given(value: Any, default: Any) -> Any:
-    """``value``, or ``default`` where it is None (not given: a ``LightningCLI`` passes every
-    parameter's default explicitly, so "absent" cannot be told from "the default")."""
-    return default if value is None else value
-
-
-def default_unless_given(kwargs: dict[str, Any], name: str, default: Any) -> None:
-    """``kwargs[name] = default`` unless a value other than None is there: a drop-in's own
-    default for a parameter of :class:`HyperOptimizationCallback`, kept when a ``LightningCLI``
-    passes the parent's default (None) for it."""
-    if kwargs.get(name) is None:
-        kwargs[name] = default
-
-
-def config_given(kwargs: dict[str, Any]) -> bool:
-    """Whether a drop-in's ``config=`` is a choice: one other than :data:`CALLBACK_CONFIG`, the
-    default a ``LightningCLI`` passes explicitly."""
-    return kwargs.get("config") not in (None, CALLBACK_CONFIG)
 
 
 #: Lightning's ``Callback`` from every installed namespace: the callbacks derive from each, so a
@@ -158,85 +116,10 @@ def refuse_a_class(hooked: Any) -> None:
     )
 
 
-def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
-    """Refuse a keyword that is neither the callback's own argument nor a :class:`SIDConfig`
-    field, naming the callback, the closest names and both lists (a typo such as
-    ``num_class=`` for ``num_classes=`` otherwise read as an unknown SIDConfig setting)."""
-    if "inner_steps" in settings:  # accepted and ignored (session 56)
-        raise ConfigurationError(
-            f"{callback.__name__}: inner_steps={settings['inner_steps']!r} would be ignored: "
-            "Lightning's own training steps are the inner solver (t = 0 extra steps in each "
-            "hyper step). Drop inner_steps=; how often λ moves is every_n_steps=, how far the "
-            "training runs is the Trainer's max_epochs / max_steps."
-        )
-    fields = {f.name for f in dataclasses.fields(SIDConfig)} | set(REMOVED)
-    unknown = sorted(set(settings) - fields)
-    if not unknown:
-        return
-    own = sorted(
-        {
-            name
-            for cls in callback.__mro__
-            if "__init__" in vars(cls)
-            for name, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
-            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        }
-    )
-    close = {n: difflib.get_close_matches(n, own + sorted(fields), n=1) for n in unknown}
-    hints = "; ".join(f"{n}= → did you mean {c[0]}=?" for n, c in close.items() if c)
-    raise ConfigurationError(
-        f"{callback.__name__}: unknown argument(s) {unknown}"
-        + (f" ({hints})" if hints else "")
-        + f". It takes its own arguments {own} and the SIDConfig settings "
-        f"{sorted(f.name for f in dataclasses.fields(SIDConfig))}."
-    )
-
-
-#: the basenames' starts of the temporary checkpoints Lightning's tuners (``LearningRateFinder``,
-#: ``BatchSizeFinder``, ``Tuner``) write at the fit's start, restore and remove: after one of them
-#: runs inside a fit, ``trainer.ckpt_path`` names its file, though the fit resumed from nothing
-TUNER_CHECKPOINTS = (".lr_find_", ".scale_batch_size_")
-
-
-def resumed_from(trainer: pl.Trainer) -> Any:
-    """The checkpoint the fit resumed from (``trainer.ckpt_path``), None for none or for a
-    tuner's temporary checkpoint (:data:`TUNER_CHECKPOINTS`, session 56: such a fit was told
-    that "the checkpoint .lr_find_….ckpt holds no state of this callback")."""
-    path = trainer.ckpt_path
-    if path is None or os.path.basename(os.fspath(path)).startswith(TUNER_CHECKPOINTS):
-        return None
-    return path
-
-
 def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Tensor]:
     """The inner parameters ``optimizer`` updates: those a step-size probe of its step reads."""
     mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
     return [p for p in sid.inner_parameters if id(p) in mine]
-
-
-_UNAPPLIED_BY_FIT = (
-    "the fit that loaded it (trainer.fit(..., ckpt_path=...)) ran no step, its max_epochs / "
-    "max_steps being reached at the checkpoint. Resume with trainer.fit(..., ckpt_path=...) and "
-    "a larger max_epochs (they are applied at its first training step), or keep the fitted "
-    "callback object."
-)
-
-
-def _unapplied_outside_fit(loaded_by: str) -> str:
-    """Why a checkpoint's state that ``trainer.<loaded_by>(ckpt_path=...)`` gave a callback is
-    unread, and the way forward (session 58: a drop-in made in ``configure_callbacks()`` is a
-    new object at every ``trainer.test``, so the one that trained is gone from the Trainer)."""
-    return (
-        f"trainer.{loaded_by}(..., ckpt_path=...) gave it the checkpoint's state, and this "
-        "callback object has run no fit in this process, so it is not the one that trained. "
-        "Lightning replaces the Trainer's callbacks by those the LightningModule's "
-        f"configure_callbacks() returns at every trainer.fit / {loaded_by}, so a drop-in made "
-        "inside configure_callbacks() (or given to a new Trainer) is a new object there: make it "
-        "once (e.g. in __init__: self.drop_in = ...) and return that object from "
-        "configure_callbacks(), then read it (after trainer."
-        f"{loaded_by}(ckpt_path=...) it holds the checkpoint's values); or read the fitted "
-        f"object before trainer.{loaded_by}."
-    )
 
 
 class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]

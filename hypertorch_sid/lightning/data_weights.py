@@ -84,12 +84,8 @@ from ..core.objectives import ValidationObjective
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
 from ..core.validation import as_strategy, check_bool
-from .callback import (
-    HyperOptimizationCallback,
-    config_given,
-    default_unless_given,
-    refuse_a_class,
-)
+from .callback import HyperOptimizationCallback, refuse_a_class
+from .callback_settings import config_given, default_unless_given
 from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     _examples_digest,

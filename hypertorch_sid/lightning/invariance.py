@@ -25,7 +25,7 @@ from ..core.scale import MAX_FORWARDS, scale_invariant
 from .isolation import private_rng
 
 if TYPE_CHECKING:
-    from .weight_decay import WeightDecayProblem
+    from .weight_decay_problem import WeightDecayProblem
 
 __all__ = ["PROBE_SAMPLES", "probe_cost", "probe_forwards", "scale_invariant_slots"]
 

@@ -11,8 +11,8 @@ points of a fit:
   from the training (e.g. an optimizer's preconditioner).
 
 :class:`ModuleProblem` (the default) reads the problem from a :class:`BilevelModule`;
-:class:`~hypertorch_sid.lightning.weight_decay.WeightDecayProblem` builds it for weight decay on any
-``LightningModule`` (what :class:`~hypertorch_sid.LearnedWeightDecay` passes).
+:class:`~hypertorch_sid.lightning.weight_decay_problem.WeightDecayProblem` builds it for
+weight decay on any ``LightningModule`` (what :class:`~hypertorch_sid.LearnedWeightDecay` passes).
 
 A source's ``inner_loss`` leaves out the training optimizers' own ``weight_decay``: the callback
 adds it (:mod:`~hypertorch_sid.lightning.optimizer_decay`), since the training reaches the fixed

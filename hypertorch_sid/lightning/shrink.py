@@ -16,7 +16,7 @@ from ..core.decay import WeightDecay
 from ..core.outer_step import ShrinkReading
 
 if TYPE_CHECKING:
-    from .weight_decay import WeightDecayProblem
+    from .weight_decay_problem import WeightDecayProblem
 
 __all__ = ["ShrinkRates", "ShrinkReadings"]
 

@@ -17,7 +17,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from ..core.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .weight_decay import WeightDecayProblem
+    from .weight_decay_problem import WeightDecayProblem
 
 __all__ = ["HIGH_INITIAL", "StableBounds"]
 
