@@ -884,9 +884,9 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._planned_short = said is not None
         if said is not None and _manual(trainer):
             said += (
-                " (Under manual optimisation Lightning counts every training batch as one "
-                "step of each optimizer: where training_step steps less often, fewer hyper "
-                "steps run.)"
+                " (Under manual optimisation Lightning counts training batches; this counts "
+                "one step of each optimizer per batch: where training_step steps less often, "
+                "fewer hyper steps run.)"
             )
         if said is not None and trainer.fast_dev_run:  # a smoke test, not a short fit
             said = (
