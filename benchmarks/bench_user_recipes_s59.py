@@ -34,6 +34,10 @@ labels, a clean validation set) against ``dw`` (``LearnedDataWeights()``, per-sa
   through the user's ``WeightedRandomSampler`` (the shirt class drawn twice as often), Adam,
   own 1e-4.
 
+Control (on request, ``--arms own_learned``): the user's own recipe at the λ the decay
+learned (its mean over the layers, per seed, from the ``decay`` record in ``records.json`` or
+``records_fresh.json``).
+
 Usage (from the repository root)::
 
     OMP_NUM_THREADS=1 python benchmarks/bench_user_recipes_s59.py --data ../shared/data \
@@ -52,6 +56,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
@@ -69,6 +74,7 @@ from recipe_harness import (  # noqa: E402
     images,
     noisy_labels,
     paired_table,
+    read_records,
     recipe_loader,
     tensors,
     test_loss,
@@ -83,6 +89,8 @@ RECIPES = (
     "wn_sampler",
 )  # fmt: skip
 OUT = Path("benchmarks/results/user_recipes/s59/records.json")
+#: the fresh seeds' records (``--out`` of the second run), where ``own_learned`` also looks
+FRESH = OUT.with_name("records_fresh.json")
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -239,7 +247,7 @@ class Setup(s57.Setup):
         if name not in RECIPES:
             raise SystemExit(f"unknown recipe {name!r}")
         self.name, self.seed, self.data = name, seed, data
-        self.arms = ("own", "decay", "plain", "dw")
+        self.arms = ("own", "decay", "plain", "dw", "own_learned")
         self.own = {"moduledict_onecycle": 1e-4, "wn_sampler": 1e-4}.get(name, 5e-4)
         mnist = name in ("dict_ema", "moduledict_onecycle")
         tr, va, te = images(data, "mnist" if mnist else "fashion-mnist", seed, 2000, 300, 2000)
@@ -319,7 +327,7 @@ class Setup(s57.Setup):
             lg.setLevel(logging.INFO)
         noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
         train, bad = noisy_labels(self.train, 10, self.seed) if noisy else (self.train, None)
-        wd = 0.0 if arm == "decay" else self.own
+        wd = {"decay": 0.0, "own_learned": self.learned_lam()}.get(arm, self.own)
         cbs = self.drop_ins(arm)
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
         try:
@@ -339,11 +347,20 @@ class Setup(s57.Setup):
         test = recipe_loader(self.test, None, 64, False, False)
         record["test_loss"], record["test_acc"] = test_loss(model, test)
         record["steps"] = self.tr.global_step
+        record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
         callbacks_record(record, cbs, bad)
         return record
 
+    def learned_lam(self) -> float:
+        """The decay arm's λ of this recipe and seed (the mean over its layers), from ``OUT``
+        or ``FRESH``."""
+        for r in read_records(OUT) + read_records(FRESH):
+            if (r["recipe"], r["arm"], r["seed"]) == (self.name, "decay", self.seed):
+                return float(np.mean(list(r["lam"].values())))
+        return float("nan")
 
-VERSUS = {"decay": "own", "dw": "plain"}
+
+VERSUS = {"decay": "own", "dw": "plain", "own_learned": "own"}
 
 
 def table(records: list[dict[str, Any]]) -> str:
