@@ -3,8 +3,9 @@
 The same Fashion-MNIST MLP (784-256-128-10) and data as ``bench_user_recipes_s59.py``'s
 ``two_opt_manual``, own decay 5e-4 against ``LearnedWeightDecay(5e-4)``, in three variants:
 ``sgd_adam`` (the recipe: encoder SGD momentum, head Adam, toggled in turn, manual),
-``two_sgd`` (both SGD momentum lr 0.05, toggled in turn, manual) and ``one_sgd`` (one SGD
-momentum optimizer, automatic optimisation). Arms alternate seed by seed in one process.
+``two_sgd`` (both SGD momentum lr 0.05, toggled in turn, manual), ``one_sgd`` (one SGD
+momentum optimizer, automatic optimisation) and ``one_adam`` (one Adam, lr 1e-3, automatic).
+Arms alternate seed by seed in one process.
 
 Usage::
 
@@ -44,17 +45,25 @@ class TwoSGD(s59.TwoOptimizers):
         pass
 
 
+class OneAdam(s57.MLP):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=self.wd)
+
+
 def fit(variant: str, arm: str, seed: int, data: Path) -> dict:
     tr, va, te = images(data, "fashion-mnist", seed, 2000, 300, 2000)
     train, val, test = tensors(tr), tensors(va), tensors(te)
     torch.manual_seed(seed)
     wd = 0.0 if arm == "decay" else 5e-4
-    model = {"sgd_adam": s59.TwoOptimizers, "two_sgd": TwoSGD, "one_sgd": s57.MLP}[variant](
-        wd, False
-    )
+    model = {
+        "sgd_adam": s59.TwoOptimizers,
+        "two_sgd": TwoSGD,
+        "one_sgd": s57.MLP,
+        "one_adam": OneAdam,
+    }[variant](wd, False)
     cbs = []
     if arm == "decay":
-        manual = variant != "one_sgd"
+        manual = variant not in ("one_sgd", "one_adam")
         loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
         cbs = [LearnedWeightDecay(5e-4, **({"training_loss": loss} if manual else {}))]
     tr_ = trainer(cbs, 6)
