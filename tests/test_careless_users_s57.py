@@ -257,7 +257,7 @@ def test_validation_rows_a_training_tensordataset_holds_too_are_said(rows, share
     said = _said(caught, "validation examples are training examples too")
     assert said == ([] if shared == 0 else said[:1]) and len(said) == (shared > 0)
     if shared:
-        assert said[0].startswith(f"HyperOptimizationCallback: {shared} of the 60")
+        assert said[0].startswith(f"LearnedWeightDecay: {shared} of the 60")
 
 
 # ---------------------------------------------------------------- constructor values

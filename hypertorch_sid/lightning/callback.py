@@ -847,7 +847,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
     def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
         return HyperData(
             trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
-            val=self.val, seed=self.seed,
+            val=self.val, seed=self.seed, who=type(self).__name__,
         )  # fmt: skip
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -143,7 +143,7 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
     session 53: under ``precision="bf16-true"`` the re-read's float32 inputs failed in the
     bfloat16 network, and that failure confirmed rows fitted to a loss exactly 0 (common in
     bfloat16) as masked examples."""
-    loader = first_loader(trainer.train_dataloader, "train dataloader")
+    loader = first_loader(trainer.train_dataloader, "train dataloader", "LearnedDataWeights")
     return prepared(trainer, loader.collate_fn([loader.dataset[r] for r in rows]))
 
 
@@ -852,10 +852,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         loader = validation_loader(trainer)
         if loader is None:
             return None  # the base callback says what is missing
-        loader = first_loader(loader, "validation dataloader")
+        loader = first_loader(loader, "validation dataloader", "LearnedDataWeights")
         if not draws_by_index(loader):
             return None
-        dataset, _, batch_size = loader_parts(loader, "validation dataloader")
+        dataset, _, batch_size = loader_parts(loader, "validation dataloader", "LearnedDataWeights")
         world = trainer.world_size
         wanted = max(batch_size or 1, -(-floor // world))
         return max(1, min(wanted, len(dataset) // world))

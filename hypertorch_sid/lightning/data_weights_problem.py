@@ -266,7 +266,7 @@ class DataWeightsProblem(WeightedStep):
 
     # ------------------------------------------------------------------ the data
     def _training_dataset(self, trainer: pl.Trainer) -> Any:
-        loader = first_loader(trainer.train_dataloader, "train dataloader")
+        loader = first_loader(trainer.train_dataloader, "train dataloader", "LearnedDataWeights")
         dataset = loader.dataset
         _check_training_loader(loader, self.per)
         self._draws_weighted = draws_weighted(loader)

@@ -373,14 +373,15 @@ def shard_indices(n: int, rank: int, world_size: int) -> Tensor:
     return idx[rank::world_size]
 
 
-def first_loader(loader: Any, what: str) -> DataLoader:
+def first_loader(loader: Any, what: str, who: str = "HyperOptimizationCallback") -> DataLoader:
     """The user's DataLoader (the first of several validation loaders). Training loaders given
     as a list are refused: Lightning hands ``training_step`` a list of batches, one per loader,
     which the hyper steps, drawing from one data set, cannot give it (the user's step failed
-    inside the user's code: "too many values to unpack")."""
+    inside the user's code: "too many values to unpack"). ``who`` names the callback in its
+    messages."""
     if what == "train dataloader" and isinstance(loader, (list, tuple)):
         raise ConfigurationError(
-            f"HyperOptimizationCallback: the train dataloaders are a {type(loader).__name__} "
+            f"{who}: the train dataloaders are a {type(loader).__name__} "
             f"of {len(loader)}, so Lightning hands training_step a list of batches (one per "
             "loader), but the hyper steps draw their minibatches from one data set and call "
             "training_step on one batch. Pass one DataLoader: the DataLoader itself for a list "
@@ -388,7 +389,7 @@ def first_loader(loader: Any, what: str) -> DataLoader:
         )
     if isinstance(loader, (list, tuple)) and loader and isinstance(loader[0], DataLoader):
         if len(loader) > 1:
-            rank_zero_info(f"HyperOptimizationCallback: using the first of {len(loader)} {what}s.")
+            rank_zero_info(f"{who}: using the first of {len(loader)} {what}s.")
         loader = loader[0]
     if not isinstance(loader, DataLoader):
         several = ""
@@ -417,9 +418,11 @@ def draws_by_index(loader: DataLoader) -> bool:
     )
 
 
-def loader_parts(loader: Any, what: str) -> tuple[Dataset, Callable[[list[Any]], Any], int | None]:
+def loader_parts(
+    loader: Any, what: str, who: str = "HyperOptimizationCallback"
+) -> tuple[Dataset, Callable[[list[Any]], Any], int | None]:
     """(dataset, collate_fn, batch size) of the user's DataLoader."""
-    loader = first_loader(loader, what)
+    loader = first_loader(loader, what, who)
     if loader.batch_size is None and loader.batch_sampler is None:
         raise ConfigurationError(
             f"the {what} has automatic batching disabled (batch_size=None): its dataset yields "
@@ -446,7 +449,9 @@ def _users_sampler(loader: DataLoader) -> Any:
     return inner if inner is not None else sampler
 
 
-def sampled_part(loader: DataLoader, dataset: Dataset, what: str) -> Dataset:
+def sampled_part(
+    loader: DataLoader, dataset: Dataset, what: str, who: str = "HyperOptimizationCallback"
+) -> Dataset:
     """The part of ``dataset`` the loader's sampler reads, which the hyper steps must draw from
     too: the ``SubsetRandomSampler``'s indices (one data set split into training and validation
     by two samplers: drawn from the whole set, the hyper steps' E read the training examples and
@@ -466,7 +471,7 @@ def sampled_part(loader: DataLoader, dataset: Dataset, what: str) -> Dataset:
             else "E is not the validation loss under those draws"
         )
         rank_zero_warn(
-            f"HyperOptimizationCallback: the {what} draws its examples with a "
+            f"{who}: the {what} draws its examples with a "
             "WeightedRandomSampler of unequal weights, but the hyper steps draw uniformly from "
             f"its data set: their {differs}. "
             "Weight the loss per example instead of the draws (e.g. "

@@ -68,6 +68,7 @@ class HyperData:
     batch_size, val_batch_size: the samplers' minibatch sizes per process (None: the loaders').
     val: ``"batch"`` (one validation minibatch per hyper step) or ``"full"`` (all of it).
     seed: the training sampler's seed (the validation sampler uses ``seed + 1``).
+    who: the callback's name in the messages (a drop-in's, e.g. ``"LearnedWeightDecay"``).
     """
 
     def __init__(
@@ -78,8 +79,10 @@ class HyperData:
         val_batch_size: int | None,
         val: str,
         seed: int,
+        who: str = "HyperOptimizationCallback",
     ) -> None:
         self.trainer = trainer
+        self.who = who
         self.world_size, self.rank = trainer.world_size, trainer.global_rank
         self.n_train = self.n_val = 0
         #: validation samples read so far (all processes)
@@ -134,7 +137,7 @@ class HyperData:
             "torch.utils.data.random_split(data, [0.8, 0.2])."
         )
         rank_zero_warn(
-            f"HyperOptimizationCallback: {shared[0]} of the {shared[1]} validation examples are "
+            f"{self.who}: {shared[0]} of the {shared[1]} validation examples are "
             f"training examples too ({which} reads the training loader's data set, or "
             "TensorDatasets whose rows hold the same values: overlapping slices or index splits "
             "of one tensor): the hyper steps tune the hyperparameters for the fit to data the "
@@ -282,7 +285,7 @@ class HyperData:
             self.order.load_state_dict(order)
         else:
             rank_zero_warn(
-                "HyperOptimizationCallback: the checkpoint holds no training-order state "
+                f"{self.who}: the checkpoint holds no training-order state "
                 "(written by an older version): a shuffling train loader will not repeat the "
                 "uninterrupted fit's order after this resume."
             )
@@ -303,15 +306,15 @@ class HyperData:
         return prepare
 
     def _train_source(self, batch_size: int | None, seed: int) -> SampledBatches | LoaderBatches:
-        loader = first_loader(self.trainer.train_dataloader, "train dataloader")
+        loader = first_loader(self.trainer.train_dataloader, "train dataloader", self.who)
         if not draws_by_index(loader):  # a stream: read from the loader itself
             return LoaderBatches(
                 loader, self._prepare(), self.world_size, batch_size, "train dataloader"
             )
-        dataset, collate, loader_bs = loader_parts(loader, "train dataloader")
-        dataset = sampled_part(loader, dataset, "train dataloader")
+        dataset, collate, loader_bs = loader_parts(loader, "train dataloader", self.who)
+        dataset = sampled_part(loader, dataset, "train dataloader", self.who)
         dataset = self._read_by_training(loader, dataset, loader_bs)
-        _refuse_empty(dataset, "train dataloader")
+        _refuse_empty(dataset, "train dataloader", self.who)
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
@@ -344,7 +347,7 @@ class HyperData:
             return dataset  # a new random subset each epoch: the training sees the whole set
         if self.world_size > 1 or not isinstance(sampler, SequentialSampler):
             rank_zero_warn(
-                f"HyperOptimizationCallback: the training reads only {k} of the train "
+                f"{self.who}: the training reads only {k} of the train "
                 f"dataloader's {n_batches} batches (overfit_batches / limit_train_batches) in "
                 "an order that does not shuffle, but the hyper steps draw from the whole "
                 "training set: λ is tuned for a training on samples it never sees. Shuffle the "
@@ -375,7 +378,7 @@ class HyperData:
         to_device = self._prepare(validation=True)
         if isinstance(loader, (list, tuple)):
             self.other_val_loaders = list(loader[1:])
-        loader = first_loader(loader, "validation dataloader")
+        loader = first_loader(loader, "validation dataloader", self.who)
         if not draws_by_index(loader):  # a stream: read from the loader itself
             if val == "full":
                 raise ConfigurationError(
@@ -388,10 +391,12 @@ class HyperData:
                 "validation dataloader", "val_batch_size",
             )  # fmt: skip
             return
-        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader")
-        dataset = self.val_dataset = sampled_part(loader, dataset, "validation dataloader")
+        dataset, collate, loader_bs = loader_parts(loader, "validation dataloader", self.who)
+        dataset = self.val_dataset = sampled_part(
+            loader, dataset, "validation dataloader", self.who
+        )
         self.n_val = len(dataset)
-        _refuse_empty(dataset, "validation dataloader")
+        _refuse_empty(dataset, "validation dataloader", self.who)
         if val == "full":
             idx = shard_indices(len(dataset), self.rank, self.world_size)
             if batch_size is None:
@@ -436,13 +441,13 @@ def _shares_training_examples(train: Dataset, loader: Any) -> bool:
     return shared is not None and shared[0] > 0
 
 
-def _refuse_empty(dataset: Dataset, what: str) -> None:
+def _refuse_empty(dataset: Dataset, what: str, who: str) -> None:
     """A clear error for a data set with no example (it read as "the hyper-step batch (1 per
     process) is larger than the data set (0 samples): lower batch_size", which no batch size
     fixes)."""
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ConfigurationError(
-            f"HyperOptimizationCallback: the {what}'s data set holds no example (after its "
+            f"{who}: the {what}'s data set holds no example (after its "
             "sampler's and the Trainer's limits): the hyper steps need "
             f"{'validation examples for E' if what.startswith('val') else 'training examples'}. "
             "Check the split that built it (e.g. random_split's sizes)."
