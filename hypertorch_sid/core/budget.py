@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import ConfigurationError
-from .validation import is_real
+from .validation import is_real, number_fix
 
 
 class HyperWork:
@@ -367,9 +367,11 @@ class OverheadBudget(Budget):
     def __post_init__(self) -> None:
         value = self.max_overhead
         if not is_real(value) or not 0 < value < math.inf:  # inf: a raw NaN error at the fit
+            fix = number_fix("max_overhead", value, float, lambda x: x > 0)  # YAML's '0.5'
             raise ConfigurationError(
                 f"max_overhead must be a number > 0 and finite (0.5: at most 50 % more compute "
-                f"than the plain training), got {value!r}; pass max_overhead=None for no budget."
+                f"than the plain training), got {value!r}{fix}; "
+                "pass max_overhead=None for no budget."
             )
         if value >= PERCENT_LIKE:  # max_overhead=50 meant as 50 %: 51× the training allowed
             warnings.warn(

@@ -549,6 +549,31 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def number_fix(
+    name: str, value: Any, kind: type, holds: Callable[[float], bool] = lambda x: True
+) -> str:
+    """How to pass the number ``value`` meant, where it came as text or (an integer) as a
+    whole float and that number ``holds``; "" otherwise. A YAML file reads ``1e-3`` as the
+    string '1e-3' (PyYAML takes a float only with a dot: 1.0e-3), and so does a command line
+    without ``type=``; ``every_n_steps=4.0`` comes from arithmetic or a config's float."""
+    try:
+        number = float(value) if isinstance(value, str) or is_real(value) else math.nan
+    except ValueError:
+        return ""
+    if not math.isfinite(number) or not holds(number):
+        return ""
+    if kind is int and not number.is_integer():
+        return ""
+    meant = int(number) if kind is int else number
+    if isinstance(value, str):
+        return (
+            f": it is the text {value!r} (a YAML file reads a number like 1e-3 as text, and so "
+            f"does a command-line argument without type=), pass the number: "
+            f"{name}={kind.__name__}({value!r}) = {meant!r}"
+        )
+    return f": pass {name}={meant}" if kind is int else ""
+
+
 def check_integer(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
     """``value`` as an ``int`` ≥ ``minimum`` (None passes where ``allow_none``)."""
     if value is None and allow_none:
@@ -556,7 +581,8 @@ def check_integer(name: str, value: Any, minimum: int, allow_none: bool = False)
     if is_integer(value) and value >= minimum:
         return int(value)
     none = " or None" if allow_none else ""
-    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}{none}, got {value!r}.")
+    fix = number_fix(name.split(": ")[-1].split(" (")[0], value, int, lambda n: n >= minimum)
+    raise ConfigurationError(f"{name} must be an integer ≥ {minimum}{none}, got {value!r}{fix}.")
 
 
 def check_steps(name: str, value: int, minimum: int) -> int:
@@ -577,7 +603,8 @@ def check_real(
         return None
     if is_real(value) and not math.isnan(value) and holds(float(value)):
         return float(value)
-    raise ConfigurationError(f"{name} must be {requirement}, got {value!r}.")
+    fix = number_fix(name.split(": ")[-1].split(" (")[0], value, float, holds)
+    raise ConfigurationError(f"{name} must be {requirement}, got {value!r}{fix}.")
 
 
 def check_positive(name: str, value: Any, allow_none: bool = False) -> Any:

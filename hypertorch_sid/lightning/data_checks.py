@@ -28,7 +28,7 @@ from ..core.indexing import LABEL_KEYS, Indexed, IndexedDataset, LabelledIndexed
 from ..core.normalisers import CLASS_GAUGES
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
-from ..core.validation import check_takes, is_integer, is_real
+from ..core.validation import check_takes, is_integer, is_real, number_fix
 from .sampling import _identity, _unwrapped
 
 
@@ -150,12 +150,6 @@ def _default_target(data: Any) -> Tensor:
     return labels
 
 
-def _whole(value: Any) -> bool:
-    """A float holding a whole number ≥ 2 (``num_classes=3.0``, read from a config or computed
-    as ``y.max() + 1.0``), which the error then names as the integer to pass."""
-    return isinstance(value, float) and value.is_integer() and value >= 2
-
-
 def _refuse_arguments(
     per: str,
     num_classes: Any,
@@ -172,10 +166,10 @@ def _refuse_arguments(
             f"LearnedDataWeights: per must be 'sample' or 'class', got {per!r}."
         )
     if per == "class" and (not is_integer(num_classes) or num_classes < 2):
+        fix = number_fix("num_classes", num_classes, int, lambda n: n >= 2)  # 3.0, '3'
         raise ConfigurationError(
             "LearnedDataWeights(per='class') needs num_classes, an integer ≥ 2 (the largest "
-            f"label + 1), got {num_classes!r}"
-            + (f": pass num_classes={int(num_classes)}." if _whole(num_classes) else ".")
+            f"label + 1), got {num_classes!r}{fix}."
         )
     if per == "sample" and num_classes is not None:
         raise ConfigurationError(

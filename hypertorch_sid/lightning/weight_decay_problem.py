@@ -27,7 +27,7 @@ from ..core.decay import (
     as_parameterization,
 )
 from ..core.errors import ConfigurationError
-from ..core.validation import check_bool, check_takes, is_real
+from ..core.validation import check_bool, check_takes, is_real, number_fix
 from .data_loss import DataLoss
 from .optimizer_decay import PRECONDITIONED, decouples, preconditioner
 from .problem import BilevelProblem, UntrainedGroups, check_still_trained, named_tensors
@@ -39,6 +39,9 @@ __all__ = ["WeightDecayProblem"]
 
 def _initial_value_fix(value: Any, parameterization: str) -> str:
     """How to give the initial λ the user meant by ``value`` (refused)."""
+    meant = number_fix("weight_decay", value, float, lambda x: x > 0)
+    if isinstance(value, str) and meant:  # '1e-3' from a YAML file
+        return meant[2:]
     if math.prod(getattr(value, "shape", (0,))) == 1:  # a tensor or a NumPy array of one
         return f"pass a Python float (weight_decay={float(value):.6g})"
     if isinstance(value, (Mapping, list, tuple, Tensor)):
@@ -116,7 +119,8 @@ class WeightDecayProblem:
         ):
             raise ConfigurationError(
                 "LearnedWeightDecay: min_weight_decay must be a finite number ≥ 0 (the lowest λ "
-                f"learned; 0: no floor), got {min_weight_decay!r}."
+                f"learned; 0: no floor), got {min_weight_decay!r}"
+                f"{number_fix('min_weight_decay', min_weight_decay, float, lambda x: x >= 0)}."
             )
         if min_weight_decay > weight_decay:
             raise ConfigurationError(
