@@ -400,7 +400,7 @@ def first_loader(loader: Any, what: str, who: str = "HyperOptimizationCallback")
                 "a ConcatDataset, or a Dataset that returns the dict per sample)."
             )
         raise ConfigurationError(
-            f"HyperOptimizationCallback draws its own minibatches from the {what}, so the {what} "
+            f"{who} draws its own minibatches from the {what}, so the {what} "
             f"must be a torch DataLoader; got {type(loader).__name__}.{several}"
         )
     return loader

@@ -318,7 +318,7 @@ class HyperData:
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
-                "HyperOptimizationCallback cannot tell the training batch size: pass batch_size."
+                f"{self.who} cannot tell the training batch size: pass batch_size."
             )
         self.n_train = len(dataset)
         sampler = ShardedSampler(self.n_train, batch_size, seed, self.rank, self.world_size)
@@ -371,7 +371,7 @@ class HyperData:
         if loader is None or (isinstance(loader, (list, tuple)) and not loader):
             got = "" if loader is None else f" (got an empty {type(loader).__name__})"
             raise ConfigurationError(
-                f"HyperOptimizationCallback needs validation data for the outer objective "
+                f"{self.who} needs validation data for the outer objective "
                 f"E{got}: pass val_dataloaders to trainer.fit, or define val_dataloader() in "
                 "the module or the datamodule."
             )
@@ -413,8 +413,7 @@ class HyperData:
         batch_size = batch_size or self._whole_set_at_most(loader_bs, len(dataset))
         if batch_size is None:
             raise ConfigurationError(
-                "HyperOptimizationCallback cannot tell the validation batch size: pass "
-                "val_batch_size."
+                f"{self.who} cannot tell the validation batch size: pass val_batch_size."
             )
         sampler = ShardedSampler(len(dataset), batch_size, seed, self.rank, self.world_size)
         # a hyper-step batch above the loader's is read in parts of the loader's size
