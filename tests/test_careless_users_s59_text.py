@@ -4,7 +4,7 @@ string '1e-3'; so does a command line without ``type=``) or an integer given as 
 Each case failed before its fix with a message that contradicted itself ("must be a finite
 number > 0, got '1e-3'") or gave no fix; the controls (text that is no number, a number the
 setting would still refuse) name no number to pass. See docs/failures.md, "Session 59:
-careless inputs".
+careless inputs, numbers given as text".
 """
 
 from __future__ import annotations
