@@ -1,9 +1,9 @@
 """Session 59 (left59): a user's dense outer optimizer under DDP has the sparse path's scale;
 λ named on neither side that a load cannot check are named in a warning.
 
-``tests/test_dense_ddp_s59.py`` fits with ``Adam``, which is (almost) blind to the gradient's
-scale: a dense gradient summed twice, or averaged where it should be summed, moves the ranks
-identically and still separates the corrupted rows. Here the outer step is plain ``SGD`` (its
+A test fitting with ``Adam`` (which is almost blind to the gradient's scale: a dense gradient
+summed twice, or averaged where it should be summed, moves the ranks identically and still
+separates the corrupted rows) would miss a wrong scale. Here the outer step is plain ``SGD`` (its
 step is the gradient times lr) and the same 2-process DDP fit runs twice: with the row-sparse
 gradients all-gathered (``sparse_grad=True``) and with the dense one summed across ranks (the
 path a user's optimizer gets). The two must give the same weights up to float rounding.
