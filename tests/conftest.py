@@ -35,7 +35,7 @@ SLOW_FIRST = (
     "test_faults_core.py",
     "test_hooks_ddp_resume_s57.py",
     "test_data_weights_early_stop_s57.py",
-    "test_dense_ddp_s59.py",
+    "test_left_s59.py",
 )
 
 

@@ -145,10 +145,13 @@ class WeightNormed(pl.LightningModule):
     [nn.utils.parametrizations.weight_norm, nn.utils.parametrizations.spectral_norm],
     ids=["weight_norm", "spectral_norm"],
 )
-def test_a_parametrized_layer_is_one_layer(norm: Any) -> None:
-    """Per layer, a layer's weight and bias share its λ, also where the weight is a
-    parametrization's (``<layer>.parametrizations.weight.original[k]``). Before: its bias got
-    one λ (``"net.0"``) and its weight another (``"net.0.parametrizations.weight"``)."""
+def test_a_parametrized_weight_keeps_its_own_slot(norm: Any) -> None:
+    """Per layer, the tensors of a parametrization (``<layer>.parametrizations.weight
+    .original[k]``) get a λ of their own beside the layer's bias: a spectral-norm weight's scale
+    does not reach the loss, and only on its own slot can the scale-invariance probe hold its λ
+    (tests/test_zoo_s56.py). Session 59's round of recipes merged the two (one λ per layer, as
+    the docs' general rule says); that lost the hold, so the slots stay apart and the docs say
+    so. The learned λ reads out under both names."""
     train, val = _sets()
     cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
     trainer = pl.Trainer(
@@ -156,7 +159,17 @@ def test_a_parametrized_layer_is_one_layer(norm: Any) -> None:
         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
     )  # fmt: skip
     trainer.fit(WeightNormed(norm), DataLoader(train, batch_size=16), DataLoader(val))
-    assert set(cb.learned_weight_decay) == {"net.0", "net.2"}
+    assert set(cb.learned_weight_decay) == {
+        "net.0", "net.0.parametrizations.weight", "net.2", "net.2.parametrizations.weight"
+    }  # fmt: skip
     decayed = cb.decay_values()
-    assert "net.0.parametrizations.weight.original" in "".join(decayed)
-    assert len({float(decayed[n].mean()) for n in decayed if n.startswith("net.0.")}) == 1
+    assert (
+        len(
+            {
+                float(decayed[n].mean())
+                for n in decayed
+                if ".original" in n and n.startswith("net.0.")
+            }
+        )
+        == 1
+    )

@@ -116,15 +116,13 @@ PARAMETERIZATIONS: dict[str, Callable[[], Parameterization]] = {
 
 
 def _layer(name: str, group: str) -> str:
-    """The layer of the tensor ``name``: the module that owns it, or for the tensors of a
-    parametrization (``torch.nn.utils.parametrize``: ``weight_norm``, ``spectral_norm``,
-    ``<layer>.parametrizations.<tensor>.original[k]``) the layer it parametrizes, so that a
-    layer's weight and bias share its λ (session 59: a ``weight_norm``'d Linear got one λ for
-    its bias and another for its weight, read out as ``"net.1.parametrizations.weight"``)."""
-    parts = name.split(".")[:-1]
-    if len(parts) >= 2 and parts[-2] == "parametrizations":
-        parts = parts[:-2]
-    return ".".join(parts) or "(root)"
+    """The layer of the tensor ``name``: the module that owns it. The tensors of a
+    parametrization (``weight_norm``, ``spectral_norm``: ``<layer>.parametrizations.weight
+    .original[k]``) are owned by the parametrization, so per layer they get a λ of their own
+    beside the layer's bias (``"net.0.parametrizations.weight"``, ``"net.0"``): a spectral-norm
+    weight's scale does not reach the loss (W/σ(W)), and on its own slot the scale-invariance
+    probe holds its λ (session 56); shared with the bias it would not be held (session 59)."""
+    return name.rpartition(".")[0] or "(root)"
 
 
 #: granularity → the slot key of a tensor (name, group key); None: one λ per element

@@ -114,6 +114,31 @@ def _check_same_names(saved: Any, opt: SIDHyperOptimizer) -> None:
         )
 
 
+def _warn_unchecked_order(saved: Any, opt: SIDHyperOptimizer) -> None:
+    """Say which λ a load could not check: two or more of one shape named on neither side are
+    matched by position alone, so a run that gives them in another order than the saved one
+    gets each other's values, and no test on the values can tell (a λ's stored value is as
+    plausible in either place)."""
+    ours = hyperparameter_names(opt)
+    saved = list(saved) if saved is not None else [None] * len(ours)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, (h, a, b) in enumerate(zip(opt.hyperparameters, saved, ours)):
+        if not a and not b:
+            by_shape.setdefault(tuple(h.shape), []).append(i)
+    alike = {shape: at for shape, at in by_shape.items() if len(at) > 1}
+    if alike:
+        said = "; ".join(f"positions {at} of shape {shape}" for shape, at in alike.items())
+        warnings.warn(
+            f"loaded hyperparameters named on neither side by position only ({said}): if "
+            "this run gives them in another order than the saved one, each now holds "
+            "another's value, and nothing in the checkpoint can tell. Name them ((name, "
+            "tensor) pairs, module=, or an outer optimizer over named tensors) to have the "
+            "order checked.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 #: the settings a resumed run must share with the saved one to continue it exactly
 _SETTINGS = (
     "inner_steps", "adjoint_steps", "step_size", "adjoint_step_size", "alpha", "eta", "beta",
@@ -270,6 +295,7 @@ def load_state_dict(opt: SIDHyperOptimizer, state: dict[str, Any]) -> None:
     opt.cost.load(cost)
     opt._resume_position = position
     _warn_other_config(state.get("config"), opt.config)
+    _warn_unchecked_order(state.get("hyperparameter_names"), opt)
     opt._streams = {}  # the next train_batches goes on from the saved position
 
 

@@ -49,7 +49,7 @@ from ..core.validation import (
     check_takes,
 )
 from .averaging import put_learned_in_averages
-from .callback_settings import CALLBACK_CONFIG, check_setting_names, given
+from .callback_settings import CALLBACK_CONFIG, check_setting_names, given, unset_torch_lr
 from .in_step import StepHooks, hook_steps
 from .isolation import (
     LossWatch,
@@ -260,6 +260,17 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         if outer_optimizer is not None:
             call = ("params",)
             check_takes(who + "outer_optimizer", outer_optimizer, call, "torch.optim.Optimizer")
+            torch_lr = unset_torch_lr(outer_optimizer)
+            if torch_lr is not None:
+                name = getattr(outer_optimizer, "func", outer_optimizer).__name__
+                rank_zero_warn(
+                    f"{type(self).__name__}: outer_optimizer=torch.optim.{name} is given without "
+                    f"a learning rate, so it steps λ at torch's default lr={torch_lr:g}, not at "
+                    "the callback's own outer step (outer_lr; 0.3 on log λ for "
+                    "LearnedWeightDecay): λ would barely move. Give it one, e.g. "
+                    f"outer_optimizer=functools.partial(torch.optim.{name}, lr=0.1), or drop "
+                    "outer_optimizer= to keep the callback's own."
+                )
         if outer_optimizer is not None and outer_lr is not None:
             raise ConfigurationError(
                 f"HyperOptimizationCallback: outer_lr={outer_lr!r} is the learning rate of the "

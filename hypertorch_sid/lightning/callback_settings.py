@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "config_given",
     "default_unless_given",
     "given",
+    "unset_torch_lr",
 ]
 
 
@@ -98,3 +100,20 @@ def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
         + f". It takes its own arguments {own} and the SIDConfig settings "
         f"{sorted(f.name for f in dataclasses.fields(SIDConfig))}."
     )
+
+
+def unset_torch_lr(factory: Any) -> float | None:
+    """torch's default learning rate, where an ``outer_optimizer`` factory is a ``torch.optim``
+    class given without one (``torch.optim.Adam``, or a ``functools.partial`` of it with no
+    ``lr``); else None. Such a factory runs at torch's default (Adam, SGD: 0.001), not at the
+    callback's own outer step (``outer_lr``, 0.3 on log λ for LearnedWeightDecay): λ then moves
+    some 300× slower, with nothing said."""
+    cls, given_lr = factory, False
+    if isinstance(factory, functools.partial):
+        cls, given_lr = factory.func, "lr" in factory.keywords or len(factory.args) > 0
+    if given_lr or not isinstance(cls, type) or not cls.__module__.startswith("torch.optim"):
+        return None
+    lr = inspect.signature(cls).parameters.get("lr")
+    if lr is None or not isinstance(lr.default, float):
+        return None
+    return float(lr.default)
