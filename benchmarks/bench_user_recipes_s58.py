@@ -55,7 +55,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -74,10 +73,10 @@ from recipe_harness import (  # noqa: E402
     LogLines,
     callbacks_record,
     images,
+    learned_lam,
     news,
     noisy_labels,
     paired_table,
-    read_records,
     recipe_loader,
     tensors,
     test_loss,
@@ -423,11 +422,8 @@ class Setup(s57.Setup):
         return record
 
     def learned_lam(self) -> float:
-        """The decay arm's λ of this recipe and seed (the mean over its layers), from ``OUT``."""
-        for r in read_records(OUT):
-            if (r["recipe"], r["arm"], r["seed"]) == (self.name, "decay", self.seed):
-                return float(np.mean(list(r["lam"].values())))
-        return float("nan")
+        """The decay arm's λ of this recipe and seed, from ``OUT`` (``recipe_harness``)."""
+        return learned_lam([OUT], self.name, self.seed)
 
 
 VERSUS = {"decay": "own", "dw": "plain", "own_learned": "own"}

@@ -56,7 +56,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
@@ -72,9 +71,9 @@ from recipe_harness import (  # noqa: E402
     RecipeModule,
     callbacks_record,
     images,
+    learned_lam,
     noisy_labels,
     paired_table,
-    read_records,
     recipe_loader,
     tensors,
     test_loss,
@@ -352,12 +351,9 @@ class Setup(s57.Setup):
         return record
 
     def learned_lam(self) -> float:
-        """The decay arm's λ of this recipe and seed (the mean over its layers), from ``OUT``
-        or ``FRESH``."""
-        for r in read_records(OUT) + read_records(FRESH):
-            if (r["recipe"], r["arm"], r["seed"]) == (self.name, "decay", self.seed):
-                return float(np.mean(list(r["lam"].values())))
-        return float("nan")
+        """The decay arm's λ of this recipe and seed, from ``OUT``
+        or ``FRESH`` (``recipe_harness``)."""
+        return learned_lam([OUT, FRESH], self.name, self.seed)
 
 
 VERSUS = {"decay": "own", "dw": "plain", "own_learned": "own"}

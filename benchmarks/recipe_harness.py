@@ -406,6 +406,15 @@ def read_records(path: Path | None) -> list[dict[str, Any]]:
     return kept if isinstance(kept, list) else kept["records"]
 
 
+def learned_lam(paths: list[Path], recipe: str, seed: int) -> float:
+    """The ``decay`` arm's λ for ``recipe`` and ``seed`` (the mean over its layers) from the
+    first of ``paths`` that holds it; NaN where none does (the ``own_learned`` control)."""
+    for r in (r for path in paths for r in read_records(path)):
+        if (r["recipe"], r["arm"], r["seed"]) == (recipe, "decay", seed):
+            return float(sum(r["lam"].values()) / len(r["lam"]))
+    return float("nan")
+
+
 def merge_records(
     old: list[dict[str, Any]], new: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]
 ) -> list[dict[str, Any]]:
