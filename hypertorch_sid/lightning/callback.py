@@ -21,7 +21,6 @@ The callback never redoes math: it finds data, builds the core object, logs and 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, Literal
@@ -34,13 +33,12 @@ from torch import Tensor
 
 from ..checkpoint_file import checkpoint_problem
 from ..core.budget import UNLIMITED, Budget, make_budget
-from ..core.config import FeasibleSet, SIDConfig
+from ..core.config import SIDConfig
 from ..core.errors import ConfigurationError, DivergenceError
-from ..core.gauss_newton import check_hvp
 from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
-from ..core.presets import PRESETS, get_preset
+from ..core.presets import PRESETS
 from ..core.validation import (
     check_bool,
     check_choice,
@@ -49,6 +47,7 @@ from ..core.validation import (
     check_takes,
 )
 from .averaging import put_learned_in_averages
+from .callback_build import CoreBuild
 from .callback_logging import HyperLogging
 from .callback_settings import CALLBACK_CONFIG, check_setting_names, given, unset_torch_lr
 from .callback_state import _STATE_KEYS, CheckpointState  # noqa: F401  (_STATE_KEYS: re-exported)
@@ -62,12 +61,11 @@ from .isolation import (
 )
 from .metrics import (
     FEW_HYPER_STEPS,
-    describe,
     readable_progress_bar,
 )
 from .module import Bilevel
 from .namespaces import classes
-from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
+from .optimizer_decay import OptimizerDecay
 from .problem import (
     BilevelProblem,
     ModuleProblem,
@@ -75,7 +73,6 @@ from .problem import (
     check_still_trained,
     refuse_untunable_training,
 )
-from .resumed import resumed_from
 from .sources import HyperData
 from .training_length import horizon, runs_in_new_processes
 
@@ -116,7 +113,7 @@ def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Te
     return [p for p in sid.inner_parameters if id(p) in mine]
 
 
-class HyperOptimizationCallback(CheckpointState, HyperLogging, *CALLBACK_BASES):  # type: ignore[misc]
+class HyperOptimizationCallback(CheckpointState, HyperLogging, CoreBuild, *CALLBACK_BASES):  # type: ignore[misc]
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
     Every default that a drop-in replaces by its own is ``None`` here ("not given"), so that a
@@ -410,6 +407,11 @@ class HyperOptimizationCallback(CheckpointState, HyperLogging, *CALLBACK_BASES):
                 "least one batch (drop_last=False, or a batch_size ≤ the data set's size)."
             )
 
+    def _hyper_callbacks(self, trainer: pl.Trainer) -> list[HyperOptimizationCallback]:
+        """The fit's hyper-optimization callbacks, in the Trainer's order (this one among them
+        where the Trainer holds it)."""
+        return [c for c in trainer.callbacks if isinstance(c, HyperOptimizationCallback)]  # type: ignore[attr-defined]
+
     def _hook_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """From now until the fit ends (:meth:`teardown`, :meth:`on_exception`), the training
         optimizers' steps run, once the gradient is final (after Lightning's clipping), every
@@ -417,7 +419,7 @@ class HyperOptimizationCallback(CheckpointState, HyperLogging, *CALLBACK_BASES):
         :meth:`_read_gradient` (:func:`~.in_step.hook_steps`): one hook for the Trainer, held by
         the first of them, so that a reading sees the other callbacks' changes too."""
         self._release_step_hook()
-        ours = [c for c in trainer.callbacks if isinstance(c, HyperOptimizationCallback)]  # type: ignore[attr-defined]
+        ours = self._hyper_callbacks(trainer)
         ours = ours if any(c is self for c in ours) else [self]
         if ours[0] is self:
             self._step_hook = hook_steps(
@@ -450,11 +452,7 @@ class HyperOptimizationCallback(CheckpointState, HyperLogging, *CALLBACK_BASES):
         (:class:`~hypertorch_sid.core.budget.HyperWork`), a later one joins it."""
         if not self.budget.plans_costs():
             return
-        others = [
-            c
-            for c in trainer.callbacks  # type: ignore[attr-defined]
-            if isinstance(c, HyperOptimizationCallback) and c is not self
-        ]
+        others = [c for c in self._hyper_callbacks(trainer) if c is not self]
         if not others:
             return
         shared = (c.budget.work for c in others if c.budget.plans_costs())
@@ -677,84 +675,6 @@ class HyperOptimizationCallback(CheckpointState, HyperLogging, *CALLBACK_BASES):
         )
 
     # ================================================================== building
-    def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._before_build = False
-        self._world_size, self._rank = trainer.world_size, trainer.global_rank
-        problem = self._with_optimizer_decay(
-            trainer, pl_module, self.problem.build(trainer, pl_module)
-        )
-        self._active = problem
-        self.data = self._hyper_data(trainer)
-        with hyperparameters_require_grad([h for h, _ in self._frozen]):
-            self.sid = self._make_sid(trainer, pl_module, problem)
-        # the fit's hyper steps carry v on: its first, cold solve is continued too
-        self.sid.guard.continued = self.sid.config.warm_start_adjoint
-        self._sync_hyperparameters(trainer)
-        if self._pending is not None:
-            self._restore()
-        elif resumed_from(trainer) is not None:
-            rank_zero_warn(
-                f"{type(self).__name__}: the checkpoint {trainer.ckpt_path} holds no state of this "
-                "callback: λ continues from its current value with a fresh outer optimizer, "
-                "adjoint warm start and samplers."
-            )
-        self._remember_learned(trainer)
-        self._last_step = trainer.global_step
-        self._due_in_fit, self._said_horizon, self._said_new_tensors = 0, False, False
-        self._ran_in_fit = 0
-        self._fit_start = trainer.global_step
-        rank_zero_info(
-            describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
-        )
-        self._warn_if_few_hyper_steps(trainer)
-
-    def _with_optimizer_decay(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
-    ) -> BilevelProblem:
-        """The problem with the training optimizers' own ``weight_decay`` added to ℓ̂
-        (:func:`~hypertorch_sid.lightning.optimizer_decay.with_optimizer_decay`): the training
-        reaches the fixed point of ℓ̂ + D(w), so the hypergradient differentiates that. Said
-        once here; an optimizer whose decay is of unknown form (not a torch optimizer known to
-        couple or decouple it) is named, its decay left out."""
-        decay = OptimizerDecay(trainer.optimizers, problem.inner_parameters, pl_module)
-        self._optimizer_decay = decay if decay else None
-        self._decay_at_build = decay
-        who = type(self).__name__
-        if decay.modelled:
-            rank_zero_info(
-                f"{who}: the training optimizers' own weight decay ({'; '.join(decay.modelled)}) "
-                "is modelled: the hyper steps' inner loss is ℓ̂ + ½·wd·‖w‖² (decoupled: "
-                "½·wd·Σ P⊙w², P the optimizer's preconditioner at each hyper step), the "
-                "objective whose fixed point the training reaches."
-            )
-        if decay.unknown:
-            rank_zero_warn(
-                f"{who}: {'; '.join(decay.unknown)} keeps its own weight decay, whose fixed "
-                "point this callback does not know (not an SGD/Adam-family torch optimizer): the "
-                "hypergradient takes ℓ̂ without it, so it differentiates another problem than "
-                "the one trained. Put the decay into the loss (training_step / inner_loss) and "
-                "pass weight_decay=0, or use SGD, Adam or AdamW."
-            )
-        problem = with_optimizer_decay(problem, decay)
-        for other in trainer.callbacks:  # type: ignore[attr-defined]
-            if other is self or not isinstance(other, HyperOptimizationCallback):
-                continue
-            penalty = other.training_penalty(pl_module)
-            if penalty is not None:
-                rank_zero_info(
-                    f"{who}: {type(other).__name__} adds its penalty to the training's "
-                    "gradients; the hyper steps' inner loss holds it too, at its current "
-                    "hyperparameters (constants here)."
-                )
-                problem = with_penalty(problem, penalty)
-        return problem
-
-    def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
-        return HyperData(
-            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
-            val=self.val, seed=self.seed, who=type(self).__name__,
-        )  # fmt: skip
-
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Where Lightning has reloaded the dataloaders over other data sets
         (``reload_dataloaders_every_n_epochs``), the hyper steps draw from those from now on
@@ -791,91 +711,6 @@ class HyperOptimizationCallback(CheckpointState, HyperLogging, *CALLBACK_BASES):
         """Fewer hyper steps than this in a fit get a warning: λ moves only in hyper steps, a
         bounded amount each (:data:`FEW_HYPER_STEPS`)."""
         return FEW_HYPER_STEPS
-
-    def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
-        if self.outer_optimizer is None:
-            return torch.optim.Adam(hyper, lr=self.outer_lr)
-        opt = self.outer_optimizer(hyper)
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise ConfigurationError(
-                "outer_optimizer(params) must return a torch.optim.Optimizer, got "
-                f"{type(opt).__name__}."
-            )
-        return opt
-
-    def _sid_config(self) -> SIDConfig:
-        """The config of the core object: k, and the preset's adjoint schedule and batches."""
-        changes: dict[str, Any] = {"inner_steps": 0}
-        if self.adjoint_steps is not None:
-            changes["adjoint_steps"] = self.adjoint_steps
-        if self.preset is not None:
-            assert self.data is not None
-            if self.data.train_parts is None:
-                raise ConfigurationError(
-                    f"preset={self.preset!r} sizes its solves by the training set's size, which "
-                    "a streamed train dataloader does not have: set adjoint_steps instead."
-                )
-            preset = get_preset(self.preset).config(
-                self.preset_epochs, self.data.n_train, self.data.train.sampler.global_batch
-            )
-            changes["batches"] = dataclasses.replace(
-                self.config.batches, adjoint=preset.batches.adjoint
-            )
-            if self.adjoint_steps is None:
-                changes["adjoint_steps"] = preset.adjoint_steps
-            if not self._schedule_given:
-                changes["step_size"] = preset.adjoint_step_size
-            if preset.adjoint_step_size == "constant" and self.config.eta is None:
-                changes["eta"] = 1.0
-        return self.config.replace(**changes)
-
-    def _make_sid(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
-    ) -> SIDHyperOptimizer:
-        config = self._sid_config()
-        mean = None
-        if self._world_size > 1:
-
-            def mean(t: Tensor) -> Tensor:
-                return trainer.strategy.reduce(t.clone(), reduce_op="mean")
-
-        if problem.projection is not None:
-            config = config.replace(
-                feasible_set=FeasibleSet(problem.projection, config.feasible_set.contains)
-            )
-        gauss_newton = check_hvp(config.hvp)
-        reg = problem.regularizer
-        if gauss_newton is not None and gauss_newton.regularizer is None and reg is not None:
-            # the drop-in's weight decay is inside ℓ̂: its Hessian stays exact
-            hvp = dataclasses.replace(gauss_newton, regularizer=reg)
-            config = config.replace(hvp=hvp)
-        elif gauss_newton is not None and self._optimizer_decay is not None:
-            # the user's R, and the optimizers' decay now inside ℓ̂ too
-            own, decay = gauss_newton.regularizer, self._optimizer_decay.penalty
-            hvp = dataclasses.replace(gauss_newton, regularizer=lambda: own() + decay())
-            config = config.replace(hvp=hvp)
-        return SIDHyperOptimizer(
-            problem.named_hyperparameters(),
-            problem.inner_parameters,
-            problem.inner_loss,
-            problem.outer_loss,
-            self._outer_optimizer(problem.hyperparameters),
-            config=config,
-            module=pl_module,
-            full_train_batch=self.data.full_train_batch() if config.needs_full_batch else None,
-            penalty=problem.penalty,
-            regularizer=problem.regularizer if problem.exact_cross_term else None,
-            mean_across_processes=mean,
-        )
-
-    def _sync_hyperparameters(self, trainer: pl.Trainer) -> None:
-        """λ from rank 0 on every rank (they must start, and so stay, identical)."""
-        if self._world_size == 1:
-            return
-        assert self.sid is not None
-        with torch.no_grad():
-            for h in self.sid.hyperparameters:
-                h.copy_(trainer.strategy.broadcast(h.detach().clone(), src=0))
 
     # ================================================================== the hyper step
     def _due(self, trainer: pl.Trainer) -> bool:
