@@ -46,10 +46,10 @@ from ..core.validation import (
     check_positive,
     check_takes,
 )
-from .averaging import put_learned_in_averages
 from .callback_budget import BudgetedHyperSteps
 from .callback_build import CoreBuild
 from .callback_logging import HyperLogging
+from .callback_module_hyper import ModuleHyperparameters
 from .callback_settings import CALLBACK_CONFIG, check_setting_names, given, unset_torch_lr
 from .callback_state import _STATE_KEYS, CheckpointState  # noqa: F401  (_STATE_KEYS: re-exported)
 from .in_step import StepHooks, hook_steps
@@ -64,7 +64,6 @@ from .metrics import (
     FEW_HYPER_STEPS,
     readable_progress_bar,
 )
-from .module import Bilevel
 from .namespaces import classes
 from .optimizer_decay import OptimizerDecay
 from .problem import (
@@ -115,7 +114,12 @@ def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Te
 
 
 class HyperOptimizationCallback(  # type: ignore[misc]
-    CheckpointState, HyperLogging, CoreBuild, BudgetedHyperSteps, *CALLBACK_BASES
+    CheckpointState,
+    HyperLogging,
+    CoreBuild,
+    BudgetedHyperSteps,
+    ModuleHyperparameters,
+    *CALLBACK_BASES,
 ):
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
@@ -572,54 +576,6 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         """The training dataset where the callback samples it by index (else None)."""
         parts = self.data.train_parts if self.data is not None else None
         return parts[0] if parts is not None else None
-
-    # ================================================================== the problem
-    def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
-        if isinstance(pl_module, Bilevel):
-            named = list(pl_module.named_hyperparameters())
-            self._frozen = [(h, h.requires_grad) for _, h in named]
-            self._names = [name for name, _ in named]
-            for h, _ in self._frozen:
-                h.requires_grad_(False)
-                h.grad = None
-
-    def _unfreeze(self) -> None:
-        for h, flag in self._frozen:
-            h.requires_grad_(flag)
-        self._frozen, self._learned, self._names = [], [], []
-
-    def _remember_learned(self, trainer: pl.Trainer) -> None:
-        """Note λ as the hyper steps left it; weight-averaging callbacks' copies of the module
-        carry it too (:mod:`~hypertorch_sid.lightning.averaging`: else they average λ, then swap
-        that average in for validation and write it into checkpoints)."""
-        self._learned = [h.detach().clone() for h, _ in self._frozen]
-        put_learned_in_averages(trainer, self._names, self._learned)
-
-    def _keep_learned(self, trainer: pl.Trainer) -> None:
-        """λ living in the module (a ``BilevelModule``'s) ends the fit at the values the hyper
-        steps gave it. A callback that averages the module's parameters — Lightning's
-        ``EMAWeightAveraging``/``WeightAveraging``, ``StochasticWeightAveraging`` — copies its
-        average into all of them at the end of the training, λ included (measured: a log λ
-        learned to -0.35 came back as -0.007, its EMA with decay 0.999); the weights keep that
-        callback's average, λ is put back (teardown runs after every callback's
-        ``on_train_end``)."""
-        changed = [
-            h for (h, _), learned in zip(self._frozen, self._learned)
-            if not torch.equal(h.detach(), learned.to(h.device))
-        ]  # fmt: skip
-        put_learned_in_averages(trainer, self._names, self._learned)  # for a save after the fit
-        if not changed:
-            return
-        with torch.no_grad():
-            for (h, _), learned in zip(self._frozen, self._learned):
-                h.copy_(learned)
-        rank_zero_info(
-            f"{type(self).__name__}: {len(changed)} hyperparameter tensor(s) of the module were "
-            "changed after the last hyper step (a callback averaging the module's parameters, "
-            "such as EMAWeightAveraging or StochasticWeightAveraging, copies its average into "
-            "them at the end of the fit): they are given back the values the hyper steps "
-            "learned; the weights keep that callback's average."
-        )
 
     # ================================================================== building
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
