@@ -39,13 +39,7 @@ from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS
-from ..core.validation import (
-    check_bool,
-    check_choice,
-    check_integer,
-    check_positive,
-    check_takes,
-)
+from ..core.validation import check_bool, check_choice, check_integer, check_positive, check_takes
 from .callback_budget import BudgetedHyperSteps
 from .callback_build import CoreBuild
 from .callback_logging import HyperLogging
@@ -60,10 +54,7 @@ from .isolation import (
     metric_states_kept,
     private_rng,
 )
-from .metrics import (
-    FEW_HYPER_STEPS,
-    readable_progress_bar,
-)
+from .metrics import FEW_HYPER_STEPS, readable_progress_bar
 from .namespaces import classes
 from .optimizer_decay import OptimizerDecay
 from .problem import (
