@@ -17,6 +17,11 @@ with the same seed on every rank, so the hypergradient equals the single-process
 global batches and λ stays identical on all ranks.
 
 The callback never redoes math: it finds data, builds the core object, logs and checkpoints.
+This module holds its hooks and the hyper step; the jobs they call are mixins, a module each:
+building the fit's problem, data and core object (:mod:`.callback_build`), the budget's
+decisions (:mod:`.callback_budget`), λ living in the module (:mod:`.callback_module_hyper`), the
+metrics and the warnings about the fit (:mod:`.callback_logging`) and the checkpoint state
+(:mod:`.callback_state`); its settings are :mod:`.callback_settings`.
 """
 
 from __future__ import annotations
@@ -568,7 +573,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         parts = self.data.train_parts if self.data is not None else None
         return parts[0] if parts is not None else None
 
-    # ================================================================== building
+    # ================================================================== reloads; other callbacks
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Where Lightning has reloaded the dataloaders over other data sets
         (``reload_dataloaders_every_n_epochs``), the hyper steps draw from those from now on
