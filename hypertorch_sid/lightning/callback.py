@@ -17,11 +17,15 @@ with the same seed on every rank, so the hypergradient equals the single-process
 global batches and λ stays identical on all ranks.
 
 The callback never redoes math: it finds data, builds the core object, logs and checkpoints.
+This module holds its hooks and the hyper step; the jobs they call are mixins, a module each:
+building the fit's problem, data and core object (:mod:`.callback_build`), the budget's
+decisions (:mod:`.callback_budget`), λ living in the module (:mod:`.callback_module_hyper`), the
+metrics and the warnings about the fit (:mod:`.callback_logging`) and the checkpoint state
+(:mod:`.callback_state`); its settings are :mod:`.callback_settings`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, Literal
@@ -32,24 +36,21 @@ from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
-from ..checkpoint_file import checkpoint_problem, verify_checkpoint_file
-from ..core.budget import UNLIMITED, Budget, check_budget_state, make_budget
-from ..core.config import FeasibleSet, SIDConfig
+from ..checkpoint_file import checkpoint_problem
+from ..core.budget import Budget, make_budget
+from ..core.config import SIDConfig
 from ..core.errors import ConfigurationError, DivergenceError
-from ..core.gauss_newton import check_hvp
 from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
-from ..core.presets import PRESETS, get_preset
-from ..core.validation import (
-    check_bool,
-    check_choice,
-    check_integer,
-    check_positive,
-    check_takes,
-)
-from .averaging import put_learned_in_averages
+from ..core.presets import PRESETS
+from ..core.validation import check_bool, check_choice, check_integer, check_positive, check_takes
+from .callback_budget import BudgetedHyperSteps
+from .callback_build import CoreBuild
+from .callback_logging import HyperLogging
+from .callback_module_hyper import ModuleHyperparameters
 from .callback_settings import CALLBACK_CONFIG, check_setting_names, given, unset_torch_lr
+from .callback_state import _STATE_KEYS, CheckpointState  # noqa: F401  (_STATE_KEYS: re-exported)
 from .in_step import StepHooks, hook_steps
 from .isolation import (
     LossWatch,
@@ -58,36 +59,22 @@ from .isolation import (
     metric_states_kept,
     private_rng,
 )
-from .metrics import (
-    FEW_HYPER_STEPS,
-    budget_cut,
-    describe,
-    few_hyper_steps,
-    hyper_metrics,
-    lambda_mean,
-    readable_progress_bar,
-)
-from .module import Bilevel
+from .metrics import FEW_HYPER_STEPS, readable_progress_bar
 from .namespaces import classes
-from .optimizer_decay import OptimizerDecay, with_optimizer_decay, with_penalty
+from .optimizer_decay import OptimizerDecay
 from .problem import (
     BilevelProblem,
     ModuleProblem,
     ProblemSource,
     check_still_trained,
-    named_tensors,
     refuse_untunable_training,
 )
-from .resumed import _UNAPPLIED_BY_FIT, _unapplied_outside_fit, resumed_from
 from .sources import HyperData
-from .training_length import _manual, horizon, planned_steps, runs_in_new_processes
+from .training_length import horizon, runs_in_new_processes
 
 __all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
 
 Tensors = list[Tensor]
-
-
-_STATE_KEYS = ("sid", "train_sampler", "val_sampler", "val_samples", "history")
 
 
 #: Lightning's ``Callback`` from every installed namespace: the callbacks derive from each, so a
@@ -122,7 +109,14 @@ def stepped(optimizer: torch.optim.Optimizer, sid: SIDHyperOptimizer) -> list[Te
     return [p for p in sid.inner_parameters if id(p) in mine]
 
 
-class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
+class HyperOptimizationCallback(  # type: ignore[misc]
+    CheckpointState,
+    HyperLogging,
+    CoreBuild,
+    BudgetedHyperSteps,
+    ModuleHyperparameters,
+    *CALLBACK_BASES,
+):
     """Tune the hyperparameters of a :class:`BilevelModule` by SID while Lightning trains it.
 
     Every default that a drop-in replaces by its own is ``None`` here ("not given"), so that a
@@ -416,6 +410,11 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 "least one batch (drop_last=False, or a batch_size ≤ the data set's size)."
             )
 
+    def _hyper_callbacks(self, trainer: pl.Trainer) -> list[HyperOptimizationCallback]:
+        """The fit's hyper-optimization callbacks, in the Trainer's order (this one among them
+        where the Trainer holds it)."""
+        return [c for c in trainer.callbacks if isinstance(c, HyperOptimizationCallback)]  # type: ignore[attr-defined]
+
     def _hook_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """From now until the fit ends (:meth:`teardown`, :meth:`on_exception`), the training
         optimizers' steps run, once the gradient is final (after Lightning's clipping), every
@@ -423,7 +422,7 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         :meth:`_read_gradient` (:func:`~.in_step.hook_steps`): one hook for the Trainer, held by
         the first of them, so that a reading sees the other callbacks' changes too."""
         self._release_step_hook()
-        ours = [c for c in trainer.callbacks if isinstance(c, HyperOptimizationCallback)]  # type: ignore[attr-defined]
+        ours = self._hyper_callbacks(trainer)
         ours = ours if any(c is self for c in ours) else [self]
         if ours[0] is self:
             self._step_hook = hook_steps(
@@ -448,25 +447,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self._probed_batch, self._steps_per_batch = (-1, False), None
         self._batch_start_step, self._step_probe = trainer.global_step, None
         self.budget.training_step_done()  # the training's time is counted from here
-
-    def _share_hyper_work(self, trainer: pl.Trainer) -> None:
-        """Beside other hyper-optimization callbacks in the fit, a budget counts their hyper
-        work as hyper work, not as its training (eq. budget: the plain training's cost): the
-        first budget that plans costs times everyone's hyper work on its clock
-        (:class:`~hypertorch_sid.core.budget.HyperWork`), a later one joins it."""
-        if not self.budget.plans_costs():
-            return
-        others = [
-            c
-            for c in trainer.callbacks  # type: ignore[attr-defined]
-            if isinstance(c, HyperOptimizationCallback) and c is not self
-        ]
-        if not others:
-            return
-        shared = (c.budget.work for c in others if c.budget.plans_costs())
-        work = next((w for w in shared if w is not None and w.clock is self.budget.clock), None)
-        for callback in (self, *others):
-            callback.budget.share_work(work or self.budget.work)
 
     def on_train_batch_end(
         self,
@@ -494,47 +474,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         if run:
             self._waiting = False
             self._budgeted_hyper_step(trainer, pl_module)
-
-    def _budgeted_hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A hyper step within the budget's allowance (under DDP only the decision to start is
-        the budget's: shortening a solve on one rank would desynchronise the collectives)."""
-        assert self.sid is not None
-        cost = self.sid.cost
-        products = cost.jacobian_vector_products + cost.curvature_products
-        if self._world_size == 1:
-            needed = self.sid.minimum_products()
-            self.sid.allowance = self.budget.allowance(
-                horizon(trainer)[0], needed, self._due_left(trainer)
-            )
-        self.budget.start_hyper_step()
-        self._ran_in_fit += 1
-        try:
-            self._hyper_step(trainer, pl_module)
-        finally:
-            made = cost.jacobian_vector_products + cost.curvature_products - products
-            self.budget.end_hyper_step(made)
-            self.sid.allowance = UNLIMITED
-
-    def _budget_allows(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
-        """The budget's decision; under DDP rank 0's (every rank runs the hyper step or none).
-        A budget that has not yet measured a Hessian–vector product times one first (charged
-        to the callback)."""
-        assert self.sid is not None and self.data is not None
-        if self.budget.needs_product_cost():
-            seed = (self.seed * 1_000_003 + 104_729 + self._rank) % (2**63)
-            with (
-                self.budget.added_work(),
-                private_rng(seed, pl_module.device),
-                metric_states_kept(pl_module),
-            ):
-                cost = self.sid.time_product(self.data.train_stream, self.budget.synchronized_clock)
-            self.budget.note_product_cost(cost)
-        allowed = self.budget.allows(
-            horizon(trainer)[0], self.sid.minimum_products(), self._due_left(trainer)
-        )
-        if self._world_size > 1:
-            allowed = bool(trainer.strategy.broadcast(allowed, src=0))
-        return allowed
 
     def _change_gradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -629,238 +568,12 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             if problem is not None and hasattr(exception, "add_note"):
                 exception.add_note(f"{type(self).__name__}: {problem}")
 
-    def state_dict(self) -> dict[str, Any]:
-        """SID state (λ, outer optimizer, warm-start v, counters, constants, cost), samplers,
-        and the budget's accounting (a resumed fit keeps what it spent)."""
-        if self.sid is None:
-            return dict(self._pending) if self._pending is not None else {}
-        assert self.data is not None
-        return {
-            "sid": self.sid.state_dict(),
-            **self.data.state_dict(),
-            "history": [dict(h) for h in self.history],
-            "budget": self.budget.state_dict(),
-        }
-
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """The checkpoint's ``state_dict`` holds λ as learned, also where a weight-averaging
-        callback writes its average there (before or after this hook: both are set,
-        :mod:`~hypertorch_sid.lightning.averaging`)."""
-        put_learned_in_averages(trainer, self._names, self._learned)
-        state = checkpoint.get("state_dict", {})
-        for name, learned in zip(self._names, self._learned):
-            if name in state:
-                state[name] = learned.clone()
-
-    def on_load_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Refuse a checkpoint file whose bytes fail their CRC-32 (``torch.load`` skips it);
-        note which of the Trainer's functions loads it (``trainer.test(ckpt_path=...)`` loads
-        the callbacks' state too, but only a fit applies it)."""
-        verify_checkpoint_file(trainer.ckpt_path)
-        self._loaded_by = getattr(trainer.state.fn, "value", trainer.state.fn)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (applied at ``on_train_start`` if not built yet).
-
-        Every entry is validated before anything changes (see :meth:`_restore`): an incomplete,
-        corrupted or foreign state raises :class:`ConfigurationError`.
-        """
-        if not state_dict:
-            return
-        if not isinstance(state_dict, dict):
-            raise ConfigurationError(
-                "not a HyperOptimizationCallback state: expected a dict, got "
-                f"{type(state_dict).__name__}."
-            )
-        missing = [key for key in _STATE_KEYS if key not in state_dict]
-        if missing:
-            raise ConfigurationError(
-                f"not a complete HyperOptimizationCallback state: {missing} missing (truncated "
-                "or foreign checkpoint?). Resume from a checkpoint written by this callback."
-            )
-        self._pending = dict(state_dict)
-        if self.sid is not None and not self._fitting:
-            # outside a fit (e.g. to inspect a checkpoint) the state is applied now; a fit builds
-            # a new core object at on_train_start and applies it then
-            self._restore()
-
-    def _refuse_unapplied_checkpoint(self, what: str) -> None:
-        """A checkpoint's state is applied at a fit's first training step: a resumed fit that
-        ran none (``trainer.fit(ckpt_path=...)`` with the checkpoint's own ``max_epochs``, e.g.
-        to get a finished fit's hyperparameters back) left it unapplied, and the drop-ins'
-        readers gave their start silently: ``learned_weight_decay`` λ₀ (1e-3 where 6.5e-8 was
-        learned), ``data_weights()`` nothing and ``flagged()`` no row (session 52). Read after
-        a fit that an exception ended (a Ctrl-C too: Lightning stops the fit and raises
-        ``SystemExit``), they say so once (session 55: the unfinished fit's values, silently)."""
-        if self._pending is not None:
-            loaded_by = self._loaded_by or "fit"
-            raise ConfigurationError(
-                f"{type(self).__name__}.{what}: this callback holds "
-                f"{self.hyperparameters_named} from a checkpoint that no training step has "
-                "applied yet: "
-                + (_UNAPPLIED_BY_FIT if loaded_by == "fit" else _unapplied_outside_fit(loaded_by))
-            )
-        if self._unfinished is not None:  # read after a fit an exception or Ctrl-C ended:
-            said, self._unfinished = self._unfinished, None  # its values, silently (s55)
-            rank_zero_warn(
-                f"{type(self).__name__}.{what}: the last fit was ended {said}, before its "
-                f"end: these are {self.hyperparameters_named} as it left them, not a finished "
-                "fit's. Resume it (trainer.fit(..., ckpt_path=...) from a checkpoint) or fit "
-                "again before relying on them."
-            )
-
     def _train_dataset(self) -> Any:
         """The training dataset where the callback samples it by index (else None)."""
         parts = self.data.train_parts if self.data is not None else None
         return parts[0] if parts is not None else None
 
-    # ================================================================== the problem
-    def _freeze_module_hyperparameters(self, pl_module: pl.LightningModule) -> None:
-        if isinstance(pl_module, Bilevel):
-            named = list(pl_module.named_hyperparameters())
-            self._frozen = [(h, h.requires_grad) for _, h in named]
-            self._names = [name for name, _ in named]
-            for h, _ in self._frozen:
-                h.requires_grad_(False)
-                h.grad = None
-
-    def _unfreeze(self) -> None:
-        for h, flag in self._frozen:
-            h.requires_grad_(flag)
-        self._frozen, self._learned, self._names = [], [], []
-
-    def _remember_learned(self, trainer: pl.Trainer) -> None:
-        """Note λ as the hyper steps left it; weight-averaging callbacks' copies of the module
-        carry it too (:mod:`~hypertorch_sid.lightning.averaging`: else they average λ, then swap
-        that average in for validation and write it into checkpoints)."""
-        self._learned = [h.detach().clone() for h, _ in self._frozen]
-        put_learned_in_averages(trainer, self._names, self._learned)
-
-    def _keep_learned(self, trainer: pl.Trainer) -> None:
-        """λ living in the module (a ``BilevelModule``'s) ends the fit at the values the hyper
-        steps gave it. A callback that averages the module's parameters — Lightning's
-        ``EMAWeightAveraging``/``WeightAveraging``, ``StochasticWeightAveraging`` — copies its
-        average into all of them at the end of the training, λ included (measured: a log λ
-        learned to -0.35 came back as -0.007, its EMA with decay 0.999); the weights keep that
-        callback's average, λ is put back (teardown runs after every callback's
-        ``on_train_end``)."""
-        changed = [
-            h for (h, _), learned in zip(self._frozen, self._learned)
-            if not torch.equal(h.detach(), learned.to(h.device))
-        ]  # fmt: skip
-        put_learned_in_averages(trainer, self._names, self._learned)  # for a save after the fit
-        if not changed:
-            return
-        with torch.no_grad():
-            for (h, _), learned in zip(self._frozen, self._learned):
-                h.copy_(learned)
-        rank_zero_info(
-            f"{type(self).__name__}: {len(changed)} hyperparameter tensor(s) of the module were "
-            "changed after the last hyper step (a callback averaging the module's parameters, "
-            "such as EMAWeightAveraging or StochasticWeightAveraging, copies its average into "
-            "them at the end of the fit): they are given back the values the hyper steps "
-            "learned; the weights keep that callback's average."
-        )
-
-    # ================================================================== building
-    def _build(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._before_build = False
-        self._world_size, self._rank = trainer.world_size, trainer.global_rank
-        problem = self._with_optimizer_decay(
-            trainer, pl_module, self.problem.build(trainer, pl_module)
-        )
-        self._active = problem
-        self.data = self._hyper_data(trainer)
-        with hyperparameters_require_grad([h for h, _ in self._frozen]):
-            self.sid = self._make_sid(trainer, pl_module, problem)
-        # the fit's hyper steps carry v on: its first, cold solve is continued too
-        self.sid.guard.continued = self.sid.config.warm_start_adjoint
-        self._sync_hyperparameters(trainer)
-        if self._pending is not None:
-            self._restore()
-        elif resumed_from(trainer) is not None:
-            rank_zero_warn(
-                f"{type(self).__name__}: the checkpoint {trainer.ckpt_path} holds no state of this "
-                "callback: λ continues from its current value with a fresh outer optimizer, "
-                "adjoint warm start and samplers."
-            )
-        self._remember_learned(trainer)
-        self._last_step = trainer.global_step
-        self._due_in_fit, self._said_horizon, self._said_new_tensors = 0, False, False
-        self._ran_in_fit = 0
-        self._fit_start = trainer.global_step
-        rank_zero_info(
-            describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
-        )
-        self._warn_if_few_hyper_steps(trainer)
-
-    def _warn_if_decay_switched_on(self, trainer: pl.Trainer) -> None:
-        """Once per fit: an optimizer group's ``weight_decay`` switched on from 0 during the
-        fit is not in the hyper steps' ℓ̂ (:meth:`OptimizerDecay.switched_on`)."""
-        decay = self._decay_at_build
-        switched = decay.switched_on(trainer.optimizers) if decay is not None else []
-        if switched:
-            self._decay_at_build = None
-            rank_zero_warn(
-                f"{type(self).__name__}: {'; '.join(switched)} was switched on during the fit "
-                "(a weight-decay schedule, a callback?): the training now minimises ℓ̂ plus that "
-                "decay, but the hyper steps model the optimizers' decay as it was at the fit's "
-                "start (none here), so they differentiate another problem than the one trained. "
-                "Start the fit with the decay on (its schedule's first value), so that it is "
-                "modelled and followed."
-            )
-
-    def _with_optimizer_decay(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
-    ) -> BilevelProblem:
-        """The problem with the training optimizers' own ``weight_decay`` added to ℓ̂
-        (:func:`~hypertorch_sid.lightning.optimizer_decay.with_optimizer_decay`): the training
-        reaches the fixed point of ℓ̂ + D(w), so the hypergradient differentiates that. Said
-        once here; an optimizer whose decay is of unknown form (not a torch optimizer known to
-        couple or decouple it) is named, its decay left out."""
-        decay = OptimizerDecay(trainer.optimizers, problem.inner_parameters, pl_module)
-        self._optimizer_decay = decay if decay else None
-        self._decay_at_build = decay
-        who = type(self).__name__
-        if decay.modelled:
-            rank_zero_info(
-                f"{who}: the training optimizers' own weight decay ({'; '.join(decay.modelled)}) "
-                "is modelled: the hyper steps' inner loss is ℓ̂ + ½·wd·‖w‖² (decoupled: "
-                "½·wd·Σ P⊙w², P the optimizer's preconditioner at each hyper step), the "
-                "objective whose fixed point the training reaches."
-            )
-        if decay.unknown:
-            rank_zero_warn(
-                f"{who}: {'; '.join(decay.unknown)} keeps its own weight decay, whose fixed "
-                "point this callback does not know (not an SGD/Adam-family torch optimizer): the "
-                "hypergradient takes ℓ̂ without it, so it differentiates another problem than "
-                "the one trained. Put the decay into the loss (training_step / inner_loss) and "
-                "pass weight_decay=0, or use SGD, Adam or AdamW."
-            )
-        problem = with_optimizer_decay(problem, decay)
-        for other in trainer.callbacks:  # type: ignore[attr-defined]
-            if other is self or not isinstance(other, HyperOptimizationCallback):
-                continue
-            penalty = other.training_penalty(pl_module)
-            if penalty is not None:
-                rank_zero_info(
-                    f"{who}: {type(other).__name__} adds its penalty to the training's "
-                    "gradients; the hyper steps' inner loss holds it too, at its current "
-                    "hyperparameters (constants here)."
-                )
-                problem = with_penalty(problem, penalty)
-        return problem
-
-    def _hyper_data(self, trainer: pl.Trainer) -> HyperData:
-        return HyperData(
-            trainer, batch_size=self.batch_size, val_batch_size=self.val_batch_size,
-            val=self.val, seed=self.seed, who=type(self).__name__,
-        )  # fmt: skip
-
+    # ================================================================== reloads; other callbacks
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Where Lightning has reloaded the dataloaders over other data sets
         (``reload_dataloaders_every_n_epochs``), the hyper steps draw from those from now on
@@ -886,49 +599,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             f"({self.data.n_train} training samples)."
         )
 
-    def _warn_if_few_hyper_steps(self, trainer: pl.Trainer) -> None:
-        """Say so when the fit is too short for λ to move (:func:`few_hyper_steps`)."""
-        said = few_hyper_steps(
-            planned_steps(trainer), self.every_n_steps, self.start_step,
-            trainer.global_step, self.hyper_steps_needed(), self.hyperparameters_named,
-        )  # fmt: skip
-        self._planned_short = said is not None
-        if said is not None and _manual(trainer):
-            said += (
-                " (Under manual optimisation Lightning counts training batches; this counts "
-                "one step of each optimizer per batch: where training_step steps less often, "
-                "fewer hyper steps run.)"
-            )
-        if said is not None and trainer.fast_dev_run:  # a smoke test, not a short fit
-            said = (
-                f"fast_dev_run={trainer.fast_dev_run!r} runs {planned_steps(trainer)} optimizer "
-                "step(s), a smoke test of the code: too few for a hyper step to learn anything, "
-                "so the hyperparameters stay (nearly) where they start and read as nothing "
-                "learned. Fit without fast_dev_run to learn them (the same callback object "
-                "then starts from where it is now)."
-            )
-        if said is not None:
-            rank_zero_warn(f"{type(self).__name__}: {said}")
-
-    def _warn_if_ended_before_learning(self, trainer: pl.Trainer) -> None:
-        """A fit planned long enough that ended (``EarlyStopping``, ``max_time``, a
-        ``should_stop``) before its first hyper step was due learned nothing: say so, since the
-        hyperparameters then read as learned values (data weights all at their start, nothing
-        flagged; λ where it started)."""
-        ran = trainer.global_step - self._fit_start
-        if self._due_in_fit or self._planned_short or ran <= 0:
-            return
-        n = self.every_n_steps
-        first = -(-max(self.start_step, self._fit_start + 1, 1) // n) * n
-        rank_zero_warn(
-            f"{type(self).__name__}: the fit ended after {ran} optimizer steps (at step "
-            f"{trainer.global_step}), before its first hyper step (due at step {first}: "
-            f"start_step={self.start_step}, "
-            f"every_n_steps={n}), so it learned nothing: the hyperparameters are where they "
-            "started. If a callback stopped it early (EarlyStopping, max_time), let it run past "
-            "that step (e.g. EarlyStopping(patience=...) or min_steps), or lower start_step."
-        )
-
     def training_penalty(self, pl_module: pl.LightningModule) -> Callable[[], Tensor] | None:
         """D(w), the penalty whose gradient this callback adds to the training's, its
         hyperparameters held constant: another hyperparameter callback in the same fit adds it
@@ -941,111 +611,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         bounded amount each (:data:`FEW_HYPER_STEPS`)."""
         return FEW_HYPER_STEPS
 
-    def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
-        if self.outer_optimizer is None:
-            return torch.optim.Adam(hyper, lr=self.outer_lr)
-        opt = self.outer_optimizer(hyper)
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise ConfigurationError(
-                "outer_optimizer(params) must return a torch.optim.Optimizer, got "
-                f"{type(opt).__name__}."
-            )
-        return opt
-
-    def _sid_config(self) -> SIDConfig:
-        """The config of the core object: k, and the preset's adjoint schedule and batches."""
-        changes: dict[str, Any] = {"inner_steps": 0}
-        if self.adjoint_steps is not None:
-            changes["adjoint_steps"] = self.adjoint_steps
-        if self.preset is not None:
-            assert self.data is not None
-            if self.data.train_parts is None:
-                raise ConfigurationError(
-                    f"preset={self.preset!r} sizes its solves by the training set's size, which "
-                    "a streamed train dataloader does not have: set adjoint_steps instead."
-                )
-            preset = get_preset(self.preset).config(
-                self.preset_epochs, self.data.n_train, self.data.train.sampler.global_batch
-            )
-            changes["batches"] = dataclasses.replace(
-                self.config.batches, adjoint=preset.batches.adjoint
-            )
-            if self.adjoint_steps is None:
-                changes["adjoint_steps"] = preset.adjoint_steps
-            if not self._schedule_given:
-                changes["step_size"] = preset.adjoint_step_size
-            if preset.adjoint_step_size == "constant" and self.config.eta is None:
-                changes["eta"] = 1.0
-        return self.config.replace(**changes)
-
-    def _make_sid(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem
-    ) -> SIDHyperOptimizer:
-        config = self._sid_config()
-        mean = None
-        if self._world_size > 1:
-
-            def mean(t: Tensor) -> Tensor:
-                return trainer.strategy.reduce(t.clone(), reduce_op="mean")
-
-        if problem.projection is not None:
-            config = config.replace(
-                feasible_set=FeasibleSet(problem.projection, config.feasible_set.contains)
-            )
-        gauss_newton = check_hvp(config.hvp)
-        reg = problem.regularizer
-        if gauss_newton is not None and gauss_newton.regularizer is None and reg is not None:
-            # the drop-in's weight decay is inside ℓ̂: its Hessian stays exact
-            hvp = dataclasses.replace(gauss_newton, regularizer=reg)
-            config = config.replace(hvp=hvp)
-        elif gauss_newton is not None and self._optimizer_decay is not None:
-            # the user's R, and the optimizers' decay now inside ℓ̂ too
-            own, decay = gauss_newton.regularizer, self._optimizer_decay.penalty
-            hvp = dataclasses.replace(gauss_newton, regularizer=lambda: own() + decay())
-            config = config.replace(hvp=hvp)
-        return SIDHyperOptimizer(
-            problem.named_hyperparameters(),
-            problem.inner_parameters,
-            problem.inner_loss,
-            problem.outer_loss,
-            self._outer_optimizer(problem.hyperparameters),
-            config=config,
-            module=pl_module,
-            full_train_batch=self.data.full_train_batch() if config.needs_full_batch else None,
-            penalty=problem.penalty,
-            regularizer=problem.regularizer if problem.exact_cross_term else None,
-            mean_across_processes=mean,
-        )
-
-    def _sync_hyperparameters(self, trainer: pl.Trainer) -> None:
-        """λ from rank 0 on every rank (they must start, and so stay, identical)."""
-        if self._world_size == 1:
-            return
-        assert self.sid is not None
-        with torch.no_grad():
-            for h in self.sid.hyperparameters:
-                h.copy_(trainer.strategy.broadcast(h.detach().clone(), src=0))
-
-    def _restore(self) -> None:
-        """Load the pending state: everything is checked first, so a bad state changes nothing."""
-        assert self.sid is not None and self.data is not None and self._pending is not None
-        state, self._pending = self.data.resized_by_reload(self._pending), None
-        self.data.check_state(state)
-        budget = state.get("budget", {})  # absent in checkpoints written before it was kept
-        check_budget_state(budget)
-        history = state["history"]
-        if not isinstance(history, list) or not all(
-            isinstance(h, dict) and all(isinstance(x, (int, float)) for x in h.values())
-            for h in history
-        ):
-            raise ConfigurationError(
-                "the checkpoint's history must be a list of dicts of numbers: it is corrupted."
-            )
-        self.sid.load_state_dict(state["sid"])  # validates everything before changing anything
-        self.data.load_state_dict(state)
-        self.history = [dict(h) for h in history]
-        self.budget.load_state_dict(budget)
-
     # ================================================================== the hyper step
     def _due(self, trainer: pl.Trainer) -> bool:
         step = trainer.global_step
@@ -1053,16 +618,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
             return False
         self._last_step = step
         return step >= max(self.start_step, 1) and step % self.every_n_steps == 0
-
-    def _due_left(self, trainer: pl.Trainer) -> int:
-        """The hyper steps due from now to the end of the fit: the one waiting now and those
-        due at the steps that remain, where :func:`horizon` estimates those steps where the fit's
-        length is unknown (so the budget plans an unknown-length fit as one of the expected
-        length)."""
-        left = horizon(trainer)[0]
-        step, n = trainer.global_step, self.every_n_steps
-        after = max(step, max(self.start_step, 1) - 1)
-        return 1 + max((step + left) // n - after // n, 0)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit never ends silently with NaN weights, nor with λ unlearned because the budget
@@ -1072,25 +627,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
                 self._check_weights(trainer, pl_module)
             self._warn_if_budget_cut()
             self._warn_if_ended_before_learning(trainer)
-
-    def _warn_if_budget_cut(self) -> None:
-        """One warning where the budget ran too few of the fit's due hyper steps for
-        the hyperparameters to be learned: none of them (the budget's own account of why,
-        :meth:`~hypertorch_sid.core.budget.Budget.starved`), or fewer than
-        :meth:`hyper_steps_needed` where more were due (:func:`budget_cut`). Counted, not timed:
-        the hyper steps due and those run."""
-        assert self.sid is not None
-        ran, due = self._ran_in_fit, self._due_in_fit
-        said = (
-            self.budget.starved(due, self.sid.minimum_products())
-            if ran == 0
-            else budget_cut(
-                ran, due, self.hyper_steps_needed(), getattr(self.budget, "max_overhead", None),
-                self.hyperparameters_named,
-            )
-        )  # fmt: skip
-        if said is not None:
-            rank_zero_warn(f"{type(self).__name__}: {said}")
 
     def _check_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Never go on with non-finite weights; the error names the cause
@@ -1132,33 +668,6 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         self.last_hypergradient = [g.detach().clone() for g in hypergrad]
         self._log(trainer, pl_module)
 
-    def _warn_if_new_tensors(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Say once per fit when the optimizers train tensors that are no inner parameters of
-        the hypergradient: unfrozen or added during the fit (``BackboneFinetuning`` adds a
-        parameter group), while the inner parameters are collected when a fit starts."""
-        assert self.sid is not None
-        if self._said_new_tensors:
-            return
-        known = {id(p) for p in self.sid.inner_parameters}
-        names = {id(p): n for n, p in named_tensors(pl_module)}
-        new = [
-            names.get(id(p), "an unnamed tensor")
-            for opt in trainer.optimizers
-            for group in opt.param_groups
-            for p in group["params"]
-            if p.requires_grad and id(p) not in known
-        ]
-        if new:
-            self._said_new_tensors = True
-            rank_zero_warn(
-                f"{type(self).__name__}: the optimizers now train {len(new)} tensors the fit did "
-                f"not start with ({', '.join(new[:3])}{', ...' if len(new) > 3 else ''}; e.g. "
-                f"BackboneFinetuning unfroze them): they {self._new_tensors_get}, because "
-                "the inner parameters are collected when a fit starts. Unfreeze before the fit, "
-                "or continue in a new fit (trainer.fit again with this callback: λ carries over "
-                "and the new tensors are collected)." + self._thawed_mid_fit_advice
-            )
-
     def _adjust_hypergradient(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, hypergrad: Tensors
     ) -> Tensors:
@@ -1193,30 +702,3 @@ class HyperOptimizationCallback(*CALLBACK_BASES):  # type: ignore[misc]
         η; :class:`LearnedWeightDecay` with ``decoupled=True``: the optimizers' lr, since
         ``w ← w(1 − lr·λ)`` bypasses the optimizer's gain)."""
         return eta
-
-    # ================================================================== logging
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        assert self._active is not None
-        summary = self._active.summary()  # once: per element it holds every λ
-        assert self.sid is not None and self.data is not None
-        metrics = hyper_metrics(
-            self.sid, summary, self._world_size, self.data.val_samples, self.budget.overhead
-        )
-        self.history.append({"global_step": float(trainer.global_step), **metrics})
-        if self.log_to_loggers and trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
-        # Through Lightning's (slower, ~0.4 ms per key) logging only what monitors and the
-        # progress bar need: the validation objective (e.g. for ModelCheckpoint) and λ's mean.
-        pl_module.log(
-            "hyper/outer_loss", metrics["hyper/outer_loss"], on_step=True, on_epoch=False,
-            logger=False,
-        )  # fmt: skip
-        pl_module.log(
-            "lam", lambda_mean(summary), prog_bar=True, on_step=True, on_epoch=False,
-            logger=False,
-        )  # fmt: skip
-        pl_module.log(
-            "hg", metrics["hyper/hypergradient_norm"], prog_bar=True, on_step=True,
-            on_epoch=False, logger=False,
-        )  # fmt: skip
