@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import orthogonal
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
