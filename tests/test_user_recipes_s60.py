@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -113,3 +114,19 @@ def test_the_difference_of_losses_of_a_gradient_penalty_step_is_its_directional_
         exact.append(sum((gr * t).sum() for gr, t in zip(grads, tangents)))
     assert not u.requires_grad
     torch.testing.assert_close(u, torch.stack(exact).detach(), rtol=2e-2, atol=2e-3)
+
+
+def test_a_step_failing_for_another_reason_is_called_once_and_its_error_kept() -> None:
+    """Control: only torch's "does not require grad" is retried with autograd on; another
+    error (a batch the step cannot read) is raised at once, the step called once."""
+    from hypertorch_sid.lightning.isolation import as_in_training
+
+    calls = []
+
+    def step() -> Tensor:
+        calls.append(torch.is_grad_enabled())
+        raise RuntimeError("shape mismatch")
+
+    with torch.no_grad(), pytest.raises(RuntimeError, match="shape mismatch"):
+        as_in_training(nn.Linear(2, 2), step)
+    assert calls == [False]

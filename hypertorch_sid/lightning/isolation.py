@@ -95,6 +95,8 @@ def muted_logging(module: pl.LightningModule) -> Iterator[None]:
 
 T = TypeVar("T")
 
+#: what torch says where a step differentiates (``autograd.grad``, ``backward``) under no_grad
+NO_GRAPH = "does not require grad"
 #: modules whose training step differentiates inside itself, found by :func:`as_in_training`
 _DIFFERENTIATING: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -109,15 +111,16 @@ def as_in_training(module: torch.nn.Module, call: Callable[[], T]) -> T:
     double back-propagation) fails there with "element 0 of tensors does not require grad"
     (session 60). Such a call is made again with autograd on, its tensors detached (no graph
     kept), and the module's later calls go there at once. ``call`` must enter its own random
-    stream (the retry replays the failed call's dropout); a call that fails with autograd on
-    too raises that error."""
+    stream (the retry replays the failed call's dropout). Any other error (torch's message
+    without :data:`NO_GRAPH`) is raised as it is, the call not repeated."""
     if torch.is_grad_enabled():
         return call()
     if module not in _DIFFERENTIATING:
         try:
             return call()
-        except RuntimeError:
-            pass
+        except RuntimeError as err:
+            if NO_GRAPH not in str(err):
+                raise
     with torch.enable_grad():
         out = call()
     _DIFFERENTIATING.add(module)
