@@ -130,3 +130,31 @@ def test_a_step_failing_for_another_reason_is_called_once_and_its_error_kept() -
     with torch.no_grad(), pytest.raises(RuntimeError, match="shape mismatch"):
         as_in_training(nn.Linear(2, 2), step)
     assert calls == [False]
+
+
+def test_the_autocast_fallback_names_the_drop_in_and_the_setting_to_pass() -> None:
+    """Under ``precision="bf16-mixed"`` the data weights' default difference of losses falls
+    back to dual numbers and says so. Before: "ForwardDifference: ... Pass
+    directional=ForwardMode() to silence this." (a class the user never named, a setting of
+    no object they know); now the drop-in and its string setting."""
+    train, _ = _sets()
+    model = nn.Linear(6, 3)
+    batch = (train.tensors[0][:8], train.tensors[1][:8])
+    params = list(model.parameters())
+    tangents = [torch.ones_like(p) for p in params]
+
+    def step(data: Any, batch_idx: int) -> Tensor:
+        return F.cross_entropy(model(data[0]), data[1], reduction="none")
+
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        warnings.simplefilter("always")
+        u = directional_losses(model, step, batch, params, tangents, ForwardDifference())
+    said = [str(w.message) for w in caught if "ForwardDifference" in str(w.message)]
+    assert u.shape == (8,) and len(said) == 1
+    assert 'LearnedDataWeights(directional="forward_mode")' in said[0]
+    assert LearnedDataWeights(directional="forward_mode").directional.__class__.__name__ == (
+        "ForwardMode"
+    )
