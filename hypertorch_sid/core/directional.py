@@ -270,9 +270,10 @@ class ForwardDifference(DirectionalDerivative):
             if not self._warned:
                 self._warned = True
                 warnings.warn(
-                    f"ForwardDifference: {why}, so a difference of losses cannot be accurate; "
-                    "the cross term uses ForwardMode (dual numbers) instead. Pass "
-                    "directional=ForwardMode() to silence this.",
+                    "ForwardDifference (the cross term's default directional= of "
+                    f"LearnedDataWeights): {why}, so a difference of losses cannot be accurate; "
+                    "the cross term uses ForwardMode (dual numbers, exact) instead. Pass "
+                    'LearnedDataWeights(directional="forward_mode") to silence this.',
                     UserWarning,
                     stacklevel=2,
                 )

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..core.budget import make_budget
 from ..core.directional import DirectionalDerivative, ForwardMode
 from ..core.errors import ConfigurationError
-from .isolation import muted_logging
+from .isolation import as_in_training, muted_logging
 
 
 class RandomState(NamedTuple):
@@ -107,12 +107,15 @@ def directional_losses(
     if start is None:
         start = {n: b.detach() for n, b in module.named_buffers()}
 
-    def losses(*flat: Tensor) -> Tensor:
+    def once(flat: tuple[Tensor, ...]) -> Any:
         buffers = {n: b.clone() for n, b in start.items()}  # each pass from the step's start
         swapped = {**buffers, **dict(zip(keys, flat))}
         with _reparametrize_module(module, swapped), muted_logging(module):  # type: ignore[arg-type]
             with rng.replayed() if rng is not None else contextlib.nullcontext():
-                out = step(data, 0)
+                return step(data, 0)
+
+    def losses(*flat: Tensor) -> Tensor:
+        out = as_in_training(module, lambda: once(flat))
         out = out.get("loss") if isinstance(out, Mapping) else out
         return out.reshape(out.shape[0], -1).mean(1) if out.dim() > 1 else out
 

@@ -947,7 +947,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 f"LearnedDataWeights: torch cannot read back the random state of "
                 f"{rng.device.type!r}, so the cross term's extra forward could not reuse the "
                 "training step's dropout masks; it uses ForwardMode (dual numbers) instead. "
-                "Pass directional=ForwardMode() to silence this."
+                'Pass LearnedDataWeights(directional="forward_mode") to silence this.'
             )
         return ForwardMode()
 

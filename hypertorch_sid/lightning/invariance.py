@@ -22,7 +22,7 @@ from ..core.batches import head
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.scale import MAX_FORWARDS, scale_invariant
-from .isolation import private_rng
+from .isolation import as_in_training, private_rng
 
 if TYPE_CHECKING:
     from .weight_decay_problem import WeightDecayProblem
@@ -118,14 +118,14 @@ def _probe_loss(
     see the scale of its weight (W / σ(W)) was called not invariant, its λ learned (session 56)."""
     start = {name: b.detach().clone() for name, b in module.named_buffers()}
 
-    def loss() -> Tensor:
+    def once() -> Tensor:
         for name, b in module.named_buffers():
             if name in start:
                 b.copy_(start[name])
         with private_rng(seed, module.device):
             return problem.data_loss(module, batch, "training")
 
-    return loss
+    return lambda: as_in_training(module, once)
 
 
 def _with_their_layers(tensors: list[Tensor], module: pl.LightningModule) -> list[Tensor]:

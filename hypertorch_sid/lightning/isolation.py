@@ -5,13 +5,15 @@ streams, the module's torchmetrics states and its logs (BatchNorm statistics are
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_map
 from torchmetrics import Metric
 
 from ..core.errors import DivergenceError
@@ -89,6 +91,40 @@ def muted_logging(module: pl.LightningModule) -> Iterator[None]:
     finally:
         del module.__dict__["log"]
         del module.__dict__["log_dict"]
+
+
+T = TypeVar("T")
+
+#: what torch says where a step differentiates (``autograd.grad``, ``backward``) under no_grad
+NO_GRAPH = "does not require grad"
+#: modules whose training step differentiates inside itself, found by :func:`as_in_training`
+_DIFFERENTIATING: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def as_in_training(module: torch.nn.Module, call: Callable[[], T]) -> T:
+    """``call()``, a call of the user's training step (or loss), with autograd on where it fails
+    without, as Lightning always runs a training step.
+
+    Where the drop-ins need no graph they call the step under ``torch.no_grad`` (the
+    scale-invariance probe; the data weights' difference of losses). A step that differentiates
+    inside itself (a gradient penalty: ``torch.autograd.grad(loss, x, create_graph=True)``,
+    double back-propagation) fails there with "element 0 of tensors does not require grad"
+    (session 60). Such a call is made again with autograd on, its tensors detached (no graph
+    kept), and the module's later calls go there at once. ``call`` must enter its own random
+    stream (the retry replays the failed call's dropout). Any other error (torch's message
+    without :data:`NO_GRAPH`) is raised as it is, the call not repeated."""
+    if torch.is_grad_enabled():
+        return call()
+    if module not in _DIFFERENTIATING:
+        try:
+            return call()
+        except RuntimeError as err:
+            if NO_GRAPH not in str(err):
+                raise
+    with torch.enable_grad():
+        out = call()
+    _DIFFERENTIATING.add(module)
+    return tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, out)
 
 
 def non_finite_data(dataset: Any) -> str | None:
