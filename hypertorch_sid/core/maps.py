@@ -28,6 +28,7 @@ matrix in place of the Hessian in the adjoint system: exact for models linear in
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -769,7 +770,46 @@ def build_map(
             "fixed_point_map (put the penalty inside your map instead)."
         )
     if isinstance(fixed_point_map, FixedPointMap):
+        _check_given_map(fixed_point_map, inner_parameters, hyperparameters, alpha)
         return fixed_point_map
     if callable(fixed_point_map):
         return ContractionMap(fixed_point_map, inner_parameters, hyperparameters)
     raise ConfigurationError("fixed_point_map must be a FixedPointMap or a callable.")
+
+
+def _check_given_map(
+    phi: FixedPointMap,
+    inner_parameters: Sequence[Tensor],
+    hyperparameters: Sequence[Tensor],
+    alpha: float | None,
+) -> None:
+    """A map object given as ``fixed_point_map`` must be over the optimizer's own tensors, and a
+    gradient-descent map's α is the config's (session 60: a map built over another model's
+    tensors, or before a model was rebuilt, gave the hypergradient of that model's problem
+    without a word; ``GradientDescentMap(..., alpha=0.01)`` ran at the estimated α = 10.2)."""
+    for what, mine, given in (
+        ("inner_parameters", inner_parameters, phi.inner_parameters),
+        ("hyperparameters", hyperparameters, phi.hyperparameters),
+    ):
+        if [id(t) for t in mine] != [id(t) for t in given]:
+            raise ConfigurationError(
+                f"fixed_point_map {type(phi).__name__} was built over other {what} than the "
+                f"ones given to SIDHyperOptimizer ({len(given)} tensor(s) against {len(mine)}, "
+                "not the same objects in the same order): its products would be those of "
+                "another problem (another model, or a model built again since). Build the map "
+                f"over the same tensors, e.g. {type(phi).__name__}(..., inner_parameters, "
+                "hyperparameters, ...) with the lists passed to SIDHyperOptimizer."
+            )
+    step = phi.gradient_step_size()
+    if step is not None and (alpha is None or not math.isclose(step, alpha, rel_tol=1e-12)):
+        raise ConfigurationError(
+            f"fixed_point_map {type(phi).__name__}(alpha={step:g}): SIDHyperOptimizer sets the "
+            "map's step α from its config, so alpha would be "
+            + (
+                "replaced by the estimate 2/(L + μ) at the first hypergradient"
+                if alpha is None
+                else f"replaced by config alpha={alpha:g}"
+            )
+            + f". Pass config=SIDConfig(alpha={step:g}, ...) to keep it (or leave α to the "
+            "estimate with inner_loss= and no fixed_point_map)."
+        )
