@@ -379,11 +379,32 @@ class GradientDescentMap(FixedPointMap):
         if self.gauss_newton is not None:  # ∂₁ by Gauss–Newton products, ∂₂ exact
             d2 = _grad(g, self.hyperparameters, grad_outputs=self.scaled(v))
             return self.vjp(batch, v)[0], [-self.alpha * h for h in d2]
-        prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=self.scaled(v))
+        inputs = self.inner_parameters + self.hyperparameters
+        raw = torch.autograd.grad(g, inputs, grad_outputs=self.scaled(v), allow_unused=True)
         n = len(self.inner_parameters)
+        self.check_still_read([r is not None for r in raw[n:]])
+        prods = [torch.zeros_like(x) if r is None else r for x, r in zip(inputs, raw)]
         d1 = [keep * vi - self.alpha * h for vi, h in zip(v, self.scaled(prods[:n]))]
         d2 = [-self.alpha * h for h in prods[n:]]
         return d1, d2
+
+    def check_still_read(self, reached: Sequence[bool]) -> None:
+        """A clear error where ∂²ℓ̂/∂w∂λ reaches none of the hyperparameters the first hyper
+        step's check found it reading (session 60: ``p.log_lam = torch.full(...)`` between
+        two hyper steps of a loop, so that ``inner_loss`` reads the new tensor while the
+        optimizer holds the old one: the old one's implicit hypergradient was exactly 0 and
+        the new one never moved, without a word)."""
+        read = [i for i in range(len(reached)) if i not in self.unread_hyperparameters]
+        if read and not any(reached[i] for i in read):
+            raise ConfigurationError(
+                "inner_loss no longer reads the hyperparameters it read at the first hyper step "
+                f"(positions {read}): the tensors given to SIDHyperOptimizer were probably "
+                "replaced since (e.g. problem.log_lam = torch.full(...), or a model built "
+                "again), so inner_loss reads new tensors while the optimizer moves the old ones. "
+                "Change a hyperparameter in place instead: with torch.no_grad(): "
+                "log_lam.fill_(-2.0) (or .copy_(new)); or build a new SIDHyperOptimizer over "
+                "the new tensors."
+            )
 
 
 class ProximalGradientMap(GradientDescentMap):

@@ -519,10 +519,11 @@ def check_outer_optimizer(
 
 
 def _check_group_learning_rates(optimizer: torch.optim.Optimizer) -> None:
-    """No parameter group of the outer optimizer may hold λ at a learning rate ≤ 0 (session
-    60: torch checks only the optimizer's default ``lr``, not a group's own, so
-    ``SGD([{"params": [log_lam], "lr": -0.5}], lr=0.1)`` climbed E without a word, and a group
-    at ``lr=0`` was said to take steps "below the floating-point resolution of λ")."""
+    """No parameter group of the outer optimizer may hold λ at a negative learning rate, and
+    one at 0 is said (session 60: torch checks only the optimizer's default ``lr``, not a
+    group's own, so ``SGD([{"params": [log_lam], "lr": -0.5}], lr=0.1)`` climbed E without a
+    word, and a group at ``lr=0`` was said to take steps "below the floating-point resolution
+    of λ")."""
     for i, group in enumerate(optimizer.param_groups):
         lr = group.get("lr")
         if lr is None or not group["params"]:
@@ -539,13 +540,14 @@ def _check_group_learning_rates(optimizer: torch.optim.Optimizer) -> None:
                 "E it is meant to lower (torch checks only the optimizer's default lr, not a "
                 "group's own). Give that group a positive lr."
             )
-        if value == 0:
-            raise ConfigurationError(
+        if value == 0:  # a warning: lr=0 holds λ for a diagnostic run of the solves
+            warnings.warn(
                 f"outer_optimizer {name} has lr=0 in parameter group {i}, so the "
                 f"{len(group['params'])} hyperparameter tensor(s) in it never move: give it a "
-                "positive lr (e.g. functools.partial(torch.optim.Adam, lr=0.1)), or, to hold a "
-                "hyperparameter fixed, leave it out of the hyperparameters (a fixed number "
-                "instead of a registered hyperparameter)."
+                "positive lr (e.g. functools.partial(torch.optim.Adam, lr=0.1)); to hold a "
+                "hyperparameter fixed, leave it out of the hyperparameters.",
+                UserWarning,
+                stacklevel=4,
             )
 
 
