@@ -18,15 +18,26 @@ from problems import make_ridge
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
+    BackOff,
     ConfigurationError,
+    ConjugateGradient,
     ContractionMap,
+    CurvatureDamping,
+    EstimatedCurvature,
+    ExpectedError,
+    GaussNewton,
     GradientDescentMap,
+    HoldInvariant,
+    HorizonDamping,
     IndexedDataset,
     LazyAdam,
     LearnedDataWeights,
     LearnedWeightDecay,
+    SampleWeights,
     SIDConfig,
     SIDHyperOptimizer,
+    SoftmaxWeights,
+    TrainedWeights,
 )
 from hypertorch_sid.core.outer_step import ReachRprop, SignalGatedAdam, TrustRprop
 
@@ -229,3 +240,39 @@ def test_per_class_weights_on_batches_of_one_class_are_said() -> None:
 
 def test_control_shuffled_class_batches_are_not_said() -> None:
     assert not _class_sorted_fit(shuffle=True)
+
+
+# --------------------------------------------------- a class given where an object of it belongs
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: SIDConfig(damping=CurvatureDamping), "CurvatureDamping"),
+        (lambda: SIDConfig(curvature=EstimatedCurvature), "EstimatedCurvature"),
+        (lambda: SIDConfig(adjoint_solver=ConjugateGradient), "ConjugateGradient"),
+        (lambda: SIDConfig(on_divergence=BackOff), "BackOff"),
+        (lambda: SIDConfig(look_ahead=TrainedWeights), "TrainedWeights"),
+        (lambda: SIDConfig(hvp=GaussNewton), "GaussNewton"),
+        (lambda: HorizonDamping(base=CurvatureDamping), "CurvatureDamping"),
+        (lambda: LearnedWeightDecay(invariant=HoldInvariant), "HoldInvariant"),
+        (lambda: LearnedDataWeights(objective=ExpectedError), "ExpectedError"),
+        (lambda: SampleWeights(4, parameterization=SoftmaxWeights), "SoftmaxWeights"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_class_given_where_an_object_belongs_is_named_with_the_call(make: Any, name: str) -> None:
+    """SIDConfig(damping=CurvatureDamping) (no parentheses) was refused as "must be a Damping
+    object (e.g. CurvatureDamping()), got type" ("got ABCMeta" for a solver), the drop-ins'
+    strategies as "got <class '...HoldInvariant'>": nothing said the parentheses were
+    missing."""
+    with pytest.raises(ConfigurationError, match=rf"the class {name} itself.*{name}\(\)"):
+        make()
+
+
+def test_an_optimizer_class_given_to_the_core_is_named_with_the_call() -> None:
+    """SIDHyperOptimizer(..., torch.optim.Adam): "outer_optimizer must be a
+    torch.optim.Optimizer, got type"."""
+    p, _, _ = _ridge()
+    with pytest.raises(ConfigurationError, match=r"the class Adam itself.*Adam\(hyperpa"):
+        _sid(p, torch.optim.Adam)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"the class SIDConfig itself"):
+        _sid(p, torch.optim.Adam([p.log_lam], lr=0.1), config=SIDConfig)

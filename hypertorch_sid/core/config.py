@@ -47,7 +47,14 @@ from .preconditioning import FisherDiagonal, Preconditioner
 from .rows import RowSnapshot
 from .schedules import StepSchedule, check_schedule_kind
 from .solvers import AdjointSolver, Automatic, AveragedMomentum, InnerSolver
-from .validation import check_bool, check_choice, check_integer, check_positive, check_real
+from .validation import (
+    check_bool,
+    check_choice,
+    check_integer,
+    check_positive,
+    check_real,
+    class_given,
+)
 from .watch import project_in_place
 
 Tensors = list[Tensor]
@@ -59,6 +66,7 @@ def _strategy(name: str, value: Any, kind: type, example: str) -> Any:
     if not isinstance(value, kind):
         raise ConfigurationError(
             f"{name} must be a {kind.__name__} object (e.g. {example}), got {type(value).__name__}."
+            + class_given(value, kind)
         )
     return value
 
@@ -314,7 +322,9 @@ class SIDConfig:
         strategy given as None keeps the base's. A removed 0.1 name says what replaces it."""
         base = base if base is not None else cls()
         if not isinstance(base, SIDConfig):
-            raise ConfigurationError(f"config must be a SIDConfig, got {type(base).__name__}.")
+            raise ConfigurationError(
+                f"config must be a SIDConfig, got {type(base).__name__}." + class_given(base, cls)
+            )
         if not settings:
             return base
         fields = {f.name for f in dataclasses.fields(cls)}

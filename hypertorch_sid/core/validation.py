@@ -453,8 +453,15 @@ def check_outer_optimizer(
     """The outer optimizer must hold every λ and no w, must not need a closure (LBFGS), must
     descend (no ``maximize=True``) and must not decay λ itself (no ``weight_decay``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
+        cls = optimizer if isinstance(optimizer, type) else None
         raise ConfigurationError(
             f"outer_optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
+            + (
+                f" That is the class {cls.__name__} itself: build it over the hyperparameters, "
+                f"e.g. {cls.__name__}(hyperparameters, lr=0.1)."
+                if cls is not None and issubclass(cls, torch.optim.Optimizer)
+                else ""
+            )
         )
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ConfigurationError(
@@ -700,6 +707,20 @@ def as_strategy(
     hint = f" (e.g. {example})" if example else ""
     raise ConfigurationError(
         f"{name} must be {names} or {article} {kind.__name__}{hint}, got {value!r}."
+        + class_given(value, kind)
+    )
+
+
+def class_given(value: Any, kind: type) -> str:
+    """The fix where ``value`` is a class of ``kind`` given where an object of it belongs
+    (session 60: ``SIDConfig(damping=CurvatureDamping)`` was refused as "must be a Damping
+    object ..., got type", ``invariant=HoldInvariant`` as "got <class '...HoldInvariant'>"),
+    else ``""``."""
+    if not (isinstance(value, type) and issubclass(value, kind)):
+        return ""
+    return (
+        f" That is the class {value.__name__} itself, not an object of it: call it, "
+        f"{value.__name__}() (with its settings in the parentheses)."
     )
 
 
