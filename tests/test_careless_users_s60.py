@@ -21,6 +21,7 @@ from hypertorch_sid import (
     BackOff,
     ConfigurationError,
     ConjugateGradient,
+    ConstantStep,
     ContractionMap,
     CurvatureDamping,
     EstimatedCurvature,
@@ -257,7 +258,18 @@ def test_control_shuffled_class_batches_are_not_said() -> None:
         (lambda: LearnedDataWeights(objective=ExpectedError), "ExpectedError"),
         (lambda: SampleWeights(4, parameterization=SoftmaxWeights), "SoftmaxWeights"),
     ],
-    ids=lambda v: v if isinstance(v, str) else "",
+    ids=[
+        "config-damping",
+        "config-curvature",
+        "config-solver",
+        "config-divergence",
+        "config-look-ahead",
+        "config-hvp",
+        "horizon-base",
+        "decay-invariant",
+        "weights-objective",
+        "sample-weights-parameterization",
+    ],
 )
 def test_a_class_given_where_an_object_belongs_is_named_with_the_call(make: Any, name: str) -> None:
     """SIDConfig(damping=CurvatureDamping) (no parentheses) was refused as "must be a Damping
@@ -276,3 +288,34 @@ def test_an_optimizer_class_given_to_the_core_is_named_with_the_call() -> None:
         _sid(p, torch.optim.Adam)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"the class SIDConfig itself"):
         _sid(p, torch.optim.Adam([p.log_lam], lr=0.1), config=SIDConfig)
+
+
+# ------------------------------------------------------- schedule constants no schedule reads
+@pytest.mark.parametrize(
+    "settings, ignored",
+    [
+        (dict(step_size="constant", beta=2.0, gamma=3.0), r"beta=2\.0, gamma=3\.0"),
+        (dict(step_size="constant", switch=5), r"switch=5"),
+        (dict(step_size="decreasing", eta=0.5), r"eta=0\.5"),
+        (dict(step_size=ConstantStep(1.0), eta=0.5), r"eta=0\.5"),
+    ],
+    ids=["constant-beta-gamma", "constant-switch", "decreasing-eta", "object-eta"],
+)
+def test_schedule_constants_no_schedule_reads_are_said(
+    settings: dict[str, Any], ignored: str
+) -> None:
+    """SIDConfig(step_size="constant", beta=2.0, gamma=3.0) and the others were taken and
+    ran without them (β, γ, t₀ are read by the decreasing phases only, η by the constant ones;
+    a StepSchedule object carries its own). A warning: test helpers (and users' loops over
+    step sizes) pass eta=1.0 beside any step_size."""
+    with pytest.warns(UserWarning, match=ignored + r" is ignored"):
+        SIDConfig(**settings)
+
+
+def test_control_constants_read_by_either_schedule_are_taken() -> None:
+    """β read by the adjoint's two-phase schedule while the inner one is constant: taken."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either
+        config = SIDConfig(step_size="constant", adjoint_step_size="two_phase", beta=2.0, eta=0.5)
+        assert config.beta == 2.0 and config.eta == 0.5
+        assert SIDConfig(step_size="two_phase", eta=0.5, beta=2.0, gamma=3.0, switch=4).switch == 4
