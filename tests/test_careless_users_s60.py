@@ -319,3 +319,27 @@ def test_control_constants_read_by_either_schedule_are_taken() -> None:
         config = SIDConfig(step_size="constant", adjoint_step_size="two_phase", beta=2.0, eta=0.5)
         assert config.beta == 2.0 and config.eta == 0.5
         assert SIDConfig(step_size="two_phase", eta=0.5, beta=2.0, gamma=3.0, switch=4).switch == 4
+
+
+# ------------------------------------------------------------ a loss that leaves rows out
+def test_per_sample_losses_of_rows_left_out_are_named() -> None:
+    """A training_step that trains on some rows only, F.cross_entropy(self(x[keep]),
+    y[keep], reduction="none") (9 losses for 16 rows), was told "return one loss per sample
+    (reduction='none', not 'mean' or 'sum')", which it already does."""
+    with pytest.raises(ConfigurationError, match=r"1 row\(s\) fewer.*x\[keep\].*Subset"):
+        SampleWeights(10).weighted_mean(torch.rand(3), torch.arange(4))
+
+    class Kept(ToyClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            keep = y != 2
+            logits = self(x[keep])
+            return torch.nn.functional.cross_entropy(logits, y[keep], reduction="none")
+
+    train = DataLoader(IndexedDataset(TensorDataset(X[60:], Y[60:])), batch_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ConfigurationError, match=r"row\(s\) fewer than the batch"):
+            trainer([LearnedDataWeights(**QUICK)], max_epochs=1).fit(
+                Kept(), train, DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+            )

@@ -90,9 +90,24 @@ def check_per_sample(losses: Any, index: Tensor) -> Tensor:
     if losses.shape[0] != b:
         raise ConfigurationError(
             f"{losses.shape[0]} per-sample losses for a batch of {b} indexed samples: return one "
-            f"loss per sample (reduction='none', not 'mean' or 'sum'){_several_views(losses, b)}."
+            f"loss per sample (reduction='none', not 'mean' or 'sum'){_several_views(losses, b)}"
+            f"{_rows_dropped(losses, b)}."
         )
     return losses
+
+
+def _rows_dropped(losses: Tensor, b: int) -> str:
+    """The likely cause where there are fewer losses than rows, but more than one: the loss
+    left some rows out (``x[keep]``, ``losses[mask]``), so which loss is which row's cannot be
+    read (session 60: the advice was only reduction='none', which such a loss already has)."""
+    if not 1 < losses.shape[0] < b:
+        return ""
+    return (
+        f"; {b - losses.shape[0]} row(s) fewer than the batch: did the loss leave rows out "
+        "(x[keep], losses[mask])? Then no loss can be told to its row: compute every row's "
+        "loss, in the batch's order, and leave examples that must not train out of the "
+        "training set (IndexedDataset(Subset(train_set, kept)))"
+    )
 
 
 def _several_views(losses: Tensor, b: int) -> str:
