@@ -39,6 +39,7 @@ from hypertorch_sid import (
     SIDHyperOptimizer,
     SoftmaxWeights,
     TrainedWeights,
+    class_weights,
 )
 from hypertorch_sid.core.outer_step import ReachRprop, SignalGatedAdam, TrustRprop
 
@@ -343,3 +344,16 @@ def test_per_sample_losses_of_rows_left_out_are_named() -> None:
             trainer([LearnedDataWeights(**QUICK)], max_epochs=1).fit(
                 Kept(), train, DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
             )
+
+
+def test_one_hot_labels_given_as_class_indices_are_named() -> None:
+    """class_weights(3).weighted_mean(losses, F.one_hot(y, 3)) (integer one-hot labels): the
+    (4, 3) index was flattened and refused as "4 per-sample losses for a batch of 12 indexed
+    samples: return one loss per sample (reduction='none' ...)", about the losses."""
+    y = torch.tensor([0, 1, 2, 1])
+    weights = class_weights(3)
+    with pytest.raises(ConfigurationError, match=r"shape \(4, 3\).*labels\.argmax\(1\)"):
+        weights.weighted_mean(torch.rand(4), torch.nn.functional.one_hot(y, 3))
+    with pytest.raises(ConfigurationError, match=r"shape \(4, 3\)"):
+        weights.weights(torch.nn.functional.one_hot(y, 3))
+    weights.weighted_mean(torch.rand(4), y[:, None])  # control: a (b, 1) column is read
