@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -47,7 +48,14 @@ from .preconditioning import FisherDiagonal, Preconditioner
 from .rows import RowSnapshot
 from .schedules import StepSchedule, check_schedule_kind
 from .solvers import AdjointSolver, Automatic, AveragedMomentum, InnerSolver
-from .validation import check_bool, check_choice, check_integer, check_positive, check_real
+from .validation import (
+    check_bool,
+    check_choice,
+    check_integer,
+    check_positive,
+    check_real,
+    class_given,
+)
 from .watch import project_in_place
 
 Tensors = list[Tensor]
@@ -59,6 +67,7 @@ def _strategy(name: str, value: Any, kind: type, example: str) -> Any:
     if not isinstance(value, kind):
         raise ConfigurationError(
             f"{name} must be a {kind.__name__} object (e.g. {example}), got {type(value).__name__}."
+            + class_given(value, kind)
         )
     return value
 
@@ -244,6 +253,7 @@ class SIDConfig:
         for name in ("alpha", "eta", "beta", "gamma"):
             set_(self, name, check_positive(name, getattr(self, name), allow_none=True))
         set_(self, "switch", check_integer("switch", self.switch, 0, allow_none=True))
+        self._check_constants_read()
         contraction = "a contraction constant in [0, 1)"
         set_(self, "q", check_real("q", self.q, lambda q: 0 <= q < 1, contraction, True))
         at_least_0 = "a number ≥ 0"
@@ -264,6 +274,38 @@ class SIDConfig:
         check_hvp(self.hvp)
         check_choice("mode", self.mode, ("train", "eval"))
         check_bool("warm_start_adjoint", self.warm_start_adjoint)
+
+    #: the loose schedule constants each named schedule reads (a StepSchedule object: none)
+    CONSTANTS_READ: ClassVar[dict[str, tuple[str, ...]]] = {
+        "constant": ("eta",),
+        "decreasing": ("beta", "gamma"),
+        "two_phase": ("eta", "beta", "gamma", "switch"),
+    }
+
+    def _check_constants_read(self) -> None:
+        """Every loose constant given (η, β, γ, t₀) is read by the inner or the adjoint schedule,
+        else a warning (session 60: ``SIDConfig(step_size="constant", beta=2.0, gamma=3.0)``,
+        ``step_size="decreasing", eta=0.5`` or a ``ConstantStep(1.0)`` object beside
+        ``eta=0.5`` ran without them, unsaid)."""
+        kinds = [self.step_size, self.adjoint_step_size or self.step_size]
+        read = {n for k in kinds if isinstance(k, str) for n in self.CONSTANTS_READ.get(k, ())}
+        unread = [n for n in ("eta", "beta", "gamma", "switch") if getattr(self, n) is not None]
+        unread = [n for n in unread if n not in read]
+        if unread:
+            given = ", ".join(f"{n}={getattr(self, n)!r}" for n in unread)
+            shown = [k if isinstance(k, str) else type(k).__name__ for k in kinds]
+            said = "; ".join(
+                f"{n} is read by "
+                + " or ".join(repr(k) for k, names in self.CONSTANTS_READ.items() if n in names)
+                for n in unread
+            )
+            warnings.warn(  # a warning: helpers set eta=1.0 beside any step_size
+                f"SIDConfig: {given} is ignored: the schedules here are {shown[0]!r} (inner) "
+                f"and {shown[1]!r} (adjoint), and {said} (a StepSchedule object carries its "
+                "own constants). Drop it, or choose a step_size that reads it.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -314,7 +356,9 @@ class SIDConfig:
         strategy given as None keeps the base's. A removed 0.1 name says what replaces it."""
         base = base if base is not None else cls()
         if not isinstance(base, SIDConfig):
-            raise ConfigurationError(f"config must be a SIDConfig, got {type(base).__name__}.")
+            raise ConfigurationError(
+                f"config must be a SIDConfig, got {type(base).__name__}." + class_given(base, cls)
+            )
         if not settings:
             return base
         fields = {f.name for f in dataclasses.fields(cls)}

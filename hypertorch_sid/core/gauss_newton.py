@@ -41,6 +41,7 @@ from torch import Tensor
 
 from .autodiff import grad
 from .errors import ConfigurationError
+from .validation import class_given
 
 Tensors = list[Tensor]
 
@@ -159,6 +160,6 @@ def check_hvp(hvp: object) -> GaussNewton | None:
     if hvp not in ("reverse", "forward"):
         raise ConfigurationError(
             "hvp must be 'reverse' or 'forward' (or GaussNewton(outputs, output_loss)), got "
-            f"{hvp!r}."
+            f"{hvp!r}." + class_given(hvp, GaussNewton)
         )
     return None

@@ -44,7 +44,7 @@ from .damping import CurvatureDamping, Damping
 from .errors import ConfigurationError, DivergenceError
 from .estimation import CurvatureEstimate, lanczos, ritz_pairs
 from .solvers import AdjointSolver, SolveResult, _anchor_batches, norm, sampled_operator
-from .validation import check_integer, check_nonnegative, check_positive
+from .validation import check_integer, check_nonnegative, check_positive, class_given
 
 Tensors = list[Tensor]
 
@@ -92,7 +92,7 @@ class HorizonDamping(Damping):
         if not isinstance(self.base, Damping):
             raise ConfigurationError(
                 f"HorizonDamping: base must be a Damping strategy (e.g. CurvatureDamping()), got "
-                f"{type(self.base).__name__}."
+                f"{type(self.base).__name__}." + class_given(self.base, Damping)
             )
         check_nonnegative("HorizonDamping scale", self.scale)
         check_nonnegative("HorizonDamping max_delta", self.max_delta)

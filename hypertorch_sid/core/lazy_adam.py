@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
-from .validation import is_real
+from .validation import add_checked_group, is_real
 
 Tensors = list[Tensor]
 
@@ -76,15 +76,7 @@ class LazyAdam(torch.optim.Optimizer):
         row_scale: bool | Literal["batch"] = True,
         scale_prior: float = 0.0,
     ) -> None:
-        if not is_real(scale_prior) or not scale_prior >= 0:
-            raise ConfigurationError(f"LazyAdam: scale_prior must be ≥ 0, got {scale_prior!r}.")
-        if not is_real(lr) or not 0 < lr < math.inf:  # inf: σ(±inf) written (s53)
-            raise ConfigurationError(f"LazyAdam: lr must be > 0 and finite, got {lr!r}.")
-        if row_scale not in (True, False, "batch"):
-            raise ConfigurationError(
-                f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."
-            )
-        betas = _two_betas(betas)
+        betas = self._check_settings(lr, betas, eps, row_scale, scale_prior)
         defaults = {
             "lr": lr,
             "betas": betas,
@@ -93,6 +85,28 @@ class LazyAdam(torch.optim.Optimizer):
             "scale_prior": float(scale_prior),
         }
         super().__init__(params, defaults)
+
+    @staticmethod
+    def _check_settings(
+        lr: float, betas: Any, eps: float, row_scale: Any, scale_prior: float
+    ) -> tuple[float, float]:
+        """The settings of the defaults and of each parameter group; (β₁, β₂) as floats."""
+        if not is_real(scale_prior) or not scale_prior >= 0:
+            raise ConfigurationError(f"LazyAdam: scale_prior must be ≥ 0, got {scale_prior!r}.")
+        if not is_real(lr) or not 0 < lr < math.inf:  # inf: σ(±inf) written (s53)
+            raise ConfigurationError(f"LazyAdam: lr must be > 0 and finite, got {lr!r}.")
+        if row_scale not in (True, False, "batch"):
+            raise ConfigurationError(
+                f"LazyAdam: row_scale must be True, False or 'batch', got {row_scale!r}."
+            )
+        return _two_betas(betas)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's own settings checked as the defaults are (session 60)."""
+        names = ("lr", "betas", "eps", "row_scale", "scale_prior")
+        add_checked_group(self, param_group, names)
+        group = self.param_groups[-1]
+        group["betas"] = _two_betas(group["betas"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

@@ -28,6 +28,7 @@ matrix in place of the Hessian in the adjoint system: exact for models linear in
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -378,11 +379,32 @@ class GradientDescentMap(FixedPointMap):
         if self.gauss_newton is not None:  # ∂₁ by Gauss–Newton products, ∂₂ exact
             d2 = _grad(g, self.hyperparameters, grad_outputs=self.scaled(v))
             return self.vjp(batch, v)[0], [-self.alpha * h for h in d2]
-        prods = _grad(g, self.inner_parameters + self.hyperparameters, grad_outputs=self.scaled(v))
+        inputs = self.inner_parameters + self.hyperparameters
+        raw = torch.autograd.grad(g, inputs, grad_outputs=self.scaled(v), allow_unused=True)
         n = len(self.inner_parameters)
+        self.check_still_read([r is not None for r in raw[n:]])
+        prods = [torch.zeros_like(x) if r is None else r for x, r in zip(inputs, raw)]
         d1 = [keep * vi - self.alpha * h for vi, h in zip(v, self.scaled(prods[:n]))]
         d2 = [-self.alpha * h for h in prods[n:]]
         return d1, d2
+
+    def check_still_read(self, reached: Sequence[bool]) -> None:
+        """A clear error where ∂²ℓ̂/∂w∂λ reaches none of the hyperparameters the first hyper
+        step's check found it reading (session 60: ``p.log_lam = torch.full(...)`` between
+        two hyper steps of a loop, so that ``inner_loss`` reads the new tensor while the
+        optimizer holds the old one: the old one's implicit hypergradient was exactly 0 and
+        the new one never moved, without a word)."""
+        read = [i for i in range(len(reached)) if i not in self.unread_hyperparameters]
+        if read and not any(reached[i] for i in read):
+            raise ConfigurationError(
+                "inner_loss no longer reads the hyperparameters it read at the first hyper step "
+                f"(positions {read}): the tensors given to SIDHyperOptimizer were probably "
+                "replaced since (e.g. problem.log_lam = torch.full(...), or a model built "
+                "again), so inner_loss reads new tensors while the optimizer moves the old ones. "
+                "Change a hyperparameter in place instead: with torch.no_grad(): "
+                "log_lam.fill_(-2.0) (or .copy_(new)); or build a new SIDHyperOptimizer over "
+                "the new tensors."
+            )
 
 
 class ProximalGradientMap(GradientDescentMap):
@@ -769,7 +791,46 @@ def build_map(
             "fixed_point_map (put the penalty inside your map instead)."
         )
     if isinstance(fixed_point_map, FixedPointMap):
+        _check_given_map(fixed_point_map, inner_parameters, hyperparameters, alpha)
         return fixed_point_map
     if callable(fixed_point_map):
         return ContractionMap(fixed_point_map, inner_parameters, hyperparameters)
     raise ConfigurationError("fixed_point_map must be a FixedPointMap or a callable.")
+
+
+def _check_given_map(
+    phi: FixedPointMap,
+    inner_parameters: Sequence[Tensor],
+    hyperparameters: Sequence[Tensor],
+    alpha: float | None,
+) -> None:
+    """A map object given as ``fixed_point_map`` must be over the optimizer's own tensors, and a
+    gradient-descent map's α is the config's (session 60: a map built over another model's
+    tensors, or before a model was rebuilt, gave the hypergradient of that model's problem
+    without a word; ``GradientDescentMap(..., alpha=0.01)`` ran at the estimated α = 10.2)."""
+    for what, mine, given in (
+        ("inner_parameters", inner_parameters, phi.inner_parameters),
+        ("hyperparameters", hyperparameters, phi.hyperparameters),
+    ):
+        if [id(t) for t in mine] != [id(t) for t in given]:
+            raise ConfigurationError(
+                f"fixed_point_map {type(phi).__name__} was built over other {what} than the "
+                f"ones given to SIDHyperOptimizer ({len(given)} tensor(s) against {len(mine)}, "
+                "not the same objects in the same order): its products would be those of "
+                "another problem (another model, or a model built again since). Build the map "
+                f"over the same tensors, e.g. {type(phi).__name__}(..., inner_parameters, "
+                "hyperparameters, ...) with the lists passed to SIDHyperOptimizer."
+            )
+    step = phi.gradient_step_size()
+    if step is not None and (alpha is None or not math.isclose(step, alpha, rel_tol=1e-12)):
+        raise ConfigurationError(
+            f"fixed_point_map {type(phi).__name__}(alpha={step:g}): SIDHyperOptimizer sets the "
+            "map's step α from its config, so alpha would be "
+            + (
+                "replaced by the estimate 2/(L + μ) at the first hypergradient"
+                if alpha is None
+                else f"replaced by config alpha={alpha:g}"
+            )
+            + f". Pass config=SIDConfig(alpha={step:g}, ...) to keep it (or leave α to the "
+            "estimate with inner_loss= and no fixed_point_map)."
+        )

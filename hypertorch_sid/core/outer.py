@@ -274,6 +274,17 @@ def _other_tensors_read(
     )
 
 
+#: the other cause of an E that reads none of the tensors given (session 60: ``problem.w =
+#: torch.zeros(...)`` between two hyper steps was told only "E must be computed from w and/or
+#: λ", which the user's E is)
+_REPLACED = (
+    " If it read them at an earlier hyper step, the tensors given were replaced since (e.g. "
+    "problem.w = torch.zeros(...), or a model built again): change them in place instead "
+    "(with torch.no_grad(): w.zero_() or w.copy_(new)), or build the optimizer over the new "
+    "tensors."
+)
+
+
 def outer_gradients(
     outer_loss: Callable[[Any], Tensor],
     val_batch: Any,
@@ -328,7 +339,9 @@ def outer_gradients(
     if not any(used):
         raise ConfigurationError(
             "outer_loss depends on neither the inner parameters nor the hyperparameters: E must "
-            "be computed from w and/or λ." + _other_tensors_read(outer_loss, batch, module, params)
+            "be computed from w and/or λ."
+            + _other_tensors_read(outer_loss, batch, module, params)
+            + _REPLACED
         )
     n = len(inner_parameters)
     if any(used[:n]) and not all(used[:n]):

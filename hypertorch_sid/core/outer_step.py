@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
+from .validation import add_checked_group
 
 
 def effective_weight(beta: float, steps: int) -> float:
@@ -86,9 +88,19 @@ class SignalGatedAdam(torch.optim.Optimizer):
         eps: float = 1e-8,
         kappa: float = 2.0,
     ) -> None:
+        self._check_settings(lr=lr, betas=betas, eps=eps, kappa=kappa)
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "kappa": kappa})
+        self.last_gate = math.nan
+        self.held_back = False
+
+    @staticmethod
+    def _check_settings(lr: float, betas: Any, eps: float, kappa: float) -> None:
+        """Adam's settings and κ (of the defaults, and of each parameter group)."""
         _check("lr", lr, low=0.0, strict=True)
         _check("eps", eps, low=0.0)
         _check("kappa", kappa, low=0.0)
+        # betas=(0.9,) crashed at the first step, 0.9 at construction, three were taken (s60)
+        _check_pair("betas", betas, "(β₁, β₂), e.g. (0.9, 0.999)", "SignalGatedAdam")
         for i, b in enumerate(betas):
             _check(f"betas[{i}]", b, low=0.0, high=1.0)
         if kappa > 0 and betas[0] == 0:
@@ -97,9 +109,10 @@ class SignalGatedAdam(torch.optim.Optimizer):
                 "to judge it by, so the gate would never open: use betas[0] > 0 (e.g. 0.9) or "
                 "kappa=0 (Adam)."
             )
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "kappa": kappa})
-        self.last_gate = math.nan
-        self.held_back = False
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's own settings checked as the defaults are."""
+        add_checked_group(self, param_group, ("lr", "betas", "eps", "kappa"))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -232,6 +245,29 @@ class TrustRprop(torch.optim.Optimizer):
         trust: float = 0.1,
         fall_eta: float | None = None,
     ) -> None:
+        self._check_settings(lr, etas, step_sizes, trust, fall_eta)
+        super().__init__(
+            params,
+            {"lr": lr, "etas": tuple(etas), "step_sizes": tuple(step_sizes),
+             "trust": float(trust), "fall_eta": fall_eta},
+        )  # fmt: skip
+        self.max_rise = math.inf  # δ/(ηR) of eq. decaytrust for the coming step
+        self.bound = False  # whether eq. decaytrust held back the last step
+        self.held_back = False  # every entry flipped: λ unchanged on purpose (eq. signstep)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's own settings checked as the defaults are."""
+        add_checked_group(self, param_group, ("lr", "etas", "step_sizes", "trust", "fall_eta"))
+
+    def _check_settings(
+        self,
+        lr: float,
+        etas: tuple[float, float],
+        step_sizes: tuple[float, float],
+        trust: float,
+        fall_eta: float | None,
+    ) -> None:
+        """The settings of the defaults, and of each parameter group."""
         who = type(self).__name__  # a ReachRprop's error names the class the user gave
         _check("lr", lr, low=0.0, strict=True, who=who)
         _check_pair("etas", etas, "(η₋, η₊), e.g. (0.5, 1.2)", who)
@@ -254,14 +290,6 @@ class TrustRprop(torch.optim.Optimizer):
             )
         if fall_eta is not None:
             _check("fall_eta", fall_eta, low=1.0, who=who)
-        super().__init__(
-            params,
-            {"lr": lr, "etas": tuple(etas), "step_sizes": tuple(step_sizes),
-             "trust": float(trust), "fall_eta": fall_eta},
-        )  # fmt: skip
-        self.max_rise = math.inf  # δ/(ηR) of eq. decaytrust for the coming step
-        self.bound = False  # whether eq. decaytrust held back the last step
-        self.held_back = False  # every entry flipped: λ unchanged on purpose (eq. signstep)
 
     def observe(self, remaining_steps: int | None, eta: float | None) -> None:
         """R (the training steps left) and η before a hyper step, as the callback tells its

@@ -102,7 +102,7 @@ from .parameterizations import (
 )
 from .rows import ROW_SPARSE, mark_row_sparse
 from .validation import check_bool, check_integer
-from .weighted_loss import check_per_sample, class_centred, weighted_loss
+from .weighted_loss import check_index_shape, check_per_sample, class_centred, weighted_loss
 
 Tensors = list[Tensor]
 #: how the self-normalised loss's scale is fixed (:class:`SampleWeights`' ``gauge``)
@@ -421,6 +421,7 @@ class SampleWeights:
             raise ConfigurationError(
                 f"sample-weight indices must be integers, got a {index.dtype} tensor."
             )
+        check_index_shape(index)
         index = index if index.dim() == 1 else index.reshape(-1)
         index = index.to(device=self.logits.device, dtype=torch.long)
         return index, torch.stack(torch.aminmax(index)) if index.numel() else None

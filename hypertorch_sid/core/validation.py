@@ -453,8 +453,15 @@ def check_outer_optimizer(
     """The outer optimizer must hold every λ and no w, must not need a closure (LBFGS), must
     descend (no ``maximize=True``) and must not decay λ itself (no ``weight_decay``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
+        cls = optimizer if isinstance(optimizer, type) else None
         raise ConfigurationError(
             f"outer_optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}."
+            + (
+                f" That is the class {cls.__name__} itself: build it over the hyperparameters, "
+                f"e.g. {cls.__name__}(hyperparameters, lr=0.1)."
+                if cls is not None and issubclass(cls, torch.optim.Optimizer)
+                else ""
+            )
         )
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ConfigurationError(
@@ -484,6 +491,7 @@ def check_outer_optimizer(
             "hypergradient does not see. Pass weight_decay=0 (AdamW's default is 0.01) or use "
             "torch.optim.Adam."
         )
+    _check_group_learning_rates(optimizer)
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
     if held & inner_ids:
@@ -515,6 +523,57 @@ def check_outer_optimizer(
             "hold and then clear it. Build it over the hyperparameters alone, "
             "torch.optim.Adam(hyperparameters, ...), or list those tensors as hyperparameters."
         )
+
+
+def _check_group_learning_rates(optimizer: torch.optim.Optimizer) -> None:
+    """No parameter group of the outer optimizer may hold λ at a negative learning rate, and
+    one at 0 is said (session 60: torch checks only the optimizer's default ``lr``, not a
+    group's own, so ``SGD([{"params": [log_lam], "lr": -0.5}], lr=0.1)`` climbed E without a
+    word, and a group at ``lr=0`` was said to take steps "below the floating-point resolution
+    of λ")."""
+    for i, group in enumerate(optimizer.param_groups):
+        lr = group.get("lr")
+        if lr is None or not group["params"]:
+            continue
+        try:
+            value = float(lr)
+        except (TypeError, ValueError):
+            continue  # an optimizer of its own kind: its lr is its business
+        name = type(optimizer).__name__
+        if value < 0:
+            raise ConfigurationError(
+                f"outer_optimizer {name} has lr={value:g} in parameter group {i}: a negative "
+                "learning rate moves λ up the hypergradient, increasing the validation objective "
+                "E it is meant to lower (torch checks only the optimizer's default lr, not a "
+                "group's own). Give that group a positive lr."
+            )
+        if value == 0:  # a warning: lr=0 holds λ for a diagnostic run of the solves
+            warnings.warn(
+                f"outer_optimizer {name} has lr=0 in parameter group {i}, so the "
+                f"{len(group['params'])} hyperparameter tensor(s) in it never move: give it a "
+                "positive lr (e.g. functools.partial(torch.optim.Adam, lr=0.1)); to hold a "
+                "hyperparameter fixed, leave it out of the hyperparameters.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def add_checked_group(
+    optimizer: torch.optim.Optimizer, param_group: dict[str, Any], names: Sequence[str]
+) -> None:
+    """``torch.optim.Optimizer.add_param_group``, then the group's settings checked by the
+    optimizer's ``_check_settings`` as its defaults were (session 60: torch checks only the
+    defaults, so a group's own ``lr=-1`` moved λ up the hypergradient and ``betas=(1.0, 0.999)``
+    divided by zero at the first step). A refused group is not kept."""
+    torch.optim.Optimizer.add_param_group(optimizer, param_group)
+    group = optimizer.param_groups[-1]
+    try:
+        optimizer._check_settings(*(group[n] for n in names))  # type: ignore[attr-defined]
+    except ConfigurationError as err:
+        optimizer.param_groups.pop()
+        index = len(optimizer.param_groups)
+        said = str(err).rstrip(".")
+        raise ConfigurationError(f"{said} (the setting of parameter group {index}).") from None
 
 
 def check_inner_optimizers(
@@ -648,6 +707,20 @@ def as_strategy(
     hint = f" (e.g. {example})" if example else ""
     raise ConfigurationError(
         f"{name} must be {names} or {article} {kind.__name__}{hint}, got {value!r}."
+        + class_given(value, kind)
+    )
+
+
+def class_given(value: Any, kind: type) -> str:
+    """The fix where ``value`` is a class of ``kind`` given where an object of it belongs
+    (session 60: ``SIDConfig(damping=CurvatureDamping)`` was refused as "must be a Damping
+    object ..., got type", ``invariant=HoldInvariant`` as "got <class '...HoldInvariant'>"),
+    else ``""``."""
+    if not (isinstance(value, type) and issubclass(value, kind)):
+        return ""
+    return (
+        f" That is the class {value.__name__} itself, not an object of it: call it, "
+        f"{value.__name__}() (with its settings in the parentheses)."
     )
 
 

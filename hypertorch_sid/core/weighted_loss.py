@@ -58,8 +58,22 @@ def class_centred(u: Tensor, omega: Tensor, labels: Tensor | None) -> Tensor:
     return out
 
 
+def check_index_shape(index: Any) -> None:
+    """One weight index per row: shape (b,) or a (b, 1) column, or a clear error (session 60:
+    ``class_weights(3).weighted_mean(losses, F.one_hot(y, 3))`` was flattened to 3b indices and
+    refused as "4 per-sample losses for a batch of 12 indexed samples")."""
+    shape = tuple(getattr(index, "shape", ()))
+    if len(shape) > 2 or (len(shape) == 2 and shape[1] != 1):
+        raise ConfigurationError(
+            f"the sample-weight indices have shape {shape}: one index per row is needed, shape "
+            f"({shape[0]},) (or a ({shape[0]}, 1) column). One-hot labels given as class ids? "
+            "Pass labels.argmax(1)."
+        )
+
+
 def check_per_sample(losses: Any, index: Tensor) -> Tensor:
     """``losses`` as a (b,) tensor matching ``index``, or a clear error (a reduced loss)."""
+    check_index_shape(index)
     if not isinstance(losses, Tensor):
         raise ConfigurationError(
             f"per-sample weights need a tensor of per-sample losses, got {type(losses).__name__}."
@@ -90,9 +104,24 @@ def check_per_sample(losses: Any, index: Tensor) -> Tensor:
     if losses.shape[0] != b:
         raise ConfigurationError(
             f"{losses.shape[0]} per-sample losses for a batch of {b} indexed samples: return one "
-            f"loss per sample (reduction='none', not 'mean' or 'sum'){_several_views(losses, b)}."
+            f"loss per sample (reduction='none', not 'mean' or 'sum'){_several_views(losses, b)}"
+            f"{_rows_dropped(losses, b)}."
         )
     return losses
+
+
+def _rows_dropped(losses: Tensor, b: int) -> str:
+    """The likely cause where there are fewer losses than rows, but more than one: the loss
+    left some rows out (``x[keep]``, ``losses[mask]``), so which loss is which row's cannot be
+    read (session 60: the advice was only reduction='none', which such a loss already has)."""
+    if not 1 < losses.shape[0] < b:
+        return ""
+    return (
+        f"; {b - losses.shape[0]} row(s) fewer than the batch: did the loss leave rows out "
+        "(x[keep], losses[mask])? Then no loss can be told to its row: compute every row's "
+        "loss, in the batch's order, and leave examples that must not train out of the "
+        "training set (IndexedDataset(Subset(train_set, kept)))"
+    )
 
 
 def _several_views(losses: Tensor, b: int) -> str:

@@ -618,3 +618,34 @@ def _validation_tensor(out: Any) -> Tensor:
             f"LearnedDataWeights: the validation loss must be a tensor, got {type(out).__name__}."
         )
     return out
+
+
+@dataclasses.dataclass
+class OneClassBatches:
+    """Counts the training batches of one class alone under per-class weights and the
+    self-normalised loss, over the fit's first :attr:`BATCHES` batches of several rows, and
+    warns once where more than half were (session 60: a class-sorted set, ImageFolder's order,
+    under a DataLoader that does not shuffle: Σ ω_c ℓᵢ / Σ ω_c of a batch of one class is its
+    plain mean whatever ω_c, so the class weights changed no step of those batches, without a
+    word)."""
+
+    BATCHES = 8
+    seen: int = 0
+    alone: int = 0
+
+    def note(self, classes: Tensor) -> None:
+        """One training batch's class ids (the rows' weight indices under ``per="class"``)."""
+        if self.seen >= self.BATCHES or classes.numel() < 2:
+            return
+        self.seen += 1
+        self.alone += bool((classes == classes[0]).all())  # one read, first batches only
+        if self.seen == self.BATCHES and 2 * self.alone > self.BATCHES:
+            rank_zero_warn(
+                f"LearnedDataWeights(per='class'): {self.alone} of the fit's first "
+                f"{self.BATCHES} training batches hold examples of one class only. Under the "
+                "self-normalised loss Σ ω_c ℓᵢ / Σ ω_c such a batch's loss is its plain mean "
+                "whatever the class weights, so they change none of its steps (and get no "
+                "hypergradient from it). A DataLoader that does not shuffle a set sorted by "
+                "class (ImageFolder's order) does this: pass shuffle=True to the training "
+                "DataLoader; otherwise use larger batches or normalize=False."
+            )

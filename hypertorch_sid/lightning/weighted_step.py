@@ -30,6 +30,7 @@ from ..core.weighted_loss import check_per_sample, weighted_loss
 from .cross_term import RandomState
 from .data_checks import (
     MASKED_CHECKS,
+    OneClassBatches,
     _carried_labels,
     _check_sample_target,
     _real_targets,
@@ -119,6 +120,7 @@ class WeightedStep(RowRecord):
         self._checked_entries = False
         self._masked_checks, self._said_masked = MASKED_CHECKS, False
         self._reread_rows, self._lossy = set(), None
+        one_class = OneClassBatches() if self.per == "class" and self.normalize else None
         original = with_batch_idx(module.training_step)
         self._module, self._original = module, original
         edits_batch = False  # whether the user's step edits its batch in place (x /= 255)
@@ -164,6 +166,8 @@ class WeightedStep(RowRecord):
                 if _warn_masked_samples(raw, replay, self._zero_when_shrunk):
                     self._masked_checks, self._said_masked = 0, True
             losses = check_per_sample(raw, index)
+            if in_loop and one_class is not None:
+                one_class.note(index)
             labels = self._read_checks(index, data, carried) if in_loop else None
             with torch.no_grad():  # the training never differentiates the weights
                 weights = self.weights.weights(index, losses)  # type: ignore[union-attr]
