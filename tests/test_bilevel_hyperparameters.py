@@ -221,7 +221,11 @@ def finite_difference(p: Problem, h: torch.Tensor, eps: float = 1e-5) -> torch.T
 
 
 def library(p: Problem, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(SID's hypergradient with long full-batch solves from w*, ∇₂E at w*)."""
+    """(SID's hypergradient with long full-batch solves from w*, ∇₂E at w*).
+
+    k = 1000 adjoint steps: the relative error to the finite difference is at most 1.6e-9 over
+    ``NAMES`` (residual_scale, the slowest; 2.2e-5 at k = 500), and the same at k = 3000 (the
+    finite difference's own error), far below ``TOL``."""
     w = newton(p, h0).clone().requires_grad_(True)
     h = h0.clone().requires_grad_(True)
     sid = SIDHyperOptimizer(
@@ -230,7 +234,7 @@ def library(p: Problem, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         outer_loss=lambda b: p.outer(w, h, b),
         full_train_batch=p.train,
         config=SIDConfig(
-            inner_steps=50, adjoint_steps=3000, step_size="constant", eta=1.0,
+            inner_steps=50, adjoint_steps=1000, step_size="constant", eta=1.0,
             batches=Batches(inner="full", adjoint="full", d2="full"),
         ),
     )  # fmt: skip

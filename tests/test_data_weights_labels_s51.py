@@ -217,34 +217,42 @@ def test_the_label_check_runs_on_labels_read_before_collation():
         fit(callback(), 3, model=BagClassifier(), data=data)
 
 
-def _ddp_worker(out: Path, gauge: str) -> None:
-    """Fit the drop-in on 2 CPU processes (Lightning's DDP) with ``gauge``; each rank saves its
+DDP_GAUGES = ("class", "auto")
+
+
+def _ddp_worker(out: Path) -> None:
+    """Fit the drop-in on 2 CPU processes (Lightning's DDP) with each of ``DDP_GAUGES``, one fit
+    after the other in one process group (one launch of the two ranks); each rank saves its
     weights, the gauge held and its record of the rows' labels."""
     torch.set_num_threads(1)
-    cb = callback(val_batch_size=30, gauge=gauge)
-    t = trainer([cb], devices=2, strategy="ddp", max_epochs=4)
-    t.fit(Classifier(), datamodule=Data())
-    record = {"w": cb.data_weights(), "gauge": cb.weights.gauge, "labels": cb.problem._labels}
-    torch.save(record, out / f"{gauge}_rank{t.global_rank}.pt")
+    for gauge in DDP_GAUGES:
+        cb = callback(val_batch_size=30, gauge=gauge)
+        t = trainer([cb], devices=2, strategy="ddp", max_epochs=4)
+        t.fit(Classifier(), datamodule=Data())
+        record = {"w": cb.data_weights(), "gauge": cb.weights.gauge, "labels": cb.problem._labels}
+        torch.save(record, out / f"{gauge}_rank{t.global_rank}.pt")
     end_ddp_worker()
 
 
-def _ddp_fit(out: Path, gauge: str) -> tuple[dict, dict]:
+@pytest.fixture(scope="module")
+def ddp_records(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """gauge → both ranks' records from the DDP fits of ``_ddp_worker`` (in a subprocess)."""
+    out = tmp_path_factory.mktemp("ddp")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out), "--gauge", gauge]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return tuple(torch.load(out / f"{gauge}_rank{r}.pt") for r in (0, 1))
+    return {g: tuple(torch.load(out / f"{g}_rank{r}.pt") for r in (0, 1)) for g in DDP_GAUGES}
 
 
 @pytest.mark.ddp
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
-@pytest.mark.parametrize("gauge", ["class", "auto"])
-def test_ddp_ranks_hold_the_class_gauge_identically(gauge, tmp_path):
+@pytest.mark.parametrize("gauge", DDP_GAUGES)
+def test_ddp_ranks_hold_the_class_gauge_identically(gauge, ddp_records):
     """Under DDP every rank records the labels of every rank's rows, so the class gauge shifts
     the same rows on every rank: identical weights (each rank recording only its own rows'
     labels shifted them by other class means), and "auto" chooses the class gauge there too."""
-    r0, r1 = _ddp_fit(tmp_path, gauge)
+    r0, r1 = ddp_records[gauge]
     assert r0["gauge"] == r1["gauge"] == "class"
     assert torch.equal(r0["w"], r1["w"])
     assert torch.equal(r0["labels"], r1["labels"])
@@ -255,6 +263,5 @@ def test_ddp_ranks_hold_the_class_gauge_identically(gauge, tmp_path):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
-    parser.add_argument("--gauge", default="class", help="LearnedDataWeights(gauge=...)")
     args = parser.parse_args()
-    _ddp_worker(args.worker, args.gauge)
+    _ddp_worker(args.worker)

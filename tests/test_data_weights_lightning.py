@@ -548,51 +548,51 @@ def test_sample_weights_in_a_bilevel_module():
     assert w[:NOISY].mean() < w[NOISY:].mean() - 0.1
 
 
-def _ddp_worker(out: Path, directional: str) -> None:
+DDP_DIRECTIONALS = ("forward_difference", "forward_mode")
+
+
+def _ddp_worker(out: Path) -> None:
     """Fit the drop-in on 2 CPU processes (Lightning's DDP; its DistributedSampler shards the
-    IndexedDataset) with the cross term's u by ``directional``; each rank saves its weights."""
+    IndexedDataset) with the cross term's u by each of ``DDP_DIRECTIONALS``, one fit after the
+    other in one process group (one launch of the two ranks); each rank saves its weights."""
     torch.set_num_threads(1)
-    cb = callback(val_batch_size=30, directional=directional)
-    t = trainer([cb], devices=2, strategy="ddp", max_epochs=6)
-    t.fit(Classifier(), datamodule=Data())
-    torch.save(cb.data_weights(), out / f"{directional}_rank{t.global_rank}.pt")
+    for directional in DDP_DIRECTIONALS:
+        cb = callback(val_batch_size=30, directional=directional)
+        t = trainer([cb], devices=2, strategy="ddp", max_epochs=6)
+        t.fit(Classifier(), datamodule=Data())
+        torch.save(cb.data_weights(), out / f"{directional}_rank{t.global_rank}.pt")
     end_ddp_worker()
 
 
-def _ddp_fit(out: Path, directional: str) -> tuple[Tensor, Tensor]:
-    """Both ranks' learned weights from a DDP fit in a subprocess (``_ddp_worker``)."""
+@pytest.fixture(scope="module")
+def ddp_weights(tmp_path_factory) -> dict[str, tuple[Tensor, Tensor]]:
+    """directional → both ranks' learned weights from the DDP fits of ``_ddp_worker`` (in a
+    subprocess), run once for the tests below."""
+    out = tmp_path_factory.mktemp("ddp")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out)]
-    proc = subprocess.run(
-        cmd + ["--directional", directional], capture_output=True, text=True, timeout=420, env=env
-    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return tuple(torch.load(out / f"{directional}_rank{r}.pt") for r in (0, 1))
-
-
-@pytest.fixture(scope="module")
-def ddp_default_weights(tmp_path_factory) -> tuple[Tensor, Tensor]:
-    """The default (forward-difference) DDP fit, run once for the tests below."""
-    return _ddp_fit(tmp_path_factory.mktemp("ddp"), "forward_difference")
+    return {d: tuple(torch.load(out / f"{d}_rank{r}.pt") for r in (0, 1)) for d in DDP_DIRECTIONALS}
 
 
 @pytest.mark.ddp
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
-def test_ddp_ranks_learn_identical_weights(ddp_default_weights):
-    w0, w1 = ddp_default_weights
+def test_ddp_ranks_learn_identical_weights(ddp_weights):
+    w0, w1 = ddp_weights["forward_difference"]  # the default
     assert torch.equal(w0, w1)  # every rank moved every row (all-gathered), identically
     assert w0[:NOISY].mean() < w0[NOISY:].mean() - 0.1
 
 
 @pytest.mark.ddp
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
-def test_ddp_forward_difference_matches_dual_numbers(ddp_default_weights, tmp_path):
+def test_ddp_forward_difference_matches_dual_numbers(ddp_weights):
     """Under DDP each rank's cross term u = ⟨∇ℓᵢ, v⟩ by a forward difference (eq. fdcross, one
     no-grad forward at w + hv of the DDP-wrapped module) gives the weights that the exact
     dual-number pass gives: a difference of losses that picked up another rank's state, a
     gradient synchronisation or a stale BatchNorm would move them apart."""
-    fd, _ = ddp_default_weights
-    dual0, dual1 = _ddp_fit(tmp_path, "forward_mode")
+    fd, _ = ddp_weights["forward_difference"]
+    dual0, dual1 = ddp_weights["forward_mode"]
     assert torch.equal(dual0, dual1)
     assert (fd - dual0).abs().max() < TOLERANCE_FD_VS_DUAL, (fd - dual0).abs().max()
 
@@ -600,9 +600,8 @@ def test_ddp_forward_difference_matches_dual_numbers(ddp_default_weights, tmp_pa
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
-    parser.add_argument("--directional", default="forward_difference", help="how u is computed")
     args = parser.parse_args()
-    _ddp_worker(args.worker, args.directional)
+    _ddp_worker(args.worker)
 
 
 class WideValidation(Data):

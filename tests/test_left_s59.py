@@ -31,36 +31,41 @@ from hypertorch_sid import ConfigurationError, SIDConfig, SIDHyperOptimizer
 F64 = torch.float64
 
 
-def _worker(out: Path, sparse: bool) -> None:
-    """One DDP rank: the drop-in with a plain ``SGD`` outer step, row-sparse or dense."""
+def _worker(out: Path) -> None:
+    """One DDP rank: the drop-in with a plain ``SGD`` outer step, dense then row-sparse: two fits
+    in one process group (one launch of the two ranks instead of two)."""
     torch.set_num_threads(1)
-    cb = callback(
-        val_batch_size=30,
-        outer_optimizer=functools.partial(torch.optim.SGD, lr=20.0),
-        cross_term="training",
-        max_overhead=None,
-        sparse_grad=True if sparse else None,
-    )
-    t = trainer([cb], devices=2, strategy="ddp", max_epochs=6)
-    t.fit(Classifier(), datamodule=Data())
-    torch.save(cb.data_weights(), out / f"{sparse}_rank{t.global_rank}.pt")
+    for sparse in (False, True):
+        cb = callback(
+            val_batch_size=30,
+            outer_optimizer=functools.partial(torch.optim.SGD, lr=20.0),
+            cross_term="training",
+            max_overhead=None,
+            sparse_grad=True if sparse else None,
+        )
+        t = trainer([cb], devices=2, strategy="ddp", max_epochs=6)
+        t.fit(Classifier(), datamodule=Data())
+        torch.save(cb.data_weights(), out / f"{sparse}_rank{t.global_rank}.pt")
     end_ddp_worker()
 
 
-def _fit(out: Path, sparse: bool) -> tuple[Tensor, Tensor]:
+def _fit(out: Path) -> dict[bool, tuple[Tensor, Tensor]]:
+    """sparse → the data weights of ranks 0 and 1."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out)]
-    cmd += ["--sparse"] if sparse else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return tuple(torch.load(out / f"{sparse}_rank{r}.pt") for r in (0, 1))
+    return {
+        sparse: tuple(torch.load(out / f"{sparse}_rank{r}.pt") for r in (0, 1))
+        for sparse in (False, True)
+    }
 
 
 @pytest.mark.ddp
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
 def test_the_dense_ddp_gradient_moves_the_weights_as_the_sparse_one(tmp_path):
-    dense0, dense1 = _fit(tmp_path, sparse=False)
-    sparse0, sparse1 = _fit(tmp_path, sparse=True)
+    fits = _fit(tmp_path)
+    (dense0, dense1), (sparse0, sparse1) = fits[False], fits[True]
     assert torch.equal(dense0, dense1) and torch.equal(sparse0, sparse1)
     assert dense0[:NOISY].mean() < dense0[NOISY:].mean() - 0.1
     assert (sparse0 - 0.5).abs().max() > 0.3
@@ -133,6 +138,5 @@ def test_named_lambdas_of_one_shape_in_another_order_are_refused():
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker", type=Path, required=True)
-    parser.add_argument("--sparse", action="store_true")
     args = parser.parse_args()
-    _worker(args.worker, args.sparse)
+    _worker(args.worker)
