@@ -74,7 +74,7 @@ from ..core.budget import Budget
 from ..core.decay import ElementModel, as_element_model
 from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
-from ..core.outer_step import ShrinkFallRprop
+from ..core.outer_step import ReachRprop
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_positive, is_real
 from .amp import loss_scale, scaler_skips
@@ -151,11 +151,11 @@ def _defaults(
         elif not per_element and parameterization == "log":
             lr = given(kwargs.get("outer_lr"), defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen
             sizes = (min(1e-2, lr), max(2.0, lr))
-            # ShrinkFallRprop (session 52, rule_fair.md): TrustRprop whose first fall goes where
-            # the decay's own shrink says; bit-identical to TrustRprop where it cannot act
-            defaults["outer_optimizer"] = functools.partial(
-                ShrinkFallRprop, lr=lr, step_sizes=sizes
-            )
+            # ReachRprop (session 57; the default by rules_s60/reach60-rule.txt): ShrinkFallRprop
+            # (session 52: TrustRprop whose first fall goes where the decay's own shrink says)
+            # whose step on log λ is held at or above what can still cross ln 100 with the
+            # hyper steps left
+            defaults["outer_optimizer"] = functools.partial(ReachRprop, lr=lr, step_sizes=sizes)
     chosen = config_given(kwargs) or kwargs.get("curvature") is not None
     fixed = elements.refresh_curvature or chosen
     if per_element and not fixed:
