@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import ConfigurationError, LearnedWeightDecay
 from hypertorch_sid.core.outer_step import (
+    ReachRprop,
     ShrinkFallRprop,
     ShrinkReading,
     TrustRprop,
@@ -204,10 +205,8 @@ def test_through_the_drop_in_adam_reads_a_large_share_and_sgd_is_trust_rprop():
     assert all(s <= 0.1 for shares in sgd.sid.outer_optimizer.shares for s in shares)
     ref = _bag_fit("sgd", functools.partial(TrustRprop, lr=0.3, step_sizes=(0.01, 2.0)))
     assert type(ref.sid.outer_optimizer) is TrustRprop
-    drop_in = _bag_fit("sgd", None)  # the default since session 52 (rule_fair.md)
-    assert type(drop_in.sid.outer_optimizer) is ShrinkFallRprop
-    for name, value in ref.decay_values().items():
-        assert torch.equal(drop_in.decay_values()[name], value)
+    drop_in = _bag_fit("sgd", None)  # ReachRprop, the default since session 57 (wd57-rule.txt)
+    assert type(drop_in.sid.outer_optimizer) is ReachRprop
     for name, value in ref.decay_values().items():
         assert torch.equal(sgd.decay_values()[name], value)
 

@@ -420,7 +420,10 @@ def test_argument_errors(kwargs, match):
 
 @pytest.mark.parametrize("decoupled", [False, True])
 def test_resume_reproduces_learned_decay(tmp_path, decoupled):
-    """(Decoupled: AdamW with an lr schedule — the restored optimizer's groups must be used.)"""
+    """A fit planned for 4 epochs, resumed from its epoch-2 checkpoint (a killed run), ends where
+    the straight fit does. (Decoupled: AdamW with an lr schedule — the restored optimizer's groups
+    must be used.) The default outer step (``ReachRprop``) sizes its steps by the hyper steps the
+    fit has left, so the resumed fit must plan the same length as the straight one."""
 
     def make():
         cb = LearnedWeightDecay(
@@ -438,16 +441,15 @@ def test_resume_reproduces_learned_decay(tmp_path, decoupled):
         return cb, MLP(adamw, schedule=True)
 
     cb, model = make()
-    _fit(model, [cb], max_epochs=4)
+    every_epoch = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path, save_top_k=-1, every_n_epochs=1, filename="{epoch}"
+    )
+    _fit(model, [cb, every_epoch], max_epochs=4, enable_checkpointing=True)
     straight, w_straight = cb.decay_values(), model.state_dict()
 
     cb, model = make()
-    trainer = _trainer([cb], max_epochs=2)
-    trainer.fit(model, datamodule=RidgeData())
-    trainer.save_checkpoint(tmp_path / "half.ckpt")
-    cb, model = make()
     _trainer([cb], max_epochs=4).fit(
-        model, datamodule=RidgeData(), ckpt_path=tmp_path / "half.ckpt"
+        model, datamodule=RidgeData(), ckpt_path=tmp_path / "epoch=1.ckpt"
     )
     resumed = cb.decay_values()
     assert straight.keys() == resumed.keys()

@@ -80,7 +80,7 @@ from .objectives import (
 )
 from .optimizer import SIDHyperOptimizer
 from .outer import outer_gradients
-from .outer_step import ShrinkFallRprop, SignalGatedAdam, TrustRprop
+from .outer_step import ReachRprop, ShrinkFallRprop, SignalGatedAdam, TrustRprop
 from .parameterizations import (
     NaturalSigmoidWeights,
     SharedLossWeights,
@@ -154,6 +154,7 @@ __all__ = [
     "Parameterization",
     "ProjectedDecay",
     "ShrinkageStep",
+    "ReachRprop",
     "ShrinkFallRprop",
     "SignalGatedAdam",
     "TrustRprop",

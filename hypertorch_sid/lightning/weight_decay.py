@@ -74,7 +74,7 @@ from ..core.budget import Budget
 from ..core.decay import ElementModel, as_element_model
 from ..core.errors import ConfigurationError
 from ..core.modes import as_trained
-from ..core.outer_step import ShrinkFallRprop
+from ..core.outer_step import ReachRprop
 from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_positive, is_real
 from .amp import loss_scale, scaler_skips
@@ -115,6 +115,12 @@ def _defaults(
     outer step without memory"); Adam stays the outer step per element and with projection,
     except an element model with its own step (``elements="layer_then_shrunk"``: TrustRprop on
     the layers' λ as here, shrunk deviations; ``"shrunk"``: Adam and shrinkage).
+    Since session 60 the step is :class:`~hypertorch_sid.core.outer_step.ReachRprop`, a
+    TrustRprop whose first fall is sized by the decay's own shrink (eq. shrinkfall) and whose
+    step is held at or above what can still cross two decades of λ with the hyper steps left
+    (eqs. reachpace, reachstep): on the main job's recipe, fresh seeds, −0.0100 ± 0.0040 held-out
+    test loss at the deployed epoch; the CNNs within 0.0005; the main job's last weights +0.0083
+    ± 0.0087 (docs/weight_decay_budget.md, "Session 60").
     All within a compute budget of half the training's (``max_overhead=0.5``: no worse on held-out
     test loss than no budget on five settings × nine seeds, ``docs/weight_decay_budget.md``;
     planned over the fit's known length, :class:`~hypertorch_sid.core.budget.PlannedBudget`, is
@@ -151,11 +157,11 @@ def _defaults(
         elif not per_element and parameterization == "log":
             lr = given(kwargs.get("outer_lr"), defaults["outer_lr"])  # Δ₀; Δ_min, Δ_max widen
             sizes = (min(1e-2, lr), max(2.0, lr))
-            # ShrinkFallRprop (session 52, rule_fair.md): TrustRprop whose first fall goes where
-            # the decay's own shrink says; bit-identical to TrustRprop where it cannot act
-            defaults["outer_optimizer"] = functools.partial(
-                ShrinkFallRprop, lr=lr, step_sizes=sizes
-            )
+            # ReachRprop (session 57; the default by rules_s60/reach60-rule.txt): ShrinkFallRprop
+            # (session 52: TrustRprop whose first fall goes where the decay's own shrink says)
+            # whose step on log λ is held at or above what can still cross ln 100 with the
+            # hyper steps left
+            defaults["outer_optimizer"] = functools.partial(ReachRprop, lr=lr, step_sizes=sizes)
     chosen = config_given(kwargs) or kwargs.get("curvature") is not None
     fixed = elements.refresh_curvature or chosen
     if per_element and not fixed:
@@ -252,7 +258,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         (``every_n_steps``, ``adjoint_steps``, ``outer_lr``, ``val``, ``config``, ...). The
         drop-in's own defaults differ from the callback's (measured on weight decay, see
         ``_defaults``): ``every_n_steps=20``, ``adjoint_steps=3``, ``outer_lr=0.3`` (the
-        first step of :class:`~hypertorch_sid.core.outer_step.TrustRprop` on log λ, the outer
+        first step of :class:`~hypertorch_sid.core.outer_step.ReachRprop` on log λ, the outer
         step; per element Adam's lr, ``1.0`` untied, with one curvature estimate:
         ``EstimatedCurvature(every=None)``),
         the validation gradient at the
