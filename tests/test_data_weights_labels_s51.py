@@ -220,18 +220,27 @@ def test_the_label_check_runs_on_labels_read_before_collation():
 DDP_GAUGES = ("class", "auto")
 
 
-def _ddp_worker(out: Path) -> None:
+def _ddp_worker(out: Path, gauges: tuple[str, ...] = DDP_GAUGES) -> None:
     """Fit the drop-in on 2 CPU processes (Lightning's DDP) with each of ``DDP_GAUGES``, one fit
     after the other in one process group (one launch of the two ranks); each rank saves its
     weights, the gauge held and its record of the rows' labels."""
     torch.set_num_threads(1)
-    for gauge in DDP_GAUGES:
+    for gauge in gauges:
         cb = callback(val_batch_size=30, gauge=gauge)
         t = trainer([cb], devices=2, strategy="ddp", max_epochs=4)
         t.fit(Classifier(), datamodule=Data())
         record = {"w": cb.data_weights(), "gauge": cb.weights.gauge, "labels": cb.problem._labels}
         torch.save(record, out / f"{gauge}_rank{t.global_rank}.pt")
     end_ddp_worker()
+
+
+def _ddp_fit(out: Path, gauge: str) -> tuple[dict, dict]:
+    """Both ranks' records of one DDP fit with ``gauge`` (session 52's centring test uses it)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out), "--gauge", gauge]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return tuple(torch.load(out / f"{gauge}_rank{r}.pt") for r in (0, 1))
 
 
 @pytest.fixture(scope="module")
@@ -263,5 +272,6 @@ def test_ddp_ranks_hold_the_class_gauge_identically(gauge, ddp_records):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
+    parser.add_argument("--gauge", help="one gauge only (default: each of DDP_GAUGES)")
     args = parser.parse_args()
-    _ddp_worker(args.worker)
+    _ddp_worker(args.worker, (args.gauge,) if args.gauge else DDP_GAUGES)

