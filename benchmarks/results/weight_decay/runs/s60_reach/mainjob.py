@@ -1,5 +1,6 @@
-"""Session 60 (rule: ../../rules_s60/reach60-rule.txt), condition (b): the main job itself (examples/lightning_digits.py, its LAST weights
-scored) with today's default (ctl) or with ReachRprop as the drop-in's outer step (reach), through
+# ruff: noqa: E501
+"""Session 60 (rule: ../../rules_s60/reach60-rule.txt), condition (b): the main job itself
+(examples/lightning_digits.py, its LAST weights scored) with today's default (ctl) or with ReachRprop as the drop-in's outer step (reach), through
 benchmarks/main_job_spread.py (the same split, model and trainer; --seeds: the callback's
 sampling seed). The reach arm swaps the class the drop-in builds its default outer step from
 (lr 0.3, step sizes (0.01, 2.0), as arms.json's). Run before ReachRprop became the default

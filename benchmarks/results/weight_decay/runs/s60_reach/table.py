@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """Session 60: reach − ctl per condition of ../../rules_s60/reach60-rule.txt (held-out test loss,
 paired by seed, mean ± s.e., seeds worse); writes table.md here.
 usage (from anywhere): python table.py"""
@@ -24,7 +25,10 @@ def record(arm: str, setting: str, seed: int) -> dict | None:
         if not path.is_file():
             return None
         r = json.loads(path.read_text())["runs"][0]
-        return {"test_loss": r["test_loss"], "lam": r["path"][-1]["lam_mean"] if r["path"] else None}
+        return {
+            "test_loss": r["test_loss"],
+            "lam": r["path"][-1]["lam_mean"] if r["path"] else None,
+        }
     path = here / f"weight_decay_{arm}_{setting}_seed{seed}.json"
     if not path.is_file():
         return None
