@@ -7,18 +7,22 @@ bound (eq. decaytrust) reads (:meth:`ShrinkRates.step_size`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from ..core.decay import WeightDecay
+from ..core.errors import ConfigurationError
 from ..core.outer_step import ShrinkReading
+from ..core.validation import is_real
 
 if TYPE_CHECKING:
     from .weight_decay_problem import WeightDecayProblem
 
-__all__ = ["ShrinkRates", "ShrinkReadings"]
+__all__ = ["AppliedShrink", "ShrinkRates", "ShrinkReadings"]
 
 
 class ShrinkReadings(Sequence):
@@ -113,3 +117,63 @@ class ShrinkRates:
             eps = float(group.get("eps", 1e-8))
             return ShrinkReading(w, data_sq=data_sq, lr=lr, eps=eps)
         return None
+
+
+class AppliedShrink:
+    """The decay a fit has applied, per λ group (the slots; per element, the layers): the
+    effective λ, the constant that shrinks the group's weights as much over the fit under the
+    training's own learning rates (eq. effectivedecay)
+
+        λ̄ = Σ_t lr_t λ_t / Σ_t lr_t,
+
+    summed over the optimizer steps that applied the decay (a tensor's steps, weighted by its
+    elements; per element, λ_t is the tensor's mean λ). It is what to put in a plain training's
+    ``weight_decay`` after a learned fit: the last λ describes the fit's last steps only, and
+    where the learning rate ends near 0 (a cosine tail) λ's last rises change nothing, so it can
+    end far above any decay the fit applied (session 60: 54 on an AdamW fit whose λ̄ was 1e-2).
+    Exact for SGD (momentum's gain is a constant factor) and decoupled decay (AdamW's
+    ``w ← w(1 − lr λ)``); for coupled Adam the preconditioner also scales the shrink.
+    Checkpointed with λ, so a resumed fit sums on (:meth:`state`, :meth:`load`)."""
+
+    def __init__(self) -> None:
+        #: group name → [Σ lr λ n, Σ lr n] (a 0-dim tensor where λ is one: no device sync)
+        self.sums: dict[str, list[Any]] = {}
+        #: the sums a checkpoint held, taken over by the next :meth:`start`
+        self.checkpointed: dict[str, list[float]] | None = None
+
+    def start(self) -> None:
+        """A fit starts: sum from 0, or on from the checkpoint it resumes."""
+        saved, self.checkpointed = self.checkpointed, None
+        self.sums = {k: list(v) for k, v in saved.items()} if saved is not None else {}
+
+    def add(self, group: str, lr: float, lam: float | Tensor, elements: int) -> None:
+        """One optimizer step applied ``lam`` at learning rate ``lr`` to a tensor of ``group``."""
+        if isinstance(lam, Tensor):
+            lam = lam.detach().float().mean()
+        weight = lr * elements
+        sums = self.sums.setdefault(group, [0.0, 0.0])
+        sums[0] = sums[0] + weight * lam
+        sums[1] += weight
+
+    def effective(self) -> dict[str, float]:
+        """λ̄ per group (eq. effectivedecay); a group never stepped at lr > 0 is left out."""
+        return {k: float(num) / den for k, (num, den) in self.sums.items() if den > 0}
+
+    def state(self) -> dict[str, list[float]]:
+        """The sums as numbers, for a checkpoint."""
+        return {k: [float(num), float(den)] for k, (num, den) in self.sums.items()}
+
+    def load(self, state: Any, key: str) -> None:
+        """Keep a checkpoint's sums (its entry ``key``) for the resumed fit's :meth:`start`."""
+        if not isinstance(state, Mapping) or not all(
+            isinstance(k, str)
+            and isinstance(v, (list, tuple))
+            and len(v) == 2
+            and all(is_real(x) and math.isfinite(x) and x >= 0 for x in v)
+            for k, v in state.items()
+        ):
+            raise ConfigurationError(
+                f"LearnedWeightDecay: the checkpoint's {key} must map λ group names to two "
+                "finite numbers ≥ 0, [Σ lr·λ, Σ lr] (truncated or foreign checkpoint?)."
+            )
+        self.checkpointed = {k: [float(v[0]), float(v[1])] for k, v in state.items()}

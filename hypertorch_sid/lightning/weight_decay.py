@@ -84,7 +84,13 @@ from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
 from .problem import MEANING_KEY, check_meaning
 from .training_length import horizon
-from .weight_decay_problem import GROUPS_KEY, NORMS_KEY, SLOTS_KEY, WeightDecayProblem
+from .weight_decay_problem import (
+    APPLIED_KEY,
+    GROUPS_KEY,
+    NORMS_KEY,
+    SLOTS_KEY,
+    WeightDecayProblem,
+)
 
 __all__ = [
     "LearnedWeightDecay",
@@ -401,11 +407,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also: a fit never ends silently with layers the decay wiped
         (:meth:`WeightDecayProblem.check_not_wiped`), and says where λ was driven so low that
-        the decay is off in effect (:meth:`WeightDecayProblem.decay_off`)."""
+        the decay is off in effect (:meth:`WeightDecayProblem.decay_off`) and where λ ended far
+        above the decay the fit applied (:meth:`WeightDecayProblem.ended_above_applied`)."""
         super().on_train_end(trainer, pl_module)
         if self.sid is not None:
             self.problem.check_not_wiped()
             said = self.problem.decay_off(self._losses.last())
+            if said is not None:
+                rank_zero_info(f"LearnedWeightDecay: {said}")
+            said = self.problem.ended_above_applied()
             if said is not None:
                 rank_zero_info(f"LearnedWeightDecay: {said}")
 
@@ -583,6 +593,19 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return decay.by_group() or {name: decay.summary() for name in decay.slot_names}
 
     @property
+    def effective_weight_decay(self) -> dict[str, float]:
+        """The effective λ by group (the slots of :attr:`learned_weight_decay`; per element, the
+        layers): the constant that, under your learning-rate schedule, shrinks each group's
+        weights as much over the fit as the learned λ did, Σ_t lr_t λ_t / Σ_t lr_t over its
+        optimizer steps (eq. effectivedecay, :class:`~.shrink.AppliedShrink`). The value to put
+        in a plain training's ``weight_decay``: the last λ (:attr:`learned_weight_decay`) is the
+        fit's last steps alone, and where the learning rate ends near 0 its last rises applied
+        almost nothing. Summed over this fit (a resumed fit: since the fit it resumes began);
+        empty before a fit has stepped."""
+        self._refuse_unapplied_checkpoint("effective_weight_decay")
+        return self.problem.applied.effective()
+
+    @property
     def rho(self) -> list[Tensor]:
         """The learned tensors: ρ (log) or λ (projection); one slot vector, or one per tensor."""
         return self.problem.decay.hyperparameters if self.problem.decay is not None else []
@@ -611,6 +634,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             slots = slots if slots is not None else self._checkpointed_slots
             if slots is not None:
                 state[SLOTS_KEY] = list(slots)
+            applied = self.problem.applied.state() or self.problem.applied.checkpointed
+            if applied:
+                state[APPLIED_KEY] = applied
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -651,6 +677,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                     "names to numbers (truncated or foreign checkpoint?)."
                 )
             self.problem.checkpointed_start_norms = {k: float(v) for k, v in norms.items()}
+        if isinstance(state_dict, dict) and APPLIED_KEY in state_dict:
+            state_dict = dict(state_dict)
+            self.problem.applied.load(state_dict.pop(APPLIED_KEY), APPLIED_KEY)
         if isinstance(state_dict, dict) and SLOTS_KEY in state_dict:
             state_dict = dict(state_dict)
             slots = state_dict.pop(SLOTS_KEY)

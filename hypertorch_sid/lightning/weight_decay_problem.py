@@ -31,7 +31,7 @@ from ..core.validation import check_bool, check_takes, is_real, number_fix
 from .data_loss import DataLoss
 from .optimizer_decay import PRECONDITIONED, decouples, preconditioner
 from .problem import BilevelProblem, UntrainedGroups, check_still_trained, named_tensors
-from .shrink import ShrinkRates
+from .shrink import AppliedShrink, ShrinkRates
 from .stability import StableBounds
 
 __all__ = ["WeightDecayProblem"]
@@ -171,6 +171,8 @@ class WeightDecayProblem:
         self.stability = StableBounds(self, decoupled, self.weight_decay, self.min_weight_decay)
         #: how fast a unit of λ shrinks the decayed tensors, read from the optimizers
         self.shrink = ShrinkRates(self, decoupled)
+        #: the decay applied so far per λ group, for the effective λ (eq. effectivedecay)
+        self.applied = AppliedShrink()
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -202,6 +204,7 @@ class WeightDecayProblem:
                 "granularity: per_layer, per_tensor, per_element ...)."
             )
         self._collect(trainer, module)
+        self.applied.start()
         self.stability.check_initial()
         self._checked_gradients = False
         self._checked_optimizers = set()
@@ -306,6 +309,34 @@ class WeightDecayProblem:
             "was lowest with less decay. Read these λ as 0, not as a fault (learned_weight_decay "
             "and the logs give the number λ reached); pass min_weight_decay=... to keep a floor "
             "under λ."
+        )
+
+    def ended_above_applied(self) -> str | None:
+        """Say, at the fit's end, where λ ended :data:`ABOVE_APPLIED` times or more above the
+        effective λ the fit applied (eq. effectivedecay; None: nowhere). λ's last rises, where
+        the learning rate had fallen near 0, move the weights little and the hypergradient
+        little, so they are not held back; the number read back then is not a decay the fit
+        used (session 60: 54 on an AdamW fit with a cosine tail whose effective λ was 1e-2)."""
+        decay, effective = self.decay, self.applied.effective()
+        if decay is None or not effective:
+            return None
+        groups = decay.group_names()
+        last: dict[str, float] = {}
+        for e, lam in zip(decay.entries, self._entry_lambdas()):
+            value = float(lam) if not isinstance(lam, Tensor) else float(lam.float().mean())
+            name = groups[decay.group_of(e)]
+            last[name] = max(last.get(name, 0.0), value)
+        above = [n for n, v in effective.items() if v > 0 and last.get(n, 0.0) >= ABOVE_APPLIED * v]
+        if not above:
+            return None
+        n = max(above, key=lambda k: last[k] / effective[k])
+        return (
+            f"λ ended {last[n] / effective[n]:.0f}× above the decay the fit applied on "
+            f"{len(above)} of {len(effective)} groups (e.g. {n}: λ = {last[n]:.3g} at the end, "
+            f"effective λ = {effective[n]:.3g}): its last rises came where the learning rate "
+            "was near 0 and changed little. For a plain training's weight_decay read "
+            "effective_weight_decay (the constant with the same shrink over the fit), not "
+            "learned_weight_decay (the last steps' λ)."
         )
 
     def check_not_wiped(self) -> None:
@@ -521,6 +552,19 @@ class WeightDecayProblem:
                 e.param.mul_(1 - (shrink if skips is None else shrink * (1 - skips)))
             elif isinstance(lam, Tensor):  # per element, λ_e varying over the tensor
                 e.param.grad.addcmul_(lam if scale is None else lam * scale, e.param)
+        self._record(optimizer, lams)
+
+    def _record(self, optimizer: torch.optim.Optimizer, lams: list[float | Tensor]) -> None:
+        """Add this step of ``optimizer`` to :attr:`applied` (eq. effectivedecay)."""
+        decay = self.decay
+        assert decay is not None
+        groups = decay.group_names()
+        for i, (e, lam) in enumerate(zip(decay.entries, lams)):
+            if self.placement[i][0] is optimizer and e.param.grad is not None:
+                lr = self._group(i).get("lr", 0.0) or 0.0
+                lr = float(lr)
+                if lr > 0:
+                    self.applied.add(groups[decay.group_of(e)], lr, lam, e.param.numel())
 
     def _refuse_optimizer_decay(self, optimizer: torch.optim.Optimizer) -> None:
         """A group holding decayed tensors whose ``weight_decay`` became non-zero during the fit
@@ -619,6 +663,9 @@ WIPED = 0.05
 #: the loss nor its minimiser by more than float32 reads (session 54)
 DECAY_OFF = 1e-6
 
+#: how far above the effective λ (eq. effectivedecay) a λ must end for the fit's end to say so
+ABOVE_APPLIED = 10.0
+
 #: the checkpoint entry holding the probe's answer (λ group → scale-invariant), which a resumed
 #: fit takes over rather than probing again on a network trained further
 GROUPS_KEY = "invariant_groups"
@@ -632,6 +679,10 @@ SLOTS_KEY = "hyperparameter_slots"
 #: (:meth:`WeightDecayProblem.check_not_wiped`): a resumed fit compares with them, not with its
 #: own start's, which a wipe before the checkpoint had already brought down (session 53)
 NORMS_KEY = "decay_start_norms"
+
+#: the checkpoint entry holding the decay applied so far per λ group (Σ lr·λ, Σ lr), from which
+#: a resumed fit's effective λ sums on (:class:`~.shrink.AppliedShrink`)
+APPLIED_KEY = "decay_applied"
 
 
 def _weight_matrix(p: Tensor) -> bool:
