@@ -584,6 +584,11 @@ def _record_learned(rec: dict[str, Any], cb: Any) -> None:
             rec["lambda_by_slot"] = {k: float(v.double().mean()) for k, v in values.items()}
     else:
         rec["lambda_finite"] = None
+    applied = getattr(getattr(cb, "problem", None), "applied", None)  # eq. effectivedecay
+    if applied is not None and applied.sums:
+        rec["effective_by_group"] = cb.effective_weight_decay
+        sums = applied.state().values()  # all groups together: one constant for the optimizer
+        rec["effective_all"] = sum(n for n, _ in sums) / sum(d for _, d in sums)
     rec["every_n_steps"] = cb.every_n_steps
     # divergences recovered from (Recover's retries with their re-estimates), over all hyper steps
     rec["retries"] = int(sum(h.get("hyper/retries", 0.0) for h in cb.history))
