@@ -54,12 +54,13 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -71,6 +72,7 @@ from recipe_harness import (  # noqa: E402
     Docs,
     LogLines,
     RecipeModule,
+    auc,
     callbacks_record,
     images,
     news,
@@ -393,7 +395,28 @@ class Setup(s60.Setup):
         record["steps"] = self.tr.global_step
         record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
         callbacks_record(record, cbs, bad)
+        if per_sample:
+            self.flags_record(record, cbs[0], bad)
         return record
+
+    def flags_record(self, record: dict[str, Any], cb: LearnedDataWeights, bad: Tensor) -> None:
+        """``flagged()`` against the corrupted rows (its warnings kept), and for the regression
+        the weights' AUC at telling the rows moved by more than 1 (30°) from the clean ones."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            flagged = cb.flagged()
+        hit = int(bad[flagged].sum()) if len(flagged) else 0
+        record["flagged"] = {
+            "n": len(flagged), "precision": hit / max(len(flagged), 1),
+            "recall": hit / max(int(bad.sum()), 1),
+            "warnings": [str(w.message)[:300] for w in caught],
+        }  # fmt: skip
+        if self.regression:
+            moved = (self.corrupted()[0].tensors[1] - self.train.tensors[1]).abs()
+            w = cb.data_weights().detach().float().numpy()
+            large, clean = (moved > 1).numpy(), (~bad).numpy()
+            record["auc_large"] = auc(w[large], w[clean])
+            record["flagged"]["recall_large"] = float(large[flagged.numpy()].sum() / large.sum())
 
 
 VERSUS = {
@@ -402,8 +425,35 @@ VERSUS = {
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """The paired table of this round (`recipe_harness.paired_table`)."""
-    return paired_table(records, VERSUS, accuracy=True)
+    """The paired table of this round (`recipe_harness.paired_table`), then each drop-in arm's
+    CPU-time ratio to its comparison (the wall ratio reads other processes' load too), the
+    flags' precision / recall, and whether the ``deterministic`` recipe's two fits ended equal."""
+    by = {(r["recipe"], r["arm"], r["seed"]): r for r in records}
+    lines = [paired_table(records, VERSUS, accuracy=True), "", "| recipe | arm | CPU × | notes |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    for (recipe, arm), seeds in sorted(_group(records).items()):
+        refs = [by.get((recipe, VERSUS.get(arm, ""), s)) for s in seeds]
+        runs = [by[(recipe, arm, s)] for s in seeds]
+        cpu = [r["cpu_s"] / f["cpu_s"] for r, f in zip(runs, refs) if f and "cpu_s" in r]
+        notes = []
+        if any("flagged" in r for r in runs):
+            notes.append("flags P/R " + ", ".join(
+                f"{r['flagged']['precision']:.2f}/{r['flagged']['recall']:.2f}" for r in runs
+            ))  # fmt: skip
+        if any("auc_large" in r for r in runs):
+            notes.append("AUC (moved > 30°) " + ", ".join(f"{r['auc_large']:.2f}" for r in runs))
+        if any("repeat_equal" in r for r in runs):
+            notes.append("repeat equal " + ", ".join(str(r.get("repeat_equal")) for r in runs))
+        span = f"{min(cpu):.2f}–{max(cpu):.2f}" if cpu else ""
+        lines.append(f"| {recipe} | {arm} | {span} | {'; '.join(notes)} |")
+    return "\n".join(lines)
+
+
+def _group(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for r in records:
+        out.setdefault((r["recipe"], r["arm"]), []).append(r["seed"])
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
