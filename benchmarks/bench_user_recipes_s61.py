@@ -36,7 +36,9 @@ validation set) against ``dw`` (``LearnedDataWeights()``, per-sample losses,
 
 Extra arms: ``decay_free`` (``deterministic``: ``LearnedWeightDecay(max_overhead=None)``,
 which README.md says makes a seeded fit repeatable); ``decay_loss`` (``sparse_emb``: the decay
-given ``training_loss=``, what its refusal of manual optimization says to pass).
+given ``training_loss=``, what its refusal of manual optimization said to pass);
+``own_learned`` (``stream_steps``: the own recipe at the mean λ the ``decay`` arm learned, read
+from the default ``--out``).
 Fit lengths: 10 epochs (320 steps) for the MLPs, 12 for the regression, 8 for the news model
 and ``deterministic`` (fitted twice), 500 steps for the stream.
 
@@ -75,6 +77,7 @@ from recipe_harness import (  # noqa: E402
     auc,
     callbacks_record,
     images,
+    learned_lam,
     news,
     noisy_labels,
     paired_table,
@@ -265,7 +268,7 @@ class Setup(s60.Setup):
         self.arms = ("own", "decay", "plain", "dw")
         self.arms += {
             "noisy_reg": ("dw_default",), "deterministic": ("decay_free",),
-            "sparse_emb": ("decay_loss",),
+            "sparse_emb": ("decay_loss",), "stream_steps": ("own_learned",),
         }.get(name, ())  # fmt: skip
         self.own = {"noisy_reg": 1e-4, "sparse_emb": 1e-4, "multitask": 0.01}.get(name, 5e-4)
         self.classes, self.collate, self.regression = 10, None, name == "noisy_reg"
@@ -375,6 +378,8 @@ class Setup(s60.Setup):
         noisy, per_sample = arm in ("plain", "dw", "dw_default"), arm.startswith("dw")
         train, bad = self.corrupted() if noisy else (self.train, None)
         wd = 0.0 if arm.startswith("decay") else self.own
+        if arm == "own_learned":  # the own recipe at the λ the decay learned (its mean)
+            wd = learned_lam([OUT], self.name, self.seed)
         cbs = self.drop_ins(arm)
         record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
         try:
@@ -421,7 +426,9 @@ class Setup(s60.Setup):
 
 VERSUS = {
     "decay": "own", "dw": "plain", "dw_default": "plain", "decay_free": "own", "decay_loss": "own",
+    "own_learned": "own",
 }  # fmt: skip
+OUT = Path("benchmarks/results/user_recipes/s61/records.json")
 
 
 def table(records: list[dict[str, Any]]) -> str:

@@ -81,7 +81,8 @@ class HyperLogging:
         """Under deterministic algorithms (``Trainer(deterministic=True)``, or
         ``torch.use_deterministic_algorithms(True)``) the user asked for a repeatable fit, which
         a budget deciding by the clock does not give: say so at the fit's start, with the
-        setting that does (session 61: two fits of a seed ended 0.03 apart, silently)."""
+        setting that does (session 61: two fits of a seed ended with weights up to 0.02–0.03
+        apart, silently)."""
         if not (torch.are_deterministic_algorithms_enabled() and self.budget.reads_time()):
             return
         rank_zero_warn(
