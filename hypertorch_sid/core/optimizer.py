@@ -429,7 +429,7 @@ class SIDHyperOptimizer:
             # does not depend on the inner parameters", then a raw autograd error (session 53)
             with _autograd_on(), twice_differentiable(self.module):
                 return self._hypergradient(self._stream(train_batches), val_batch)
-        except RuntimeError as err:  # an op without a second derivative: twice_differentiable
+        except RuntimeError as err:  # (an op without a second derivative: twice_differentiable)
             if _GRAPH_FREED in str(err):
                 raise ConfigurationError(_STALE_GRAPH) from err
             raise

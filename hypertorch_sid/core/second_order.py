@@ -97,11 +97,10 @@ def not_twice_differentiable(err: Exception) -> ConfigurationError:
         return ConfigurationError(
             "the inner loss ℓ̂ (the training loss) runs torch.utils.checkpoint.checkpoint with "
             "use_reentrant=True (torch's default where use_reentrant= is not passed), which "
-            "torch.autograd.grad "
-            f"cannot differentiate through, and {products}. Pass use_reentrant=False to every "
-            "checkpoint(...) call (checkpoint_sequential(..., use_reentrant=False)): the same "
-            "memory saving, and twice differentiable. (torch: "
-            f"{err})"
+            f"torch.autograd.grad cannot differentiate through, and {products}. Pass "
+            "use_reentrant=False to every checkpoint(...) call (checkpoint_sequential(..., "
+            "use_reentrant=False)): the same memory saving, and twice differentiable. "
+            f"(torch: {err})"
         )
     return ConfigurationError(
         f"the inner loss is not twice differentiable: {err} {products}, so "
