@@ -151,6 +151,12 @@ class Budget:
         """What the next hyper step may spend (:class:`Allowance`: unlimited without a budget)."""
         return UNLIMITED
 
+    def reads_time(self) -> bool:
+        """Whether its decisions read a clock of time (CPU or wall seconds), so that two fits
+        from the same seed can run different hyper steps (False: no budget, or a clock given,
+        e.g. a count of products)."""
+        return False
+
     def plans_costs(self) -> bool:
         """Whether this budget plans from measured costs: a cost announced to it
         (:meth:`expect_one_off`) can change its decisions, so it is worth measuring (False: no
@@ -393,6 +399,9 @@ class OverheadBudget(Budget):
                 f"OverheadBudget: curvature_share must be a number in (0, 1], got {share!r}."
             )
         self.share_work(None)
+
+    def reads_time(self) -> bool:
+        return not self._clock_given
 
     def use_device(self, kind: str) -> None:
         """CPU time on the CPU, wall time on an accelerator (a given clock is kept). Call it

@@ -79,13 +79,31 @@ def check_second_derivatives(module: Any, inner_parameters: Sequence[Tensor]) ->
             )
 
 
+#: torch's words for an activation checkpoint that ``torch.autograd.grad`` cannot run through
+#: (``checkpoint(fn, x)`` without ``use_reentrant=``: torch's default is the reentrant one)
+_REENTRANT_CHECKPOINT = "use_reentrant=True"
+
+
 def not_twice_differentiable(err: Exception) -> ConfigurationError:
     """torch's "the derivative for 'op' is not implemented" (or "trying to differentiate twice"
-    a ``once_differentiable`` function), met in a Hessian–vector product, said as what it means
-    for SID and what to change."""
+    a ``once_differentiable`` function, or a reentrant activation checkpoint met by
+    ``torch.autograd.grad``), met in a Hessian–vector product, said as what it means for SID and
+    what to change."""
+    products = (
+        "SID's adjoint solve and curvature estimate take Hessian–vector products (a backward "
+        "pass through the gradient of ℓ̂, by torch.autograd.grad)"
+    )
+    if _REENTRANT_CHECKPOINT in str(err):  # session 61: ckpt_reentrant
+        return ConfigurationError(
+            "the inner loss ℓ̂ (the training loss) runs torch.utils.checkpoint.checkpoint with "
+            "use_reentrant=True (torch's default where use_reentrant= is not passed), which "
+            f"torch.autograd.grad cannot differentiate through, and {products}. Pass "
+            "use_reentrant=False to every checkpoint(...) call (checkpoint_sequential(..., "
+            "use_reentrant=False)): the same memory saving, and twice differentiable. "
+            f"(torch: {err})"
+        )
     return ConfigurationError(
-        f"the inner loss is not twice differentiable: {err} SID's adjoint solve and curvature "
-        "estimate take Hessian–vector products (a backward pass through the gradient of ℓ̂), so "
+        f"the inner loss is not twice differentiable: {err} {products}, so "
         "every operation between the inner parameters and ℓ̂ needs a second derivative. "
         "Replace that operation, or freeze the parameters whose gradient passes through it."
     )
@@ -116,7 +134,9 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
     where ``module`` holds an RNN (LSTM, GRU, RNN) on a CUDA device, cuDNN is off (its RNN
     kernels have no double backward; PyTorch's own have); where it holds an ``nn.Hardsigmoid``,
     ``F.hardsigmoid`` is computed twice differentiably (a torch function mode, only then: it
-    adds a Python call to every op)."""
+    adds a Python call to every op). An op met in a product that has no second derivative is
+    raised as :func:`not_twice_differentiable`'s error (the hypergradient's products and a
+    budget's timing of one, session 61)."""
     modules = list(module.modules()) if isinstance(module, torch.nn.Module) else []
     has_hardsigmoid = any(isinstance(m, torch.nn.Hardsigmoid) for m in modules)
     cuda_rnn = any(isinstance(m, torch.nn.RNNBase) and _on_cuda(m) for m in modules)
@@ -128,4 +148,9 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         if has_hardsigmoid:
             stack.enter_context(_TwiceDifferentiableHardsigmoid())
-        yield
+        try:
+            yield
+        except (NotImplementedError, RuntimeError) as err:  # every product, said in one place
+            if not any(s in str(err) for s in NO_SECOND_DERIVATIVE):
+                raise
+            raise not_twice_differentiable(err) from err

@@ -71,6 +71,7 @@ class CoreBuild:
             describe(self, self.sid, self.data.train.sampler.batch_size, self._world_size)
         )
         self._warn_if_few_hyper_steps(trainer)
+        self._warn_if_not_repeatable()
 
     def _with_optimizer_decay(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, problem: BilevelProblem

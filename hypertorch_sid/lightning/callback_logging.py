@@ -6,12 +6,14 @@
 callback's ``history``, to ``trainer.loggers`` and, for ``lam`` and ``hg``, to the progress bar;
 and a fit that learns nothing, or differentiates another problem than the one it trains, is
 said so once (too few hyper steps planned, ended before the first, cut by the budget; an
-optimizer's decay switched on, tensors trained that the fit did not start with).
+optimizer's decay switched on, tensors trained that the fit did not start with; a fit asked to
+be deterministic whose budget reads the clock).
 """
 
 from __future__ import annotations
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
 from .metrics import budget_cut, few_hyper_steps, hyper_metrics, lambda_mean
@@ -74,6 +76,23 @@ class HyperLogging:
             )
         if said is not None:
             rank_zero_warn(f"{type(self).__name__}: {said}")
+
+    def _warn_if_not_repeatable(self) -> None:
+        """Under deterministic algorithms (``Trainer(deterministic=True)``, or
+        ``torch.use_deterministic_algorithms(True)``) the user asked for a repeatable fit, which
+        a budget deciding by the clock does not give: say so at the fit's start, with the
+        setting that does (session 61: two fits of a seed ended with weights up to 0.02–0.03
+        apart, silently)."""
+        if not (torch.are_deterministic_algorithms_enabled() and self.budget.reads_time()):
+            return
+        rank_zero_warn(
+            f"{type(self).__name__}: deterministic algorithms are on (Trainer(deterministic="
+            "True) or torch.use_deterministic_algorithms), but the compute budget "
+            f"(max_overhead={getattr(self.budget, 'max_overhead', None)!r}) decides by the "
+            "clock which hyper steps run, so two fits from the same seed can run different "
+            "hyper steps and end with different hyperparameters and weights. Pass "
+            "max_overhead=None for a repeatable fit (every due hyper step runs: more compute)."
+        )
 
     def _warn_if_decay_switched_on(self, trainer: pl.Trainer) -> None:
         """Once per fit: an optimizer group's ``weight_decay`` switched on from 0 during the

@@ -32,6 +32,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..core.errors import ConfigurationError
+from ..core.second_order import check_second_derivatives
 from ..core.validation import check_inner_optimizers
 from .module import Bilevel
 from .namespaces import classes
@@ -132,7 +133,8 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
     the careless-user toy, silently), trained tensors of several dtypes (the core's refusal
     named them by position and asked to convert λ, the drop-in's own), and parameters not
     created yet (lazy modules: every tensor's shape is needed before the first training step,
-    and torch's "Attempted to use an uninitialized parameter" came from inside the callback)."""
+    and torch's "Attempted to use an uninitialized parameter" came from inside the callback),
+    and trained layers without second derivatives (:func:`check_second_derivatives`)."""
     from torch.nn.parameter import is_lazy
 
     mock = classes("core.optimizer._MockOptimizer")  # Lightning's stand-in for None
@@ -178,6 +180,10 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
             "Convert the whole module to one (model.float() or model.double(), the data with "
             "it) before fit."
         )
+    # before the problems' own checks: a sparse embedding or an EmbeddingBag is refused
+    # whatever else is changed, so it is said first (session 61: a manual fit of a sparse
+    # embedding was told to pass training_loss=, then refused for the embedding)
+    check_second_derivatives(module, list(trained.values()))
     lazy = [n for n, p in named_tensors(module) if is_lazy(p)]
     if lazy:
         raise ConfigurationError(
