@@ -44,7 +44,14 @@ from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS
-from ..core.validation import check_bool, check_choice, check_integer, check_positive, check_takes
+from ..core.validation import (
+    check_bool,
+    check_choice,
+    check_integer,
+    check_positive,
+    check_takes,
+    check_training_loss_has_gradient,
+)
 from .callback_budget import BudgetedHyperSteps
 from .callback_build import CoreBuild
 from .callback_logging import HyperLogging
@@ -447,6 +454,14 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._probed_batch, self._steps_per_batch = (-1, False), None
         self._batch_start_step, self._step_probe = trainer.global_step, None
         self.budget.training_step_done()  # the training's time is counted from here
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
+    ) -> None:
+        """A training loss without a gradient (``@torch.no_grad()`` on ``training_step``, a
+        count of errors) is named here, before torch's bare "element 0 of tensors does not
+        require grad" from inside Lightning's backward (session 61)."""
+        check_training_loss_has_gradient(type(self).__name__, loss)
 
     def on_train_batch_end(
         self,
