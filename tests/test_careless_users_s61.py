@@ -9,6 +9,7 @@ passed before and after. See docs/failures.md, "Careless inputs (session 61)".
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -287,3 +288,54 @@ def test_an_indexed_validation_set_under_the_decay_is_named() -> None:
     cb = LearnedWeightDecay(1e-3, **QUICK)
     with pytest.raises(ConfigurationError, match=r"IndexedDataset.*DataLoader\(val_set\)"):
         trainer([cb], max_epochs=1).fit(ToyClassifier(), _train(), val)
+
+
+# ------------------------------------------------------------------ who speaks
+@pytest.mark.parametrize("make", [LearnedWeightDecay, LearnedDataWeights])
+@pytest.mark.parametrize(
+    "setting",
+    [dict(seed=None), dict(every_n_steps=0), dict(val="all"), dict(log_to_loggers="yes")],
+    ids=["seed-None", "every-0", "val-all", "loggers-text"],
+)
+def test_a_drop_ins_own_settings_are_refused_in_its_own_name(
+    make: Any, setting: dict[str, Any]
+) -> None:
+    """LearnedWeightDecay(seed=None) (meant as "no seed"), every_n_steps=0, val="all",
+    log_to_loggers="yes" were refused as "HyperOptimizationCallback: seed must be ...", a
+    class the user never named (the base class's constructor spoke for the drop-ins); so was
+    a state of missing keys ("not a complete HyperOptimizationCallback state")."""
+    with pytest.raises(ConfigurationError, match=rf"^{make.__name__}: "):
+        make(**setting)
+    with pytest.raises(ConfigurationError, match=rf"not a complete {make.__name__} state"):
+        make().load_state_dict({"sid": {}})
+
+
+# ------------------------------------------------------------------ validation classes
+class _SixOutputs(ToyClassifier):
+    def __init__(self) -> None:
+        super().__init__("none")
+        self.net[2] = torch.nn.Linear(16, 6)
+
+
+def _fit_said(cb: LearnedDataWeights, module: Any, val_y: torch.Tensor) -> list[str]:
+    val = DataLoader(TensorDataset(X[:60], val_y), batch_size=20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer([cb], max_epochs=1).fit(module, _indexed_train(), val)
+    return [str(w.message) for w in caught if "which no training label holds" in str(w.message)]
+
+
+@pytest.mark.parametrize("per", ["class", "sample"])
+def test_validation_classes_no_training_label_holds_are_said(per: str) -> None:
+    """A validation set numbered by another encoding (here label 5 in it, training labels
+    0..2): LearnedDataWeights(per="class", num_classes=3) refused training labels past 2 but
+    took validation ones silently; per sample likewise. E asked for a class never trained."""
+    val_y = Y[:60].clone()
+    val_y[5] = 5
+    extra = dict(num_classes=3) if per == "class" else {}
+    said = _fit_said(LearnedDataWeights(per=per, **extra, **QUICK), _SixOutputs(), val_y)
+    assert len(said) == 1 and "class(es) 5" in said[0]
+
+
+def test_control_validation_classes_the_training_holds_are_not_said() -> None:
+    assert not _fit_said(LearnedDataWeights(**QUICK), _SixOutputs(), Y[:60])

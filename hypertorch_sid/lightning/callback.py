@@ -249,12 +249,14 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         **settings: Any,
     ) -> None:
         super().__init__()
-        who = "HyperOptimizationCallback: "
+        # the class the user built: a drop-in's settings were refused as those of
+        # HyperOptimizationCallback, a class its user never named (session 61)
+        who = f"{type(self).__name__}: "
         every_n_steps = check_integer(who + "every_n_steps", given(every_n_steps, 10), 1)
         adjoint_steps = check_integer(who + "adjoint_steps", adjoint_steps, 1, allow_none=True)
         if outer_optimizer is not None and not callable(outer_optimizer):
             raise ConfigurationError(
-                "HyperOptimizationCallback: outer_optimizer must be a callable params -> "
+                f"{who}outer_optimizer must be a callable params -> "
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
@@ -274,7 +276,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
                 )
         if outer_optimizer is not None and outer_lr is not None:
             raise ConfigurationError(
-                f"HyperOptimizationCallback: outer_lr={outer_lr!r} is the learning rate of the "
+                f"{who}outer_lr={outer_lr!r} is the learning rate of the "
                 "default Adam outer optimizer, but outer_optimizer= replaces it, so outer_lr "
                 "would be ignored: give the learning rate to your optimizer (e.g. "
                 "outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1)), or drop "
@@ -293,7 +295,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):
             raise ConfigurationError(
-                "HyperOptimizationCallback: problem must be a ProblemSource (an object with "
+                f"{who}problem must be a ProblemSource (an object with "
                 f"check, build and before_hyper_step), got {type(problem).__name__}."
             )
         #: where λ, w, ℓ̂, E come from (default: the BilevelModule being trained)

@@ -75,7 +75,7 @@ class CheckpointState:
             return
         if not isinstance(state_dict, dict):
             raise ConfigurationError(
-                "not a HyperOptimizationCallback state: expected a dict, got "
+                f"not a {type(self).__name__} state: expected a dict, got "
                 f"{type(state_dict).__name__}."
             )
         # a drop-in's state (it removes this key before it gets here) in the base callback
@@ -83,7 +83,7 @@ class CheckpointState:
         missing = [key for key in _STATE_KEYS if key not in state_dict]
         if missing:
             raise ConfigurationError(
-                f"not a complete HyperOptimizationCallback state: {missing} missing (truncated "
+                f"not a complete {type(self).__name__} state: {missing} missing (truncated "
                 "or foreign checkpoint?). Resume from a checkpoint written by this callback."
             )
         self._pending = dict(state_dict)
