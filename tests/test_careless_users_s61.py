@@ -26,6 +26,7 @@ from hypertorch_sid import (
     IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
+    SampleWeights,
     SIDConfig,
     SIDHyperOptimizer,
 )
@@ -339,3 +340,27 @@ def test_validation_classes_no_training_label_holds_are_said(per: str) -> None:
 
 def test_control_validation_classes_the_training_holds_are_not_said() -> None:
     assert not _fit_said(LearnedDataWeights(**QUICK), _SixOutputs(), Y[:60])
+
+
+def test_a_state_of_another_object_loaded_into_sample_weights_is_named() -> None:
+    """SampleWeights.load_state_dict(hopt.state_dict()) (the optimizer's state, not the
+    weights') was refused as "saved sample weights of shape None do not fit these 10 rows: the
+    checkpoint belongs to another data set", a wrong cause."""
+    p = make_ridge(seed=0)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss,
+        torch.optim.Adam([p.log_lam], lr=0.1), config=SHORT,
+    )  # fmt: skip
+    with pytest.raises(ConfigurationError, match=r"not a SampleWeights state.*'hyper_step'"):
+        SampleWeights(10).load_state_dict(hopt.state_dict())
+
+
+@pytest.mark.parametrize("value", [1, 0.1], ids=["int", "float"])
+def test_a_hyperparameter_given_as_a_python_number_is_named_with_the_tensor_to_make(
+    value: Any,
+) -> None:
+    """SIDHyperOptimizer([1], ...) (λ as a Python number) was refused as "hyperparameters[0]
+    is a int, not a torch.Tensor", without saying what to pass."""
+    p = make_ridge(seed=0)
+    with pytest.raises(ConfigurationError, match=r"torch\.tensor\(.*requires_grad=True\)"):
+        SIDHyperOptimizer([value], [p.w], p.inner_loss, p.outer_loss, None)

@@ -38,7 +38,16 @@ def as_tensor_list(xs: Iterable[Tensor] | Tensor, name: str) -> list[Tensor]:
         raise ConfigurationError(f"{name} is empty: pass at least one tensor.")
     for i, x in enumerate(xs):
         if not isinstance(x, Tensor):
-            raise ConfigurationError(f"{name}[{i}] is a {type(x).__name__}, not a torch.Tensor.")
+            fix = (  # a number was refused without the fix (session 61)
+                f": a number cannot be moved in place; make it a leaf tensor, "
+                f"torch.tensor({float(x)!r}, requires_grad=True) (a float dtype, the model's), "
+                "and read that tensor in the losses"
+                if is_real(x)
+                else ""
+            )
+            raise ConfigurationError(
+                f"{name}[{i}] is a {type(x).__name__}, not a torch.Tensor{fix}."
+            )
     return xs
 
 
