@@ -7,6 +7,7 @@ indices; DDP's sharding and any map-style data set keep working."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -90,18 +91,24 @@ class IndexedDataset(Dataset):
         failed inside the wrapper with a raw ``TypeError`` (``int()`` of a list); a position
         past the end raised the wrapped set's bare ``IndexError``, naming neither (session 61).
         Past the end is still an ``IndexError``: Python's old iteration protocol stops on it."""
-        if isinstance(i, Tensor) and i.numel() == 1 and not i.is_floating_point():
-            i = int(i)
-        if isinstance(i, (list, tuple, Tensor)) or type(i).__name__ == "ndarray":
+        if type(i) is int and -len(self) <= i < len(self):  # what a sampler gives: fast
+            return i
+        shape = getattr(i, "shape", None)  # a tensor or a NumPy array (of one value: read)
+        if shape is not None and hasattr(i, "item") and math.prod(shape) == 1:
+            i = i.item()
+        if isinstance(i, (list, tuple)) or shape is not None and math.prod(shape) != 1:
+            many = len(i) if isinstance(i, (list, tuple)) else math.prod(shape)
             raise ConfigurationError(
-                f"IndexedDataset: asked for {len(i)} positions at once ({type(i).__name__}); it "
+                f"IndexedDataset: asked for {many} positions at once ({type(i).__name__}); it "
                 "reads one position at a time, each with its own index. A BatchSampler given as "
                 "sampler= with batch_size=None does this: pass it as batch_sampler= instead, "
                 "DataLoader(ds, batch_sampler=BatchSampler(...)), which asks for the positions "
                 "one by one and collates them."
             )
         if not (isinstance(i, numbers.Integral) and not isinstance(i, bool)):
-            whole = isinstance(i, numbers.Real) and float(i).is_integer()
+            whole = (
+                isinstance(i, numbers.Real) and not isinstance(i, bool) and float(i).is_integer()
+            )
             raise ConfigurationError(
                 f"IndexedDataset: a position must be an integer, got {i!r} "
                 f"({type(i).__name__})"
