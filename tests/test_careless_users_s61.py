@@ -147,7 +147,8 @@ def test_a_standalone_map_given_bare_tensors_reads_them_as_one_tensor_each() -> 
     """GradientDescentMap(loss, p.w, p.log_lam, alpha=0.1) (tensors where lists belong) split
     each into its rows by list(tensor): views no loss reads, so Φ̂ came out as five zeros where
     w − α∇ℓ̂ is [0.121, −0.057, …], silently; the products then failed in autograd. Now a bare
-    tensor is one tensor, as SIDHyperOptimizer reads it; an empty list is refused."""
+    tensor is one tensor, as SIDHyperOptimizer reads it; no w is refused (no λ is taken: a map
+    for its Hessian products alone)."""
     p = make_ridge(seed=0)
     batch = (p.X[:20], p.y[:20])
     listed = GradientDescentMap(p.inner_loss, [p.w], [p.log_lam], alpha=0.1)
@@ -155,8 +156,9 @@ def test_a_standalone_map_given_bare_tensors_reads_them_as_one_tensor_each() -> 
     assert len(bare.value(batch)) == 1
     assert torch.equal(bare.value(batch)[0], listed.value(batch)[0])
     assert float(listed.value(batch)[0].abs().max()) > 0.05
-    with pytest.raises(ConfigurationError, match=r"GradientDescentMap: hyperparameters is empty"):
-        GradientDescentMap(p.inner_loss, [p.w], [], alpha=0.1)
+    with pytest.raises(ConfigurationError, match=r"GradientDescentMap: inner_parameters is empty"):
+        GradientDescentMap(p.inner_loss, [], [p.log_lam], alpha=0.1)
+    assert GradientDescentMap(p.inner_loss, [p.w], [], alpha=0.1).hyperparameters == []
     with pytest.raises(ConfigurationError, match=r"ContractionMap: inner_parameters\[0\] is a"):
         ContractionMap(lambda b: [p.w], [p.w.tolist()], [p.log_lam])
 

@@ -173,11 +173,12 @@ def map_tensors(
     """A map's w and λ as lists of tensors, read as :class:`~hypertorch_sid.SIDHyperOptimizer`
     reads them (:func:`~hypertorch_sid.core.validation.as_tensor_list`): a bare tensor is one
     tensor. ``list(tensor)`` split it into its rows, views no loss reads, so a standalone
-    ``GradientDescentMap(loss, w, lam, alpha)`` gave Φ̂ = 0 for every row (session 61)."""
-    return (
-        as_tensor_list(inner_parameters, f"{who}: inner_parameters"),
-        as_tensor_list(hyperparameters, f"{who}: hyperparameters"),
-    )
+    ``GradientDescentMap(loss, w, lam, alpha)`` gave Φ̂ = 0 for every row (session 61). No λ
+    (``[]``) is taken: a map built for its Hessian products alone."""
+    inner = as_tensor_list(inner_parameters, f"{who}: inner_parameters")
+    if not isinstance(hyperparameters, Tensor) and not list(hyperparameters):
+        return inner, []
+    return inner, as_tensor_list(hyperparameters, f"{who}: hyperparameters")
 
 
 class GradientDescentMap(FixedPointMap):
