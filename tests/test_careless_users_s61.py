@@ -21,6 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
 from hypertorch_sid import (
     ConfigurationError,
     ContractionMap,
+    DivergenceError,
     GradientDescentMap,
     HyperOptimizationCallback,
     IndexedDataset,
@@ -366,3 +367,57 @@ def test_a_hyperparameter_given_as_a_python_number_is_named_with_the_tensor_to_m
     p = make_ridge(seed=0)
     with pytest.raises(ConfigurationError, match=r"torch\.tensor\(.*requires_grad=True\)"):
         SIDHyperOptimizer([value], [p.w], p.inner_loss, p.outer_loss, None)
+
+
+def test_a_nan_training_target_is_named_by_the_preconditioner() -> None:
+    """A NaN in one training target (batch 2 of the ridge) made the Fisher preconditioner's
+    diagonal NaN, which was read as "no preconditioner": the hyper step ran unpreconditioned
+    without a word (the estimated L went from 0.158 to 1.87, ĝ₁ from 0.033 to 0.073), the NaN
+    row unnoticed until an inner step drew its batch."""
+    p = make_ridge(seed=0)
+    train = [(p.X[i : i + 20], p.y[i : i + 20]) for i in range(0, 200, 20)]
+    y = train[2][1].clone()
+    y[3] = float("nan")
+    train[2] = (train[2][0], y)
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss,
+        torch.optim.Adam([p.log_lam], lr=0.1), config=SHORT,
+    )  # fmt: skip
+    before = p.log_lam.detach().clone()
+    with pytest.raises(DivergenceError, match=r"FisherDiagonal.*check the training data for NaN"):
+        hopt.step(train, (p.X_val, p.y_val))
+    assert torch.equal(p.log_lam.detach(), before)
+
+
+_NAN_X = X.clone()
+_NAN_X[100, 2] = float("nan")
+
+
+@pytest.mark.parametrize(
+    "make, train, at",
+    [
+        (
+            lambda: LearnedDataWeights(**QUICK),
+            lambda: IndexedDataset(TensorDataset(_NAN_X[60:], Y[60:])),
+            40,
+        ),
+        (
+            lambda: LearnedWeightDecay(1e-3, **QUICK),
+            lambda: Subset(TensorDataset(_NAN_X, Y), list(range(239, 59, -1))),
+            139,
+        ),
+    ],
+    ids=["weights-indexed", "decay-subset"],
+)
+def test_a_nan_feature_behind_a_wrapper_is_named_as_the_data(
+    make: Any, train: Any, at: int
+) -> None:
+    """A NaN feature in one training row: a bare TensorDataset was named ("the training data
+    does: ... index 40"), but behind IndexedDataset (every LearnedDataWeights fit) or a Subset
+    (a random_split part) the fit's error blamed the loss: "the training_step returned a
+    non-finite loss at step 3 ... the loss itself produced the NaN/Inf". The position named is
+    the training position (row 100 of X is position 139 of the reversed Subset)."""
+    cb = make()
+    module = ToyClassifier("none" if isinstance(cb, LearnedDataWeights) else "mean")
+    with pytest.raises(DivergenceError, match=rf"because the training data does.*\(index {at}\)"):
+        trainer([cb], max_epochs=1).fit(module, DataLoader(train(), batch_size=16), _val())
