@@ -238,6 +238,7 @@ class BatchStream:
         return True
 
     def _drawn(self, batch: Any) -> None:
+        _refuse_no_samples(batch, self.name)
         self.position += 1
         self.samples_drawn += batch_size(batch)
         self.batches_drawn += 1
@@ -284,6 +285,21 @@ class BatchStream:
             f"{self.name} is a one-shot iterator and ran out after {self.samples_drawn} samples. "
             "Pass a re-iterable source (a DataLoader or a list) or an endless generator, or ask "
             "for fewer inner/adjoint steps."
+        )
+
+
+def _refuse_no_samples(batch: Any, name: str) -> None:
+    """A batch whose every tensor has 0 rows: ℓ̂ on it is the penalty alone (a mean over no
+    rows drops out of the gradient), so its inner step shrank w with no data, silently
+    (session 61: a list [(X[i:i + 20], y[i:i + 20]) for i in range(0, n + 20, 20)] ends with
+    one; the validation batch is refused so since session 54)."""
+    tensors = [t for t in _leaves(batch) or [] if t.dim() > 0]
+    if tensors and all(t.shape[0] == 0 for t in tensors):
+        raise ConfigurationError(
+            f"{name} gave a batch with no samples (a tensor of shape {tuple(tensors[0].shape)}): "
+            "the training loss on it would be the penalty alone. Check how the batches are "
+            "cut, e.g. range(0, n, batch_size) rather than range(0, n + batch_size, "
+            "batch_size), or a slice X[i:i + b] past the end of X."
         )
 
 

@@ -7,6 +7,7 @@ indices; DDP's sharding and any map-style data set keep working."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -64,15 +65,64 @@ class IndexedDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> Indexed:
-        sample = self.dataset[i]
+        i = self._position(i)
+        try:
+            sample = self.dataset[i]
+        except IndexError as err:  # a length that counts rows the set does not hold (s61)
+            raise IndexError(
+                f"IndexedDataset: position {i} is within its {len(self)} examples, but the "
+                f"wrapped {type(self.dataset).__name__} raised IndexError ({err}): its length "
+                "may count examples it does not hold (a Subset whose indices run past its data "
+                "set's end, or a __len__ larger than the data), or its __getitem__ failed "
+                "inside. Check the indices of the Subset (or your data set's __len__ and "
+                "__getitem__)."
+            ) from err
         if isinstance(sample, Indexed):  # e.g. IndexedDataset(Subset(IndexedDataset(...)))
             raise ConfigurationError(
                 f"IndexedDataset: sample {int(i)} of {type(self.dataset).__name__} already carries "
                 "an index (an IndexedDataset sits inside it): wrap only the outermost dataset, "
                 "IndexedDataset(Subset(train_set, ...)), not the set inside it too."
             )
-        i = int(i)
         return Indexed(i + len(self) if i < 0 else i, sample)  # ds[-1]: row n − 1, not -1 (s56)
+
+    def _position(self, i: Any) -> int:
+        """``i`` as one integer position in −n..n − 1. A list or tensor of positions (a
+        ``BatchSampler`` given as ``sampler=`` with ``batch_size=None``), a float or a slice
+        failed inside the wrapper with a raw ``TypeError`` (``int()`` of a list); a position
+        past the end raised the wrapped set's bare ``IndexError``, naming neither (session 61).
+        Past the end is still an ``IndexError``: Python's old iteration protocol stops on it."""
+        if type(i) is int and -len(self) <= i < len(self):  # what a sampler gives: fast
+            return i
+        shape = getattr(i, "shape", None)  # a tensor or a NumPy array (of one value: read)
+        if shape is not None and hasattr(i, "item") and math.prod(shape) == 1:
+            i = i.item()
+        if isinstance(i, (list, tuple)) or shape is not None and math.prod(shape) != 1:
+            many = len(i) if isinstance(i, (list, tuple)) else math.prod(shape)
+            raise ConfigurationError(
+                f"IndexedDataset: asked for {many} positions at once ({type(i).__name__}); it "
+                "reads one position at a time, each with its own index. A BatchSampler given as "
+                "sampler= with batch_size=None does this: pass it as batch_sampler= instead, "
+                "DataLoader(ds, batch_sampler=BatchSampler(...)), which asks for the positions "
+                "one by one and collates them."
+            )
+        if not (isinstance(i, numbers.Integral) and not isinstance(i, bool)):
+            whole = (
+                isinstance(i, numbers.Real) and not isinstance(i, bool) and float(i).is_integer()
+            )
+            raise ConfigurationError(
+                f"IndexedDataset: a position must be an integer, got {i!r} "
+                f"({type(i).__name__})"
+                + (f": pass ds[{int(i)}] (e.g. ds[n // 2], not ds[n / 2])." if whole else ".")
+            )
+        n = len(self)
+        if not -n <= int(i) < n:
+            raise IndexError(
+                f"IndexedDataset: position {int(i)} is out of range for its {n} examples (0 to "
+                f"{n - 1}, or -{n} to -1). Check the sampler or the indices you ask for (a "
+                "SubsetRandomSampler or Subset built for a larger set, or a length changed "
+                "since the DataLoader was made)."
+            )
+        return int(i)
 
 
 class LabelledIndexed(Indexed):

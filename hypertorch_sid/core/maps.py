@@ -40,8 +40,10 @@ from .autodiff import grad as _grad
 from .errors import ConfigurationError
 from .gauss_newton import GaussNewton, check_hvp
 from .validation import (
+    as_tensor_list,
     check_contraction,
     check_dependencies,
+    check_positive,
     check_scalar_loss,
     estimate_contraction,
 )
@@ -163,6 +165,22 @@ class FixedPointMap(ABC):
         return None
 
 
+def map_tensors(
+    who: str,
+    inner_parameters: Sequence[Tensor] | Tensor,
+    hyperparameters: Sequence[Tensor] | Tensor,
+) -> tuple[Tensors, Tensors]:
+    """A map's w and λ as lists of tensors, read as :class:`~hypertorch_sid.SIDHyperOptimizer`
+    reads them (:func:`~hypertorch_sid.core.validation.as_tensor_list`): a bare tensor is one
+    tensor. ``list(tensor)`` split it into its rows, views no loss reads, so a standalone
+    ``GradientDescentMap(loss, w, lam, alpha)`` gave Φ̂ = 0 for every row (session 61). No λ
+    (``[]``) is taken: a map built for its Hessian products alone."""
+    inner = as_tensor_list(inner_parameters, f"{who}: inner_parameters")
+    if not isinstance(hyperparameters, Tensor) and not list(hyperparameters):
+        return inner, []
+    return inner, as_tensor_list(hyperparameters, f"{who}: hyperparameters")
+
+
 class GradientDescentMap(FixedPointMap):
     """Φ̂(w, λ, ζ) = w − α ∇₁ℓ̂(w, λ, ζ) for an inner loss ℓ̂ (eq. mainprobopt).
 
@@ -215,9 +233,12 @@ class GradientDescentMap(FixedPointMap):
             )
         self.regularizer = regularizer
         self.inner_loss = inner_loss
-        self.inner_parameters = list(inner_parameters)
-        self.hyperparameters = list(hyperparameters)
-        self.alpha = float(alpha)
+        self.inner_parameters, self.hyperparameters = map_tensors(
+            type(self).__name__, inner_parameters, hyperparameters
+        )
+        # a standalone map (its products, estimate_curvature) took any α: −0.1 climbs ℓ̂,
+        # 0 is the identity, NaN poisons every product, True read as 1.0 (session 61)
+        self.alpha = check_positive(f"{type(self).__name__}: alpha", alpha)
         #: the Gauss–Newton products of the adjoint system (None: exact Hessian products)
         self.gauss_newton = check_hvp(hvp)
         self._gauss_newton_checked = False
@@ -556,8 +577,9 @@ class ContractionMap(FixedPointMap):
         hyperparameters: Sequence[Tensor],
     ) -> None:
         self.phi = phi
-        self.inner_parameters = list(inner_parameters)
-        self.hyperparameters = list(hyperparameters)
+        self.inner_parameters, self.hyperparameters = map_tensors(
+            type(self).__name__, inner_parameters, hyperparameters
+        )
 
     def _evaluate(self, batch: Any) -> Tensors:
         out = self.phi(batch)

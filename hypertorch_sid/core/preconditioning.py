@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .batches import batch_size, split_samples
+from .errors import DivergenceError
 from .validation import check_fraction, check_integer
 
 Tensors = list[Tensor]
@@ -113,7 +114,17 @@ class FisherDiagonal(Preconditioner):
                 read += sum(batch_size(b) for b in batches) if rho is not None else 0
                 D = [d + max(rho or 0.0, 0.0) for d in D]
         top = max(float(d.max()) for d in D)
-        if not math.isfinite(top) or top <= 0:
+        if math.isnan(top):  # was None: the map ran unpreconditioned, silently (session 61)
+            raise DivergenceError(
+                "preconditioner (FisherDiagonal)",
+                None,
+                top,
+                f"The per-sample gradients of the {len(samples)} training samples it read hold "
+                "NaN: check the training data for NaN/Inf (a NaN target or feature, e.g. "
+                "torch.isnan(X).any()) and the training loss for a log 0 or a division by 0.",
+                data=True,
+            )
+        if not math.isfinite(top) or top <= 0:  # +inf: squares overflowing a half dtype
             return None
         return Diagonal([d.clamp_min(self.floor * top) for d in D], read)
 

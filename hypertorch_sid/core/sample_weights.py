@@ -507,7 +507,19 @@ class SampleWeights:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (the same n rows), or a clear error."""
         x = state.get("logits") if isinstance(state, dict) else None
-        if not isinstance(x, Tensor) or x.shape != self.logits.shape:
+        if not isinstance(x, Tensor):  # was "of shape None ... another data set" (session 61)
+            got = (
+                f"a dict of keys {sorted(map(str, state))[:6]}"
+                if isinstance(state, dict)
+                else f"a {type(state).__name__}"
+            )
+            raise ConfigurationError(
+                f"not a SampleWeights state: it holds no 'logits' tensor, got {got} (a "
+                "SIDHyperOptimizer's or a callback's state?). Load what SampleWeights."
+                "state_dict() returned; a LearnedDataWeights checkpoint resumes through "
+                "trainer.fit(..., ckpt_path=...)."
+            )
+        if x.shape != self.logits.shape:
             raise ConfigurationError(
                 f"saved sample weights of shape {getattr(x, 'shape', None)} do not fit these "
                 f"{self.n} rows: the checkpoint belongs to another data set."

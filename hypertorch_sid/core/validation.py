@@ -38,7 +38,16 @@ def as_tensor_list(xs: Iterable[Tensor] | Tensor, name: str) -> list[Tensor]:
         raise ConfigurationError(f"{name} is empty: pass at least one tensor.")
     for i, x in enumerate(xs):
         if not isinstance(x, Tensor):
-            raise ConfigurationError(f"{name}[{i}] is a {type(x).__name__}, not a torch.Tensor.")
+            fix = (  # a number was refused without the fix (session 61)
+                f": a number cannot be moved in place; make it a leaf tensor, "
+                f"torch.tensor({float(x)!r}, requires_grad=True) (a float dtype, the model's), "
+                "and read that tensor in the losses"
+                if is_real(x)
+                else ""
+            )
+            raise ConfigurationError(
+                f"{name}[{i}] is a {type(x).__name__}, not a torch.Tensor{fix}."
+            )
     return xs
 
 
@@ -614,7 +623,12 @@ def number_fix(
     """How to pass the number ``value`` meant, where it came as text or (an integer) as a
     whole float and that number ``holds``; "" otherwise. A YAML file reads ``1e-3`` as the
     string '1e-3' (PyYAML takes a float only with a dot: 1.0e-3), and so does a command line
-    without ``type=``; ``every_n_steps=4.0`` comes from arithmetic or a config's float."""
+    without ``type=``; ``every_n_steps=4.0`` comes from arithmetic or a config's float. A
+    tensor is named as one, with its shape where it holds more than one number (session 61:
+    ``GradientDescentMap(alpha=torch.tensor([0.1, 0.2]))`` raised torch's "only one element
+    tensors can be converted to Python scalars")."""
+    if isinstance(value, Tensor):
+        return _tensor_fix(name, value, kind, holds)
     try:
         number = float(value) if isinstance(value, str) or is_real(value) else math.nan
     except ValueError:
@@ -631,6 +645,17 @@ def number_fix(
             f"{name}={kind.__name__}({value!r}) = {meant!r}"
         )
     return f": pass {name}={meant}" if kind is int else ""
+
+
+def _tensor_fix(name: str, value: Tensor, kind: type, holds: Callable[[float], bool]) -> str:
+    """:func:`number_fix` for a tensor: one number is meant, given as a Python number."""
+    if value.numel() != 1:
+        return f": a tensor of shape {tuple(value.shape)}, where one number is meant"
+    number = float(value.detach().reshape(()).cpu())
+    if math.isfinite(number) and holds(number) and (kind is float or number.is_integer()):
+        meant = int(number) if kind is int else number
+        return f": a tensor, where a number is meant: pass {name}=t.item() = {meant!r}"
+    return ": a tensor, where a number is meant"
 
 
 def check_integer(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
@@ -829,7 +854,8 @@ def check_dependencies(
     check_scalar_loss("inner_loss", loss, "the minibatch training objective")
     if not loss.requires_grad:
         raise ConfigurationError(
-            "inner_loss does not depend on the inner parameters (its result does not require grad)."
+            "inner_loss does not depend on the inner parameters (its result does not require "
+            "grad): was it computed under torch.no_grad() or from detached weights?"
         )
     grads_w = torch.autograd.grad(
         loss.reshape(()), list(inner), allow_unused=True, retain_graph=True
@@ -983,11 +1009,48 @@ def check_contraction(q: float, where: str) -> float:
     )
 
 
+#: why an integer loss cannot be trained on, and what to return instead
+_INTEGER_LOSS = (
+    "an integer (a count of errors, argmax, .long(), .round().int()) has no gradient, so "
+    "nothing could be differentiated through it. Return a floating-point loss computed from "
+    "the model's outputs, e.g. F.cross_entropy(logits, y) (and count the errors apart, as a "
+    "metric)."
+)
+
+
+def check_training_loss_has_gradient(who: str, loss: Any) -> None:
+    """The loss a training step hands to backward carries a gradient: a ``training_step``
+    under ``@torch.no_grad()`` (copied from a ``predict_step``), ``.detach()``ed, or a count of
+    errors failed inside Lightning's backward with torch's "element 0 of tensors does not
+    require grad and does not have a grad_fn", naming no step and no cause (session 61)."""
+    if not isinstance(loss, Tensor) or loss.requires_grad:
+        return
+    if not (loss.is_floating_point() or loss.is_complex()):
+        raise ConfigurationError(
+            f"{who}: training_step returned a loss of dtype {loss.dtype}: " + _INTEGER_LOSS
+        )
+    raise ConfigurationError(
+        f"{who}: training_step returned a loss that does not require grad (no grad_fn), so "
+        "backward has nothing to differentiate: was it computed under torch.no_grad() or "
+        "torch.inference_mode() (a decorator on training_step, or a block around the forward "
+        "pass), detached (.detach(), .item(), .data, a Python number turned back into a "
+        "tensor), or is it a count (of errors: argmax, .long(), .round(); Lightning turns an "
+        "integer loss into a float, which has no gradient either)? Compute the training loss "
+        "from the model's outputs with gradients on, e.g. F.cross_entropy(logits, y); wrap "
+        "only what needs none (a metric) in torch.no_grad()."
+    )
+
+
 def check_scalar_loss(name: str, loss: Any, meaning: str) -> None:
     """Refuse a ``name(batch)`` result that is no real scalar tensor, naming what it was and
     how to reduce it (a vector of per-sample losses was refused as "must return a scalar
     tensor" without its shape or the fix, or failed in Lightning's ``self.log``: session 58)."""
     if isinstance(loss, Tensor) and loss.numel() == 1 and not loss.is_complex():  # complex: s56
+        if not loss.is_floating_point():  # was "does not depend on the inner parameters" (s61)
+            raise ConfigurationError(
+                f"{name}(batch) returned a tensor of dtype {loss.dtype} ({meaning}): "
+                + _INTEGER_LOSS
+            )
         return
     if isinstance(loss, Tensor):
         got = f"a {'complex ' if loss.is_complex() else ''}tensor of shape {tuple(loss.shape)}"

@@ -44,7 +44,14 @@ from ..core.horizon import PooledStepSizeProbe, effective_step_size
 from ..core.modes import as_trained
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import PRESETS
-from ..core.validation import check_bool, check_choice, check_integer, check_positive, check_takes
+from ..core.validation import (
+    check_bool,
+    check_choice,
+    check_integer,
+    check_positive,
+    check_takes,
+    check_training_loss_has_gradient,
+)
 from .callback_budget import BudgetedHyperSteps
 from .callback_build import CoreBuild
 from .callback_logging import HyperLogging
@@ -242,12 +249,14 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         **settings: Any,
     ) -> None:
         super().__init__()
-        who = "HyperOptimizationCallback: "
+        # the class the user built: a drop-in's settings were refused as those of
+        # HyperOptimizationCallback, a class its user never named (session 61)
+        who = f"{type(self).__name__}: "
         every_n_steps = check_integer(who + "every_n_steps", given(every_n_steps, 10), 1)
         adjoint_steps = check_integer(who + "adjoint_steps", adjoint_steps, 1, allow_none=True)
         if outer_optimizer is not None and not callable(outer_optimizer):
             raise ConfigurationError(
-                "HyperOptimizationCallback: outer_optimizer must be a callable params -> "
+                f"{who}outer_optimizer must be a callable params -> "
                 f"torch.optim.Optimizer (e.g. functools.partial(torch.optim.Adam, lr=0.01)), got "
                 f"{type(outer_optimizer).__name__}."
             )
@@ -267,7 +276,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
                 )
         if outer_optimizer is not None and outer_lr is not None:
             raise ConfigurationError(
-                f"HyperOptimizationCallback: outer_lr={outer_lr!r} is the learning rate of the "
+                f"{who}outer_lr={outer_lr!r} is the learning rate of the "
                 "default Adam outer optimizer, but outer_optimizer= replaces it, so outer_lr "
                 "would be ignored: give the learning rate to your optimizer (e.g. "
                 "outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1)), or drop "
@@ -286,7 +295,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         seed = check_integer(who + "seed", seed, 0)
         if problem is not None and not isinstance(problem, ProblemSource):
             raise ConfigurationError(
-                "HyperOptimizationCallback: problem must be a ProblemSource (an object with "
+                f"{who}problem must be a ProblemSource (an object with "
                 f"check, build and before_hyper_step), got {type(problem).__name__}."
             )
         #: where λ, w, ℓ̂, E come from (default: the BilevelModule being trained)
@@ -447,6 +456,14 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._probed_batch, self._steps_per_batch = (-1, False), None
         self._batch_start_step, self._step_probe = trainer.global_step, None
         self.budget.training_step_done()  # the training's time is counted from here
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
+    ) -> None:
+        """A training loss without a gradient (``@torch.no_grad()`` on ``training_step``, a
+        count of errors) is named here, before torch's bare "element 0 of tensors does not
+        require grad" from inside Lightning's backward (session 61)."""
+        check_training_loss_has_gradient(type(self).__name__, loss)
 
     def on_train_batch_end(
         self,

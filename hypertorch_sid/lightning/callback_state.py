@@ -19,6 +19,7 @@ from ..checkpoint_file import verify_checkpoint_file
 from ..core.budget import check_budget_state
 from ..core.errors import ConfigurationError
 from .averaging import put_learned_in_averages
+from .problem import MEANING_KEY, refuse_another_callbacks_state
 from .resumed import _UNAPPLIED_BY_FIT, _unapplied_outside_fit
 
 __all__ = ["CheckpointState"]
@@ -74,13 +75,15 @@ class CheckpointState:
             return
         if not isinstance(state_dict, dict):
             raise ConfigurationError(
-                "not a HyperOptimizationCallback state: expected a dict, got "
+                f"not a {type(self).__name__} state: expected a dict, got "
                 f"{type(state_dict).__name__}."
             )
+        # a drop-in's state (it removes this key before it gets here) in the base callback
+        refuse_another_callbacks_state(type(self).__name__, state_dict.get(MEANING_KEY))
         missing = [key for key in _STATE_KEYS if key not in state_dict]
         if missing:
             raise ConfigurationError(
-                f"not a complete HyperOptimizationCallback state: {missing} missing (truncated "
+                f"not a complete {type(self).__name__} state: {missing} missing (truncated "
                 "or foreign checkpoint?). Resume from a checkpoint written by this callback."
             )
         self._pending = dict(state_dict)

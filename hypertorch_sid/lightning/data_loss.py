@@ -16,6 +16,7 @@ import pytorch_lightning as pl
 from torch import Tensor
 
 from ..core.errors import ConfigurationError
+from ..core.indexing import Indexed
 from .isolation import muted_logging
 from .problem import with_batch_idx
 
@@ -101,7 +102,18 @@ class DataLoss:
             source = "training_loss" if self.training_loss is not None else "training_step"
             raise ConfigurationError(
                 f"LearnedWeightDecay: E is the training loss on validation batches, and "
-                f"{source} failed on one ({type(err).__name__}: {err}). The validation "
-                "loader's batches must have the training batches' structure, or pass "
-                "validation_loss=lambda module, batch: <scalar tensor> for its batches."
+                f"{source} failed on one ({type(err).__name__}: {err}). "
+                + (_INDEXED_VALIDATION if isinstance(batch, Indexed) else "")
+                + "The validation loader's batches must have the training batches' structure, "
+                "or pass validation_loss=lambda module, batch: <scalar tensor> for its batches."
             ) from err
+
+
+#: why a validation batch carries an example index under the decay (session 61: the index was
+#: read as the input, "mat1 and mat2 must have the same dtype", with no word of the wrapper)
+_INDEXED_VALIDATION = (
+    "Its batch is an Indexed (index, data) pair: the validation loader's dataset is an "
+    "IndexedDataset, which LearnedWeightDecay never needs (only LearnedDataWeights reads "
+    "example indices, and from the training set alone). Pass the validation set unwrapped, "
+    "DataLoader(val_set) instead of DataLoader(IndexedDataset(val_set)). "
+)

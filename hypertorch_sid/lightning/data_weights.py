@@ -404,6 +404,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         )
         self._said_unreplayable = False
         self._said_shortfall = False
+        self._said_untrained = False  # validation classes no training label holds, said
         #: at which optimizer step each ModelCheckpoint's best checkpoint of this fit was saved
         self._saved_at: dict[tuple[int, str, float | None], int] = {}
         #: the schedule's settings the user left to the drop-in, with their caps: with
@@ -724,7 +725,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._resolve_schedule(trainer)
         self.problem.sparse_grad = self.sparse_grad_for(trainer.world_size)
         self.problem.validation_examples = self._validation_size(trainer)
-        self._said_shortfall = False
+        self._said_shortfall = self._said_untrained = False
         self._judged_rarity = False  # the imbalance hint: once per fit, when first known
         self._saved_at = {}  # (ModelCheckpoint, best path, score) -> step saved, this fit
         if self._val_floor is not None:
@@ -804,6 +805,11 @@ class LearnedDataWeights(HyperOptimizationCallback):
             said = self.problem.validation_shortfall()
             if said is not None:
                 self._said_shortfall = True
+                rank_zero_warn(f"LearnedDataWeights: {said}")
+        if not self._said_untrained:
+            said = self.problem.validation_classes_untrained()
+            if said is not None:
+                self._said_untrained = True
                 rank_zero_warn(f"LearnedDataWeights: {said}")
         rarity = None if self._judged_rarity else self.class_imbalance()
         if rarity is not None:

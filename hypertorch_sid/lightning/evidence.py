@@ -118,6 +118,45 @@ class RowEvidence:
             "of every class you want predicted."
         )
 
+    def validation_classes_untrained(self) -> str | None:
+        """The classes the validation batches the hyper steps read hold and no training label
+        does (per class: none of 0..num_classes − 1; per sample, once every training row has
+        been visited: no row's label). Almost surely two label encodings (a validation set
+        numbered by another ``class_to_idx`` or ``LabelEncoder``): E then asks the model for a
+        class it never trains on, and the weights are learned for that. Taken silently before
+        session 61 (``per="class", num_classes=3`` beside a validation label 5). None where
+        none, or where the labels are unknown."""
+        counts = self._val_counts
+        if counts is None or not self._val_rows:
+            return None
+        labels, trained = self._labels, None
+        if self.per == "class" and self._trained_classes is not None:  # past num_classes only
+            trained = torch.ones_like(self._trained_classes)  # (a class unsampled yet may come)
+        elif self.per == "sample" and labels is not None and not bool((labels == _UNSEEN).any()):
+            known = labels[labels >= 0].cpu()  # every row visited: the training set's classes
+            trained = torch.bincount(known, minlength=1) > 0 if known.numel() else None
+        if trained is None:
+            return None
+        trained = trained.cpu()
+        held = torch.zeros(max(counts.numel(), trained.numel()), dtype=torch.bool)
+        held[: trained.numel()] = trained
+        extra = ((counts.cpu() > 0) & ~held[: counts.numel()]).nonzero().flatten().tolist()
+        if not extra:
+            return None
+        named = ", ".join(str(c) for c in extra[:8]) + (", ..." if len(extra) > 8 else "")
+        within = (
+            f" (num_classes={trained.numel()}: 0..{trained.numel() - 1})"
+            if self.per == "class"
+            else ""
+        )
+        return (
+            f"the validation data holds class(es) {named}, which no training label holds"
+            f"{within}: the validation loss E then asks the model for classes it never trains "
+            "on, and the weights are learned to serve that. Two label encodings? Check that "
+            "the training and validation sets number their classes alike (one class_to_idx or "
+            "LabelEncoder for both splits)."
+        )
+
     def class_shares(self) -> dict[str, Tensor] | None:
         """Per class c (per sample, integer labels, the rows visited and the validation
         batches the hyper steps read): the weighted training share s_c = Σ_{i∈c} vᵢωᵢ / Σᵢ vᵢωᵢ

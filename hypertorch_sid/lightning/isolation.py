@@ -14,9 +14,11 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
+from torch.utils.data import Subset
 from torchmetrics import Metric
 
 from ..core.errors import DivergenceError
+from ..core.indexing import IndexedDataset
 
 
 @contextmanager
@@ -128,7 +130,18 @@ def as_in_training(module: torch.nn.Module, call: Callable[[], T]) -> T:
 
 
 def non_finite_data(dataset: Any) -> str | None:
-    """Where a dataset of tensors (``TensorDataset``) holds NaN/Inf, or None."""
+    """Where a dataset of tensors (``TensorDataset``) holds NaN/Inf, or None; read through
+    :class:`~hypertorch_sid.IndexedDataset` and ``Subset`` wraps (a ``random_split`` part),
+    the samples named by their training positions. Only a bare ``TensorDataset`` was read: a
+    NaN feature under ``LearnedDataWeights`` (always an ``IndexedDataset``) or in a
+    ``random_split`` part was blamed on the loss, "the loss itself produced the NaN/Inf"
+    (session 61)."""
+    positions: Tensor | None = None  # the base row of each training position (None: itself)
+    while isinstance(dataset, (IndexedDataset, Subset)):
+        if isinstance(dataset, Subset):
+            rows = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+            positions = rows if positions is None else rows[positions]
+        dataset = dataset.dataset
     tensors = getattr(dataset, "tensors", None)
     if not isinstance(tensors, (list, tuple)):
         return None
@@ -136,7 +149,10 @@ def non_finite_data(dataset: Any) -> str | None:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             continue
         if not bool(torch.isfinite(t).all()):
-            rows = (~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero().flatten()
+            bad = (~torch.isfinite(t.reshape(len(t), -1))).any(1)
+            rows = (bad if positions is None else bad[positions]).nonzero().flatten()
+            if len(rows) == 0:  # in base rows outside the training positions
+                continue
             return (
                 f"tensor {i} of the training dataset has NaN/Inf in {len(rows)} sample(s) "
                 f"(index {', '.join(str(int(r)) for r in rows[:5])})"

@@ -175,8 +175,26 @@ class Bilevel:
                 yield name, param
 
     def inner_parameters(self) -> Iterator[nn.Parameter]:
-        """The inner parameters w: what ``configure_optimizers`` must optimise."""
-        for _, param in self.named_inner_parameters():
+        """The inner parameters w: what ``configure_optimizers`` must optimise. None left (every
+        weight frozen) is refused, naming the frozen ones: torch's optimizer said only "got an
+        empty parameter list" (session 61)."""
+        named = list(self.named_inner_parameters())
+        if not named:
+            hyper = {id(p) for p in self.hyperparameters()}
+            frozen = [n for n, p in self.named_parameters() if id(p) not in hyper]
+            listed = ", ".join(frozen[:5]) + (" …" if len(frozen) > 5 else "")
+            raise ConfigurationError(
+                f"{type(self).__name__} has no inner parameter to train: "
+                + (
+                    f"every weight ({listed}) is frozen (requires_grad=False). Unfreeze "
+                    "those the training must fit (e.g. self.head.requires_grad_(True) after "
+                    "self.requires_grad_(False)); frozen layers stay out of inner_parameters()."
+                    if frozen
+                    else "it holds no parameter besides its hyperparameters. Build the model's "
+                    "layers in __init__ (as attributes), before the fit."
+                )
+            )
+        for _, param in named:
             yield param
 
     def hyperparameter_summary(self) -> dict[str, Tensor]:

@@ -390,6 +390,7 @@ def check_meaning(who: str, saved: Any, ours: dict[str, str]) -> None:
         raise ConfigurationError(
             f"{who}: the checkpoint's {MEANING_KEY} must be a dict of strings: it is corrupted."
         )
+    refuse_another_callbacks_state(who, saved)
     differ = [
         f"{name}={saved[name]!r} (this run: {value!r})"
         for name, value in ours.items()
@@ -402,3 +403,30 @@ def check_meaning(who: str, saved: Any, ours: dict[str, str]) -> None:
             "resumed fit would silently start somewhere else. Resume with the checkpoint's "
             "settings, or start a new fit (no ckpt_path) to learn under these."
         )
+
+
+#: a key of each drop-in's :data:`MEANING_KEY` entry that only it writes, and what its
+#: hyperparameters are
+_MEANING_OWNERS = {
+    "granularity": ("LearnedWeightDecay", "weight decays λ"),
+    "per": ("LearnedDataWeights", "per-example (or per-class) data weights"),
+}
+
+
+def refuse_another_callbacks_state(who: str, saved: Any) -> None:
+    """Refuse the state of another callback class, told from its :data:`MEANING_KEY` entry
+    (``saved``; None: a state without one, taken). A ``LearnedWeightDecay`` state handed to
+    ``LearnedDataWeights.load_state_dict`` (the wrong entry of a checkpoint's ``"callbacks"``
+    picked by hand) was refused as "learned with parameterization='log' (this run:
+    'SigmoidWeights')", a setting the user never gave, and either drop-in's state was taken
+    by a ``HyperOptimizationCallback`` (session 61)."""
+    owners = [_MEANING_OWNERS[k] for k in _MEANING_OWNERS if isinstance(saved, dict) and k in saved]
+    if not owners or owners[0][0] == who:
+        return
+    owner, holds = owners[0]
+    raise ConfigurationError(
+        f"{who}: this is a {owner} state (its hyperparameters are {holds}), not a {who} "
+        f"one. Load it into a {owner}, or take this callback's own entry of the checkpoint: "
+        f"checkpoint['callbacks'] holds one per callback, under a key starting with its class "
+        f"name ('{who}')."
+    )
