@@ -125,7 +125,10 @@ class HorizonDamping(Damping):
         return self.base.escalate(delta, curvature)
 
 
-def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | None:
+def effective_step_size(
+    optimizers: Iterable[torch.optim.Optimizer],
+    share: Callable[[torch.optim.Optimizer], float] | None = None,
+) -> float | None:
     """η of eq. horizondelta read from the training optimizers: how far the weights move per step
     under a force that persists (the flat directions the horizon is about), not one step's reach.
 
@@ -140,9 +143,15 @@ def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | 
     Tensors an optimizer has no reading for are left out; None where none could be read (another
     optimizer, e.g. RMSprop; Adam before its first step): the callback then uses the measured
     one-step response (:class:`StepSizeProbe`).
+
+    ``share``: each optimizer's share of the steps T counts (None: 1). Where several optimizers
+    step in turn, T (the fit's steps) counts all of theirs and a tensor moves only in its own
+    optimizer's, so its η per step of T is its optimizer's η times that share (eq. stepshare;
+    session 61: two optimizers stepped once a batch each, every tensor's ηT read twice over).
     """
     num = den = 0.0
     for optimizer in optimizers:
+        part = 1.0 if share is None else share(optimizer)
         heavy_ball = isinstance(optimizer, torch.optim.SGD)
         for group in optimizer.param_groups:
             lr = float(group.get("lr", 0.0) or 0.0)
@@ -157,7 +166,7 @@ def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | 
                     n, d = _adam_step(state, group, lr)
                 else:
                     continue  # not stepped yet, or an optimizer whose step is not read here
-                num, den = num + n, den + d
+                num, den = num + n * part, den + d
     eta = num / den if den > 0 else math.nan
     return eta if math.isfinite(eta) and eta > 0 else None
 

@@ -70,7 +70,7 @@ from .problem import (
     refuse_untunable_training,
 )
 from .sources import HyperData
-from .training_length import horizon, runs_in_new_processes
+from .training_length import StepShares, horizon, runs_in_new_processes
 
 __all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
 
@@ -318,6 +318,8 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
         self._said_new_tensors = False  # tensors trained that the fit did not start with, said
         self._losses = LossWatch()  # the training losses, read when the weights go non-finite
+        #: each training optimizer's share of the fit's optimizer steps (eq. stepshare)
+        self.step_shares = StepShares()
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -429,7 +431,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
                 lambda: trainer.optimizers,
                 [functools.partial(c._change_gradient, trainer, pl_module) for c in ours],
                 [functools.partial(c._read_gradient, trainer, pl_module) for c in ours],
-                [c._close_reading for c in ours],
+                [c._close_reading for c in ours] + [c._count_step for c in ours],
             )
 
     def _release_step_hook(self) -> None:
@@ -440,6 +442,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
         self.budget.use_device(pl_module.device.type)  # CPU time on the CPU, else wall time
+        self.step_shares.reset()  # each optimizer's share of this fit's steps (eq. stepshare)
         self._share_hyper_work(trainer)
         with self.budget.added_work():
             self._build(trainer, pl_module)
@@ -503,6 +506,11 @@ class HyperOptimizationCallback(  # type: ignore[misc]
                 if effective_step_size(trainer.optimizers) is None:
                     self._step_probe = self._step_probe or PooledStepSizeProbe()
                     self._step_probe.open(stepped(optimizer, self.sid))
+
+    def _count_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer`` has made its update: count it in its share of the fit's steps
+        (:class:`~.training_length.StepShares`, eq. stepshare)."""
+        self.step_shares.count(optimizer)
 
     def _close_reading(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` has made its update: close the probe of it (:meth:`_read_gradient`)."""
@@ -681,7 +689,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         training's step size: read from its optimizers (momentum's and Adam's gain included:
         :func:`effective_step_size`), else the one-step response measured on the last update."""
         assert self.sid is not None
-        eta = effective_step_size(trainer.optimizers)
+        eta = effective_step_size(trainer.optimizers, self.step_shares.share)  # per step of R
         eta = self._step_size if eta is None else eta
         left, how = horizon(trainer)
         if how is not None and not self._said_horizon:
