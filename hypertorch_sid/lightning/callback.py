@@ -467,7 +467,8 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._batch_start_step = trainer.global_step
         if self._step_probe is not None:
             with self.budget.added_work():
-                self._step_size, self._step_probe = self._step_probe.step_size(), None
+                probe, self._step_probe = self._step_probe, None
+                self._step_size = probe.step_size(self.step_shares.share)  # per step of R
         self.budget.training_step_done()
         with self.budget.added_work(every_step=True):  # deciding is the callback's work too
             due = self._due(trainer)
@@ -505,7 +506,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
             with self.budget.added_work():
                 if effective_step_size(trainer.optimizers) is None:
                     self._step_probe = self._step_probe or PooledStepSizeProbe()
-                    self._step_probe.open(stepped(optimizer, self.sid))
+                    self._step_probe.open(stepped(optimizer, self.sid), optimizer)
 
     def _count_step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` has made its update: count it in its share of the fit's steps
