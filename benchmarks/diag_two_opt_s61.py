@@ -19,17 +19,21 @@ references: each slot's log λ perturbed by ±ε = 0.5 from that step to the fit
 differences of the validation loss (all 300 images) at the end (``fd_end``), 10 batches later
 (``fd_k``) and of the test loss at the end (``fd_test``). ``greedy``: the one-step dE/d log λ,
 −λ⟨w, ∇E⟩ per slot (E on all 300 images), and ``greedy_own_step`` with each tensor's own
-optimizer's gain. ``replay_gap``: the replay at the unperturbed λ against the Lightning fit's own
-end (0: the replay is exact).
+optimizer's gain. ``replay_gap``: the replay at the unperturbed λ from the last hyper step
+against the Lightning fit's own end (it follows the fit to float rounding, 2e-8 over 10 batches).
+``--kwargs``: more settings of the drop-in (e.g. ``'{"warm_start_adjoint": false}'``); the
+summary borrows the replays of the default settings' frozen fit at the same steps (frozen fits
+train alike).
 
 Usage (repository root)::
 
     OMP_NUM_THREADS=1 python benchmarks/diag_two_opt_s61.py --data ../shared/data \
-        --variants sgd_adam one_adam --seeds 3 4 5
+        --variants sgd_adam one_adam --seeds 3 4 5 6 7 8
     OMP_NUM_THREADS=1 python benchmarks/diag_two_opt_s61.py --data ../shared/data \
-        --variants two_adam one_sgd --seeds 3 4
+        --variants two_adam --seeds 3 4
     OMP_NUM_THREADS=1 python benchmarks/diag_two_opt_s61.py --data ../shared/data \
-        --variants sgd_adam one_adam --seeds 6 7 8 --no-fd     # hypergradients only
+        --variants sgd_adam --seeds 3 4 5 --no-fd --kwargs '{"warm_start_adjoint": false}' \
+        --out benchmarks/results/user_recipes/s61_two_opt/hypergradient_cold.json
     python benchmarks/diag_two_opt_s61.py --summary             # the table of the records
 """
 
@@ -157,7 +161,9 @@ def replay(variant, module0, states, batches, start, lam, val, per_epoch, probe_
     opts = _groups(variant, module)
     base = [[g["lr"] for g in o.param_groups] for o, _ in opts]
     for (o, _), s in zip(opts, states):
-        o.load_state_dict(s)
+        # a copy: load_state_dict keeps the given state tensors (CPU, same dtype), and the
+        # replay's steps would move the kept snapshot's momentum and moments for the next one
+        o.load_state_dict(copy.deepcopy(s))
     at_k = None
     for b in range(start + 1, len(batches)):
         x, y = batches[b]
@@ -189,7 +195,7 @@ def greedy(variant, module0, states, lam, val):
     module = copy.deepcopy(module0)
     opts = _groups(variant, module)
     for (o, _), st in zip(opts, states):
-        o.load_state_dict(st)
+        o.load_state_dict(copy.deepcopy(st))
     module.zero_grad()
     F.cross_entropy(module(val[0]), val[1]).backward()
     plain: dict[str, float] = {}
@@ -231,7 +237,9 @@ def model_of(variant: str):
     }[variant](0.0, False)
 
 
-def run(variant: str, seed: int, data: Path, mode: str, fd: bool = True) -> dict:
+def run(
+    variant: str, seed: int, data: Path, mode: str, fd: bool = True, extra: dict | None = None
+) -> dict:
     tr, va, te = images(data, "fashion-mnist", seed, 2000, 300, 2000)
     train, val, test = tensors(tr), tensors(va), tensors(te)
     torch.manual_seed(seed)
@@ -244,7 +252,7 @@ def run(variant: str, seed: int, data: Path, mode: str, fd: bool = True) -> dict
         kw["training_loss"] = lambda m, b: F.cross_entropy(m(b[0]), b[1])
     if mode == "frozen":
         kw["max_overhead"] = None
-    cb = Recorded(5e-4, **kw)
+    cb = Recorded(5e-4, **kw, **(extra or {}))
     fit = trainer([batches, cb], 6)
     fit.fit(
         model,
@@ -303,6 +311,7 @@ def run(variant: str, seed: int, data: Path, mode: str, fd: bool = True) -> dict
         "seed": seed,
         "mode": mode,
         "fd": fd,
+        "kwargs": extra or {},
         "test_loss": t_loss,
         "val_loss_end": lightning_end,
         "replay_gap": (points[-1]["base"]["end"] - lightning_end) if mode == "frozen" else None,
@@ -312,7 +321,11 @@ def run(variant: str, seed: int, data: Path, mode: str, fd: bool = True) -> dict
 
 
 def _key(r: dict) -> tuple:
-    return r["variant"], r["seed"], r["mode"], r.get("fd", True)
+    return r["variant"], r["seed"], r["mode"], r.get("fd", True), json.dumps(r.get("kwargs", {}))
+
+
+def _group(r: dict) -> tuple:
+    return r["variant"], r["mode"], r.get("fd", True), json.dumps(r.get("kwargs", {}))
 
 
 def _in_half(half: str, r: dict, p: dict) -> bool:
@@ -329,13 +342,24 @@ def summary(recs: list[dict]) -> None:
     """Per variant and slot, over the seeds' hyper steps (all, first and second half of the
     fit): the library's hypergradient, the greedy one, and each reference (mean ± s.e., how many
     > 0, i.e. "less decay"), with how often the library's sign agrees with it."""
-    for variant, mode, fd in sorted({(r["variant"], r["mode"], r.get("fd", True)) for r in recs}):
-        rs = [
-            r for r in recs if (r["variant"], r["mode"], r.get("fd", True)) == (variant, mode, fd)
-        ]
-        print(
-            f"== {variant} {mode}{'' if fd else ' (no replays)'}, seeds {[r['seed'] for r in rs]}"
-        )
+    # frozen fits train alike whatever the hyper step's settings: their replays are shared
+    replayed = {
+        (r["variant"], r["seed"], p["step"]): p
+        for r in recs
+        if r["mode"] == "frozen" and r.get("fd", True)
+        for p in r["points"]
+    }
+    for group in sorted({_group(r) for r in recs}):
+        variant, mode, fd, extra = group
+        rs = [r for r in recs if _group(r) == group]
+        if mode == "frozen":
+            for r in rs:
+                for p in r["points"]:
+                    for key in ("fd_k", "fd_end", "fd_test"):
+                        if not p.get(key):
+                            p[key] = replayed.get((variant, r["seed"], p["step"]), {}).get(key, {})
+        how = ("" if fd else " (no replays of its own)") + ("" if extra == "{}" else f" {extra}")
+        print(f"== {variant} {mode}{how}, seeds {[r['seed'] for r in rs]}")
         for half in ("all", "first", "second"):
             for s in rs[0]["points"][0]["hypergradient"]:
                 pts = [p for r in rs for p in r["points"] if _in_half(half, r, p)]
@@ -343,7 +367,7 @@ def summary(recs: list[dict]) -> None:
                 line = f"{half:6s} {s:10s} library {_mean(lib)}"
                 for key in ("greedy", "fd_k", "fd_end", "fd_test"):
                     ref = [p[key][s] for p in pts if s in p.get(key, {})]
-                    if ref:
+                    if ref and len(ref) == len(lib):
                         agree = sum((a > 0) == (b > 0) for a, b in zip(lib, ref))
                         line += f" | {key} {_mean(ref)}, agree {agree}/{len(ref)}"
                 print(line)
@@ -363,6 +387,12 @@ def main() -> None:
         help="--no-fd: the hypergradients and the greedy ones only, no replays",
     )
     p.add_argument("--summary", action="store_true", help="print the table of --out and stop")
+    p.add_argument(
+        "--kwargs",
+        type=json.loads,
+        default={},
+        help="more LearnedWeightDecay settings, e.g. '{\"warm_start_adjoint\": false}'",
+    )
     args = p.parse_args()
     recs = json.loads(args.out.read_text()) if args.out.exists() else []
     if args.summary:
@@ -371,8 +401,8 @@ def main() -> None:
     torch.set_num_threads(1)
     for seed in args.seeds:
         for variant in args.variants:
-            rec = run(variant, seed, args.data, args.mode, args.fd)
-            key = (variant, seed, args.mode, args.fd)
+            rec = run(variant, seed, args.data, args.mode, args.fd, args.kwargs)
+            key = (variant, seed, args.mode, args.fd, json.dumps(args.kwargs))
             recs = [r for r in recs if _key(r) != key] + [rec]
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(recs, indent=1))
