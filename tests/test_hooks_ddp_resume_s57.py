@@ -638,14 +638,15 @@ def test_the_step_size_probe_reads_the_update_of_the_optimizer_it_probes():
     every layer's gradient after the first optimizer had already moved its layer, and measured
     0.77 × the second layer's response (0.15 for 0.19): a mixture that is no optimizer's step
     size; session 57 measured the batch's last optimizer alone; since session 58 the batch's
-    optimizers are pooled, Σ_o ⟨Δw_o, g_o⟩ / Σ_o ‖g_o‖² (``tests/test_left_s58.py``)."""
+    optimizers are pooled, Σ_o ⟨Δw_o, g_o⟩ / Σ_o ‖g_o‖² (``tests/test_left_s58.py``); since
+    session 61 per step of R, each optimizer making half of them (eq. stepshare)."""
     model = ManualRMSprop()
     decay = LearnedWeightDecay(1e-2, training_loss=manual_loss, **DECAY, **sizes(1))
     eta = probed(decay)
     fit(model, [decay], epochs=1)
     assert len(eta) == 6
     batches = list(zip(model.parts[0::2], model.parts[1::2]))
-    pooled = [(a[0] + b[0]) / (a[1] + b[1]) for a, b in batches]
+    pooled = [(a[0] + b[0]) / (a[1] + b[1]) / 2 for a, b in batches]
     assert eta == pytest.approx(pooled, rel=1e-9)
     assert max(model.responses[0::2]) > 2 * max(model.responses[1::2])  # the layers differ
 

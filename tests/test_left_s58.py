@@ -47,6 +47,7 @@ pytestmark = [
 ]
 
 LRS = (0.1, 0.03, 0.01)  # one optimizer per layer, each its own learning rate
+OPTIMIZERS = len(LRS)  # each makes 1/3 of the steps R counts: η̂ per step of R (eq. stepshare)
 
 
 class PerLayer(pl.LightningModule):
@@ -139,16 +140,17 @@ def pooled(parts: list[tuple[float, float]]) -> float:
 def test_the_probe_pools_every_sgd_of_the_batch_in_closed_form(monkeypatch):
     """SGD per layer without momentum (lr 0.1, 0.03, 0.01), its reading from the optimizers
     withheld so the probe measures it: each hyper step's η̂ is Σ_o lr_o ‖g_o‖² / Σ_o ‖g_o‖² of
-    its batch's gradients (rel 1e-9). Before, the probe measured the batch's last optimizer
+    its batch's gradients (rel 1e-9), per step of R: each optimizer makes a third of the fit's
+    steps (eq. stepshare, session 61). Before, the probe measured the batch's last optimizer
     alone: η̂ = 0.01, its learning rate, at every hyper step."""
-    monkeypatch.setattr(callback_module, "effective_step_size", lambda optimizers: None)
+    monkeypatch.setattr(callback_module, "effective_step_size", lambda optimizers, share=None: None)
     model, eta, ends = fit_per_layer("sgd", every_n_steps=6)  # due at every second batch's end
     assert ends == [1, 3, 5, 7]
     for got, batch in zip(eta, ends):
         grads = [g for _, g in model.parts[batch]]
-        closed = sum(lr * g for lr, g in zip(LRS, grads)) / sum(grads)
+        closed = sum(lr * g for lr, g in zip(LRS, grads)) / sum(grads) / OPTIMIZERS
         assert got == pytest.approx(closed, rel=1e-9)
-        assert got > 1.5 * LRS[-1]  # no longer the last optimizer's lr
+        assert got * OPTIMIZERS > 1.5 * LRS[-1]  # no longer the last optimizer's lr
     # the module's own measurement of each update agrees with the closed form (SGD: Δw = lr·g)
     for parts in model.parts:
         for (moved, g), lr in zip(parts, LRS):
@@ -158,14 +160,15 @@ def test_the_probe_pools_every_sgd_of_the_batch_in_closed_form(monkeypatch):
 def test_the_probe_pools_every_rmsprop_of_the_batch():
     """RMSprop per layer (no reading of its step size: probed): each hyper step's η̂ is the
     batch's pooled update Σ_o ⟨Δw_o, g_o⟩ / Σ_o ‖g_o‖², every optimizer measured over its own
-    step (rel 1e-9), not one optimizer's response; the layers' responses differ."""
+    step (rel 1e-9), per step of R (a third: eq. stepshare), not one optimizer's response; the
+    layers' responses differ."""
     model, eta, ends = fit_per_layer("rmsprop", every_n_steps=6)
     assert ends == [1, 3, 5, 7]
-    assert eta == pytest.approx([pooled(model.parts[b]) for b in ends], rel=1e-9)
+    assert eta == pytest.approx([pooled(model.parts[b]) / OPTIMIZERS for b in ends], rel=1e-9)
     for batch in ends:
         responses = [m / g for m, g in model.parts[batch]]
         assert max(responses) > 1.5 * min(responses)
-        assert all(abs(e - responses[-1]) > 1e-3 * e for e in eta)
+        assert all(abs(e * OPTIMIZERS - responses[-1]) > 1e-3 * e * OPTIMIZERS for e in eta)
 
 
 def test_a_due_step_inside_the_batch_still_probes_the_whole_batch(monkeypatch):
@@ -173,11 +176,11 @@ def test_a_due_step_inside_the_batch_still_probes_the_whole_batch(monkeypatch):
     ending on step 12 (batch 3, 0-based), whose due step is its last; the batches holding
     steps 4 and 8 (the first and second optimizer's) are probed in full too and the hyper
     step reads the latest, batch 3's pooled η̂."""
-    monkeypatch.setattr(callback_module, "effective_step_size", lambda optimizers: None)
+    monkeypatch.setattr(callback_module, "effective_step_size", lambda optimizers, share=None: None)
     model, eta, ends = fit_per_layer("sgd", every_n_steps=4)
     assert ends == [3, 7]
     for got, batch in zip(eta, ends):
-        assert got == pytest.approx(pooled(model.parts[batch]), rel=1e-9)
+        assert got == pytest.approx(pooled(model.parts[batch]) / OPTIMIZERS, rel=1e-9)
 
 
 # ================================================================ λ matched by name (item 3)

@@ -125,7 +125,10 @@ class HorizonDamping(Damping):
         return self.base.escalate(delta, curvature)
 
 
-def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | None:
+def effective_step_size(
+    optimizers: Iterable[torch.optim.Optimizer],
+    share: Callable[[torch.optim.Optimizer], float] | None = None,
+) -> float | None:
     """η of eq. horizondelta read from the training optimizers: how far the weights move per step
     under a force that persists (the flat directions the horizon is about), not one step's reach.
 
@@ -140,9 +143,15 @@ def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | 
     Tensors an optimizer has no reading for are left out; None where none could be read (another
     optimizer, e.g. RMSprop; Adam before its first step): the callback then uses the measured
     one-step response (:class:`StepSizeProbe`).
+
+    ``share``: each optimizer's share of the steps T counts (None: 1). Where several optimizers
+    step in turn, T (the fit's steps) counts all of theirs and a tensor moves only in its own
+    optimizer's, so its η per step of T is its optimizer's η times that share (eq. stepshare;
+    session 61: two optimizers stepped once a batch each, every tensor's ηT read twice over).
     """
     num = den = 0.0
     for optimizer in optimizers:
+        part = 1.0 if share is None else share(optimizer)
         heavy_ball = isinstance(optimizer, torch.optim.SGD)
         for group in optimizer.param_groups:
             lr = float(group.get("lr", 0.0) or 0.0)
@@ -157,7 +166,7 @@ def effective_step_size(optimizers: Iterable[torch.optim.Optimizer]) -> float | 
                     n, d = _adam_step(state, group, lr)
                 else:
                     continue  # not stepped yet, or an optimizer whose step is not read here
-                num, den = num + n, den + d
+                num, den = num + n * part, den + d
     eta = num / den if den > 0 else math.nan
     return eta if math.isfinite(eta) and eta > 0 else None
 
@@ -206,39 +215,54 @@ class PooledStepSizeProbe:
     """η̂ of several updates, each made by another optimizer on its own tensors (manual
     optimisation with one optimizer per layer):
 
-        η̂ = Σ_o ⟨w_o,before − w_o,after, g_o⟩ / Σ_o ‖g_o‖²,
+        η̂ = Σ_o share_o ⟨w_o,before − w_o,after, g_o⟩ / Σ_o ‖g_o‖²,
 
     each optimizer's part measured over its own step (:meth:`open` before it, :meth:`close`
     right after it, by a :class:`StepSizeProbe` on the tensors it steps), so that another
     optimizer's update or a later backward into its gradients does not enter it. One optimizer
     gives :class:`StepSizeProbe`'s η̂; several, the ‖g‖²-weighted mean of theirs, as one
     optimizer whose parameter groups held their tensors at their step sizes would (SGD with
-    learning rates lr_o: Σ_o lr_o ‖g_o‖² / Σ_o ‖g_o‖²).
+    learning rates lr_o: Σ_o lr_o ‖g_o‖² / Σ_o ‖g_o‖²), each times its optimizer's share of the
+    steps R counts (eq. stepshare: η per step of R, as :func:`effective_step_size` reads it;
+    ``share`` of :meth:`step_size`, None: 1).
     """
 
     def __init__(self) -> None:
-        self.moved = self.grad_sq = 0.0
-        self._open: StepSizeProbe | None = None
+        #: per optimizer (the key :meth:`open` was given): [moved, ‖g‖²] of its updates closed
+        self.parts: dict[Any, list[float]] = {}
+        self._open: tuple[Any, StepSizeProbe] | None = None
 
-    def open(self, params: list[torch.Tensor]) -> None:
-        """Start measuring the update about to be made to ``params`` (their gradients final).
-        A probe opened and not closed (an LBFGS step evaluating its closure again) is replaced:
-        the update follows the last evaluation."""
-        self._open = StepSizeProbe(params)
+    @property
+    def moved(self) -> float:
+        return sum(m for m, _ in self.parts.values())
+
+    @property
+    def grad_sq(self) -> float:
+        return sum(g for _, g in self.parts.values())
+
+    def open(self, params: list[torch.Tensor], optimizer: Any = None) -> None:
+        """Start measuring the update ``optimizer`` is about to make to ``params`` (their
+        gradients final). A probe opened and not closed (an LBFGS step evaluating its closure
+        again) is replaced: the update follows the last evaluation."""
+        self._open = (optimizer, StepSizeProbe(params))
 
     def close(self) -> None:
         """The update opened last has been made: add its part."""
-        probe, self._open = self._open, None
-        if probe is not None and probe.params:
-            self.moved += probe.moved()
-            self.grad_sq += probe.grad_sq
+        opened, self._open = self._open, None
+        if opened is not None and opened[1].params:
+            part = self.parts.setdefault(opened[0], [0.0, 0.0])
+            part[0] += opened[1].moved()
+            part[1] += opened[1].grad_sq
 
-    def step_size(self) -> float | None:
-        """η̂ of the updates closed so far (None without gradients, or a non-positive
-        measurement)."""
-        if self.grad_sq <= 0:
+    def step_size(self, share: Callable[[Any], float] | None = None) -> float | None:
+        """η̂ of the updates closed so far, per step of R with each optimizer's ``share`` of
+        them (None: 1; eq. stepshare); None without gradients, or a non-positive
+        measurement."""
+        grad_sq = self.grad_sq
+        if grad_sq <= 0:
             return None
-        eta = self.moved / self.grad_sq
+        moved = sum(m * (1.0 if share is None else share(o)) for o, (m, _) in self.parts.items())
+        eta = moved / grad_sq
         return eta if math.isfinite(eta) and eta > 0 else None
 
 

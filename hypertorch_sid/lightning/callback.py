@@ -77,7 +77,7 @@ from .problem import (
     refuse_untunable_training,
 )
 from .sources import HyperData
-from .training_length import horizon, runs_in_new_processes
+from .training_length import StepShares, horizon, runs_in_new_processes
 
 __all__ = ["CALLBACK_CONFIG", "FEW_HYPER_STEPS", "HyperOptimizationCallback"]
 
@@ -327,6 +327,8 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._said_horizon = False  # the estimated horizon of a fit of unknown length, said
         self._said_new_tensors = False  # tensors trained that the fit did not start with, said
         self._losses = LossWatch()  # the training losses, read when the weights go non-finite
+        #: each training optimizer's share of the fit's optimizer steps (eq. stepshare)
+        self.step_shares = StepShares()
         self.adjoint_steps = adjoint_steps
         self.outer_optimizer = outer_optimizer
         self.outer_lr = outer_lr
@@ -438,7 +440,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
                 lambda: trainer.optimizers,
                 [functools.partial(c._change_gradient, trainer, pl_module) for c in ours],
                 [functools.partial(c._read_gradient, trainer, pl_module) for c in ours],
-                [c._close_reading for c in ours],
+                [c._close_reading for c in ours] + [c._count_step for c in ours],
             )
 
     def _release_step_hook(self) -> None:
@@ -449,6 +451,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Build the samplers and the core SIDHyperOptimizer; restore checkpointed state."""
         self.budget.use_device(pl_module.device.type)  # CPU time on the CPU, else wall time
+        self.step_shares.reset()  # each optimizer's share of this fit's steps (eq. stepshare)
         self._share_hyper_work(trainer)
         with self.budget.added_work():
             self._build(trainer, pl_module)
@@ -481,7 +484,8 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._batch_start_step = trainer.global_step
         if self._step_probe is not None:
             with self.budget.added_work():
-                self._step_size, self._step_probe = self._step_probe.step_size(), None
+                probe, self._step_probe = self._step_probe, None
+                self._step_size = probe.step_size(self.step_shares.share)  # per step of R
         self.budget.training_step_done()
         with self.budget.added_work(every_step=True):  # deciding is the callback's work too
             due = self._due(trainer)
@@ -519,7 +523,12 @@ class HyperOptimizationCallback(  # type: ignore[misc]
             with self.budget.added_work():
                 if effective_step_size(trainer.optimizers) is None:
                     self._step_probe = self._step_probe or PooledStepSizeProbe()
-                    self._step_probe.open(stepped(optimizer, self.sid))
+                    self._step_probe.open(stepped(optimizer, self.sid), optimizer)
+
+    def _count_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer`` has made its update: count it in its share of the fit's steps
+        (:class:`~.training_length.StepShares`, eq. stepshare)."""
+        self.step_shares.count(optimizer)
 
     def _close_reading(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` has made its update: close the probe of it (:meth:`_read_gradient`)."""
@@ -698,7 +707,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         training's step size: read from its optimizers (momentum's and Adam's gain included:
         :func:`effective_step_size`), else the one-step response measured on the last update."""
         assert self.sid is not None
-        eta = effective_step_size(trainer.optimizers)
+        eta = effective_step_size(trainer.optimizers, self.step_shares.share)  # per step of R
         eta = self._step_size if eta is None else eta
         left, how = horizon(trainer)
         if how is not None and not self._said_horizon:

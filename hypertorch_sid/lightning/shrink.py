@@ -8,7 +8,7 @@ bound (eq. decaytrust) reads (:meth:`ShrinkRates.step_size`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AppliedShrink", "ShrinkRates", "ShrinkReadings"]
 
+#: an optimizer's share of the steps R counts (eq. stepshare,
+#: :class:`~hypertorch_sid.lightning.training_length.StepShares`)
+Share = Callable[[torch.optim.Optimizer], float]
+
 
 class ShrinkReadings(Sequence):
     """Per λ slot, the :class:`~hypertorch_sid.core.outer_step.ShrinkReading` of its decayed
@@ -32,8 +36,8 @@ class ShrinkReadings(Sequence):
     shrinkfall may move (still descending, hypergradient "less decay"), so the others cost
     nothing, and SGD's or decoupled decay's cost no per-element work at all."""
 
-    def __init__(self, rates: ShrinkRates, lambdas: list) -> None:
-        self._rates, self._lambdas = rates, lambdas
+    def __init__(self, rates: ShrinkRates, lambdas: list, share: Share | None = None) -> None:
+        self._rates, self._lambdas, self._share = rates, lambdas, share
         self._slots: dict[int, list[ShrinkReading]] = {}
 
     def __len__(self) -> int:
@@ -44,7 +48,7 @@ class ShrinkReadings(Sequence):
             raise IndexError(k)
         if k not in self._slots:
             entries = self._rates.decay.entries
-            read = (self._rates._reading(i, float(self._lambdas[i]))
+            read = (self._rates._reading(i, float(self._lambdas[i]), self._share)
                     for i, e in enumerate(entries) if e.slot == k)  # fmt: skip
             self._slots[k] = [r for r in read if r is not None]
         return self._slots[k]
@@ -65,21 +69,22 @@ class ShrinkRates:
         """λ of ``problem`` (None before a fit found its tensors)."""
         return self._problem.decay
 
-    def step_size(self, eta: float | None) -> float | None:
+    def step_size(self, eta: float | None, share: Share | None = None) -> float | None:
         """η of the shrink a unit of λ causes per training step: coupled decay adds λw to the
         gradient, so the training's own η (momentum's and Adam's gain included); decoupled decay
         multiplies w by 1 − lr·λ, so the lr of the decayed tensors' groups (their mean, by
         elements), whatever the optimizer's gain. What :class:`TrustRprop`'s bound (eq.
-        decaytrust) reads."""
+        decaytrust) reads. ``share``: each optimizer's share of the steps R counts (eq.
+        stepshare; None: 1), by which a decoupled lr is one per step of R (``eta`` carries it)."""
         if not self.decoupled or self.decay is None:
             return eta
-        sizes = [(float(self._problem._group(i).get("lr", 0.0) or 0.0), e.param.numel())
+        sizes = [(self._lr(i) * self._share(i, share), e.param.numel())
                  for i, e in enumerate(self.decay.entries)]  # fmt: skip
         total = sum(n for _, n in sizes)
         lr = sum(lr * n for lr, n in sizes) / total if total else 0.0
         return lr if lr > 0 else eta
 
-    def readings(self) -> ShrinkReadings | None:
+    def readings(self, share: Share | None = None) -> ShrinkReadings | None:
         """Per λ slot, how fast its decayed tensors shrink under a unit of decay as their
         optimizers set it (:class:`~hypertorch_sid.core.outer_step.ShrinkReading`, eq.
         shrinkrate), at the λ and optimizer state of now: a lazy sequence (:class:`ShrinkReadings`)
@@ -87,20 +92,29 @@ class ShrinkRates:
         lr(1 − d)/(1 − μ) and decoupled decay's group lr are one number per tensor (closed form,
         nothing read per element); Adam's (any optimizer with ``exp_avg_sq``) lr and ε with
         σ² = max(v̂ − (λw)², 0) per element. A tensor whose optimizer gives no reading (not
-        stepped yet, another optimizer) is left out. None per element."""
+        stepped yet, another optimizer) is left out. None per element. ``share``: each
+        optimizer's share of the steps R counts (eq. stepshare; None: 1): the rates are per step
+        of R, so a tensor whose optimizer makes half of them shrinks half as fast per step of R."""
         decay = self.decay
         if decay is None or decay.per_element:
             return None
-        return ShrinkReadings(self, decay.applied_lambdas())
+        return ShrinkReadings(self, decay.applied_lambdas(), share)
+
+    def _lr(self, i: int) -> float:
+        return float(self._problem._group(i).get("lr", 0.0) or 0.0)
+
+    def _share(self, i: int, share: Share | None) -> float:
+        """Decayed tensor i's optimizer's share of the steps R counts (eq. stepshare)."""
+        return 1.0 if share is None else share(self._problem.placement[i][0])
 
     @torch.no_grad()
-    def _reading(self, i: int, lam: float) -> ShrinkReading | None:
-        """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` (see :meth:`readings`);
-        counts the per-element readings in :attr:`reads`."""
+    def _reading(self, i: int, lam: float, share: Share | None = None) -> ShrinkReading | None:
+        """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` per step of R (see
+        :meth:`readings`); counts the per-element readings in :attr:`reads`."""
         e = self.decay.entries[i]
         opt = self._problem.placement[i][0]
         group = self._problem._group(i)
-        lr = float(group.get("lr", 0.0) or 0.0)
+        lr = self._lr(i) * self._share(i, share)
         if self.decoupled:
             return ShrinkReading(None, gain=lr, elements=e.param.numel())
         if isinstance(opt, torch.optim.SGD):

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 
 from .namespaces import classes
 
-__all__ = ["horizon", "planned_steps", "remaining_steps", "runs_in_new_processes"]
+__all__ = ["StepShares", "horizon", "planned_steps", "remaining_steps", "runs_in_new_processes"]
 
 
 def planned_steps(trainer: pl.Trainer) -> float:
@@ -81,6 +81,40 @@ def _callback(trainer: pl.Trainer, path: str) -> Any:
     return next(
         (c for c in getattr(trainer, "callbacks", ()) if isinstance(c, classes(path))), None
     )
+
+
+class StepShares:
+    """Each training optimizer's share of the fit's optimizer steps, counted as they are made.
+
+    Lightning's ``global_step``, and with it R (:func:`horizon`), counts the steps of every
+    optimizer; a tensor moves only in its own optimizer's. Where n optimizers step in turn
+    (manual optimisation, Lightning's pattern for several: each once a batch) a tensor is
+    updated in 1/n of the R steps left, so what the callbacks read per step of R — its step size
+    η and the shrink its decay causes (eqs. horizondelta, decaytrust, shrinkrate) — is its
+    optimizer's times that share (eq. stepshare):
+
+        share_o = steps of optimizer o / steps of all optimizers, so far in this fit.
+
+    Session 61: the two-optimizer recipe (an SGD encoder and an Adam head, each stepped once a
+    batch) had every tensor's ηR read as twice its own. One optimizer, or before any step: 1;
+    an optimizer that has not stepped yet among others that have: 0.
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[int, int] = {}
+
+    def reset(self) -> None:
+        """Count afresh (a new fit)."""
+        self._steps = {}
+
+    def count(self, optimizer: Any) -> None:
+        """``optimizer`` has made one update."""
+        self._steps[id(optimizer)] = self._steps.get(id(optimizer), 0) + 1
+
+    def share(self, optimizer: Any) -> float:
+        """share_o of eq. stepshare (1 before any step is counted)."""
+        total = sum(self._steps.values())
+        return self._steps.get(id(optimizer), 0) / total if total else 1.0
 
 
 def remaining_steps(trainer: pl.Trainer) -> int | None:

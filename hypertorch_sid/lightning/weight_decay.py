@@ -426,7 +426,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         return functools.partial(self.problem.training_penalty, pl_module)
 
     def _outer_step_size(self, eta: float | None) -> float | None:
-        return self.problem.shrink.step_size(eta)
+        return self.problem.shrink.step_size(eta, self.step_shares.share)
 
     def _observe_horizon(self, trainer: pl.Trainer) -> None:
         """Also: an outer step that reads the decay's shrink of the weights (``observe_shrink``,
@@ -435,7 +435,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         outer = self.sid.outer_optimizer
         observe = getattr(outer, "observe_shrink", None)
         if callable(observe) and outer.wants_shrink():
-            readings = self.problem.shrink.readings()
+            readings = self.problem.shrink.readings(self.step_shares.share)
             if readings is not None and len(readings):
                 observe(horizon(trainer)[0], {0: readings})
 
