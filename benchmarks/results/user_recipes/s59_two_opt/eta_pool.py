@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # benchmarks/
 import diag_two_opt_s59 as D  # noqa: E402
 
 import hypertorch_sid.lightning.callback as C  # noqa: E402
@@ -51,9 +51,9 @@ def g2_pooled(optimizers):
 
 
 def recording(kind):
-    def read(opts):
+    def read(opts, share=None):  # share: each optimizer's steps of R (session 61, eq. stepshare)
         opts = list(opts)
-        a, b = orig(opts), g2_pooled(opts)
+        a, b = orig(opts, share), g2_pooled(opts)
         seen["orig"].append(a)
         seen["g2"].append(b)
         return a if kind == "orig" else b
