@@ -157,8 +157,9 @@ def test_split_misfit_flags_the_split_rows_the_network_contradicts(network, opti
     recall. (Not the default: on the noisy-label CNN benchmark it lost recall, see the docs.)"""
     cb = LearnedDataWeights(seed=0)
     _, corrupted = fit_noisy_digits(network, optimizer, 0, [cb])
-    split, default = cb.flagged(), cb.flagged("split_misfit")
-    assert torch.equal(split, cb.flagged("split"))
+    with warnings.catch_warnings():  # the rule's rows, whether or not the evidence check
+        warnings.simplefilter("ignore")  # withholds the default's (at ½ contradicted: a tie)
+        split, default = cb.flagged("split"), cb.flagged("split_misfit")
     assert set(default.tolist()) < set(split.tolist())
     assert bool((cb.problem._last_loss.cpu()[default] > math.log(2)).all())
     (p_split, r_split), (p, r) = (_precision_recall(f, corrupted) for f in (split, default))

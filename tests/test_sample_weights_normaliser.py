@@ -88,7 +88,8 @@ def test_the_kept_statistic_and_every_reader_equal_the_dense_path(
     )
     effective = [w.parameterization.effective_logits(w) for w in (lazy, eager)]
     torch.testing.assert_close(*effective, rtol=0, atol=1e-12)
-    threshold = float(eager.values().median())
+    middle = eager.values().sort().values[n // 2 - 1 : n // 2 + 1]  # between two rows, not at
+    threshold = float(middle.mean())  # one: ω < t must not hang on its last bits (1e-16 apart)
     for rule in (BelowWeight(threshold), TwoComponentSplit()):
         assert torch.equal(lazy.flagged(rule), eager.flagged(rule))
     torch.testing.assert_close(
