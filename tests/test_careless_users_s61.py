@@ -421,3 +421,21 @@ def test_a_nan_feature_behind_a_wrapper_is_named_as_the_data(
     module = ToyClassifier("none" if isinstance(cb, LearnedDataWeights) else "mean")
     with pytest.raises(DivergenceError, match=rf"because the training data does.*\(index {at}\)"):
         trainer([cb], max_epochs=1).fit(module, DataLoader(train(), batch_size=16), _val())
+
+
+# ------------------------------------------------------------------ lead: config.inner_steps
+@pytest.mark.parametrize("make", ["LearnedWeightDecay", "LearnedDataWeights"])
+def test_an_inner_steps_set_in_a_config_given_to_a_callback_is_said_ignored(make):
+    """The keyword ``inner_steps=`` is refused; the same inside ``config=SIDConfig(...)`` (one
+    shared with a core experiment) was dropped without a word. Now warned; the config's
+    default inner_steps (and the callbacks' own config) say nothing."""
+    import hypertorch_sid
+    from hypertorch_sid.core import SIDConfig
+
+    callback = getattr(hypertorch_sid, make)
+    with pytest.warns(UserWarning, match=rf"{make}: config.inner_steps=5 is ignored"):
+        callback(config=SIDConfig(inner_steps=5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback(config=SIDConfig(step_size="constant", eta=0.5))
+        callback()

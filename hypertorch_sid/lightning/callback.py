@@ -56,7 +56,13 @@ from .callback_budget import BudgetedHyperSteps
 from .callback_build import CoreBuild
 from .callback_logging import HyperLogging
 from .callback_module_hyper import ModuleHyperparameters
-from .callback_settings import CALLBACK_CONFIG, check_setting_names, given, unset_torch_lr
+from .callback_settings import (
+    CALLBACK_CONFIG,
+    check_setting_names,
+    given,
+    unset_torch_lr,
+    warn_ignored_inner_steps,
+)
 from .callback_state import _STATE_KEYS, CheckpointState  # noqa: F401  (_STATE_KEYS: re-exported)
 from .in_step import StepHooks, hook_steps
 from .isolation import (
@@ -301,6 +307,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         #: where λ, w, ℓ̂, E come from (default: the BilevelModule being trained)
         self.problem: ProblemSource = problem if problem is not None else ModuleProblem()
         check_setting_names(type(self), settings)
+        warn_ignored_inner_steps(type(self), config)
         #: how SID runs, validated once (shared with the core object built at train start)
         self.config = SIDConfig.from_settings(config, **settings)
         self._schedule_given = config.step_size != CALLBACK_CONFIG.step_size or (

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import warnings
 from typing import Any
 
 from ..core.config import REMOVED, SIDConfig
@@ -66,6 +67,23 @@ def config_given(kwargs: dict[str, Any]) -> bool:
     """Whether a drop-in's ``config=`` is a choice: one other than :data:`CALLBACK_CONFIG`, the
     default a ``LightningCLI`` passes explicitly."""
     return kwargs.get("config") not in (None, CALLBACK_CONFIG)
+
+
+def warn_ignored_inner_steps(callback: type, config: Any) -> None:
+    """Say that a ``config`` whose ``inner_steps`` was set (neither 0 nor :class:`SIDConfig`'s
+    default) has it ignored: the keyword ``inner_steps=`` is refused (:func:`check_setting_names`),
+    but the same setting inside a ``SIDConfig`` — one shared with a core experiment — was
+    dropped without a word (session 61). A warning, not a refusal: sharing the config is fine."""
+    steps = getattr(config, "inner_steps", 0)
+    if isinstance(config, SIDConfig) and steps not in (0, SIDConfig.inner_steps):
+        warnings.warn(
+            f"{callback.__name__}: config.inner_steps={steps!r} is ignored: Lightning's own "
+            "training steps are the inner solver (t = 0 extra steps in each hyper step). How "
+            "often λ moves is every_n_steps=, how far the training runs is the Trainer's "
+            "max_epochs / max_steps; the config's other settings apply.",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
