@@ -60,6 +60,10 @@ def contrast(setup, bad: torch.Tensor) -> dict:
     return row
 
 
+#: ../shared/data beside the repository (this file is benchmarks/results/user_recipes/s61/)
+DATA = Path(__file__).resolve().parents[4].parent / "shared" / "data"
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -67,7 +71,7 @@ def main() -> None:
     s53.LearnedDataWeights = Capture
     for bench, name in ((s61, "noisy_reg"), (s53, "diabetes_mse")):
         for seed in (0, 1, 2):
-            setup = bench.Setup(name, Path("/work/shared/data"), seed)
+            setup = bench.Setup(name, DATA, seed)
             setup.run("dw")
             bad = (setup.corrupted() if bench is s61 else setup.noisy_train())[1]
             print(json.dumps({"recipe": name, "seed": seed, **contrast(setup, bad)}), flush=True)
