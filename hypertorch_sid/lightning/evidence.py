@@ -3,8 +3,9 @@
 :class:`~hypertorch_sid.lightning.row_record.RowRecord` (which
 :class:`~hypertorch_sid.lightning.DataWeightsProblem` is) keeps a record as the fit
 runs: each row's label at its first visit (``_labels``), its training loss at its last visit
-(``_last_loss``), how often the training loader drew it (``_visits``) and the validation
-batches' class counts (``_val_counts``, ``_val_rows``). :class:`RowEvidence` reads that record:
+(``_last_loss``), how often the training loader drew it (``_visits``), the validation
+batches' class counts (``_val_counts``, ``_val_rows``) and the latest validation losses
+(``_val_losses``). :class:`RowEvidence` reads that record:
 which classes the validation data lacks (:meth:`RowEvidence.validation_shortfall`), how the
 weights moved the class shares (eq. classshift, :meth:`RowEvidence.class_shift`), and whether
 the rows the weights push down are ones the network contradicts (:meth:`RowEvidence.flag_evidence`,

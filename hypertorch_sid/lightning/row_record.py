@@ -6,7 +6,8 @@ device (:meth:`RowRecord._read_checks`: the index range, a row whose label chang
 first visit): each row's label at its first visit, its training loss at its last visit, how
 often the training loader drew it (:meth:`RowRecord._seen`; under DDP with the class gauge,
 every rank's rows, eq. classgauge); per class, the validation examples the hyper steps read
-(:meth:`RowRecord._count_validation`); and which rows are masked examples, a loss exactly 0
+(:meth:`RowRecord._count_validation`); their latest per-sample losses
+(:meth:`RowRecord._keep_validation_losses`); and which rows are masked examples, a loss exactly 0
 that does not depend on the weights (:meth:`RowRecord.masked_rows`). What the record says
 about the weights (the flags' evidence, eq. classshift, a validation set short of a class) is
 read by :class:`~hypertorch_sid.lightning.evidence.RowEvidence`, which it extends.
