@@ -152,7 +152,11 @@ def _training_rows(trainer: pl.Trainer, rows: list[int]) -> Any:
 #: fit read them afresh, so flagged("split_misfit") (losses above log 2) and the flags'
 #: contrast checks saw only the rows read since the resume (128 of 240 had none after a
 #: mid-epoch resume), and the class shares counted the visits since the resume only
-_ROW_RECORDS = {"data_last_loss": "_last_loss", "data_visits": "_visits"}
+_ROW_RECORDS = {
+    "data_last_loss": "_last_loss",
+    "data_visits": "_visits",
+    "data_val_losses": "_val_losses",  # not per row: the scale flag_contrast reads (s62)
+}
 
 
 def _stopped_by(trainer: pl.Trainer) -> str:

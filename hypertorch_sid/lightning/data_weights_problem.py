@@ -189,7 +189,7 @@ class DataWeightsProblem(WeightedStep):
                 self.weights = SampleWeights(n, self.parameterization, self.initial)
                 _warn_repeated_examples(dataset)
                 self._labels = self._last_loss = None
-                self._visits = None
+                self._visits = self._val_losses = None
             saved, self.checkpointed_examples = self.checkpointed_examples, None
             now = _examples_digest(self._examples)
             if saved is not None and now is not None and saved != now:
@@ -203,6 +203,7 @@ class DataWeightsProblem(WeightedStep):
             if labels is not None and labels.shape == (n,):  # else the sampler's state refuses
                 self._labels = labels
             rows, self.checkpointed_rows = self.checkpointed_rows, {}
+            self._val_losses = rows.pop("data_val_losses", self._val_losses)  # not per row
             if all(r.shape == (n,) for r in rows.values()):
                 self._last_loss = rows.get("data_last_loss", self._last_loss)
                 self._visits = rows.get("data_visits", self._visits)
@@ -353,7 +354,11 @@ class DataWeightsProblem(WeightedStep):
         try:
             with muted_logging(module):
                 read = self.objective.read(
-                    module, data, lambda: _validation_tensor(self._losses(module, data))
+                    module,
+                    data,
+                    lambda: self._keep_validation_losses(
+                        _validation_tensor(self._losses(module, data))
+                    ),
                 )
         except ConfigurationError:
             raise

@@ -6,7 +6,8 @@ device (:meth:`RowRecord._read_checks`: the index range, a row whose label chang
 first visit): each row's label at its first visit, its training loss at its last visit, how
 often the training loader drew it (:meth:`RowRecord._seen`; under DDP with the class gauge,
 every rank's rows, eq. classgauge); per class, the validation examples the hyper steps read
-(:meth:`RowRecord._count_validation`); and which rows are masked examples, a loss exactly 0
+(:meth:`RowRecord._count_validation`); their latest per-sample losses
+(:meth:`RowRecord._keep_validation_losses`); and which rows are masked examples, a loss exactly 0
 that does not depend on the weights (:meth:`RowRecord.masked_rows`). What the record says
 about the weights (the flags' evidence, eq. classshift, a validation set short of a class) is
 read by :class:`~hypertorch_sid.lightning.evidence.RowEvidence`, which it extends.
@@ -35,6 +36,10 @@ from .evidence import _UNSEEN, RowEvidence
 from .isolation import metric_states_kept, muted_logging, private_rng
 
 __all__ = ["RowRecord"]
+
+#: the most validation losses :attr:`RowRecord._val_losses` keeps where the validation set's
+#: size is unknown (a stream)
+VAL_LOSSES_KEPT = 4096
 
 
 #: whether :func:`_row_means_into` has met torch's one "index_reduce() is in beta" warning
@@ -109,6 +114,11 @@ class RowRecord(RowEvidence):
         #: per class (``per="class"``): which classes the training batches held
         self._trained_classes: Tensor | None = None
         self._val_rows = self._val_batches = 0
+        #: the per-sample losses of the latest validation batches the hyper steps read through
+        #: ``training_step`` (the last :attr:`validation_examples` of them, or
+        #: :data:`VAL_LOSSES_KEPT`; newest last): the clean rows' loss scale that
+        #: :meth:`flag_contrast` reads where the rows carry no class labels (a regression)
+        self._val_losses: Tensor | None = None
 
     def _read_checks(
         self, index: Tensor, data: Any, carried: Tensor | None = None
@@ -353,6 +363,20 @@ class RowRecord(RowEvidence):
         self._val_counts = counts
         self._val_rows += int(labels.numel())
         self._val_batches += 1
+
+    def _keep_validation_losses(self, losses: Tensor) -> Tensor:
+        """Add a validation batch's per-sample losses (each sample's mean over any further
+        dimensions) to :attr:`_val_losses`, dropping the oldest beyond the validation set's
+        size; returns ``losses``. Kept on the losses' device (no wait for it)."""
+        if losses.dim() == 0 or losses.shape[0] == 0:
+            return losses
+        with torch.no_grad():
+            new = losses.detach().float().reshape(losses.shape[0], -1).mean(1)
+            held = self._val_losses
+            if held is not None:
+                new = torch.cat([held.to(new.device), new])
+            self._val_losses = new[-(self.validation_examples or VAL_LOSSES_KEPT) :]
+        return losses
 
     def _count_visits(self, n: int, rows: Tensor, counts: Tensor) -> None:
         """Add a training batch's draws of its ``rows`` (``counts`` each) to :attr:`_visits`."""
