@@ -1099,9 +1099,13 @@ class LearnedDataWeights(HyperOptimizationCallback):
         per class (a handful of rows, no mixture to fit) ω below half its start. On the CPU,
         wherever the training ran. ``"split_misfit"``: of the split's rows, with integer class
         labels, those the network predicted as another class at their last visit
-        (:meth:`DataWeightsProblem.misfits`; an option: far more precise on small networks,
-        where the split's low bump holds clean hard examples too, but on the noisy-label CNN
-        benchmark it lost 0.076 of recall on MNIST pair-flip noise).
+        (:meth:`DataWeightsProblem.misfits`, eq. scalemisfit; an option: far more precise on
+        small networks, where the split's low bump holds clean hard examples too, but on the
+        noisy-label CNN benchmark it lost 0.076 of recall on MNIST pair-flip noise). Per sample
+        without class labels (a regression, multi-label or sequence targets) the default is
+        the split's rows whose last-visit training loss is above τ, the 90 % quantile of the
+        clean validation losses (eq. scalemisfit; the split's rows where none was read): the
+        split flagged 40-46 % of a regression's rows whatever share was corrupted (session 62).
 
         The default flags nothing, with a warning saying why, where its flags are no evidence of
         wrong labels (:meth:`DataWeightsProblem.flag_evidence`): the validation data holds fewer
@@ -1111,8 +1115,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
         Where these checks pass but the network predicted another class for nearly as large a share
         of the kept rows (:meth:`DataWeightsProblem.flag_contrast`: the shares differ by less than
         ½, e.g. a network that fits the data poorly), the rows are returned with a warning saying
-        the flags may be mostly hard clean examples. Before any fit it returns no row, with a
-        warning (an empty result reads as "no suspect")."""
+        the flags may be mostly hard clean examples; without class labels the default's rows
+        are judged by the share of them the excess of training rows above τ accounts for (eq.
+        scaleprecision, below ½ warned). Before any fit it returns no row, with a warning (an
+        empty result reads as "no suspect")."""
         self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
         if w is None:  # no suspects: "nothing flagged" silently (session 55)
@@ -1142,6 +1148,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             )
         if default:
             rule = TwoComponentSplit() if self.per == "sample" else BelowWeight()
+        misfit = misfit or (default and self.problem.misfits_by_default())
         flags = w.flagged(TwoComponentSplit() if misfit else rule).cpu()
         said = self.problem.flag_evidence(flags)
         if said is not None and default:
@@ -1152,6 +1159,6 @@ class LearnedDataWeights(HyperOptimizationCallback):
             return flags[:0]
         if said is not None:
             rank_zero_warn(f"LearnedDataWeights.flagged: {said}")
-        elif (doubt := self.problem.flag_contrast(flags)) is not None:
+        elif (doubt := self.problem.flag_contrast(flags, misfit)) is not None:
             rank_zero_warn(f"LearnedDataWeights.flagged: {doubt} Returned anyway.")
         return self.problem.misfits(flags) if misfit else flags
