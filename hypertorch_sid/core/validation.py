@@ -1041,6 +1041,22 @@ def check_training_loss_has_gradient(who: str, loss: Any) -> None:
     )
 
 
+def check_training_loss_is_scalar(who: str, loss: Any) -> None:
+    """The loss a training step hands to backward is one number: per-sample losses
+    (``reduction="none"``, kept from a ``LearnedDataWeights`` fit, which reads them) failed
+    inside Lightning's backward with torch's "grad can be implicitly created only for scalar
+    outputs", naming neither the step nor the fix (session 62)."""
+    if not isinstance(loss, Tensor) or loss.numel() == 1:
+        return
+    raise ConfigurationError(
+        f"{who}: training_step returned a loss of shape {tuple(loss.shape)}, not one number, "
+        "and backward needs a scalar. Per-sample losses (reduction='none')? Only "
+        "LearnedDataWeights reads those (it weights and reduces them itself); here reduce them "
+        "in training_step: return losses.mean(), or F.cross_entropy(logits, y) without "
+        "reduction='none'."
+    )
+
+
 def check_scalar_loss(name: str, loss: Any, meaning: str) -> None:
     """Refuse a ``name(batch)`` result that is no real scalar tensor, naming what it was and
     how to reduce it (a vector of per-sample losses was refused as "must return a scalar

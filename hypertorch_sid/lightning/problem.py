@@ -126,6 +126,78 @@ def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
     return [(n.replace(COMPILE_WRAPPER, ""), p) for n, p in module.named_parameters()]
 
 
+def check_optimizers_output(module: pl.LightningModule, who: str) -> None:
+    """Until Lightning calls it in this fit, the module's ``configure_optimizers`` is checked by
+    :func:`refuse_malformed_optimizers` (a wrapper that removes itself at that call, or at
+    :func:`release_optimizers_check`). Lightning calls it in the strategy's setup, after every
+    callback's ``setup`` and before any hook that could see what it returned (session 61's
+    leftover: calling it a second time to check it would build a second optimizer)."""
+    own = module.__dict__.get("configure_optimizers")
+    if getattr(own, "_checks_for", None) is not None:  # another hyper callback's, this fit
+        return
+    original = module.configure_optimizers
+
+    def checked() -> Any:
+        release_optimizers_check(module)
+        out = original()
+        refuse_malformed_optimizers(out, who)
+        return out
+
+    checked._checks_for = own  # type: ignore[attr-defined]  # what to put back
+    module.__dict__["configure_optimizers"] = checked
+
+
+def release_optimizers_check(module: pl.LightningModule) -> None:
+    """Remove :func:`check_optimizers_output`'s wrapper (a fit that failed before Lightning
+    called it), putting back what the instance held before."""
+    checked = module.__dict__.get("configure_optimizers")
+    if not hasattr(checked, "_checks_for"):
+        return
+    own = checked._checks_for  # type: ignore[union-attr]
+    if own is None or own is checked:
+        del module.__dict__["configure_optimizers"]
+    else:
+        module.__dict__["configure_optimizers"] = own
+
+
+def refuse_malformed_optimizers(out: Any, who: str) -> None:
+    """What ``configure_optimizers`` returned, in the forms Lightning names badly: a dict (or a
+    list of dicts) without the key ``"optimizer"`` failed with a bare ``KeyError: 'optimizer'``
+    from inside the strategy's setup; a learning-rate scheduler alone with Lightning's list of
+    forms, not saying that the optimizer was left out (session 62)."""
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    schedulers = (LRScheduler, ReduceLROnPlateau)
+    dicts = [out] if isinstance(out, dict) else []
+    if isinstance(out, (list, tuple)) and out and all(isinstance(d, dict) for d in out):
+        dicts = list(out)
+    for d in dicts:
+        if "optimizer" not in d:
+            sched = d.get("lr_scheduler")
+            sched = sched.get("scheduler") if isinstance(sched, dict) else sched
+            raise ConfigurationError(
+                f"{who}: configure_optimizers returned a dict with the keys {sorted(d)}, "
+                "without 'optimizer', which Lightning needs (it would fail with a bare "
+                "KeyError: 'optimizer'). Return the optimizer under that key: {'optimizer': "
+                "optimizer"
+                + (", 'lr_scheduler': scheduler}" if sched is not None else "}")
+                + (
+                    f" (your {type(sched).__name__}'s optimizer is scheduler.optimizer)."
+                    if isinstance(sched, schedulers)
+                    else "."
+                )
+            )
+    alone = out if isinstance(out, (list, tuple)) else [out]
+    if alone and all(isinstance(x, schedulers) for x in alone):
+        name = type(alone[0]).__name__
+        raise ConfigurationError(
+            f"{who}: configure_optimizers returned the learning-rate scheduler {name} "
+            "without its optimizer: Lightning needs the optimizer, with the scheduler beside "
+            "it. Return {'optimizer': optimizer, 'lr_scheduler': scheduler} (or "
+            "([optimizer], [scheduler]))."
+        )
+
+
 def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, who: str) -> None:
     """Refuse, at fit start, a training the hyper steps cannot describe: an optimizer group with
     ``maximize=True`` (the hypergradient is that of a training that minimises its loss: the
