@@ -9,6 +9,7 @@ passed before and after. See docs/failures.md, "Careless inputs (session 62)".
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -236,3 +237,29 @@ def test_a_dict_of_settings_given_as_the_first_argument_is_named(make) -> None:
 def test_control_a_dict_of_decays_per_layer_is_still_refused_as_a_decay() -> None:
     with pytest.raises(ConfigurationError, match=r"one starting value for every λ"):
         LearnedWeightDecay({"net.0": 1e-4})
+
+
+# ------------------------------------------------------------------ λ above the decay applied
+class _FallingLr(ToyClassifier):
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        tail = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 if step < 8 else 0.01)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": tail, "interval": "step"}}
+
+
+@pytest.mark.parametrize(
+    "module, said",
+    [(ToyClassifier, r"still rising .*had not fallen"), (_FallingLr, r"learning rate was near 0")],
+    ids=["constant-lr", "falling-lr"],
+)
+def test_lambda_above_the_decay_applied_is_blamed_on_the_lr_only_where_it_fell(module, said):
+    """The fit's end said "λ ended 18× above the decay the fit applied …: its last rises came
+    where the learning rate was near 0" after a 12-step fit at a constant lr 0.1 (λ still
+    rising when the fit ended); the lr's fall is now said only where it fell."""
+    cb = LearnedWeightDecay(**QUICK)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer([cb], max_epochs=1).fit(module(), _train(), _val())
+    with torch.no_grad():  # the last λ of one layer 10⁴× up (λ fell over these short fits)
+        cb.rho[0][0] += 9.2
+    assert re.search(said, cb.problem.ended_above_applied())
