@@ -263,3 +263,40 @@ def test_lambda_above_the_decay_applied_is_blamed_on_the_lr_only_where_it_fell(m
     with torch.no_grad():  # the last λ of one layer 10⁴× up (λ fell over these short fits)
         cb.rho[0][0] += 9.2
     assert re.search(said, cb.problem.ended_above_applied())
+
+
+# ------------------------------------------------------------------ a tied weight listed twice
+class _Tied(ToyClassifier):
+    """The toy with a hidden layer whose weight is tied to another's."""
+
+    def __init__(self, listed_twice: bool) -> None:
+        super().__init__()
+        self.enc, self.dec = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)
+        self.dec.weight = self.enc.weight
+        self.net[0] = torch.nn.Linear(6, 16)
+        self.listed_twice = listed_twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.tanh(self.dec(torch.tanh(self.enc(x)))))
+
+    def configure_optimizers(self) -> Any:
+        if self.listed_twice:  # enc.weight is dec.weight: in the list twice
+            params = [*self.enc.parameters(), *self.dec.parameters(), *self.net.parameters()]
+            return torch.optim.SGD(params, lr=0.1)
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_tied_weight_listed_twice_in_the_optimizer_is_refused() -> None:
+    """SGD(list(enc.parameters()) + list(dec.parameters())) with dec.weight = enc.weight steps
+    the tied tensor twice per step (torch only warns of "duplicate parameters"); the hyper
+    steps model one step, and λ was learned for another training, silently."""
+    with pytest.raises(ConfigurationError, match=r"lists enc\.weight twice.*self\.parameters\(\)"):
+        trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(_Tied(True), _train(), _val())
+
+
+def test_control_a_tied_weight_listed_once_runs() -> None:
+    cb = LearnedWeightDecay(**QUICK)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer([cb], max_epochs=1).fit(_Tied(False), _train(), _val())
+    assert "enc.weight" in cb.decay_values() and "dec.weight" not in cb.decay_values()

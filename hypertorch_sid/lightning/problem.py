@@ -198,6 +198,27 @@ def refuse_malformed_optimizers(out: Any, who: str) -> None:
         )
 
 
+def _refuse_tensors_listed_twice(optimizers: list[Any], names: dict[int, str], who: str) -> None:
+    """A tensor listed twice in one optimizer group (tied weights: ``list(enc.parameters()) +
+    list(dec.parameters())``) is stepped twice per step, at twice its learning rate (torch
+    only warns, "duplicate parameters"), while the hyper steps model one step: λ was learned
+    for another training, silently (session 62)."""
+    for i, optimizer in enumerate(optimizers):
+        for j, group in enumerate(getattr(optimizer, "param_groups", [])):
+            seen: set[int] = set()
+            for p in group["params"]:
+                if id(p) in seen:
+                    raise ConfigurationError(
+                        f"{who}: the training optimizer {type(optimizer).__name__} (optimizer "
+                        f"{i}, group {j}) lists {names.get(id(p), 'a tensor')} twice, so it "
+                        "steps it twice per step (at twice its learning rate), but the hyper "
+                        "steps model one step per tensor. List each tensor once: "
+                        "self.parameters() gives a tied weight once (or "
+                        "list(dict.fromkeys(params)) removes the repeats)."
+                    )
+                seen.add(id(p))
+
+
 def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, who: str) -> None:
     """Refuse, at fit start, a training the hyper steps cannot describe: an optimizer group with
     ``maximize=True`` (the hypergradient is that of a training that minimises its loss: the
@@ -206,7 +227,8 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
     named them by position and asked to convert λ, the drop-in's own), and parameters not
     created yet (lazy modules: every tensor's shape is needed before the first training step,
     and torch's "Attempted to use an uninitialized parameter" came from inside the callback),
-    and trained layers without second derivatives (:func:`check_second_derivatives`)."""
+    and trained layers without second derivatives (:func:`check_second_derivatives`); a tensor
+    listed twice in a group (:func:`_refuse_tensors_listed_twice`)."""
     from torch.nn.parameter import is_lazy
 
     mock = classes("core.optimizer._MockOptimizer")  # Lightning's stand-in for None
@@ -231,6 +253,7 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
                     "training_step and drop maximize=True."
                 )
     names = {id(p): n for n, p in named_tensors(module)}
+    _refuse_tensors_listed_twice(trainer.optimizers, names, who)
     trained = {
         id(p): p
         for optimizer in trainer.optimizers
