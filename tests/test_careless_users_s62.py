@@ -300,3 +300,31 @@ def test_control_a_tied_weight_listed_once_runs() -> None:
         warnings.simplefilter("ignore")
         trainer([cb], max_epochs=1).fit(_Tied(False), _train(), _val())
     assert "enc.weight" in cb.decay_values() and "dec.weight" not in cb.decay_values()
+
+
+# ------------------------------------------------------------------ the training changed mid-fit
+class _ReplacedHead(ToyClassifier):
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:  # "re-initialise the head" by building a new one
+            self.net[2] = torch.nn.Linear(16, 3)
+
+
+def test_a_layer_replaced_during_the_fit_is_named() -> None:
+    """self.net[2] = nn.Linear(...) in a hook: the optimizer kept stepping the old tensors (no
+    gradient now), nothing trained the new ones, and the hyper steps went on learning λ for
+    the old layer, silently (λ of net.2 fell to 9e-8)."""
+    cb = LearnedWeightDecay(**QUICK)
+    with pytest.raises(ConfigurationError, match=r"no longer the module's.*net\.2\.weight"):
+        trainer([cb], max_epochs=2).fit(_ReplacedHead(), _train(), _val())
+
+
+def test_lightning_1_accumulation_schedule_is_named() -> None:
+    """Trainer(accumulate_grad_batches={0: 1, 1: 2}) (Lightning 1.x): a raw TypeError
+    "unsupported operand type(s) for /: 'int' and 'dict'" from Lightning's
+    estimated_stepping_batches, read by the callback's plan of the fit."""
+    with pytest.raises(
+        ConfigurationError, match=r"GradientAccumulationScheduler\(\{0: 1, 1: 2\}\)"
+    ):
+        trainer(
+            [LearnedWeightDecay(**QUICK)], max_epochs=1, accumulate_grad_batches={0: 1, 1: 2}
+        ).fit(ToyClassifier(), _train(), _val())

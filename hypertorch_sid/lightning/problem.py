@@ -231,6 +231,16 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
     listed twice in a group (:func:`_refuse_tensors_listed_twice`)."""
     from torch.nn.parameter import is_lazy
 
+    accumulate = trainer.accumulate_grad_batches
+    if isinstance(accumulate, dict):  # Lightning 1.x's schedule: a raw TypeError in 2.x (s62)
+        raise ConfigurationError(
+            f"{who}: Trainer(accumulate_grad_batches={accumulate!r}) is Lightning 1.x's "
+            "schedule of accumulation by epoch; Lightning 2 takes one integer there (and failed "
+            "with a bare TypeError \"unsupported operand type(s) … 'int' and 'dict'\"). Pass "
+            "the schedule as a callback: callbacks=[GradientAccumulationScheduler("
+            f"{accumulate!r}), ...] (Lightning's callbacks module), which the hyper steps "
+            "follow."
+        )
     mock = classes("core.optimizer._MockOptimizer")  # Lightning's stand-in for None
     if all(isinstance(optimizer, mock) for optimizer in trainer.optimizers):
         # Lightning runs such a fit (warned: "this fit will run with no optimizer"), and the
@@ -446,6 +456,29 @@ def toggled_off(module: torch.nn.Module) -> set[int]:
     return {id(p) for p, before in state.items() if before}
 
 
+def _refuse_replaced_tensors(who: str, inner: Tensors, module: torch.nn.Module) -> None:
+    """A layer replaced during the fit (``self.net[2] = nn.Linear(...)`` in a hook): the
+    optimizers still hold the old tensors, which no longer get a gradient, and the new ones are
+    trained by nothing; the hyper steps went on learning λ for the old ones, silently (session
+    62). Said where tensors the fit started with have left the module while it holds trainable
+    tensors nothing trains (a tensor of a custom problem outside the module alone is not)."""
+    held = {id(p) for p in inner}
+    named = named_tensors(module)
+    ours = {id(p) for _, p in named}
+    gone = [p for p in inner if id(p) not in ours]
+    new = [n for n, p in named if p.requires_grad and id(p) not in held]
+    if gone and new:
+        raise ConfigurationError(
+            f"{who}: {len(gone)} tensor(s) the optimizers trained when the fit started are no "
+            f"longer the module's, and it holds trainable tensors no optimizer trains "
+            f"({', '.join(new[:4])}{' ...' if len(new) > 4 else ''}): a layer replaced during "
+            "the fit? The optimizers still step the old tensors (which get no gradient now), "
+            "and nothing trains the new ones. Replace layers before trainer.fit (in __init__ or "
+            "configure_model), or end this fit and start a new one, whose configure_optimizers "
+            "holds the new layer."
+        )
+
+
 def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> None:
     """Every tensor the optimizers trained when the fit started (``inner``, the inner
     parameters collected at the fit's start) still requires gradients: the hypergradient
@@ -453,6 +486,7 @@ def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> No
     (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper step
     ("One of the differentiated Tensors does not require grad"): said since session 49 for
     ``LearnedWeightDecay``, since session 53 for every callback."""
+    _refuse_replaced_tensors(who, inner, module)
     toggled = toggled_off(module)
     frozen = [p for p in inner if not p.requires_grad and id(p) not in toggled]
     if not frozen:
