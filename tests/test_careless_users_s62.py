@@ -328,3 +328,27 @@ def test_lightning_1_accumulation_schedule_is_named() -> None:
         trainer(
             [LearnedWeightDecay(**QUICK)], max_epochs=1, accumulate_grad_batches={0: 1, 1: 2}
         ).fit(ToyClassifier(), _train(), _val())
+
+
+def test_an_outer_adam_whose_eps_is_zero_in_float16_is_refused() -> None:
+    """LearnedDataWeights(outer_optimizer=partial(torch.optim.Adam, lr=0.1)) under
+    precision="16-true": torch's Adam adds eps=1e-8 in float16, where it is 0, and the first
+    hyper step failed with "… non-finite λ … Lower the outer learning rate"."""
+    import functools
+
+    cb = LearnedDataWeights(outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1), **QUICK)
+    with pytest.raises(ConfigurationError, match=r"eps=1e-08 .*0 in .*float16.*eps=6e-05"):
+        trainer([cb], max_epochs=1, precision="16-true").fit(
+            ToyClassifier("none"), _indexed_train(), _val()
+        )
+
+
+def test_the_callbacks_default_outer_adam_holds_an_eps_float16_can_hold() -> None:
+    """HyperOptimizationCallback's own Adam over a float16 λ (a BilevelModule under
+    precision="16-true") kept eps=1e-8, 0 there; it is now float16's smallest normal number,
+    and 1e-8 elsewhere."""
+    cb = HyperOptimizationCallback(**QUICK)
+    half = torch.zeros(3, dtype=torch.float16, requires_grad=True)
+    full = torch.zeros(3, requires_grad=True)
+    assert cb._outer_optimizer([half]).param_groups[0]["eps"] == torch.finfo(torch.float16).tiny
+    assert cb._outer_optimizer([full]).param_groups[0]["eps"] == 1e-8

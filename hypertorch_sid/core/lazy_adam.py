@@ -68,6 +68,10 @@ class LazyAdam(torch.optim.Optimizer):
     its visits accumulate (k = 0: each row's own, k → ∞: ``row_scale=False``).
     """
 
+    #: moments and steps in float32 at least, whatever the weights' dtype (eps = 1e-8 is 0 in
+    #: float16): :func:`~hypertorch_sid.core.validation.check_outer_optimizer` reads it
+    steps_in_float32 = True
+
     def __init__(
         self,
         params: Iterable[Tensor],
