@@ -488,8 +488,10 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         """A training loss without a gradient (``@torch.no_grad()`` on ``training_step``, a
         count of errors) is named here, before torch's bare "element 0 of tensors does not
         require grad" from inside Lightning's backward (session 61); per-sample losses, before
-        its "grad can be implicitly created only for scalar outputs" (session 62)."""
-        check_training_loss_is_scalar(type(self).__name__, loss)
+        its "grad can be implicitly created only for scalar outputs" (session 62; automatic
+        optimisation only: ``manual_backward(losses, gradient=...)`` may take a vector)."""
+        if pl_module.automatic_optimization:
+            check_training_loss_is_scalar(type(self).__name__, loss)
         check_training_loss_has_gradient(type(self).__name__, loss)
 
     def on_train_batch_end(
