@@ -133,7 +133,7 @@ def check_optimizers_output(module: pl.LightningModule, who: str) -> None:
     callback's ``setup`` and before any hook that could see what it returned (session 61's
     leftover: calling it a second time to check it would build a second optimizer)."""
     own = module.__dict__.get("configure_optimizers")
-    if getattr(own, "_checks_for", None) is not None:  # another hyper callback's, this fit
+    if hasattr(own, "_checks_for"):  # another hyper-optimization callback's, this fit
         return
     original = module.configure_optimizers
 
