@@ -83,6 +83,16 @@ def test_a_configure_optimizers_without_its_optimizer_is_named(make, module, sai
     assert "configure_optimizers" not in model.__dict__
 
 
+def test_two_callbacks_check_configure_optimizers_once_and_put_it_back() -> None:
+    """Both drop-ins in one fit: one check (in the first callback's name), nothing left on the
+    module."""
+    model = _SchedulerInADict()
+    callbacks = [LearnedWeightDecay(**QUICK), LearnedDataWeights(**QUICK)]
+    with pytest.raises(ConfigurationError, match=r"^LearnedWeightDecay: configure_optimizers"):
+        trainer(callbacks, max_epochs=1).fit(model, _indexed_train(), _val())
+    assert "configure_optimizers" not in model.__dict__
+
+
 def test_control_a_well_formed_configure_optimizers_is_left_as_it_was() -> None:
     """A dict with its optimizer and scheduler runs; the check leaves no wrapper behind."""
 
