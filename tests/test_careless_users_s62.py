@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from problems import make_ridge
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
@@ -25,6 +26,7 @@ from hypertorch_sid import (
     LearnedDataWeights,
     LearnedWeightDecay,
     SIDConfig,
+    SIDHyperOptimizer,
 )
 from hypertorch_sid.core.lazy_adam import LazyAdam
 
@@ -362,3 +364,29 @@ def test_the_callbacks_default_outer_adam_holds_an_eps_float16_can_hold() -> Non
     full = torch.zeros(3, requires_grad=True)
     assert cb._outer_optimizer([half]).param_groups[0]["eps"] == torch.finfo(torch.float16).tiny
     assert cb._outer_optimizer([full]).param_groups[0]["eps"] == 1e-8
+
+
+# ------------------------------------------------------------------ E that is ℓ̂
+def test_an_outer_loss_that_is_the_inner_loss_is_said() -> None:
+    """outer_loss returning inner_loss(batch) (a copy-paste): E holds the training's penalty,
+    whose own gradient pulls λ down whatever the validation data say (the ridge over 30
+    epochs: λ ≈ 0.044 against 0.061), silently."""
+    p = make_ridge()
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.inner_loss, torch.optim.Adam([p.log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"outer_loss equals inner_loss .*penalty"):
+        hopt.hypergradient(p.loader(20), p.val())
+
+
+def test_control_an_outer_loss_without_the_penalty_is_not_said() -> None:
+    p = make_ridge()
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, torch.optim.Adam([p.log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hopt.hypergradient(p.loader(20), p.val())
+    assert not any("equals inner_loss" in str(w.message) for w in said)
