@@ -139,7 +139,7 @@ def test_read_outs_after_a_fit_an_exception_ended_say_so():
 def test_flagged_before_any_fit_says_there_is_nothing_to_flag():
     """``flagged()`` on a callback no fit has used (another instance than the Trainer's) gave
     an empty tensor, which reads as "no suspect" on a clean data set, without a word."""
-    with pytest.warns(UserWarning, match="no fit has built the weights"):
+    with pytest.warns(UserWarning, match="no fit has built the data weights"):
         assert len(_weights().flagged()) == 0
 
 

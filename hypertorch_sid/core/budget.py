@@ -809,14 +809,18 @@ def check_budget_state(state: object) -> None:
         )
 
 
-def make_budget(max_overhead: float | None | Budget) -> Budget:
+def make_budget(max_overhead: float | None | Budget, who: str = "") -> Budget:
     """``max_overhead`` as a :class:`Budget`: None → :class:`NoBudget`, a number →
     :class:`OverheadBudget` (a dear hyper step is paid back before the next one runs;
     ``PlannedBudget(0.5)``, eq. budgetplan, shares it among the hyper steps still due instead;
     ``PacedBudget(0.5)``, eq. budgetpace, repays only the first one's excess, to the end of the
-    fit), a Budget as it is."""
+    fit), a Budget as it is. A refused number is refused in the name of ``who`` (the object
+    whose setting it is, e.g. ``"LearnedWeightDecay: "``; session 61 left it nameless)."""
     if max_overhead is None:
         return NoBudget()
     if isinstance(max_overhead, Budget):
         return max_overhead
-    return OverheadBudget(max_overhead)
+    try:
+        return OverheadBudget(max_overhead)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{who}{error}") from None

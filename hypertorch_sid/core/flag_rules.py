@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigurationError
-from .validation import as_strategy, is_real
+from .validation import as_strategy, is_real, number_fix
 
 if TYPE_CHECKING:
     from .sample_weights import SampleWeights
@@ -146,4 +146,9 @@ def as_flag_rule(rule: FlagRule | str | float | None) -> FlagRule:
         return TwoComponentSplit()
     if is_real(rule):  # a NumPy number too (np.float32 from a quantile: refused before)
         return BelowWeight(float(rule))
+    if isinstance(rule, Tensor):  # flagged(weights.quantile(0.1)): named as no rule (s62)
+        raise ConfigurationError(
+            "flagged: the rule must be a number t (flags the weights below t), 'split', "
+            f"'below_half' or a FlagRule, got {rule!r}{number_fix('rule', rule, float)}."
+        )
     return as_strategy("the flag rule", rule, FlagRule, FLAG_RULES, "0.25 or TwoComponentSplit()")

@@ -19,7 +19,8 @@ Tensors = list[Tensor]
 # ---------------------------------------------------------------------- the lazy outer step
 def _per_row(x: Tensor, p: Tensor) -> Tensor:
     """A per-row factor ``x`` (shape ``(rows,)``) in ``p``'s dtype, shaped to scale rows of
-    ``p`` (no view for a vector: each is one more operation at every step)."""
+    ``p`` (no view for a vector: each is one more operation at every step). ``p``: the moments
+    (float32 at least) or anything of their dtype and dimensions."""
     x = x.to(p.dtype)
     return x if p.dim() == 1 else x.view((-1,) + (1,) * (p.dim() - 1))
 
@@ -66,6 +67,10 @@ class LazyAdam(torch.optim.Optimizer):
     little (not ±lr at its first visit whatever its size), while its own scale takes over as
     its visits accumulate (k = 0: each row's own, k → ∞: ``row_scale=False``).
     """
+
+    #: moments and steps in float32 at least, whatever the weights' dtype (eps = 1e-8 is 0 in
+    #: float16): :func:`~hypertorch_sid.core.validation.check_outer_optimizer` reads it
+    steps_in_float32 = True
 
     def __init__(
         self,
@@ -124,11 +129,18 @@ class LazyAdam(torch.optim.Optimizer):
                     flat = g.reshape(g.shape[0], -1) if g.dim() > 1 else g.reshape(-1, 1)
                     rows = torch.nonzero(flat.ne(0).any(1)).flatten()
                     values = g.index_select(0, rows)
+                # the moments and the step in float32 at least: in float16 a small gradient's
+                # square is 0 and eps=1e-8 too, so a row's step was 0/0 or g/0, non-finite
+                # (a precision="16-true" fit's first hyper step, blamed on the lr; session 62)
+                acc = torch.promote_types(p.dtype, torch.float32)
+                values = values.to(acc)
                 state = self.state[p]
                 if not state:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=acc)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=acc)
                     state["visits"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
+                for key in ("exp_avg", "exp_avg_sq"):  # a loaded state: cast to p's dtype by torch
+                    state[key] = state[key].to(acc)
                 if rows.numel() == 0:
                     continue
                 if b1 == 0:  # m = 0·m + 1·g = g and its bias correction 1 − 0ᵗ = 1, exactly
@@ -143,22 +155,22 @@ class LazyAdam(torch.optim.Optimizer):
                 state["exp_avg_sq"].index_copy_(0, rows, v)
                 state["visits"].index_copy_(0, rows, t)
                 shape = (-1,) + (1,) * (p.dim() - 1)
-                m_hat = m if b1 == 0 else m / _per_row(1 - b1**t, p)
+                m_hat = m if b1 == 0 else m / _per_row(1 - b1**t, m)
                 row_scale = group.get("row_scale", True)
                 if row_scale == "batch":  # eq. batchscale: one scale, this step's rows
                     scale = values.pow(2).mean().sqrt()
                 elif row_scale:
-                    c2 = _per_row(1 - b2**t, p)
+                    c2 = _per_row(1 - b2**t, m)
                     scale = (v / c2).sqrt()
                     k = group.get("scale_prior", 0.0)
                     if k > 0:  # eq. scaleprior: k pseudo-visits of the population's scale
                         prior = self._shared_scale(state, values, b2).pow(2)
-                        tt = t.to(p.dtype).view(shape)
+                        tt = t.to(acc).view(shape)
                         scale = ((tt * scale.pow(2) + k * prior) / (tt + k)).sqrt()
                 else:  # one scale for all rows: a row's step keeps its gradient's magnitude
                     scale = self._shared_scale(state, values, b2)
                 update = m_hat / (scale + group["eps"])
-                p.index_add_(0, rows, update, alpha=-group["lr"])
+                p.index_add_(0, rows, update.to(p.dtype), alpha=-group["lr"])
         return loss
 
     @staticmethod

@@ -48,6 +48,7 @@ from .outer import (
     check_validation_batch,
     outer_gradients,
     outer_hessian_vector_product,
+    warn_if_outer_is_inner,
 )
 from .rows import RowSnapshot, all_finite, stored
 from .schedules import StepSchedule
@@ -543,6 +544,8 @@ class SIDHyperOptimizer:
                     self.outer_loss, val_batch, self.hyperparameters,
                     self.phi.unread_hyperparameters,
                 )  # fmt: skip
+            if self.cost.hypergradients == 0:
+                warn_if_outer_is_inner(self.inner_loss, self.outer_loss, val_batch, g_lam)
         if mean is not None:
             g_w, g_lam = [mean(g) for g in g_w], [mean(g) for g in g_lam]
             value = float(mean(torch.tensor(value, dtype=g_w[0].dtype)))

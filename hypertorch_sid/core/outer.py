@@ -369,6 +369,43 @@ def outer_gradients(
     return g1, g2, value
 
 
+def warn_if_outer_is_inner(
+    inner_loss: Callable[[Any], Tensor] | None,
+    outer_loss: Callable[[Any], Tensor],
+    val_batch: Any,
+    g_lam: Sequence[Tensor],
+) -> None:
+    """Say where E is ℓ̂ itself on the validation data (``outer_loss`` returning
+    ``inner_loss(batch)``, a copy-paste): E then holds the training's penalty, whose direct
+    gradient ∇₂E pulls λ towards no regularisation whatever the validation data say (the ridge
+    ``BilevelModule`` over 30 epochs: λ ≈ 0.044 where the validation loss alone gives 0.061),
+    silently (session 62). Read only where E reads λ directly (∇₂E ≠ 0), on the first
+    validation batch: two more forwards, once."""
+    read = [g.coalesce().values() if g.is_sparse else g for g in g_lam if isinstance(g, Tensor)]
+    if inner_loss is None or not any(bool(g.ne(0).any()) for g in read):
+        return
+    batch = _validation_batches(val_batch)[0][0]
+    try:
+        with torch.no_grad():
+            e, ell = outer_loss(batch), inner_loss(batch)
+    except Exception:  # an inner loss made for training batches only: nothing to compare
+        return
+    if not all(isinstance(x, Tensor) and x.numel() == 1 for x in (e, ell)):
+        return
+    e_value, ell_value = float(e), float(ell)
+    if abs(e_value - ell_value) <= 1e-9 * max(abs(e_value), abs(ell_value), 1e-30):
+        warnings.warn(
+            f"hypertorch_sid: outer_loss equals inner_loss on the validation batch ({e_value:.6g}) "
+            "and reads the hyperparameters directly: E holds the training's penalty, so its "
+            "own gradient in λ (∇₂E) pulls λ towards no regularisation whatever the validation "
+            "data say. E is usually the validation loss alone, without the penalty (e.g. "
+            "outer_loss returns the data term, not inner_loss(batch)); if E should hold the "
+            "penalty, ignore this warning.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def check_read_by_outer_loss(
     outer_loss: Callable[[Any], Tensor],
     val_batch: Any,

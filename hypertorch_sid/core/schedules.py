@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
-from .validation import check_positive
+from .validation import check_positive, is_real
 
 #: the schedules :func:`make_schedule` builds by name
 SCHEDULE_NAMES = ("constant", "decreasing", "two_phase")
@@ -221,7 +221,14 @@ def auto_switch(steps: int, beta: float) -> int:
 def check_schedule_kind(name: str, kind: object) -> None:
     """``kind`` must be one of :data:`SCHEDULE_NAMES` or a :class:`StepSchedule`."""
     if not isinstance(kind, StepSchedule) and kind not in SCHEDULE_NAMES:
+        # a number read as the step's size (session 62): it is η (or α, the map's step)
+        size = (
+            f" {name} names the schedule, not the step: a constant step η is "
+            f"{name}='constant' with eta={kind!r} (α, the gradient map's step, is alpha=)."
+            if is_real(kind)
+            else ""
+        )
         raise ConfigurationError(
             f"unknown {name} {kind!r}: use 'constant', 'decreasing', 'two_phase' or a "
-            "StepSchedule instance."
+            f"StepSchedule instance.{size}"
         )

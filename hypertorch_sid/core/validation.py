@@ -501,6 +501,7 @@ def check_outer_optimizer(
             "torch.optim.Adam."
         )
     _check_group_learning_rates(optimizer)
+    _check_eps_representable(optimizer)
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
     if held & inner_ids:
@@ -532,6 +533,29 @@ def check_outer_optimizer(
             "hold and then clear it. Build it over the hyperparameters alone, "
             "torch.optim.Adam(hyperparameters, ...), or list those tensors as hyperparameters."
         )
+
+
+def _check_eps_representable(optimizer: torch.optim.Optimizer) -> None:
+    """An Adam-like outer optimizer whose ``eps`` is 0 in λ's dtype (1e-8 in float16) divides a
+    step by 0 wherever the squared hypergradient underflows there: λ came out non-finite, and
+    the error blamed the learning rate (session 62: float16 data weights under
+    ``precision="16-true"``). An optimizer that steps in float32 whatever λ's dtype
+    (``steps_in_float32``: :class:`LazyAdam`) is not concerned."""
+    if getattr(optimizer, "steps_in_float32", False):
+        return
+    for i, group in enumerate(optimizer.param_groups):
+        eps = group.get("eps")
+        if not is_real(eps) or eps <= 0:
+            continue
+        for p in group["params"]:
+            if p.is_floating_point() and float(torch.tensor(eps, dtype=p.dtype)) == 0.0:
+                floor = torch.finfo(p.dtype).tiny
+                raise ConfigurationError(
+                    f"outer_optimizer {type(optimizer).__name__} has eps={eps:g} (group {i}), "
+                    f"which is 0 in the hyperparameters' dtype {p.dtype}: wherever a squared "
+                    "hypergradient underflows there, its step divides by 0 and λ turns "
+                    f"non-finite. Pass eps={floor:.1g} or larger, or keep λ in float32."
+                )
 
 
 def _check_group_learning_rates(optimizer: torch.optim.Optimizer) -> None:
@@ -1038,6 +1062,22 @@ def check_training_loss_has_gradient(who: str, loss: Any) -> None:
         "integer loss into a float, which has no gradient either)? Compute the training loss "
         "from the model's outputs with gradients on, e.g. F.cross_entropy(logits, y); wrap "
         "only what needs none (a metric) in torch.no_grad()."
+    )
+
+
+def check_training_loss_is_scalar(who: str, loss: Any) -> None:
+    """The loss a training step hands to backward is one number: per-sample losses
+    (``reduction="none"``, kept from a ``LearnedDataWeights`` fit, which reads them) failed
+    inside Lightning's backward with torch's "grad can be implicitly created only for scalar
+    outputs", naming neither the step nor the fix (session 62)."""
+    if not isinstance(loss, Tensor) or loss.numel() == 1:
+        return
+    raise ConfigurationError(
+        f"{who}: training_step returned a loss of shape {tuple(loss.shape)}, not one number, "
+        "and backward needs a scalar. Per-sample losses (reduction='none')? Only "
+        "LearnedDataWeights reads those (it weights and reduces them itself); here reduce them "
+        "in training_step: return losses.mean(), or F.cross_entropy(logits, y) without "
+        "reduction='none'."
     )
 
 

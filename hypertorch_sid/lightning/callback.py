@@ -51,6 +51,7 @@ from ..core.validation import (
     check_positive,
     check_takes,
     check_training_loss_has_gradient,
+    check_training_loss_is_scalar,
 )
 from .callback_budget import BudgetedHyperSteps
 from .callback_build import CoreBuild
@@ -60,6 +61,7 @@ from .callback_settings import (
     CALLBACK_CONFIG,
     check_setting_names,
     given,
+    refuse_settings_given_positionally,
     unset_torch_lr,
     warn_ignored_inner_steps,
 )
@@ -79,8 +81,10 @@ from .problem import (
     BilevelProblem,
     ModuleProblem,
     ProblemSource,
+    check_optimizers_output,
     check_still_trained,
     refuse_untunable_training,
+    release_optimizers_check,
 )
 from .sources import HyperData
 from .training_length import StepShares, horizon, runs_in_new_processes
@@ -258,6 +262,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         # the class the user built: a drop-in's settings were refused as those of
         # HyperOptimizationCallback, a class its user never named (session 61)
         who = f"{type(self).__name__}: "
+        refuse_settings_given_positionally(type(self), every_n_steps)
         every_n_steps = check_integer(who + "every_n_steps", given(every_n_steps, 10), 1)
         adjoint_steps = check_integer(who + "adjoint_steps", adjoint_steps, 1, allow_none=True)
         if outer_optimizer is not None and not callable(outer_optimizer):
@@ -325,7 +330,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         #: the optimizer step hooks of the fit (:meth:`_hook_steps`), held by the first
         #: hyper-optimization callback of the Trainer
         self._step_hook: StepHooks | None = None
-        self.budget: Budget = make_budget(max_overhead)
+        self.budget: Budget = make_budget(max_overhead, who)
         self._waiting = False  # a due hyper step the budget has not yet allowed
         self._due_in_fit = 0  # hyper steps due in this fit (whether the budget allowed them)
         self._ran_in_fit = 0  # hyper steps the budget allowed in this fit
@@ -392,6 +397,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         refuse_a_class(self)
         assert pl_module is not None
         if stage == "fit":
+            check_optimizers_output(pl_module, type(self).__name__)
             readable_progress_bar(trainer)
             self._fitting = self._before_build = True
             self._unfinished = None
@@ -418,8 +424,17 @@ class HyperOptimizationCallback(  # type: ignore[misc]
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit whose training loader gave no batch ran no training step and no hyper step;
         Lightning only logs "No training batches", and the read-outs gave λ₀ (or an empty
-        tensor of data weights) without a word (session 57)."""
-        if trainer.num_training_batches == 0 or trainer.limit_train_batches == 0:
+        tensor of data weights) without a word (session 57); so did a Trainer given
+        ``max_epochs=0`` or ``max_steps=0`` (session 62: λ₀ read back as learned)."""
+        zero = [f"{k}=0" for k in ("max_epochs", "max_steps") if getattr(trainer, k) == 0]
+        if zero:
+            rank_zero_warn(
+                f"{type(self).__name__}: this fit ran no training step, so no hyper step: the "
+                f"Trainer was given {zero[0]}, and {self.hyperparameters_named} were not "
+                "learned (they are where they started). Give the Trainer the fit's length, "
+                "e.g. max_epochs=10 (max_epochs=-1 with max_steps=... for a length in steps)."
+            )
+        elif trainer.num_training_batches == 0 or trainer.limit_train_batches == 0:
             rank_zero_warn(
                 f"{type(self).__name__}: this fit ran no training step, so no hyper step: its "
                 "training loader gave no batch (drop_last=True over fewer examples than "
@@ -472,7 +487,11 @@ class HyperOptimizationCallback(  # type: ignore[misc]
     ) -> None:
         """A training loss without a gradient (``@torch.no_grad()`` on ``training_step``, a
         count of errors) is named here, before torch's bare "element 0 of tensors does not
-        require grad" from inside Lightning's backward (session 61)."""
+        require grad" from inside Lightning's backward (session 61); per-sample losses, before
+        its "grad can be implicitly created only for scalar outputs" (session 62; automatic
+        optimisation only: ``manual_backward(losses, gradient=...)`` may take a vector)."""
+        if pl_module.automatic_optimization:
+            check_training_loss_is_scalar(type(self).__name__, loss)
         check_training_loss_has_gradient(type(self).__name__, loss)
 
     def on_train_batch_end(
@@ -569,6 +588,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Give λ its learned values (:meth:`_keep_learned`) and its ``requires_grad`` back."""
         if stage == "fit":
+            release_optimizers_check(pl_module)
             self._release_step_hook()
             self._fitting = self._before_build = False
             self._keep_learned(trainer)
@@ -591,6 +611,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         if not isinstance(self, HyperOptimizationCallback):
             return
         self._release_step_hook()  # the optimizers' steps no longer run this fit's work
+        release_optimizers_check(pl_module)
         if self._fitting:  # the read-outs say they are an unfinished fit's (session 55)
             name = type(exception).__name__ if exception is not None else "an exception"
             self._unfinished = f"by {name} at optimizer step {trainer.global_step}"

@@ -186,8 +186,9 @@ class CoreBuild:
         return self.config.replace(**changes)
 
     def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
-        if self.outer_optimizer is None:
-            return torch.optim.Adam(hyper, lr=self.outer_lr)
+        if self.outer_optimizer is None:  # eps that float16 λ can hold (1e-8 is 0 there)
+            tiny = max(torch.finfo(h.dtype).tiny for h in hyper) if hyper else 0.0
+            return torch.optim.Adam(hyper, lr=self.outer_lr, eps=max(1e-8, tiny))
         opt = self.outer_optimizer(hyper)
         if not isinstance(opt, torch.optim.Optimizer):
             raise ConfigurationError(

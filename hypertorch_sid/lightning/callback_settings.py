@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.config import REMOVED, SIDConfig
@@ -86,6 +87,35 @@ def warn_ignored_inner_steps(callback: type, config: Any) -> None:
         )
 
 
+def own_setting_names(callback: type) -> list[str]:
+    """The arguments of the callback's constructors (its class and the classes it extends)."""
+    return sorted(
+        {
+            name
+            for cls in callback.__mro__
+            if "__init__" in vars(cls)
+            for name, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+    )
+
+
+def refuse_settings_given_positionally(callback: type, first: Any) -> None:
+    """A dict of the callback's settings given as its first argument (a config file's section:
+    ``LearnedWeightDecay(config)``) was refused as a bad first setting ("weight_decay must be a
+    finite number > 0 …, got {'every_n_steps': 4, …}"), not saying that it is unpacked with
+    ``**`` (session 62)."""
+    if not isinstance(first, Mapping) or not all(isinstance(k, str) for k in first):
+        return
+    names = set(own_setting_names(callback)) | {f.name for f in dataclasses.fields(SIDConfig)}
+    known = [k for k in first if k in names]
+    if known:
+        raise ConfigurationError(
+            f"{callback.__name__}: its first argument is a dict of its settings ({known}), "
+            f"given as one value: unpack it into keywords, {callback.__name__}(**settings)."
+        )
+
+
 def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
     """Refuse a keyword that is neither the callback's own argument nor a :class:`SIDConfig`
     field, naming the callback, the closest names and both lists (a typo such as
@@ -101,15 +131,7 @@ def check_setting_names(callback: type, settings: dict[str, Any]) -> None:
     unknown = sorted(set(settings) - fields)
     if not unknown:
         return
-    own = sorted(
-        {
-            name
-            for cls in callback.__mro__
-            if "__init__" in vars(cls)
-            for name, p in inspect.signature(vars(cls)["__init__"]).parameters.items()
-            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        }
-    )
+    own = own_setting_names(callback)
     close = {n: difflib.get_close_matches(n, own + sorted(fields), n=1) for n in unknown}
     hints = "; ".join(f"{n}= → did you mean {c[0]}=?" for n, c in close.items() if c)
     raise ConfigurationError(

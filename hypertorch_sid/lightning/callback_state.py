@@ -117,6 +117,19 @@ class CheckpointState:
                 "again before relying on them."
             )
 
+    def _say_unbuilt(self, what: str, empty: str) -> None:
+        """A read-out of a callback object no fit has built its hyperparameters in: what it
+        returns (``empty``: {} or an empty tensor) read as "nothing learned" or "no suspect",
+        silently, where the user read another object than the Trainer's (a second
+        ``LearnedWeightDecay()``, or one read before ``fit``; session 62; ``flagged`` since
+        session 55)."""
+        rank_zero_warn(
+            f"{type(self).__name__}.{what}: no fit has built {self.hyperparameters_named} of "
+            f"this callback object in this process, so it returns {empty}: read it from the "
+            "callback given to the Trainer (trainer.fit(...) with callbacks=[callback]), after "
+            "the fit (a fit run in new processes, e.g. strategy='ddp_spawn', keeps them there)."
+        )
+
     def _restore(self) -> None:
         """Load the pending state: everything is checked first, so a bad state changes nothing."""
         assert self.sid is not None and self.data is not None and self._pending is not None

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..core.budget import make_budget
+from ..core.budget import Budget
 from ..core.directional import DirectionalDerivative, ForwardMode
 from ..core.errors import ConfigurationError
 from .isolation import as_in_training, muted_logging
@@ -122,11 +122,12 @@ def directional_losses(
     return (directional or ForwardMode())(losses, params, tangents, at)
 
 
-def _cross_term_for(cross_term: str | None, max_overhead: Any) -> str:
+def _cross_term_for(cross_term: str | None, budget: Budget, max_overhead: Any) -> str:
     """``cross_term`` checked, or its default: ``"training"``, or ``"hyper_step"`` under a
-    compute budget (one that plans from measured costs), which spaces hyper steps but cannot
-    space a cross term run at every training step; that pair is refused."""
-    budgeted = make_budget(max_overhead).plans_costs()
+    compute budget (one that plans from measured costs: ``budget``, made of the setting
+    ``max_overhead``), which spaces hyper steps but cannot space a cross term run at every
+    training step; that pair is refused."""
+    budgeted = budget.plans_costs()
     if cross_term is None:
         return "hyper_step" if budgeted else "training"
     if cross_term not in ("training", "hyper_step"):

@@ -69,6 +69,7 @@ from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from ..core.budget import make_budget
 from ..core.config import Batches
 from ..core.directional import (
     DirectionalDerivative,
@@ -85,7 +86,11 @@ from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
 from ..core.validation import as_strategy, check_bool
 from .callback import HyperOptimizationCallback, refuse_a_class
-from .callback_settings import config_given, default_unless_given
+from .callback_settings import (
+    config_given,
+    default_unless_given,
+    refuse_settings_given_positionally,
+)
 from .cross_term import RandomState, _cross_term_for, directional_losses
 from .data_checks import (
     _examples_digest,
@@ -371,6 +376,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         hold_early_stopping: bool = True,
         **kwargs: Any,
     ) -> None:
+        refuse_settings_given_positionally(type(self), per)
         if kwargs.get("problem") is not None:
             raise ConfigurationError("LearnedDataWeights builds its own problem.")
         check_bool("LearnedDataWeights: hold_early_stopping", hold_early_stopping)
@@ -381,7 +387,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
                 f"the length), got {schedule!r}."
             )
         kwargs.pop("problem", None)  # None: a LightningCLI passes every parameter it knows
-        cross_term = _cross_term_for(cross_term, kwargs.get("max_overhead"))
+        # built once, here: a refusal in this class's name, a warning said once (session 62)
+        overhead = kwargs.get("max_overhead")
+        kwargs["max_overhead"] = budget = make_budget(overhead, "LearnedDataWeights: ")
+        cross_term = _cross_term_for(cross_term, budget, overhead)
         check_bool("LearnedDataWeights: normalize", normalize)  # normalize="false" is truthy
         if sparse_grad is not None:
             check_bool("LearnedDataWeights: sparse_grad", sparse_grad)
@@ -395,7 +404,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
             raise ConfigurationError(
                 f"LearnedDataWeights: directional={directional!r} says how the training "
                 "batches' cross term is computed, which cross_term='hyper_step' (given, or the "
-                f"default under max_overhead={kwargs.get('max_overhead')!r}) does not run: it "
+                f"default under max_overhead={overhead!r}) does not run: it "
                 "would be ignored. Drop directional=, or pass cross_term='training' (without a "
                 "compute budget: max_overhead=None)."
             )
@@ -1080,6 +1089,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         in the full data set is ``train_set.indices[i]`` (so for :meth:`flagged` too)."""
         self._refuse_unapplied_checkpoint("data_weights")
         w = self.problem.weights
+        if w is None:
+            self._say_unbuilt("data_weights", "an empty tensor")
         return w.values().cpu() if w is not None else torch.empty(0)
 
     def class_imbalance(self) -> ClassRarity | None:
@@ -1122,11 +1133,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._refuse_unapplied_checkpoint("flagged")
         w = self.problem.weights
         if w is None:  # no suspects: "nothing flagged" silently (session 55)
-            rank_zero_warn(
-                "LearnedDataWeights.flagged: no fit has built the weights of this callback "
-                "object, so there is nothing to flag: call it on the callback given to the "
-                "Trainer (trainer.fit(...) with callbacks=[callback]), after the fit."
-            )
+            self._say_unbuilt("flagged", "no row to flag")
             return torch.empty(0, dtype=torch.long)
         if not self.history:  # no hyper step in the state held: every weight at its start
             rank_zero_warn(

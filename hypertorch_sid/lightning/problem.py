@@ -126,6 +126,99 @@ def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
     return [(n.replace(COMPILE_WRAPPER, ""), p) for n, p in module.named_parameters()]
 
 
+def check_optimizers_output(module: pl.LightningModule, who: str) -> None:
+    """Until Lightning calls it in this fit, the module's ``configure_optimizers`` is checked by
+    :func:`refuse_malformed_optimizers` (a wrapper that removes itself at that call, or at
+    :func:`release_optimizers_check`). Lightning calls it in the strategy's setup, after every
+    callback's ``setup`` and before any hook that could see what it returned (session 61's
+    leftover: calling it a second time to check it would build a second optimizer)."""
+    own = module.__dict__.get("configure_optimizers")
+    if hasattr(own, "_checks_for"):  # another hyper-optimization callback's, this fit
+        return
+    original = module.configure_optimizers
+
+    def checked() -> Any:
+        release_optimizers_check(module)
+        out = original()
+        refuse_malformed_optimizers(out, who)
+        return out
+
+    checked._checks_for = own  # type: ignore[attr-defined]  # what to put back
+    module.__dict__["configure_optimizers"] = checked
+
+
+def release_optimizers_check(module: pl.LightningModule) -> None:
+    """Remove :func:`check_optimizers_output`'s wrapper (a fit that failed before Lightning
+    called it), putting back what the instance held before."""
+    checked = module.__dict__.get("configure_optimizers")
+    if not hasattr(checked, "_checks_for"):
+        return
+    own = checked._checks_for  # type: ignore[union-attr]
+    if own is None or own is checked:
+        del module.__dict__["configure_optimizers"]
+    else:
+        module.__dict__["configure_optimizers"] = own
+
+
+def refuse_malformed_optimizers(out: Any, who: str) -> None:
+    """What ``configure_optimizers`` returned, in the forms Lightning names badly: a dict (or a
+    list of dicts) without the key ``"optimizer"`` failed with a bare ``KeyError: 'optimizer'``
+    from inside the strategy's setup; a learning-rate scheduler alone with Lightning's list of
+    forms, not saying that the optimizer was left out (session 62)."""
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    schedulers = (LRScheduler, ReduceLROnPlateau)
+    dicts = [out] if isinstance(out, dict) else []
+    if isinstance(out, (list, tuple)) and out and all(isinstance(d, dict) for d in out):
+        dicts = list(out)
+    for d in dicts:
+        if "optimizer" not in d:
+            sched = d.get("lr_scheduler")
+            sched = sched.get("scheduler") if isinstance(sched, dict) else sched
+            raise ConfigurationError(
+                f"{who}: configure_optimizers returned a dict with the keys {sorted(d)}, "
+                "without 'optimizer', which Lightning needs (it would fail with a bare "
+                "KeyError: 'optimizer'). Return the optimizer under that key: {'optimizer': "
+                "optimizer"
+                + (", 'lr_scheduler': scheduler}" if sched is not None else "}")
+                + (
+                    f" (your {type(sched).__name__}'s optimizer is scheduler.optimizer)."
+                    if isinstance(sched, schedulers)
+                    else "."
+                )
+            )
+    alone = out if isinstance(out, (list, tuple)) else [out]
+    if alone and all(isinstance(x, schedulers) for x in alone):
+        name = type(alone[0]).__name__
+        raise ConfigurationError(
+            f"{who}: configure_optimizers returned the learning-rate scheduler {name} "
+            "without its optimizer: Lightning needs the optimizer, with the scheduler beside "
+            "it. Return {'optimizer': optimizer, 'lr_scheduler': scheduler} (or "
+            "([optimizer], [scheduler]))."
+        )
+
+
+def _refuse_tensors_listed_twice(optimizers: list[Any], names: dict[int, str], who: str) -> None:
+    """A tensor listed twice in one optimizer group (tied weights: ``list(enc.parameters()) +
+    list(dec.parameters())``) is stepped twice per step, at twice its learning rate (torch
+    only warns, "duplicate parameters"), while the hyper steps model one step: λ was learned
+    for another training, silently (session 62)."""
+    for i, optimizer in enumerate(optimizers):
+        for j, group in enumerate(getattr(optimizer, "param_groups", [])):
+            seen: set[int] = set()
+            for p in group["params"]:
+                if id(p) in seen:
+                    raise ConfigurationError(
+                        f"{who}: the training optimizer {type(optimizer).__name__} (optimizer "
+                        f"{i}, group {j}) lists {names.get(id(p), 'a tensor')} twice, so it "
+                        "steps it twice per step (at twice its learning rate), but the hyper "
+                        "steps model one step per tensor. List each tensor once: "
+                        "self.parameters() gives a tied weight once (or "
+                        "list(dict.fromkeys(params)) removes the repeats)."
+                    )
+                seen.add(id(p))
+
+
 def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, who: str) -> None:
     """Refuse, at fit start, a training the hyper steps cannot describe: an optimizer group with
     ``maximize=True`` (the hypergradient is that of a training that minimises its loss: the
@@ -134,9 +227,20 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
     named them by position and asked to convert λ, the drop-in's own), and parameters not
     created yet (lazy modules: every tensor's shape is needed before the first training step,
     and torch's "Attempted to use an uninitialized parameter" came from inside the callback),
-    and trained layers without second derivatives (:func:`check_second_derivatives`)."""
+    and trained layers without second derivatives (:func:`check_second_derivatives`); a tensor
+    listed twice in a group (:func:`_refuse_tensors_listed_twice`)."""
     from torch.nn.parameter import is_lazy
 
+    accumulate = trainer.accumulate_grad_batches
+    if isinstance(accumulate, dict):  # Lightning 1.x's schedule: a raw TypeError in 2.x (s62)
+        raise ConfigurationError(
+            f"{who}: Trainer(accumulate_grad_batches={accumulate!r}) is Lightning 1.x's "
+            "schedule of accumulation by epoch; Lightning 2 takes one integer there (and failed "
+            "with a bare TypeError \"unsupported operand type(s) … 'int' and 'dict'\"). Pass "
+            "the schedule as a callback: callbacks=[GradientAccumulationScheduler("
+            f"{accumulate!r}), ...] (Lightning's callbacks module), which the hyper steps "
+            "follow."
+        )
     mock = classes("core.optimizer._MockOptimizer")  # Lightning's stand-in for None
     if all(isinstance(optimizer, mock) for optimizer in trainer.optimizers):
         # Lightning runs such a fit (warned: "this fit will run with no optimizer"), and the
@@ -159,6 +263,7 @@ def refuse_untunable_training(trainer: pl.Trainer, module: pl.LightningModule, w
                     "training_step and drop maximize=True."
                 )
     names = {id(p): n for n, p in named_tensors(module)}
+    _refuse_tensors_listed_twice(trainer.optimizers, names, who)
     trained = {
         id(p): p
         for optimizer in trainer.optimizers
@@ -351,6 +456,29 @@ def toggled_off(module: torch.nn.Module) -> set[int]:
     return {id(p) for p, before in state.items() if before}
 
 
+def _refuse_replaced_tensors(who: str, inner: Tensors, module: torch.nn.Module) -> None:
+    """A layer replaced during the fit (``self.net[2] = nn.Linear(...)`` in a hook): the
+    optimizers still hold the old tensors, which no longer get a gradient, and the new ones are
+    trained by nothing; the hyper steps went on learning λ for the old ones, silently (session
+    62). Said where tensors the fit started with have left the module while it holds trainable
+    tensors nothing trains (a tensor of a custom problem outside the module alone is not)."""
+    held = {id(p) for p in inner}
+    named = named_tensors(module)
+    ours = {id(p) for _, p in named}
+    gone = [p for p in inner if id(p) not in ours]
+    new = [n for n, p in named if p.requires_grad and id(p) not in held]
+    if gone and new:
+        raise ConfigurationError(
+            f"{who}: {len(gone)} tensor(s) the optimizers trained when the fit started are no "
+            f"longer the module's, and it holds trainable tensors no optimizer trains "
+            f"({', '.join(new[:4])}{' ...' if len(new) > 4 else ''}): a layer replaced during "
+            "the fit? The optimizers still step the old tensors (which get no gradient now), "
+            "and nothing trains the new ones. Replace layers before trainer.fit (in __init__ or "
+            "configure_model), or end this fit and start a new one, whose configure_optimizers "
+            "holds the new layer."
+        )
+
+
 def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> None:
     """Every tensor the optimizers trained when the fit started (``inner``, the inner
     parameters collected at the fit's start) still requires gradients: the hypergradient
@@ -358,6 +486,7 @@ def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> No
     (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper step
     ("One of the differentiated Tensors does not require grad"): said since session 49 for
     ``LearnedWeightDecay``, since session 53 for every callback."""
+    _refuse_replaced_tensors(who, inner, module)
     toggled = toggled_off(module)
     frozen = [p for p in inner if not p.requires_grad and id(p) not in toggled]
     if not frozen:

@@ -154,11 +154,15 @@ class AppliedShrink:
         self.sums: dict[str, list[Any]] = {}
         #: the sums a checkpoint held, taken over by the next :meth:`start`
         self.checkpointed: dict[str, list[float]] | None = None
+        #: group name → [Σ lr n, Σ n, the last lr] of this process's steps (not checkpointed):
+        #: whether the learning rate had fallen by the fit's end (:meth:`lr_fell`)
+        self.rates: dict[str, list[float]] = {}
 
     def start(self) -> None:
         """A fit starts: sum from 0, or on from the checkpoint it resumes."""
         saved, self.checkpointed = self.checkpointed, None
         self.sums = {k: list(v) for k, v in saved.items()} if saved is not None else {}
+        self.rates = {}
 
     def add(self, group: str, lr: float, lam: float | Tensor, elements: int) -> None:
         """One optimizer step applied ``lam`` at learning rate ``lr`` to a tensor of ``group``."""
@@ -168,6 +172,16 @@ class AppliedShrink:
         sums = self.sums.setdefault(group, [0.0, 0.0])
         sums[0] = sums[0] + weight * lam
         sums[1] += weight
+        rates = self.rates.setdefault(group, [0.0, 0.0, 0.0])
+        rates[0], rates[1], rates[2] = rates[0] + weight, rates[1] + elements, lr
+
+    def lr_fell(self, group: str) -> bool | None:
+        """Whether the group's last learning rate is below half its mean over this fit's steps
+        (a cosine or step tail); None where this process stepped none of it."""
+        rates = self.rates.get(group)
+        if rates is None or rates[1] == 0:
+            return None
+        return rates[2] < 0.5 * rates[0] / rates[1]
 
     def effective(self) -> dict[str, float]:
         """λ̄ per group (eq. effectivedecay); a group never stepped at lr > 0 is left out."""

@@ -79,7 +79,13 @@ from ..core.scale import InvariantRule, as_invariant_rule
 from ..core.validation import check_positive, is_real
 from .amp import loss_scale, scaler_skips
 from .callback import HyperOptimizationCallback
-from .callback_settings import CALLBACK_CONFIG, config_given, default_unless_given, given
+from .callback_settings import (
+    CALLBACK_CONFIG,
+    config_given,
+    default_unless_given,
+    given,
+    refuse_settings_given_positionally,
+)
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
 from .problem import MEANING_KEY, check_meaning
@@ -308,6 +314,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         max_overhead: float | Budget | Literal["auto"] | None = "auto",
         **kwargs: Any,
     ) -> None:
+        refuse_settings_given_positionally(type(self), weight_decay)
         if kwargs.get("problem") is not None:
             raise ConfigurationError(
                 "LearnedWeightDecay builds its own problem; use HyperOptimizationCallback("
@@ -589,6 +596,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self._refuse_unapplied_checkpoint("learned_weight_decay")
         decay = self.problem.decay
         if decay is None:
+            self._say_unbuilt("learned_weight_decay", "{}")
             return {}
         return decay.by_group() or {name: decay.summary() for name in decay.slot_names}
 
@@ -603,6 +611,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         almost nothing. Summed over this fit (a resumed fit: since the fit it resumes began);
         empty before a fit has stepped."""
         self._refuse_unapplied_checkpoint("effective_weight_decay")
+        if self.problem.decay is None:
+            self._say_unbuilt("effective_weight_decay", "{}")
         return self.problem.applied.effective()
 
     @property
@@ -717,4 +727,6 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         """The current λ of every decayed parameter, by parameter name (detached); empty before
         a fit has built λ in this process (and after a ``ddp_spawn`` fit: see the warning)."""
         self._refuse_unapplied_checkpoint("decay_values")
+        if self.problem.decay is None:
+            self._say_unbuilt("decay_values", "{}")
         return self.problem.decay.values() if self.problem.decay is not None else {}

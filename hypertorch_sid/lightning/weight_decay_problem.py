@@ -330,12 +330,20 @@ class WeightDecayProblem:
         if not above:
             return None
         n = max(above, key=lambda k: last[k] / effective[k])
+        fell = self.applied.lr_fell(n)
+        # a constant learning rate was blamed too (session 62: a 12-step fit, λ still rising)
+        why = {
+            True: "its last rises came where the learning rate was near 0 and changed little",
+            False: "it was still rising in the fit's last steps (the learning rate had not "
+            "fallen), which the weights felt only briefly: a fit too short for λ to settle "
+            "(train longer, or run more hyper steps)",
+            None: "its last rises came late in the fit and changed little",
+        }[fell]
         return (
             f"λ ended {last[n] / effective[n]:.0f}× above the decay the fit applied on "
             f"{len(above)} of {len(effective)} groups (e.g. {n}: λ = {last[n]:.3g} at the end, "
-            f"effective λ = {effective[n]:.3g}): its last rises came where the learning rate "
-            "was near 0 and changed little. For a plain training's weight_decay read "
-            "effective_weight_decay (the constant with the same shrink over the fit), not "
+            f"effective λ = {effective[n]:.3g}): {why}. For a plain training's weight_decay "
+            "read effective_weight_decay (the constant with the same shrink over the fit), not "
             "learned_weight_decay (the last steps' λ)."
         )
 
