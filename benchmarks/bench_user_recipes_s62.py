@@ -30,7 +30,12 @@ per-sample losses, ``IndexedDataset``). New here, habits no earlier round tried:
   share of strips read exactly (greedy decoding); the noisy arms move each digit of 30 % of
   the strips.
 
-Fit lengths: 10 epochs (320 steps; the CTC recipe 10 epochs of 32 strips a batch).
+Extra arms: ``dw_masked`` (``ohem``); ``dw_mean`` and ``dw_val`` (``kendall_mt``:
+``objective="mean_loss"``, and the fine head's cross entropy as ``validation_loss=``, the two
+fixes its refusal names); ``own_lse``, ``decay_lse``, ``plain_lse``, ``dw_lse`` (``ctc_strip``:
+the CTC loss by :func:`ctc_logsumexp`, the fix its refusal names; the drop-ins compared with
+the ``_lse`` own and plain arms).
+Fit lengths: 10 epochs (320 steps; the CTC recipe 10 epochs of 32 strips a batch, 630 steps).
 
 Usage (from the repository root)::
 
@@ -305,7 +310,7 @@ class Setup(s61.Setup):
         self.name, self.seed, self.data = name, seed, data
         self.arms = ("own", "decay", "plain", "dw") + {
             "ohem": ("dw_masked",), "kendall_mt": ("dw_mean", "dw_val"),
-            "ctc_strip": ("decay_lse", "dw_lse"),
+            "ctc_strip": ("own_lse", "decay_lse", "plain_lse", "dw_lse"),
         }.get(name, ())  # fmt: skip
         self.own = 1e-4 if name in ("kendall_mt", "ctc_strip") else 5e-4
         self.classes, self.collate, self.regression = 10, None, False
@@ -384,7 +389,7 @@ class Setup(s61.Setup):
             lg.addHandler(logs)
             lg.setLevel(logging.INFO)
         per_sample = arm.startswith("dw")
-        noisy = per_sample or arm == "plain"
+        noisy = per_sample or arm.startswith("plain")
         train, bad = self.corrupted() if noisy else (self.train, None)
         wd = 0.0 if arm.startswith("decay") else self.own
         cbs = self.drop_ins(arm)
@@ -414,7 +419,7 @@ class Setup(s61.Setup):
 
 VERSUS = {
     "decay": "own", "dw": "plain", "dw_masked": "plain", "dw_mean": "plain", "dw_val": "plain",
-    "decay_lse": "own", "dw_lse": "plain",
+    "decay_lse": "own_lse", "dw_lse": "plain_lse", "own_lse": "own", "plain_lse": "plain",
 }  # fmt: skip
 
 
