@@ -239,11 +239,8 @@ def ctc_logsumexp(log_p: Tensor, targets: Tensor) -> Tensor:
     ext[:, 1::2] = targets  # blank, t1, blank, t2, ..., blank
     skip = torch.zeros_like(ext, dtype=torch.bool)
     skip[:, 3::2] = targets[:, 1:] != targets[:, :-1]  # a label may follow the previous one
-    never = torch.tensor(-1e30)
-    alpha = torch.full(ext.shape, -1e30)
-    alpha[:, :2] = 0.0
-    alpha = alpha + log_p[0].gather(1, ext)
-    alpha = torch.where(torch.arange(ext.shape[1]) < 2, alpha, never)
+    never = torch.tensor(-1e30)  # log 0, finite: no NaN in the gradients
+    alpha = torch.where(torch.arange(ext.shape[1]) < 2, log_p[0].gather(1, ext), never)
     for t in range(1, len(log_p)):
         one = F.pad(alpha[:, :-1], (1, 0), value=-1e30)
         two = torch.where(skip, F.pad(alpha[:, :-2], (2, 0), value=-1e30), never)
