@@ -123,8 +123,10 @@ def _rows_dropped(losses: Tensor, b: int) -> str:
         "(x[keep], losses[mask], losses.topk(k))? Then no loss can be told to its row: compute "
         "every row's loss, in the batch's order; rows chosen anew in each batch (the hardest "
         "k: online hard example mining) keep their place with the others' losses times 0 "
-        "(losses * keep, keep a 0/1 mask of the batch's rows); leave examples that must never "
-        "train out of the training set (IndexedDataset(Subset(train_set, kept)))"
+        "(losses * keep, keep a 0/1 mask of the batch's rows: the weights then train, but a "
+        "row's weight drifts down at the visits its loss is 0, so flagged() names more clean "
+        "rows); leave examples that must never train out of the training set "
+        "(IndexedDataset(Subset(train_set, kept)))"
     )
 
 
