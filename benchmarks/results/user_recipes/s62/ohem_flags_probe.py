@@ -2,8 +2,8 @@
 the final model's training loss (easiest first), under OHEM's per-batch mask (``KEEP`` 0.7, the
 ``dw_masked`` arm) against the same fit with every row kept (``KEEP`` 1.0).
 
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/results/user_recipes/s62/ohem_flags_probe.py 0.7
-    PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/results/user_recipes/s62/ohem_flags_probe.py 1.0
+    cd benchmarks/results/user_recipes/s62 && for keep in 0.7 1.0; do \
+        PYTHONPATH=../../../.. OMP_NUM_THREADS=1 python ohem_flags_probe.py $keep; done
 """
 
 import sys
@@ -18,11 +18,13 @@ import bench_user_recipes_s62 as b  # noqa: E402
 
 from hypertorch_sid import LearnedDataWeights  # noqa: E402
 
+#: the shared data, from the repository root's parent
+DATA = Path(__file__).resolve().parents[4].parent / "shared" / "data"
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)
 b.OHEM.KEEP = float(sys.argv[1])
 for seed in (0, 1, 2):
-    setup = b.Setup("ohem", Path("../shared/data"), seed)
+    setup = b.Setup("ohem", DATA, seed)
     train, bad = setup.corrupted()
     cb = LearnedDataWeights()
     model = setup.fit([cb], train, bad, True, setup.own, {"arm": "dw_masked"})
