@@ -99,10 +99,16 @@ class ExpectedError(ValidationObjective):
         negative = low < 0 if low is not None else bool((losses.detach() < 0).any())
         if negative:
             raise ConfigurationError(
-                f"ExpectedError reads each validation loss as −log p of the right answer (≥ 0), "
-                f"but got a negative one ({float(losses.detach().min()):.3g}): e^(−ℓ) is then "
-                "no probability and its gradient grows without bound. Use objective='mean_loss' "
-                "for such a loss (e.g. a Gaussian negative log-likelihood)."
+                f"ExpectedError (LearnedDataWeights' default objective) reads each validation "
+                f"loss as −log p of the right answer (≥ 0), but got a negative one "
+                f"({float(losses.detach().min()):.3g}): e^(−ℓ) is then no probability and its "
+                "gradient grows without bound. Such a loss is no −log p: a Gaussian negative "
+                "log-likelihood, or a loss with learned weights and offsets (uncertainty-"
+                "weighted tasks, exp(−s)·ℓ + s), whose validation losses are training_step's "
+                "on the validation batch. Pass objective='mean_loss' (their mean), or "
+                "validation_loss=<a function (module, batch) → the per-sample −log p you "
+                "validate, e.g. F.cross_entropy(module(x), y, reduction='none')> to keep the "
+                "default objective on that."
             )
 
     def __repr__(self) -> str:

@@ -83,6 +83,9 @@ def check_second_derivatives(module: Any, inner_parameters: Sequence[Tensor]) ->
 #: (``checkpoint(fn, x)`` without ``use_reentrant=``: torch's default is the reentrant one)
 _REENTRANT_CHECKPOINT = "use_reentrant=True"
 
+#: torch's name for the backward of ``F.ctc_loss`` / ``nn.CTCLoss``, which has no derivative
+_CTC_BACKWARD = "_ctc_loss_backward"
+
 
 def not_twice_differentiable(err: Exception) -> ConfigurationError:
     """torch's "the derivative for 'op' is not implemented" (or "trying to differentiate twice"
@@ -101,6 +104,16 @@ def not_twice_differentiable(err: Exception) -> ConfigurationError:
             "use_reentrant=False to every checkpoint(...) call (checkpoint_sequential(..., "
             "use_reentrant=False)): the same memory saving, and twice differentiable. "
             f"(torch: {err})"
+        )
+    if _CTC_BACKWARD in str(err):  # session 62: ctc_strip
+        return ConfigurationError(
+            "the inner loss ℓ̂ (the training loss) is torch's CTC loss (F.ctc_loss / "
+            "nn.CTCLoss), whose gradient torch cannot differentiate again, and "
+            f"{products}. Every trained weight's gradient passes through the loss, so freezing "
+            "is no way out: compute the CTC loss by its forward recursion in torch ops "
+            "(α over the blank-extended target, combined with torch.logsumexp at each time "
+            "step; the same values and gradient, and twice differentiable: docs/failures.md, "
+            f"'Unseen user recipes (session 62)'). (torch: {err})"
         )
     return ConfigurationError(
         f"the inner loss is not twice differentiable: {err} {products}, so "

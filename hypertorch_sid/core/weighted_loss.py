@@ -113,14 +113,20 @@ def check_per_sample(losses: Any, index: Tensor) -> Tensor:
 def _rows_dropped(losses: Tensor, b: int) -> str:
     """The likely cause where there are fewer losses than rows, but more than one: the loss
     left some rows out (``x[keep]``, ``losses[mask]``), so which loss is which row's cannot be
-    read (session 60: the advice was only reduction='none', which such a loss already has)."""
+    read (session 60: the advice was only reduction='none', which such a loss already has).
+    Rows chosen per batch (session 62: ``losses.topk(k)``, online hard example mining) keep
+    their place as a mask; leaving them out of the training set is for rows never trained."""
     if not 1 < losses.shape[0] < b:
         return ""
     return (
         f"; {b - losses.shape[0]} row(s) fewer than the batch: did the loss leave rows out "
-        "(x[keep], losses[mask])? Then no loss can be told to its row: compute every row's "
-        "loss, in the batch's order, and leave examples that must not train out of the "
-        "training set (IndexedDataset(Subset(train_set, kept)))"
+        "(x[keep], losses[mask], losses.topk(k))? Then no loss can be told to its row: compute "
+        "every row's loss, in the batch's order; rows chosen anew in each batch (the hardest "
+        "k: online hard example mining) keep their place with the others' losses times 0 "
+        "(losses * keep, keep a 0/1 mask of the batch's rows: the weights then train, but a "
+        "row's weight drifts down at the visits its loss is 0, so flagged() names more clean "
+        "rows); leave examples that must never train out of the training set "
+        "(IndexedDataset(Subset(train_set, kept)))"
     )
 
 
