@@ -60,7 +60,7 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -334,6 +334,9 @@ class OverheadBudget(Budget):
         learned λ costs at most 1.5 plain ones, the hyper steps' own share).
     clock: a monotonic reading of cost; by default seconds of CPU time where the training runs on
         the CPU, of wall time elsewhere (:meth:`use_device`; wall time until it is called).
+    who: the name a refused or percent-like ``max_overhead`` is said in (``"LearnedWeightDecay: "``
+        where a callback built it from its number; by default the budget's own class, e.g.
+        ``"PlannedBudget: "``; session 62 said a user's ``PlannedBudget(-1)`` nameless).
     """
 
     max_overhead: float = 0.5
@@ -369,19 +372,21 @@ class OverheadBudget(Budget):
     _work_mark: float = field(default=0.0, init=False, repr=False)
     _hyper_start: float | None = field(default=None, init=False, repr=False)
     _open: list[float] = field(default_factory=list, init=False, repr=False)
+    who: InitVar[str] = ""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, who: str) -> None:
+        who = who or f"{type(self).__name__}: "
         value = self.max_overhead
         if not is_real(value) or not 0 < value < math.inf:  # inf: a raw NaN error at the fit
             fix = number_fix("max_overhead", value, float, lambda x: x > 0)  # YAML's '0.5'
             raise ConfigurationError(
-                f"max_overhead must be a number > 0 and finite (0.5: at most 50 % more compute "
-                f"than the plain training), got {value!r}{fix}; "
+                f"{who}max_overhead must be a number > 0 and finite (0.5: at most 50 % more "
+                f"compute than the plain training), got {value!r}{fix}; "
                 "pass max_overhead=None for no budget."
             )
         if value >= PERCENT_LIKE:  # max_overhead=50 meant as 50 %: 51× the training allowed
             warnings.warn(
-                f"hypertorch_sid: max_overhead={value!r} allows the hyper steps {value:g}× the "
+                f"{who}max_overhead={value!r} allows the hyper steps {value:g}× the "
                 f"plain training's compute ({100 * value:g} % more): it is a fraction, 0.5 for "
                 f"50 % more. Pass max_overhead={value / 100:g} if you meant {value:g} %, or "
                 "max_overhead=None for no budget.",
@@ -815,12 +820,10 @@ def make_budget(max_overhead: float | None | Budget, who: str = "") -> Budget:
     ``PlannedBudget(0.5)``, eq. budgetplan, shares it among the hyper steps still due instead;
     ``PacedBudget(0.5)``, eq. budgetpace, repays only the first one's excess, to the end of the
     fit), a Budget as it is. A refused number is refused in the name of ``who`` (the object
-    whose setting it is, e.g. ``"LearnedWeightDecay: "``; session 61 left it nameless)."""
+    whose setting it is, e.g. ``"LearnedWeightDecay: "``; session 61 left it nameless), and so
+    is a percent-like one's warning (session 62 said it as "hypertorch_sid:")."""
     if max_overhead is None:
         return NoBudget()
     if isinstance(max_overhead, Budget):
         return max_overhead
-    try:
-        return OverheadBudget(max_overhead)
-    except ConfigurationError as error:
-        raise ConfigurationError(f"{who}{error}") from None
+    return OverheadBudget(max_overhead, who=who)
