@@ -302,10 +302,14 @@ class WeightDecayProblem:
         low, high = min(reached[n] for n in off), max(reached[n] for n in off)
         values = f"{high:.1g}" if f"{low:.1g}" == f"{high:.1g}" else f"{low:.1g} … {high:.1g}"
         names = ", ".join(off[:4]) + (" …" if len(off) > 4 else "")
+        # a negative loss (learned uncertainty weighting): the term is compared with its size
+        size = (
+            f" ({loss:.3g})" if loss > 0 else f"'s size ({abs(loss):.3g}; the loss is {loss:.3g})"
+        )
         return (
             f"the hyper steps drove {len(off)} of the {len(terms)} learned λ ({names}) down to "
             f"{values}, where the decay's term ½λ‖w‖² is below {DECAY_OFF:g} of the training "
-            f"loss ({loss:.3g}): the decay is effectively off there, because the validation loss "
+            f"loss{size}: the decay is effectively off there, because the validation loss "
             "was lowest with less decay. Read these λ as 0, not as a fault (learned_weight_decay "
             "and the logs give the number λ reached); pass min_weight_decay=... to keep a floor "
             "under λ."
