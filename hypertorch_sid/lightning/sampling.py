@@ -613,8 +613,25 @@ def validation_loader(trainer: pl.Trainer) -> Any:
     Where Lightning takes them from, in its order: the loaders its validation loop has set up
     (``trainer.val_dataloaders``; None while validation is off, e.g. ``limit_val_batches=0``),
     else the datamodule's ``val_dataloader()``, else the loaders passed to ``trainer.fit``, else
-    the module's ``val_dataloader()``.
+    the module's ``val_dataloader()``. Several loaders come as a list, however given: a
+    ``CombinedLoader`` is read as its loaders and a dict as its values, in order (as Lightning's
+    validation reads them), so the hyper steps read the first of them whichever form the user
+    chose (session 62 refused a ``CombinedLoader`` of validation loaders, read a list's first).
     """
+    return _as_list(_validation_loader(trainer))
+
+
+def _as_list(loaders: Any) -> Any:
+    """Several validation loaders, a CombinedLoader's or a dict's, as a list in their order."""
+    if type(loaders).__name__ == "CombinedLoader":
+        loaders = loaders.iterables
+    if isinstance(loaders, dict) and loaders:
+        return list(loaders.values())
+    return loaders
+
+
+def _validation_loader(trainer: pl.Trainer) -> Any:
+    """The validation loader(s) of this fit as the user gave them (:func:`validation_loader`)."""
     if trainer.val_dataloaders is not None:
         return trainer.val_dataloaders
     datamodule = trainer.datamodule
