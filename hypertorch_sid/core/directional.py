@@ -360,8 +360,6 @@ class TrainingCrossTerm:
         :class:`SharedLossWeights` from every row, with the rows' current ``losses``)."""
         w = self.weights
         index = w.check_index(index)
-        u = check_per_sample(u, index)
-        taught = _taught(u, losses)  # before any centring of u
         shared = w.parameterization.hyperparameters
         with torch.no_grad():
             x = w.logits_of(index)
@@ -369,12 +367,11 @@ class TrainingCrossTerm:
             x.requires_grad_(True)
             omega = w.parameterization.rows(x, w, index, losses)
             held = w.gauge == "mean_logit"
+            u = check_per_sample(u, index)
             u = class_centred(u, omega.detach(), w.labels_of(index))  # None: no class gauge
             inner = weighted_loss(u, omega, self.normalize, held)
             g, *gs = torch.autograd.grad(inner, [x, *shared], allow_unused=True)
         g = -float(alpha) * g.to(w.logits.dtype)
-        if taught is not None:  # a row masked at this visit is not moved by it
-            index, g = index[taught], g[taught]
         rows = torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)
         own = [
             torch.zeros_like(t) if gt is None else -float(alpha) * gt.detach()
@@ -404,18 +401,3 @@ class TrainingCrossTerm:
             return False
         self.apply(self.gradients(index, u, alpha, losses))
         return True
-
-
-def _taught(u: Tensor, losses: Tensor | None) -> Tensor | None:
-    """Which rows of a training batch its step taught, for :class:`TrainingCrossTerm` (None:
-    every row). A row whose loss is exactly 0 with uᵢ = ⟨∇ℓᵢ, v⟩ exactly 0 is masked at this
-    visit (a per-batch mask, ``losses * keep``: the hardest k of each batch, a curriculum, loss
-    truncation; an unlabelled row's ``ignore_index``): its ĝᵢ is left out, so its weight does
-    not move at this visit. Through Σ ω (and its class's mean u, under a class gauge) it was
-    pushed at every masked visit (session 62, OHEM: clean rows flagged 1.3-4.1× as often as
-    with every row kept). The other rows' ĝ is the batch's as the training weighted it."""
-    if losses is None:
-        return None
-    zero = losses.detach().reshape(losses.shape[0], -1).eq(0).all(1).to(u.device)
-    masked = zero & u.detach().eq(0)
-    return ~masked if bool(masked.any()) else None

@@ -19,29 +19,12 @@ def weighted_loss(
     ``hold_normaliser`` (with ``normalize``): the same value and the same gradient in w, but
     Σᵢ ωᵢ is a constant for the weights' gradient, which is then ω′ᵢℓᵢ / Σ ω instead of
     ω′ᵢ(ℓᵢ − ℓ̂) / Σ ω: the minibatch's centre ℓ̂ is left to a global gauge
-    (:attr:`SampleWeights.gauge`).
-
-    A row whose loss is exactly 0 enters Σᵢ ωᵢ by its value only (:func:`_zero_rows_held`): the
-    same value and gradient in w, but the hypergradient of its weight (the cross term
-    ∂ₓ⟨∇₁ℓ̂, v⟩) is its own ω′ᵢ⟨∇ℓᵢ, v⟩/Σ ω only, 0 for a masked row, without the −ω′ᵢû/Σ ω
-    by which such a row only dilutes the others."""
+    (:attr:`SampleWeights.gauge`)."""
     weights = weights.to(losses.dtype)
     if normalize:
-        total = _zero_rows_held(losses, weights).sum().clamp_min(1e-12)
+        total = weights.sum().clamp_min(1e-12)
         return (weights * losses).sum() / (total.detach() if hold_normaliser else total)
     return (weights * losses).mean()
-
-
-def _zero_rows_held(losses: Tensor, weights: Tensor) -> Tensor:
-    """``weights`` with those of the rows whose loss is exactly 0 detached: a row masked at
-    this visit (a per-batch mask, ``losses * keep``: the hardest k of each batch, a curriculum,
-    loss truncation; an unlabelled row's ``ignore_index``) teaches nothing, and through Σ ω its
-    weight's hypergradient was α ω′ᵢ û / Σ ω at every masked visit, pushing it down (session 62,
-    OHEM: clean rows flagged 1.3-4.1× as often as with every row kept; docs/data_weights.md,
-    "Per-batch masks"). Weights without a gradient: as they are."""
-    if not weights.requires_grad or losses.shape != weights.shape:
-        return weights
-    return torch.where(losses.detach() == 0, weights.detach(), weights)
 
 
 def class_centred(u: Tensor, omega: Tensor, labels: Tensor | None) -> Tensor:
@@ -140,9 +123,10 @@ def _rows_dropped(losses: Tensor, b: int) -> str:
         "(x[keep], losses[mask], losses.topk(k))? Then no loss can be told to its row: compute "
         "every row's loss, in the batch's order; rows chosen anew in each batch (the hardest "
         "k: online hard example mining) keep their place with the others' losses times 0 "
-        "(losses * keep, keep a 0/1 mask of the batch's rows: the weights then train, each "
-        "row's moving only at the visits its loss is not masked); leave examples that must "
-        "never train out of the training set (IndexedDataset(Subset(train_set, kept)))"
+        "(losses * keep, keep a 0/1 mask of the batch's rows: the weights then train, but a "
+        "row's weight drifts down at the visits its loss is 0, so flagged() names more clean "
+        "rows); leave examples that must never train out of the training set "
+        "(IndexedDataset(Subset(train_set, kept)))"
     )
 
 

@@ -506,11 +506,9 @@ def _warn_masked_samples(
     fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
     example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
     ``ignore_index``; a loss times a mask). Such an example
-    teaches the network nothing; its weight no longer moves at a masked visit (session 62:
-    through Σ ω the normalised loss pushed it down like a misfit's, on a 3-class toy with 30 %
-    noise to 0.02, below the corrupted rows' 0.03, against 0.48 for the clean ones), but a row
-    masked at every visit is read and weighted for nothing, while a mask chosen anew in each
-    batch (online hard example mining) is fine: the warning tells the two apart.
+    teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
+    like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
+    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it.
     ``zero_when_shrunk`` (:meth:`DataWeightsProblem._zero_when_shrunk`) keeps the rows whose
     loss is still 0 with the weights shrunk: a loss exactly 0 by a large margin (sharp logits,
     LBFGS fitting a batch, a hinge or triplet loss past its margin) is not said (session 50:
@@ -542,15 +540,10 @@ def _warn_masked_samples(
 
 
 _MASKED_WHY = (
-    "A row whose loss is masked at EVERY visit (unlabelled: ignore_index, a fixed mask) "
-    "teaches the network nothing, yet it is read and weighted, its weight kept about where it "
-    "started, which says nothing about its label: leave unlabelled examples out of the "
-    "training set (e.g. IndexedDataset(Subset(train_set, labelled))). A mask chosen anew in "
-    "each batch (the hardest k: online hard example mining, a curriculum, loss truncation) "
-    "needs no change: a row's weight moves only at the visits it trained on, not at those its "
-    "loss is masked (session 62, OHEM on MNIST with 30 % wrong labels: flagged() at precision "
-    "0.82-0.90, recall 0.75-0.84, against 0.72-0.83 / 0.84-0.88 with every row kept; "
-    'docs/data_weights.md, "Per-batch masks").'
+    "An example whose loss is masked teaches the network nothing, but its weight is learned "
+    "all the same: the normalised loss pushes it down like a misfit's, and flagged() names it "
+    "as suspect. Leave unlabelled examples out of the training set (e.g. "
+    "IndexedDataset(Subset(train_set, labelled)))."
 )
 
 
