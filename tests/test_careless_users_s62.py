@@ -349,7 +349,7 @@ def test_an_outer_adam_whose_eps_is_zero_in_float16_is_refused() -> None:
     import functools
 
     cb = LearnedDataWeights(outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1), **QUICK)
-    with pytest.raises(ConfigurationError, match=r"eps=1e-08 .*0 in .*float16.*eps=6e-05"):
+    with pytest.raises(ConfigurationError, match=r"eps=1e-08.*float16.*eps=1e-08 is 0 too"):
         trainer([cb], max_epochs=1, precision="16-true").fit(
             ToyClassifier("none"), _indexed_train(), _val()
         )
@@ -357,12 +357,13 @@ def test_an_outer_adam_whose_eps_is_zero_in_float16_is_refused() -> None:
 
 def test_the_callbacks_default_outer_adam_holds_an_eps_float16_can_hold() -> None:
     """HyperOptimizationCallback's own Adam over a float16 λ (a BilevelModule under
-    precision="16-true") kept eps=1e-8, 0 there; it is now float16's smallest normal number,
-    and 1e-8 elsewhere."""
+    precision="16-true") kept eps=1e-8, 0 there. Session 63: float16's smallest normal eps was
+    not enough (the squares underflow too); the default there is LazyAdam, which steps in
+    float32, and torch's Adam (eps=1e-8) elsewhere."""
     cb = HyperOptimizationCallback(**QUICK)
     half = torch.zeros(3, dtype=torch.float16, requires_grad=True)
     full = torch.zeros(3, requires_grad=True)
-    assert cb._outer_optimizer([half]).param_groups[0]["eps"] == torch.finfo(torch.float16).tiny
+    assert isinstance(cb._outer_optimizer([half]), LazyAdam)
     assert cb._outer_optimizer([full]).param_groups[0]["eps"] == 1e-8
 
 

@@ -118,10 +118,13 @@ class LazyAdam(torch.optim.Optimizer):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
+            for param in group["params"]:
+                if param.grad is None:
                     continue
-                g = p.grad
+                # a scalar as one row (HyperOptimizationCallback's default over float16 λ)
+                p, g = (
+                    (param.view(1), param.grad.view(1)) if param.dim() == 0 else (param, param.grad)
+                )
                 if g.is_sparse:
                     g = g.coalesce()
                     rows, values = g.indices()[0], g.values()
@@ -134,7 +137,7 @@ class LazyAdam(torch.optim.Optimizer):
                 # (a precision="16-true" fit's first hyper step, blamed on the lr; session 62)
                 acc = torch.promote_types(p.dtype, torch.float32)
                 values = values.to(acc)
-                state = self.state[p]
+                state = self.state[param]
                 if not state:
                     state["exp_avg"] = torch.zeros_like(p, dtype=acc)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=acc)

@@ -502,6 +502,7 @@ def check_outer_optimizer(
         )
     _check_group_learning_rates(optimizer)
     _check_eps_representable(optimizer)
+    _warn_if_steps_below_resolution(optimizer)
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     inner_ids = {id(x) for x in inner}
     if held & inner_ids:
@@ -536,26 +537,64 @@ def check_outer_optimizer(
 
 
 def _check_eps_representable(optimizer: torch.optim.Optimizer) -> None:
-    """An Adam-like outer optimizer whose ``eps`` is 0 in λ's dtype (1e-8 in float16) divides a
-    step by 0 wherever the squared hypergradient underflows there: λ came out non-finite, and
-    the error blamed the learning rate (session 62: float16 data weights under
-    ``precision="16-true"``). An optimizer that steps in float32 whatever λ's dtype
-    (``steps_in_float32``: :class:`LazyAdam`) is not concerned."""
+    """An optimizer that keeps squared gradients (a group with ``eps``: Adam, AdamW, RMSprop,
+    Adagrad …) over float16 λ computes them in float16, where the square of a hypergradient
+    below 2.4e-4 is 0: its step divides by eps alone. With eps = 1e-8 (0 there) λ came out
+    non-finite and the error blamed the learning rate (session 62); with an eps float16 holds
+    (1e-4) the step is lr·g/eps, up to 2.4× lr where Adam's is at most lr, and float16 data
+    weights came out 0.44 off float32's, silently (session 63). An optimizer that steps in
+    float32 whatever λ's dtype (``steps_in_float32``: :class:`LazyAdam`) is not concerned;
+    bfloat16 has float32's range and is not either."""
     if getattr(optimizer, "steps_in_float32", False):
         return
     for i, group in enumerate(optimizer.param_groups):
         eps = group.get("eps")
-        if not is_real(eps) or eps <= 0:
+        if not is_real(eps):
             continue
         for p in group["params"]:
-            if p.is_floating_point() and float(torch.tensor(eps, dtype=p.dtype)) == 0.0:
-                floor = torch.finfo(p.dtype).tiny
-                raise ConfigurationError(
-                    f"outer_optimizer {type(optimizer).__name__} has eps={eps:g} (group {i}), "
-                    f"which is 0 in the hyperparameters' dtype {p.dtype}: wherever a squared "
-                    "hypergradient underflows there, its step divides by 0 and λ turns "
-                    f"non-finite. Pass eps={floor:.1g} or larger, or keep λ in float32."
+            if p.dtype != torch.float16:
+                continue
+            zero = float(torch.tensor(eps, dtype=p.dtype)) == 0.0
+            raise ConfigurationError(
+                f"outer_optimizer {type(optimizer).__name__} (eps={eps:g}, group {i}) keeps its "
+                f"squared hypergradients in the hyperparameters' dtype {p.dtype}, where the "
+                "square of a hypergradient below 2.4e-4 is 0"
+                + (f" and eps={eps:g} is 0 too: its step divides by 0" if zero else "")
+                + ": its steps are not Adam's (float16 data weights came out 0.44 off float32's; "
+                "with eps=1e-8, non-finite). Use hypertorch_sid.core.LazyAdam (it computes its "
+                "moments and steps in float32; the drop-ins' default), or keep λ in float32 "
+                "(precision='16-mixed' keeps the weights in float32)."
+            )
+
+
+def _warn_if_steps_below_resolution(optimizer: torch.optim.Optimizer) -> None:
+    """Say where λ's dtype holds it more coarsely than the outer learning rate: a bfloat16 λ
+    (``precision="bf16-true"`` casts a ``BilevelModule``'s) holds log λ = −2.3 to a spacing
+    of 0.016, so every outer step of lr = 0.01 was rounded to 0 or one spacing and the ridge
+    learned λ ≈ 0.08 where float32 learns 0.06, silently (session 63)."""
+    for i, group in enumerate(optimizer.param_groups):
+        lr = group.get("lr")
+        if not is_real(lr) or lr <= 0:
+            continue
+        for p in group["params"]:
+            if not p.is_floating_point() or p.element_size() >= 4 or p.numel() == 0:
+                continue
+            top = float(p.detach().abs().max())
+            if not 0 < top < math.inf:
+                continue
+            spacing = torch.finfo(p.dtype).eps * 2.0 ** math.floor(math.log2(top))
+            if lr < spacing:
+                warnings.warn(
+                    f"hypertorch_sid: a hyperparameter tensor is {p.dtype}, which holds its "
+                    f"values near {top:.3g} to a spacing of {spacing:.3g}, above the outer "
+                    f"learning rate lr={lr:g} (group {i}): each outer step is rounded to 0 or "
+                    "a whole spacing, and λ learns something else than in float32. Keep λ in "
+                    "float32 (precision='bf16-mixed' or '16-mixed' keep the weights in "
+                    "float32; a Trainer's '-true' precision casts them), or raise the outer "
+                    "learning rate above the spacing.",
+                    stacklevel=4,
                 )
+                return
 
 
 def _check_group_learning_rates(optimizer: torch.optim.Optimizer) -> None:

@@ -83,6 +83,7 @@ from .problem import (
     ProblemSource,
     check_optimizers_output,
     check_still_trained,
+    named_tensors,
     refuse_untunable_training,
     release_optimizers_check,
 )
@@ -382,6 +383,8 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         self._before_build = False  # in a fit, before on_train_start built the core object
         #: the Trainer function ("fit", "test", ...) that last loaded a checkpoint into it
         self._loaded_by: str | None = None
+        #: the module's tensors by name when this fit started (a layer replaced later is named)
+        self._named_at_start: dict[int, str] = {}
 
     # ================================================================== hooks (one per job)
     def setup(
@@ -409,6 +412,7 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         """The training optimizers must not hold λ, nor ascend their loss; the module's
         parameters must exist (no lazy layer left uninitialised)."""
         refuse_untunable_training(trainer, pl_module, type(self).__name__)
+        self._named_at_start = {id(p): n for n, p in named_tensors(pl_module)}
         self.problem.check(trainer, pl_module)
         if runs_in_new_processes(trainer):
             rank_zero_warn(
@@ -691,7 +695,9 @@ class HyperOptimizationCallback(  # type: ignore[misc]
     def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.sid is not None and self.data is not None and self._active is not None
         self._check_weights(trainer, pl_module)
-        check_still_trained(type(self).__name__, self._active.inner_parameters, pl_module)
+        check_still_trained(
+            type(self).__name__, self._active.inner_parameters, pl_module, self._named_at_start
+        )
         self.problem.before_hyper_step(trainer, pl_module)
         if self._optimizer_decay is not None:
             self._optimizer_decay.refresh()  # P of decoupled decay, frozen for this hyper step

@@ -23,6 +23,7 @@ from torch import Tensor
 from ..core.config import FeasibleSet, SIDConfig
 from ..core.errors import ConfigurationError
 from ..core.gauss_newton import check_hvp
+from ..core.lazy_adam import LazyAdam
 from ..core.optimizer import SIDHyperOptimizer
 from ..core.presets import get_preset
 from .isolation import hyperparameters_require_grad
@@ -186,9 +187,10 @@ class CoreBuild:
         return self.config.replace(**changes)
 
     def _outer_optimizer(self, hyper: Tensors) -> torch.optim.Optimizer:
-        if self.outer_optimizer is None:  # eps that float16 λ can hold (1e-8 is 0 there)
-            tiny = max(torch.finfo(h.dtype).tiny for h in hyper) if hyper else 0.0
-            return torch.optim.Adam(hyper, lr=self.outer_lr, eps=max(1e-8, tiny))
+        if self.outer_optimizer is None:
+            if any(h.dtype == torch.float16 for h in hyper):  # Adam's squares underflow (s63)
+                return LazyAdam(hyper, lr=self.outer_lr)  # Adam, in float32 whatever λ's dtype
+            return torch.optim.Adam(hyper, lr=self.outer_lr)
         opt = self.outer_optimizer(hyper)
         if not isinstance(opt, torch.optim.Optimizer):
             raise ConfigurationError(

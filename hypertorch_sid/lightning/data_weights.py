@@ -111,6 +111,7 @@ from .namespaces import classes, is_overridden
 from .problem import (
     MEANING_KEY,
     check_meaning,
+    check_still_trained,
 )
 from .sampling import (
     draws_by_index,
@@ -930,16 +931,21 @@ class LearnedDataWeights(HyperOptimizationCallback):
             or cross.weights is not weights
         ):
             self._cross = TrainingCrossTerm(weights, sid.outer_optimizer, problem.normalize)
-        u = directional_losses(
-            self._module,
-            problem._original,
-            data,
-            self._active.inner_parameters,
-            sid.v,
-            self._directional_for(rng),
-            at=losses,
-            rng=rng,
-        )
+        inner = self._active.inner_parameters
+        try:
+            u = directional_losses(
+                self._module,
+                problem._original,
+                data,
+                inner,
+                sid.v,
+                self._directional_for(rng),
+                at=losses,
+                rng=rng,
+            )
+        except KeyError:  # a trained tensor no longer the module's: a layer replaced (s63)
+            check_still_trained(type(self).__name__, inner, self._module, self._named_at_start)
+            raise
         g, *shared = self._cross.gradients(index, u, float(sid.alpha), losses)
         # a user's optimizer may take no sparse gradient (Adam, ReachRprop crashed: s58)
         g = g.coalesce() if self._own_outer or problem.sparse_grad else g.to_dense()

@@ -127,18 +127,19 @@ def named_tensors(module: Any) -> list[tuple[str, Tensor]]:
 
 
 def check_optimizers_output(module: pl.LightningModule, who: str) -> None:
-    """Until Lightning calls it in this fit, the module's ``configure_optimizers`` is checked by
-    :func:`refuse_malformed_optimizers` (a wrapper that removes itself at that call, or at
-    :func:`release_optimizers_check`). Lightning calls it in the strategy's setup, after every
+    """For the rest of this fit, every call of the module's ``configure_optimizers`` is checked
+    by :func:`refuse_malformed_optimizers` (a wrapper, removed at the fit's teardown or failure
+    by :func:`release_optimizers_check`). Lightning calls it in the strategy's setup, after every
     callback's ``setup`` and before any hook that could see what it returned (session 61's
-    leftover: calling it a second time to check it would build a second optimizer)."""
+    leftover: calling it a second time to check it would build a second optimizer); optimizers
+    re-created during the fit (``trainer.strategy.setup_optimizers(trainer)``, a warm restart)
+    call it again, and were unchecked until session 63 (Lightning's bare ``KeyError``)."""
     own = module.__dict__.get("configure_optimizers")
     if hasattr(own, "_checks_for"):  # another hyper-optimization callback's, this fit
         return
     original = module.configure_optimizers
 
     def checked() -> Any:
-        release_optimizers_check(module)
         out = original()
         refuse_malformed_optimizers(out, who)
         return out
@@ -456,12 +457,17 @@ def toggled_off(module: torch.nn.Module) -> set[int]:
     return {id(p) for p, before in state.items() if before}
 
 
-def _refuse_replaced_tensors(who: str, inner: Tensors, module: torch.nn.Module) -> None:
+def _refuse_replaced_tensors(
+    who: str, inner: Tensors, module: torch.nn.Module, at_start: dict[int, str] | None = None
+) -> None:
     """A layer replaced during the fit (``self.net[2] = nn.Linear(...)`` in a hook): the
     optimizers still hold the old tensors, which no longer get a gradient, and the new ones are
     trained by nothing; the hyper steps went on learning λ for the old ones, silently (session
     62). Said where tensors the fit started with have left the module while it holds trainable
-    tensors nothing trains (a tensor of a custom problem outside the module alone is not)."""
+    tensors nothing trains (a tensor of a custom problem outside the module alone is not), or,
+    given ``at_start`` (the module's tensors by id when the fit started, names as values),
+    where tensors that were the module's then are gone: a layer replaced by a frozen one
+    (session 63: λ of the old layer was driven to 2e-8 and blamed on the validation loss)."""
     held = {id(p) for p in inner}
     named = named_tensors(module)
     ours = {id(p) for _, p in named}
@@ -477,16 +483,30 @@ def _refuse_replaced_tensors(who: str, inner: Tensors, module: torch.nn.Module) 
             "configure_model), or end this fit and start a new one, whose configure_optimizers "
             "holds the new layer."
         )
+    left = [at_start[id(p)] for p in gone if at_start and id(p) in at_start]
+    if left:
+        raise ConfigurationError(
+            f"{who}: {', '.join(left[:4])}{' ...' if len(left) > 4 else ''}, which the "
+            "optimizers trained when the fit started, are no longer the module's: a layer "
+            "replaced during the fit by one that requires no gradient (a frozen or pretrained "
+            "layer)? The optimizers still step the old tensors, which get no gradient now, and "
+            "the hyper steps would go on learning their hyperparameters for a layer the "
+            "training no longer uses. Replace or freeze layers before trainer.fit (in __init__ "
+            "or configure_model), or end this fit and start a new one with the new layer."
+        )
 
 
-def check_still_trained(who: str, inner: Tensors, module: torch.nn.Module) -> None:
+def check_still_trained(
+    who: str, inner: Tensors, module: torch.nn.Module, at_start: dict[int, str] | None = None
+) -> None:
     """Every tensor the optimizers trained when the fit started (``inner``, the inner
     parameters collected at the fit's start) still requires gradients: the hypergradient
     differentiates the training's fixed point in all of them. One frozen during the fit
     (``requires_grad_(False)`` in a hook or callback) made autograd fail inside the hyper step
     ("One of the differentiated Tensors does not require grad"): said since session 49 for
-    ``LearnedWeightDecay``, since session 53 for every callback."""
-    _refuse_replaced_tensors(who, inner, module)
+    ``LearnedWeightDecay``, since session 53 for every callback. ``at_start``: the module's
+    tensors by id when the fit started (:func:`_refuse_replaced_tensors`)."""
+    _refuse_replaced_tensors(who, inner, module, at_start)
     toggled = toggled_off(module)
     frozen = [p for p in inner if not p.requires_grad and id(p) not in toggled]
     if not frozen:

@@ -1,0 +1,234 @@
+"""Careless users, session 63: session 62's three leftovers (optimizers re-created mid-fit with
+a malformed ``configure_optimizers``, a layer replaced by a frozen one, a user's float16 Adam),
+then round 18's new inputs.
+
+Each case failed before its fix (silently wrong, or a raw or misleading error); the controls
+passed before and after. See docs/failures.md, "Careless inputs (session 63)".
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+from hypertorch_sid import (
+    ConfigurationError,
+    HyperOptimizationCallback,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
+from hypertorch_sid.core import LazyAdam
+
+X, Y = TOY_X, TOY_Y
+QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
+
+
+def _train() -> DataLoader:
+    return DataLoader(TensorDataset(X[60:], Y[60:]), batch_size=16)
+
+
+def _indexed_train() -> DataLoader:
+    return DataLoader(IndexedDataset(TensorDataset(X[60:], Y[60:])), batch_size=16)
+
+
+def _val() -> DataLoader:
+    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+
+
+def _quiet_fit(tr: pl.Trainer, model: pl.LightningModule, *data: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr.fit(model, *data)
+
+
+# ------------------------------------------------------------------ leftover 1
+class _RestartedBadly(ToyClassifier):
+    """configure_optimizers well formed at the fit's start, without its optimizer when a
+    callback re-creates the optimizers at epoch 1 (a warm restart)."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self.calls = 0
+
+    def configure_optimizers(self) -> Any:
+        self.calls += 1
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.calls == 1:
+            return opt
+        return {"lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1)}
+
+
+class _Restart(pl.Callback):
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            trainer.strategy.setup_optimizers(trainer)
+
+
+@pytest.mark.parametrize(
+    "make, loader, reduction",
+    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    ids=["decay", "data_weights"],
+)
+def test_optimizers_re_created_mid_fit_are_checked_too(make, loader, reduction) -> None:
+    """The configure_optimizers check saw the fit's first call only (its wrapper removed itself
+    there): optimizers re-created at epoch 1 (trainer.strategy.setup_optimizers) from a dict
+    without 'optimizer' failed with Lightning's bare KeyError: 'optimizer' (session 62's
+    leftover). The check now stays until the fit's teardown, and is then removed."""
+    model = _RestartedBadly(reduction)
+    with pytest.raises(ConfigurationError, match=rf"^{make.__name__}: configure_optimizers"):
+        _quiet_fit(trainer([make(**QUICK), _Restart()], max_epochs=2), model, loader(), _val())
+    assert model.calls == 2
+    assert "configure_optimizers" not in model.__dict__
+
+
+def test_control_a_well_formed_restart_runs_and_leaves_no_wrapper() -> None:
+    class Restarted(ToyClassifier):
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model, cb = Restarted(), LearnedWeightDecay(**QUICK)
+    _quiet_fit(trainer([cb, _Restart()], max_epochs=2), model, _train(), _val())
+    assert "configure_optimizers" not in model.__dict__
+    assert len(cb.learned_weight_decay) == 2
+
+
+# ------------------------------------------------------------------ leftover 2
+class _SwappedForFrozen(ToyClassifier):
+    """Its last layer replaced at epoch 1 by a frozen one (a pretrained head, say)."""
+
+    def __init__(self, reduction: str = "mean", frozen: bool = True) -> None:
+        super().__init__(reduction)
+        self.frozen = frozen
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:
+            head = torch.nn.Linear(16, 3)
+            head.requires_grad_(not self.frozen)
+            self.net[2] = head
+
+
+@pytest.mark.parametrize(
+    "make, loader, reduction",
+    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    ids=["decay", "data_weights"],
+)
+def test_a_layer_replaced_by_a_frozen_one_is_named(make, loader, reduction) -> None:
+    """self.net[2] = a frozen nn.Linear at epoch 1: the replaced-layer check (session 62) needed
+    a trainable tensor no optimizer held, so under the decay the fit went on and drove net.2's
+    λ (a layer no longer used) to 2e-8, blamed on the validation loss; under the data weights
+    the cross term failed with a bare KeyError of a tensor's id. Now named, by the names the
+    tensors had when the fit started."""
+    with pytest.raises(ConfigurationError, match=r"net\.2\.weight, net\.2\.bias, .*frozen"):
+        _quiet_fit(
+            trainer([make(**QUICK)], max_epochs=3), _SwappedForFrozen(reduction), loader(), _val()
+        )
+
+
+def test_a_layer_replaced_by_a_trainable_one_under_the_data_weights_is_named() -> None:
+    """The same with a trainable head, under the data weights: the bare KeyError too."""
+    with pytest.raises(ConfigurationError, match=r"replaced during the fit"):
+        _quiet_fit(
+            trainer([LearnedDataWeights(**QUICK)], max_epochs=3),
+            _SwappedForFrozen("none", frozen=False),
+            _indexed_train(),
+            _val(),
+        )
+
+
+def test_control_a_trained_tensor_outside_the_module_is_not_named() -> None:
+    """A plain tensor (no Parameter) trained beside the module's is no layer replaced."""
+
+    class Temperature(ToyClassifier):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t = torch.ones(1, requires_grad=True)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self(batch[0]) * self.t, batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD([*self.parameters(), self.t], lr=0.1)
+
+    cb = LearnedWeightDecay(**QUICK)
+    _quiet_fit(trainer([cb], max_epochs=2), Temperature(), _train(), _val())
+    assert len(cb.learned_weight_decay) == 3
+
+
+# ------------------------------------------------------------------ leftover 3
+def test_a_users_float16_adam_is_refused_whatever_its_eps() -> None:
+    """outer_optimizer=partial(Adam, lr=0.1, eps=1e-4) over float16 data weights
+    (precision="16-true"): torch's Adam squares the hypergradients in float16, where below
+    2.4e-4 they are 0, so its steps were lr·g/eps: the weights came out 0.44 off float32's
+    (correlation 0.85), silently (session 62's leftover; eps=1e-8 was refused)."""
+    opt = functools.partial(torch.optim.Adam, lr=0.1, eps=1e-4)
+    cb = LearnedDataWeights(outer_optimizer=opt, **QUICK)
+    with pytest.raises(ConfigurationError, match=r"Adam \(eps=0.0001.*float16.*LazyAdam"):
+        _quiet_fit(
+            trainer([cb], max_epochs=1, precision="16-true"),
+            ToyClassifier("none"),
+            _indexed_train(),
+            _val(),
+        )
+
+
+def test_control_a_users_lazy_adam_over_float16_is_taken() -> None:
+    from hypertorch_sid.core.validation import check_outer_optimizer
+
+    half = torch.zeros(3, dtype=torch.float16, requires_grad=True)
+    check_outer_optimizer(LazyAdam([half], lr=0.1), [], [half])
+    bf16 = torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)
+    check_outer_optimizer(torch.optim.Adam([bf16], lr=0.1), [], [bf16])  # float32's range
+
+
+def _ridge_lambda(**settings: Any) -> torch.Tensor:
+    cb = HyperOptimizationCallback(
+        every_n_steps=2, adjoint_steps=5, max_overhead=None, start_step=0
+    )
+    model = Ridge()
+    _quiet_fit(trainer([cb], max_epochs=30, **settings), model, *loaders(ridge_data(), 20))
+    return model.log_lam.detach().float().exp()
+
+
+def test_the_callbacks_default_over_float16_lambda_learns_float32s() -> None:
+    """HyperOptimizationCallback's own outer Adam over a float16 λ (the ridge BilevelModule
+    under precision="16-true"): one λ of five came out 0.028 where float32 learns 0.057 (its
+    hypergradient squared to 0 in float16). The default is now LazyAdam there (Adam, in
+    float32 whatever λ's dtype): within 3 % of float32's."""
+    full, half = _ridge_lambda(), _ridge_lambda(precision="16-true")
+    assert torch.allclose(half, full, rtol=0.03)
+
+
+def test_lazy_adam_takes_a_scalar_and_steps_as_adam() -> None:
+    """The default above meets scalar λ: LazyAdam failed on a 0-dim tensor (IndexError)."""
+    p = torch.zeros((), dtype=torch.float16, requires_grad=True)
+    q = torch.zeros((), requires_grad=True)
+    lazy, adam = LazyAdam([p], lr=0.01), torch.optim.Adam([q], lr=0.01)
+    for t in range(30):
+        g = 1e-3 if t < 5 else 1e-4
+        p.grad, q.grad = torch.tensor(g, dtype=torch.float16), torch.tensor(g)
+        lazy.step()
+        adam.step()
+    assert p.shape == () and math.isclose(p.item(), q.item(), rel_tol=5e-3)
+
+
+def test_bfloat16_lambda_coarser_than_the_outer_step_is_said() -> None:
+    """precision="bf16-true" casts the ridge's log λ (−2.3) to bfloat16, whose spacing there
+    (0.0156) is above the outer lr 0.01: every step was rounded, and λ ended near 0.08 where
+    float32 learns 0.06, silently. Said when the outer optimizer is taken."""
+    from hypertorch_sid.core.validation import check_outer_optimizer
+
+    lam = torch.full((5,), -2.3, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.warns(UserWarning, match=r"bfloat16.*spacing of 0\.0156.*lr=0\.01.*bf16-mixed"):
+        check_outer_optimizer(torch.optim.Adam([lam], lr=0.01), [], [lam])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_outer_optimizer(torch.optim.Adam([lam], lr=0.1), [], [lam])  # control
