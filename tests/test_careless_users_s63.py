@@ -17,14 +17,18 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from problems import make_ridge
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
     ConfigurationError,
+    DivergenceError,
     HyperOptimizationCallback,
     IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
+    SIDConfig,
+    SIDHyperOptimizer,
 )
 from hypertorch_sid.core import LazyAdam
 
@@ -232,3 +236,47 @@ def test_bfloat16_lambda_coarser_than_the_outer_step_is_said() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_outer_optimizer(torch.optim.Adam([lam], lr=0.1), [], [lam])  # control
+
+
+# ------------------------------------------------------------------ round 18's new inputs
+class _BiasFree(ToyClassifier):
+    """The toy without biases (Muon takes matrices only), trained by ``make(params)``."""
+
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self.make = make
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(6, 16, bias=False), torch.nn.Tanh(), torch.nn.Linear(16, 3, bias=False)
+        )
+
+    def configure_optimizers(self) -> Any:
+        return self.make(self.parameters())
+
+
+def test_an_optimizers_own_default_decay_is_named_by_its_class() -> None:
+    """torch.optim.Muon(params, lr=0.02) under LearnedWeightDecay: refused (Muon decays by 0.1
+    unless told), but the text said "pass weight_decay=0 — AdamW's default is 0.01", another
+    optimizer's default. Now the class's own."""
+    model = _BiasFree(lambda ps: torch.optim.Muon(ps, lr=0.02))
+    with pytest.raises(ConfigurationError, match=r"Muon .*weight_decay=0 — Muon's default is 0\.1"):
+        _quiet_fit(trainer([LearnedWeightDecay(**QUICK)], max_epochs=1), model, _train(), _val())
+    model = _BiasFree(lambda ps: torch.optim.SGD(ps, lr=0.1, weight_decay=1e-3))
+    with pytest.raises(ConfigurationError, match=r"pass weight_decay=0\); the callback"):
+        _quiet_fit(trainer([LearnedWeightDecay(**QUICK)], max_epochs=1), model, _train(), _val())
+
+
+def test_a_nan_in_the_validation_batch_is_named_as_the_data() -> None:
+    """A NaN feature in one validation row: every hyper step reading it failed with "check the
+    validation data for NaN/Inf and that w has not diverged", two causes where the batch
+    itself showed which. Now the batch's tensor and its count of rows, w said finite."""
+    p = make_ridge()
+    X_val = p.X_val.clone()
+    X_val[3, 1] = float("nan")
+    hopt = SIDHyperOptimizer(
+        [p.log_lam], [p.w], p.inner_loss, p.outer_loss, torch.optim.Adam([p.log_lam], lr=0.1),
+        config=SIDConfig(inner_steps=5, adjoint_steps=5),
+    )  # fmt: skip
+    with pytest.raises(
+        DivergenceError, match=r"validation batch .*NaN/Inf \(its tensor 0, in 1 of"
+    ):
+        hopt.hypergradient(p.loader(20), (X_val, p.y_val))

@@ -362,11 +362,37 @@ def outer_gradients(
             "outer gradient ∇E",
             None,
             norm(total),
-            "The validation loss or its gradient is not finite: check the validation data for "
-            "NaN/Inf and that w has not diverged.",
+            "The validation loss or its gradient is not finite: "
+            + (
+                _non_finite_batch(batches)
+                or "check the validation data for NaN/Inf and that w has not diverged."
+            ),
             data=bool(all(torch.isfinite(w).all() for w in inner_parameters)),
         )
     return g1, g2, value
+
+
+def _non_finite_batch(batches: Sequence[Any]) -> str | None:
+    """Where a validation batch itself holds NaN/Inf, which of its tensors and rows, or None
+    (the error said "check the validation data for NaN/Inf and that w has not diverged"
+    where the batch read held the NaN; session 63)."""
+    for batch in batches:
+        tensors = [batch] if isinstance(batch, Tensor) else []
+        if isinstance(batch, dict):
+            tensors = list(batch.values())
+        elif isinstance(batch, (list, tuple)):
+            tensors = list(batch)
+        for i, t in enumerate(tensors):
+            if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() == 0:
+                continue
+            bad = ~torch.isfinite(t.detach().reshape(len(t), -1)).all(1)
+            if bool(bad.any()):
+                return (
+                    f"a validation batch it read holds NaN/Inf (its tensor {i}, in "
+                    f"{int(bad.sum())} of its {len(t)} rows), so the validation data do: remove "
+                    "or repair those examples (w is finite)."
+                )
+    return None
 
 
 def warn_if_outer_is_inner(

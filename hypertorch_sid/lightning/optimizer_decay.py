@@ -67,6 +67,21 @@ def decouples(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> boo
     return isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
 
 
+def default_decay(optimizer: torch.optim.Optimizer) -> str:
+    """The text " — its default is …" for an optimizer class whose ``weight_decay`` defaults
+    to non-zero (AdamW 0.01, Muon 0.1: a user who never passed one meets the refusal), else
+    ""; the refusal named AdamW's 0.01 whatever the class (session 63: Muon's is 0.1)."""
+    import inspect
+
+    try:
+        default = inspect.signature(type(optimizer).__init__).parameters["weight_decay"].default
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if isinstance(default, (int, float)) and default != 0:
+        return f" — {type(optimizer).__name__}'s default is {default:g}"
+    return ""
+
+
 def preconditioner(
     optimizer: torch.optim.Optimizer, group: Mapping[str, Any], param: Tensor
 ) -> Tensor | float:

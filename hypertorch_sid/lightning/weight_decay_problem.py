@@ -29,7 +29,7 @@ from ..core.decay import (
 from ..core.errors import ConfigurationError
 from ..core.validation import check_bool, check_takes, is_real, number_fix
 from .data_loss import DataLoss
-from .optimizer_decay import PRECONDITIONED, decouples, preconditioner
+from .optimizer_decay import PRECONDITIONED, decouples, default_decay, preconditioner
 from .problem import BilevelProblem, UntrainedGroups, check_still_trained, named_tensors
 from .shrink import AppliedShrink, ShrinkRates
 from .stability import StableBounds
@@ -436,7 +436,7 @@ class WeightDecayProblem:
                         raise ConfigurationError(
                             f"LearnedWeightDecay: the optimizer {type(opt).__name__} (group {gi}) "
                             f"already applies weight_decay={group['weight_decay']}: remove it "
-                            "(pass weight_decay=0 — AdamW's default is 0.01); the callback "
+                            f"(pass weight_decay=0{default_decay(opt)}); the callback "
                             f"applies the learned decay itself.{groups_hint}{adamw_hint}"
                         )
                     if decouples(opt, group) and not self.decoupled:
