@@ -280,3 +280,34 @@ def test_a_nan_in_the_validation_batch_is_named_as_the_data() -> None:
         DivergenceError, match=r"validation batch .*NaN/Inf \(its tensor 0, in 1 of"
     ):
         hopt.hypergradient(p.loader(20), (X_val, p.y_val))
+
+
+# ------------------------------------------------------------------ per-class targets
+_PER_CLASS = dict(per="class", num_classes=3, **QUICK)
+
+
+def test_a_per_class_target_of_another_length_is_named_as_the_target() -> None:
+    """target=lambda batch: batch[1][:4] (a slice left in) under per="class": refused as the
+    losses' fault, "16 per-sample losses for a batch of 4 indexed samples … 4 views of each
+    sample concatenated (torch.cat([x1, x2]))?", a cause the user's losses did not have."""
+    cb = LearnedDataWeights(target=lambda batch: batch[1][:4], **_PER_CLASS)
+    with pytest.raises(
+        ConfigurationError, match=r"target gave 4 class ids for a training batch of 16 rows"
+    ):
+        _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())
+
+
+def test_a_per_class_target_giving_the_inputs_is_not_read_as_soft_labels() -> None:
+    """target=lambda batch: batch[0] (the inputs) was said to be "one-hot or soft labels?" with
+    the fix batch[1].argmax(1), which on inputs of ≥ num_classes features gives class ids
+    that are no labels. Rows that are no distributions are now said to be no labels."""
+    cb = LearnedDataWeights(target=lambda batch: batch[0], **_PER_CLASS)
+    with pytest.raises(
+        ConfigurationError, match=r"\(16, 6\) \(no labels: .*the inputs\?\).*e\.g\. batch\[1\]\.$"
+    ):
+        _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())
+    cb = LearnedDataWeights(target=lambda b: torch.nn.functional.one_hot(b[1], 3), **_PER_CLASS)
+    with pytest.raises(
+        ConfigurationError, match=r"one-hot or soft labels\?.*argmax\(1\)"
+    ):  # control
+        _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())

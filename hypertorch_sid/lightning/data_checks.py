@@ -384,9 +384,23 @@ def _label_fault(labels: Any, b: int | None = None) -> tuple[str, str, str]:
         return what, "class ids stored as floats?", "batch[1].long()"
     if names:  # session 53: argmax(1) was the fix given for a tuple of strings
         return what, "class names?", "torch.tensor([CLASSES.index(c) for c in batch[1]])"
+    if isinstance(labels, Tensor) and not _distributions(labels):  # features (s63)
+        return what, "no labels: its rows are no one-hot or soft labels; the inputs?", "batch[1]"
     if isinstance(labels, Tensor):
         return what, "one-hot or soft labels?", "batch[1].argmax(1)"
     return what, "not a tensor", "torch.as_tensor(batch[1])"
+
+
+def _distributions(labels: Tensor) -> bool:
+    """Whether the rows of a 2-D tensor may be one-hot or soft labels (in [0, 1], summing to
+    1): ``target=lambda batch: batch[0]`` (the inputs) was read as soft labels and the fix
+    offered was ``batch[1].argmax(1)`` (session 63)."""
+    if labels.dim() != 2 or labels.is_complex():
+        return labels.dim() == 2
+    x = labels.detach().double()
+    return bool(((x >= 0) & (x <= 1)).all()) and bool(
+        torch.allclose(x.sum(1), torch.ones(1, dtype=x.dtype), atol=1e-3)
+    )
 
 
 def _check_sample_target(target: Any, data: Any, b: int, binary_floats: bool) -> None:
@@ -415,10 +429,19 @@ def _check_sample_target(target: Any, data: Any, b: int, binary_floats: bool) ->
     )
 
 
-def _check_class_labels(labels: Any, num_classes: int) -> Tensor:
+def _check_class_labels(labels: Any, num_classes: int, rows: int | None = None) -> Tensor:
     """``per="class"``: a training batch's ``target(batch)`` must be a 1-D integer tensor (or
     a column, :func:`_integer_vector`) of class ids in 0..num_classes - 1, the rows of the
-    class weights; returned 1-D."""
+    class weights; returned 1-D. ``rows``: the batch's rows where known (an ``Indexed``
+    batch); labels of another count were refused as the losses' fault, "16 per-sample losses
+    for a batch of 4 indexed samples … 4 views of each sample concatenated?" (session 63)."""
+    if _integer_vector(labels) and rows is not None and labels.shape[0] != rows:
+        raise ConfigurationError(
+            f"LearnedDataWeights(per='class'): the batch's target gave {labels.shape[0]} class "
+            f"ids for a training batch of {rows} rows: it must give one per row, in the "
+            "batch's order, e.g. target=lambda batch: batch[1] (a slice or a filter in "
+            "target=?)."
+        )
     if not _integer_vector(labels):
         what, cause, fix = _label_fault(labels)
         raise ConfigurationError(

@@ -307,8 +307,8 @@ class DataWeightsProblem(WeightedStep):
     def _index_and_data(self, batch: Any) -> tuple[Tensor, Any]:
         if self.per == "sample":
             return split_indexed(batch)
-        data = batch.data if isinstance(batch, Indexed) else batch
-        labels = _check_class_labels(self.target(data), self.num_classes)  # type: ignore[arg-type]
+        data, rows = (batch.data, len(batch.index)) if isinstance(batch, Indexed) else (batch, None)
+        labels = _check_class_labels(self.target(data), self.num_classes, rows)  # type: ignore[arg-type]
         seen = torch.bincount(labels, minlength=self.num_classes) > 0  # type: ignore[arg-type]
         held = self._trained_classes
         self._trained_classes = seen if held is None else held.to(seen.device) | seen
