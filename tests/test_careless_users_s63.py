@@ -311,3 +311,21 @@ def test_a_per_class_target_giving_the_inputs_is_not_read_as_soft_labels() -> No
         ConfigurationError, match=r"one-hot or soft labels\?.*argmax\(1\)"
     ):  # control
         _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())
+
+
+# ------------------------------------------------------------------ a BilevelModule's inner_loss
+def test_an_inner_loss_without_lambda_is_named_as_the_inner_loss() -> None:
+    """A Ridge BilevelModule whose inner_loss forgot the penalty (the default training_step):
+    refused as "training_step does not read any hyperparameter (log_lam), while the
+    hypergradient differentiates inner_loss, which reads them … Make training_step return
+    self.inner_loss(batch)", which it already did: inner_loss was the one without λ."""
+
+    class Unpenalised(Ridge):
+        def inner_loss(self, batch: Any) -> torch.Tensor:
+            return self._fit(batch)
+
+    cb = HyperOptimizationCallback(every_n_steps=2, adjoint_steps=5, max_overhead=None)
+    with pytest.raises(
+        ConfigurationError, match=r"Unpenalised\.inner_loss does not read any .*log_lam\.exp\(\)"
+    ):
+        _quiet_fit(trainer([cb], max_epochs=1), Unpenalised(), *loaders(ridge_data(), 20))

@@ -296,6 +296,15 @@ class Bilevel:
         if out is None:  # Lightning skips this batch: nothing to check yet
             self._check_lambda_read = True
             return out
+        if not reads.found and type(self).training_step is Bilevel.training_step:
+            names = ", ".join(self._hyperparameter_names)
+            raise ConfigurationError(  # it said "inner_loss, which reads them" (session 63)
+                f"{type(self).__name__}.inner_loss does not read any hyperparameter ({names}): "
+                "the training it defines does not depend on λ, so there is nothing for the "
+                "hypergradient to tune. Use λ in inner_loss, e.g. add the penalty it weighs "
+                f"(+ 0.5 * (self.{self._hyperparameter_names[0]}.exp() * w ** 2).sum() for a "
+                "log-decay)."
+            )
         if not reads.found:
             names = ", ".join(self._hyperparameter_names)
             raise ConfigurationError(
