@@ -39,6 +39,7 @@ from .data_checks import (
     _warn_unread_labels,
 )
 from .problem import with_batch_idx
+from .row_order import warn_if_losses_leave_rows
 from .row_record import RowRecord
 
 __all__ = ["WeightedStep"]
@@ -161,6 +162,8 @@ class WeightedStep(RowRecord):
                     if not self._own_target and carried is None and _rows_of(raw):
                         _warn_unread_labels(data, _rows_of(raw))
                 self._choose_gauge(data, raw, carried)
+                if replay is not None and isinstance(raw, Tensor):  # in the batch's order (s63)
+                    warn_if_losses_leave_rows(original, replay, raw, module)
             if in_loop and self._masked_checks > 0 and replay is not None:
                 self._masked_checks -= 1
                 if _warn_masked_samples(raw, replay, self._zero_when_shrunk):
