@@ -373,3 +373,32 @@ def test_control_losses_in_the_rows_order_are_not_said(model) -> None:
             model("none"), _indexed_train(), _val()
         )
     assert not any("follow the batch's rows" in str(w.message) for w in said)
+
+
+# ------------------------------------------------------------------ validation data on another scale
+@pytest.mark.parametrize(
+    "make, loader, reduction",
+    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    ids=["decay", "data_weights"],
+)
+def test_validation_inputs_on_another_scale_are_said(make, loader, reduction) -> None:
+    """The training inputs preprocessed, the validation ones left raw (×255): the hyper steps
+    tuned for inputs the training never sees (the data weights 0.85 off those of the same fit
+    with its validation inputs preprocessed, correlation 0.70), silently."""
+    raw = DataLoader(TensorDataset(X[:60] * 255, Y[:60]), batch_size=20)
+    with pytest.warns(UserWarning, match=r"tensor 0 of the validation data is on another scale"):
+        trainer([make(**QUICK)], max_epochs=1).fit(ToyClassifier(reduction), loader(), raw)
+
+
+def test_control_validation_data_of_the_training_scale_is_not_said() -> None:
+    """Another split of the same distribution, and a validation set standardised apart (a
+    shift within 10×), are not said."""
+    g = torch.Generator().manual_seed(1)
+    other = DataLoader(
+        TensorDataset(torch.randn(60, 6, generator=g) * 3 + 2, Y[:60]), batch_size=20
+    )
+    for val in (_val(), other):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(ToyClassifier(), _train(), val)
+        assert not any("on another scale" in str(w.message) for w in said)

@@ -40,6 +40,7 @@ from .sampling import (
     fetch,
     first_loader,
     loader_parts,
+    other_scale,
     sampled_part,
     shard_indices,
     shared_examples,
@@ -98,6 +99,7 @@ class HyperData:
         self.train_stream = BatchStream(self.train, f"the callback's training {kind}")
         self._build_val(val, val_batch_size, seed + 1)
         self._warn_shared_examples()
+        self._warn_other_scale()
         #: the RNG states that shuffle the training loader (a resumed fit repeats its order)
         self.order = TrainingOrder(trainer.train_dataloader)
         self._loaded = self._loaded_datasets()
@@ -145,6 +147,20 @@ class HyperData:
             "towards 0; data weights learn to trust the rows the network fits, wrong labels "
             f"included). {fix}"
         )
+
+    def _warn_other_scale(self) -> None:
+        """A warning where the validation tensors are on another scale than the training ones
+        (:func:`~.sampling.other_scale`: a preprocessing step applied to one set only)."""
+        if self.train_parts is None or self.val_dataset is None:
+            return
+        said = other_scale(self.train_parts[0], self.val_dataset)
+        if said is not None:
+            rank_zero_warn(
+                f"{self.who}: {said}: a preprocessing step applied to one set only (x / 255, "
+                "a normalisation, other units)? The hyper steps tune the hyperparameters for "
+                "the validation data as they are, inputs the training never sees. Preprocess "
+                "both sets alike."
+            )
 
     # ------------------------------------------------------------------ reloaded loaders
     def _loaded_datasets(self) -> tuple[Any, Any]:
