@@ -559,7 +559,8 @@ def other_scale(train: Any, val: Any, rows: int = 10_000) -> str | None:
     for i, (a, b) in enumerate(zip(train_base.tensors, val_base.tensors)):
         if not a.is_floating_point():
             continue
-        (ma, sa), (mb, sb) = _moments(a, train_at, rows), _moments(b, val_at, rows)
+        robust, plain = zip(_moments(a, train_at, rows), _moments(b, val_at, rows))
+        (ma, sa), (mb, sb) = robust if robust[0][1] > 0 and robust[1][1] > 0 else plain
         if not (sa > 0 and sb > 0 and math.isfinite(sa * sb)):
             continue
         if max(sa, sb) / min(sa, sb) > 10 or abs(ma - mb) > 10 * max(sa, sb):
@@ -571,23 +572,24 @@ def other_scale(train: Any, val: Any, rows: int = 10_000) -> str | None:
     return None
 
 
-def _moments(t: Tensor, at: set[int] | None, rows: int) -> tuple[float, float]:
-    """Median and spread (the interquartile range) of up to ``rows`` rows of ``t`` (those at
-    ``at``; at most 10⁶ entries), NaN and Inf left out: robust, so the outliers the data
-    weights are there to find (a tenth of the training targets shifted by 50) do not make the
-    training set look like another scale; the mean and standard deviation where over half the
-    entries are one value (the interquartile range 0: MNIST's zero pixels)."""
+def _moments(
+    t: Tensor, at: set[int] | None, rows: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((median, interquartile range), (mean, standard deviation)) of up to ``rows`` rows of
+    ``t`` (those at ``at``; at most 10⁶ entries), NaN and Inf left out. The first pair is
+    compared where both sets have a range: robust, so the outliers the data weights are there
+    to find (a tenth of the training targets shifted by 50) do not make the training set look
+    like another scale; the second where over half a set's entries are one value (the range
+    0: MNIST's zero pixels)."""
     per_row = max(1, t[0].numel()) if len(t) else 1
     rows = max(1, min(rows, 1_000_000 // per_row))
     picked = sorted(at)[:rows] if at is not None else range(min(rows, len(t)))
     x = t[torch.as_tensor(list(picked), dtype=torch.long)].detach().double().flatten()
     x = x[torch.isfinite(x)]
     if x.numel() < 2:
-        return 0.0, 0.0
+        return (0.0, 0.0), (0.0, 0.0)
     q = torch.quantile(x, torch.tensor([0.25, 0.5, 0.75], dtype=x.dtype, device=x.device))
-    if q[2] > q[0]:
-        return float(q[1]), float(q[2] - q[0])
-    return float(x.mean()), float(x.std())  # mostly one value (MNIST's zero pixels)
+    return (float(q[1]), float(q[2] - q[0])), (float(x.mean()), float(x.std()))
 
 
 def _shared_rows(
