@@ -402,3 +402,41 @@ def test_control_validation_data_of_the_training_scale_is_not_said() -> None:
             warnings.simplefilter("always")
             trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(ToyClassifier(), _train(), val)
         assert not any("on another scale" in str(w.message) for w in said)
+
+
+# ------------------------------------------------------------------ weights edited between steps
+class _Clamped(ToyClassifier):
+    """WGAN-style weight clipping of the first layer after every batch."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        with torch.no_grad():
+            self.net[0].weight.clamp_(-0.2, 0.2)
+
+
+@pytest.mark.parametrize(
+    "make, loader, reduction",
+    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    ids=["decay", "data_weights"],
+)
+def test_weights_edited_between_optimizer_steps_are_said(make, loader, reduction) -> None:
+    """self.net[0].weight.clamp_(-0.2, 0.2) in on_train_batch_end: the training is a projected
+    one, while the hyper steps model the optimizer's steps alone, and nothing was said."""
+    with pytest.warns(UserWarning, match=r"net\.0\.weight changed between optimizer steps 0 and 1"):
+        trainer([make(**QUICK)], max_epochs=1).fit(_Clamped(reduction), loader(), _val())
+
+
+def test_control_an_ema_swapping_weights_for_validation_is_not_said() -> None:
+    """Lightning's EMAWeightAveraging swaps the average in for each validation and puts the
+    weights back: their norms are back bit for bit."""
+    from pytorch_lightning.callbacks import EMAWeightAveraging
+
+    class Validated(ToyClassifier):
+        def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        trainer(
+            [LearnedWeightDecay(**QUICK), EMAWeightAveraging()], max_epochs=2, val_check_interval=3
+        ).fit(Validated(), _train(), _val())
+    assert not any("outside the optimizer" in str(w.message) for w in said)

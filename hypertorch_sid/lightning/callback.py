@@ -75,6 +75,7 @@ from .isolation import (
     private_rng,
 )
 from .metrics import FEW_HYPER_STEPS, readable_progress_bar
+from .moved_weights import MovedWeights
 from .namespaces import classes
 from .optimizer_decay import OptimizerDecay
 from .problem import (
@@ -462,11 +463,15 @@ class HyperOptimizationCallback(  # type: ignore[misc]
         ours = self._hyper_callbacks(trainer)
         ours = ours if any(c is self for c in ours) else [self]
         if ours[0] is self:
+            moved = MovedWeights(type(self).__name__, self.every_n_steps)  # edited outside (s63)
             self._step_hook = hook_steps(
                 lambda: trainer.optimizers,
-                [functools.partial(c._change_gradient, trainer, pl_module) for c in ours],
+                [functools.partial(moved.check, trainer, pl_module)]
+                + [functools.partial(c._change_gradient, trainer, pl_module) for c in ours],
                 [functools.partial(c._read_gradient, trainer, pl_module) for c in ours],
-                [c._close_reading for c in ours] + [c._count_step for c in ours],
+                [c._close_reading for c in ours]
+                + [c._count_step for c in ours]
+                + [functools.partial(moved.note, trainer)],
             )
 
     def _release_step_hook(self) -> None:
