@@ -191,6 +191,12 @@ class AppliedShrink:
         """The sums as numbers, for a checkpoint."""
         return {k: [float(num), float(den)] for k, (num, den) in self.sums.items()}
 
+    def rename(self, names: Mapping[str, str]) -> None:
+        """Rename groups (old name → new), in the sums and in a checkpoint's not yet started."""
+        self.sums = {names.get(k, k): v for k, v in self.sums.items()}
+        if self.checkpointed is not None:
+            self.checkpointed = {names.get(k, k): v for k, v in self.checkpointed.items()}
+
     def load(self, state: Any, key: str) -> None:
         """Keep a checkpoint's sums (its entry ``key``) for the resumed fit's :meth:`start`."""
         if not isinstance(state, Mapping) or not all(
