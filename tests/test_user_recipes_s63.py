@@ -8,13 +8,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import IndexedDataset, LearnedDataWeights
+from hypertorch_sid import (
+    ConfigurationError,
+    IndexedDataset,
+    LearnedDataWeights,
+    LearnedWeightDecay,
+)
 from hypertorch_sid.lightning.evidence import CONTRAST_QUANTILE, RowEvidence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -141,3 +147,112 @@ def test_control_a_cross_entropy_keeps_its_log2_check() -> None:
     said = record.flag_contrast(torch.cat([torch.arange(20), torch.arange(40, 60)]))
     assert said is not None and "another class than the label" in said
     assert record.misfits(torch.arange(60)).tolist() == list(range(40))
+
+
+# -------------------------------------------------------- stochastic depth
+class SkipBlocks(pl.LightningModule):
+    """The ``stoch_depth`` recipe in small: three residual blocks, each skipped at random in
+    training (a Python branch on ``torch.rand``, probability ½ here); ``unused``: a layer the
+    training never calls (the refusal's case)."""
+
+    def __init__(self, per_sample: bool, unused: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(1)  # the first training step skips blocks 0–2 (refused before)
+        self.per_sample = per_sample
+        self.stem, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.unused = nn.Linear(16, 16) if unused else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.stem(x))
+        for block in self.blocks:
+            if not self.training:
+                h = F.relu(h + block(h))
+            elif torch.rand(()) < 0.5:
+                h = F.relu(h + 2 * block(h))
+        return self.out(h)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss = F.cross_entropy(self(batch[0]), batch[1], reduction="none")
+        return loss if self.per_sample else loss.mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+def _skip_fit(cb: Any, unused: bool = False) -> None:
+    x, y = _blobs(256, 3)
+    per_sample = isinstance(cb, LearnedDataWeights)
+    train = TensorDataset(x[:192], y[:192])
+    trainer = pl.Trainer(
+        max_epochs=4, callbacks=[cb], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(
+            SkipBlocks(per_sample, unused),
+            DataLoader(IndexedDataset(train) if per_sample else train, batch_size=32, shuffle=True),
+            DataLoader(TensorDataset(x[192:], y[192:]), batch_size=64),
+        )
+
+
+def test_blocks_skipped_at_random_train_with_the_learned_decay() -> None:
+    """``stoch_depth`` (session 63), seed 1: the first step skipped block 0, so its tensors had
+    no gradient there. Before: "LearnedWeightDecay: blocks.0.weight, blocks.0.bias, ... got no
+    gradient from the training loss ... a layer the training never uses", at step 1 (59 % of
+    the recipe's draws: 4 blocks kept with probability 0.8 each). Then the core's first check
+    ("the training loss does not depend on blocks.1.weight") and its Hessian products
+    ("element 4 of tensors does not require grad") refused a block skipped in a hyper step's
+    draw. Now a tensor must get a gradient at one of the steps before the first hyper step,
+    the core's check draws ℓ̂ again before it refuses, and a skipped block adds 0 to the
+    products."""
+    cb = LearnedWeightDecay(1e-3, every_n_steps=4, start_step=4, max_overhead=None)
+    _skip_fit(cb)
+    assert len(cb.history) == 6  # 24 steps, a hyper step every 4 from step 4
+    assert all(float(v.mean()) != 1e-3 for v in cb.learned_weight_decay.values())
+
+
+def test_blocks_skipped_at_random_train_with_the_data_weights() -> None:
+    """The same under ``LearnedDataWeights``: before, "the training loss does not depend on
+    blocks.1.weight, blocks.1.bias: either a layer the training never uses ..." at the first
+    hyper step, then (past that check) a RuntimeError inside the curvature estimate."""
+    cb = LearnedDataWeights(every_n_steps=4, start_step=4, max_overhead=None)
+    _skip_fit(cb)
+    assert len(cb.history) == 6
+    assert float(cb.data_weights().std()) > 0
+
+
+def test_control_a_layer_never_called_is_still_refused_before_a_hyper_step_writes() -> None:
+    """Control: a layer ``forward`` never calls is refused by both drop-ins at their first
+    hyper step, named, before λ or a weight is written (the decay: its own message, not the
+    core's). Before, the decay refused it at step 1 naming the blocks that step skipped with
+    it ("blocks.0.weight, blocks.0.bias, blocks.1.weight, blocks.1.bias, unused.weight ...")."""
+    cb = LearnedWeightDecay(1e-3, every_n_steps=4, start_step=4, max_overhead=None)
+    with pytest.raises(ConfigurationError, match=r"unused\.weight, unused\.bias got no gradient"):
+        _skip_fit(cb, unused=True)
+    assert not cb.history
+    dw = LearnedDataWeights(every_n_steps=4, start_step=4, max_overhead=None)
+    with pytest.raises(
+        ConfigurationError, match=r"does not depend on unused\.weight, unused\.bias"
+    ):
+        _skip_fit(dw, unused=True)
+    assert not dw.history
+
+
+def test_a_gradient_off_the_graph_adds_nothing_to_a_product() -> None:
+    """``core.autodiff.grad``: a first derivative given as zeros (a tensor this draw did not
+    read) is no output torch can differentiate; it is left out of the product (before:
+    "element 1 of tensors does not require grad and does not have a grad_fn")."""
+    from hypertorch_sid.core.autodiff import grad
+
+    w, skipped = torch.randn(3, requires_grad=True), torch.randn(2, requires_grad=True)
+    g = grad((w**3).sum(), [w, skipped], create_graph=True)
+    assert not g[1].requires_grad
+    v = [torch.ones(3), torch.ones(2)]
+    hv = grad(g, [w, skipped], grad_outputs=v)
+    torch.testing.assert_close(hv[0], 6 * w.detach())
+    assert torch.equal(hv[1], torch.zeros(2))
