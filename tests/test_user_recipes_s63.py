@@ -256,3 +256,37 @@ def test_a_gradient_off_the_graph_adds_nothing_to_a_product() -> None:
     hv = grad(g, [w, skipped], grad_outputs=v)
     torch.testing.assert_close(hv[0], 6 * w.detach())
     assert torch.equal(hv[1], torch.zeros(2))
+
+
+# -------------------------------------------------------- SAM
+def test_sams_base_sgd_decay_is_modelled_by_the_data_weights() -> None:
+    """``sam_fmnist`` (session 63): SAM (the user's ``torch.optim.Optimizer`` wrapping a base
+    SGD over the same parameter groups) with ``weight_decay=5e-4``. Before: "SAM (group 0):
+    weight_decay=0.0005 keeps its own weight decay, whose fixed point this callback does not
+    know (not an SGD/Adam-family torch optimizer): the hypergradient takes ℓ̂ without it …
+    use SGD, Adam or AdamW" — the decay is its base SGD's, coupled. Now the base optimizer
+    (``optimizer_decay.stepping``) decides how the decay acts, and it is modelled."""
+    from bench_user_recipes_s63 import SAM
+
+    from hypertorch_sid.lightning.optimizer_decay import OptimizerDecay
+
+    net = nn.Linear(4, 2)
+    sam = SAM(net.parameters(), torch.optim.SGD, rho=0.05, lr=0.1, momentum=0.9, weight_decay=5e-4)
+    decay = OptimizerDecay([sam], list(net.parameters()), net)
+    assert decay.modelled == ["SAM (group 0): weight_decay=0.0005, coupled"]
+    assert not decay.unknown
+    w = torch.cat([p.detach().flatten() for p in net.parameters()])
+    torch.testing.assert_close(decay.penalty(), 0.5 * 5e-4 * w.pow(2).sum())
+
+
+def test_control_an_optimizer_without_a_base_keeps_its_unknown_decay_said() -> None:
+    """Control: a wrapper whose ``base_optimizer`` holds other groups (no SAM: it does not step
+    these tensors), and an optimizer of unknown semantics, stay unknown as before."""
+    from hypertorch_sid.lightning.optimizer_decay import OptimizerDecay
+
+    net = nn.Linear(4, 2)
+    odd = torch.optim.Rprop(net.parameters(), lr=0.01)
+    odd.param_groups[0]["weight_decay"] = 1e-3
+    odd.base_optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # type: ignore[attr-defined]
+    decay = OptimizerDecay([odd], list(net.parameters()), net)
+    assert decay.unknown == ["Rprop (group 0): weight_decay=0.001"] and not decay
