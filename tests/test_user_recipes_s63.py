@@ -290,3 +290,45 @@ def test_control_an_optimizer_without_a_base_keeps_its_unknown_decay_said() -> N
     odd.base_optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # type: ignore[attr-defined]
     decay = OptimizerDecay([odd], list(net.parameters()), net)
     assert decay.unknown == ["Rprop (group 0): weight_decay=0.001"] and not decay
+
+
+# -------------------------------------------------------- a VAE's negative ELBO
+def _vae_fit(cb: LearnedDataWeights) -> None:
+    from bench_user_recipes_s63 import VAE
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(160, 1, 28, 28, generator=g) < 0.2).float()  # binary "images", normalised
+    x = (x - 0.1307) / 0.3081  # as the recipe's (the VAE reads them back into [0, 1])
+    train, val = TensorDataset(x[:128], torch.zeros(128)), TensorDataset(x[128:], torch.zeros(32))
+    torch.manual_seed(0)
+    trainer = pl.Trainer(
+        max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(
+            VAE(0.0, per_sample=True),
+            DataLoader(IndexedDataset(train), batch_size=32, shuffle=True),
+            DataLoader(val, batch_size=32),
+        )
+
+
+def test_a_vaes_elbo_is_refused_by_the_default_objective_naming_it_and_the_fix() -> None:
+    """``vae_mnist`` (session 63): the negative ELBO per image (~90–200 nats) under
+    ``LearnedDataWeights()``. Before: "ExpectedError(q=0.5) reads each validation loss as −log p
+    of the right answer … A loss that is not a log-likelihood of labels, e.g. a squared or
+    absolute error of a regression, needs objective='mean_loss'" — a class the user never
+    named, and no word of the autoencoder. Now it says whose objective that is and names the
+    reconstruction error / ELBO."""
+    with pytest.raises(ConfigurationError, match="default objective") as err:
+        _vae_fit(LearnedDataWeights(every_n_steps=2, start_step=2, max_overhead=None))
+    assert "ELBO" in str(err.value) and "objective='mean_loss'" in str(err.value)
+
+
+def test_control_the_vae_trains_with_the_named_objective() -> None:
+    """Control: with ``objective="mean_loss"`` (the fix the refusal names) the VAE's data
+    weights run their hyper steps."""
+    cb = LearnedDataWeights(objective="mean_loss", every_n_steps=2, start_step=2, max_overhead=None)
+    _vae_fit(cb)
+    assert len(cb.history) == 4 and float(cb.data_weights().std()) > 0
