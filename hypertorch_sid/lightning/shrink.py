@@ -18,6 +18,7 @@ from ..core.decay import WeightDecay
 from ..core.errors import ConfigurationError
 from ..core.outer_step import ShrinkReading
 from ..core.validation import is_real
+from .optimizer_decay import stepping
 
 if TYPE_CHECKING:
     from .weight_decay_problem import WeightDecayProblem
@@ -112,7 +113,7 @@ class ShrinkRates:
         """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` per step of R (see
         :meth:`readings`); counts the per-element readings in :attr:`reads`."""
         e = self.decay.entries[i]
-        opt = self._problem.placement[i][0]
+        opt = stepping(self._problem.placement[i][0])  # a wrapper's (SAM's) base optimizer
         group = self._problem._group(i)
         lr = self._lr(i) * self._share(i, share)
         if self.decoupled:

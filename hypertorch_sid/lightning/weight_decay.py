@@ -534,12 +534,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """At each optimizer's first step: every tensor it trains got a gradient. The decay
-        itself is applied later, inside the optimizer's step (:meth:`_change_gradient`)."""
-        first = trainer.global_step < len(trainer.optimizers)  # each optimizer's first
-        if not self.problem._checked_gradients and first:
-            with self.budget.added_work():  # once
-                self.problem.check_gradients(pl_module, optimizer)
+        """At each optimizer's first steps: every tensor it trains got a gradient at one of
+        them (a tensor without one waits for the next step, until the step of the first due
+        hyper step). The decay itself is applied later, inside the optimizer's step
+        (:meth:`_change_gradient`)."""
+        if not self.problem._checked_gradients:
+            n = self.every_n_steps
+            first_due = -(-max(self.start_step, 1) // n) * n
+            with self.budget.added_work():  # until every tensor had a gradient
+                self.problem.check_gradients(
+                    pl_module, optimizer, final=trainer.global_step + 1 >= first_due
+                )
 
     def _validation_size(self) -> int:
         """n of the per-element prior: the validation set's size, or for a streamed one (no

@@ -152,6 +152,10 @@ class WeightDecayProblem:
         self._scales: list[Tensor | float] | None = None
         self._checked_gradients = False
         self._checked_optimizers: set[int] = set()
+        #: ids of the trained tensors that got a gradient at a step checked so far, and the
+        #: optimizers stepped with a tensor still without one (checked at the first hyper step)
+        self._graded: set[int] = set()
+        self._pending: dict[int, torch.optim.Optimizer | None] = {}
         self._optimizer_ids: set[int] = set()
         #: id(optimizer) → the indices of its groups holding decayed tensors
         self._decayed_groups: dict[int, list[int]] = {}
@@ -214,6 +218,7 @@ class WeightDecayProblem:
         self.stability.check_initial()
         self._checked_gradients = False
         self._checked_optimizers = set()
+        self._graded, self._pending = set(), {}
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("LearnedWeightDecay")
@@ -262,6 +267,8 @@ class WeightDecayProblem:
             self.lambda_min_at_step = float(self.decay.summary().min())
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
+        for optimizer in list(self._pending.values()):  # a tensor no step gave a gradient
+            self.check_gradients(module, optimizer)
         self.untrained.check(trainer, module)
 
     def _norms(self) -> list[float]:
@@ -503,9 +510,16 @@ class WeightDecayProblem:
 
     # ------------------------------------------------------------------ decay in training
     def check_gradients(
-        self, module: pl.LightningModule, optimizer: torch.optim.Optimizer | None = None
+        self,
+        module: pl.LightningModule,
+        optimizer: torch.optim.Optimizer | None = None,
+        final: bool = True,
     ) -> None:
-        """At an optimizer's first step: every tensor it trains got a gradient.
+        """At an optimizer's first steps: every tensor it trains got a gradient at one of them.
+        ``final=False`` (a step before the first hyper step) waits for the next step where a
+        tensor got none: a block a random draw skipped (stochastic depth, LayerDrop) gets no
+        gradient at some steps, not at all (session 63: refused at its first step on 59 % of
+        the draws); the first hyper step checks with ``final=True``.
 
         A layer the training never uses (built but not called in ``forward``) has no fixed point
         for the hypergradient to differentiate: name it, and say how to leave it out. A tensor
@@ -517,14 +531,20 @@ class WeightDecayProblem:
         held = None
         if optimizer is not None:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            self._checked_optimizers.add(id(optimizer))
-        self._checked_gradients = held is None or self._checked_optimizers >= self._optimizer_ids
+        self._graded |= {id(p) for p in self._inner if p.grad is not None}
         names = {id(p): n for n, p in named_tensors(module)}
         unused = [
             names.get(id(p), f"tensor {i}")
             for i, p in enumerate(self._inner)
-            if p.grad is None and (held is None or id(p) in held)
+            if id(p) not in self._graded and (held is None or id(p) in held)
         ]
+        if unused and not final:
+            self._pending[id(optimizer)] = optimizer
+            return
+        self._pending.pop(id(optimizer), None)
+        if optimizer is not None:
+            self._checked_optimizers.add(id(optimizer))
+        self._checked_gradients = held is None or self._checked_optimizers >= self._optimizer_ids
         if unused:
             raise ConfigurationError(
                 f"LearnedWeightDecay: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} "
