@@ -85,6 +85,7 @@ from ..core.objectives import ValidationObjective
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
 from ..core.validation import as_strategy, check_bool
+from .batch_masks import MaskDetection
 from .callback import HyperOptimizationCallback, refuse_a_class
 from .callback_settings import (
     config_given,
@@ -981,6 +982,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
             kept = getattr(self.problem, rows)
             if state and kept is not None:
                 state[key] = kept.detach().cpu().clone()
+        if state:  # whether the loss masks rows: a resumed fit goes on with it (s63)
+            state["data_batch_masks"] = self.problem.masks.state_dict()
         examples = self.problem._examples
         digest = _examples_digest(examples) if examples is not None else None
         if state and digest is not None:
@@ -1026,6 +1029,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
                         "tensor: it is corrupted."
                     )
                 self.problem.checkpointed_rows[key] = rows
+        if isinstance(state_dict, dict) and "data_batch_masks" in state_dict:
+            state_dict = dict(state_dict)
+            masks = MaskDetection.from_state(state_dict.pop("data_batch_masks"))
+            self.problem.checkpointed_masks = masks
         if isinstance(state_dict, dict) and "data_examples" in state_dict:
             state_dict = dict(state_dict)
             self.problem.checkpointed_examples = str(state_dict.pop("data_examples"))
