@@ -117,7 +117,7 @@ class WeightedStep(RowRecord):
         self.unwrap()
         self._drop_stand_in(module)
         self._checked_entries = False
-        self._said_masked = False
+        self._said_masked = self.masks.detected  # a resumed fit's mask: said in its first fit
         self._reread_rows, self._lossy = set(), None
         one_class = OneClassBatches() if self.per == "class" and self.normalize else None
         original = with_batch_idx(module.training_step)
