@@ -328,7 +328,9 @@ class TrainingCrossTerm:
     With ``weights.gauge == "mean_logit"`` the normaliser of ℓ̂ᵤ is held: ĝᵢ = −α ω′ᵢuᵢ / Σ ω,
     without the minibatch's centre û (the mean logit is held instead, after the step). Under a
     class gauge (``"class"``, ``"class_centred"``: :data:`~.normalisers.CLASS_GAUGES`) u is
-    centred on each row's class first (:func:`class_centred`, eq. classcentre).
+    centred on each row's class first (:func:`class_centred`, eq. classcentre). Where the
+    loss is known to mask rows (``weights.masks``, :class:`ZeroLossMasks`), a row whose loss
+    and uᵢ are exactly 0 is masked at this visit: left out, not moved (:meth:`_masked`).
 
     Where the training's own SGD steps are the warm-started inner solve (inner_steps = 0, the
     Lightning drop-in, or a loop of the user's), every training batch thus moves the weights of

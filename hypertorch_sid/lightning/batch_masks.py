@@ -70,21 +70,20 @@ class MaskDetection:
         data: Any,
         zero_when_shrunk: Callable[[Any], Tensor],
         gather: Callable[[Tensor], Tensor] | None = None,
-    ) -> bool:
+    ) -> None:
         """One training batch of the window: its per-sample ``losses`` and ``data`` (None:
         the batch as the step got it is gone, nothing read of it), ``zero_when_shrunk`` the
-        shrunk re-run, ``gather`` DDP's ``all_gather`` (None: one process). Returns whether
-        this process warned of masked examples (:func:`~.data_checks._warn_masked_samples`);
-        :attr:`detected` is set where any rank's batch showed them."""
+        shrunk re-run, ``gather`` DDP's ``all_gather`` (None: one process). A batch that shows
+        masked examples is warned of (:func:`~.data_checks._warn_masked_samples`, by rank 0's
+        logger: a mask only another rank saw is taken, not said) and sets :attr:`detected`,
+        on every rank."""
         self.left -= 1
-        said = data is not None and _warn_masked_samples(losses, data, zero_when_shrunk)
-        seen = said
+        seen = data is not None and _warn_masked_samples(losses, data, zero_when_shrunk)
         if gather is not None:  # every rank at every step of the window: they decide alike
             device = losses.device if isinstance(losses, Tensor) else None
-            seen = bool(gather(torch.tensor([float(said)], device=device)).sum() > 0)
+            seen = bool(gather(torch.tensor([float(seen)], device=device)).sum() > 0)
         if seen:
             self.detected = True
-        return said
 
     def row_masks(self) -> RowMasks:
         """What the weights read of a row's loss at a visit: exactly 0 means masked

@@ -161,9 +161,9 @@ class WeightedStep(RowRecord):
                         _warn_unread_labels(data, _rows_of(raw))
                 self._choose_gauge(data, raw, carried)
             if in_loop and self.masks.watching:  # the fit's first batches: a mask? (s63)
-                if self.masks.watch(raw, replay, self._zero_when_shrunk, self._gather):
-                    self._said_masked = True
+                self.masks.watch(raw, replay, self._zero_when_shrunk, self._gather)
                 if self.masks.detected:  # from this batch on, its exact zeros are masked
+                    self._said_masked = True  # (said where seen: not again at an epoch's end)
                     self.weights.use_masks(self.masks.row_masks())  # type: ignore[union-attr]
             losses = check_per_sample(raw, index)
             if in_loop and one_class is not None:
