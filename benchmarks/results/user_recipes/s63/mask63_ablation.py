@@ -15,7 +15,7 @@ trajectory, by epoch: Σ ω of the batch over its rows (mean), the kept rows' sh
 mean ω of the batch's kept and masked rows, and the mean ω of every clean and corrupted row::
 
     cd benchmarks/results/user_recipes/s63 && PYTHONPATH=../../../.. OMP_NUM_THREADS=1 \\
-        python mask63_ablation.py A seeds=0,1,2,3,4,5
+        python mask63_ablation.py A seeds=0,1,2,3,4,5 [keep=0.5] [hyper_step]
 """
 
 import sys
@@ -41,6 +41,8 @@ torch.set_num_threads(1)
 VARIANT = sys.argv[1]
 SEEDS = next((a[6:] for a in sys.argv[2:] if a.startswith("seeds=")), "0,1,2")
 EXTRA = {"cross_term": "hyper_step"} if "hyper_step" in sys.argv[2:] else {}
+#: the share of each batch OHEM keeps, ``keep=0.5`` among the arguments (default 0.7)
+b.OHEM.KEEP = float(next((a[5:] for a in sys.argv[2:] if a.startswith("keep=")), 0.7))
 _stash: dict = {}
 
 
@@ -124,8 +126,9 @@ for seed in map(int, SEEDS.split(",")):
     precision = float((flagged & bad).sum()) / max(1, int(flagged.sum()))
     recall = float((flagged & bad).sum()) / int(bad.sum())
     print(
-        f"{VARIANT} {' '.join(EXTRA.values())} seed {seed}: flags {int(flagged.sum())} P/R "
-        f"{precision:.3f} / {recall:.3f}; test {test_loss:.4f} / {test_acc:.4f}",
+        f"{VARIANT} {' '.join(EXTRA.values())} keep {b.OHEM.KEEP} seed {seed}: flags "
+        f"{int(flagged.sum())} P/R {precision:.3f} / {recall:.3f}; test {test_loss:.4f} / "
+        f"{test_acc:.4f}",
         flush=True,
     )
     for epoch, row in enumerate(trajectory.epochs):
