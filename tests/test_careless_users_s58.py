@@ -206,7 +206,7 @@ def test_a_decay_that_never_fell_is_not_said_to_have_been_driven_down() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _fit([cb], _FrozenDummy(), DataLoader(TensorDataset(X[60:], Y[60:]), batch_size=16))
-    assert cb.learned_weight_decay["(root)"].item() == pytest.approx(1e-3)
+    assert cb.learned_weight_decay["extra"].item() == pytest.approx(1e-3)
     assert cb.problem.decay_off(1.0) is None  # the line logged at the fit's end
 
 

@@ -115,7 +115,9 @@ def test_misfits_keep_the_split_rows_above_the_validation_scale():
     record._val_losses = None
     assert torch.equal(record.misfits(split), split)
     record._labels = torch.zeros(1000, dtype=torch.long)
-    record._val_losses = torch.full((200,), 10.0)  # τ = 10: not read
+    # τ = 10, not read: a cross entropy's clean validation losses, some below log 2 (with none
+    # below, the losses are no −log p of the labels and τ is read: session 63)
+    record._val_losses = torch.cat([torch.full((199,), 10.0), torch.tensor([0.1])])
     assert torch.equal(record.misfits(split), torch.arange(150))  # 0.95 > log 2
 
 

@@ -17,9 +17,10 @@ usable from a plain ``SIDHyperOptimizer`` as from :class:`~hypertorch_sid.Learne
 
 Granularity (which tensors share a λ): ``"global"`` (one λ), ``"per_group"`` (one per group key
 given with the tensor, e.g. an optimizer's parameter group), ``"per_layer"`` (one per owning
-module: the name without its last component), ``"per_tensor"``, ``"per_element"`` (λ shaped like
-each tensor). Parameterisation (how λ is learned): :class:`LogDecay` (λ = exp ρ, λ > 0 always) or
-:class:`ProjectedDecay` (λ learned directly and projected onto λ ≥ 0).
+module: the name without its last component; a tensor no layer owns has one of its own),
+``"per_tensor"``, ``"per_element"`` (λ shaped like each tensor). Parameterisation (how λ is
+learned): :class:`LogDecay` (λ = exp ρ, λ > 0 always) or :class:`ProjectedDecay` (λ learned
+directly and projected onto λ ≥ 0).
 
 Per element, how the λ of one layer relate (``elements=``, an :class:`ElementModel`):
 :class:`TiedToLayer` (the default) learns each layer's λ and a deviation s_e per element,
@@ -115,22 +116,28 @@ PARAMETERIZATIONS: dict[str, Callable[[], Parameterization]] = {
 }
 
 
-def _layer(name: str, group: str) -> str:
-    """The layer of the tensor ``name``: the module that owns it. The tensors of a
-    parametrization (``weight_norm``, ``spectral_norm``: ``<layer>.parametrizations.weight
-    .original[k]``) are owned by the parametrization, so per layer they get a λ of their own
-    beside the layer's bias (``"net.0.parametrizations.weight"``, ``"net.0"``): a spectral-norm
-    weight's scale does not reach the loss (W/σ(W)), and on its own slot the scale-invariance
-    probe holds its λ (session 56); shared with the bias it would not be held (session 59)."""
-    return name.rpartition(".")[0] or "(root)"
+def layer_by_name(name: str) -> str:
+    """The layer of the tensor ``name`` where nothing else says: the module that owns it, the
+    name without its last component. A tensor of no module (a top-level name: ``self.w1 =
+    nn.Parameter(...)`` on the model itself) is no layer's, so it is a layer of its own, named
+    by itself (session 63: all such tensors shared one λ, ``"(root)"``, as ``"global"`` would:
+    a cosine classifier's class vectors and its learned logit scale). A caller that knows the
+    modules says which other owners are containers, no layer (``nn.ParameterList`` /
+    ``ParameterDict``: :class:`WeightDecay`'s ``layer_of``). The tensors of a parametrization
+    (``weight_norm``, ``spectral_norm``: ``<layer>.parametrizations.weight.original[k]``) are
+    owned by the parametrization, so per layer they get a λ of their own beside the layer's bias
+    (``"net.0.parametrizations.weight"``, ``"net.0"``): a spectral-norm weight's scale does not
+    reach the loss (W/σ(W)), and on its own slot the scale-invariance probe holds its λ (session
+    56); shared with the bias it would not be held (session 59)."""
+    return name.rpartition(".")[0] or name
 
 
-#: granularity → the slot key of a tensor (name, group key); None: one λ per element
-GRANULARITIES: dict[str, Callable[[str, str], str] | None] = {
-    "global": lambda name, group: "all",
-    "per_group": lambda name, group: group,
-    "per_layer": _layer,
-    "per_tensor": lambda name, group: name,
+#: granularity → the slot key of a tensor (its name, group key, layer); None: one λ per element
+GRANULARITIES: dict[str, Callable[[str, str, str], str] | None] = {
+    "global": lambda name, group, layer: "all",
+    "per_group": lambda name, group, layer: group,
+    "per_layer": lambda name, group, layer: layer,
+    "per_tensor": lambda name, group, layer: name,
     "per_element": None,
 }
 
@@ -620,6 +627,9 @@ class WeightDecay:
         Per element only: ``"tied"`` (:class:`TiedToLayer`, the default: layer λ and deviations
         under a prior), ``"untied"`` (:class:`Untied`), ``"shrunk"`` (:class:`ShrunkToLayer`),
         ``"layer_then_shrunk"`` (:class:`LayerThenShrunk`) or an :class:`ElementModel`.
+    layer_of:
+        The layer of a tensor by its name (what ``"per_layer"`` shares a λ by, and per element
+        the layer λ ties to); default :func:`layer_by_name`.
     """
 
     def __init__(
@@ -629,6 +639,7 @@ class WeightDecay:
         granularity: str = "global",
         parameterization: str | Parameterization = "log",
         elements: str | ElementModel = "tied",
+        layer_of: Callable[[str], str] = layer_by_name,
     ) -> None:
         if granularity not in GRANULARITIES:
             raise ConfigurationError(
@@ -649,6 +660,9 @@ class WeightDecay:
         #: the optimizer's own decay, held or not, session 57)
         self.start = (float(weight_decay), fill)
         self.granularity = granularity
+        #: the layer of a tensor by its name (also of tensors not decayed: the invariance
+        #: probe scales a slot's layers whole)
+        self.layer_of = layer_of
         key = GRANULARITIES[granularity]
         slots: dict[str, int] = {}
         layers: dict[str, int] = {}
@@ -656,16 +670,20 @@ class WeightDecay:
         for item in named_parameters:
             name, param = item[0], item[1]
             group = item[2] if len(item) > 2 else "all"  # type: ignore[misc]
+            owner = layer_of(name)
             slot = (
-                len(self.entries) if key is None else slots.setdefault(key(name, group), len(slots))
+                len(self.entries)
+                if key is None
+                else slots.setdefault(key(name, group, owner), len(slots))
             )
-            layer = layers.setdefault(_layer(name, group), len(layers))
+            layer = layers.setdefault(owner, len(layers))
             self.entries.append(Decayed(name, param, group, slot, layer))
         if not self.entries:
             raise ConfigurationError("WeightDecay needs at least one tensor to decay.")
         #: names of the λ slots (all but per-element granularity)
         self.slot_names = list(slots)
-        #: names of the layers (modules owning decayed tensors), in ``Decayed.layer`` order
+        #: names of the layers (modules owning decayed tensors; a tensor no layer owns: its
+        #: own name), in ``Decayed.layer`` order
         self.layer_names = list(layers)
         like = self.entries[0].param
         if key is None:

@@ -328,7 +328,9 @@ class TrainingCrossTerm:
     With ``weights.gauge == "mean_logit"`` the normaliser of ℓ̂ᵤ is held: ĝᵢ = −α ω′ᵢuᵢ / Σ ω,
     without the minibatch's centre û (the mean logit is held instead, after the step). Under a
     class gauge (``"class"``, ``"class_centred"``: :data:`~.normalisers.CLASS_GAUGES`) u is
-    centred on each row's class first (:func:`class_centred`, eq. classcentre).
+    centred on each row's class first (:func:`class_centred`, eq. classcentre). Where the
+    loss is known to mask rows (``weights.masks``, :class:`ZeroLossMasks`), a row whose loss
+    and uᵢ are exactly 0 is masked at this visit: left out, not moved (:meth:`_masked`).
 
     Where the training's own SGD steps are the warm-started inner solve (inner_steps = 0, the
     Lightning drop-in, or a loop of the user's), every training batch thus moves the weights of
@@ -361,23 +363,39 @@ class TrainingCrossTerm:
         w = self.weights
         index = w.check_index(index)
         shared = w.parameterization.hyperparameters
+        u = check_per_sample(u, index)
+        masked = self._masked(u, losses)
         with torch.no_grad():
             x = w.logits_of(index)
         with torch.enable_grad():
             x.requires_grad_(True)
             omega = w.parameterization.rows(x, w, index, losses)
             held = w.gauge == "mean_logit"
-            u = check_per_sample(u, index)
             u = class_centred(u, omega.detach(), w.labels_of(index))  # None: no class gauge
-            inner = weighted_loss(u, omega, self.normalize, held)
+            inner = weighted_loss(u, omega, self.normalize, held, masked)
             g, *gs = torch.autograd.grad(inner, [x, *shared], allow_unused=True)
         g = -float(alpha) * g.to(w.logits.dtype)
+        if masked is not None and bool(masked.any()):  # a row masked at this visit: not moved
+            taught = ~masked.to(index.device)
+            index, g = index[taught], g[taught]
         rows = torch.sparse_coo_tensor(index[None], g, (w.n,), check_invariants=False)
         own = [
             torch.zeros_like(t) if gt is None else -float(alpha) * gt.detach()
             for t, gt in zip(shared, gs)
         ]
         return [rows, *own]
+
+    def _masked(self, u: Tensor, losses: Tensor | None) -> Tensor | None:
+        """The batch's rows masked at this visit (``weights.masks``, :class:`RowMasks`: None
+        unless the loss is known to mask rows) whose uᵢ = ⟨∇ℓᵢ, v⟩ is exactly 0 too (taken
+        before any centring): left out of the sparse gradient, so this visit does not move
+        them (an outer optimizer with momentum would move a row given a 0), and held by value
+        in Σ ω. A row of loss 0 whose u is not 0 (its loss depends on the network's weights:
+        a row fitted in float32) stays in."""
+        if losses is None:
+            return None
+        masked = self.weights.masks.masked(losses)
+        return None if masked is None else masked.to(u.device) & u.detach().eq(0)
 
     @torch.no_grad()
     def apply(self, gradient: Tensor | Sequence[Tensor]) -> None:

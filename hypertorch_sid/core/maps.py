@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from .autodiff import grad as _grad
+from .autodiff import on_graph
 from .errors import ConfigurationError
 from .gauss_newton import GaussNewton, check_hvp
 from .validation import (
@@ -401,7 +402,8 @@ class GradientDescentMap(FixedPointMap):
             d2 = _grad(g, self.hyperparameters, grad_outputs=self.scaled(v))
             return self.vjp(batch, v)[0], [-self.alpha * h for h in d2]
         inputs = self.inner_parameters + self.hyperparameters
-        raw = torch.autograd.grad(g, inputs, grad_outputs=self.scaled(v), allow_unused=True)
+        g, gv = on_graph(g, self.scaled(v))
+        raw = torch.autograd.grad(g, inputs, grad_outputs=gv, allow_unused=True)
         n = len(self.inner_parameters)
         self.check_still_read([r is not None for r in raw[n:]])
         prods = [torch.zeros_like(x) if r is None else r for x, r in zip(inputs, raw)]

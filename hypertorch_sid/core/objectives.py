@@ -85,11 +85,13 @@ class ExpectedError(ValidationObjective):
             low = float(losses.detach().min()) if losses.numel() else 0.0
         if q * low > -math.log(cls.SATURATED):
             raise ConfigurationError(
-                f"ExpectedError(q={q:g}) reads each validation loss as −log p of the right "
-                f"answer, but the smallest in this batch is {low:.3g}: every e^(−qℓ) is below "
-                f"{cls.SATURATED:g}, so E is flat and its gradient vanishes (no weight would "
-                "learn). A loss that is not a log-likelihood of labels, e.g. a squared or "
-                "absolute error of a regression, needs objective='mean_loss'."
+                f"ExpectedError(q={q:g}) (LearnedDataWeights' default objective) reads each "
+                f"validation loss as −log p of the right answer, but the smallest in this batch "
+                f"is {low:.3g}: every e^(−qℓ) is below {cls.SATURATED:g}, so E is flat and its "
+                "gradient vanishes (no weight would learn). A loss that is not a log-likelihood "
+                "of labels, e.g. a squared or absolute error of a regression, or an "
+                "autoencoder's reconstruction error or negative ELBO summed over its pixels, "
+                "needs objective='mean_loss'."
             )
 
     @staticmethod

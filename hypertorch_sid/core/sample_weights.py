@@ -102,7 +102,14 @@ from .parameterizations import (
 )
 from .rows import ROW_SPARSE, mark_row_sparse
 from .validation import check_bool, check_integer
-from .weighted_loss import check_index_shape, check_per_sample, class_centred, weighted_loss
+from .weighted_loss import (
+    RowMasks,
+    ZeroLossMasks,
+    check_index_shape,
+    check_per_sample,
+    class_centred,
+    weighted_loss,
+)
 
 Tensors = list[Tensor]
 #: how the self-normalised loss's scale is fixed (:class:`SampleWeights`' ``gauge``)
@@ -147,6 +154,7 @@ __all__ = [
     "Normaliser",
     "OBJECTIVES",
     "PARAMETERIZATIONS",
+    "RowMasks",
     "sample_label",
     "SampleWeights",
     "SharedLossWeights",
@@ -159,6 +167,7 @@ __all__ = [
     "ValidationObjective",
     "weighted_loss",
     "WeightParameterization",
+    "ZeroLossMasks",
 ]
 
 
@@ -275,6 +284,22 @@ class SampleWeights:
         self.use_sparse_grad(sparse_grad)
         self.parameterization.refresh(self)
         self.use_gauge(gauge)
+        #: which rows of a batch the training's loss masks at a visit (:meth:`use_masks`)
+        self.masks: RowMasks = RowMasks()
+
+    def use_masks(self, masks: RowMasks) -> None:
+        """Which rows of a training batch the loss masks at a visit (:class:`RowMasks`, the
+        default: none; :class:`ZeroLossMasks`: a row whose loss is exactly 0, for a loss known
+        to mask rows, ``losses * keep``): their weights enter Σ ω by value only
+        (:meth:`weighted_mean`) and the training batches' cross term does not move them
+        (:class:`TrainingCrossTerm`). ``LearnedDataWeights`` sets it from what the fit's first
+        batches show (:class:`~hypertorch_sid.lightning.batch_masks.MaskDetection`)."""
+        if not isinstance(masks, RowMasks):
+            raise ConfigurationError(
+                f"SampleWeights.use_masks takes a RowMasks (RowMasks() or ZeroLossMasks()), got "
+                f"{type(masks).__name__}."
+            )
+        self.masks = masks
 
     def use_gauge(self, gauge: Gauge) -> None:
         """Switch how the self-normalised loss's scale is fixed (see ``gauge``)."""
@@ -467,7 +492,8 @@ class SampleWeights:
         losses = check_per_sample(losses, index)
         normalize = check_bool("weighted_mean: normalize", normalize)
         held = self.gauge == "mean_logit"
-        return weighted_loss(losses, self.weights(index, losses), normalize, held)
+        omega = self.weights(index, losses)
+        return weighted_loss(losses, omega, normalize, held, self.masks.masked(losses))
 
     def values(self) -> Tensor:
         """Every ω (detached, shape ``(n,)``)."""

@@ -11,20 +11,67 @@ from torch import Tensor
 from .errors import ConfigurationError
 
 
+class RowMasks:
+    """Which rows of a training batch the training's loss masks at this visit (their loss a
+    constant 0 that teaches nothing), as :class:`SampleWeights` reads them for the weights'
+    hypergradient (:func:`weighted_loss`'s ``masked``, :class:`TrainingCrossTerm`). This one,
+    every fit's default: none, every row a visit reads is taught by it."""
+
+    def masked(self, losses: Tensor) -> Tensor | None:
+        """The rows of the batch masked at this visit (a bool tensor per row), or None: none."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class ZeroLossMasks(RowMasks):
+    """A fit whose per-sample loss is known to mask rows (``losses * keep``, keep a 0/1 mask
+    chosen anew in each batch: the hardest k rows of online hard example mining, a curriculum,
+    loss truncation; ``ignore_index``), known from the structure of the loss, not from a
+    value (the Lightning drop-in: exact zeros at the fit's start confirmed by the step re-run
+    with the network's weights shrunk 1000-fold, :class:`~hypertorch_sid.lightning.
+    batch_masks.MaskDetection`): a row whose loss is exactly 0 at a visit is masked at it.
+    Its weight then enters Σ ω by value only and, in the training batches' cross term, is not
+    moved by that visit (session 63, docs/data_weights.md "Session 63: per-batch masks")."""
+
+    def masked(self, losses: Tensor) -> Tensor:
+        return losses.detach().reshape(losses.shape[0], -1).eq(0).all(1)
+
+
 def weighted_loss(
-    losses: Tensor, weights: Tensor, normalize: bool = False, hold_normaliser: bool = False
+    losses: Tensor,
+    weights: Tensor,
+    normalize: bool = False,
+    hold_normaliser: bool = False,
+    masked: Tensor | None = None,
 ) -> Tensor:
     """Σᵢ ωᵢℓᵢ / Σᵢ ωᵢ (``normalize``) or (1/b) Σᵢ ωᵢℓᵢ (eq. weighted) of per-sample losses.
 
     ``hold_normaliser`` (with ``normalize``): the same value and the same gradient in w, but
     Σᵢ ωᵢ is a constant for the weights' gradient, which is then ω′ᵢℓᵢ / Σ ω instead of
     ω′ᵢ(ℓᵢ − ℓ̂) / Σ ω: the minibatch's centre ℓ̂ is left to a global gauge
-    (:attr:`SampleWeights.gauge`)."""
+    (:attr:`SampleWeights.gauge`).
+
+    ``masked`` (with ``normalize``; a bool per row, :meth:`RowMasks.masked`): those rows'
+    weights enter Σᵢ ωᵢ by value only: the same value and gradient in w, the others' weights'
+    gradients unchanged, and a masked row's weight gets ω′ᵢℓᵢ / Σ ω (0 for its constant 0
+    loss; its cross term ∂ₓ⟨∇₁ℓ̂, v⟩ 0) instead of −ω′ᵢℓ̂ / Σ ω, by which a masked row's
+    weight was pushed down at every masked visit (session 62, OHEM: clean rows flagged
+    1.3–4.1× as often as with every row kept). None: every row as it is."""
     weights = weights.to(losses.dtype)
     if normalize:
-        total = weights.sum().clamp_min(1e-12)
+        total = _held_where(masked, weights).sum().clamp_min(1e-12)
         return (weights * losses).sum() / (total.detach() if hold_normaliser else total)
     return (weights * losses).mean()
+
+
+def _held_where(masked: Tensor | None, weights: Tensor) -> Tensor:
+    """``weights`` with those of the rows ``masked`` detached (as they are where none is, or
+    where the weights have no gradient)."""
+    if masked is None or not weights.requires_grad:
+        return weights
+    return torch.where(masked.to(weights.device), weights.detach(), weights)
 
 
 def class_centred(u: Tensor, omega: Tensor, labels: Tensor | None) -> Tensor:
@@ -115,7 +162,9 @@ def _rows_dropped(losses: Tensor, b: int) -> str:
     left some rows out (``x[keep]``, ``losses[mask]``), so which loss is which row's cannot be
     read (session 60: the advice was only reduction='none', which such a loss already has).
     Rows chosen per batch (session 62: ``losses.topk(k)``, online hard example mining) keep
-    their place as a mask; leaving them out of the training set is for rows never trained."""
+    their place as a mask (session 63: a row's weight no longer drifts down at its masked
+    visits, :class:`ZeroLossMasks`); leaving them out of the training set is for rows never
+    trained."""
     if not 1 < losses.shape[0] < b:
         return ""
     return (
@@ -123,10 +172,11 @@ def _rows_dropped(losses: Tensor, b: int) -> str:
         "(x[keep], losses[mask], losses.topk(k))? Then no loss can be told to its row: compute "
         "every row's loss, in the batch's order; rows chosen anew in each batch (the hardest "
         "k: online hard example mining) keep their place with the others' losses times 0 "
-        "(losses * keep, keep a 0/1 mask of the batch's rows: the weights then train, but a "
-        "row's weight drifts down at the visits its loss is 0, so flagged() names more clean "
-        "rows); leave examples that must never train out of the training set "
-        "(IndexedDataset(Subset(train_set, kept)))"
+        "(losses * keep, keep a 0/1 mask of the batch's rows: the weights then train; "
+        "LearnedDataWeights sees such a mask in the fit's first batches and moves each row's "
+        "weight only at the visits its loss is not masked, the core's SampleWeights with "
+        "use_masks(ZeroLossMasks())); leave examples that must never train out of the "
+        "training set (IndexedDataset(Subset(train_set, kept)))"
     )
 
 

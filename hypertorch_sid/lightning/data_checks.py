@@ -528,10 +528,12 @@ def _warn_masked_samples(
     """A warning (and True) for per-sample losses (one per example) exactly 0 in one of the
     fit's first :data:`MASKED_CHECKS` training batches: a network near its start fits no
     example exactly, so these are masked examples (labels ``-100``, F.cross_entropy's default
-    ``ignore_index``; a loss times a mask). Such an example
-    teaches the network nothing, yet its weight is learned: the normalised loss pushes it down
-    like a misfit's (on a 3-class toy with 30 % noise the masked rows ended at 0.02, below the
-    corrupted ones' 0.03, against 0.48 for the clean ones) and ``flagged()`` names it.
+    ``ignore_index``; a loss times a mask). Such an example teaches the network nothing; its
+    weight was pushed down like a misfit's (on a 3-class toy with 30 % noise the masked rows
+    ended at 0.02, below the corrupted ones' 0.03, against 0.48 for the clean ones) and
+    ``flagged()`` named it, until session 63: the fit's weights now read a loss exactly 0 as
+    masked from the batch that shows it (:class:`~.batch_masks.MaskDetection`, which calls
+    this).
     ``zero_when_shrunk`` (:meth:`DataWeightsProblem._zero_when_shrunk`) keeps the rows whose
     loss is still 0 with the weights shrunk: a loss exactly 0 by a large margin (sharp logits,
     LBFGS fitting a batch, a hinge or triplet loss past its margin) is not said (session 50:
@@ -562,10 +564,27 @@ def _warn_masked_samples(
     return True
 
 
+#: why masked examples are said where the fit's first batches show them (the loss then known to
+#: mask rows: :class:`~.batch_masks.MaskDetection`, session 63)
 _MASKED_WHY = (
+    "The loss masks rows, so from this batch on a row whose loss is exactly 0 at a visit is "
+    "not moved by that visit (its weight enters the normalised loss's sum of weights by value "
+    "only): a mask chosen anew in each batch (the hardest k: online hard example mining, a "
+    "curriculum, loss truncation) needs no change. An example masked at EVERY visit "
+    "(unlabelled: ignore_index, a fixed mask) teaches the network nothing, yet it is read and "
+    "weighted, its weight kept about where it started, which says nothing about its label: "
+    "leave unlabelled examples out of the training set (e.g. "
+    "IndexedDataset(Subset(train_set, labelled)))."
+)
+
+#: why masked examples are said where only an epoch's end shows them (the fit's first batches
+#: showed no mask, so a loss exactly 0 was not read as one: it may be a row fitted with
+#: certainty)
+_MASKED_LATE_WHY = (
     "An example whose loss is masked teaches the network nothing, but its weight is learned "
-    "all the same: the normalised loss pushes it down like a misfit's, and flagged() names it "
-    "as suspect. Leave unlabelled examples out of the training set (e.g. "
+    "all the same: the fit's first batches showed no mask, so a loss exactly 0 is not read as "
+    "one, and the normalised loss pushes the example down like a misfit's, and flagged() "
+    "names it as suspect. Leave unlabelled examples out of the training set (e.g. "
     "IndexedDataset(Subset(train_set, labelled)))."
 )
 

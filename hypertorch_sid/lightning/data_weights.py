@@ -85,6 +85,7 @@ from ..core.objectives import ValidationObjective
 from ..core.parameterizations import WeightParameterization
 from ..core.sample_weights import SampleWeights
 from ..core.validation import as_strategy, check_bool
+from .batch_masks import MaskDetection
 from .callback import HyperOptimizationCallback, refuse_a_class
 from .callback_settings import (
     config_given,
@@ -163,6 +164,24 @@ _ROW_RECORDS = {
     "data_visits": "_visits",
     "data_val_losses": "_val_losses",  # not per row: the scale flag_contrast reads (s62)
 }
+
+
+def _every_ranks_rows(gather: Callable[[Tensor], Tensor], g: Tensor, n: int) -> Tensor:
+    """Under DDP: every rank's sparse cross-term gradient ``g`` (coalesced, shape ``(n,)``) in
+    one, from ``gather`` (the strategy's ``all_gather``). Each rank's rows are padded to the
+    largest count first: the counts differ where a rank leaves its masked rows out (session
+    63, :class:`~hypertorch_sid.core.weighted_loss.ZeroLossMasks`) or its batch holds a row
+    twice, and an ``all_gather`` of tensors of other sizes fails in the backend ("Received
+    data size doesn't match expected size")."""
+    rows, values = g.indices()[0], g.values()
+    sizes = gather(torch.tensor([rows.numel()], device=rows.device)).reshape(-1)
+    pad = int(sizes.max()) - rows.numel()
+    if pad:
+        rows = torch.cat([rows, rows.new_full((pad,), -1)])
+        values = torch.cat([values, values.new_zeros(pad)])
+    rows, values = gather(rows).reshape(-1), gather(values).reshape(-1)
+    kept = rows >= 0  # the padding dropped
+    return torch.sparse_coo_tensor(rows[kept][None], values[kept], (n,))
 
 
 def _stopped_by(trainer: pl.Trainer) -> str:
@@ -952,9 +971,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         if self._world_size > 1 and self._trainer is not None:  # every rank moves every row
             strategy = self._trainer.strategy
             if g.is_sparse:
-                rows = strategy.all_gather(g.indices()[0]).reshape(-1)
-                values = strategy.all_gather(g.values()).reshape(-1)
-                g = torch.sparse_coo_tensor(rows[None], values, (weights.n,))
+                g = _every_ranks_rows(strategy.all_gather, g, weights.n)
             else:  # dense (sparse_grad off): zero off each rank's rows, so their sum
                 g = strategy.reduce(g, reduce_op="sum")
             shared = [strategy.reduce(t, reduce_op="mean") for t in shared]
@@ -987,6 +1004,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
             kept = getattr(self.problem, rows)
             if state and kept is not None:
                 state[key] = kept.detach().cpu().clone()
+        if state:  # whether the loss masks rows: a resumed fit goes on with it (s63)
+            state["data_batch_masks"] = self.problem.masks.state_dict()
         examples = self.problem._examples
         digest = _examples_digest(examples) if examples is not None else None
         if state and digest is not None:
@@ -1032,6 +1051,10 @@ class LearnedDataWeights(HyperOptimizationCallback):
                         "tensor: it is corrupted."
                     )
                 self.problem.checkpointed_rows[key] = rows
+        if isinstance(state_dict, dict) and "data_batch_masks" in state_dict:
+            state_dict = dict(state_dict)
+            masks = MaskDetection.from_state(state_dict.pop("data_batch_masks"))
+            self.problem.checkpointed_masks = masks
         if isinstance(state_dict, dict) and "data_examples" in state_dict:
             state_dict = dict(state_dict)
             self.problem.checkpointed_examples = str(state_dict.pop("data_examples"))

@@ -25,9 +25,9 @@ from ..core.normalisers import CLASS_GAUGES
 from ..core.objectives import ExpectedError, MeanLoss, ValidationObjective, as_validation_objective
 from ..core.parameterizations import WeightParameterization, as_weight_parameterization
 from ..core.sample_weights import SampleWeights
+from .batch_masks import MaskDetection
 from .cross_term import RandomState
 from .data_checks import (
-    MASKED_CHECKS,
     _carried_labels,
     _check_class_labels,
     _check_training_loader,
@@ -146,7 +146,10 @@ class DataWeightsProblem(WeightedStep):
         self._examples_set: Any = None  # the training set they were read from
         #: whether the fit's first training step's losses were checked for masked entries
         self._checked_entries = False
-        self._masked_checks = MASKED_CHECKS  # training batches left to look for masked rows
+        #: whether the training's loss masks rows (watched at each fit's first batches), and
+        #: the one a checkpoint held, taken over at the resumed fit's ``build``
+        self.masks = MaskDetection()
+        self.checkpointed_masks: MaskDetection | None = None
         #: says when optimizer groups at lr=0 hold trained tensors (a new one at each build)
         self.untrained = UntrainedGroups("LearnedDataWeights")
         #: whether the default objective checked a validation batch's targets (a regression?)
@@ -210,6 +213,9 @@ class DataWeightsProblem(WeightedStep):
             self.weights.use_sparse_grad(self.sparse_grad)
         weights = self.weights
         assert weights is not None
+        # a fit watches its first batches for a mask anew; a resumed one goes on as it was
+        self.masks, self.checkpointed_masks = self.checkpointed_masks or MaskDetection(), None
+        weights.use_masks(self.masks.row_masks())
         # "auto": the exact minibatch derivative until the first training batch says regression
         if self.gauge in CLASS_GAUGES:  # centred per class (the labels seen so far)
             weights.use_class_gauge(lambda: self._labels, self.gauge)  # type: ignore[arg-type]

@@ -293,7 +293,7 @@ class RowEvidence:
         low, kept = self._losses_of(flags)
         if low.numel() == 0 or kept.numel() == 0:
             return None
-        if self._labels is not None:
+        if self._reads_labels():
             return self._no_contrast(low, kept)
         if misfits:
             return self._no_scale_precision(low, kept)
@@ -339,7 +339,7 @@ class RowEvidence:
         loss = self._last_loss
         if self.per != "sample" or loss is None or flags.numel() == 0:
             return flags
-        scale = math.log(2) if self._labels is not None else self._validation_scale()
+        scale = math.log(2) if self._reads_labels() else self._validation_scale()
         if scale is None:
             return flags
         return flags[loss.cpu()[flags] > scale]
@@ -350,6 +350,31 @@ class RowEvidence:
         multi-label or sequence targets). With class labels the split's rows stay the default
         (their misfits an option, ``flagged("split_misfit")``)."""
         return self.per == "sample" and self._labels is None
+
+    def _reads_labels(self) -> bool:
+        """Whether a row's training loss reads as −log p of its class label, so that above
+        log 2 means another class predicted (eq. scalemisfit's ϑ = log 2): integer class
+        labels and, where clean validation losses were read (:attr:`_val_losses`), at least
+        one of them below log 2. A loss with other terms than the label's cross entropy (a
+        supervised contrastive term per row, an autoencoder's ELBO on batches that carry labels
+        it never reads) keeps every row above log 2, fitted or not, and "above log 2" then
+        called 100 % of the flagged and of the kept rows contradicted (session 63: flags of
+        precision 0.71 said to be no evidence); such losses are read on the validation scale
+        τ, as targets without class labels are."""
+        if self._labels is None:
+            return False
+        losses = self._val_losses
+        return losses is None or losses.numel() == 0 or bool((losses < math.log(2)).any())
+
+    def _scale_reason(self) -> str:
+        """Why a flag is checked on the validation scale τ rather than by log 2."""
+        if self._labels is None:
+            return "the examples carry no class labels (a regression?)"
+        return (
+            "the training losses do not read as −log p of the class labels (every clean "
+            "validation loss read was above log 2: a loss with other terms than the label's "
+            "cross entropy?)"
+        )
 
     def _validation_scale(self) -> float | None:
         """τ: the :data:`CONTRAST_QUANTILE` of the clean validation losses the latest hyper
@@ -366,7 +391,7 @@ class RowEvidence:
         labels. The median comparison of :meth:`flag_evidence` is partly circular: a
         down-weighted example is fitted less, so its loss rises whatever its label. A clean
         one the network still predicts from its neighbours; a wrong label, it does not."""
-        if self.per != "sample" or self._labels is None:
+        if self.per != "sample" or not self._reads_labels():
             return None
         share = float((low > math.log(2)).double().mean())
         if share > 0.5:
@@ -415,8 +440,8 @@ class RowEvidence:
         if contrast >= 0.5:
             return None
         return (
-            f"the examples carry no class labels (a regression?), so a flag is checked by "
-            f"its training loss: {s_low:.0%} of the {low.numel()} examples with low weights "
+            f"{self._scale_reason()}, so a flag is checked by its training loss: "
+            f"{s_low:.0%} of the {low.numel()} examples with low weights "
             f"and {s_kept:.0%} of the {kept.numel()} kept ones had a loss at their last visit "
             f"above {tau:.3g}, the {CONTRAST_QUANTILE:.0%} quantile of the clean validation "
             f"examples' losses: a contrast (s_low − s_kept) / (1 − s_kept) of {contrast:.2f} "
@@ -472,8 +497,8 @@ class RowEvidence:
         if p_hat >= 0.5:
             return None
         return (
-            f"the examples carry no class labels (a regression?), so the flags are the "
-            f"{m} of the {low.numel()} examples with low weights whose training loss at their "
+            f"{self._scale_reason()}, so the flags are the {m} of the {low.numel()} "
+            "examples with low weights whose training loss at their "
             f"last visit was above {tau:.3g}, the {CONTRAST_QUANTILE:.0%} quantile of the "
             f"clean validation examples' losses. {above} of the {n} training examples are "
             f"above it, against the {1 - CONTRAST_QUANTILE:.0%} ({clean:.0f}) "
@@ -498,7 +523,7 @@ class RowEvidence:
         the network contradicts the labels it is trained on (the kept rows) too, so its
         contradiction does not single out a wrong label (a network that fits the data poorly,
         or too few validation examples to tell). ``_contradicted`` is the case s_kept = 0."""
-        if self.per != "sample" or self._labels is None:
+        if self.per != "sample" or not self._reads_labels():
             return None
         s_low = float((low > math.log(2)).double().mean())
         s_kept = float((kept > math.log(2)).double().mean())

@@ -23,6 +23,7 @@ from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from ..core.scale import MAX_FORWARDS, scale_invariant
 from .isolation import as_in_training, private_rng
+from .problem import named_tensors
 
 if TYPE_CHECKING:
     from .weight_decay_problem import WeightDecayProblem
@@ -56,7 +57,8 @@ def scale_invariant_slots(
     with _probing(problem, module, batch, seed) as (loss, base):
         for i, name in enumerate(decay.group_names()):
             tensors = [e.param for e in decay.entries if decay.group_of(e) == i]
-            found[name] = scale_invariant(loss, _with_their_layers(tensors, module), base=base)
+            scaled = _with_their_layers(tensors, module, decay.layer_of)
+            found[name] = scale_invariant(loss, scaled, base=base)
     return found
 
 
@@ -128,18 +130,23 @@ def _probe_loss(
     return lambda: as_in_training(module, once)
 
 
-def _with_their_layers(tensors: list[Tensor], module: pl.LightningModule) -> list[Tensor]:
-    """``tensors`` and the other trainable tensors of the layers (modules) that own them.
+def _with_their_layers(
+    tensors: list[Tensor], module: pl.LightningModule, layer_of: Callable[[str], str]
+) -> list[Tensor]:
+    """``tensors`` and the other trainable tensors of the layers (``layer_of``: the decay's) that
+    own them.
 
     A layer's invariance is a property of all its tensors together: Linear → LayerNorm does not
     see the scale of (W, b), but of W alone it nearly does not either. Where a λ slot holds only
     part of a layer (``apply_to="weights"``: W without b; ``granularity="per_tensor"``), the
     probe scaled that part, found it not invariant, and the implicit hypergradient drove W's λ
     to 0.62 (validation loss 1.33 against 0.24 without decay): the slot's layers are scaled
-    whole."""
-    owners = {id(p): name.rpartition(".")[0] for name, p in module.named_parameters()}
+    whole. A tensor no layer owns is its own layer: a cosine classifier's class vectors (their
+    loss sees no scale) are scaled without the logit scale beside them on the module."""
+    named = named_tensors(module)
+    owners = {id(p): layer_of(name) for name, p in named}
     layers = {owners.get(id(t)) for t in tensors} - {None}
     chosen = {id(t) for t in tensors}
-    extra = [p for name, p in module.named_parameters() if p.requires_grad
-             and name.rpartition(".")[0] in layers and id(p) not in chosen]  # fmt: skip
+    extra = [p for name, p in named if p.requires_grad
+             and layer_of(name) in layers and id(p) not in chosen]  # fmt: skip
     return [*tensors, *extra]

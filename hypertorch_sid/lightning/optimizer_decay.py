@@ -31,6 +31,7 @@ __all__ = [
     "OptimizerDecay",
     "decouples",
     "preconditioner",
+    "stepping",
     "with_optimizer_decay",
     "with_penalty",
 ]
@@ -61,10 +62,24 @@ PRECONDITIONED = (
 )
 
 
+def stepping(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose update applies ``optimizer``'s ``weight_decay``: its
+    ``base_optimizer`` where it wraps one over the same parameter groups (SAM, Foret et al.
+    2021, as users write it: two gradient evaluations, then the base SGD or Adam steps, its
+    ``weight_decay=`` included), else ``optimizer`` itself. Session 63: SAM over SGD was said
+    to keep a decay "whose fixed point this callback does not know"."""
+    base = getattr(optimizer, "base_optimizer", None)
+    if isinstance(base, torch.optim.Optimizer) and base.param_groups is optimizer.param_groups:
+        return base
+    return optimizer
+
+
 def decouples(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> bool:
     """Whether the optimizer applies its ``weight_decay`` decoupled, as ``w ← w(1 − lr·λ)``:
-    AdamW, and Adam / NAdam / RAdam with ``decoupled_weight_decay=True``."""
-    return isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
+    AdamW, and Adam / NAdam / RAdam with ``decoupled_weight_decay=True`` (a wrapper: its base,
+    :func:`stepping`)."""
+    base = stepping(optimizer)
+    return isinstance(base, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
 
 
 def default_decay(optimizer: torch.optim.Optimizer) -> str:
@@ -88,7 +103,7 @@ def preconditioner(
     """P of the decoupled fixed point P⁻¹∇ℓ + λw = 0 for ``param``, from the optimizer's state:
     Adam's √v̂ + ε (v̂ the bias-corrected second moment, ``max_exp_avg_sq`` with amsgrad); SGD
     with momentum μ and dampening d, (1 − μ)/(1 − d); otherwise (and before a first step) 1."""
-    state = optimizer.state.get(param, {})
+    state = stepping(optimizer).state.get(param, {})
     if "exp_avg_sq" in state:
         v = state["exp_avg_sq"]
         if group.get("amsgrad") and "max_exp_avg_sq" in state:
@@ -142,7 +157,7 @@ class OptimizerDecay:
                 self.groups_at_start.add((oi, gi))
                 decoupled = decouples(opt, group)
                 what = f"{type(opt).__name__} (group {gi}): weight_decay={wd:g}"
-                if not decoupled and not isinstance(opt, COUPLED):
+                if not decoupled and not isinstance(stepping(opt), COUPLED):
                     self.unknown.append(what)
                     continue
                 self.modelled.append(f"{what}, {'decoupled' if decoupled else 'coupled'}")

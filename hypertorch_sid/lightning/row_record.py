@@ -25,7 +25,7 @@ from torch import Tensor
 from ..core.errors import ConfigurationError
 from ..core.modes import frozen_mode
 from .data_checks import (
-    _MASKED_WHY,
+    _MASKED_LATE_WHY,
     MASKED_REREADS,
     _integer_vector,
     _rows,
@@ -252,7 +252,7 @@ class RowRecord(RowEvidence):
                 return (
                     f"{count} training examples have a negative label "
                     f"({int(labels[masked.to(labels.device)].min())}: ignore_index?) and a "
-                    f"loss exactly 0: masked examples. {_MASKED_WHY}"
+                    f"loss exactly 0: masked examples. {_MASKED_LATE_WHY}"
                 )
         if reread is None or self._module is None or self.per != "sample":
             return None
@@ -277,7 +277,7 @@ class RowRecord(RowEvidence):
             f"{len(zero)} training examples had a loss exactly 0 at every visit, and of "
             f"the {len(fresh)} re-read, {len(constant)} (rows {constant[:5]}) still have a loss "
             "exactly 0 with the network's weights shrunk 1000-fold, so it does not depend on "
-            f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_WHY}"
+            f"them: masked examples (a per-sample loss multiplied by a mask?). {_MASKED_LATE_WHY}"
         )
 
     def _zero_when_shrunk(self, data: Any) -> Tensor:

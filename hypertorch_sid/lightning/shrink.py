@@ -18,6 +18,7 @@ from ..core.decay import WeightDecay
 from ..core.errors import ConfigurationError
 from ..core.outer_step import ShrinkReading
 from ..core.validation import is_real
+from .optimizer_decay import stepping
 
 if TYPE_CHECKING:
     from .weight_decay_problem import WeightDecayProblem
@@ -112,7 +113,7 @@ class ShrinkRates:
         """Decayed tensor i's :class:`ShrinkReading` at decay ``lam`` per step of R (see
         :meth:`readings`); counts the per-element readings in :attr:`reads`."""
         e = self.decay.entries[i]
-        opt = self._problem.placement[i][0]
+        opt = stepping(self._problem.placement[i][0])  # a wrapper's (SAM's) base optimizer
         group = self._problem._group(i)
         lr = self._lr(i) * self._share(i, share)
         if self.decoupled:
@@ -190,6 +191,12 @@ class AppliedShrink:
     def state(self) -> dict[str, list[float]]:
         """The sums as numbers, for a checkpoint."""
         return {k: [float(num), float(den)] for k, (num, den) in self.sums.items()}
+
+    def rename(self, names: Mapping[str, str]) -> None:
+        """Rename groups (old name → new), in the sums and in a checkpoint's not yet started."""
+        self.sums = {names.get(k, k): v for k, v in self.sums.items()}
+        if self.checkpointed is not None:
+            self.checkpointed = {names.get(k, k): v for k, v in self.checkpointed.items()}
 
     def load(self, state: Any, key: str) -> None:
         """Keep a checkpoint's sums (its entry ``key``) for the resumed fit's :meth:`start`."""

@@ -96,6 +96,7 @@ from .weight_decay_problem import (
     NORMS_KEY,
     SLOTS_KEY,
     WeightDecayProblem,
+    shared_slots,
 )
 
 __all__ = [
@@ -191,8 +192,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         parameterisation, ≥ 0 with projection.
     granularity:
         ``"global"`` (one λ), ``"per_group"`` (one per optimizer parameter group),
-        ``"per_layer"`` (one per module owning parameters), ``"per_tensor"`` (one per parameter
-        tensor) or ``"per_element"`` (λ shaped like each parameter: one per weight, per feature).
+        ``"per_layer"`` (one per module owning parameters; a tensor no layer owns — on the
+        LightningModule itself, in an ``nn.ParameterList`` / ``ParameterDict`` — one of its own,
+        named by it), ``"per_tensor"`` (one per parameter tensor) or ``"per_element"`` (λ shaped
+        like each parameter: one per weight, per feature).
         Default ``"per_layer"``: measured against ``"global"`` (``bench_weight_decay.py``, 5
         settings × 9 seeds), it was as good on the CNNs and digits and lower on both MLPs, where
         weight decay matters most (best validation loss, per layer minus global, paired by seed:
@@ -531,12 +534,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """At each optimizer's first step: every tensor it trains got a gradient. The decay
-        itself is applied later, inside the optimizer's step (:meth:`_change_gradient`)."""
-        first = trainer.global_step < len(trainer.optimizers)  # each optimizer's first
-        if not self.problem._checked_gradients and first:
-            with self.budget.added_work():  # once
-                self.problem.check_gradients(pl_module, optimizer)
+        """At each optimizer's first steps: every tensor it trains got a gradient at one of
+        them (a tensor without one waits for the next step, until the step of the first due
+        hyper step). The decay itself is applied later, inside the optimizer's step
+        (:meth:`_change_gradient`)."""
+        if not self.problem._checked_gradients:
+            n = self.every_n_steps
+            first_due = -(-max(self.start_step, 1) // n) * n
+            with self.budget.added_work():  # until every tensor had a gradient
+                self.problem.check_gradients(
+                    pl_module, optimizer, final=trainer.global_step + 1 >= first_due
+                )
 
     def _validation_size(self) -> int:
         """n of the per-element prior: the validation set's size, or for a streamed one (no
@@ -707,6 +715,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         decay, saved = self.problem.decay, self._checkpointed_slots
         ours = decay.group_names() if decay is not None else None
         if saved is not None and ours is not None and saved != list(ours):
+            self._read_shared_slots(saved, list(ours))
+            saved = self._checkpointed_slots
+        if saved is not None and ours is not None and saved != list(ours):
             reordered = sorted(saved) == sorted(ours)
             self._pending = None  # nothing of it is applied
             raise ConfigurationError(
@@ -722,6 +733,37 @@ class LearnedWeightDecay(HyperOptimizationCallback):
                 )
             )
         super()._restore()
+
+    def _read_shared_slots(self, saved: list[str], ours: list[str]) -> None:
+        """A checkpoint written while the tensors no layer owns shared one λ (before session 63:
+        ``"(root)"``, or a ParameterList's name; :func:`~.weight_decay_problem.shared_slots`):
+        where each such slot held one tensor, the λ are this fit's slot by slot and only their
+        names changed, so they are renamed and resumed; where one held several, refused, saying
+        why and how to go on."""
+        became = shared_slots(self.problem.decay)
+        if list(became) != saved:
+            return  # another model's, or another order: refused as such
+        if len(saved) != len(ours):
+            self._pending = None  # nothing of it is applied
+            split = "; ".join(
+                f"{old!r} → {', '.join(now)}" for old, now in became.items() if len(now) > 1
+            )
+            raise ConfigurationError(
+                "LearnedWeightDecay: the checkpoint was written by an earlier version, which "
+                "gave the tensors no layer owns (registered on the LightningModule itself, or in "
+                "an nn.ParameterList / ParameterDict) one λ together; this version gives each "
+                f"its own ({split}), so the checkpoint's {len(saved)} λ are not this fit's "
+                f"{len(ours)} and cannot be resumed. Load the weights alone "
+                "(model.load_state_dict(torch.load(path)['state_dict'])) and start a new fit "
+                "without ckpt_path, or resume with the version that wrote it."
+            )
+        names = dict(zip(saved, ours))
+        self._checkpointed_slots = list(ours)
+        if self._checkpointed_groups is not None:
+            self._checkpointed_groups = {
+                names.get(k, k): v for k, v in self._checkpointed_groups.items()
+            }
+        self.problem.applied.rename(names)
 
     def decay_values(self) -> dict[str, Tensor]:
         """The current λ of every decayed parameter, by parameter name (detached); empty before

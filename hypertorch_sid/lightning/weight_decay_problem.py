@@ -30,7 +30,13 @@ from ..core.errors import ConfigurationError
 from ..core.validation import check_bool, check_takes, is_real, number_fix
 from .data_loss import DataLoss
 from .optimizer_decay import PRECONDITIONED, decouples, default_decay, preconditioner
-from .problem import BilevelProblem, UntrainedGroups, check_still_trained, named_tensors
+from .problem import (
+    COMPILE_WRAPPER,
+    BilevelProblem,
+    UntrainedGroups,
+    check_still_trained,
+    named_tensors,
+)
 from .shrink import AppliedShrink, ShrinkRates
 from .stability import StableBounds
 
@@ -146,6 +152,10 @@ class WeightDecayProblem:
         self._scales: list[Tensor | float] | None = None
         self._checked_gradients = False
         self._checked_optimizers: set[int] = set()
+        #: ids of the trained tensors that got a gradient at a step checked so far, and the
+        #: optimizers stepped with a tensor still without one (checked at the first hyper step)
+        self._graded: set[int] = set()
+        self._pending: dict[int, torch.optim.Optimizer | None] = {}
         self._optimizer_ids: set[int] = set()
         #: id(optimizer) → the indices of its groups holding decayed tensors
         self._decayed_groups: dict[int, list[int]] = {}
@@ -208,6 +218,7 @@ class WeightDecayProblem:
         self.stability.check_initial()
         self._checked_gradients = False
         self._checked_optimizers = set()
+        self._graded, self._pending = set(), {}
 
     def build(self, trainer: pl.Trainer, module: pl.LightningModule) -> BilevelProblem:
         self.untrained = UntrainedGroups("LearnedWeightDecay")
@@ -256,6 +267,8 @@ class WeightDecayProblem:
             self.lambda_min_at_step = float(self.decay.summary().min())
             self.decay.elements.observe(self.validation_share())
         self.check_still_trained(module)
+        for optimizer in list(self._pending.values()):  # a tensor no step gave a gradient
+            self.check_gradients(module, optimizer)
         self.untrained.check(trainer, module)
 
     def _norms(self) -> list[float]:
@@ -471,8 +484,6 @@ class WeightDecayProblem:
                 "the optimizer would). Pass decoupled=False (λw added to the gradient: the "
                 "hypergradient is exact whatever the optimizer), or train with AdamW."
             )
-        if self.granularity in ("per_layer", "per_element"):
-            _warn_containers_as_layers(module, [(name, p) for name, p, _ in found])
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
         self._decayed_groups = {}
@@ -487,16 +498,28 @@ class WeightDecayProblem:
         ]
         if not same:  # a new fit keeps the learned λ of the tensors it still decays
             self.decay = WeightDecay(
-                found, self.weight_decay, self.granularity, self.parameterization, self.elements
+                found,
+                self.weight_decay,
+                self.granularity,
+                self.parameterization,
+                self.elements,
+                layer_of(module),
             )
             if old is not None:
                 self.decay.carry_from(old)
 
     # ------------------------------------------------------------------ decay in training
     def check_gradients(
-        self, module: pl.LightningModule, optimizer: torch.optim.Optimizer | None = None
+        self,
+        module: pl.LightningModule,
+        optimizer: torch.optim.Optimizer | None = None,
+        final: bool = True,
     ) -> None:
-        """At an optimizer's first step: every tensor it trains got a gradient.
+        """At an optimizer's first steps: every tensor it trains got a gradient at one of them.
+        ``final=False`` (a step before the first hyper step) waits for the next step where a
+        tensor got none: a block a random draw skipped (stochastic depth, LayerDrop) gets no
+        gradient at some steps, not at all (session 63: refused at its first step on 59 % of
+        the draws); the first hyper step checks with ``final=True``.
 
         A layer the training never uses (built but not called in ``forward``) has no fixed point
         for the hypergradient to differentiate: name it, and say how to leave it out. A tensor
@@ -508,14 +531,20 @@ class WeightDecayProblem:
         held = None
         if optimizer is not None:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            self._checked_optimizers.add(id(optimizer))
-        self._checked_gradients = held is None or self._checked_optimizers >= self._optimizer_ids
+        self._graded |= {id(p) for p in self._inner if p.grad is not None}
         names = {id(p): n for n, p in named_tensors(module)}
         unused = [
             names.get(id(p), f"tensor {i}")
             for i, p in enumerate(self._inner)
-            if p.grad is None and (held is None or id(p) in held)
+            if id(p) not in self._graded and (held is None or id(p) in held)
         ]
+        if unused and not final:
+            self._pending[id(optimizer)] = optimizer
+            return
+        self._pending.pop(id(optimizer), None)
+        if optimizer is not None:
+            self._checked_optimizers.add(id(optimizer))
+        self._checked_gradients = held is None or self._checked_optimizers >= self._optimizer_ids
         if unused:
             raise ConfigurationError(
                 f"LearnedWeightDecay: {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} "
@@ -687,6 +716,24 @@ GROUPS_KEY = "invariant_groups"
 #: names, so its weights load) would read each layer's λ from another's slot (session 57)
 SLOTS_KEY = "hyperparameter_slots"
 
+
+def shared_slots(decay: WeightDecay) -> dict[str, list[str]]:
+    """``decay``'s λ groups as versions before session 63 named them, each with the groups
+    (:meth:`~hypertorch_sid.core.decay.WeightDecay.group_names`) it is now, in order: per layer
+    and per element the tensors no layer owns shared one group, their owner's name (``"(root)"``
+    for the LightningModule itself); other granularities named them as now. Its keys are what a
+    checkpoint of those versions holds under :data:`SLOTS_KEY`."""
+    names = decay.group_names()
+    now: dict[str, list[str]] = {}
+    for e in decay.entries:
+        group = names[decay.group_of(e)]
+        shared = e.name.rpartition(".")[0] or "(root)"
+        before = shared if decay.granularity in ("per_layer", "per_element") else group
+        if group not in now.setdefault(before, []):
+            now[before].append(group)
+    return now
+
+
 #: the checkpoint entry holding the decayed tensors' norms at the fit's start
 #: (:meth:`WeightDecayProblem.check_not_wiped`): a resumed fit compares with them, not with its
 #: own start's, which a wipe before the checkpoint had already brought down (session 53)
@@ -699,40 +746,28 @@ APPLIED_KEY = "decay_applied"
 
 def _weight_matrix(p: Tensor) -> bool:
     """Whether ``p`` looks like a layer's weight (a matrix or a kernel), not a tensor added to the
-    activations: a ViT's class token (1, 1, d) and position embedding (1, N, d), registered on
-    the LightningModule itself, are broadcast over the batch by their leading 1 and were called
-    "2 weight matrices (cls, pos) … share one λ" (session 48). A raw (1, d) output layer stays
-    a matrix."""
+    activations: a ViT's class token (1, 1, d) and position embedding (1, N, d) are broadcast
+    over the batch by their leading 1 (session 48). A raw (1, d) output layer stays a matrix."""
     return p.dim() == 2 or (p.dim() > 2 and p.shape[0] != 1)
 
 
-def _warn_containers_as_layers(module: pl.LightningModule, found: list[tuple[str, Tensor]]) -> None:
-    """A warning where "per layer" puts several weight matrices in one λ because the module
-    that owns them is no layer: the LightningModule itself (tensors registered directly on it,
-    ``self.w1 = nn.Parameter(...)``) or an ``nn.ParameterList`` / ``ParameterDict``. A per-layer
-    λ is one per module owning the tensors, so a two-layer MLP written with raw parameters got
-    a single λ ("(root)") for all of them, as ``granularity="global"`` would, without a word."""
-    owners: dict[str, list[str]] = {}
-    for name, p in found:
-        prefix = name.rpartition(".")[0]
-        try:
-            owner = module.get_submodule(prefix) if prefix else module
-        except AttributeError:
-            continue
-        container = owner is module or isinstance(
-            owner, (torch.nn.ParameterList, torch.nn.ParameterDict)
-        )
-        if container and _weight_matrix(p):
-            owners.setdefault(prefix or "(root)", []).append(name)
-    shared = {slot: names for slot, names in owners.items() if len(names) > 1}
-    if not shared:
-        return
-    slot, names = next(iter(shared.items()))
-    listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    owner = "the LightningModule itself" if slot == "(root)" else f"{slot!r}, a parameter container"
-    rank_zero_warn(
-        f"LearnedWeightDecay: per layer, one λ belongs to each module that owns tensors, and "
-        f"{len(names)} weight matrices ({listed}) are owned by {owner}: they share one λ, as "
-        "under granularity='global'. Pass granularity='per_tensor' for one λ each, or put each "
-        "layer in its own nn.Module (e.g. nn.Linear)."
-    )
+def layer_of(module: torch.nn.Module) -> Callable[[str], str]:
+    """The layer of each tensor of ``module`` by its name (:func:`named_tensors`'), as per-layer
+    decay shares λ: the module that owns it, or the tensor itself where its owner is no layer
+    but a container — the LightningModule itself (``self.w1 = nn.Parameter(...)``), an
+    ``nn.ParameterList`` or ``nn.ParameterDict``. Such tensors shared one λ, ``"(root)"`` (or the
+    container's name), as ``granularity="global"`` would: a cosine classifier's class vectors
+    and its learned logit scale exp(log_s), whose shared λ rose to 0.011–0.022 on 4 of 6 seeds and
+    pulled the scale to 8.9–10.8 against the own recipe's 11.4–13.9 (session 62); a two-layer MLP
+    of raw parameters got one λ for all (session 48: a warning then; session 63: a λ each)."""
+    containers = {""} | {
+        name.replace(COMPILE_WRAPPER, "")
+        for name, m in module.named_modules()
+        if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict))
+    }
+
+    def layer(name: str) -> str:
+        owner = name.rpartition(".")[0]
+        return name if owner in containers else owner
+
+    return layer

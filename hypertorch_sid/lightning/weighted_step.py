@@ -27,15 +27,14 @@ from ..core.errors import ConfigurationError
 from ..core.indexing import Indexed
 from ..core.parameterizations import SigmoidWeights, SoftmaxWeights
 from ..core.weighted_loss import check_per_sample, weighted_loss
+from .batch_masks import MaskDetection
 from .cross_term import RandomState
 from .data_checks import (
-    MASKED_CHECKS,
     OneClassBatches,
     _carried_labels,
     _check_sample_target,
     _real_targets,
     _refuse_masked_entries,
-    _warn_masked_samples,
     _warn_unread_labels,
 )
 from .problem import with_batch_idx
@@ -66,7 +65,7 @@ class WeightedStep(RowRecord):
     _module: pl.LightningModule | None
     _stood_in: pl.LightningModule | None
     _checked_entries: bool
-    _masked_checks: int
+    masks: MaskDetection
 
     def stand_in(self, module: pl.LightningModule) -> None:
         """From the fit's ``setup`` until :meth:`_wrap` (the build, at ``on_train_start``):
@@ -119,7 +118,7 @@ class WeightedStep(RowRecord):
         self.unwrap()
         self._drop_stand_in(module)
         self._checked_entries = False
-        self._masked_checks, self._said_masked = MASKED_CHECKS, False
+        self._said_masked = self.masks.detected  # a resumed fit's mask: said in its first fit
         self._reread_rows, self._lossy = set(), None
         one_class = OneClassBatches() if self.per == "class" and self.normalize else None
         original = with_batch_idx(module.training_step)
@@ -164,10 +163,11 @@ class WeightedStep(RowRecord):
                 self._choose_gauge(data, raw, carried)
                 if replay is not None and isinstance(raw, Tensor):  # in the batch's order (s63)
                     warn_if_losses_leave_rows(original, replay, raw, module)
-            if in_loop and self._masked_checks > 0 and replay is not None:
-                self._masked_checks -= 1
-                if _warn_masked_samples(raw, replay, self._zero_when_shrunk):
-                    self._masked_checks, self._said_masked = 0, True
+            if in_loop and self.masks.watching:  # the fit's first batches: a mask? (s63)
+                self.masks.watch(raw, replay, self._zero_when_shrunk, self._gather)
+                if self.masks.detected:  # from this batch on, its exact zeros are masked
+                    self._said_masked = True  # (said where seen: not again at an epoch's end)
+                    self.weights.use_masks(self.masks.row_masks())  # type: ignore[union-attr]
             losses = check_per_sample(raw, index)
             if in_loop and one_class is not None:
                 one_class.note(index)
