@@ -57,7 +57,7 @@ def frozen_mode(module: torch.nn.Module | None, mode: str) -> Iterator[None]:
         yield
         return
     flags = {m: m.training for m in module.modules()}
-    buffers = {name: (b, b._version, b.detach().clone()) for name, b in module.named_buffers()}
+    buffers = {name: (b, b.detach().clone()) for name, b in module.named_buffers()}
     # in training mode (or as trained): the training's own flags
     if mode == "eval" or not (module.training or _AS_TRAINED.get()):
         module.train(mode == "train")
@@ -66,16 +66,18 @@ def frozen_mode(module: torch.nn.Module | None, mode: str) -> Iterator[None]:
     finally:
         with torch.no_grad():
             for name, b in module.named_buffers():
-                if name in buffers and _written(b, *buffers[name][:2]):
-                    b.copy_(buffers[name][2])
+                if name in buffers and _written(b, *buffers[name]):
+                    b.copy_(buffers[name][1])
         for m, flag in flags.items():
             m.training = flag
 
 
-def _written(now: torch.Tensor, before: torch.Tensor, version: int) -> bool:
+def _written(now: torch.Tensor, before: torch.Tensor, saved: torch.Tensor) -> bool:
     """Whether the body wrote a buffer (in place, or a new tensor in its place): only those
     are copied back. A copy into an unchanged one raised its version counter all the same, and
     a training step's backward that saved it failed (session 63: BatchNorm's running
     statistics, saved by its training-mode forward, after the masked-row check's eval-mode
-    re-run inside the step: "modified by an inplace operation" at the first masked batch)."""
-    return now is not before or now._version != version
+    re-run inside the step: "modified by an inplace operation" at the first masked batch).
+    Read by value, not by the version counter: BatchNorm's kernel updates its running
+    statistics without raising it."""
+    return now is not before or not torch.equal(now, saved)
