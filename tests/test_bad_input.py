@@ -188,7 +188,10 @@ def test_non_finite_validation_data_raises_and_leaves_lambda_and_w(bad):
     X_val[3, 0] = bad
     hopt = ridge_sid(problem, torch.optim.Adam([problem.log_lam], lr=0.1), alpha=0.3)
     snap = Snapshot(problem, hopt)
-    with pytest.raises(DivergenceError, match=r"outer gradient.*validation batch it read holds NaN/Inf.*repair those examples"):
+    with pytest.raises(
+        DivergenceError,
+        match=r"outer gradient.*validation batch it read holds NaN/Inf.*repair those examples",
+    ):
         hopt.step(problem.loader(10), (X_val, problem.y_val))
     snap.assert_unchanged()  # w had moved in the inner solve: restored
 
