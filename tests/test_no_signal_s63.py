@@ -141,3 +141,13 @@ def test_too_few_epochs_judge_nothing():
     for k in range(3):
         signal.observe(torch.randn(50) * k)
     assert signal.reading() is None  # two epochs of steps: below MIN_EPOCHS
+
+
+def test_hyper_steps_far_apart_judge_nothing():
+    """With v held for more than two epochs a row overshoots under it and comes back: its
+    steps are no random walk's, so nothing is read (the networks test: a hyper step every 4
+    epochs, weights that separate, R 0.65-0.91)."""
+    signal, gen = WeightSignal(), torch.Generator().manual_seed(0)
+    for _ in range(9):
+        signal.observe(torch.randn(100, generator=gen), epochs=4.0)
+    assert signal.steps == 8 and signal.reading() is None

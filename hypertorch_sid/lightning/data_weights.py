@@ -439,6 +439,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._said_shortfall = False
         self._signal: WeightSignal = WeightSignal()  # eq. drift (weight_signal.py)
         self._signal_read: SignalReading | None = None
+        self._signal_at = 0
         self._said_untrained = False  # validation classes no training label holds, said
         #: at which optimizer step each ModelCheckpoint's best checkpoint of this fit was saved
         self._saved_at: dict[tuple[int, str, float | None], int] = {}
@@ -763,6 +764,7 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self._said_shortfall = self._said_untrained = False
         self._judged_rarity = False  # the imbalance hint: once per fit, when first known
         self._signal, self._signal_read = WeightSignal(), None  # eq. drift, per fit
+        self._signal_at = trainer.global_step  # the optimizer step of its last reading
         self._saved_at = {}  # (ModelCheckpoint, best path, score) -> step saved, this fit
         if self._val_floor is not None:
             self.val_batch_size = self._default_val_batch(trainer, self._val_floor)
@@ -883,9 +885,12 @@ class LearnedDataWeights(HyperOptimizationCallback):
         super()._hyper_step(trainer, pl_module)
 
     def _watch_signal(self) -> None:
-        weights = self.problem.weights
-        if weights is not None and self.problem.per == "sample":
-            self._signal.observe(weights.logits)
+        weights, trainer = self.problem.weights, self._trainer
+        if weights is None or self.problem.per != "sample" or trainer is None:
+            return
+        epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
+        since, self._signal_at = trainer.global_step - self._signal_at, trainer.global_step
+        self._signal.observe(weights.logits, since / epoch if epoch > 0 else math.nan)
 
     def _say_no_signal(self) -> None:
         """At the fit's end: read eq. drift (:meth:`weight_signal`) and say where the weights
@@ -903,7 +908,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         row's own ratio), both about 1 for a random walk; ``.separates``; ``.advice()`` (the
         warning said at the fit's end and by :meth:`flagged`, None where they separate). None
         before a fit's end, per class, or where the fit had fewer than
-        :data:`~.weight_signal.MIN_STEPS` hyper steps (nothing judged)."""
+        :data:`~.weight_signal.MIN_STEPS` hyper steps or had them more than
+        :data:`~.weight_signal.MAX_EPOCHS_PER_STEP` epochs apart (nothing judged)."""
         return self._signal_read
 
     @staticmethod
