@@ -133,6 +133,8 @@ def assert_separates(cb: LearnedDataWeights, corrupted: Tensor) -> None:
     bad, clean = float(w[corrupted].mean()), float(w[~corrupted].mean())
     assert bad < clean - 0.25, (bad, clean)
     assert auc(w, ~corrupted) > 0.65, auc(w, ~corrupted)
+    reading = cb.weight_signal()  # and no "no more signal than a random walk" (session 63):
+    assert reading is None or reading.advice() is None, reading  # unread: v held 4 epochs
 
 
 @pytest.mark.parametrize(("network", "optimizer", "seed"), CASES)

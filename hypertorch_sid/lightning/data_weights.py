@@ -122,6 +122,7 @@ from .sampling import (
 )
 from .sources import prepared
 from .training_length import planned_steps
+from .weight_signal import SignalReading, WeightSignal
 
 __all__ = ["DataWeightsProblem", "LearnedDataWeights"]  # the problem importable here, as before
 
@@ -437,6 +438,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         )
         self._said_unreplayable = False
         self._said_shortfall = False
+        self._signal: WeightSignal = WeightSignal()  # eq. drift (weight_signal.py)
+        self._signal_read: SignalReading | None = None
+        self._signal_at = 0
         self._said_untrained = False  # validation classes no training label holds, said
         #: at which optimizer step each ModelCheckpoint's best checkpoint of this fit was saved
         self._saved_at: dict[tuple[int, str, float | None], int] = {}
@@ -760,6 +764,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         self.problem.validation_examples = self._validation_size(trainer)
         self._said_shortfall = self._said_untrained = False
         self._judged_rarity = False  # the imbalance hint: once per fit, when first known
+        self._signal, self._signal_read = WeightSignal(), None  # eq. drift, per fit
+        self._signal_at = trainer.global_step  # the optimizer step of its last reading
         self._saved_at = {}  # (ModelCheckpoint, best path, score) -> step saved, this fit
         if self._val_floor is not None:
             self.val_batch_size = self._default_val_batch(trainer, self._val_floor)
@@ -865,12 +871,47 @@ class LearnedDataWeights(HyperOptimizationCallback):
         said = problem.class_shift()
         if said is not None:
             rank_zero_warn(f"LearnedDataWeights: {said}")
+        self._say_no_signal()
         if problem.gauge in CLASS_GAUGES and problem._labels is None:
             rank_zero_warn(
                 f"LearnedDataWeights(gauge={problem.gauge!r}) held nothing: no training "
                 "batch's integer labels were read (a collate_fn of yours, dict samples, soft "
                 "labels). Pass target=lambda batch: <its integer labels>."
             )
+
+    def _hyper_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Before each hyper step (a new v): add the rows' steps since the last one, all taken
+        under one v, to eq. drift's sums (:class:`~.weight_signal.WeightSignal`)."""
+        self._watch_signal()
+        super()._hyper_step(trainer, pl_module)
+
+    def _watch_signal(self) -> None:
+        weights, trainer = self.problem.weights, self._trainer
+        if weights is None or self.problem.per != "sample" or trainer is None:
+            return
+        epoch = trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)
+        since, self._signal_at = trainer.global_step - self._signal_at, trainer.global_step
+        self._signal.observe(weights.logits, since / epoch if epoch > 0 else math.nan)
+
+    def _say_no_signal(self) -> None:
+        """At the fit's end: read eq. drift (:meth:`weight_signal`) and say where the weights
+        moved no more than a random walk of their own steps."""
+        if self.history:
+            self._watch_signal()  # the steps under the last hyper step's v
+        self._signal_read = self._signal.reading()
+        said = None if self._signal_read is None else self._signal_read.advice()
+        if said is not None:
+            rank_zero_warn(f"LearnedDataWeights: {said}")
+
+    def weight_signal(self) -> SignalReading | None:
+        """Whether the last fit's per-sample weights carried more signal than a random walk
+        (eq. drift, session 63): ``.drift`` R and ``.median`` (the median over rows of each
+        row's own ratio), both about 1 for a random walk; ``.separates``; ``.advice()`` (the
+        warning said at the fit's end and by :meth:`flagged`, None where they separate). None
+        before a fit's end, per class, or where the fit had fewer than
+        :data:`~.weight_signal.MIN_STEPS` hyper steps or had them more than
+        :data:`~.weight_signal.MAX_EPOCHS_PER_STEP` epochs apart (nothing judged)."""
+        return self._signal_read
 
     @staticmethod
     def _validation_size(trainer: pl.Trainer) -> int | None:
@@ -1187,6 +1228,9 @@ class LearnedDataWeights(HyperOptimizationCallback):
         misfit = misfit or (default and self.problem.misfits_by_default())
         flags = w.flagged(TwoComponentSplit() if misfit else rule).cpu()
         said = self.problem.flag_evidence(flags)
+        walk = self.weight_signal()
+        if walk is not None and walk.advice() is not None:
+            rank_zero_warn(f"LearnedDataWeights.flagged: {walk.advice()}")
         if said is not None and default:
             rank_zero_warn(
                 f"LearnedDataWeights.flagged: {said} Flagged nothing; flagged(rule) returns a "
