@@ -53,7 +53,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s6
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import warnings
@@ -72,16 +71,16 @@ import bench_user_recipes_s57 as s57  # noqa: E402
 import bench_user_recipes_s60 as s60  # noqa: E402
 from recipe_harness import (  # noqa: E402
     Docs,
-    LogLines,
     RecipeModule,
     auc,
-    callbacks_record,
     images,
     learned_lam,
     news,
     noisy_labels,
+    package_logs,
     paired_table,
     recipe_loader,
+    scored_record,
     tensors,
     test_loss,
     timed_fit,
@@ -369,40 +368,18 @@ class Setup(s60.Setup):
         return float(F.mse_loss(out, y)), float(close)
 
     def run(self, arm: str) -> dict[str, Any]:
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        noisy, per_sample = arm in ("plain", "dw", "dw_default"), arm.startswith("dw")
-        train, bad = self.corrupted() if noisy else (self.train, None)
-        wd = 0.0 if arm.startswith("decay") else self.own
-        if arm == "own_learned":  # the own recipe at the λ the decay learned (its mean)
-            wd = learned_lam([OUT], self.name, self.seed)
-        cbs = self.drop_ins(arm)
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
-        try:
+        with package_logs() as logs:
+            noisy, per_sample = arm in ("plain", "dw", "dw_default"), arm.startswith("dw")
+            train, bad = self.corrupted() if noisy else (self.train, None)
+            wd = 0.0 if arm.startswith("decay") else self.own
+            if arm == "own_learned":  # the own recipe at the λ the decay learned (its mean)
+                wd = learned_lam([OUT], self.name, self.seed)
+            cbs = self.drop_ins(arm)
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        record["test_loss"], record["test_acc"] = self.score(model)
-        record["steps"] = self.tr.global_step
-        record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
-        callbacks_record(record, cbs, bad)
-        if per_sample:
-            self.flags_record(record, cbs[0], bad)
-        return record
+        return scored_record(self, record, model, logs, cbs, bad, per_sample)
 
     def flags_record(self, record: dict[str, Any], cb: LearnedDataWeights, bad: Tensor) -> None:
         """``flagged()`` against the corrupted rows (its warnings kept), and for the regression

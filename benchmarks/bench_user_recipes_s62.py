@@ -48,7 +48,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s6
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 from pathlib import Path
@@ -65,11 +64,11 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 import bench_user_recipes_s57 as s57  # noqa: E402
 import bench_user_recipes_s61 as s61  # noqa: E402
 from recipe_harness import (  # noqa: E402
-    LogLines,
     RecipeModule,
-    callbacks_record,
     images,
+    package_logs,
     recipe_loader,
+    scored_record,
     tensors,
     test_loss,
     timed_fit,
@@ -379,39 +378,17 @@ class Setup(s61.Setup):
         """One fit of ``arm`` (``plain`` and the data weights' on the noisy labels), its
         record: CPU and wall time, the package's warnings and log lines, the test score, what
         the drop-in learned and, for the data weights, ``flagged()`` against the moved labels."""
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        per_sample = arm.startswith("dw")
-        noisy = per_sample or arm.startswith("plain")
-        train, bad = self.corrupted() if noisy else (self.train, None)
-        wd = 0.0 if arm.startswith("decay") else self.own
-        cbs = self.drop_ins(arm)
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
-        try:
+        with package_logs() as logs:
+            per_sample = arm.startswith("dw")
+            noisy = per_sample or arm.startswith("plain")
+            train, bad = self.corrupted() if noisy else (self.train, None)
+            wd = 0.0 if arm.startswith("decay") else self.own
+            cbs = self.drop_ins(arm)
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        record["test_loss"], record["test_acc"] = self.score(model)
-        record["steps"] = self.tr.global_step
-        record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
-        callbacks_record(record, cbs, bad)
-        if per_sample:
-            self.flags_record(record, cbs[0], bad)
-        return record
+        return scored_record(self, record, model, logs, cbs, bad, per_sample)
 
 
 VERSUS = {

@@ -52,7 +52,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s6
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 import sys
@@ -71,11 +70,11 @@ import bench_user_recipes_s57 as s57  # noqa: E402
 import bench_user_recipes_s61 as s61  # noqa: E402
 from recipe_harness import (  # noqa: E402
     NEWS_GROUPS,
-    LogLines,
     RecipeModule,
-    callbacks_record,
     images,
+    package_logs,
     recipe_loader,
+    scored_record,
     tensors,
     test_loss,
     timed_fit,
@@ -461,39 +460,17 @@ class Setup(s61.Setup):
         """One fit of ``arm`` (``plain`` and the data weights' on the noisy data), its record:
         CPU and wall time, the package's warnings and log lines, the test score, what the
         drop-in learned and, for the data weights, ``flagged()`` against the corrupted rows."""
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        per_sample = arm.startswith("dw")
-        noisy = per_sample or arm == "plain"
-        train, bad = self.corrupted() if noisy else (self.train, None)
-        wd = 0.0 if arm == "decay" else self.own
-        cbs = self.drop_ins(arm)
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
-        try:
+        with package_logs() as logs:
+            per_sample = arm.startswith("dw")
+            noisy = per_sample or arm == "plain"
+            train, bad = self.corrupted() if noisy else (self.train, None)
+            wd = 0.0 if arm == "decay" else self.own
+            cbs = self.drop_ins(arm)
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        record["test_loss"], record["test_acc"] = self.score(model)
-        record["steps"] = self.tr.global_step
-        record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
-        callbacks_record(record, cbs, bad)
-        if per_sample:
-            self.flags_record(record, cbs[0], bad)
-        return record
+        return scored_record(self, record, model, logs, cbs, bad, per_sample)
 
 
 VERSUS = {"decay": "own", "dw": "plain", "dw_mean": "plain"}

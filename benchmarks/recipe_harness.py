@@ -35,7 +35,8 @@ import tarfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,51 @@ class LogLines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage()[:400])
+
+
+@contextmanager
+def package_logs() -> Iterator[LogLines]:
+    """The package's and Lightning's log lines (at INFO) while the block runs."""
+    logs = LogLines()
+    loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(logs)
+        lg.setLevel(logging.INFO)
+    try:
+        yield logs
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.removeHandler(logs)
+            lg.setLevel(level)
+
+
+def scored_record(
+    recipe: Any,
+    record: dict[str, Any],
+    model: Any,
+    logs: LogLines,
+    cbs: list[Any],
+    bad: torch.Tensor | None,
+    per_sample: bool,
+) -> dict[str, Any]:
+    """``record`` of one recipe fit completed: its hyper-step log lines; unless the fit failed
+    (``model`` None), whether the weights are finite, the test score (``recipe.score``), the
+    steps and last validation loss (``recipe.tr``), what the drop-ins learned and, for the data
+    weights, ``recipe.flags_record``'s flags against the corrupted rows."""
+    record["logs"] = sorted(
+        {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
+    )
+    if model is None:
+        return record
+    record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    record["test_loss"], record["test_acc"] = recipe.score(model)
+    record["steps"] = recipe.tr.global_step
+    record["val_loss"] = float(recipe.tr.callback_metrics.get("val_loss", float("nan")))
+    callbacks_record(record, cbs, bad)
+    if per_sample:
+        recipe.flags_record(record, cbs[0], bad)
+    return record
 
 
 def tensors(data) -> TensorDataset:
