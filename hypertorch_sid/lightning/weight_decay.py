@@ -86,6 +86,7 @@ from .callback_settings import (
     given,
     refuse_settings_given_positionally,
 )
+from .gradient_clip import BindingClip
 from .invariance import probe_cost, probe_forwards, scale_invariant_slots
 from .isolation import metric_states_kept
 from .problem import MEANING_KEY, check_meaning
@@ -400,6 +401,13 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self._checkpointed_slots: list[str] | None = None
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
+        #: the fit's watch of a binding gradient clip (session 64), made anew at each fit's start
+        self._clip_watch = BindingClip("LearnedWeightDecay", self.every_n_steps)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Also: a new watch of a binding gradient clip (:class:`~.gradient_clip.BindingClip`)."""
+        super().on_fit_start(trainer, pl_module)
+        self._clip_watch = BindingClip(type(self).__name__, self.every_n_steps)
 
     def on_train_batch_end(
         self,
@@ -537,7 +545,9 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         """At each optimizer's first steps: every tensor it trains got a gradient at one of
         them (a tensor without one waits for the next step, until the step of the first due
         hyper step). The decay itself is applied later, inside the optimizer's step
-        (:meth:`_change_gradient`)."""
+        (:meth:`_change_gradient`). Also: a ``gradient_clip_val`` that binds late in the fit
+        is said (:class:`~.gradient_clip.BindingClip`, read here, before Lightning's clip)."""
+        self._clip_watch.read(trainer, optimizer)
         if not self.problem._checked_gradients:
             n = self.every_n_steps
             first_due = -(-max(self.start_step, 1) // n) * n
