@@ -7,17 +7,17 @@ clipping), a max-norm ``renorm_``, a re-initialisation of dead units — makes t
 projected (or reset) one, whose fixed point the hypergradient does not differentiate: the
 hyperparameters were tuned for another training, without a word.
 
-Watched every ``every_n_steps`` optimizer steps: right after an update, the norm of every
-tensor the optimizer trains (one fused ``_foreach_norm``, no read of the device), then at the
-next step's start, before any change of the gradient, the same norms again (one read). Weights
+Watched every ``every_n_steps`` steps of each optimizer: right after its update, the norm of
+every tensor it trains (one fused ``_foreach_norm``, no read of the device), then at its next
+step's start, before any change of the gradient, the same norms again (one read). Weights
 swapped out and put back in between (an EMA's validation) have their norms back bit for bit
-and are not said. Automatic optimisation with one optimizer only (the steps' order is then
-Lightning's).
+and are not said. Automatic or manual optimisation, one optimizer or several (session 64: the
+watch covered automatic optimisation with one optimizer, so a WGAN's ``clamp_`` after its
+critic's manual step was not seen); a tensor two optimizers train is not compared (the other's
+step moves it).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -32,32 +32,44 @@ class MovedWeights:
 
     def __init__(self, who: str, every_n_steps: int) -> None:
         self.who, self.every = who, max(1, int(every_n_steps))
-        self._held: tuple[int, Any, list[Tensor], Tensor] | None = None
+        #: per optimizer (by id): its steps so far, and the norms held after its latest update
+        self._steps: dict[int, int] = {}
+        self._held: dict[int, tuple[int, list[Tensor], Tensor]] = {}
         self.said = False
 
     def note(self, trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
-        """After ``optimizer``'s update: hold its tensors' norms, every ``every`` steps."""
-        if self.said or not _watched(trainer) or trainer.global_step % self.every:
+        """After ``optimizer``'s update: hold its tensors' norms, every ``every`` of its steps."""
+        key = id(optimizer)
+        count = self._steps[key] = self._steps.get(key, -1) + 1
+        if self.said or trainer.lightning_module is None or count % self.every:
             return
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         if params:
             with torch.no_grad():
                 norms = torch.stack(torch._foreach_norm(params))
-            self._held = (trainer.global_step, optimizer, params, norms)
+            self._held[key] = (trainer.global_step, params, norms)
 
     def check(
         self, trainer: pl.Trainer, module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """At the next step of ``optimizer``, before any change: the norms must be those held."""
-        held, self._held = self._held, None
+        held = self._held.pop(id(optimizer), None)
         if held is None or self.said:
             return
-        step, holder, params, before = held
-        if holder is not optimizer or trainer.global_step != step + 1:
-            return  # another step between (a tuner's restore, a resumed fit)
+        step, params, before = held
+        if trainer.global_step <= step:
+            return  # the steps went back (a tuner's restore)
         with torch.no_grad():
             now = torch.stack(torch._foreach_norm(params))
         moved = ~((now == before) | (now.isnan() & before.isnan()))
+        others = {
+            id(p)
+            for opt in trainer.optimizers
+            if opt is not optimizer
+            for g in opt.param_groups
+            for p in g["params"]
+        }
+        moved &= torch.tensor([id(p) not in others for p in params], device=moved.device)
         if not bool(moved.any()):
             return
         self.said = True
@@ -65,16 +77,12 @@ class MovedWeights:
         said = [names.get(id(p), "an unnamed tensor") for p, m in zip(params, moved) if m]
         rank_zero_warn(
             f"{self.who}: {', '.join(said[:4])}{' ...' if len(said) > 4 else ''} changed "
-            f"between optimizer steps {step} and {step + 1}, outside the optimizer (a clamp_, "
-            "a renorm_ or a re-initialisation in a hook or another callback?): the hyper steps "
-            "model the training as the optimizer's steps alone, so the hyperparameters are "
-            "tuned for a training without that change. Put a constraint inside the model "
-            "(torch.nn.utils.parametrize, e.g. w = c·tanh(v)) or the loss, where the "
-            "hypergradient sees it; weights swapped out and put back (an EMA's validation) "
-            "are not concerned."
+            f"between optimizer steps {step} and {trainer.global_step}, outside the "
+            "optimizer (a clamp_, a renorm_ or a "
+            "re-initialisation in a hook, another callback or a manual training_step?): the "
+            "hyper steps model the training as the optimizers' steps alone, so the "
+            "hyperparameters are tuned for a training without that change. Put a constraint "
+            "inside the model (torch.nn.utils.parametrize, e.g. w = c·tanh(v)) or the loss, "
+            "where the hypergradient sees it; weights swapped out and put back (an EMA's "
+            "validation) are not concerned."
         )
-
-
-def _watched(trainer: pl.Trainer) -> bool:
-    module = trainer.lightning_module
-    return module is not None and module.automatic_optimization and len(trainer.optimizers) == 1
