@@ -157,9 +157,9 @@ class HyperData:
         if said is not None:
             rank_zero_warn(
                 f"{self.who}: {said}: a preprocessing step applied to one set only (x / 255, "
-                "a normalisation, other units)? The hyper steps tune the hyperparameters for "
-                "the validation data as they are, inputs the training never sees. Preprocess "
-                "both sets alike."
+                "a Normalize or standardisation, other units)? The hyper steps tune the "
+                "hyperparameters for the validation data as they are, inputs the training "
+                "never sees. Preprocess both sets alike."
             )
 
     # ------------------------------------------------------------------ reloaded loaders
