@@ -35,6 +35,7 @@ from .data_checks import (
     _check_sample_target,
     _real_targets,
     _refuse_masked_entries,
+    _warn_broadcast_losses,
     _warn_unread_labels,
 )
 from .problem import with_batch_idx
@@ -154,6 +155,7 @@ class WeightedStep(RowRecord):
             if not self._checked_entries:  # once, at the fit's first step
                 self._checked_entries = True
                 _refuse_masked_entries(raw)
+                _warn_broadcast_losses(raw, int(index.numel()))
                 if self.per == "sample":
                     self._read_binary_floats(data, carried)
                     if self._own_target and _rows_of(raw):
