@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from ..core.errors import ConfigurationError
@@ -37,6 +39,8 @@ class DataLoss:
     ) -> None:
         self.training_loss = training_loss
         self.validation_loss = validation_loss
+        #: whether E's direction was compared with ℓ's on a validation batch (session 64)
+        self._compared = False
 
     def __call__(
         self, module: pl.LightningModule, batch: Any, which: Literal["training", "validation"]
@@ -71,7 +75,43 @@ class DataLoss:
                 f"LearnedWeightDecay: {source} returned {got}, not a scalar tensor ({which} "
                 f"loss): {fix}."
             )
+        if source == "validation_loss" and not self._compared:
+            self._compared = True
+            self._warn_if_a_score(module, batch, out)
         return out.reshape(())
+
+    def _warn_if_a_score(self, module: pl.LightningModule, batch: Any, e: Tensor) -> None:
+        """Once, at the first E of a ``validation_loss``: its gradient in the trained weights
+        against ℓ's on the same validation batch. A loss falls where ℓ falls; one whose
+        gradient points against ℓ's (cosine below −0.5) is a score to maximise (an accuracy,
+        a log-likelihood), which the hyper steps minimise: λ then climbs to make the model
+        worse, silently (session 64: ``validation_loss=-cross_entropy`` drove λ from 1e-4 to
+        0.11 in 6 hyper steps). Two backward passes, once."""
+        weights = [p for p in module.parameters() if p.requires_grad]
+        _, ell = self._training_loss_on_validation(module, batch)
+        ell = ell.get("loss") if isinstance(ell, Mapping) else ell
+        if not (weights and isinstance(ell, Tensor) and ell.numel() == 1 and e.requires_grad):
+            return
+        with torch.enable_grad():
+            g_e = torch.autograd.grad(e.sum(), weights, retain_graph=True, allow_unused=True)
+            g_l = torch.autograd.grad(ell.sum(), weights, allow_unused=True)
+        pairs = [
+            (a.flatten(), b.flatten()) for a, b in zip(g_e, g_l) if a is not None and b is not None
+        ]
+        if not pairs:
+            return
+        a, b = torch.cat([p[0] for p in pairs]).double(), torch.cat([p[1] for p in pairs]).double()
+        cosine = float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
+        if cosine < -0.5:
+            source = "training_loss" if self.training_loss is not None else "training_step"
+            rank_zero_warn(
+                "LearnedWeightDecay: validation_loss rises where the training loss falls: on a "
+                f"validation batch its gradient in the weights points against {source}'s "
+                f"(cosine {cosine:.2f}), so it reads as a score to maximise (an accuracy, a "
+                "log-likelihood, a loss negated). The hyper steps minimise validation_loss: "
+                "they would tune λ to make the model worse. Return a loss, lower for a better "
+                "model (e.g. F.cross_entropy(module(x), y), not its negative)."
+            )
 
     def _training_loss(self, module: pl.LightningModule, batch: Any) -> tuple[str, Any]:
         """(where it came from, ℓ on ``batch``): ``training_loss`` or ``training_step``."""
