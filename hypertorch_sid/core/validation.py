@@ -692,6 +692,8 @@ def number_fix(
     tensors can be converted to Python scalars")."""
     if isinstance(value, Tensor):
         return _tensor_fix(name, value, kind, holds)
+    if _numpy_array(value):  # a 0-d array from np.load, an .npz, np.asarray (session 64)
+        return _tensor_fix(name, value, kind, holds, "a NumPy array", "a")
     try:
         number = float(value) if isinstance(value, str) or is_real(value) else math.nan
     except ValueError:
@@ -710,15 +712,34 @@ def number_fix(
     return f": pass {name}={meant}" if kind is int else ""
 
 
-def _tensor_fix(name: str, value: Tensor, kind: type, holds: Callable[[float], bool]) -> str:
-    """:func:`number_fix` for a tensor: one number is meant, given as a Python number."""
-    if value.numel() != 1:
-        return f": a tensor of shape {tuple(value.shape)}, where one number is meant"
-    number = float(value.detach().reshape(()).cpu())
+def _numpy_array(value: Any) -> bool:
+    """A NumPy array (not a NumPy scalar, which is a number), told without importing NumPy."""
+    return type(value).__module__ == "numpy" and hasattr(value, "ndim") and not is_real(value)
+
+
+def _tensor_fix(
+    name: str,
+    value: Any,
+    kind: type,
+    holds: Callable[[float], bool],
+    what: str = "a tensor",
+    var: str = "t",
+) -> str:
+    """:func:`number_fix` for a tensor (or a NumPy array): one number is meant, given as a
+    Python number."""
+    size = value.numel() if isinstance(value, Tensor) else int(value.size)
+    if size != 1:
+        return f": {what} of shape {tuple(value.shape)}, where one number is meant"
+    try:
+        number = float(
+            value.detach().reshape(()).cpu() if isinstance(value, Tensor) else value.item()
+        )
+    except (TypeError, ValueError):
+        return f": {what}, where a number is meant"
     if math.isfinite(number) and holds(number) and (kind is float or number.is_integer()):
         meant = int(number) if kind is int else number
-        return f": a tensor, where a number is meant: pass {name}=t.item() = {meant!r}"
-    return ": a tensor, where a number is meant"
+        return f": {what}, where a number is meant: pass {name}={var}.item() = {meant!r}"
+    return f": {what}, where a number is meant"
 
 
 def check_integer(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
