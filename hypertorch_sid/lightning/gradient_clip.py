@@ -57,6 +57,8 @@ class BindingClip:
             return
         with torch.no_grad():
             norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+        if not math.isfinite(norm):
+            return  # a step the GradScaler skips (or a diverged one): no clip factor to read
         self._norms.append(norm)
         factors = [min(1.0, float(clip) / n) if n > 0 else 1.0 for n in self._norms]
         if len(factors) == READINGS and max(factors) < BINDING:
