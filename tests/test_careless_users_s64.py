@@ -274,3 +274,24 @@ def test_a_numpy_array_where_a_number_is_meant_is_named_with_item(setting, value
     an integer ≥ 1, got array(5).", as if 5 were refused."""
     with pytest.raises(ConfigurationError, match=rf"a NumPy array, where a number is meant: {fix}"):
         SIDConfig(**{setting: value})
+
+
+def test_control_validation_batches_the_training_step_cannot_read_are_not_compared() -> None:
+    """Validation batches of another structure (dicts: the reason for validation_loss=): the
+    comparison with the training loss is skipped, and the fit runs."""
+
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 60
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"x": X[i], "y": Y[i]}
+
+    decay = LearnedWeightDecay(
+        **QUICK, validation_loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"])
+    )
+    fit = lambda: trainer([decay], max_epochs=1).fit(  # noqa: E731
+        ToyClassifier(), _train(), DataLoader(Dicts(), batch_size=20)
+    )
+    assert not _said(fit, "validation_loss rises")
+    assert len(decay.learned_weight_decay) == 2

@@ -88,7 +88,10 @@ class DataLoss:
         worse, silently (session 64: ``validation_loss=-cross_entropy`` drove λ from 1e-4 to
         0.11 in 6 hyper steps). Two backward passes, once."""
         weights = [p for p in module.parameters() if p.requires_grad]
-        _, ell = self._training_loss_on_validation(module, batch)
+        try:
+            _, ell = self._training_loss_on_validation(module, batch)
+        except Exception:  # noqa: BLE001 (validation batches training_step cannot read: the
+            return  # reason validation_loss= exists; nothing to compare)
         ell = ell.get("loss") if isinstance(ell, Mapping) else ell
         if not (weights and isinstance(ell, Tensor) and ell.numel() == 1 and e.requires_grad):
             return
