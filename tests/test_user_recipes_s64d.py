@@ -304,6 +304,7 @@ def test_flags_of_a_network_that_memorised_are_said_so_not_no_group() -> None:
     record, flags = _split(32, 1)
     said = record.flag_evidence(flags)
     assert said is not None and "by heart" in said and "split_misfit" in said, said
+    assert "of the 200 it keeps (0.5%)" in said
     assert "No group of corrupted labels stands out" not in said
 
 
