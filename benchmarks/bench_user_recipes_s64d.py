@@ -32,9 +32,14 @@ says). New here, habits no earlier round (sessions 41–63) tried on real data:
   cross entropy of ``(x, y)``; ``dw_vl_t``: and ``target=lambda batch: batch[-1]``;
 * ``trusted``  20 Newsgroups bag of words (2000 words, log counts), an MLP, Adam; the user's
   **trusted** pool (300 documents, clean) and **untrusted** pool (900, 40 % of the labels
-  moved) joined by ``ConcatDataset`` and wrapped by ``IndexedDataset``.
+  moved) joined by ``ConcatDataset`` and wrapped by ``IndexedDataset``;
+* ``news_smooth``  20 Newsgroups word ids padded per batch by the user's ``collate_fn``
+  (wrapped by ``indexed_collate``), a mean of word embeddings and an MLP, the criterion a
+  module attribute ``nn.CrossEntropyLoss(label_smoothing=0.1, reduction="none")`` (plain: its
+  mean); Adam; scored by the test cross entropy (unsmoothed).
 
-Fit lengths: 10 epochs of 64 (``tagger`` 8 of 32 strips, ``trusted`` 15 of 32 documents).
+Fit lengths: 10 epochs of 64 (``tagger`` 8 of 32 strips, ``trusted`` 15 of 32 documents,
+``news_smooth`` 10 of 32 documents).
 
 Usage (from the repository root)::
 
@@ -49,6 +54,7 @@ the weight signal of eq. drift and whether the no-signal warning was said).
 from __future__ import annotations
 
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -63,6 +69,7 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 import bench_user_recipes_s57 as s57  # noqa: E402
 import bench_user_recipes_s61 as s61  # noqa: E402
 from recipe_harness import (  # noqa: E402
+    Docs,
     RecipeModule,
     images,
     news,
@@ -77,7 +84,7 @@ from recipe_harness import (  # noqa: E402
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, indexed_collate  # noqa: E402
 
-RECIPES = ("tagger", "hinge", "ordinal", "bootstrap", "two_view", "trusted")
+RECIPES = ("tagger", "hinge", "ordinal", "bootstrap", "two_view", "trusted", "news_smooth")
 #: the share of training labels moved to another class (symmetric noise)
 NOISE = 0.3
 #: the tag of a padded position
@@ -290,6 +297,36 @@ class BagMLP(RecipeModule):
         return torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=self.wd)
 
 
+class SmoothNews(RecipeModule):
+    """Mean of word embeddings (8000 × 64, padding 0 left out) → 64 → 4; the loss a module
+    attribute, cross entropy with label smoothing 0.1; Adam."""
+
+    def __init__(self, wd, per_sample):
+        super().__init__(wd, per_sample)
+        self.emb = nn.Embedding(8000, 64, padding_idx=0)
+        self.head = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        self.crit = nn.CrossEntropyLoss(
+            label_smoothing=0.1, reduction="none" if per_sample else "mean"
+        )
+
+    def forward(self, tokens):
+        real = (tokens != 0).float().unsqueeze(2)
+        return self.head((self.emb(tokens) * real).sum(1) / real.sum(1).clamp_min(1))
+
+    def training_step(self, batch, batch_idx):
+        tokens, y = batch
+        loss = self.crit(self(tokens), y)
+        self.log("train_loss", loss.mean())
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        tokens, y = batch
+        self.log("val_loss", self.crit(self(tokens), y).mean())
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3, weight_decay=self.wd)
+
+
 MODELS = {"hinge": Hinge, "ordinal": Ordinal, "bootstrap": Bootstrap, "two_view": TwoView}
 
 # ----------------------------------------------------------------------------- one fit
@@ -310,6 +347,10 @@ class Setup(s61.Setup):
         if name == "trusted":
             self.classes = 4
             self.train, self.val, self.test = bag_of_words(data, seed)
+            return
+        if name == "news_smooth":
+            self.classes, self.collate = 4, s61.bag_collate
+            self.train, self.val, self.test = (Docs(*d) for d in news(data, seed, 1200, 300, 1000))
             return
         fashion = name in ("hinge", "bootstrap", "two_view")
         n = (6000, 1200, 2000) if name == "tagger" else (2000, 300, 2000)
@@ -347,6 +388,9 @@ class Setup(s61.Setup):
             strips = Strips.__new__(Strips)
             strips.x, strips.tags = self.train.x, tags
             return strips, bad
+        if self.name == "news_smooth":
+            y2, bad = symmetric_noise(self.train.labels, 4, self.seed)
+            return Docs(self.train.seqs, y2), bad
         x, y = self.train.tensors
         if self.name == "trusted":  # 300 trusted (clean) and 900 untrusted (40 % moved)
             y2, bad = symmetric_noise(y[300:], 4, self.seed, share=0.4)
@@ -358,7 +402,7 @@ class Setup(s61.Setup):
         return TensorDataset(x, y2), bad
 
     def loader(self, train, per_sample: bool, raw_collate: bool) -> DataLoader:
-        batch = {"tagger": 32, "trusted": 32}.get(self.name, 64)
+        batch = {"tagger": 32, "trusted": 32, "news_smooth": 32}.get(self.name, 64)
         if raw_collate:  # the user's collate_fn unwrapped: a refusal to check
             return DataLoader(IndexedDataset(train), batch_size=batch, shuffle=True,
                               collate_fn=self.collate)  # fmt: skip
@@ -376,6 +420,8 @@ class Setup(s61.Setup):
             model = Tagger(wd, per_sample)
         elif name == "trusted":
             model = BagMLP(wd, per_sample)
+        elif name == "news_smooth":
+            model = SmoothNews(wd, per_sample)
         elif record["arm"] == "dw_hand":
             model = HingeByHand(wd, per_sample)
         else:
@@ -389,7 +435,7 @@ class Setup(s61.Setup):
         """Held-out test loss and accuracy: cross entropy (the tagger: per token; the hinge:
         the hinge loss; the ordinal: its summed binary cross entropies)."""
         test = recipe_loader(self.test, self.collate, 64, False, False)
-        if self.name in ("bootstrap", "two_view", "trusted"):
+        if self.name in ("bootstrap", "two_view", "trusted", "news_smooth"):
             return test_loss(model, test)
         model.eval()
         total, correct, n = 0.0, 0, 0
@@ -428,6 +474,11 @@ class Setup(s61.Setup):
             reading = cbs[0].weight_signal()
             record["signal"] = None if reading is None else [reading.drift, reading.median]
             record["no_signal_said"] = any("no more signal" in w for w in record["warnings"])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                misfit = cbs[0].flagged("split_misfit")
+            hit = int(bad[misfit].sum()) if len(misfit) else 0
+            record["misfit_flags"] = [len(misfit), hit / max(len(misfit), 1), hit / int(bad.sum())]
         return record
 
 
