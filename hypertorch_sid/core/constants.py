@@ -80,10 +80,10 @@ class StepConstants:
             self.alpha, self.L, self.mu, self.q = self.given
             self.resolved = False
         if not self.resolved:
-            self.resolved = True
             self._first = first_hypergradient
             assert self.phi is not None
             self.phi.fit_constants(self)
+            self.resolved = True  # once fitted: a fit that failed is tried again (session 64)
 
     def _refresh_fits(self) -> bool:
         """Whether the allowance pays for a refresh: its fewest Lanczos products (one batch)

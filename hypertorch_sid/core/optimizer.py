@@ -52,7 +52,7 @@ from .outer import (
 )
 from .rows import RowSnapshot, all_finite, stored
 from .schedules import StepSchedule
-from .second_order import check_second_derivatives, twice_differentiable
+from .second_order import check_second_derivatives, met_rerouted_op, twice_differentiable
 from .solvers import (
     AdjointSolver,
     SolveResult,
@@ -238,6 +238,7 @@ class SIDHyperOptimizer:
         self.config.look_ahead.start(self.inner_parameters)  # where the training starts from
         self.last: dict[str, float] = {}
         self._checked = False
+        self._reroute = False  # a product met an op computed twice differentiably (session 64)
         self._probe_batch: Any = None  # the first checks' batch: ℓ̂ before/after the first solve
         self._streams: dict[int, BatchStream] = {}
         #: a loaded state's position in the pass of ``train_batches`` (skipped at the first draw)
@@ -332,18 +333,38 @@ class SIDHyperOptimizer:
         product = getattr(self.phi, "hessian_vector_product", None) or (
             lambda b, u: self.phi.vjp(b, u)[0]
         )
-        with twice_differentiable(self.module), frozen_mode(self.module, self.config.mode):
-            self._buffers_at_start = self._buffers.snapshot()
-            try:
-                start = clock()
-                n = batch_size(batch)
-                self.cost.curvature_products += 1
-                self.cost.curvature_samples += n
-                self.cost.samples += n
-                product(batch, v)
-                return clock() - start
-            finally:
-                Buffers.restore(self._buffers_at_start or self._buffers.initial)
+
+        def timed() -> float:
+            with frozen_mode(self.module, self.config.mode):
+                self._buffers_at_start = self._buffers.snapshot()
+                try:
+                    start = clock()
+                    n = batch_size(batch)
+                    self.cost.curvature_products += 1
+                    self.cost.curvature_samples += n
+                    self.cost.samples += n
+                    product(batch, v)
+                    return clock() - start
+                finally:
+                    Buffers.restore(self._buffers_at_start or self._buffers.initial)
+
+        return self._twice_differentiable(timed)
+
+    def _twice_differentiable(self, run: Callable[[], Any]) -> Any:
+        """``run()`` in :func:`twice_differentiable`'s context, and once more with its twice
+        differentiable equivalents of torch functions where a product met one without a layer
+        telling it (``F.multi_margin_loss`` called in ``training_step``: refused before, session
+        64); from then on every product computes them so. ``run`` leaves w as it was when it
+        fails (:meth:`_algorithm1`), so the repeat is the same hyper step."""
+        try:
+            with twice_differentiable(self.module, self._reroute):
+                return run()
+        except ConfigurationError as err:
+            if self._reroute or not met_rerouted_op(err):
+                raise
+        self._reroute = True
+        with twice_differentiable(self.module, reroute=True):
+            return run()
 
     # ------------------------------------------------------------------ data
     def _stream(self, train_batches: Iterable[Any]) -> BatchStream:
@@ -428,8 +449,9 @@ class SIDHyperOptimizer:
             # autograd on, as torch.optim's closures run: a call under torch.no_grad() or
             # inference_mode (a loop's outer update wrapped in one) was refused as "inner_loss
             # does not depend on the inner parameters", then a raw autograd error (session 53)
-            with _autograd_on(), twice_differentiable(self.module):
-                return self._hypergradient(self._stream(train_batches), val_batch)
+            with _autograd_on():
+                stream = self._stream(train_batches)
+                return self._twice_differentiable(lambda: self._hypergradient(stream, val_batch))
         except RuntimeError as err:  # (an op without a second derivative: twice_differentiable)
             if _GRAPH_FREED in str(err):
                 raise ConfigurationError(_STALE_GRAPH) from err

@@ -122,14 +122,90 @@ def not_twice_differentiable(err: Exception) -> ConfigurationError:
     )
 
 
-class _TwiceDifferentiableHardsigmoid(TorchFunctionMode):
-    """``F.hardsigmoid(x)`` as relu6(x + 3)/6: the same values and first derivative, and a second
-    derivative (0 almost everywhere) that torch's fused ``hardsigmoid_backward`` lacks."""
+def _reduced(loss: Tensor, reduction: str) -> Tensor:
+    """``loss`` per sample reduced as torch's losses' ``reduction=`` says."""
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.mean()
+
+
+def multi_margin_loss(
+    input: Tensor,  # noqa: A002 (torch's name)
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Tensor | None = None,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``F.multi_margin_loss`` in twice-differentiable torch ops: per sample
+    Σ_{j≠y} w_y · max(0, margin − x_y + x_j)^p / C (torch's ``multi_margin_loss_backward`` has
+    no derivative; session 64, a hinge-loss classifier refused at its first hyper step)."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    x = input if input.dim() == 2 else input.reshape(1, -1)
+    y = target.reshape(-1, 1)
+    hinge = (margin - x.gather(1, y) + x).clamp_min(0)
+    hinge = hinge if p == 1 else hinge.pow(p)
+    if weight is not None:
+        hinge = hinge * weight[y]
+    loss = hinge.scatter(1, y, 0.0).sum(1) / x.shape[1]
+    return _reduced(loss if input.dim() == 2 else loss.reshape(()), reduction)
+
+
+def multilabel_margin_loss(
+    input: Tensor,  # noqa: A002 (torch's name)
+    target: Tensor,
+    size_average: Any = None,
+    reduce: Any = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``F.multilabel_margin_loss`` in twice-differentiable torch ops: per sample
+    Σ_{j ∈ targets} Σ_{k ∉ targets} max(0, 1 − (x_j − x_k)) / C, the targets the entries of
+    ``target`` before its first −1 (torch's ``multilabel_margin_loss_backward`` has no
+    derivative)."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    x = input if input.dim() == 2 else input.reshape(1, -1)
+    t = target.reshape(x.shape)
+    listed = (t >= 0).long().cumprod(1).bool()  # the entries before the first -1
+    classes = torch.arange(x.shape[1], device=x.device)
+    # [b, listed entry, class j]: the j each listed entry names (duplicates counted, as torch)
+    pairs = (t.clamp_min(0)[:, :, None] == classes) & listed[:, :, None]
+    is_target = pairs.any(1)
+    hinge = (1 - x[:, :, None] + x[:, None, :]).clamp_min(0)  # [b, j, k]: 1 − (x_j − x_k)
+    hinge = hinge * (~is_target)[:, None, :]
+    loss = (pairs.to(x.dtype) @ hinge).sum((1, 2)) / x.shape[1]
+    return _reduced(loss if input.dim() == 2 else loss.reshape(()), reduction)
+
+
+#: torch functions whose backward has no derivative, each computed by a twice-differentiable
+#: equivalent (the same values and first derivative) inside a hyper step
+_REROUTED: dict[Any, Any] = {
+    F.hardsigmoid: lambda x, inplace=False: (x + 3).clamp(0, 6) / 6,
+    F.multi_margin_loss: multi_margin_loss,
+    F.multilabel_margin_loss: multilabel_margin_loss,
+}
+#: the layers that call them (the mode is entered only where a module holds one, or after a
+#: product met one: it adds a Python call to every op)
+_REROUTED_LAYERS = (torch.nn.Hardsigmoid, torch.nn.MultiMarginLoss, torch.nn.MultiLabelMarginLoss)
+#: torch's names for their backwards, in the error a product meets without the mode
+_REROUTED_BACKWARDS = ("hardsigmoid_backward", "multi_margin_loss_backward",
+                       "multilabel_margin_loss_backward")  # fmt: skip
+
+
+class _TwiceDifferentiableOps(TorchFunctionMode):
+    """``F.hardsigmoid(x)`` as relu6(x + 3)/6 (its second derivative 0 almost everywhere,
+    which torch's fused ``hardsigmoid_backward`` lacks), ``F.multi_margin_loss`` and
+    ``F.multilabel_margin_loss`` by :func:`multi_margin_loss` / :func:`multilabel_margin_loss`:
+    the same values and first derivatives."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.hardsigmoid:
-            return (args[0] + 3).clamp(0, 6) / 6
+        rerouted = _REROUTED.get(func)
+        if rerouted is not None:
+            return rerouted(*args, **kwargs)
         return func(*args, **kwargs)
 
 
@@ -138,7 +214,7 @@ def _on_cuda(module: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def twice_differentiable(module: Any = None) -> Iterator[None]:
+def twice_differentiable(module: Any = None, reroute: bool = False) -> Iterator[None]:
     """The hyper step's context (see the module docstring). ``F.scaled_dot_product_attention``
     runs on its math backend (its fused kernels, on the CPU too, have no second derivative);
     whatever ``torch.compile`` compiled — ``torch.compile(model)``, ``model.compile()``, a
@@ -146,12 +222,14 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
     no double backward: "donated buffers", "does not currently support double backward");
     where ``module`` holds an RNN (LSTM, GRU, RNN) on a CUDA device, cuDNN is off (its RNN
     kernels have no double backward; PyTorch's own have); where it holds an ``nn.Hardsigmoid``,
-    ``F.hardsigmoid`` is computed twice differentiably (a torch function mode, only then: it
-    adds a Python call to every op). An op met in a product that has no second derivative is
-    raised as :func:`not_twice_differentiable`'s error (the hypergradient's products and a
-    budget's timing of one, session 61)."""
+    an ``nn.MultiMarginLoss`` or an ``nn.MultiLabelMarginLoss``, or with ``reroute`` (a product
+    met one of their functions, :func:`met_rerouted_op`), ``F.hardsigmoid`` and the two margin
+    losses are computed twice differentiably (:class:`_TwiceDifferentiableOps`, a torch
+    function mode, only then: it adds a Python call to every op). An op met in a product that
+    has no second derivative is raised as :func:`not_twice_differentiable`'s error (the
+    hypergradient's products and a budget's timing of one, session 61)."""
     modules = list(module.modules()) if isinstance(module, torch.nn.Module) else []
-    has_hardsigmoid = any(isinstance(m, torch.nn.Hardsigmoid) for m in modules)
+    reroute = reroute or any(isinstance(m, _REROUTED_LAYERS) for m in modules)
     cuda_rnn = any(isinstance(m, torch.nn.RNNBase) and _on_cuda(m) for m in modules)
     with contextlib.ExitStack() as stack:
         stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
@@ -159,11 +237,22 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
             stack.enter_context(torch.compiler.set_stance("force_eager"))
         if cuda_rnn:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
-        if has_hardsigmoid:
-            stack.enter_context(_TwiceDifferentiableHardsigmoid())
+        if reroute:
+            stack.enter_context(_TwiceDifferentiableOps())
         try:
             yield
         except (NotImplementedError, RuntimeError) as err:  # every product, said in one place
             if not any(s in str(err) for s in NO_SECOND_DERIVATIVE):
                 raise
             raise not_twice_differentiable(err) from err
+
+
+def met_rerouted_op(err: BaseException) -> bool:
+    """Whether ``err`` (:func:`twice_differentiable`'s error) is a product meeting the backward
+    of a function :class:`_TwiceDifferentiableOps` computes twice differentiably, called
+    without a layer that tells (``F.multi_margin_loss`` in ``training_step``): the product
+    can run again under ``reroute=True`` (session 64: a hinge-loss classifier was refused
+    at its first hyper step, "derivative for aten::multi_margin_loss_backward is not
+    implemented")."""
+    said = f"{err} {err.__cause__}"
+    return isinstance(err, ConfigurationError) and any(b in said for b in _REROUTED_BACKWARDS)

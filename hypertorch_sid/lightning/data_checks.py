@@ -102,35 +102,21 @@ def batch_labels(data: Any) -> Any:
 
 def _warn_unread_labels(data: Any, b: int) -> None:
     """Labels the drop-in cannot read, said once at the fit's first step, naming ``target=``:
-    class names (strings) where the labels are read, or a dict sample (dataclass) holding no
-    key of :data:`LABEL_KEYS` but an integer vector of one entry per row under another
-    (``{"x": ..., "cls": ...}``). No label was read from either, and the class gauge
+    class names (strings) or one-hot rows where the labels are read, a dict sample
+    (dataclass) holding no key of :data:`LABEL_KEYS` but an integer vector of one entry per
+    row under another (``{"x": ..., "cls": ...}``), or a tuple batch's labels after ``batch[1]``
+    (:func:`_labels_elsewhere`). No label was read from any, and the class gauge
     ``gauge="auto"`` chooses for labelled data and every label check were off without a word
     (the weights 0.73 off those of the same data under ``"y"``, session 53)."""
-    labels = batch_labels(data)
-    if isinstance(labels, (list, tuple)) and labels and all(isinstance(c, str) for c in labels):
-        where, fix = (
-            "as class names (strings)",
-            "torch.tensor([CLASSES.index(c) for c in batch[1]])",
-        )
-    elif _one_hot_rows(labels, b):  # session 64: read as no labels, "(a regression?)"
-        where = f"as one-hot rows (shape {tuple(labels.shape)})"  # type: ignore[union-attr]
-        fix = "batch[1].argmax(1)"
-    else:
-        if isinstance(data, Mapping):
-            items = list(data.items())
-        elif dataclasses.is_dataclass(data) and not isinstance(data, type):
-            items = [(f.name, getattr(data, f.name)) for f in dataclasses.fields(data)]
-        else:
-            return
-        keys = [k for k, v in items if _integer_vector(v, b)]
-        if not keys or labels is not None:
-            return
-        where = (
-            f"under {', '.join(repr(k) for k in keys)}, but labels are read under the keys "
-            f"{', '.join(LABEL_KEYS)} only"
-        )
-        fix = f"batch[{keys[0]!r}]"
+    found = (
+        _names_read(data)
+        or _one_hot_read(data, b)
+        or _keys_elsewhere(data, b)
+        or _labels_elsewhere(data, b)
+    )
+    if found is None:
+        return
+    where, fix = found
     rank_zero_warn(
         f"LearnedDataWeights: the training batches hold their labels {where}, so none were "
         "read (integer class ids are): the class gauge (what gauge='auto' chooses for labelled "
@@ -151,6 +137,61 @@ def _one_hot_rows(labels: Any, b: int) -> bool:
         return False
     rows = labels.detach()
     return bool(((rows == 0) | (rows == 1)).all()) and bool((rows.sum(1) == 1).all())
+
+
+def _one_hot_read(data: Any, b: int) -> tuple[str, str] | None:
+    """(where, the ``target=`` that reads them) where the labels read are one-hot rows."""
+    labels = batch_labels(data)
+    if not _one_hot_rows(labels, b):
+        return None
+    return f"as one-hot rows (shape {tuple(labels.shape)})", "batch[1].argmax(1)"
+
+
+def _names_read(data: Any) -> tuple[str, str] | None:
+    """(where, the ``target=`` that reads them) where the labels read are class names."""
+    labels = batch_labels(data)
+    if isinstance(labels, (list, tuple)) and labels and all(isinstance(c, str) for c in labels):
+        return "as class names (strings)", "torch.tensor([CLASSES.index(c) for c in batch[1]])"
+    return None
+
+
+def _keys_elsewhere(data: Any, b: int) -> tuple[str, str] | None:
+    """(where, the ``target=`` that reads them) where a dict (dataclass) batch holds no key of
+    :data:`LABEL_KEYS` but an integer vector of one entry per row under another."""
+    if isinstance(data, Mapping):
+        items = list(data.items())
+    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+        items = [(f.name, getattr(data, f.name)) for f in dataclasses.fields(data)]
+    else:
+        return None
+    keys = [k for k, v in items if _integer_vector(v, b)]
+    if not keys or batch_labels(data) is not None:
+        return None
+    where = (
+        f"under {', '.join(repr(k) for k in keys)}, but labels are read under the keys "
+        f"{', '.join(LABEL_KEYS)} only"
+    )
+    return where, f"batch[{keys[0]!r}]"
+
+
+def _labels_elsewhere(data: Any, b: int) -> tuple[str, str] | None:
+    """Where a tuple batch's labels stand when ``batch[1]`` is none but a later entry is one
+    integer class id per row (``(view1, view2, y)``: a dataset returning two augmented views),
+    as (where, the ``target=`` that reads them); None otherwise. Such labels were unread
+    without a word (session 64: the class gauge and the label checks off; ``flagged()`` then
+    asked "a regression?")."""
+    if not isinstance(data, (list, tuple)) or len(data) < 3 or _integer_vector(data[1], b):
+        return None
+    found = [k for k in range(2, len(data)) if _integer_vector(data[k], b)]
+    if len(found) != 1:
+        return None
+    k = found[0]
+    at = "batch[-1]" if k == len(data) - 1 else f"batch[{k}]"
+    return (
+        f"at {at} of a batch of {len(data)} entries, but labels are read at batch[1] only "
+        f"(here {_label_fault(data[1])[0]})",
+        at,
+    )
 
 
 def _default_target(data: Any) -> Tensor:

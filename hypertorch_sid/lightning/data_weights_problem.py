@@ -299,7 +299,9 @@ class DataWeightsProblem(WeightedStep):
                     "weights are not held per class (gauge='class', the default where labels "
                     "are read): they can push whole classes down (20 Newsgroups, session 51: "
                     "accuracy 0.654 against plain training's 0.799 without labels, 0.819 with "
-                    "them). Pass target=lambda batch: <its integer labels> (e.g. batch[-1])."
+                    "them). Pass target=lambda batch: <its integer labels> (e.g. batch[-1]); "
+                    "a sample without one class (a sequence's tags, several labels) has none: "
+                    "then ignore this."
                 )
         if self.normalize and loader.batch_size == 1:
             raise ConfigurationError(
