@@ -9,7 +9,8 @@ operation between the inner parameters and ℓ̂ must therefore have a second de
   ``nn.Embedding(sparse=True)``);
 * :func:`twice_differentiable` is the context of every hyper step: it routes ops that have a
   twice-differentiable equivalent to it — attention's fused kernels to the math backend, and
-  ``F.hardsigmoid`` (MobileNetV3's squeeze-excitation) to relu6(x + 3)/6 — and leaves the
+  ``F.hardsigmoid`` (MobileNetV3's squeeze-excitation) to relu6(x + 3)/6, ``nn.MultiMarginLoss``
+  (a multi-class SVM's hinge) to its sum of ReLUs — and leaves the
   training's own steps on the fast ones; an RNN on a CUDA device runs without cuDNN there
   (cuDNN's RNN kernels have no double backward), and ``torch.compile``d code runs eagerly there
   (compiled graphs have no double backward: the training keeps its compiled speed);
@@ -87,6 +88,22 @@ _REENTRANT_CHECKPOINT = "use_reentrant=True"
 _CTC_BACKWARD = "_ctc_loss_backward"
 
 
+#: torch's margin losses without a second derivative, and what to compute instead
+_MARGIN_FORMS = {
+    "multi_margin_loss": (
+        "hold the loss as a layer, nn.MultiMarginLoss(...) in __init__ (the hyper steps then "
+        "compute it in twice-differentiable torch ops themselves), or call "
+        "hypertorch_sid.core.second_order.multi_margin_loss (the same arguments, values and "
+        "gradient): per row, F.relu(margin - x.gather(1, y[:, None]) + x).scatter(1, "
+        "y[:, None], 0).sum(1) / x.shape[1]"
+    ),
+    "multilabel_margin_loss": (
+        "compute it in torch ops: per row, Σ over its labels j and the other classes i of "
+        "F.relu(1 - (x[j] - x[i])) / C (the same values and gradient, twice differentiable)"
+    ),
+}
+
+
 def not_twice_differentiable(err: Exception) -> ConfigurationError:
     """torch's "the derivative for 'op' is not implemented" (or "trying to differentiate twice"
     a ``once_differentiable`` function, or a reentrant activation checkpoint met by
@@ -115,6 +132,13 @@ def not_twice_differentiable(err: Exception) -> ConfigurationError:
             "step; the same values and gradient, and twice differentiable: docs/failures.md, "
             f"'Unseen user recipes (session 62)'). (torch: {err})"
         )
+    for op, form in _MARGIN_FORMS.items():  # session 64: a linear SVM's loss, called by F.*
+        if f"{op}_backward" in str(err):
+            return ConfigurationError(
+                f"the inner loss ℓ̂ (the training loss) is torch's F.{op}, whose gradient torch "
+                f"cannot differentiate again, and {products}. Every trained weight's gradient "
+                f"passes through the loss, so freezing is no way out: {form} (torch: {err})"
+            )
     return ConfigurationError(
         f"the inner loss is not twice differentiable: {err} {products}, so "
         "every operation between the inner parameters and ℓ̂ needs a second derivative. "
@@ -122,15 +146,59 @@ def not_twice_differentiable(err: Exception) -> ConfigurationError:
     )
 
 
-class _TwiceDifferentiableHardsigmoid(TorchFunctionMode):
-    """``F.hardsigmoid(x)`` as relu6(x + 3)/6: the same values and first derivative, and a second
-    derivative (0 almost everywhere) that torch's fused ``hardsigmoid_backward`` lacks."""
+def multi_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    p: int = 1,
+    margin: float = 1.0,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``F.multi_margin_loss`` in torch ops: per row Σ_{j ≠ y} w_y · max(0, margin − x_y + x_j)^p
+    / C, reduced as torch reduces it. The same values and gradient, and twice differentiable
+    (torch's ``multi_margin_loss_backward`` has no derivative; session 64, a linear SVM)."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    rows = input if input.dim() == 2 else input.unsqueeze(0)
+    labels = target.reshape(-1, 1)
+    terms = F.relu(margin - rows.gather(1, labels) + rows)
+    if p == 2:
+        terms = terms * terms
+    if weight is not None:
+        terms = terms * weight[labels]
+    terms = terms.scatter(1, labels, 0.0)
+    loss = terms.sum(1) / rows.shape[1]
+    if input.dim() < 2:
+        loss = loss.squeeze(0)
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
+#: torch functions without a second derivative that a hyper step computes twice differentiably
+#: where the module holds their layer: ``F.hardsigmoid(x)`` as relu6(x + 3)/6 (the same values
+#: and first derivative, and a second derivative, 0 almost everywhere, that torch's fused
+#: ``hardsigmoid_backward`` lacks); ``F.multi_margin_loss`` as :func:`multi_margin_loss`
+_REROUTED: dict[Any, tuple[type[torch.nn.Module], Any]] = {
+    F.hardsigmoid: (torch.nn.Hardsigmoid, lambda x, inplace=False: (x + 3).clamp(0, 6) / 6),
+    F.multi_margin_loss: (torch.nn.MultiMarginLoss, multi_margin_loss),
+}
+
+
+class _TwiceDifferentiable(TorchFunctionMode):
+    """The functions of ``routes`` (a subset of :data:`_REROUTED`) computed by their twice
+    differentiable forms; every other function as it is."""
+
+    def __init__(self, routes: dict[Any, Any]) -> None:
+        super().__init__()
+        self.routes = routes
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.hardsigmoid:
-            return (args[0] + 3).clamp(0, 6) / 6
-        return func(*args, **kwargs)
+        form = self.routes.get(func)
+        return form(*args, **kwargs) if form is not None else func(*args, **kwargs)
 
 
 def _on_cuda(module: torch.nn.Module) -> bool:
@@ -145,13 +213,18 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
     compiled submodule or function — runs its original Python eagerly (AOTAutograd's graphs have
     no double backward: "donated buffers", "does not currently support double backward");
     where ``module`` holds an RNN (LSTM, GRU, RNN) on a CUDA device, cuDNN is off (its RNN
-    kernels have no double backward; PyTorch's own have); where it holds an ``nn.Hardsigmoid``,
-    ``F.hardsigmoid`` is computed twice differentiably (a torch function mode, only then: it
-    adds a Python call to every op). An op met in a product that has no second derivative is
+    kernels have no double backward; PyTorch's own have); where it holds an ``nn.Hardsigmoid``
+    or an ``nn.MultiMarginLoss``, ``F.hardsigmoid`` or ``F.multi_margin_loss`` is computed twice
+    differentiably (:data:`_REROUTED`; a torch function mode, only then: it adds a Python call
+    to every op). An op met in a product that has no second derivative is
     raised as :func:`not_twice_differentiable`'s error (the hypergradient's products and a
     budget's timing of one, session 61)."""
     modules = list(module.modules()) if isinstance(module, torch.nn.Module) else []
-    has_hardsigmoid = any(isinstance(m, torch.nn.Hardsigmoid) for m in modules)
+    routes = {
+        func: form
+        for func, (layer, form) in _REROUTED.items()
+        if any(isinstance(m, layer) for m in modules)
+    }
     cuda_rnn = any(isinstance(m, torch.nn.RNNBase) and _on_cuda(m) for m in modules)
     with contextlib.ExitStack() as stack:
         stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
@@ -159,8 +232,8 @@ def twice_differentiable(module: Any = None) -> Iterator[None]:
             stack.enter_context(torch.compiler.set_stance("force_eager"))
         if cuda_rnn:
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
-        if has_hardsigmoid:
-            stack.enter_context(_TwiceDifferentiableHardsigmoid())
+        if routes:
+            stack.enter_context(_TwiceDifferentiable(routes))
         try:
             yield
         except (NotImplementedError, RuntimeError) as err:  # every product, said in one place
