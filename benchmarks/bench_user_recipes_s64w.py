@@ -23,6 +23,10 @@ round tried:
 * ``tf_news``  20 Newsgroups, a two-layer **Transformer encoder** (learned positions, a class
   token), AdamW with the usual **no-decay groups** (biases, LayerNorm weights and the embeddings
   at 0) under a **linear warm-up then cosine** ``LambdaLR`` stepped every batch; own 0.01;
+* ``lm_news``  a word-level **GRU language model with tied input / output embeddings** (Press &
+  Wolf 2017: the decoder is ``F.linear(h, emb.weight, bias)``) on the first 64 words of the 20
+  Newsgroups documents (2000 words, padding ignored), AdamW with ``gradient_clip_val=0.5``;
+  own 0.01; scored by the test cross entropy per word and next-word accuracy;
 * ``svm_news``  20 Newsgroups tf-idf, a **linear multi-class SVM** (``nn.MultiMarginLoss``, a
   hinge: the loss has no curvature of its own, the decay is all of it), SGD momentum, own 1e-3.
 
@@ -68,13 +72,18 @@ from recipe_harness import (  # noqa: E402
 
 from hypertorch_sid import LearnedWeightDecay  # noqa: E402
 
-RECIPES = ("lion_fmnist", "moe_fmnist", "maxnorm_news", "lookahead_mnist", "tf_news", "svm_news")
+RECIPES = (
+    "lion_fmnist", "moe_fmnist", "maxnorm_news", "lookahead_mnist", "tf_news", "svm_news",
+    "lm_news",
+)  # fmt: skip
 ARMS = ("own", "none", "decay")
 #: extra arms: ``decay_c`` (``decoupled=False``: what the callback's warning about Lion's
 #: unread preconditioner says to pass)
 EXTRA = {"lion_fmnist": ("decay_c",)}
 #: epochs per recipe (the images' fits are short: 32 steps an epoch)
-EPOCHS = {"tf_news": 8, "maxnorm_news": 12, "svm_news": 12}
+EPOCHS = {"tf_news": 8, "maxnorm_news": 12, "svm_news": 12, "lm_news": 10}
+#: the language model's vocabulary and words read per document
+LM_VOCAB, LM_WORDS = 2000, 64
 IMAGE_EPOCHS = 20
 #: tokens kept per document (a class token first), for the padded news recipes
 TOKENS = 128
@@ -113,6 +122,19 @@ def tfidf_news(data: Path, seed: int) -> tuple[TensorDataset, ...]:
         x[:, 0] = 0
         x = torch.where(x > 0, 1 + x.clamp(min=1).log(), x) * idf
         out.append(TensorDataset(F.normalize(x, dim=1), labels))
+    return tuple(out)
+
+
+def lm_news(data: Path, seed: int) -> tuple[TensorDataset, ...]:
+    """The same split as ``(words, next words)``: the first ``LM_WORDS + 1`` word ids of each
+    document among the ``LM_VOCAB`` commonest (others dropped), 0-padded (0 is ignored)."""
+    out = []
+    for seqs, _ in news(data, seed, 1200, 300, 1000, vocab=LM_VOCAB):
+        ids = torch.zeros(len(seqs), LM_WORDS + 1, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            s = s[: LM_WORDS + 1]
+            ids[i, : len(s)] = s
+        out.append(TensorDataset(ids[:, :-1], ids[:, 1:]))
     return tuple(out)
 
 
@@ -328,16 +350,40 @@ class LinearSVM(RecipeModule):
         return torch.optim.SGD(self.parameters(), lr=0.5, momentum=0.9, weight_decay=self.wd)
 
 
+class TiedLM(RecipeModule):
+    """Word embeddings (``LM_VOCAB`` × 64), a one-layer GRU (64), dropout 0.2, the decoder the
+    embedding matrix itself (tied) plus a bias; the cross entropy per word, padding ignored;
+    AdamW lr 3e-3."""
+
+    def __init__(self, wd, per_sample=False):
+        super().__init__(wd, per_sample)
+        self.emb = nn.Embedding(LM_VOCAB, 64)
+        self.rnn = nn.GRU(64, 64, batch_first=True)
+        self.drop = nn.Dropout(0.2)
+        self.bias = nn.Parameter(torch.zeros(LM_VOCAB))
+
+    def forward(self, ids):
+        h, _ = self.rnn(self.drop(self.emb(ids)))
+        return F.linear(self.drop(h), self.emb.weight, self.bias)
+
+    def per_sample_loss(self, out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten(), ignore_index=0)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=self.wd)
+
+
 # ----------------------------------------------------------------------------- one fit
 
 MODELS = {
     "lion_fmnist": LionMLP, "moe_fmnist": SwitchMoE, "maxnorm_news": MaxNormBag,
     "lookahead_mnist": LookaheadMLP, "tf_news": NewsEncoder, "svm_news": LinearSVM,
+    "lm_news": TiedLM,
 }  # fmt: skip
 OWN = {"lion_fmnist": 0.1, "moe_fmnist": 0.01, "maxnorm_news": 1e-4, "lookahead_mnist": 0.01,
-       "tf_news": 0.01, "svm_news": 1e-3}  # fmt: skip
+       "tf_news": 0.01, "svm_news": 1e-3, "lm_news": 0.01}  # fmt: skip
 #: the recipes whose optimizer decouples its decay (README: ``decoupled=True``)
-DECOUPLED = ("lion_fmnist", "moe_fmnist", "lookahead_mnist", "tf_news")
+DECOUPLED = ("lion_fmnist", "moe_fmnist", "lookahead_mnist", "tf_news", "lm_news")
 #: the recipes that keep biases and norm weights undecayed (README: ``apply_to="weights"``)
 WEIGHTS_ONLY = ("tf_news",)
 
@@ -355,6 +401,8 @@ class Setup:
             self.train, self.val, self.test = padded_news(data, seed)
         elif name == "svm_news":
             self.train, self.val, self.test = tfidf_news(data, seed)
+        elif name == "lm_news":
+            self.train, self.val, self.test = lm_news(data, seed)
         else:
             fashion = name in ("lion_fmnist", "moe_fmnist")
             splits = images(data, "fashion-mnist" if fashion else "mnist", seed, 2000, 300, 2000)
@@ -371,7 +419,7 @@ class Setup:
 
     def fit(self, cbs: list, wd: float) -> nn.Module:
         torch.manual_seed(self.seed)
-        batch = 32 if self.name in ("maxnorm_news", "tf_news", "svm_news") else 64
+        batch = 32 if self.name in ("maxnorm_news", "tf_news", "svm_news", "lm_news") else 64
         loader = recipe_loader(self.train, None, batch, False, True)
         val = recipe_loader(self.val, None, 64, False, False)
         epochs = EPOCHS.get(self.name, IMAGE_EPOCHS)
@@ -379,13 +427,23 @@ class Setup:
             model = NewsEncoder(wd, total_steps=epochs * math.ceil(len(self.train) / batch))
         else:
             model = MODELS[self.name](wd)
-        self.tr = trainer(cbs, epochs)
+        clip = {"gradient_clip_val": 0.5} if self.name == "lm_news" else {}
+        self.tr = trainer(cbs, epochs, **clip)
         self.tr.fit(model, loader, val)
         return model
 
     def score(self, model: nn.Module) -> tuple[float, float]:
-        """Held-out test cross entropy and accuracy (the SVM: of its scores as logits)."""
-        return test_loss(model, recipe_loader(self.test, None, 64, False, False))
+        """Held-out test cross entropy and accuracy (the SVM: of its scores as logits; the
+        language model: per word, padding left out)."""
+        if self.name != "lm_news":
+            return test_loss(model, recipe_loader(self.test, None, 64, False, False))
+        model.eval()
+        x, y = self.test.tensors
+        with torch.no_grad():
+            out = model(x).flatten(0, 1)
+        keep = y.flatten() > 0
+        loss = F.cross_entropy(out[keep], y.flatten()[keep])
+        return float(loss), float((out[keep].argmax(1) == y.flatten()[keep]).float().mean())
 
     def run(self, arm: str) -> dict[str, Any]:
         """One fit of ``arm``, its record: CPU and wall time, the package's warnings and log

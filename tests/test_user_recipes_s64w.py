@@ -40,10 +40,16 @@ def _blobs(n: int, seed: int) -> tuple[Tensor, Tensor]:
 class Net(pl.LightningModule):
     """A small MLP on the blobs; ``optimizer(params, wd)`` builds its optimizer."""
 
-    def __init__(self, optimizer: Any, wd: float = 0.0, criterion: Any = None) -> None:
+    def __init__(
+        self, optimizer: Any, wd: float = 0.0, criterion: Any = None, linear: bool = False
+    ) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+        self.net = (
+            nn.Linear(8, 4)
+            if linear
+            else nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+        )
         self.optimizer, self.wd = optimizer, wd
         self.criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
 
@@ -170,11 +176,15 @@ def test_a_linear_svm_trains_with_the_learned_decay() -> None:
     hyper step, "derivative for aten::multi_margin_loss_backward is not implemented … Replace
     that operation, or freeze the parameters": nothing to freeze. The hyper steps now compute it
     by its twice-differentiable form, and λ is learned."""
-    model = Net(_sgd, criterion=nn.MultiMarginLoss())
+    model = Net(_sgd, criterion=nn.MultiMarginLoss(), linear=True)
     cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
-    _fit(model, [cb], 3)
+    said = _fit(model, [cb], 3)
     assert len(cb.history) >= 5
     assert any(abs(float(v.mean()) - 1e-3) > 1e-5 for v in cb.learned_weight_decay.values())
+    # a linear hinge has no curvature of its own: α = 1/λ, and the warning that one step moves
+    # the trained w far names that cause, not only "start the hyper steps later"
+    far = [w for w in said if "far from a fixed point" in w]
+    assert far and "α = 1e+03" in far[0] and "hinge" in far[0], far
 
 
 @pytest.mark.parametrize("p", [1, 2])
