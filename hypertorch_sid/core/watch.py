@@ -213,12 +213,18 @@ def check_unsolved_start(phi: Any, batch: Any, w: Sequence[Tensor]) -> None:
     moved = _norm([p.detach() - x.detach() for p, x in zip(phi.value(batch), w)])
     size = _norm(w)
     if moved > size:
+        alpha = getattr(phi, "alpha", None)
+        step = f" of step α = {alpha:.3g}" if isinstance(alpha, float) else ""
         warnings.warn(
-            f"hypertorch_sid: inner_steps=0, but w is far from a fixed point of the map: one step "
-            f"would move it by {moved:.3g}, more than its size {size:.3g}. The hypergradient "
-            "holds only at w = w(λ) (an untrained w = 0 gives exactly 0 for ridge). Run inner "
-            "steps (inner_steps=...), train w first, or under Lightning start the hyper steps "
-            "later (start_step=...).",
+            f"hypertorch_sid: inner_steps=0, but w is far from a fixed point of the map: one step"
+            f"{step} would move it by {moved:.3g}, more than its size {size:.3g}. The "
+            "hypergradient holds only at w = w(λ) (an untrained w = 0 gives exactly 0 for "
+            "ridge). Run inner steps (inner_steps=...), train w first, or under Lightning start "
+            "the hyper steps later (start_step=...). Where w is trained and α is large "
+            "(α ≈ 2/L, a curvature estimate L near the regulariser's own), the loss has almost "
+            "no curvature of its own — a hinge (nn.MultiMarginLoss), an L1 loss, a "
+            "piecewise-linear model —: one stochastic gradient step moves w far although it is "
+            "trained, and neither later hyper steps nor inner steps change that.",
             ConvergenceWarning,
             stacklevel=4,
         )

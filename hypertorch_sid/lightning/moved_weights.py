@@ -3,7 +3,8 @@
 
 The hyper steps model the training as the optimizers' steps on ℓ̂: w ← w − (the update). A
 hook or another callback that edits the weights between steps — a ``clamp_`` (WGAN's weight
-clipping), a max-norm ``renorm_``, a re-initialisation of dead units — makes the training a
+clipping), a max-norm ``renorm_``, a re-initialisation of dead units — or a layer that edits
+its own weight in forward (``nn.Embedding(max_norm=...)``, named) makes the training a
 projected (or reset) one, whose fixed point the hypergradient does not differentiate: the
 hyperparameters were tuned for another training, without a word.
 
@@ -75,14 +76,41 @@ class MovedWeights:
         self.said = True
         names = {id(p): n for n, p in named_tensors(module)}
         said = [names.get(id(p), "an unnamed tensor") for p, m in zip(params, moved) if m]
+        capped = _max_norm_embeddings(module, [p for p, m in zip(params, moved) if m])
+        cause = (
+            f"{', '.join(capped)} renorms in place, in every forward, the rows it looks up "
+            "(torch's max_norm=)"
+            if capped
+            else "a clamp_, a renorm_ or a re-initialisation in a hook, another callback or a "
+            "manual training_step?"
+        )
+        fix = (
+            "Cap the looked-up rows in forward instead, without editing the weight: "
+            "e = F.embedding(ids, emb.weight, padding_idx=...); e = e * (max_norm / "
+            "e.norm(dim=-1, keepdim=True).clamp(min=max_norm)) (each vector capped as "
+            "max_norm= caps it, and the hypergradient sees the cap)"
+            if capped
+            else "Put a constraint inside the model "
+            "(torch.nn.utils.parametrize, e.g. w = c·tanh(v)) or the loss, where the "
+            "hypergradient sees it"
+        )
         rank_zero_warn(
             f"{self.who}: {', '.join(said[:4])}{' ...' if len(said) > 4 else ''} changed "
             f"between optimizer steps {step} and {trainer.global_step}, outside the "
-            "optimizer (a clamp_, a renorm_ or a "
-            "re-initialisation in a hook, another callback or a manual training_step?): the "
-            "hyper steps model the training as the optimizers' steps alone, so the "
-            "hyperparameters are tuned for a training without that change. Put a constraint "
-            "inside the model (torch.nn.utils.parametrize, e.g. w = c·tanh(v)) or the loss, "
-            "where the hypergradient sees it; weights swapped out and put back (an EMA's "
-            "validation) are not concerned."
+            f"optimizer ({cause}): the hyper steps model the training as the optimizers' "
+            "steps alone, so the hyperparameters are tuned for a training without that "
+            f"change. {fix}; weights swapped out and put back (an EMA's validation) are not "
+            "concerned."
         )
+
+
+def _max_norm_embeddings(module: torch.nn.Module, moved: list[Tensor]) -> list[str]:
+    """The ``nn.Embedding(max_norm=...)`` layers of ``module`` whose weight is among ``moved``,
+    as ``name (nn.Embedding(max_norm=1.0))`` (session 64: said as "a clamp_ … in a hook or
+    another callback?" though the user had none)."""
+    ids = {id(p) for p in moved}
+    return [
+        f"{name} (nn.Embedding(max_norm={m.max_norm:g}))"
+        for name, m in module.named_modules()
+        if isinstance(m, torch.nn.Embedding) and m.max_norm is not None and id(m.weight) in ids
+    ]

@@ -62,16 +62,32 @@ PRECONDITIONED = (
 )
 
 
+#: where a wrapper optimizer keeps the one it wraps: SAM's ``base_optimizer``; Lookahead's
+#: ``optimizer`` (the widely copied implementation, torch-optimizer's) or ``_base_optimizer``
+#: (timm's)
+WRAPPED = ("base_optimizer", "optimizer", "_base_optimizer", "_optimizer")
+
+
 def stepping(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer whose update applies ``optimizer``'s ``weight_decay``: its
-    ``base_optimizer`` where it wraps one over the same parameter groups (SAM, Foret et al.
-    2021, as users write it: two gradient evaluations, then the base SGD or Adam steps, its
-    ``weight_decay=`` included), else ``optimizer`` itself. Session 63: SAM over SGD was said
-    to keep a decay "whose fixed point this callback does not know"."""
-    base = getattr(optimizer, "base_optimizer", None)
-    if isinstance(base, torch.optim.Optimizer) and base.param_groups is optimizer.param_groups:
-        return base
+    """The optimizer whose update applies ``optimizer``'s ``weight_decay``: the one it wraps
+    over the same parameter groups (:data:`WRAPPED`: SAM, Foret et al. 2021, as users write it:
+    two gradient evaluations, then the base SGD or Adam steps, its ``weight_decay=`` included;
+    Lookahead, Zhang et al. 2019: k steps of the wrapped optimizer, then the weights set on the
+    slow ones), else ``optimizer`` itself. Session 63: SAM over SGD was said to keep a decay
+    "whose fixed point this callback does not know"; session 64: Lookahead over AdamW was said
+    to have a preconditioner this callback does not read."""
+    for attr in WRAPPED:
+        base = getattr(optimizer, attr, None)
+        if base is not optimizer and isinstance(base, torch.optim.Optimizer):
+            if _same_groups(base.param_groups, optimizer.param_groups):
+                return stepping(base)
     return optimizer
+
+
+def _same_groups(first: Sequence[Any], second: Sequence[Any]) -> bool:
+    return first is second or (
+        len(first) == len(second) and all(a is b for a, b in zip(first, second))
+    )
 
 
 def decouples(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> bool:

@@ -29,7 +29,13 @@ from ..core.decay import (
 from ..core.errors import ConfigurationError
 from ..core.validation import check_bool, check_takes, is_real, number_fix
 from .data_loss import DataLoss
-from .optimizer_decay import PRECONDITIONED, decouples, default_decay, preconditioner
+from .optimizer_decay import (
+    PRECONDITIONED,
+    decouples,
+    default_decay,
+    preconditioner,
+    stepping,
+)
 from .problem import (
     COMPILE_WRAPPER,
     BilevelProblem,
@@ -472,7 +478,11 @@ class WeightDecayProblem:
                 "LearnedWeightDecay(..., decoupled=True)."
             )
         unread = sorted(
-            {type(opt).__name__ for opt, _ in placement if not isinstance(opt, PRECONDITIONED)}
+            {
+                type(opt).__name__
+                for opt, _ in placement
+                if not isinstance(stepping(opt), PRECONDITIONED)
+            }
         )
         if self.decoupled and unread:
             rank_zero_warn(
