@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from problems import full_batch_sid, make_ridge, relative_error, split_settings
+from problems import full_batch_sid, make_ridge, relative_error, ridge_sid
 
 from hypertorch_sid import (
     PRESETS,
@@ -22,19 +22,6 @@ from hypertorch_sid import (
     estimate_curvature,
     get_preset,
 )
-
-
-def ridge_sid(problem, steps=20, outer=None, **kwargs):
-    kwargs, settings = split_settings(kwargs)
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        outer,
-        **kwargs,
-        config=SIDConfig(inner_steps=steps, adjoint_steps=steps).replace(**settings),
-    )
 
 
 def test_warm_start_beats_cold_start_over_50_outer_steps():
