@@ -111,7 +111,8 @@ class _Quadratic:
 
     def hopt(self, outer_optimizer=None, **config) -> SIDHyperOptimizer:
         """The full-batch optimizer of these tests: no inner steps (w is where it is), constant
-        steps, Lanczos curvature, exact adjoint and cross term; ``config`` adds to that."""
+        steps, Lanczos curvature, exact adjoint and cross term; ``config`` changes that (a strategy
+        given as None keeps it)."""
         return SIDHyperOptimizer(
             [self.log_lam],
             [self.w],
@@ -124,8 +125,7 @@ class _Quadratic:
                 step_size="constant",
                 curvature=EstimatedCurvature(iters=12),
                 batches=Batches(adjoint="full", d2="full"),
-                **config,
-            ),
+            ).replace(**config),
         )
 
     def inner_loss(self, batch):
@@ -165,46 +165,13 @@ def test_curvature_damping_is_zero_on_a_convex_problem_and_exact():
 def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
     """λ_min(H) = −2: the undamped system diverges, the damped one gives its exact answer."""
     q = _Quadratic(low=-2.0)
-    kwargs = dict(
-        full_train_batch=0,
-        batches=Batches(adjoint="full", d2="full"),
-    )
-    kwargs, settings = split_settings(kwargs)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **kwargs,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=400,
-            step_size="constant",
-            damping=CurvatureDamping(margin=0.5),
-            curvature=EstimatedCurvature(iters=12),
-        ).replace(adjoint_solver=solver, **settings),  # None: the default
-    )
+    hopt = q.hopt(adjoint_steps=400, damping=CurvatureDamping(margin=0.5), adjoint_solver=solver)
     g = hopt.hypergradient([0], None)
     assert hopt.lambda_min < -1.9 and hopt.delta > 2.0
     assert 0 < hopt.q < 1
     torch.testing.assert_close(g[0], q.damped_hypergradient(hopt.delta), rtol=1e-6, atol=1e-9)
     # the undamped paper system is not a contraction here: it must fail loudly, not return garbage
-    plain = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **kwargs,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=400,
-            step_size="constant",
-            damping=NoDamping(),
-            curvature=EstimatedCurvature(iters=12),
-        ).replace(**settings),
-    )
+    plain = q.hopt(adjoint_steps=400, damping=NoDamping())
     with pytest.raises(DivergenceError, match="not a contraction|expansive|diverged"):
         plain.hypergradient([0], None)
 
@@ -712,16 +679,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
         inner_steps=0, adjoint_steps=50, full_train_batch=0, batches=Batches(adjoint="full", d2="full"),
          step_size="constant", alpha=0.3, q=0.5,
     )  # fmt: skip
-    common, settings = split_settings(common)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **common,
-        config=SIDConfig(damping=NoDamping()).replace(**settings),
-    )
+    hopt = sid_on(q, damping=NoDamping(), **common)
     with pytest.raises(DivergenceError) as undamped:
         hopt.hypergradient([0], None)
     text = str(undamped.value)
@@ -732,9 +690,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert any(entry.path.name == "solvers.py" for entry in undamped.traceback)
 
     q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
-    hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common, config=SIDConfig(**settings)
-    )
+    hopt = sid_on(q, **common)
     with pytest.raises(DivergenceError) as not_estimated:
         hopt.hypergradient([0], None)
     text = str(not_estimated.value)
@@ -742,15 +698,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert "use damping=CurvatureDamping()" not in text and "FixedDamping(δ)" in text
 
     q = _Quadratic(low=-2.0)  # δ = 0.5 does not cover λ_min = −2 (Recover(1) fixes it: 2.97)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **common,
-        config=SIDConfig(damping=FixedDamping(0.5), on_divergence=Recover(0)).replace(**settings),
-    )
+    hopt = sid_on(q, damping=FixedDamping(0.5), on_divergence=Recover(0), **common)
     with pytest.raises(DivergenceError) as damped:
         hopt.hypergradient([0], None)
     text = str(damped.value)
