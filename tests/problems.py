@@ -157,6 +157,16 @@ def sid_on(problem: Any, full_train_batch: Any = None, **settings) -> SIDHyperOp
     )
 
 
+def module_sid(
+    net: torch.nn.Module, log_lam: Tensor, inner: Any, outer: Any, **settings: Any
+) -> SIDHyperOptimizer:
+    """SID on ``net``'s parameters (``module=net``) with the one hyperparameter ``log_lam``, the
+    losses ``inner`` and ``outer`` and ``SIDConfig(**settings)``."""
+    return SIDHyperOptimizer(
+        [log_lam], net.parameters(), inner, outer, module=net, config=SIDConfig(**settings)
+    )
+
+
 def ridge_sid(
     problem: Ridge, steps: int = 20, outer: torch.optim.Optimizer | None = None, **kwargs: Any
 ) -> SIDHyperOptimizer:

@@ -18,6 +18,7 @@ from problems import (
     equal,
     full_batch_sid,
     make_ridge,
+    module_sid,
     relative_error,
     ridge_sid,
     sid_on,
@@ -722,23 +723,19 @@ def bn_dropout_problem(seed=0):
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_adjoint_solve_keeps_batchnorm_statistics_and_uses_one_mode(mode, hvp):
     net, recorder, log_lam, inner, outer, batches, val = bn_dropout_problem()
-    hopt = SIDHyperOptimizer(
-        [log_lam],
-        net.parameters(),
+    hopt = module_sid(
+        net,
+        log_lam,
         inner,
         outer,
-        None,
-        module=net,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=6,
-            step_size="constant",
-            eta=0.5,
-            mode=mode,
-            hvp=hvp,
-            curvature=EstimatedCurvature(iters=5),
-            batches=Batches(d2=2),
-        ),
+        inner_steps=0,
+        adjoint_steps=6,
+        step_size="constant",
+        eta=0.5,
+        mode=mode,
+        hvp=hvp,
+        curvature=EstimatedCurvature(iters=5),
+        batches=Batches(d2=2),
     )
     net.train(mode == "eval")  # the opposite mode: the solve must switch, then switch back
     buffers = {n: b.clone() for n, b in net.named_buffers()}
@@ -763,22 +760,18 @@ def test_eval_mode_makes_the_adjoint_map_deterministic_despite_dropout():
     net, _, log_lam, inner, outer, batches, val = bn_dropout_problem()
 
     def hypergradient(mode):
-        hopt = SIDHyperOptimizer(
-            [log_lam],
-            net.parameters(),
+        hopt = module_sid(
+            net,
+            log_lam,
             inner,
             outer,
-            None,
-            module=net,
-            config=SIDConfig(
-                inner_steps=0,
-                adjoint_steps=5,
-                step_size="constant",
-                eta=0.5,
-                alpha=0.1,
-                mode=mode,
-                warm_start_adjoint=False,
-            ),
+            inner_steps=0,
+            adjoint_steps=5,
+            step_size="constant",
+            eta=0.5,
+            alpha=0.1,
+            mode=mode,
+            warm_start_adjoint=False,
         )
         return hopt.hypergradient(batches, val)[0]
 
