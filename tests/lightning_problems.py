@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
@@ -53,6 +54,15 @@ def digits_cnn() -> torch.nn.Sequential:
         nn.Flatten(),
         nn.Linear(8 * 16, 10),
     )
+
+
+#: the Lightning test modules' ``pytestmark``: Lightning's warnings about the tests' small fits
+#: (loaders without workers, few batches per logging interval) and torch's LeafSpec deprecation
+LIGHTNING_NOISE = (
+    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
+    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+)
 
 
 def ridge_data(

@@ -34,7 +34,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from _kill_resume_job import EpochSeededSampler, KillPoint, kill_at_marker
-from lightning_problems import ridge_data
+from lightning_problems import LIGHTNING_NOISE, ridge_data
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 from torch.optim.optimizer import _global_optimizer_pre_hooks
@@ -49,9 +49,7 @@ from hypertorch_sid import (
 from hypertorch_sid.core.outer_step import ShrinkFallRprop
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+    *LIGHTNING_NOISE,
     pytest.mark.filterwarnings("ignore:.*callbacks used to create the checkpoint.*"),
 ]
 
