@@ -191,6 +191,17 @@ def three_class_sets() -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
 
 
+def rank_batches(n: int, global_batch: int, world: int, rank: int) -> list[list[int]]:
+    """Sequential global batches of ``global_batch`` of ``n`` rows, of each this ``rank``'s
+    contiguous share among ``world`` processes (the whole batch for one): a DDP test's batch
+    sampler that keeps the single-process reference on the same global batches."""
+    size = global_batch // world
+    return [
+        list(range(start + rank * size, start + (rank + 1) * size))
+        for start in range(0, n, global_batch)
+    ]
+
+
 #: the careless-user toy: 240 examples, 6 features, 3 classes of a random linear map
 TOY_N, TOY_D, TOY_C = 240, 6, 3
 _toy = torch.Generator().manual_seed(0)
