@@ -418,22 +418,33 @@ def nonnegative(hs):
     return bool((hs[0] >= 0).all())
 
 
-def test_projection_keeps_weight_decay_nonnegative_under_a_huge_outer_step():
-    problem, lam, inner = raw_weight_decay_problem(0.1)
-    hopt = SIDHyperOptimizer(
+def raw_decay_sid(problem, lam, inner, outer=None, full_train_batch=None, **settings):
+    """SID on :func:`raw_weight_decay_problem`'s λ with the outer optimizer ``outer`` and
+    ``SIDConfig(**settings)``."""
+    return SIDHyperOptimizer(
         [lam],
         [problem.w],
         inner,
         problem.outer_loss,
+        outer,
+        full_train_batch=full_train_batch,
+        config=SIDConfig(**settings),
+    )
+
+
+def test_projection_keeps_weight_decay_nonnegative_under_a_huge_outer_step():
+    problem, lam, inner = raw_weight_decay_problem(0.1)
+    hopt = raw_decay_sid(
+        problem,
+        lam,
+        inner,
         torch.optim.SGD([lam], lr=1e6),
         full_train_batch=problem.train(),
-        config=SIDConfig(
-            inner_steps=50,
-            adjoint_steps=50,
-            step_size="constant",
-            curvature=EstimatedCurvature(every=1),
-            feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=0), contains=nonnegative),
-        ),
+        inner_steps=50,
+        adjoint_steps=50,
+        step_size="constant",
+        curvature=EstimatedCurvature(every=1),
+        feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=0), contains=nonnegative),
     )
     clamped = []
     for _ in range(3):
@@ -450,33 +461,28 @@ def test_infeasible_initial_value_is_refused():
         ConfigurationError,
         match=r"initial hyperparameters are outside the feasible set.*Initialise λ inside",
     ):
-        SIDHyperOptimizer(
-            [lam],
-            [problem.w],
+        raw_decay_sid(
+            problem,
+            lam,
             inner,
-            problem.outer_loss,
-            None,
-            config=SIDConfig(
-                inner_steps=5, adjoint_steps=5, feasible_set=FeasibleSet(contains=nonnegative)
-            ),
+            inner_steps=5,
+            adjoint_steps=5,
+            feasible_set=FeasibleSet(contains=nonnegative),
         )
 
 
 def test_step_leaving_the_feasible_set_without_projection_restores_lambda():
     problem, lam, inner = raw_weight_decay_problem(0.1)
-    hopt = SIDHyperOptimizer(
-        [lam],
-        [problem.w],
+    hopt = raw_decay_sid(
+        problem,
+        lam,
         inner,
-        problem.outer_loss,
         torch.optim.SGD([lam], lr=1.0),
-        config=SIDConfig(
-            inner_steps=5,
-            adjoint_steps=5,
-            alpha=0.5,
-            step_size="constant",
-            feasible_set=FeasibleSet(contains=nonnegative),
-        ),
+        inner_steps=5,
+        adjoint_steps=5,
+        alpha=0.5,
+        step_size="constant",
+        feasible_set=FeasibleSet(contains=nonnegative),
     )
     before = lam.detach().clone()
     with pytest.raises(
