@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
+import bench_user_recipes_s57 as s57  # noqa: E402
 from bench_user_recipes_s54 import Backbone, pretrained  # noqa: E402
 from recipe_harness import (  # noqa: E402
     LogLines,
@@ -64,12 +65,12 @@ from recipe_harness import (  # noqa: E402
     callbacks_record,
     images,
     noisy_labels,
-    paired_table,
     recipe_loader,
     tensors,
     test_loss,
     timed_fit,
     trainer,
+    versus_table,
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
@@ -95,20 +96,9 @@ class Recipe(RecipeModule):
         self.log("test_acc", (out.argmax(1) == y).float().mean())
 
 
-class MLP(Recipe):
-    def __init__(self, wd, per_sample, lr=0.05):
-        super().__init__(wd, per_sample)
-        self.lr = lr
-        self.net = nn.Sequential(
-            nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-            nn.Linear(128, 10),
-        )  # fmt: skip
-
-    def forward(self, x):
-        return self.net(x)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=self.wd)
+class MLP(Recipe, s57.MLP):
+    """Session 57's MLP (784-256-128-10, SGD momentum) with this round's validation and test
+    steps (:class:`Recipe`)."""
 
 
 class AdamMLP(MLP):
@@ -323,9 +313,8 @@ class Setup:
 VERSUS = {"decay": "own", "dw": "plain", "decay_held": "own", "own_low": "own"}
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The paired table of this round (`recipe_harness.paired_table`)."""
-    return paired_table(records, VERSUS, accuracy=True)
+#: the paired table of this round (`recipe_harness.paired_table`)
+table = versus_table(VERSUS)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,7 +43,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s5
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchmetrics
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, random_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,15 +61,16 @@ from recipe_harness import (  # noqa: E402
     LogLines,
     RecipeModule,
     auc,
-    callbacks_record,
     images,
     noisy_labels,
-    paired_table,
+    package_logs,
     recipe_loader,
+    scored_record,
     tensors,
     test_loss,
     timed_fit,
     trainer,
+    versus_table,
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
@@ -290,44 +290,44 @@ class Setup:
                 out["read_out_error"] = f"{type(err).__name__}: {err}"[:600]
         return out
 
+    #: the recipe's ``collate_fn`` for the test loader (None: the default)
+    collate = None
+
+    def score(self, model: nn.Module) -> tuple[float, float]:
+        """Held-out test loss and accuracy (:func:`recipe_harness.test_loss`)."""
+        return test_loss(model, recipe_loader(self.test, self.collate, 64, False, False))
+
+    def flags_record(self, record: dict[str, Any], cb: LearnedDataWeights, bad: Tensor) -> None:
+        """No flags: this round's records hold none (session 61's ``Setup`` records them)."""
+
+    def scored(
+        self, record: dict[str, Any], model: Any, logs: LogLines, cbs: list, bad, per_sample: bool
+    ) -> dict[str, Any]:
+        """:func:`recipe_harness.scored_record` without ``val_loss``, which this round's and the
+        next's records do not hold."""
+        scored = scored_record(self, record, model, logs, cbs, bad, per_sample)
+        scored.pop("val_loss", None)
+        return scored
+
     def run(self, arm: str) -> dict[str, Any]:
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        noisy, per_sample = arm == "plain" or arm.startswith("dw"), arm.startswith("dw")
-        train, bad = noisy_labels(self.train, 10, self.seed) if noisy else (self.train, None)
-        wd = 0.0 if arm.startswith("decay") else 1e-4 if arm == "own_low" else self.own
-        cbs: list = []
-        if arm.startswith("decay"):
-            cbs.append(LearnedWeightDecay(self.own))
-        if arm.startswith("dw"):
-            cbs.append(LearnedDataWeights())
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
-        try:
+        with package_logs() as logs:
+            noisy, per_sample = arm == "plain" or arm.startswith("dw"), arm.startswith("dw")
+            train, bad = noisy_labels(self.train, 10, self.seed) if noisy else (self.train, None)
+            wd = 0.0 if arm.startswith("decay") else 1e-4 if arm == "own_low" else self.own
+            cbs: list = []
+            if arm.startswith("decay"):
+                cbs.append(LearnedWeightDecay(self.own))
+            if arm.startswith("dw"):
+                cbs.append(LearnedDataWeights())
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        test = recipe_loader(self.test, None, 64, False, False)
-        record["test_loss"], record["test_acc"] = test_loss(model, test)
-        record["steps"] = self.tr.global_step
-        if self.name == "dm_stage" and per_sample:  # the weights' rows are the split's
+        # the weights' rows are the split's
+        if model is not None and self.name == "dm_stage" and per_sample:
             pool_bad = torch.cat([bad, torch.zeros(len(self.val), dtype=torch.bool)])
             bad = pool_bad[torch.as_tensor(self.dm.train_set.indices)]
-        callbacks_record(record, cbs, bad)
-        return record
+        return self.scored(record, model, logs, cbs, bad, per_sample)
 
 
 VERSUS = {
@@ -336,9 +336,8 @@ VERSUS = {
 }  # fmt: skip
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The paired table of this round (`recipe_harness.paired_table`)."""
-    return paired_table(records, VERSUS, accuracy=True)
+#: the paired table of this round (`recipe_harness.paired_table`)
+table = versus_table(VERSUS)
 
 
 def main(argv: list[str] | None = None) -> None:

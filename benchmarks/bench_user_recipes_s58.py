@@ -49,7 +49,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s5
 from __future__ import annotations
 
 import csv
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -70,18 +69,16 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 import bench_user_recipes_s57 as s57  # noqa: E402
 from recipe_harness import (  # noqa: E402
     Docs,
-    LogLines,
-    callbacks_record,
     images,
     learned_lam,
     news,
     noisy_labels,
-    paired_table,
+    package_logs,
     recipe_loader,
     tensors,
-    test_loss,
     timed_fit,
     trainer,
+    versus_table,
 )
 
 from hypertorch_sid import (  # noqa: E402
@@ -384,42 +381,22 @@ class Setup(s57.Setup):
         return model
 
     def run(self, arm: str) -> dict[str, Any]:
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
-        train, bad = (self.train, None)
-        if noisy:
-            train, bad = noisy_labels(self.train, self.classes, self.seed)
-        wd = {"decay": 0.0, "own_learned": self.learned_lam()}.get(arm, self.own)
-        cbs: list = []
-        if arm == "decay":
-            cbs.append(LearnedWeightDecay(self.own, decoupled=self.name == "hf_news"))
-        if arm == "dw":
-            cbs.append(LearnedDataWeights())
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
-        try:
+        with package_logs() as logs:
+            noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
+            train, bad = (self.train, None)
+            if noisy:
+                train, bad = noisy_labels(self.train, self.classes, self.seed)
+            wd = {"decay": 0.0, "own_learned": self.learned_lam()}.get(arm, self.own)
+            cbs: list = []
+            if arm == "decay":
+                cbs.append(LearnedWeightDecay(self.own, decoupled=self.name == "hf_news"))
+            if arm == "dw":
+                cbs.append(LearnedDataWeights())
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        test = recipe_loader(self.test, None, 64, False, False)
-        record["test_loss"], record["test_acc"] = test_loss(model, test)
-        record["steps"] = self.tr.global_step
-        callbacks_record(record, cbs, bad)
-        return record
+        return self.scored(record, model, logs, cbs, bad, per_sample)
 
     def learned_lam(self) -> float:
         """The decay arm's λ of this recipe and seed, from ``OUT`` (``recipe_harness``)."""
@@ -429,9 +406,8 @@ class Setup(s57.Setup):
 VERSUS = {"decay": "own", "dw": "plain", "own_learned": "own"}
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The paired table of this round (`recipe_harness.paired_table`)."""
-    return paired_table(records, VERSUS, accuracy=True)
+#: the paired table of this round (`recipe_harness.paired_table`)
+table = versus_table(VERSUS)
 
 
 def main(argv: list[str] | None = None) -> None:

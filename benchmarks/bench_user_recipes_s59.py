@@ -50,7 +50,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s5
 from __future__ import annotations
 
 import copy
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -67,18 +66,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_user_recipes_s54 as s54  # noqa: E402
 import bench_user_recipes_s57 as s57  # noqa: E402
 from recipe_harness import (  # noqa: E402
-    LogLines,
     RecipeModule,
-    callbacks_record,
     images,
     learned_lam,
     noisy_labels,
-    paired_table,
+    package_logs,
     recipe_loader,
+    scored_record,
     tensors,
     test_loss,
     timed_fit,
     trainer,
+    versus_table,
 )
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay  # noqa: E402
@@ -318,37 +317,16 @@ class Setup(s57.Setup):
         return model
 
     def run(self, arm: str) -> dict[str, Any]:
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
-        train, bad = noisy_labels(self.train, 10, self.seed) if noisy else (self.train, None)
-        wd = {"decay": 0.0, "own_learned": self.learned_lam()}.get(arm, self.own)
-        cbs = self.drop_ins(arm)
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
-        try:
+        with package_logs() as logs:
+            noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
+            train, bad = noisy_labels(self.train, 10, self.seed) if noisy else (self.train, None)
+            wd = {"decay": 0.0, "own_learned": self.learned_lam()}.get(arm, self.own)
+            cbs = self.drop_ins(arm)
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        test = recipe_loader(self.test, None, 64, False, False)
-        record["test_loss"], record["test_acc"] = test_loss(model, test)
-        record["steps"] = self.tr.global_step
-        record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
-        callbacks_record(record, cbs, bad)
-        return record
+        return scored_record(self, record, model, logs, cbs, bad, per_sample)
 
     def learned_lam(self) -> float:
         """The decay arm's λ of this recipe and seed, from ``OUT``
@@ -359,9 +337,8 @@ class Setup(s57.Setup):
 VERSUS = {"decay": "own", "dw": "plain", "own_learned": "own"}
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The paired table of this round (`recipe_harness.paired_table`)."""
-    return paired_table(records, VERSUS, accuracy=True)
+#: the paired table of this round (`recipe_harness.paired_table`)
+table = versus_table(VERSUS)
 
 
 def main(argv: list[str] | None = None) -> None:

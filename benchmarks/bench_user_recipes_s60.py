@@ -45,7 +45,6 @@ Each run merges its records into ``--out`` (``benchmarks/results/user_recipes/s6
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 from pathlib import Path
@@ -62,18 +61,17 @@ import bench_user_recipes_s54 as s54  # noqa: E402
 import bench_user_recipes_s57 as s57  # noqa: E402
 from recipe_harness import (  # noqa: E402
     Docs,
-    LogLines,
     RecipeModule,
-    callbacks_record,
     images,
     news,
     noisy_labels,
-    paired_table,
+    package_logs,
     recipe_loader,
+    scored_record,
     tensors,
-    test_loss,
     timed_fit,
     trainer,
+    versus_table,
 )
 
 from hypertorch_sid import LearnedDataWeights, LearnedWeightDecay  # noqa: E402
@@ -307,39 +305,18 @@ class Setup(s57.Setup):
         return model
 
     def run(self, arm: str) -> dict[str, Any]:
-        logs = LogLines()
-        loggers = [logging.getLogger(n) for n in ("hypertorch_sid", "pytorch_lightning")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.addHandler(logs)
-            lg.setLevel(logging.INFO)
-        noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
-        train, bad = (
-            noisy_labels(self.train, self.classes, self.seed) if noisy else (self.train, None)
-        )
-        wd = 0.0 if arm.startswith("decay") else self.own
-        cbs = self.drop_ins(arm)
-        record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
-        try:
+        with package_logs() as logs:
+            noisy, per_sample = arm in ("plain", "dw"), arm == "dw"
+            train, bad = (
+                noisy_labels(self.train, self.classes, self.seed) if noisy else (self.train, None)
+            )
+            wd = 0.0 if arm.startswith("decay") else self.own
+            cbs = self.drop_ins(arm)
+            record: dict[str, Any] = {"recipe": self.name, "arm": arm, "seed": self.seed, "wd": wd}
             model = timed_fit(
                 record, lambda: self.fit(cbs, train, bad, per_sample, wd, record), 600
             )
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.removeHandler(logs)
-                lg.setLevel(level)
-        record["logs"] = sorted(
-            {line for line in logs.lines if "Hyper" in line or "Learned" in line or "λ" in line}
-        )
-        if model is None:
-            return record
-        record["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-        test = recipe_loader(self.test, self.collate, 64, False, False)
-        record["test_loss"], record["test_acc"] = test_loss(model, test)
-        record["steps"] = self.tr.global_step
-        record["val_loss"] = float(self.tr.callback_metrics.get("val_loss", float("nan")))
-        callbacks_record(record, cbs, bad)
-        return record
+        return scored_record(self, record, model, logs, cbs, bad, per_sample)
 
 
 #: the recipes whose optimizer decays decoupled (AdamW): the drop-in's ``decoupled=True``
@@ -347,9 +324,8 @@ ADAMW = ("custom_sched", "news_tf_bf16")
 VERSUS = {"decay": "own", "dw": "plain", "decay_free": "own"}
 
 
-def table(records: list[dict[str, Any]]) -> str:
-    """The paired table of this round (`recipe_harness.paired_table`)."""
-    return paired_table(records, VERSUS, accuracy=True)
+#: the paired table of this round (`recipe_harness.paired_table`)
+table = versus_table(VERSUS)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,8 +15,8 @@ here, once:
   :func:`auc`);
 * the summary: mean ± s.e. of paired differences by seed (:func:`mean_se`, :func:`paired`);
 * the records: ``--out`` read, merged by key and written (:func:`read_records`,
-  :func:`merge_records`, :func:`write_json`), and the recipe benchmarks' command line
-  (:func:`recipe_cli`).
+  :func:`merge_records`, :func:`write_json`), the recipe benchmarks' command line
+  (:func:`recipe_cli`) and a round's paired table (:func:`paired_table`, :func:`versus_table`).
 
 The scripts keep importing these names from where they first stood
 (``bench_user_recipes_s50``, ``bench_user_recipes_s53``), which re-export them.
@@ -25,6 +25,7 @@ The scripts keep importing these names from where they first stood
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import logging
@@ -441,6 +442,12 @@ def paired_table(
             f"{min(wall):.1f}–{max(wall):.1f} | {steps} (vs {ref_steps}) | {note} |"
         )
     return "\n".join(out)
+
+
+def versus_table(versus: dict[str, str]) -> Callable[[list[dict[str, Any]]], str]:
+    """A round's ``table``: :func:`paired_table` of its records, each arm against
+    ``versus[arm]``, with the accuracy."""
+    return functools.partial(paired_table, versus=versus, accuracy=True)
 
 
 def read_records(path: Path | None) -> list[dict[str, Any]]:

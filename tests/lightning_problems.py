@@ -4,7 +4,10 @@
 * :class:`Ridge`: the ridge :class:`~hypertorch_sid.BilevelModule`
   ℓ̂ = ½ mean (Xw − y)² + ½ Σ exp(log_lam) ⊙ w², E = ½ mean (X_val w − y_val)²;
 * :class:`RidgeData` and :func:`loaders`: its data as a datamodule or as two DataLoaders;
-* :func:`trainer`: a quiet, deterministic single-process CPU ``pl.Trainer``.
+* :func:`trainer`: a quiet, deterministic single-process CPU ``pl.Trainer``;
+* the careless-user toy (``TOY_X``, ``TOY_Y``, :class:`ToyClassifier`), its loaders
+  (:func:`toy_train`, :func:`toy_indexed_train`, :func:`toy_val`) and quick drop-ins
+  (``QUICK``, :func:`quick_weights`, :func:`quick_decay`).
 
 The tests run with one intra-op thread (``conftest.py`` sets it for the whole session).
 """
@@ -14,12 +17,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from hypertorch_sid import BilevelModule, IndexedDataset
+from hypertorch_sid import BilevelModule, IndexedDataset, LearnedDataWeights, LearnedWeightDecay
 
 D = 5  # features of the default ridge problem
 f64 = torch.float64
@@ -50,6 +54,15 @@ def digits_cnn() -> torch.nn.Sequential:
         nn.Flatten(),
         nn.Linear(8 * 16, 10),
     )
+
+
+#: the Lightning test modules' ``pytestmark``: Lightning's warnings about the tests' small fits
+#: (loaders without workers, few batches per logging interval) and torch's LeafSpec deprecation
+LIGHTNING_NOISE = (
+    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
+    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+)
 
 
 def ridge_data(
@@ -170,11 +183,59 @@ class IndexedFullBatch(pl.LightningDataModule):
         return DataLoader(TensorDataset(self.Xv, self.yv), batch_size=len(self.Xv))
 
 
+def three_class_sets() -> tuple[TensorDataset, TensorDataset]:
+    """The recipe tests' data: 128 training rows, 64 validation rows, 6 features, 3 classes."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(192, 6, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
+
+
+def rank_batches(n: int, global_batch: int, world: int, rank: int) -> list[list[int]]:
+    """Sequential global batches of ``global_batch`` of ``n`` rows, of each this ``rank``'s
+    contiguous share among ``world`` processes (the whole batch for one): a DDP test's batch
+    sampler that keeps the single-process reference on the same global batches."""
+    size = global_batch // world
+    return [
+        list(range(start + rank * size, start + (rank + 1) * size))
+        for start in range(0, n, global_batch)
+    ]
+
+
 #: the careless-user toy: 240 examples, 6 features, 3 classes of a random linear map
 TOY_N, TOY_D, TOY_C = 240, 6, 3
 _toy = torch.Generator().manual_seed(0)
 TOY_X = torch.randn(TOY_N, TOY_D, generator=_toy)
 TOY_Y = (TOY_X @ torch.randn(TOY_D, TOY_C, generator=_toy)).argmax(1)
+
+
+#: the careless-user tests' drop-in settings: a hyper step every 4 steps from the first, no budget
+QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
+
+
+def toy_train() -> DataLoader:
+    """The toy's training rows (60 on), batches of 16."""
+    return DataLoader(TensorDataset(TOY_X[60:], TOY_Y[60:]), batch_size=16)
+
+
+def toy_indexed_train() -> DataLoader:
+    """:func:`toy_train` indexed (``IndexedDataset``), for the data weights."""
+    return DataLoader(IndexedDataset(TensorDataset(TOY_X[60:], TOY_Y[60:])), batch_size=16)
+
+
+def toy_val(y: Tensor = TOY_Y) -> DataLoader:
+    """The toy's validation rows (the first 60) with the labels ``y``, batches of 20."""
+    return DataLoader(TensorDataset(TOY_X[:60], y[:60]), batch_size=20)
+
+
+def quick_weights(**kw: Any) -> LearnedDataWeights:
+    """``LearnedDataWeights`` stepping every 4 steps from step 4, no budget; ``kw`` override."""
+    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
+
+
+def quick_decay(weight_decay: float = 1e-3, **kw: Any) -> LearnedWeightDecay:
+    """``LearnedWeightDecay(weight_decay)`` stepping every 4 steps, no budget; ``kw`` override."""
+    return LearnedWeightDecay(weight_decay, **{"every_n_steps": 4, "max_overhead": None, **kw})
 
 
 class ToyClassifier(pl.LightningModule):

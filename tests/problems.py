@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -141,6 +142,58 @@ def full_batch_sid(problem: Ridge, steps: int = 400, **kwargs) -> SIDHyperOptimi
         **kwargs,
         config=config.replace(**settings),
     )
+
+
+def sid_on(problem: Any, full_train_batch: Any = None, **settings) -> SIDHyperOptimizer:
+    """SID on ``problem`` (its ``log_lam``, ``w``, ``inner_loss`` and ``outer_loss``: a
+    :class:`Ridge` or a test's own; no outer optimizer) with ``SIDConfig(**settings)``."""
+    return SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        problem.inner_loss,
+        problem.outer_loss,
+        full_train_batch=full_train_batch,
+        config=SIDConfig(**settings),
+    )
+
+
+def module_sid(
+    net: torch.nn.Module, log_lam: Tensor, inner: Any, outer: Any, **settings: Any
+) -> SIDHyperOptimizer:
+    """SID on ``net``'s parameters (``module=net``) with the one hyperparameter ``log_lam``, the
+    losses ``inner`` and ``outer`` and ``SIDConfig(**settings)``."""
+    return SIDHyperOptimizer(
+        [log_lam], net.parameters(), inner, outer, module=net, config=SIDConfig(**settings)
+    )
+
+
+def ridge_sid(
+    problem: Ridge, steps: int = 20, outer: torch.optim.Optimizer | None = None, **kwargs: Any
+) -> SIDHyperOptimizer:
+    """SID on ``problem`` with ``steps`` inner and adjoint steps and the outer optimizer
+    ``outer``; SIDConfig fields in ``kwargs`` change the config, the rest go to
+    :class:`SIDHyperOptimizer`."""
+    kwargs, settings = split_settings(kwargs)
+    return SIDHyperOptimizer(
+        [problem.log_lam],
+        [problem.w],
+        problem.inner_loss,
+        problem.outer_loss,
+        outer,
+        **kwargs,
+        config=SIDConfig(inner_steps=steps, adjoint_steps=steps).replace(**settings),
+    )
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Deep equality of nested dicts/lists of tensors and numbers (optimizer states)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(equal, a, b))
+    return a == b
 
 
 def symmetric_with_spectrum(eigenvalues: Tensor, generator: torch.Generator) -> Tensor:

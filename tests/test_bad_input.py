@@ -14,7 +14,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from problems import make_ridge, relative_error, split_settings
+from problems import (
+    equal,
+    full_batch_sid,
+    make_ridge,
+    module_sid,
+    relative_error,
+    ridge_sid,
+    sid_on,
+    split_settings,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -36,47 +45,10 @@ from hypertorch_sid import (
 )
 
 
-def ridge_sid(problem, outer=None, steps=20, **kwargs):
-    kwargs, settings = split_settings(kwargs)
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        outer,
-        **kwargs,
-        config=SIDConfig(inner_steps=steps, adjoint_steps=steps).replace(**settings),
-    )
-
-
-def full_batch_sid(problem, steps, **kwargs):
-    """Deterministic GD solves (the paper's *Batch*) with constant η = 1."""
-    kwargs.setdefault("step_size", "constant")
-    kwargs.setdefault("eta", 1.0)
-    return ridge_sid(
-        problem,
-        steps=steps,
-        full_train_batch=problem.train(),
-        batches=Batches(inner="full", adjoint="full", d2="full"),
-        **kwargs,
-    )
-
-
 def curvature(problem):
     H = problem.X.T @ problem.X / problem.X.shape[0] + torch.diag(problem.lam())
     eig = torch.linalg.eigvalsh(H)
     return float(eig[-1]), float(eig[0])
-
-
-def equal(a, b) -> bool:
-    """Deep equality of nested dicts/lists of tensors and numbers (optimizer states)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(equal, a, b))
-    return a == b
 
 
 class Snapshot:
@@ -170,7 +142,9 @@ def test_non_finite_training_data_raises_and_leaves_lambda_and_w(bad):
     X = problem.X.clone()
     X[17, 2] = bad
     loader = DataLoader(TensorDataset(X, problem.y), batch_size=10, shuffle=True)
-    hopt = ridge_sid(problem, torch.optim.Adam([problem.log_lam], lr=0.1), steps=40, alpha=0.3)
+    hopt = ridge_sid(
+        problem, outer=torch.optim.Adam([problem.log_lam], lr=0.1), steps=40, alpha=0.3
+    )
     hopt.step(problem.loader(10), problem.val())  # a good step first: v and Adam state exist
     snap = Snapshot(problem, hopt)
     with pytest.raises(
@@ -186,7 +160,7 @@ def test_non_finite_validation_data_raises_and_leaves_lambda_and_w(bad):
     problem = make_ridge()
     X_val = problem.X_val.clone()
     X_val[3, 0] = bad
-    hopt = ridge_sid(problem, torch.optim.Adam([problem.log_lam], lr=0.1), alpha=0.3)
+    hopt = ridge_sid(problem, outer=torch.optim.Adam([problem.log_lam], lr=0.1), alpha=0.3)
     snap = Snapshot(problem, hopt)
     with pytest.raises(
         DivergenceError,
@@ -264,7 +238,7 @@ def test_nan_hypergradient_from_the_d2_term_leaves_lambda_w_v_and_optimizer():
 def test_apply_refuses_a_nan_hypergradient_without_touching_adam_state():
     problem = make_ridge()
     opt = torch.optim.Adam([problem.log_lam], lr=0.1)
-    hopt = ridge_sid(problem, opt, alpha=0.3)
+    hopt = ridge_sid(problem, outer=opt, alpha=0.3)
     hopt.apply([torch.ones(5, dtype=torch.float64)])
     snap = Snapshot(problem, hopt)
     g = torch.ones(5, dtype=torch.float64)
@@ -281,7 +255,7 @@ def test_apply_refuses_a_nan_hypergradient_without_touching_adam_state():
 
 def test_outer_step_overflow_restores_lambda():
     problem = make_ridge()
-    hopt = ridge_sid(problem, torch.optim.SGD([problem.log_lam], lr=1e308), alpha=0.3)
+    hopt = ridge_sid(problem, outer=torch.optim.SGD([problem.log_lam], lr=1e308), alpha=0.3)
     before = problem.log_lam.detach().clone()
     with pytest.raises(DivergenceError, match=r"hyperparameters.*λ was restored.*outer learning"):
         hopt.apply([torch.full((5,), 1e10, dtype=torch.float64)])
@@ -444,22 +418,33 @@ def nonnegative(hs):
     return bool((hs[0] >= 0).all())
 
 
-def test_projection_keeps_weight_decay_nonnegative_under_a_huge_outer_step():
-    problem, lam, inner = raw_weight_decay_problem(0.1)
-    hopt = SIDHyperOptimizer(
+def raw_decay_sid(problem, lam, inner, outer=None, full_train_batch=None, **settings):
+    """SID on :func:`raw_weight_decay_problem`'s λ with the outer optimizer ``outer`` and
+    ``SIDConfig(**settings)``."""
+    return SIDHyperOptimizer(
         [lam],
         [problem.w],
         inner,
         problem.outer_loss,
+        outer,
+        full_train_batch=full_train_batch,
+        config=SIDConfig(**settings),
+    )
+
+
+def test_projection_keeps_weight_decay_nonnegative_under_a_huge_outer_step():
+    problem, lam, inner = raw_weight_decay_problem(0.1)
+    hopt = raw_decay_sid(
+        problem,
+        lam,
+        inner,
         torch.optim.SGD([lam], lr=1e6),
         full_train_batch=problem.train(),
-        config=SIDConfig(
-            inner_steps=50,
-            adjoint_steps=50,
-            step_size="constant",
-            curvature=EstimatedCurvature(every=1),
-            feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=0), contains=nonnegative),
-        ),
+        inner_steps=50,
+        adjoint_steps=50,
+        step_size="constant",
+        curvature=EstimatedCurvature(every=1),
+        feasible_set=FeasibleSet(project=lambda hs: hs[0].clamp_(min=0), contains=nonnegative),
     )
     clamped = []
     for _ in range(3):
@@ -476,33 +461,28 @@ def test_infeasible_initial_value_is_refused():
         ConfigurationError,
         match=r"initial hyperparameters are outside the feasible set.*Initialise λ inside",
     ):
-        SIDHyperOptimizer(
-            [lam],
-            [problem.w],
+        raw_decay_sid(
+            problem,
+            lam,
             inner,
-            problem.outer_loss,
-            None,
-            config=SIDConfig(
-                inner_steps=5, adjoint_steps=5, feasible_set=FeasibleSet(contains=nonnegative)
-            ),
+            inner_steps=5,
+            adjoint_steps=5,
+            feasible_set=FeasibleSet(contains=nonnegative),
         )
 
 
 def test_step_leaving_the_feasible_set_without_projection_restores_lambda():
     problem, lam, inner = raw_weight_decay_problem(0.1)
-    hopt = SIDHyperOptimizer(
-        [lam],
-        [problem.w],
+    hopt = raw_decay_sid(
+        problem,
+        lam,
         inner,
-        problem.outer_loss,
         torch.optim.SGD([lam], lr=1.0),
-        config=SIDConfig(
-            inner_steps=5,
-            adjoint_steps=5,
-            alpha=0.5,
-            step_size="constant",
-            feasible_set=FeasibleSet(contains=nonnegative),
-        ),
+        inner_steps=5,
+        adjoint_steps=5,
+        alpha=0.5,
+        step_size="constant",
+        feasible_set=FeasibleSet(contains=nonnegative),
     )
     before = lam.detach().clone()
     with pytest.raises(
@@ -607,14 +587,7 @@ def test_bad_configuration_is_refused_at_construction(kwargs, match):
 
 def test_numpy_integer_steps_are_accepted():
     problem = make_ridge()
-    hopt = SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        None,
-        config=SIDConfig(inner_steps=np.int64(5), adjoint_steps=np.int32(3), alpha=0.3),
-    )
+    hopt = sid_on(problem, inner_steps=np.int64(5), adjoint_steps=np.int32(3), alpha=0.3)
     assert (hopt.inner_steps, hopt.adjoint_steps) == (5, 3)
     assert type(hopt.inner_steps) is int and type(hopt.adjoint_steps) is int
 
@@ -756,23 +729,19 @@ def bn_dropout_problem(seed=0):
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_adjoint_solve_keeps_batchnorm_statistics_and_uses_one_mode(mode, hvp):
     net, recorder, log_lam, inner, outer, batches, val = bn_dropout_problem()
-    hopt = SIDHyperOptimizer(
-        [log_lam],
-        net.parameters(),
+    hopt = module_sid(
+        net,
+        log_lam,
         inner,
         outer,
-        None,
-        module=net,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=6,
-            step_size="constant",
-            eta=0.5,
-            mode=mode,
-            hvp=hvp,
-            curvature=EstimatedCurvature(iters=5),
-            batches=Batches(d2=2),
-        ),
+        inner_steps=0,
+        adjoint_steps=6,
+        step_size="constant",
+        eta=0.5,
+        mode=mode,
+        hvp=hvp,
+        curvature=EstimatedCurvature(iters=5),
+        batches=Batches(d2=2),
     )
     net.train(mode == "eval")  # the opposite mode: the solve must switch, then switch back
     buffers = {n: b.clone() for n, b in net.named_buffers()}
@@ -797,22 +766,18 @@ def test_eval_mode_makes_the_adjoint_map_deterministic_despite_dropout():
     net, _, log_lam, inner, outer, batches, val = bn_dropout_problem()
 
     def hypergradient(mode):
-        hopt = SIDHyperOptimizer(
-            [log_lam],
-            net.parameters(),
+        hopt = module_sid(
+            net,
+            log_lam,
             inner,
             outer,
-            None,
-            module=net,
-            config=SIDConfig(
-                inner_steps=0,
-                adjoint_steps=5,
-                step_size="constant",
-                eta=0.5,
-                alpha=0.1,
-                mode=mode,
-                warm_start_adjoint=False,
-            ),
+            inner_steps=0,
+            adjoint_steps=5,
+            step_size="constant",
+            eta=0.5,
+            alpha=0.1,
+            mode=mode,
+            warm_start_adjoint=False,
         )
         return hopt.hypergradient(batches, val)[0]
 

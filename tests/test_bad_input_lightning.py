@@ -14,7 +14,7 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import f64, loaders, ridge_data
+from lightning_problems import LIGHTNING_NOISE, f64, loaders, ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -30,11 +30,7 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.lightning.callback import CALLBACK_CONFIG
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
-]
+pytestmark = [*LIGHTNING_NOISE]
 
 D = 4
 

@@ -19,7 +19,17 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_C, TOY_D, TOY_N, TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    TOY_C,
+    TOY_D,
+    TOY_N,
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    quick_decay,
+    toy_val,
+    trainer,
+)
 from torch import Tensor, nn
 from torch.utils.data import (
     DataLoader,
@@ -56,10 +66,6 @@ class Tagged(Dataset):
 Net = ToyClassifier
 
 
-def _decay() -> LearnedWeightDecay:
-    return LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
-
-
 def _fit(
     cb: Any, train: DataLoader, val: DataLoader, epochs: int = 1, model: Any = None, **kw: Any
 ) -> list[str]:
@@ -81,7 +87,7 @@ def test_one_data_set_split_by_two_samplers_keeps_the_hyper_steps_on_their_split
     quarter of their training ones validation examples. Now each draws from its sampler's indices."""
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(1)).tolist()
     train_idx, val_idx = perm[:160], perm[160:]
-    cb, ds = _decay(), Tagged()
+    cb, ds = quick_decay(), Tagged()
     said = _fit(
         cb,
         DataLoader(ds, batch_size=16, sampler=SubsetRandomSampler(train_idx)),
@@ -101,11 +107,11 @@ def test_a_weighted_sampler_of_unequal_weights_is_said_and_one_of_a_subset_is_fo
     weights = torch.ones(N)
     weights[: N // 2] = 4.0
     train = DataLoader(Tagged(), batch_size=16, sampler=WeightedRandomSampler(weights, N))
-    said = _fit(_decay(), train, DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20))
+    said = _fit(quick_decay(), train, DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20))
     assert any("WeightedRandomSampler of unequal weights" in m for m in said)
 
     half = (torch.arange(N) % 2 == 0).double()
-    cb = _decay()
+    cb = quick_decay()
     said = _fit(
         cb,
         DataLoader(Tagged(), batch_size=16, sampler=WeightedRandomSampler(half, N)),
@@ -134,7 +140,7 @@ def test_validation_data_that_is_training_data_is_said(how):
         train = DataLoader(ds, batch_size=16, sampler=SubsetRandomSampler(range(200)))
         val = DataLoader(ds, batch_size=20, sampler=SubsetRandomSampler(range(150, N)))
         expected = "50 of the 90 validation"
-    said = _shared(_fit(_decay(), train, val))
+    said = _shared(_fit(quick_decay(), train, val))
     assert len(said) == 1 and expected in said[0]
 
 
@@ -143,7 +149,7 @@ def test_held_out_validation_data_is_not_warned():
         TensorDataset(X, Y), [0.75, 0.25], generator=torch.Generator().manual_seed(0)
     )
     said = _fit(
-        _decay(),
+        quick_decay(),
         DataLoader(train_set, batch_size=16, shuffle=True),
         DataLoader(val_set, batch_size=20),
     )
@@ -290,10 +296,6 @@ def _indexed() -> DataLoader:
     return DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16, shuffle=True)
 
 
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
-
-
 def test_a_data_weights_resume_under_another_parameterization_is_refused(tmp_path):
     """Resumed with ``parameterization="softmax"`` from a sigmoid fit, the stored logits were
     read as a softmax's: every weight jumped from ~0.5–0.98 to ~1e-4 and ``flagged()`` named
@@ -307,14 +309,14 @@ def test_a_data_weights_resume_under_another_parameterization_is_refused(tmp_pat
             [LearnedDataWeights(**settings), ModelCheckpoint(dirpath=tmp_path, save_last=True)],
             max_epochs=1,
             enable_checkpointing=True,
-        ).fit(Net("none"), _indexed(), _val())
+        ).fit(Net("none"), _indexed(), toy_val())
         last = str(tmp_path / "last.ckpt")
         with pytest.raises(ConfigurationError, match=r"parameterization='SigmoidWeights'"):
             trainer([LearnedDataWeights(parameterization="softmax", **settings)], max_epochs=2).fit(
-                Net("none"), _indexed(), _val(), ckpt_path=last
+                Net("none"), _indexed(), toy_val(), ckpt_path=last
             )
         same = LearnedDataWeights(**settings)  # the same settings resume as before
-        trainer([same], max_epochs=2).fit(Net("none"), _indexed(), _val(), ckpt_path=last)
+        trainer([same], max_epochs=2).fit(Net("none"), _indexed(), toy_val(), ckpt_path=last)
     assert same.sid is not None and same.sid.hyper_step > 2
 
 
@@ -329,8 +331,8 @@ def test_a_data_weights_resume_under_another_parameterization_is_refused(tmp_pat
 def test_a_weight_decay_resume_under_other_settings_is_refused(other, match):
     """log λ read as λ (``parameterization="projection"``) was taken wherever it was feasible (λ
     above 1: log λ > 0), and otherwise refused as a checkpoint "of another problem"."""
-    cb = _decay()
-    _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True), _val())
+    cb = quick_decay()
+    _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True), toy_val())
     state = cb.state_dict()
     with pytest.raises(ConfigurationError, match=match):
         LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None, **other).load_state_dict(state)
@@ -344,7 +346,7 @@ def test_an_empty_validation_set_is_named():
     than the data set (0 samples): lower batch_size", which no batch size fixes."""
     empty = DataLoader(TensorDataset(X[:0], Y[:0]), batch_size=20)
     with pytest.raises(ConfigurationError, match=r"validation dataloader's data set holds no"):
-        _fit(_decay(), DataLoader(TensorDataset(X, Y), batch_size=16), empty)
+        _fit(quick_decay(), DataLoader(TensorDataset(X, Y), batch_size=16), empty)
 
 
 class GroupLr(Net):
@@ -383,9 +385,9 @@ def test_a_parameter_group_frozen_by_lr_0_is_said():
     with the backbone out of the optimizer), silently."""
     said = _frozen_said(
         _fit(
-            _decay(),
+            quick_decay(),
             DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True),
-            _val(),
+            toy_val(),
             2,
             GroupLr("frozen"),
         )
@@ -395,17 +397,17 @@ def test_a_parameter_group_frozen_by_lr_0_is_said():
     cb = LearnedDataWeights(start_step=4, every_n_steps=4, max_overhead=None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer([cb], max_epochs=2).fit(GroupLr("frozen", "none"), _indexed(), _val())
+        trainer([cb], max_epochs=2).fit(GroupLr("frozen", "none"), _indexed(), toy_val())
     assert len(_frozen_said([str(w.message) for w in caught])) == 1
 
 
 @pytest.mark.parametrize("schedule", ["warm-up", "cosine"])
 def test_a_schedule_that_touches_lr_0_is_no_frozen_group(schedule):
-    cb = _decay()
+    cb = quick_decay()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer([cb], max_epochs=2).fit(
-            GroupLr(schedule), DataLoader(TensorDataset(X, Y), batch_size=16), _val()
+            GroupLr(schedule), DataLoader(TensorDataset(X, Y), batch_size=16), toy_val()
         )
     assert not _frozen_said([str(w.message) for w in caught])
 
@@ -415,7 +417,7 @@ def test_a_random_subset_sampler_under_limit_train_batches_is_not_called_unshuff
     split every epoch: it was warned as "an order that does not shuffle"."""
     train = DataLoader(Tagged(), batch_size=16, sampler=SubsetRandomSampler(range(200)))
     val = DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
-    said = _fit(_decay(), train, val, 2, limit_train_batches=3)
+    said = _fit(quick_decay(), train, val, 2, limit_train_batches=3)
     assert not [m for m in said if "does not shuffle" in m]
 
 
@@ -443,8 +445,8 @@ def test_layers_written_as_raw_parameters_get_a_lambda_each():
     LightningModule itself all got the one λ "(root)", as "global" would (session 48: said by a
     warning; session 63: the module itself is no layer, so each tensor is its own)."""
     train = DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True)
-    cb = _decay()
-    said = _fit(cb, train, _val(), model=RawMLP())
+    cb = quick_decay()
+    said = _fit(cb, train, toy_val(), model=RawMLP())
     assert cb.slot_names == ["w1", "b1", "w2"]
     assert sorted(cb.learned_weight_decay) == ["b1", "w1", "w2"]
     assert not [m for m in said if "share one λ" in m]
@@ -526,9 +528,9 @@ def test_an_initial_decay_the_learning_rate_cannot_train_is_named():
 
     cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
     with pytest.raises(ConfigurationError, match=r"weight_decay=0.001 .*lr=10000 \(0.0001"):
-        _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16), _val(), model=Fast())
+        _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16), toy_val(), model=Fast())
     _fit(LearnedWeightDecay(1e-5, every_n_steps=4, max_overhead=None),
-         DataLoader(TensorDataset(X, Y), batch_size=16), _val(), model=Fast())  # fmt: skip
+         DataLoader(TensorDataset(X, Y), batch_size=16), toy_val(), model=Fast())  # fmt: skip
 
 
 class Regression(Net):
@@ -560,7 +562,7 @@ def test_a_nan_loss_from_finite_weights_is_not_blamed_on_the_learning_rate():
     with pytest.raises(
         DivergenceError, match="returned a non-finite loss at step 4.*will not help"
     ):
-        _fit(cb, train, _val(), model=Regression(0.01, nan_at=3))
+        _fit(cb, train, toy_val(), model=Regression(0.01, nan_at=3))
     cb = LearnedWeightDecay(1e-6, every_n_steps=5, max_overhead=None)  # hyper steps skipped
     with pytest.raises(DivergenceError, match="loss grew from .* diverged .*lower its learning"):
-        _fit(cb, train, _val(), epochs=5, model=Regression(3.0))
+        _fit(cb, train, toy_val(), epochs=5, model=Regression(3.0))

@@ -12,7 +12,18 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_C, TOY_D, TOY_N, TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    TOY_C,
+    TOY_D,
+    TOY_N,
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    quick_decay,
+    quick_weights,
+    toy_val,
+    trainer,
+)
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,7 +31,6 @@ from hypertorch_sid import (
     ConfigurationError,
     IndexedDataset,
     LearnedDataWeights,
-    LearnedWeightDecay,
 )
 from hypertorch_sid.core.objectives import ExpectedError
 
@@ -37,18 +47,6 @@ def _indexed(batch_size: int = 16, labels: Tensor = Y) -> DataLoader:
 
 def _plain(batch_size: int = 16) -> DataLoader:
     return DataLoader(TensorDataset(X, Y), batch_size=batch_size, shuffle=True)
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
-
-
-def _weights(**kw: Any) -> LearnedDataWeights:
-    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _decay(**kw: Any) -> LearnedWeightDecay:
-    return LearnedWeightDecay(1e-3, **{"every_n_steps": 4, "max_overhead": None, **kw})
 
 
 def _fit(cb: Any, train: DataLoader, val: DataLoader | None, model: Any, **kw: Any) -> list[str]:
@@ -69,7 +67,7 @@ class Data(pl.LightningDataModule):
         return _indexed(self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return _val()
+        return toy_val()
 
 
 @pytest.mark.parametrize("tune", ["lr_find", "scale_batch_size"])
@@ -82,7 +80,7 @@ def test_the_tuner_runs_with_the_data_weights(tune):
     gets its own ``training_step`` back."""
     from pytorch_lightning.tuner import Tuner
 
-    cb, model, data = _weights(), Net("none"), Data()
+    cb, model, data = quick_weights(), Net("none"), Data()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = trainer([cb], max_epochs=1)
@@ -103,12 +101,14 @@ def test_weight_decay_reads_as_the_initial_lambda_and_says_so_after_a_fit(tmp_pa
     learned decay, silently. It stays λ₀ (LightningCLI and configs read it back before the fit,
     unwarned); after a fit it warns once, naming ``learned_weight_decay`` (λ by slot) and
     ``decay_values()``; ``initial_weight_decay`` names λ₀ without a warning."""
-    cb = _decay()
+    cb = quick_decay()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cb.weight_decay == cb.initial_weight_decay == 1e-3  # before a fit: no warning
     assert cb.learned_weight_decay == {}
-    said = _fit(cb, _plain(), _val(), Net(), enable_checkpointing=True, default_root_dir=tmp_path)
+    said = _fit(
+        cb, _plain(), toy_val(), Net(), enable_checkpointing=True, default_root_dir=tmp_path
+    )
     assert not [m for m in said if "is the initial λ" in m]  # nothing in the fit reads it
     learned = cb.learned_weight_decay
     assert list(learned) == cb.slot_names == ["net.0", "net.2"]
@@ -121,8 +121,8 @@ def test_weight_decay_reads_as_the_initial_lambda_and_says_so_after_a_fit(tmp_pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cb.weight_decay == cb.initial_weight_decay == 1e-3  # said once
-    one = _decay(granularity="global")
-    _fit(one, _plain(), _val(), Net())
+    one = quick_decay(granularity="global")
+    _fit(one, _plain(), toy_val(), Net())
     assert list(one.learned_weight_decay) == ["all"]
 
 
@@ -139,9 +139,9 @@ def test_names_under_torch_compile_are_the_users(granularity):
     """``self.net = torch.compile(net)``: every name the decay showed carried the wrapper's
     ``_orig_mod.`` (``net._orig_mod.0.weight`` in ``decay_values()``, the slots, the logs and
     warnings). They are the user's names now, and λ is what the uncompiled module learns."""
-    compiled, plain = _decay(granularity=granularity), _decay(granularity=granularity)
-    _fit(compiled, _plain(), _val(), Compiled())
-    _fit(plain, _plain(), _val(), Net())
+    compiled, plain = quick_decay(granularity=granularity), quick_decay(granularity=granularity)
+    _fit(compiled, _plain(), toy_val(), Compiled())
+    _fit(plain, _plain(), toy_val(), Net())
     assert compiled.slot_names == plain.slot_names
     assert not [k for k in compiled.history[-1] if "_orig_mod" in k]
     got, want = compiled.decay_values(), plain.decay_values()
@@ -163,14 +163,18 @@ def test_masked_examples_first_read_late_in_the_fit_are_said():
     labels = Y.clone()
     labels[200:] = -100  # batches 25-29 of 30
     train = DataLoader(IndexedDataset(TensorDataset(X, labels)), batch_size=8)
-    said = _masked_said(_fit(_weights(), train, _val(), Net("none")))
+    said = _masked_said(_fit(quick_weights(), train, toy_val(), Net("none")))
     assert len(said) == 1 and "40 training examples have a negative label (-100" in said[0]
 
     early = Y.clone()
     early[::6] = -100  # in the first batch: said there, once
-    said = _masked_said(_fit(_weights(), _indexed(8, early), _val(), Net("none"), max_epochs=2))
+    said = _masked_said(
+        _fit(quick_weights(), _indexed(8, early), toy_val(), Net("none"), max_epochs=2)
+    )
     assert len(said) == 1 and "near the fit's start" in said[0]
-    assert not _masked_said(_fit(_weights(), _indexed(8), _val(), Net("none"), max_epochs=2))
+    assert not _masked_said(
+        _fit(quick_weights(), _indexed(8), toy_val(), Net("none"), max_epochs=2)
+    )
 
 
 @pytest.mark.parametrize(
@@ -185,7 +189,7 @@ def test_class_weights_name_labels_outside_the_classes(bad, match):
     labels[::6] = bad
     train = DataLoader(TensorDataset(X, labels), batch_size=16)
     with pytest.raises(ConfigurationError, match=match):
-        _fit(_weights(per="class", num_classes=3), train, _val(), Net("none"))
+        _fit(quick_weights(per="class", num_classes=3), train, toy_val(), Net("none"))
 
 
 def test_a_directional_the_hyper_step_cross_term_does_not_read_is_refused():
@@ -216,12 +220,12 @@ def test_an_objective_beside_a_scalar_validation_loss_is_refused():
     def mean_loss(module: Any, batch: Any) -> Tensor:
         return F.cross_entropy(module(batch[0]), batch[1])
 
-    cb = _weights(start_step=0, validation_loss=mean_loss, objective=ExpectedError(q=1.0))
+    cb = quick_weights(start_step=0, validation_loss=mean_loss, objective=ExpectedError(q=1.0))
     with pytest.raises(ConfigurationError, match=r"objective=ExpectedError.*would be ignored"):
-        _fit(cb, _indexed(), _val(), Net("none"))
+        _fit(cb, _indexed(), toy_val(), Net("none"))
     for objective in ({}, {"objective": "mean_loss"}):  # E itself; the mean of one number
-        cb = _weights(start_step=0, validation_loss=mean_loss, **objective)
-        _fit(cb, _indexed(), _val(), Net("none"))
+        cb = quick_weights(start_step=0, validation_loss=mean_loss, **objective)
+        _fit(cb, _indexed(), toy_val(), Net("none"))
         assert cb.sid is not None and cb.sid.hyper_step > 0
 
 
@@ -239,12 +243,12 @@ def test_a_callback_given_another_module_probes_its_layers_again():
     invariance probe's answer for the first model's layers was kept, so the LayerNorm model's
     invariant layer was not held: its λ rose from 1e-3 to 0.91 in 3 epochs, silently. Now the
     groups are probed again on each new set of decayed tensors, as a fresh callback does."""
-    reused = _decay()
-    _fit(reused, _plain(), _val(), Net())
+    reused = quick_decay()
+    _fit(reused, _plain(), toy_val(), Net())
     assert reused.invariant_groups == {"net.0": False, "net.2": False}
-    _fit(reused, _plain(), _val(), Normed(), max_epochs=3)
-    fresh = _decay()
-    _fit(fresh, _plain(), _val(), Normed(), max_epochs=3)
+    _fit(reused, _plain(), toy_val(), Normed(), max_epochs=3)
+    fresh = quick_decay()
+    _fit(fresh, _plain(), toy_val(), Normed(), max_epochs=3)
     assert reused.invariant_groups == fresh.invariant_groups
     assert reused.invariant_groups == {"net.0": True, "net.1": False, "net.3": False}
     assert float(reused.learned_weight_decay["net.0"]) == pytest.approx(1e-3)
@@ -280,12 +284,12 @@ def test_weights_learned_on_another_fold_are_not_carried_to_its_rows():
     def said(messages: list[str]) -> list[str]:
         return [m for m in messages if "other examples than the ones" in m]
 
-    reused = _weights(objective="mean_loss")
+    reused = quick_weights(objective="mean_loss")
     assert not said(_fit(reused, loader(folds[0]), val, Regression()))
     first = reused.data_weights()
     assert not said(_fit(reused, loader(folds[0]), val, Regression()))  # the same fold: kept
     assert len(said(_fit(reused, loader(folds[1]), val, Regression()))) == 1
-    fresh = _weights(objective="mean_loss")
+    fresh = quick_weights(objective="mean_loss")
     _fit(fresh, loader(folds[1]), val, Regression())
     torch.testing.assert_close(reused.data_weights(), fresh.data_weights())
     assert not torch.allclose(first, fresh.data_weights())
@@ -300,7 +304,7 @@ def test_weights_learned_on_another_fold_are_not_carried_to_its_rows():
     with pytest.raises(ConfigurationError, match=r"reloaded .*over other examples"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer([_weights(objective="mean_loss")], max_epochs=2,
+            trainer([quick_weights(objective="mean_loss")], max_epochs=2,
                     reload_dataloaders_every_n_epochs=1).fit(Regression(), datamodule=Rotating())  # fmt: skip
 
 
@@ -313,7 +317,7 @@ def test_a_per_sample_loss_given_to_the_decay_is_named_by_its_shape(which):
         return F.cross_entropy(module(batch[0]), batch[1], reduction="none")
 
     with pytest.raises(ConfigurationError, match=r"returned a tensor of shape \(\d+,\) .*mean"):
-        _fit(_decay(**{which: per_sample}), _plain(), _val(), Net())
+        _fit(quick_decay(**{which: per_sample}), _plain(), toy_val(), Net())
 
 
 @pytest.mark.parametrize(
@@ -351,7 +355,7 @@ def test_training_loaders_given_as_a_list_are_refused(loaders):
     with pytest.raises(ConfigurationError, match=rf"a list of {loaders}, .*Pass one DataLoader"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer([_decay()], max_epochs=1).fit(Listed(), [_plain()] * loaders, _val())
+            trainer([quick_decay()], max_epochs=1).fit(Listed(), [_plain()] * loaders, toy_val())
 
 
 class NoBatchIdx(Net):
@@ -365,13 +369,13 @@ def test_a_training_step_without_batch_idx_works_with_both_drop_ins():
     """Lightning passes the batch alone to a ``training_step(self, batch)``; the drop-ins' own
     calls (the weighted wrapper, the decay's ℓ̂ and E) passed ``batch_idx`` too: "takes 2
     positional arguments but 3 were given" from inside the user's code, in both drop-ins."""
-    weights, reference = _weights(), _weights()
-    _fit(weights, _indexed(), _val(), NoBatchIdx("none"))
-    _fit(reference, _indexed(), _val(), Net("none"))
+    weights, reference = quick_weights(), quick_weights()
+    _fit(weights, _indexed(), toy_val(), NoBatchIdx("none"))
+    _fit(reference, _indexed(), toy_val(), Net("none"))
     torch.testing.assert_close(weights.data_weights(), reference.data_weights())
-    decay, plain = _decay(), _decay()
-    _fit(decay, _plain(), _val(), NoBatchIdx())
-    _fit(plain, _plain(), _val(), Net())
+    decay, plain = quick_decay(), quick_decay()
+    _fit(decay, _plain(), toy_val(), NoBatchIdx())
+    _fit(plain, _plain(), toy_val(), Net())
     assert decay.decay_values().keys() == plain.decay_values().keys()
     for name, lam in plain.decay_values().items():
         torch.testing.assert_close(decay.decay_values()[name], lam)

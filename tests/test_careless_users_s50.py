@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_C, TOY_D, TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    TOY_C,
+    TOY_D,
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    quick_decay,
+    quick_weights,
+    toy_val,
+    trainer,
+)
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -27,24 +37,12 @@ from hypertorch_sid import (
 X, Y, D, C = TOY_X, TOY_Y, TOY_D, TOY_C
 
 
-def _weights(**kw: Any) -> LearnedDataWeights:
-    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _decay(**kw: Any) -> LearnedWeightDecay:
-    return LearnedWeightDecay(1e-3, **{"every_n_steps": 4, "max_overhead": None, **kw})
-
-
 def _drop_in(drop_in: str, model: type) -> tuple[Any, DataLoader, Any]:
     """(the callback, the toy's training loader, ``model``) as each drop-in needs them."""
     if drop_in == "decay":
-        return _decay(), DataLoader(TensorDataset(X, Y), batch_size=16), model()
+        return quick_decay(), DataLoader(TensorDataset(X, Y), batch_size=16), model()
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
-    return _weights(), train, model("none")
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
+    return quick_weights(), train, model("none")
 
 
 def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> list[str]:
@@ -108,26 +106,26 @@ def test_labels_in_dict_samples_are_read():
     # a data set that reorders its rows after the first epoch: refused, as tuple samples are
     train = DataLoader(IndexedDataset(DictSamples(reorder_after=len(Y))), batch_size=16)
     with pytest.raises(ConfigurationError, match=r"had label \d on an earlier visit"):
-        _fit(_weights(), train, _val(), DictNet("none"), max_epochs=2)
+        _fit(quick_weights(), train, toy_val(), DictNet("none"), max_epochs=2)
 
     # masked rows (-100) first read late: said at the epoch's end, as for tuple samples
     labels = Y.clone()
     labels[200:] = -100
     train = DataLoader(IndexedDataset(DictSamples(labels)), batch_size=8)
-    said = [m for m in _fit(_weights(), train, _val(), DictNet("none")) if "exactly 0" in m]
+    said = [m for m in _fit(quick_weights(), train, toy_val(), DictNet("none")) if "exactly 0" in m]
     assert len(said) == 1 and "40 training examples have a negative label (-100" in said[0]
 
     # per-class weights without target=, dict and dataclass samples: the tuple samples' weights
-    tuple_cb = _weights(per="class", num_classes=C)
-    _fit(tuple_cb, DataLoader(TensorDataset(X, Y), batch_size=16), _val(), ToyClassifier("none"))
-    dict_cb = _weights(per="class", num_classes=C)
-    _fit(dict_cb, DataLoader(DictSamples(), batch_size=16), _val(), DictNet("none"))
-    data_cb = _weights(per="class", num_classes=C)
+    tuple_cb = quick_weights(per="class", num_classes=C)
+    _fit(tuple_cb, DataLoader(TensorDataset(X, Y), batch_size=16), toy_val(), ToyClassifier("none"))
+    dict_cb = quick_weights(per="class", num_classes=C)
+    _fit(dict_cb, DataLoader(DictSamples(), batch_size=16), toy_val(), DictNet("none"))
+    data_cb = quick_weights(per="class", num_classes=C)
     dataset = TensorDataset(X, Y)
     _fit(
         data_cb,
         DataLoader(dataset, batch_size=16, collate_fn=_as_dataclass),
-        _val(),
+        toy_val(),
         DictNet("none"),
     )
     want = tuple_cb.data_weights()
@@ -142,11 +140,11 @@ def test_flagged_split_misfit_reads_the_labels_of_dict_samples():
     noisy = Y.clone()
     noisy[::4] = (noisy[::4] + 1) % C
     kw = dict(max_epochs=3)
-    tuple_cb, dict_cb = _weights(), _weights()
+    tuple_cb, dict_cb = quick_weights(), quick_weights()
     tuple_train = DataLoader(IndexedDataset(TensorDataset(X, noisy)), batch_size=16)
-    _fit(tuple_cb, tuple_train, _val(), ToyClassifier("none"), **kw)
+    _fit(tuple_cb, tuple_train, toy_val(), ToyClassifier("none"), **kw)
     dict_train = DataLoader(IndexedDataset(DictSamples(noisy)), batch_size=16)
-    _fit(dict_cb, dict_train, _val(), DictNet("none"), **kw)
+    _fit(dict_cb, dict_train, toy_val(), DictNet("none"), **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want, got = tuple_cb.flagged("split_misfit"), dict_cb.flagged("split_misfit")
@@ -165,9 +163,9 @@ def test_a_dict_sample_with_two_label_keys_asks_for_target():
 
     with pytest.raises(ConfigurationError, match=r"keys \['label', 'x', 'y'\].*target="):
         _fit(
-            _weights(per="class", num_classes=C),
+            quick_weights(per="class", num_classes=C),
             DataLoader(TwoKeys(), batch_size=16),
-            _val(),
+            toy_val(),
             DictNet("none"),
         )
 
@@ -193,18 +191,18 @@ def test_a_resumed_fit_keeps_the_invariant_groups_its_checkpoint_was_probed_on(
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
-    first = _decay()
+    first = quick_decay()
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    _fit([first, ckpt], train, _val(), LayerNormNet(), max_epochs=1, enable_checkpointing=True)
+    _fit([first, ckpt], train, toy_val(), LayerNormNet(), max_epochs=1, enable_checkpointing=True)
     assert first.invariant_groups == {"net.0": True, "net.1": False, "net.3": False}
 
     def nothing_invariant(problem: Any, *args: Any, **kwargs: Any) -> dict[str, bool]:
         return dict.fromkeys(problem.decay.group_names(), False)
 
     monkeypatch.setattr(weight_decay_module, "scale_invariant_slots", nothing_invariant)
-    resumed = _decay()
+    resumed = quick_decay()
     _fit(
-        resumed, train, _val(), LayerNormNet(), max_epochs=3, enable_checkpointing=True,
+        resumed, train, toy_val(), LayerNormNet(), max_epochs=3, enable_checkpointing=True,
         ckpt_path=str(tmp_path / "last.ckpt"),
     )  # fmt: skip
     assert resumed.invariant_groups == first.invariant_groups
@@ -237,14 +235,16 @@ def test_rows_masked_by_a_zero_factor_first_read_late_are_said():
     mask = torch.ones(len(Y))
     mask[200:] = 0  # batches 25-29 of 30
     train = DataLoader(IndexedDataset(TensorDataset(X, Y, mask)), batch_size=8)
-    said = [m for m in _fit(_weights(), train, _val(), MaskedNet()) if "exactly 0" in m]
+    said = [m for m in _fit(quick_weights(), train, toy_val(), MaskedNet()) if "exactly 0" in m]
     assert len(said) == 1 and "40 training examples had a loss exactly 0" in said[0]
     assert "rows [200, 201, 202, 203, 204]" in said[0]
 
-    cb = _weights()
+    cb = quick_weights()
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=8)
     said = [
-        m for m in _fit(cb, train, _val(), MaskedNet(sharp=True), max_epochs=2) if "exactly 0" in m
+        m
+        for m in _fit(cb, train, toy_val(), MaskedNet(sharp=True), max_epochs=2)
+        if "exactly 0" in m
     ]
     assert not said
     assert int((cb.problem._last_loss == 0).sum()) > 100  # the rows it re-read and cleared
@@ -283,11 +283,11 @@ def test_losses_fitted_to_exactly_0_early_are_not_called_masked():
 
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=8)
     for net in (Sharp("none"), Hinge("none")):
-        assert not [m for m in _fit(_weights(), train, _val(), net) if "exactly 0" in m]
+        assert not [m for m in _fit(quick_weights(), train, toy_val(), net) if "exactly 0" in m]
     labels = Y.clone()
     labels[::6] = -100
     train = DataLoader(IndexedDataset(TensorDataset(X, labels)), batch_size=8)
-    said = [m for m in _fit(_weights(), train, _val(), Sharp("none")) if "exactly 0" in m]
+    said = [m for m in _fit(quick_weights(), train, toy_val(), Sharp("none")) if "exactly 0" in m]
     assert len(said) == 1 and "labelled -100" in said[0]
 
 
@@ -310,13 +310,13 @@ def test_lbfgs_moves_each_batchs_data_weights_once_per_step():
         calls.append(1)
         cross(self, *args)
 
-    cb = _weights()
+    cb = quick_weights()
     cb._training_cross_term = counted.__get__(cb)  # type: ignore[method-assign]
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
     t = trainer([cb], max_epochs=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t.fit(LBFGSNet("none"), train, _val())
+        t.fit(LBFGSNet("none"), train, toy_val())
     assert len(calls) == t.global_step == 15
 
 
@@ -335,7 +335,7 @@ def test_an_optimizer_that_maximizes_is_refused(drop_in):
 
     cb, train, net = _drop_in(drop_in, Ascend)
     with pytest.raises(ConfigurationError, match=r"maximize=True.*negated objective"):
-        _fit(cb, train, _val(), net)
+        _fit(cb, train, toy_val(), net)
 
 
 @pytest.mark.parametrize("drop_in", ["decay", "weights"])
@@ -350,16 +350,16 @@ def test_lazy_layers_not_created_before_the_fit_are_named(drop_in):
             self.net = nn.Sequential(nn.LazyLinear(16), nn.Tanh(), nn.LazyLinear(C))
 
     if drop_in == "decay":
-        make, train, red = _decay, DataLoader(TensorDataset(X, Y), batch_size=16), "mean"
+        make, train, red = quick_decay, DataLoader(TensorDataset(X, Y), batch_size=16), "mean"
     else:
-        make, red = _weights, "none"
+        make, red = quick_weights, "none"
         train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
     with pytest.raises(ConfigurationError, match=r"net.0.weight.*model\(torch.zeros\(1, "):
-        _fit(make(), train, _val(), Lazy(red))
+        _fit(make(), train, toy_val(), Lazy(red))
     net = Lazy(red)
     net(torch.zeros(1, D))  # the fix named
     cb = make()
-    _fit(cb, train, _val(), net)
+    _fit(cb, train, toy_val(), net)
     assert len(cb.history) > 0
 
 
@@ -372,13 +372,13 @@ def test_an_initial_decay_near_the_stable_bound_is_warned():
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
     said = [
         m
-        for m in _fit(LearnedWeightDecay(6.0), train, _val(), ToyClassifier())
+        for m in _fit(LearnedWeightDecay(6.0), train, toy_val(), ToyClassifier())
         if "above half" in m
     ]
     assert len(said) == 1 and "weight_decay=6 is above half" in said[0] and "lr=0.1" in said[0]
     assert not [
         m
-        for m in _fit(LearnedWeightDecay(5.0), train, _val(), ToyClassifier())
+        for m in _fit(LearnedWeightDecay(5.0), train, toy_val(), ToyClassifier())
         if "above half" in m
     ]
 
@@ -388,7 +388,7 @@ def test_an_empty_list_of_validation_loaders_is_named():
     DataLoader; got list", which reads as a type mistake. Said as no validation data."""
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
     with pytest.raises(ConfigurationError, match=r"needs validation data .*\(got an empty list\)"):
-        _fit(_decay(), train, [], ToyClassifier())
+        _fit(quick_decay(), train, [], ToyClassifier())
 
 
 @pytest.mark.parametrize(
@@ -486,8 +486,8 @@ def test_a_batchnorm_the_training_keeps_in_eval_mode_is_run_so_in_the_hyper_step
 
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
     for freeze in (True, False):
-        cb = _decay()
-        _fit(cb, train, _val(), FrozenStatistics(freeze), max_epochs=2)
+        cb = quick_decay()
+        _fit(cb, train, toy_val(), FrozenStatistics(freeze), max_epochs=2)
         assert cb.invariant_groups["net.0"] is not freeze
 
 
@@ -508,7 +508,7 @@ def test_trained_tensors_of_two_dtypes_are_named(drop_in):
 
     cb, train, net = _drop_in(drop_in, Mixed)
     with pytest.raises(ConfigurationError, match=r"torch.float64: head.weight.*model.float\(\)"):
-        _fit(cb, train, _val(), net)
+        _fit(cb, train, toy_val(), net)
 
 
 def test_a_regression_with_dict_samples_is_recognised():
@@ -534,7 +534,7 @@ def test_a_regression_with_dict_samples_is_recognised():
     train = DataLoader(IndexedDataset(DictRegression(len(Y))), batch_size=16)
     val = DataLoader(DictRegression(60), batch_size=20)
     with pytest.raises(ConfigurationError, match=r"validation targets are real numbers"):
-        _fit(_weights(), train, val, Regressor())
-    cb = _weights(objective="mean_loss")
+        _fit(quick_weights(), train, val, Regressor())
+    cb = quick_weights(objective="mean_loss")
     _fit(cb, train, val, Regressor())
     assert len(cb.history) > 0

@@ -13,7 +13,17 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_C, TOY_D, TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    TOY_C,
+    TOY_D,
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    quick_decay,
+    quick_weights,
+    toy_val,
+    trainer,
+)
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -26,18 +36,6 @@ from hypertorch_sid import (
 from hypertorch_sid.core.outer_step import ShrinkFallRprop
 
 X, Y, D, C = TOY_X, TOY_Y, TOY_D, TOY_C
-
-
-def _weights(**kw: Any) -> LearnedDataWeights:
-    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _decay(weight_decay: float = 1e-3, **kw: Any) -> LearnedWeightDecay:
-    return LearnedWeightDecay(weight_decay, **{"every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> list[str]:
@@ -61,7 +59,7 @@ def test_the_class_given_for_a_callback_is_named_with_the_fix(drop_in):
     with pytest.raises(
         ConfigurationError, match=rf"callbacks=\[{name}\].*callbacks=\[{name}\(\)\]"
     ):
-        _fit(drop_in, train, _val(), ToyClassifier(reduction))
+        _fit(drop_in, train, toy_val(), ToyClassifier(reduction))
 
 
 class MaskedNet(ToyClassifier):
@@ -88,8 +86,8 @@ def test_masked_rows_are_not_hidden_behind_rows_fitted_to_0():
     mask[200:] = 0
     order = list(range(200)) * 2 + list(range(200, 240))
     train = DataLoader(IndexedDataset(TensorDataset(X, Y, mask)), batch_size=8, sampler=order)
-    cb = _weights()
-    said = [m for m in _fit(cb, train, _val(), MaskedNet()) if "exactly 0" in m]
+    cb = quick_weights()
+    said = [m for m in _fit(cb, train, toy_val(), MaskedNet()) if "exactly 0" in m]
     assert int((cb.problem._last_loss[:200] == 0).sum()) > 16  # fitted rows of loss 0 first
     assert len(said) == 1 and "40 training examples had a loss exactly 0 at every visit" in said[0]
     assert "rows [200, 201, 202, 203, 204]" in said[0]
@@ -123,14 +121,18 @@ def test_a_fit_whose_layers_the_decay_wiped_says_so():
     slow = functools.partial(ShrinkFallRprop, lr=0.3, step_sizes=(0.01, 2.0))
     said = [
         m
-        for m in _fit(_decay(1.0, outer_optimizer=slow), train, _val(), DeepNet(), max_epochs=2)
+        for m in _fit(
+            quick_decay(1.0, outer_optimizer=slow), train, toy_val(), DeepNet(), max_epochs=2
+        )
         if "wiped" in m
     ]
     assert len(said) == 1 and "weight_decay=1 at the start" in said[0]
     assert "wiped net.4.weight" in said[0]
     torch.manual_seed(0)
     assert not [
-        m for m in _fit(_decay(1e-3), train, _val(), DeepNet(), max_epochs=2) if "wiped" in m
+        m
+        for m in _fit(quick_decay(1e-3), train, toy_val(), DeepNet(), max_epochs=2)
+        if "wiped" in m
     ]
 
 
@@ -150,8 +152,8 @@ def test_a_training_step_skipping_batches_by_none_runs_with_the_data_weights():
     got NoneType"). The skipped batch is skipped: its rows are not recorded (the hyper steps
     draw their own batches)."""
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
-    cb = _weights()
-    _fit(cb, train, _val(), SkipsBatches("none"))
+    cb = quick_weights()
+    _fit(cb, train, toy_val(), SkipsBatches("none"))
     assert len(cb.history) > 0
     visits = cb.problem._visits
     assert visits is not None and int(visits[32:48].sum()) == 0  # batch 2, skipped
@@ -178,11 +180,11 @@ def test_weights_learned_on_another_data_set_of_the_same_size_are_not_carried_ov
     target = X.sum(1)
     a, b = TensorDataset(X[:120], target[:120]), TensorDataset(X[120:], target[120:])
     val = DataLoader(TensorDataset(X[:60], target[:60]), batch_size=20)
-    cb = _weights(objective="mean_loss")
+    cb = quick_weights(objective="mean_loss")
     _fit(cb, DataLoader(IndexedDataset(a), batch_size=16), val, _regression(), max_epochs=2)
     said = _fit(cb, DataLoader(IndexedDataset(b), batch_size=16), val, _regression())
     assert any("other examples than the ones this callback learned" in m for m in said)
-    fresh = _weights(objective="mean_loss")
+    fresh = quick_weights(objective="mean_loss")
     _fit(fresh, DataLoader(IndexedDataset(b), batch_size=16), val, _regression())
     assert torch.equal(cb.data_weights(), fresh.data_weights())
 
@@ -202,7 +204,7 @@ def test_validation_batches_the_training_step_cannot_read_are_named():
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
     val = DataLoader(TensorDataset(X[:60]), batch_size=20)
     with pytest.raises(ConfigurationError, match=r"E reads .* training_step failed .*IndexError"):
-        _fit(_weights(), train, val, ToyClassifier("none"))
+        _fit(quick_weights(), train, val, ToyClassifier("none"))
 
 
 def test_class_ids_stored_as_floats_are_named_with_their_fix():
@@ -212,7 +214,7 @@ def test_class_ids_stored_as_floats_are_named_with_their_fix():
     with pytest.raises(
         ConfigurationError, match=r"class ids stored as floats.*batch\[1\]\.long\(\)"
     ):
-        _fit(_weights(per="class", num_classes=C), train, _val(), ToyClassifier("none"))
+        _fit(quick_weights(per="class", num_classes=C), train, toy_val(), ToyClassifier("none"))
 
 
 # ---------------------------------------------------------------- the core
@@ -253,11 +255,11 @@ def test_a_second_fit_checks_the_lambda_it_starts_from_against_its_learning_rate
     with at lr=0.6", though it starts from the learned 1e-4 (and a learned λ above the new
     bound was not checked). The λ the fit starts from is checked now."""
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
-    cb, net = _decay(2.0), ToyClassifier(lr=0.01)
-    _fit(cb, train, _val(), net, max_epochs=3)
+    cb, net = quick_decay(2.0), ToyClassifier(lr=0.01)
+    _fit(cb, train, toy_val(), net, max_epochs=3)
     assert max(float(v.max()) for v in cb.learned_weight_decay.values()) < 1e-2
     net.lr = 0.6
-    said = _fit(cb, train, _val(), net)
+    said = _fit(cb, train, toy_val(), net)
     assert not [m for m in said if "weight_decay=2" in m] and len(cb.history) > 0
 
 
@@ -291,10 +293,14 @@ def test_optimizers_created_anew_during_the_fit_keep_the_decay():
     ``SGD(weight_decay=0.05)``'s). The decay follows the new optimizers now."""
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
     reference = _OwnDecay()
-    _fit([], train, _val(), reference, max_epochs=2)
+    _fit([], train, toy_val(), reference, max_epochs=2)
     net = ToyClassifier()
     _fit(
-        [_decay(0.05, every_n_steps=1000), _AtEpoch1("recreate")], train, _val(), net, max_epochs=2
+        [quick_decay(0.05, every_n_steps=1000), _AtEpoch1("recreate")],
+        train,
+        toy_val(),
+        net,
+        max_epochs=2,
     )
     for p, q in zip(net.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
@@ -305,9 +311,9 @@ def test_an_optimizer_decay_switched_on_during_the_fit_is_refused():
     decayed the tensors twice (the optimizer's and the learned λ), without a word; refused at
     fit start only. Refused where it happens now."""
     train = DataLoader(TensorDataset(X, Y), batch_size=16)
-    callbacks = [_decay(0.05, every_n_steps=1000), _AtEpoch1("schedule")]
+    callbacks = [quick_decay(0.05, every_n_steps=1000), _AtEpoch1("schedule")]
     with pytest.raises(ConfigurationError, match=r"group 0\) applies weight_decay=0.05 since"):
-        _fit(callbacks, train, _val(), ToyClassifier(), max_epochs=2)
+        _fit(callbacks, train, toy_val(), ToyClassifier(), max_epochs=2)
 
 
 def test_a_resume_on_another_data_set_of_the_same_size_is_refused(tmp_path):
@@ -318,18 +324,18 @@ def test_a_resume_on_another_data_set_of_the_same_size_is_refused(tmp_path):
     target = X.sum(1)
     a, b = TensorDataset(X[:120], target[:120]), TensorDataset(X[120:], target[120:])
     val = DataLoader(TensorDataset(X[:60], target[:60]), batch_size=20)
-    fitted = trainer([_weights(objective="mean_loss")], max_epochs=1)
+    fitted = trainer([quick_weights(objective="mean_loss")], max_epochs=1)
     fitted.fit(_regression(), DataLoader(IndexedDataset(a), batch_size=16), val)
     fitted.save_checkpoint(tmp_path / "a.ckpt")
     with pytest.raises(ConfigurationError, match="resumes weights learned on other examples"):
-        trainer([_weights(objective="mean_loss")], max_epochs=2).fit(
+        trainer([quick_weights(objective="mean_loss")], max_epochs=2).fit(
             _regression(),
             DataLoader(IndexedDataset(b), batch_size=16),
             val,
             ckpt_path=tmp_path / "a.ckpt",
         )
     again = TensorDataset(X[:120].clone(), target[:120].clone())
-    cb = _weights(objective="mean_loss")
+    cb = quick_weights(objective="mean_loss")
     trainer([cb], max_epochs=2).fit(
         _regression(),
         DataLoader(IndexedDataset(again), batch_size=16),
@@ -371,10 +377,16 @@ def test_an_optimizer_decay_switched_on_under_the_data_weights_is_said():
     step now; optimizers created anew with their decay are not."""
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
     said = _fit(
-        [_weights(), _AtEpoch1("schedule")], train, _val(), ToyClassifier("none"), max_epochs=2
+        [quick_weights(), _AtEpoch1("schedule")],
+        train,
+        toy_val(),
+        ToyClassifier("none"),
+        max_epochs=2,
     )
     assert len([m for m in said if "weight_decay=0.05 was switched on during the fit" in m]) == 1
-    said = _fit([_weights(), _AtEpoch1("recreate")], train, _val(), _OwnDecay("none"), max_epochs=2)
+    said = _fit(
+        [quick_weights(), _AtEpoch1("recreate")], train, toy_val(), _OwnDecay("none"), max_epochs=2
+    )
     assert not [m for m in said if "switched on" in m]
 
 
@@ -385,7 +397,7 @@ def test_a_skipped_hyper_step_names_the_data_weights_not_lambda():
     xv[3, 0] = float("nan")
     val = DataLoader(TensorDataset(xv, Y[:60]), batch_size=20)
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
-    cb = _weights(val="full")
+    cb = quick_weights(val="full")
     said = _fit(cb, train, val, ToyClassifier("none"), max_epochs=1)
     skipped = [m for m in said if "hyper step skipped" in m]
     assert skipped, said

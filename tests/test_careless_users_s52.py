@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from lightning_problems import (
+    TOY_X,
+    TOY_Y,
+    Ridge,
+    ToyClassifier,
+    loaders,
+    quick_weights,
+    ridge_data,
+    toy_val,
+    trainer,
+)
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -26,14 +36,6 @@ from hypertorch_sid import (
 )
 
 X, Y = TOY_X, TOY_Y
-
-
-def _weights(**kw: Any) -> LearnedDataWeights:
-    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 def _fit(cb: Any, train: Any, val: Any, model: Any, **kw: Any) -> None:
@@ -113,9 +115,9 @@ def test_labels_as_a_column_are_read_as_the_labels(per):
     extra = {"per": "class", "num_classes": 3} if per == "class" else {}
     learned = {}
     for kind in ("vector", "column"):
-        cb = _weights(**extra)
+        cb = quick_weights(**extra)
         train = DataLoader(IndexedDataset(_Rows(kind)), batch_size=16)
-        _fit(cb, train, _val(), _FlatLabels("none"))
+        _fit(cb, train, toy_val(), _FlatLabels("none"))
         learned[kind] = cb.data_weights()
     assert len(learned["vector"]) == (240 if per == "sample" else 3)
     assert torch.equal(learned["column"], learned["vector"])
@@ -127,7 +129,7 @@ def test_class_ids_as_a_float_column_are_named_with_their_fix():
     column of ids now is."""
     train = DataLoader(IndexedDataset(TensorDataset(X, Y.float()[:, None])), batch_size=16)
     with pytest.raises(ConfigurationError, match=r"class ids stored as floats.*batch\[1\]\.long"):
-        _fit(_weights(per="class", num_classes=3), train, _val(), _FlatLabels("none"))
+        _fit(quick_weights(per="class", num_classes=3), train, toy_val(), _FlatLabels("none"))
 
 
 class _Binary(ToyClassifier):
@@ -161,7 +163,7 @@ def test_binary_targets_stored_as_floats_are_read_as_the_labels(shape):
     for dtype in (torch.long, torch.float32):  # against integer labels as a vector
         y = binary.to(dtype)
         y = y[:, None] if shape == "column" and dtype == torch.float32 else y
-        cb = _weights()
+        cb = quick_weights()
         train = DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=16)
         _fit(cb, train, DataLoader(TensorDataset(X[:60], y[:60]), batch_size=20), _Binary())
         learned[dtype] = cb.data_weights()
@@ -197,7 +199,7 @@ def test_a_bilevel_module_without_an_optimizer_is_refused():
 
     indexed = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
     with pytest.raises(ConfigurationError, match="LearnedDataWeights: the fit has no training"):
-        _fit(_weights(), indexed, _val(), Plain("none"))
+        _fit(quick_weights(), indexed, toy_val(), Plain("none"))
 
 
 def test_a_bilevel_module_under_manual_optimisation_needs_its_own_training_step():
@@ -253,13 +255,13 @@ def test_a_training_run_in_eval_mode_has_its_hyper_steps_run_so(drop_in):
             lambda m, i, o, seen=in_training_mode: seen.append(m.training)
         )
         if drop_in == "weights":
-            cb: Any = _weights()
+            cb: Any = quick_weights()
             train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
-            _fit(cb, train, _val(), model)
+            _fit(cb, train, toy_val(), model)
             learned[drop] = cb.data_weights()
         else:
             cb = LearnedWeightDecay(1e-2, every_n_steps=4, max_overhead=None)
-            _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16), _val(), model)
+            _fit(cb, DataLoader(TensorDataset(X, Y), batch_size=16), toy_val(), model)
             assert len(cb.history) == 7
         if drop:
             assert len(in_training_mode) > 60 and not any(in_training_mode)
@@ -276,15 +278,15 @@ def test_a_resumed_fit_keeps_each_rows_last_loss_and_visits(tmp_path):
     checkpointed beside the labels and taken over at the resumed fit's build."""
     train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16, shuffle=True)
     torch.manual_seed(0)
-    first = _weights()
+    first = quick_weights()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitted = trainer([first], max_epochs=3)
-        fitted.fit(ToyClassifier("none"), train, _val())
+        fitted.fit(ToyClassifier("none"), train, toy_val())
         fitted.save_checkpoint(tmp_path / "epoch3.ckpt")
-        resumed = _weights()
+        resumed = quick_weights()
         trainer([resumed], max_epochs=4, limit_train_batches=3).fit(
-            ToyClassifier("none"), train, _val(), ckpt_path=tmp_path / "epoch3.ckpt"
+            ToyClassifier("none"), train, toy_val(), ckpt_path=tmp_path / "epoch3.ckpt"
         )
     before, after = first.problem._last_loss, resumed.problem._last_loss
     assert after is not None and bool(torch.isfinite(after).all())
@@ -302,7 +304,7 @@ def test_a_finished_fit_resumed_without_a_step_says_its_state_is_not_applied(tmp
     and ``decay_values()`` gave λ₀ (1e-3, where 6.5e-8 was learned), without a word. They
     refuse now, naming the fix."""
     if drop_in == "weights":
-        make: Any = _weights
+        make: Any = quick_weights
         train = DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
         reduction = "none"
     else:
@@ -315,11 +317,11 @@ def test_a_finished_fit_resumed_without_a_step_says_its_state_is_not_applied(tmp
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitted = trainer([make()], max_epochs=2)
-        fitted.fit(ToyClassifier(reduction), train, _val())
+        fitted.fit(ToyClassifier(reduction), train, toy_val())
         fitted.save_checkpoint(tmp_path / "done.ckpt")
         resumed = make()
         trainer([resumed], max_epochs=2).fit(
-            ToyClassifier(reduction), train, _val(), ckpt_path=tmp_path / "done.ckpt"
+            ToyClassifier(reduction), train, toy_val(), ckpt_path=tmp_path / "done.ckpt"
         )
     if drop_in == "weights":
         readers = [resumed.data_weights, resumed.flagged]

@@ -12,7 +12,18 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from lightning_problems import (
+    TOY_X,
+    TOY_Y,
+    Ridge,
+    ToyClassifier,
+    loaders,
+    quick_decay,
+    quick_weights,
+    ridge_data,
+    toy_val,
+    trainer,
+)
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -21,24 +32,11 @@ from hypertorch_sid import (
     HyperOptimizationCallback,
     IndexedDataset,
     LearnedDataWeights,
-    LearnedWeightDecay,
     SIDConfig,
     SIDHyperOptimizer,
 )
 
 X, Y = TOY_X, TOY_Y
-
-
-def _weights(**kw: Any) -> LearnedDataWeights:
-    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _decay(weight_decay: float = 1e-3, **kw: Any) -> LearnedWeightDecay:
-    return LearnedWeightDecay(weight_decay, **{"every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _val(y: Tensor = Y) -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], y[:60]), batch_size=20)
 
 
 def _indexed(*tensors: Tensor) -> DataLoader:
@@ -81,8 +79,8 @@ def test_binary_labels_stored_as_bools_are_read_as_the_labels(per):
     extra = {"per": "class", "num_classes": 2} if per == "class" else {}
     learned = {}
     for y in (binary, binary.bool()):
-        cb = _weights(**extra)
-        _fit(cb, _indexed(X, y), _val(y), _Binary())
+        cb = quick_weights(**extra)
+        _fit(cb, _indexed(X, y), toy_val(y), _Binary())
         learned[y.dtype] = cb.data_weights()
     assert len(learned[torch.long]) == (240 if per == "sample" else 2)
     assert torch.equal(learned[torch.bool], learned[torch.long])
@@ -120,8 +118,8 @@ def test_a_training_step_that_edits_its_batch_in_place_runs_with_the_data_weight
     bit."""
     learned = {}
     for edit in ("copy", "scale", "remap"):
-        cb = _weights()
-        _fit(cb, _indexed(), _val(), _EditsItsBatch(edit))
+        cb = quick_weights()
+        _fit(cb, _indexed(), toy_val(), _EditsItsBatch(edit))
         learned[edit] = cb.data_weights()
     assert torch.equal(learned["scale"], learned["copy"])
     assert torch.equal(learned["remap"], learned["copy"])
@@ -154,7 +152,12 @@ def test_a_layer_frozen_during_the_fit_is_named_by_every_callback():
     require grad"). Now each names the tensors and the fix."""
     frozen = r"net\.0\.weight, net\.0\.bias stopped requiring gradients during the fit"
     with pytest.raises(ConfigurationError, match="LearnedDataWeights: " + frozen):
-        _fit([_weights(), _FreezeAtEpoch1("net.0")], _indexed(), _val(), ToyClassifier("none"))
+        _fit(
+            [quick_weights(), _FreezeAtEpoch1("net.0")],
+            _indexed(),
+            toy_val(),
+            ToyClassifier("none"),
+        )
     train, val = loaders(ridge_data(), 20, 30)
     base = HyperOptimizationCallback(every_n_steps=2, start_step=2)
     with pytest.raises(ConfigurationError, match=r"HyperOptimizationCallback: lin2\.weight stop"):
@@ -224,9 +227,9 @@ def test_labels_under_a_key_the_drop_in_does_not_read_are_said():
     with pytest.warns(
         UserWarning, match=r"labels under 'cls'.*target=lambda batch: batch\['cls'\]"
     ):
-        trainer([_weights()], max_epochs=1).fit(_DictStep("cls"), _indexed_dicts("cls"), val)
+        trainer([quick_weights()], max_epochs=1).fit(_DictStep("cls"), _indexed_dicts("cls"), val)
     learned = {}
-    for key, cb in (("y", _weights()), ("cls", _weights(target=lambda b: b["cls"]))):
+    for key, cb in (("y", quick_weights()), ("cls", quick_weights(target=lambda b: b["cls"]))):
         _fit(cb, _indexed_dicts(key), DataLoader(_Dicts(key), batch_size=20), _DictStep(key))
         learned[key] = cb.data_weights()
     assert torch.equal(learned["cls"], learned["y"])
@@ -234,7 +237,7 @@ def test_labels_under_a_key_the_drop_in_does_not_read_are_said():
         warnings.simplefilter("error", UserWarning)  # the "y" key: not said
         warnings.filterwarnings("ignore", message=".*(LeafSpec|workers|only \\d+ hyper steps)")
         val = DataLoader(_Dicts("y"), batch_size=20)
-        trainer([_weights()], max_epochs=1).fit(_DictStep("y"), _indexed_dicts("y"), val)
+        trainer([quick_weights()], max_epochs=1).fit(_DictStep("y"), _indexed_dicts("y"), val)
 
 
 def _indexed_dicts(key: str) -> DataLoader:
@@ -245,10 +248,10 @@ def _indexed_dicts(key: str) -> DataLoader:
 @pytest.mark.parametrize(
     "build, call",
     [
-        (lambda: _decay(validation_loss=lambda batch: batch[0].sum()), "validation_loss"),
-        (lambda: _decay(training_loss=lambda m, b, i: m(b[0]).sum()), "training_loss"),
-        (lambda: _weights(validation_loss=lambda batch: batch[0].sum(1)), "validation_loss"),
-        (lambda: _weights(per="class", num_classes=3, target=lambda m, b: b[1]), "target"),
+        (lambda: quick_decay(validation_loss=lambda batch: batch[0].sum()), "validation_loss"),
+        (lambda: quick_decay(training_loss=lambda m, b, i: m(b[0]).sum()), "training_loss"),
+        (lambda: quick_weights(validation_loss=lambda batch: batch[0].sum(1)), "validation_loss"),
+        (lambda: quick_weights(per="class", num_classes=3, target=lambda m, b: b[1]), "target"),
         (
             lambda: HyperOptimizationCallback(outer_optimizer=lambda: torch.optim.SGD([], lr=1)),
             "outer_optimizer",
@@ -263,8 +266,8 @@ def test_a_callable_written_for_another_call_is_refused_at_construction(build, c
     step, after every training step before it. Now refused at construction, naming the call."""
     with pytest.raises(ConfigurationError, match=rf"{call} is called as {call}\("):
         build()
-    _decay(validation_loss=lambda module, batch: batch[0].sum())  # the right calls are taken
-    _weights(per="class", num_classes=3, target=lambda batch: batch[1])
+    quick_decay(validation_loss=lambda module, batch: batch[0].sum())  # the right calls are taken
+    quick_weights(per="class", num_classes=3, target=lambda batch: batch[1])
     HyperOptimizationCallback(outer_optimizer=torch.optim.Adam)
 
 
@@ -281,12 +284,12 @@ def test_a_resumed_fit_says_a_wipe_that_began_before_its_checkpoint(tmp_path):
     train = DataLoader(TensorDataset(X, Y), batch_size=16, shuffle=True)
     torch.manual_seed(0)
     every_epoch = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1)
-    _fit([_decay(weight_decay=1.0), every_epoch], train, _val(), DeepNet(), max_epochs=4,
+    _fit([quick_decay(weight_decay=1.0), every_epoch], train, toy_val(), DeepNet(), max_epochs=4,
          enable_checkpointing=True)  # fmt: skip
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        resumed = trainer([_decay(weight_decay=1.0)], max_epochs=4)
-        resumed.fit(DeepNet(), train, _val(), ckpt_path=str(tmp_path / "epoch=1-step=30.ckpt"))
+        resumed = trainer([quick_decay(weight_decay=1.0)], max_epochs=4)
+        resumed.fit(DeepNet(), train, toy_val(), ckpt_path=str(tmp_path / "epoch=1-step=30.ckpt"))
     wiped = [str(w.message) for w in said if "wiped" in str(w.message)]
     assert len(wiped) == 1 and "net.4.weight fell from 3.26 at the fit's start" in wiped[0]
 
@@ -299,22 +302,22 @@ def test_a_resume_under_another_count_of_slots_names_the_setting(tmp_path, which
     [(4,)]: the checkpoint is truncated or belongs to another model", which it is not. Now the
     setting is named with both values (the drop-ins' checkpointed settings)."""
     if which == "num_classes":
-        first, again = (_weights(per="class", num_classes=n) for n in (3, 4))
+        first, again = (quick_weights(per="class", num_classes=n) for n in (3, 4))
         train, model = _indexed(), lambda: ToyClassifier("none")
     else:
-        first = _decay(granularity="per_tensor", apply_to="weights")
-        again = _decay(granularity="per_tensor", apply_to="all")
+        first = quick_decay(granularity="per_tensor", apply_to="weights")
+        again = quick_decay(granularity="per_tensor", apply_to="all")
         train, model = DataLoader(TensorDataset(X, Y), batch_size=16), lambda: ToyClassifier()
     fitted = trainer([first], max_epochs=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fitted.fit(model(), train, _val())
+        fitted.fit(model(), train, toy_val())
     fitted.save_checkpoint(tmp_path / "one.ckpt")
     expected = (
         r"num_classes='3' \(this run: '4'\)" if which == "num_classes" else "apply_to='weights'"
     )
     with pytest.raises(ConfigurationError, match=rf"learned with {expected}"):
-        _fit(again, train, _val(), model(), ckpt_path=str(tmp_path / "one.ckpt"))
+        _fit(again, train, toy_val(), model(), ckpt_path=str(tmp_path / "one.ckpt"))
 
 
 # ---------------------------------------------------------------- the core's settings
@@ -336,8 +339,8 @@ def test_a_flag_threshold_that_flags_every_row_or_none_is_refused():
     ``flagged(0)`` returned none: whatever was learned. Refused now, naming a weight as the
     fix; thresholds inside the weights' range flag as before (softmax weights, which average
     1, take thresholds above 1)."""
-    cb = _weights()
-    _fit(cb, _indexed(), _val(), ToyClassifier("none"))
+    cb = quick_weights()
+    _fit(cb, _indexed(), toy_val(), ToyClassifier("none"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the flags' own evidence warnings
         assert 0 < len(cb.flagged(0.5)) < 240
@@ -347,8 +350,8 @@ def test_a_flag_threshold_that_flags_every_row_or_none_is_refused():
         for none in (float("nan"), -1, 0):
             with pytest.raises(ConfigurationError, match="threshold must be a finite number > 0"):
                 cb.flagged(none)
-        softmax = _weights(parameterization="softmax")
-        _fit(softmax, _indexed(), _val(), ToyClassifier("none"))
+        softmax = quick_weights(parameterization="softmax")
+        _fit(softmax, _indexed(), toy_val(), ToyClassifier("none"))
         assert 0 < len(softmax.flagged(2.0)) < 240
 
 
@@ -384,13 +387,13 @@ def test_class_names_as_labels_are_said_with_their_fix():
     names = DataLoader(IndexedDataset(_Named()), batch_size=16)
     named_val = DataLoader(_Named(60), batch_size=20)
     with pytest.warns(UserWarning, match=r"labels as class names \(strings\).*CLASSES\.index"):
-        trainer([_weights()], max_epochs=1).fit(_NamedStep("none"), names, named_val)
+        trainer([quick_weights()], max_epochs=1).fit(_NamedStep("none"), names, named_val)
     with pytest.raises(ConfigurationError, match=r"\(class names\?\).*CLASSES\.index"):
-        _fit(_weights(per="class", num_classes=3), names, named_val, _NamedStep("none"))
-    cb = _weights(target=lambda b: torch.tensor([CLASSES.index(c) for c in b[1]]))
+        _fit(quick_weights(per="class", num_classes=3), names, named_val, _NamedStep("none"))
+    cb = quick_weights(target=lambda b: torch.tensor([CLASSES.index(c) for c in b[1]]))
     _fit(cb, names, named_val, _NamedStep("none"))
-    ids = _weights()
-    _fit(ids, _indexed(), _val(), ToyClassifier("none"))
+    ids = quick_weights()
+    _fit(ids, _indexed(), toy_val(), ToyClassifier("none"))
     assert torch.equal(cb.data_weights(), ids.data_weights())
 
 

@@ -16,7 +16,15 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    quick_decay,
+    quick_weights,
+    toy_val,
+    trainer,
+)
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -30,18 +38,6 @@ from hypertorch_sid import (
 X, Y = TOY_X, TOY_Y
 
 
-def _weights(**kw: Any) -> LearnedDataWeights:
-    return LearnedDataWeights(**{"start_step": 4, "every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _decay(weight_decay: float = 1e-3, **kw: Any) -> LearnedWeightDecay:
-    return LearnedWeightDecay(weight_decay, **{"every_n_steps": 4, "max_overhead": None, **kw})
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
-
-
 def _indexed() -> DataLoader:
     return DataLoader(IndexedDataset(TensorDataset(X, Y)), batch_size=16)
 
@@ -51,7 +47,7 @@ def _fit(cb: Any, train: Any, model: Any, **kw: Any) -> pl.Trainer:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitter = trainer(cb if isinstance(cb, list) else [cb], **kw)
-        fitter.fit(model, train, _val())
+        fitter.fit(model, train, toy_val())
     return fitter
 
 
@@ -74,13 +70,13 @@ def test_a_target_that_gives_no_class_ids_per_sample_is_refused(target, said):
     every label check went off, and the weights were the unlabelled fit's (0.14 / 0.84 where
     the labels' fit has 0.09 / 0.64). Now refused at the fit's first step, naming the fix."""
     with pytest.raises(ConfigurationError, match=f"target= gave .*{said}"):
-        _fit(_weights(target=target), _indexed(), ToyClassifier("none"))
+        _fit(quick_weights(target=target), _indexed(), ToyClassifier("none"))
 
 
 def test_a_target_that_fails_per_sample_is_named():
     """A ``target`` raising on the training batches was swallowed (no labels, silently)."""
     with pytest.raises(ConfigurationError, match=r"target= failed on a training batch \(TypeError"):
-        _fit(_weights(target=lambda b: b["y"]), _indexed(), ToyClassifier("none"))
+        _fit(quick_weights(target=lambda b: b["y"]), _indexed(), ToyClassifier("none"))
 
 
 def test_control_a_target_of_class_ids_gives_the_default_fits_weights():
@@ -88,9 +84,9 @@ def test_control_a_target_of_class_ids_gives_the_default_fits_weights():
     column, learns the weights of the default's labels bit for bit."""
     fits = []
     for cb in (
-        _weights(),
-        _weights(target=lambda b: b[1]),
-        _weights(target=lambda b: b[1][:, None]),
+        quick_weights(),
+        quick_weights(target=lambda b: b[1]),
+        quick_weights(target=lambda b: b[1][:, None]),
     ):
         _fit(cb, _indexed(), ToyClassifier("none"))
         fits.append(cb.data_weights())
@@ -116,12 +112,12 @@ def test_read_outs_after_a_fit_an_exception_ended_say_so():
     raises ``SystemExit``, the kernel goes on), ``data_weights()`` / ``flagged()`` and
     ``learned_weight_decay`` gave the unfinished fit's values without a word. Now they say so,
     once; a finished fit after it does not."""
-    cb = _weights()
+    cb = quick_weights()
     with pytest.raises(RuntimeError, match="stopped"):
         _fit(cb, _indexed(), _Interrupted("none", RuntimeError))
     with pytest.warns(UserWarning, match=r"ended by RuntimeError at optimizer step 10"):
         assert len(cb.data_weights()) == len(X)
-    decay = _decay()
+    decay = quick_decay()
     with pytest.raises(SystemExit):
         _fit(
             decay,
@@ -140,14 +136,14 @@ def test_flagged_before_any_fit_says_there_is_nothing_to_flag():
     """``flagged()`` on a callback no fit has used (another instance than the Trainer's) gave
     an empty tensor, which reads as "no suspect" on a clean data set, without a word."""
     with pytest.warns(UserWarning, match="no fit has built the data weights"):
-        assert len(_weights().flagged()) == 0
+        assert len(quick_weights().flagged()) == 0
 
 
 def test_flag_rules_take_numpy_numbers_and_name_split_misfit():
     """``flagged(np.float32(0.3))`` (a quantile from NumPy) was refused as "must be 'split',
     'below_half' or a FlagRule (e.g. 0.25 …)", a contradiction; a mistyped name was answered
     without ``'split_misfit'``, one of the names ``flagged`` takes."""
-    cb = _weights()
+    cb = quick_weights()
     _fit(cb, _indexed(), ToyClassifier("none"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -179,11 +175,11 @@ def test_per_sample_losses_with_the_batch_second_or_doubled_are_named():
     sample (reduction='none', …)", which the user had done; two views' (2B,) losses likewise.
     Now the shapes are named with their fix."""
     with pytest.raises(ConfigurationError, match=r"shape \(5, 16\).*dimension 1.*movedim\(1, 0\)"):
-        _fit(_weights(), _indexed(), _TimeFirst("none"))
+        _fit(quick_weights(), _indexed(), _TimeFirst("none"))
     with pytest.raises(
         ConfigurationError, match=r"2 views of each sample.*view\(2, 16\)\.mean\(0\)"
     ):
-        _fit(_weights(), _indexed(), _TwoViews("none"))
+        _fit(quick_weights(), _indexed(), _TwoViews("none"))
 
 
 # ---------------------------------------------------------------- constructors
@@ -243,7 +239,7 @@ def test_a_training_set_resized_in_place_is_followed_by_the_decays_hyper_steps()
     (silently: ℓ̂ was not the training's loss). Now they follow the new length."""
     data = _Resizable(240)
     loader = DataLoader(data, batch_size=16, shuffle=True)
-    _fit([_decay(), _Resize(data, 120)], loader, ToyClassifier(), max_epochs=3)
+    _fit([quick_decay(), _Resize(data, 120)], loader, ToyClassifier(), max_epochs=3)
     assert data.reads and max(data.reads) < 120
 
 
@@ -253,7 +249,7 @@ def test_a_data_weights_training_set_resized_in_place_is_not_blamed_on_a_reload(
     data = _Resizable(240)
     loader = DataLoader(IndexedDataset(data), batch_size=16, shuffle=True)
     with pytest.raises(ConfigurationError, match="changed in place during the fit"):
-        _fit([_weights(), _Resize(data, 120)], loader, ToyClassifier("none"), max_epochs=3)
+        _fit([quick_weights(), _Resize(data, 120)], loader, ToyClassifier("none"), max_epochs=3)
 
 
 def test_control_a_validation_loader_of_another_structure_is_named():
@@ -267,7 +263,7 @@ def test_control_a_validation_loader_of_another_structure_is_named():
         def __getitem__(self, i: int) -> Any:
             return {"x": X[i], "y": Y[i]}
 
-    cb = _decay()
+    cb = quick_decay()
     with warnings.catch_warnings(), pytest.raises(ConfigurationError, match="validation_loss="):
         warnings.simplefilter("ignore")
         trainer([cb], max_epochs=2).fit(
@@ -298,9 +294,9 @@ def test_examples_repeated_in_the_training_set_are_said(copies):
         else ConcatDataset([base, base])
     )
     loader = DataLoader(IndexedDataset(train), batch_size=16, shuffle=True)
-    cb = _weights()
+    cb = quick_weights()
     with pytest.warns(UserWarning, match="training positions read an example another"):
-        trainer([cb], max_epochs=1).fit(ToyClassifier("none"), loader, _val())
+        trainer([cb], max_epochs=1).fit(ToyClassifier("none"), loader, toy_val())
 
 
 def test_control_a_random_split_is_no_repetition():
@@ -314,8 +310,8 @@ def test_control_a_random_split_is_no_repetition():
     for train in (part, halves):
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            trainer([_weights()], max_epochs=1).fit(
-                ToyClassifier("none"), DataLoader(IndexedDataset(train), batch_size=16), _val()
+            trainer([quick_weights()], max_epochs=1).fit(
+                ToyClassifier("none"), DataLoader(IndexedDataset(train), batch_size=16), toy_val()
             )
         assert not [w for w in said if "read an example another" in str(w.message)]
 
@@ -353,7 +349,7 @@ def test_whole_number_float_targets_under_the_default_objective_are_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ConfigurationError, match="whole numbers stored as floats.*mean_loss"):
-            trainer([_weights()], max_epochs=2).fit(_Counts(), train, val)
-        cb = _weights(objective="mean_loss")
+            trainer([quick_weights()], max_epochs=2).fit(_Counts(), train, val)
+        cb = quick_weights(objective="mean_loss")
         trainer([cb], max_epochs=2).fit(_Counts(), train, val)
     assert len(cb.data_weights()) == len(X)

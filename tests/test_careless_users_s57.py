@@ -15,7 +15,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import TOY_X, TOY_Y, ToyClassifier, toy_val, trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,16 +33,12 @@ X, Y = TOY_X, TOY_Y
 f64 = torch.float64
 
 
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
-
-
 def _fit(
     cb: Any, model: pl.LightningModule, train: Any, ckpt_path: Any = None, **kw: Any
 ) -> pl.Trainer:
     kw.setdefault("max_epochs", 2)
     fitter = trainer([cb], **kw)
-    fitter.fit(model, train, _val(), ckpt_path=ckpt_path)
+    fitter.fit(model, train, toy_val(), ckpt_path=ckpt_path)
     return fitter
 
 
@@ -169,7 +165,7 @@ def test_a_held_initial_decay_trains_as_the_optimizers_own(decay):
         _fit(LearnedWeightDecay(decay, start_step=10**6, max_overhead=None), model, train(),
              max_epochs=3)  # fmt: skip
         own = _OwnDecay(decay)
-        trainer([], max_epochs=3).fit(own, train(), _val())
+        trainer([], max_epochs=3).fit(own, train(), toy_val())
     for p, q in zip(model.parameters(), own.parameters()):
         assert torch.equal(p, q)
 

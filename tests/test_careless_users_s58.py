@@ -16,7 +16,17 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from lightning_problems import (
+    QUICK,
+    TOY_X,
+    TOY_Y,
+    Ridge,
+    ToyClassifier,
+    loaders,
+    ridge_data,
+    toy_val,
+    trainer,
+)
 from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
@@ -31,11 +41,6 @@ from hypertorch_sid import (
 from hypertorch_sid.core.outer_step import ReachRprop, ShrinkFallRprop, TrustRprop
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 def _indexed(y: Tensor | None = None) -> DataLoader:
@@ -45,7 +50,7 @@ def _indexed(y: Tensor | None = None) -> DataLoader:
 
 def _fit(callbacks: list[Any], model: pl.LightningModule, train: Any, **kw: Any) -> pl.Trainer:
     kw.setdefault("max_epochs", 2)
-    val = kw.pop("val", None) or _val()
+    val = kw.pop("val", None) or toy_val()
     fitter = trainer(callbacks, **kw)
     fitter.fit(model, train, val)
     return fitter

@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import QUICK, TOY_X, TOY_Y, ToyClassifier, trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import LearnedDataWeights, LearnedWeightDecay
 from hypertorch_sid.core.outer_step import ReachRprop
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
 
 
 def _said(make: Any) -> list[str]:

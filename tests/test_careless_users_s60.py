@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import QUICK, TOY_X, TOY_Y, ToyClassifier, trainer
 from problems import make_ridge
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -44,7 +44,6 @@ from hypertorch_sid import (
 from hypertorch_sid.core.outer_step import ReachRprop, SignalGatedAdam, TrustRprop
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
 SHORT = SIDConfig(inner_steps=5, adjoint_steps=5)
 
 

@@ -14,7 +14,19 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from lightning_problems import (
+    QUICK,
+    TOY_X,
+    TOY_Y,
+    Ridge,
+    ToyClassifier,
+    loaders,
+    ridge_data,
+    toy_indexed_train,
+    toy_train,
+    toy_val,
+    trainer,
+)
 from problems import make_ridge
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset, TensorDataset
 
@@ -34,20 +46,7 @@ from hypertorch_sid import (
 from hypertorch_sid.core.maps import ProximalGradientMap
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
 SHORT = SIDConfig(inner_steps=5, adjoint_steps=5)
-
-
-def _train() -> DataLoader:
-    return DataLoader(TensorDataset(X[60:], Y[60:]), batch_size=16)
-
-
-def _indexed_train() -> DataLoader:
-    return DataLoader(IndexedDataset(TensorDataset(X[60:], Y[60:])), batch_size=16)
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 # ------------------------------------------------------------------ IndexedDataset's positions
@@ -216,9 +215,9 @@ class _ErrorCount(ToyClassifier):
 @pytest.mark.parametrize(
     "make, module, train, said",
     [
-        (LearnedWeightDecay, _NoGradStep, _train, r"does not require grad.*torch\.no_grad\(\)"),
-        (LearnedDataWeights, lambda: _NoGradStep("none"), _indexed_train, r"torch\.no_grad\(\)"),
-        (LearnedWeightDecay, _ErrorCount, _train, r"does not require grad.*a count \(of errors"),
+        (LearnedWeightDecay, _NoGradStep, toy_train, r"does not require grad.*torch\.no_grad\(\)"),
+        (LearnedDataWeights, lambda: _NoGradStep("none"), toy_indexed_train, r"torch\.no_grad\(\)"),
+        (LearnedWeightDecay, _ErrorCount, toy_train, r"does not require grad.*a count \(of errors"),
     ],
     ids=["decay-no-grad", "weights-no-grad", "decay-error-count"],
 )
@@ -230,7 +229,7 @@ def test_a_training_loss_without_gradient_is_named_by_the_callback(
     does not require grad and does not have a grad_fn", naming no step and no cause."""
     cb = make(**QUICK)
     with pytest.raises(ConfigurationError, match=rf"{make.__name__}: training_step.*{said}"):
-        trainer([cb], max_epochs=1).fit(module(), train(), _val())
+        trainer([cb], max_epochs=1).fit(module(), train(), toy_val())
 
 
 # ------------------------------------------------------------------ BilevelModule
@@ -251,13 +250,13 @@ def test_a_bilevel_module_with_every_weight_frozen_is_named() -> None:
 # ------------------------------------------------------------------ one callback's state in another
 def _fitted_decay() -> LearnedWeightDecay:
     cb = LearnedWeightDecay(1e-3, **QUICK)
-    trainer([cb], max_epochs=1).fit(ToyClassifier(), _train(), _val())
+    trainer([cb], max_epochs=1).fit(ToyClassifier(), toy_train(), toy_val())
     return cb
 
 
 def _fitted_weights() -> LearnedDataWeights:
     cb = LearnedDataWeights(**QUICK)
-    trainer([cb], max_epochs=1).fit(ToyClassifier("none"), _indexed_train(), _val())
+    trainer([cb], max_epochs=1).fit(ToyClassifier("none"), toy_indexed_train(), toy_val())
     return cb
 
 
@@ -291,7 +290,7 @@ def test_an_indexed_validation_set_under_the_decay_is_named() -> None:
     val = DataLoader(IndexedDataset(TensorDataset(X[:60], Y[:60])), batch_size=20)
     cb = LearnedWeightDecay(1e-3, **QUICK)
     with pytest.raises(ConfigurationError, match=r"IndexedDataset.*DataLoader\(val_set\)"):
-        trainer([cb], max_epochs=1).fit(ToyClassifier(), _train(), val)
+        trainer([cb], max_epochs=1).fit(ToyClassifier(), toy_train(), val)
 
 
 # ------------------------------------------------------------------ who speaks
@@ -325,7 +324,7 @@ def _fit_said(cb: LearnedDataWeights, module: Any, val_y: torch.Tensor) -> list[
     val = DataLoader(TensorDataset(X[:60], val_y), batch_size=20)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer([cb], max_epochs=1).fit(module, _indexed_train(), val)
+        trainer([cb], max_epochs=1).fit(module, toy_indexed_train(), val)
     return [str(w.message) for w in caught if "which no training label holds" in str(w.message)]
 
 
@@ -420,7 +419,7 @@ def test_a_nan_feature_behind_a_wrapper_is_named_as_the_data(
     cb = make()
     module = ToyClassifier("none" if isinstance(cb, LearnedDataWeights) else "mean")
     with pytest.raises(DivergenceError, match=rf"because the training data does.*\(index {at}\)"):
-        trainer([cb], max_epochs=1).fit(module, DataLoader(train(), batch_size=16), _val())
+        trainer([cb], max_epochs=1).fit(module, DataLoader(train(), batch_size=16), toy_val())
 
 
 # ------------------------------------------------------------------ lead: config.inner_steps

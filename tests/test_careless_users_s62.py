@@ -15,14 +15,21 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    QUICK,
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    toy_indexed_train,
+    toy_train,
+    toy_val,
+    trainer,
+)
 from problems import make_ridge
-from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
     ConfigurationError,
     HyperOptimizationCallback,
-    IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
     SIDConfig,
@@ -31,20 +38,7 @@ from hypertorch_sid import (
 from hypertorch_sid.core.lazy_adam import LazyAdam
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
 CALLBACKS = [LearnedWeightDecay, LearnedDataWeights]
-
-
-def _train() -> DataLoader:
-    return DataLoader(TensorDataset(X[60:], Y[60:]), batch_size=16)
-
-
-def _indexed_train() -> DataLoader:
-    return DataLoader(IndexedDataset(TensorDataset(X[60:], Y[60:])), batch_size=16)
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 # ------------------------------------------------------------------ configure_optimizers' output
@@ -81,7 +75,7 @@ def test_a_configure_optimizers_without_its_optimizer_is_named(make, module, sai
     module's own configure_optimizers is put back after the fit."""
     model = module()
     with pytest.raises(ConfigurationError, match=rf"{make.__name__}: configure_optimizers.*{said}"):
-        trainer([make(**QUICK)], max_epochs=1).fit(model, _train(), _val())
+        trainer([make(**QUICK)], max_epochs=1).fit(model, toy_train(), toy_val())
     assert "configure_optimizers" not in model.__dict__
 
 
@@ -91,7 +85,7 @@ def test_two_callbacks_check_configure_optimizers_once_and_put_it_back() -> None
     model = _SchedulerInADict()
     callbacks = [LearnedWeightDecay(**QUICK), LearnedDataWeights(**QUICK)]
     with pytest.raises(ConfigurationError, match=r"^LearnedWeightDecay: configure_optimizers"):
-        trainer(callbacks, max_epochs=1).fit(model, _indexed_train(), _val())
+        trainer(callbacks, max_epochs=1).fit(model, toy_indexed_train(), toy_val())
     assert "configure_optimizers" not in model.__dict__
 
 
@@ -104,7 +98,7 @@ def test_control_a_well_formed_configure_optimizers_is_left_as_it_was() -> None:
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1)}
 
     model, cb = Scheduled(), LearnedWeightDecay(**QUICK)
-    trainer([cb], max_epochs=1).fit(model, _train(), _val())
+    trainer([cb], max_epochs=1).fit(model, toy_train(), toy_val())
     assert "configure_optimizers" not in model.__dict__
     assert len(cb.learned_weight_decay) == 2
 
@@ -152,7 +146,7 @@ def test_a_read_out_of_a_callback_no_fit_built_says_so(make, read) -> None:
 
 def test_control_a_fitted_callbacks_read_outs_say_nothing() -> None:
     cb = LearnedWeightDecay(**QUICK)
-    trainer([cb], max_epochs=1).fit(ToyClassifier(), _train(), _val())
+    trainer([cb], max_epochs=1).fit(ToyClassifier(), toy_train(), toy_val())
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         values = cb.decay_values(), cb.learned_weight_decay, cb.effective_weight_decay
@@ -167,7 +161,7 @@ def test_per_sample_training_losses_under_the_decay_are_named() -> None:
     implicitly created only for scalar outputs"."""
     with pytest.raises(ConfigurationError, match=r"loss of shape \(16,\).*losses\.mean\(\)"):
         trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(
-            ToyClassifier("none"), _train(), _val()
+            ToyClassifier("none"), toy_train(), toy_val()
         )
 
 
@@ -179,7 +173,7 @@ def test_a_fit_given_no_length_says_nothing_was_learned(length) -> None:
     cb = LearnedWeightDecay(**QUICK)
     key = next(iter(length))
     with pytest.warns(UserWarning, match=rf"ran no training step.*{key}=0.*not learned"):
-        trainer([cb], **length).fit(ToyClassifier(), _train(), _val())
+        trainer([cb], **length).fit(ToyClassifier(), toy_train(), toy_val())
 
 
 # ------------------------------------------------------------------ float16 data weights
@@ -194,7 +188,7 @@ def test_data_weights_in_float16_learn_what_float32_learns() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer([cb], max_epochs=1, **settings).fit(
-                ToyClassifier("none"), _indexed_train(), _val()
+                ToyClassifier("none"), toy_indexed_train(), toy_val()
             )
         return cb.data_weights().float()
 
@@ -271,7 +265,7 @@ def test_lambda_above_the_decay_applied_is_blamed_on_the_lr_only_where_it_fell(m
     cb = LearnedWeightDecay(**QUICK)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer([cb], max_epochs=1).fit(module(), _train(), _val())
+        trainer([cb], max_epochs=1).fit(module(), toy_train(), toy_val())
     with torch.no_grad():  # the last λ of one layer 10⁴× up (λ fell over these short fits)
         cb.rho[0][0] += 9.2
     assert re.search(said, cb.problem.ended_above_applied())
@@ -303,14 +297,16 @@ def test_a_tied_weight_listed_twice_in_the_optimizer_is_refused() -> None:
     the tied tensor twice per step (torch only warns of "duplicate parameters"); the hyper
     steps model one step, and λ was learned for another training, silently."""
     with pytest.raises(ConfigurationError, match=r"lists enc\.weight twice.*self\.parameters\(\)"):
-        trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(_Tied(True), _train(), _val())
+        trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(
+            _Tied(True), toy_train(), toy_val()
+        )
 
 
 def test_control_a_tied_weight_listed_once_runs() -> None:
     cb = LearnedWeightDecay(**QUICK)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer([cb], max_epochs=1).fit(_Tied(False), _train(), _val())
+        trainer([cb], max_epochs=1).fit(_Tied(False), toy_train(), toy_val())
     assert "enc.weight" in cb.decay_values() and "dec.weight" not in cb.decay_values()
 
 
@@ -327,7 +323,7 @@ def test_a_layer_replaced_during_the_fit_is_named() -> None:
     the old layer, silently (λ of net.2 fell to 9e-8)."""
     cb = LearnedWeightDecay(**QUICK)
     with pytest.raises(ConfigurationError, match=r"no longer the module's.*net\.2\.weight"):
-        trainer([cb], max_epochs=2).fit(_ReplacedHead(), _train(), _val())
+        trainer([cb], max_epochs=2).fit(_ReplacedHead(), toy_train(), toy_val())
 
 
 def test_lightning_1_accumulation_schedule_is_named() -> None:
@@ -339,7 +335,7 @@ def test_lightning_1_accumulation_schedule_is_named() -> None:
     ):
         trainer(
             [LearnedWeightDecay(**QUICK)], max_epochs=1, accumulate_grad_batches={0: 1, 1: 2}
-        ).fit(ToyClassifier(), _train(), _val())
+        ).fit(ToyClassifier(), toy_train(), toy_val())
 
 
 def test_an_outer_adam_whose_eps_is_zero_in_float16_is_refused() -> None:
@@ -351,7 +347,7 @@ def test_an_outer_adam_whose_eps_is_zero_in_float16_is_refused() -> None:
     cb = LearnedDataWeights(outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1), **QUICK)
     with pytest.raises(ConfigurationError, match=r"eps=1e-08.*float16.*eps=1e-08 is 0 too"):
         trainer([cb], max_epochs=1, precision="16-true").fit(
-            ToyClassifier("none"), _indexed_train(), _val()
+            ToyClassifier("none"), toy_indexed_train(), toy_val()
         )
 
 

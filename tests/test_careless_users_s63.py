@@ -16,7 +16,19 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import TOY_X, TOY_Y, Ridge, ToyClassifier, loaders, ridge_data, trainer
+from lightning_problems import (
+    QUICK,
+    TOY_X,
+    TOY_Y,
+    Ridge,
+    ToyClassifier,
+    loaders,
+    ridge_data,
+    toy_indexed_train,
+    toy_train,
+    toy_val,
+    trainer,
+)
 from problems import make_ridge
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,7 +36,6 @@ from hypertorch_sid import (
     ConfigurationError,
     DivergenceError,
     HyperOptimizationCallback,
-    IndexedDataset,
     LearnedDataWeights,
     LearnedWeightDecay,
     SIDConfig,
@@ -33,19 +44,6 @@ from hypertorch_sid import (
 from hypertorch_sid.core import LazyAdam
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
-
-
-def _train() -> DataLoader:
-    return DataLoader(TensorDataset(X[60:], Y[60:]), batch_size=16)
-
-
-def _indexed_train() -> DataLoader:
-    return DataLoader(IndexedDataset(TensorDataset(X[60:], Y[60:])), batch_size=16)
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 def _quiet_fit(tr: pl.Trainer, model: pl.LightningModule, *data: Any) -> None:
@@ -79,7 +77,7 @@ class _Restart(pl.Callback):
 
 @pytest.mark.parametrize(
     "make, loader, reduction",
-    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    [(LearnedWeightDecay, toy_train, "mean"), (LearnedDataWeights, toy_indexed_train, "none")],
     ids=["decay", "data_weights"],
 )
 def test_optimizers_re_created_mid_fit_are_checked_too(make, loader, reduction) -> None:
@@ -89,7 +87,7 @@ def test_optimizers_re_created_mid_fit_are_checked_too(make, loader, reduction) 
     leftover). The check now stays until the fit's teardown, and is then removed."""
     model = _RestartedBadly(reduction)
     with pytest.raises(ConfigurationError, match=rf"^{make.__name__}: configure_optimizers"):
-        _quiet_fit(trainer([make(**QUICK), _Restart()], max_epochs=2), model, loader(), _val())
+        _quiet_fit(trainer([make(**QUICK), _Restart()], max_epochs=2), model, loader(), toy_val())
     assert model.calls == 2
     assert "configure_optimizers" not in model.__dict__
 
@@ -100,7 +98,7 @@ def test_control_a_well_formed_restart_runs_and_leaves_no_wrapper() -> None:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     model, cb = Restarted(), LearnedWeightDecay(**QUICK)
-    _quiet_fit(trainer([cb, _Restart()], max_epochs=2), model, _train(), _val())
+    _quiet_fit(trainer([cb, _Restart()], max_epochs=2), model, toy_train(), toy_val())
     assert "configure_optimizers" not in model.__dict__
     assert len(cb.learned_weight_decay) == 2
 
@@ -122,7 +120,7 @@ class _SwappedForFrozen(ToyClassifier):
 
 @pytest.mark.parametrize(
     "make, loader, reduction",
-    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    [(LearnedWeightDecay, toy_train, "mean"), (LearnedDataWeights, toy_indexed_train, "none")],
     ids=["decay", "data_weights"],
 )
 def test_a_layer_replaced_by_a_frozen_one_is_named(make, loader, reduction) -> None:
@@ -133,7 +131,10 @@ def test_a_layer_replaced_by_a_frozen_one_is_named(make, loader, reduction) -> N
     tensors had when the fit started."""
     with pytest.raises(ConfigurationError, match=r"net\.2\.weight, net\.2\.bias, .*frozen"):
         _quiet_fit(
-            trainer([make(**QUICK)], max_epochs=3), _SwappedForFrozen(reduction), loader(), _val()
+            trainer([make(**QUICK)], max_epochs=3),
+            _SwappedForFrozen(reduction),
+            loader(),
+            toy_val(),
         )
 
 
@@ -143,8 +144,8 @@ def test_a_layer_replaced_by_a_trainable_one_under_the_data_weights_is_named() -
         _quiet_fit(
             trainer([LearnedDataWeights(**QUICK)], max_epochs=3),
             _SwappedForFrozen("none", frozen=False),
-            _indexed_train(),
-            _val(),
+            toy_indexed_train(),
+            toy_val(),
         )
 
 
@@ -163,7 +164,7 @@ def test_control_a_trained_tensor_outside_the_module_is_not_named() -> None:
             return torch.optim.SGD([*self.parameters(), self.t], lr=0.1)
 
     cb = LearnedWeightDecay(**QUICK)
-    _quiet_fit(trainer([cb], max_epochs=2), Temperature(), _train(), _val())
+    _quiet_fit(trainer([cb], max_epochs=2), Temperature(), toy_train(), toy_val())
     assert len(cb.learned_weight_decay) == 3
 
 
@@ -179,8 +180,8 @@ def test_a_users_float16_adam_is_refused_whatever_its_eps() -> None:
         _quiet_fit(
             trainer([cb], max_epochs=1, precision="16-true"),
             ToyClassifier("none"),
-            _indexed_train(),
-            _val(),
+            toy_indexed_train(),
+            toy_val(),
         )
 
 
@@ -259,10 +260,14 @@ def test_an_optimizers_own_default_decay_is_named_by_its_class() -> None:
     optimizer's default. Now the class's own."""
     model = _BiasFree(lambda ps: torch.optim.Muon(ps, lr=0.02))
     with pytest.raises(ConfigurationError, match=r"Muon .*weight_decay=0 — Muon's default is 0\.1"):
-        _quiet_fit(trainer([LearnedWeightDecay(**QUICK)], max_epochs=1), model, _train(), _val())
+        _quiet_fit(
+            trainer([LearnedWeightDecay(**QUICK)], max_epochs=1), model, toy_train(), toy_val()
+        )
     model = _BiasFree(lambda ps: torch.optim.SGD(ps, lr=0.1, weight_decay=1e-3))
     with pytest.raises(ConfigurationError, match=r"pass weight_decay=0\); the callback"):
-        _quiet_fit(trainer([LearnedWeightDecay(**QUICK)], max_epochs=1), model, _train(), _val())
+        _quiet_fit(
+            trainer([LearnedWeightDecay(**QUICK)], max_epochs=1), model, toy_train(), toy_val()
+        )
 
 
 def test_a_nan_in_the_validation_batch_is_named_as_the_data() -> None:
@@ -294,7 +299,9 @@ def test_a_per_class_target_of_another_length_is_named_as_the_target() -> None:
     with pytest.raises(
         ConfigurationError, match=r"target gave 4 class ids for a training batch of 16 rows"
     ):
-        _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())
+        _quiet_fit(
+            trainer([cb], max_epochs=1), ToyClassifier("none"), toy_indexed_train(), toy_val()
+        )
 
 
 def test_a_per_class_target_giving_the_inputs_is_not_read_as_soft_labels() -> None:
@@ -305,12 +312,16 @@ def test_a_per_class_target_giving_the_inputs_is_not_read_as_soft_labels() -> No
     with pytest.raises(
         ConfigurationError, match=r"\(16, 6\) \(no labels: .*the inputs\?\).*e\.g\. batch\[1\]\.$"
     ):
-        _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())
+        _quiet_fit(
+            trainer([cb], max_epochs=1), ToyClassifier("none"), toy_indexed_train(), toy_val()
+        )
     cb = LearnedDataWeights(target=lambda b: torch.nn.functional.one_hot(b[1], 3), **_PER_CLASS)
     with pytest.raises(
         ConfigurationError, match=r"one-hot or soft labels\?.*argmax\(1\)"
     ):  # control
-        _quiet_fit(trainer([cb], max_epochs=1), ToyClassifier("none"), _indexed_train(), _val())
+        _quiet_fit(
+            trainer([cb], max_epochs=1), ToyClassifier("none"), toy_indexed_train(), toy_val()
+        )
 
 
 # ------------------------------------------------------------------ a BilevelModule's inner_loss
@@ -361,7 +372,7 @@ def test_losses_grouped_by_class_are_said_not_to_follow_the_rows() -> None:
     silently."""
     with pytest.warns(UserWarning, match=r"losses do not follow the batch's rows: with row 0"):
         trainer([LearnedDataWeights(**QUICK)], max_epochs=1).fit(
-            _GroupedByClass("none"), _indexed_train(), _val()
+            _GroupedByClass("none"), toy_indexed_train(), toy_val()
         )
 
 
@@ -370,7 +381,7 @@ def test_control_losses_in_the_rows_order_are_not_said(model) -> None:
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         trainer([LearnedDataWeights(**QUICK)], max_epochs=1).fit(
-            model("none"), _indexed_train(), _val()
+            model("none"), toy_indexed_train(), toy_val()
         )
     assert not any("follow the batch's rows" in str(w.message) for w in said)
 
@@ -378,7 +389,7 @@ def test_control_losses_in_the_rows_order_are_not_said(model) -> None:
 # ------------------------------------------------------------------ validation data on another scale
 @pytest.mark.parametrize(
     "make, loader, reduction",
-    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    [(LearnedWeightDecay, toy_train, "mean"), (LearnedDataWeights, toy_indexed_train, "none")],
     ids=["decay", "data_weights"],
 )
 def test_validation_inputs_on_another_scale_are_said(make, loader, reduction) -> None:
@@ -397,10 +408,12 @@ def test_control_validation_data_of_the_training_scale_is_not_said() -> None:
     other = DataLoader(
         TensorDataset(torch.randn(60, 6, generator=g) * 3 + 2, Y[:60]), batch_size=20
     )
-    for val in (_val(), other):
+    for val in (toy_val(), other):
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(ToyClassifier(), _train(), val)
+            trainer([LearnedWeightDecay(**QUICK)], max_epochs=1).fit(
+                ToyClassifier(), toy_train(), val
+            )
         assert not any("on another scale" in str(w.message) for w in said)
 
 
@@ -415,14 +428,14 @@ class _Clamped(ToyClassifier):
 
 @pytest.mark.parametrize(
     "make, loader, reduction",
-    [(LearnedWeightDecay, _train, "mean"), (LearnedDataWeights, _indexed_train, "none")],
+    [(LearnedWeightDecay, toy_train, "mean"), (LearnedDataWeights, toy_indexed_train, "none")],
     ids=["decay", "data_weights"],
 )
 def test_weights_edited_between_optimizer_steps_are_said(make, loader, reduction) -> None:
     """self.net[0].weight.clamp_(-0.2, 0.2) in on_train_batch_end: the training is a projected
     one, while the hyper steps model the optimizer's steps alone, and nothing was said."""
     with pytest.warns(UserWarning, match=r"net\.0\.weight changed between optimizer steps 0 and 1"):
-        trainer([make(**QUICK)], max_epochs=1).fit(_Clamped(reduction), loader(), _val())
+        trainer([make(**QUICK)], max_epochs=1).fit(_Clamped(reduction), loader(), toy_val())
 
 
 def test_control_an_ema_swapping_weights_for_validation_is_not_said() -> None:
@@ -438,5 +451,5 @@ def test_control_an_ema_swapping_weights_for_validation_is_not_said() -> None:
         warnings.simplefilter("always")
         trainer(
             [LearnedWeightDecay(**QUICK), EMAWeightAveraging()], max_epochs=2, val_check_interval=3
-        ).fit(Validated(), _train(), _val())
+        ).fit(Validated(), toy_train(), toy_val())
     assert not any("outside the optimizer" in str(w.message) for w in said)

@@ -16,7 +16,16 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import TOY_X, TOY_Y, ToyClassifier, trainer
+from lightning_problems import (
+    QUICK,
+    TOY_X,
+    TOY_Y,
+    ToyClassifier,
+    toy_indexed_train,
+    toy_train,
+    toy_val,
+    trainer,
+)
 from torch.utils.data import DataLoader, TensorDataset
 
 from hypertorch_sid import (
@@ -28,19 +37,6 @@ from hypertorch_sid import (
 )
 
 X, Y = TOY_X, TOY_Y
-QUICK = dict(every_n_steps=4, start_step=0, max_overhead=None)
-
-
-def _train() -> DataLoader:
-    return DataLoader(TensorDataset(X[60:], Y[60:]), batch_size=16)
-
-
-def _indexed_train() -> DataLoader:
-    return DataLoader(IndexedDataset(TensorDataset(X[60:], Y[60:])), batch_size=16)
-
-
-def _val() -> DataLoader:
-    return DataLoader(TensorDataset(X[:60], Y[:60]), batch_size=20)
 
 
 def _said(fit: Any, text: str) -> list[str]:
@@ -60,13 +56,13 @@ def test_a_gradient_clip_that_binds_late_under_the_decay_is_said() -> None:
     decay = LearnedWeightDecay(every_n_steps=2, start_step=0, max_overhead=None)
     with pytest.warns(UserWarning, match=r"gradient_clip_val=0\.01\) clipped the gradient at each"):
         trainer([decay], max_epochs=2, gradient_clip_val=0.01).fit(
-            ToyClassifier(), _train(), _val()
+            ToyClassifier(), toy_train(), toy_val()
         )
 
 
 @pytest.mark.parametrize("make, loader, reduction, clip", [
-    (LearnedWeightDecay, _train, "mean", 5.0),
-    (LearnedDataWeights, _indexed_train, "none", 0.01),
+    (LearnedWeightDecay, toy_train, "mean", 5.0),
+    (LearnedDataWeights, toy_indexed_train, "none", 0.01),
 ], ids=["decay_loose_clip", "data_weights_tight_clip"])  # fmt: skip
 def test_control_a_clip_that_does_not_move_the_fixed_point_is_not_said(
     make, loader, reduction, clip
@@ -75,7 +71,7 @@ def test_control_a_clip_that_does_not_move_the_fixed_point_is_not_said(
     the whole weighted gradient: its fixed point stays), are not said."""
     cb = make(every_n_steps=2, start_step=0, max_overhead=None)
     fit = lambda: trainer([cb], max_epochs=2, gradient_clip_val=clip).fit(  # noqa: E731
-        ToyClassifier(reduction), loader(), _val()
+        ToyClassifier(reduction), loader(), toy_val()
     )
     assert not _said(fit, "clipped the gradient")
 
@@ -121,14 +117,14 @@ def test_weights_edited_after_a_manual_step_are_said(two) -> None:
     """clamp_ after the optimizer's step in a manual training_step: the session-63 watch covered
     automatic optimisation with one optimizer only, so this was silent."""
     with pytest.warns(UserWarning, match=r"net\.0\.weight changed between optimizer steps 0 and"):
-        trainer([_manual_decay()], max_epochs=2).fit(_Manual(True, two), _train(), _val())
+        trainer([_manual_decay()], max_epochs=2).fit(_Manual(True, two), toy_train(), toy_val())
 
 
 def test_control_manual_steps_that_edit_nothing_are_not_said() -> None:
     """Two optimizers stepping in turn (each one's tensors still between its own steps, while
     the other steps) are not said."""
     fit = lambda: trainer([_manual_decay()], max_epochs=2).fit(  # noqa: E731
-        _Manual(False, True), _train(), _val()
+        _Manual(False, True), toy_train(), toy_val()
     )
     assert not _said(fit, "outside the optimizer")
 
@@ -215,7 +211,7 @@ def _one_hot_fit(**kwargs: Any) -> LearnedDataWeights:
     oh = F.one_hot(Y, 3).float()
     cb = LearnedDataWeights(**QUICK, **kwargs)
     train = DataLoader(IndexedDataset(TensorDataset(X[60:], oh[60:])), batch_size=16)
-    trainer([cb], max_epochs=1).fit(ToyClassifier("none"), train, _val())
+    trainer([cb], max_epochs=1).fit(ToyClassifier("none"), train, toy_val())
     return cb
 
 
@@ -237,7 +233,7 @@ def test_control_one_hot_targets_with_the_fix_learn_the_integer_labels_weights()
         fixed = _one_hot_fit(target=lambda batch: batch[1].argmax(1))
     assert not any("one-hot rows" in str(w.message) for w in said)
     labelled = LearnedDataWeights(**QUICK)
-    trainer([labelled], max_epochs=1).fit(ToyClassifier("none"), _indexed_train(), _val())
+    trainer([labelled], max_epochs=1).fit(ToyClassifier("none"), toy_indexed_train(), toy_val())
     assert torch.allclose(fixed.data_weights(), labelled.data_weights(), atol=1e-6)
 
 
@@ -251,7 +247,7 @@ def test_a_validation_loss_that_is_a_score_is_said(score) -> None:
     from 1e-4 to 0.11 in 6 hyper steps on the toy, silently."""
     decay = LearnedWeightDecay(**QUICK, validation_loss=score)
     with pytest.warns(UserWarning, match=r"validation_loss rises where the training loss falls"):
-        trainer([decay], max_epochs=1).fit(ToyClassifier(), _train(), _val())
+        trainer([decay], max_epochs=1).fit(ToyClassifier(), toy_train(), toy_val())
 
 
 @pytest.mark.parametrize("loss", [
@@ -260,7 +256,7 @@ def test_a_validation_loss_that_is_a_score_is_said(score) -> None:
 ], ids=["brier", "label_smoothing"])  # fmt: skip
 def test_control_other_validation_losses_are_not_said(loss) -> None:
     decay = LearnedWeightDecay(**QUICK, validation_loss=loss)
-    fit = lambda: trainer([decay], max_epochs=1).fit(ToyClassifier(), _train(), _val())  # noqa: E731
+    fit = lambda: trainer([decay], max_epochs=1).fit(ToyClassifier(), toy_train(), toy_val())  # noqa: E731
     assert not _said(fit, "validation_loss rises")
 
 
@@ -291,7 +287,7 @@ def test_control_validation_batches_the_training_step_cannot_read_are_not_compar
         **QUICK, validation_loss=lambda m, b: F.cross_entropy(m(b["x"]), b["y"])
     )
     fit = lambda: trainer([decay], max_epochs=1).fit(  # noqa: E731
-        ToyClassifier(), _train(), DataLoader(Dicts(), batch_size=20)
+        ToyClassifier(), toy_train(), DataLoader(Dicts(), batch_size=20)
     )
     assert not _said(fit, "validation_loss rises")
     assert len(decay.learned_weight_decay) == 2

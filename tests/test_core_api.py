@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from problems import full_batch_sid, make_ridge, relative_error, split_settings
+from problems import full_batch_sid, make_ridge, module_sid, relative_error, ridge_sid
 
 from hypertorch_sid import (
     PRESETS,
@@ -22,19 +22,6 @@ from hypertorch_sid import (
     estimate_curvature,
     get_preset,
 )
-
-
-def ridge_sid(problem, steps=20, outer=None, **kwargs):
-    kwargs, settings = split_settings(kwargs)
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        outer,
-        **kwargs,
-        config=SIDConfig(inner_steps=steps, adjoint_steps=steps).replace(**settings),
-    )
 
 
 def test_warm_start_beats_cold_start_over_50_outer_steps():
@@ -267,20 +254,16 @@ def test_module_parameters_and_forward_hvp_agree_with_reverse():
         def outer(b, net=net):
             return ((net(b[0]) - b[1]) ** 2).mean()
 
-        hopt = SIDHyperOptimizer(
-            [log_lam],
-            net.parameters(),
+        hopt = module_sid(
+            net,
+            log_lam,
             inner,
             outer,
-            None,
-            module=net,
-            config=SIDConfig(
-                inner_steps=5,
-                adjoint_steps=5,
-                alpha=0.1,
-                hvp=hvp,
-                curvature=KnownCurvature(5.0, 0.5),
-            ),
+            inner_steps=5,
+            adjoint_steps=5,
+            alpha=0.1,
+            hvp=hvp,
+            curvature=KnownCurvature(5.0, 0.5),
         )
         results.append(hopt.hypergradient([(X, y)], (X, y))[0])
     assert torch.allclose(results[0], results[1], rtol=1e-4, atol=1e-6)

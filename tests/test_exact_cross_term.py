@@ -16,17 +16,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning_problems import LIGHTNING_NOISE
 from problems import full_batch_sid, make_ridge, relative_error
 from torch import nn
 
 from hypertorch_sid import ConfigurationError, LearnedWeightDecay, SIDConfig, SIDHyperOptimizer
 from hypertorch_sid.core.maps import GradientDescentMap
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
-]
+pytestmark = [*LIGHTNING_NOISE]
 
 
 def _ridge_regularizer(problem):

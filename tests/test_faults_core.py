@@ -20,7 +20,7 @@ import weakref
 
 import pytest
 import torch
-from problems import make_ridge
+from problems import equal, make_ridge, ridge_sid
 from torch import nn
 
 from hypertorch_sid import (
@@ -211,32 +211,16 @@ def test_checkpoint_loads_weights_only_and_resumes_bitwise(tmp_path):
 # ====================================================================== corrupted state
 
 
-def ridge_sid(problem):
-    return SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
+def guarded_sid(problem):
+    """SID with an Adam outer step and a feasible set (log λ > −10) on ``problem``."""
+    return ridge_sid(
+        problem,
+        10,
         torch.optim.Adam([problem.log_lam], lr=0.1),
-        config=SIDConfig(
-            inner_steps=10,
-            adjoint_steps=10,
-            step_size="constant",
-            alpha=0.3,
-            feasible_set=FeasibleSet(contains=lambda hs: bool((hs[0] > -10).all())),
-        ),
+        step_size="constant",
+        alpha=0.3,
+        feasible_set=FeasibleSet(contains=lambda hs: bool((hs[0] > -10).all())),
     )
-
-
-def equal(a, b) -> bool:
-    """Deep equality of nested dicts/lists of tensors and numbers (optimizer states)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(equal, a, b))
-    return a == b
 
 
 def fingerprint(problem, hopt):
@@ -307,7 +291,7 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
 def test_corrupted_state_raises_and_changes_nothing(corruption):
     problem = make_ridge()
-    hopt = ridge_sid(problem)
+    hopt = guarded_sid(problem)
     for _ in range(2):
         hopt.step(problem.loader(10), problem.val())
     state = copy.deepcopy(hopt.state_dict())
@@ -325,7 +309,7 @@ def test_corrupted_state_raises_and_changes_nothing(corruption):
 
 def test_intact_state_still_loads_after_the_checks():
     problem = make_ridge()
-    hopt = ridge_sid(problem)
+    hopt = guarded_sid(problem)
     hopt.step(problem.loader(10), problem.val())
     state = copy.deepcopy(hopt.state_dict())
     hopt.step(problem.loader(10), problem.val())
@@ -339,7 +323,7 @@ def test_intact_state_still_loads_after_the_checks():
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError])
 def test_interrupt_inside_a_hypergradient_leaves_lambda_w_and_v(interrupt):
     problem = make_ridge()
-    hopt = ridge_sid(problem)
+    hopt = guarded_sid(problem)
     hopt.step(problem.loader(10), problem.val())
     before = fingerprint(problem, hopt)
 

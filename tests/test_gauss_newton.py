@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from problems import make_ridge, split_settings
+from problems import make_ridge, sid_on, split_settings
 from torch import nn
 
 from hypertorch_sid import (
@@ -164,18 +164,12 @@ def test_gauss_newton_refuses_a_loss_it_does_not_reproduce():
     """The weight decay inside inner_loss but no regularizer: Gauss–Newton of the output loss
     would drop its Hessian; the first product says so and names the fixes."""
     p = make_ridge(n=100, d=4, seed=1)
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
-        config=SIDConfig(
-            inner_steps=5,
-            adjoint_steps=5,
-            hvp=_ridge_gauss_newton(p, regularized=False),
-            curvature=KnownCurvature(5.0, 0.1),
-        ),
+    hopt = sid_on(
+        p,
+        inner_steps=5,
+        adjoint_steps=5,
+        hvp=_ridge_gauss_newton(p, regularized=False),
+        curvature=KnownCurvature(5.0, 0.1),
     )
     with pytest.raises(ConfigurationError, match="GaussNewton.*regularizer=.*penalty="):
         hopt.hypergradient(p.loader(20), p.val())
@@ -183,14 +177,7 @@ def test_gauss_newton_refuses_a_loss_it_does_not_reproduce():
 
 def test_the_log_says_the_hypergradient_is_the_linearised_models(caplog):
     p = make_ridge(n=100, d=4, seed=1)
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
-        config=SIDConfig(inner_steps=5, adjoint_steps=5, hvp=_ridge_gauss_newton(p)),
-    )
+    hopt = sid_on(p, inner_steps=5, adjoint_steps=5, hvp=_ridge_gauss_newton(p))
     with caplog.at_level("INFO", logger="hypertorch_sid"):
         hopt.hypergradient(p.loader(20), p.val())
     assert "Gauss-Newton curvature: the linearised model's hypergradient" in caplog.text

@@ -34,7 +34,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from _kill_resume_job import EpochSeededSampler, KillPoint, kill_at_marker
-from lightning_problems import ridge_data
+from lightning_problems import LIGHTNING_NOISE, rank_batches, ridge_data
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch import Tensor
 from torch.optim.optimizer import _global_optimizer_pre_hooks
@@ -49,9 +49,7 @@ from hypertorch_sid import (
 from hypertorch_sid.core.outer_step import ShrinkFallRprop
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+    *LIGHTNING_NOISE,
     pytest.mark.filterwarnings("ignore:.*callbacks used to create the checkpoint.*"),
 ]
 
@@ -179,11 +177,7 @@ class Data(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         world, rank = self.trainer.world_size, self.trainer.global_rank
-        size = PER_RANK_BATCH * WORLD // world
-        batches = [
-            list(range(start + rank * size, start + (rank + 1) * size))
-            for start in range(0, N, PER_RANK_BATCH * WORLD)
-        ]
+        batches = rank_batches(N, PER_RANK_BATCH * WORLD, world, rank)
         return DataLoader(self.train, batch_sampler=batches)
 
     def val_dataloader(self) -> DataLoader:

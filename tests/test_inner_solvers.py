@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from problems import make_ridge, relative_error, symmetric_with_spectrum
+from problems import make_ridge, relative_error, sid_on, symmetric_with_spectrum
 
 from hypertorch_sid import (
     AveragedMomentum,
@@ -18,7 +18,6 @@ from hypertorch_sid import (
     LastIterate,
     ProximalGradientMap,
     SIDConfig,
-    SIDHyperOptimizer,
     TwoPhaseStep,
     get_preset,
     inner_solve,
@@ -129,17 +128,12 @@ def test_averaged_momentum_is_closer_to_ridge_closed_form_from_minibatches(seed)
     errors = []
     for solver in (LastIterate(), AveragedMomentum()):
         p = make_ridge(n=400, d=6, seed=seed)
-        hopt = SIDHyperOptimizer(
-            [p.log_lam],
-            [p.w],
-            p.inner_loss,
-            p.outer_loss,
-            config=SIDConfig(
-                inner_steps=400,
-                adjoint_steps=5,
-                inner_solver=solver,
-                curvature=KnownCurvature(8.0, 0.05),
-            ),
+        hopt = sid_on(
+            p,
+            inner_steps=400,
+            adjoint_steps=5,
+            inner_solver=solver,
+            curvature=KnownCurvature(8.0, 0.05),
         )
         hopt.hypergradient(p.loader(10, seed=seed), p.val())
         errors.append(relative_error(p.w.detach(), p.w_star()))

@@ -25,6 +25,7 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
+from lightning_problems import LIGHTNING_NOISE
 from test_hooks_ddp_resume_s57 import probed  # the η̂ of every hyper step
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
@@ -40,11 +41,7 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.outer_step import ShrinkFallRprop
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
-]
+pytestmark = [*LIGHTNING_NOISE]
 
 LRS = (0.1, 0.03, 0.01)  # one optimizer per layer, each its own learning rate
 OPTIMIZERS = len(LRS)  # each makes 1/3 of the steps R counts: η̂ per step of R (eq. stepshare)

@@ -27,7 +27,7 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import ridge_data
+from lightning_problems import rank_batches, ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -119,11 +119,7 @@ class Data(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         world, rank = self.trainer.world_size, self.trainer.global_rank
-        size = PER_RANK_BATCH * WORLD // world
-        batches = [
-            list(range(start + rank * size, start + (rank + 1) * size))
-            for start in range(0, N, PER_RANK_BATCH * WORLD)
-        ]
+        batches = rank_batches(N, PER_RANK_BATCH * WORLD, world, rank)
         return DataLoader(self.train, batch_sampler=batches)
 
     def val_dataloader(self) -> DataLoader:

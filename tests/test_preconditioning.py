@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import pytest
 import torch
-from problems import full_batch_sid, make_ridge, relative_error, split_settings
+from problems import full_batch_sid, make_ridge, relative_error, sid_on, split_settings
 
 from hypertorch_sid import (
     ConfigurationError,
@@ -42,13 +42,7 @@ def ridge_hessian(p) -> torch.Tensor:
 
 def test_fisher_diagonal_cuts_the_condition_number_of_a_badly_scaled_ridge():
     p = scaled_ridge()
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        config=SIDConfig(inner_steps=1, adjoint_steps=1),
-    )
+    hopt = sid_on(p, inner_steps=1, adjoint_steps=1)
     hopt.hypergradient(p.loader(50), p.val())
     S = hopt.phi.scale[0]
     H = ridge_hessian(p)
@@ -76,13 +70,7 @@ def test_preconditioning_makes_the_stochastic_default_accurate_on_a_badly_scaled
     κ ≈ 7 and every seed ends within a few percent."""
     for seed in range(3):
         p = scaled_ridge(seed=seed)
-        hopt = SIDHyperOptimizer(
-            [p.log_lam],
-            [p.w],
-            p.inner_loss,
-            p.outer_loss,
-            config=SIDConfig(inner_steps=400, adjoint_steps=400),
-        )
+        hopt = sid_on(p, inner_steps=400, adjoint_steps=400)
         torch.manual_seed(seed)
         (g,) = hopt.hypergradient(p.loader(20, seed), p.val())
         assert relative_error(g, p.exact_hypergradient()) < 0.1, seed
@@ -171,13 +159,7 @@ def test_given_constants_and_presets_keep_the_unpreconditioned_map():
 
 def test_set_constants_returns_to_the_unpreconditioned_map_and_carries_v():
     p = scaled_ridge()
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        config=SIDConfig(inner_steps=50, adjoint_steps=50),
-    )
+    hopt = sid_on(p, inner_steps=50, adjoint_steps=50)
     hopt.hypergradient(p.loader(50), p.val())
     S, v_z = hopt.phi.scale[0].clone(), hopt.v[0].clone()
     hopt.set_constants(L=float(torch.linalg.eigvalsh(ridge_hessian(p))[-1]), mu=1e-3)
@@ -187,22 +169,10 @@ def test_set_constants_returns_to_the_unpreconditioned_map_and_carries_v():
 
 def test_scale_survives_a_state_dict_round_trip():
     p = scaled_ridge()
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        config=SIDConfig(inner_steps=5, adjoint_steps=5),
-    )
+    hopt = sid_on(p, inner_steps=5, adjoint_steps=5)
     hopt.hypergradient(p.loader(50), p.val())
     state = hopt.state_dict()
-    other = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        config=SIDConfig(inner_steps=5, adjoint_steps=5),
-    )
+    other = sid_on(p, inner_steps=5, adjoint_steps=5)
     other.load_state_dict(state)
     torch.testing.assert_close(other.phi.scale[0], hopt.phi.scale[0])
     state["scale"] = [-hopt.phi.scale[0]]

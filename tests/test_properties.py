@@ -14,21 +14,9 @@ import math
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from problems import make_ridge
+from problems import equal, make_ridge, sid_on
 
 from hypertorch_sid import Batches, DivergenceError, KnownCurvature, SIDConfig, SIDHyperOptimizer
-
-
-def equal(a, b) -> bool:
-    """Deep equality of nested dicts/lists of tensors and numbers (optimizer states)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(equal, a, b))
-    return a == b
-
 
 PROPERTY = settings(max_examples=25, deadline=None, derandomize=True)
 
@@ -89,21 +77,15 @@ def test_full_batch_sid_matches_closed_form_of_random_ridge(n, d, per_feature, l
     L, mu = float(eig[-1]), float(eig[0])
     q = (L - mu) / (L + mu)  # GD with α = 2/(L+μ) (Corollary 4.3)
     steps = max(1, math.ceil(math.log(1e-14) / math.log(q))) if q > 0 else 1
-    hopt = SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        None,
+    hopt = sid_on(
+        problem,
         full_train_batch=problem.train(),
-        config=SIDConfig(
-            inner_steps=steps,
-            adjoint_steps=steps,
-            step_size="constant",
-            eta=1.0,
-            curvature=KnownCurvature(L, mu),
-            batches=Batches(inner="full", adjoint="full", d2="full"),
-        ),
+        inner_steps=steps,
+        adjoint_steps=steps,
+        step_size="constant",
+        eta=1.0,
+        curvature=KnownCurvature(L, mu),
+        batches=Batches(inner="full", adjoint="full", d2="full"),
     )
     exact = problem.exact_hypergradient()
     g = hopt.hypergradient([problem.train()], problem.val())[0]

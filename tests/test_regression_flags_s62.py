@@ -8,6 +8,7 @@ rotated-digit angle: 824-1663 of 2000 rows at precision 0.32-0.51)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -150,28 +151,35 @@ def test_the_validation_losses_kept_are_the_latest_of_the_validation_sets_size()
     assert float(kept.min()) >= 0
 
 
-# ------------------------------------------------------------------- resumed
-def test_a_resumed_fit_keeps_the_validation_losses_and_the_checks_answer(tmp_path):
-    """The validation losses are checkpointed beside the row record (``data_val_losses``) and
-    taken over at the resumed fit's build: a fit resumed for one batch (no hyper step since)
-    reads the same τ as the fit it resumes. Without them its check said "no per-sample
-    validation loss was read" instead."""
-    train, val = loaders(regression("few"))
+def resumed_fit(tmp_path: Path, kind: str) -> tuple[LearnedDataWeights, LearnedDataWeights]:
+    """The data weights of a 6-epoch fit on ``regression(kind)``, checkpointed at
+    ``tmp_path / "epoch6.ckpt"``, and of the fit resumed from it for one batch."""
+    train, val = loaders(regression(kind))
     first = weights(every_n_steps=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fitted = trainer([first], max_epochs=6)
         fitted.fit(Regressor(), train, val)
         fitted.save_checkpoint(tmp_path / "epoch6.ckpt")
-    state = torch.load(tmp_path / "epoch6.ckpt", weights_only=False)
-    saved = [s for s in state["callbacks"].values() if "data_val_losses" in s]
-    assert len(saved) == 1 and torch.equal(saved[0]["data_val_losses"], first.problem._val_losses)
     resumed = weights(every_n_steps=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer([resumed], max_epochs=7, limit_train_batches=1).fit(
             Regressor(), train, val, ckpt_path=tmp_path / "epoch6.ckpt"
         )
+    return first, resumed
+
+
+# ------------------------------------------------------------------- resumed
+def test_a_resumed_fit_keeps_the_validation_losses_and_the_checks_answer(tmp_path):
+    """The validation losses are checkpointed beside the row record (``data_val_losses``) and
+    taken over at the resumed fit's build: a fit resumed for one batch (no hyper step since)
+    reads the same τ as the fit it resumes. Without them its check said "no per-sample
+    validation loss was read" instead."""
+    first, resumed = resumed_fit(tmp_path, "few")
+    state = torch.load(tmp_path / "epoch6.ckpt", weights_only=False)
+    saved = [s for s in state["callbacks"].values() if "data_val_losses" in s]
+    assert len(saved) == 1 and torch.equal(saved[0]["data_val_losses"], first.problem._val_losses)
     assert len(resumed.history) == len(first.history)  # no hyper step since the resume
     assert torch.equal(resumed.problem._val_losses, first.problem._val_losses)
     flags = torch.arange(2 * FEW)  # the moved rows and as many clean ones

@@ -12,18 +12,14 @@ import warnings
 
 import pytest
 import torch
-from lightning_problems import trainer
 from test_regression_flags_s62 import (
     BAD,
     FEW,
     Record,
-    Regressor,
     fit,
     flagged_said,
-    loaders,
     precision,
-    regression,
-    weights,
+    resumed_fit,
 )
 from torch import Tensor
 
@@ -70,19 +66,7 @@ def test_a_resumed_fit_flags_the_same_rows(tmp_path):
     """τ and the last-visit losses are checkpointed (``data_val_losses``, ``data_last_loss``):
     a fit resumed for one batch (no hyper step since) flags the rows of the fit it resumes.
     Without the validation losses its default would be the split's rows, unfiltered."""
-    train, val = loaders(regression("outliers"))
-    first = weights(every_n_steps=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fitted = trainer([first], max_epochs=6)
-        fitted.fit(Regressor(), train, val)
-        fitted.save_checkpoint(tmp_path / "epoch6.ckpt")
-    resumed = weights(every_n_steps=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer([resumed], max_epochs=7, limit_train_batches=1).fit(
-            Regressor(), train, val, ckpt_path=tmp_path / "epoch6.ckpt"
-        )
+    first, resumed = resumed_fit(tmp_path, "outliers")
     assert len(resumed.history) == len(first.history)  # no hyper step since the resume
     flags, said = flagged_said(first)
     again, said_again = flagged_said(resumed)

@@ -6,14 +6,12 @@ import math
 
 import pytest
 import torch
-from problems import make_ridge, relative_error
+from problems import make_ridge, relative_error, sid_on
 
 from hypertorch_sid import (
     Batches,
     FixedPointIteration,
     KnownCurvature,
-    SIDConfig,
-    SIDHyperOptimizer,
     TwoPhaseStep,
     auto_switch,
     make_schedule,
@@ -38,14 +36,8 @@ def test_auto_switch_is_min_of_half_the_steps_and_7_beta(steps, q):
 
 def test_optimizer_switches_each_solve_by_its_own_length():
     problem = make_ridge()
-    opt = SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
-        config=SIDConfig(
-            inner_steps=400, adjoint_steps=30, step_size="two_phase", q=0.99, alpha=0.1
-        ),
+    opt = sid_on(
+        problem, inner_steps=400, adjoint_steps=30, step_size="two_phase", q=0.99, alpha=0.1
     )
     inner, adjoint = opt._schedules()
     beta = 2 / (1 - 0.99**2)
@@ -58,20 +50,15 @@ def _stochastic_ridge_error(step_size: str, seed: int) -> float:
         for X in (problem.X, problem.X_val):
             X[:, 5:] *= 0.1
     eig = torch.linalg.eigvalsh(problem.X.T @ problem.X / 400 + problem.lam()[0] * torch.eye(10))
-    opt = SIDHyperOptimizer(
-        [problem.log_lam],
-        [problem.w],
-        problem.inner_loss,
-        problem.outer_loss,
+    opt = sid_on(
+        problem,
         full_train_batch=problem.train(),
-        config=SIDConfig(
-            inner_steps=600,
-            adjoint_steps=600,
-            step_size=step_size,
-            adjoint_solver=FixedPointIteration(),
-            curvature=KnownCurvature(float(eig[-1]), float(eig[0])),
-            batches=Batches(d2="full"),
-        ),
+        inner_steps=600,
+        adjoint_steps=600,
+        step_size=step_size,
+        adjoint_solver=FixedPointIteration(),
+        curvature=KnownCurvature(float(eig[-1]), float(eig[0])),
+        batches=Batches(d2="full"),
     )
     g = opt.hypergradient(problem.loader(50, seed=seed), problem.val())
     return relative_error(g[0], problem.exact_hypergradient())

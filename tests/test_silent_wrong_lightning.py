@@ -21,7 +21,7 @@ import lightning_problems as lp
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import D, Ridge, RidgeData, ridge_data
+from lightning_problems import LIGHTNING_NOISE, D, Ridge, RidgeData, ridge_data
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,9 +33,7 @@ from hypertorch_sid import (
 )
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
+    *LIGHTNING_NOISE,
     pytest.mark.filterwarnings("ignore:.*hyper steps.*barely move.*"),
 ]
 

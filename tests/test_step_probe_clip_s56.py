@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 import torch
-from lightning_problems import TOY_X, TOY_Y, Ridge, RidgeData, ToyClassifier, trainer
+from lightning_problems import (
+    LIGHTNING_NOISE,
+    TOY_X,
+    TOY_Y,
+    Ridge,
+    RidgeData,
+    ToyClassifier,
+    trainer,
+)
 from torch.optim.optimizer import (
     _global_optimizer_pre_hooks,
     register_optimizer_step_post_hook,
@@ -33,11 +41,7 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.horizon import StepSizeProbe
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
-]
+pytestmark = [*LIGHTNING_NOISE]
 
 CLIP = 1e-3  # far below the gradients' norms: every step is clipped
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from problems import make_ridge, relative_error, split_settings
+from problems import make_ridge, relative_error, sid_on, split_settings
 
 from hypertorch_sid import (
     Automatic,
@@ -111,7 +111,8 @@ class _Quadratic:
 
     def hopt(self, outer_optimizer=None, **config) -> SIDHyperOptimizer:
         """The full-batch optimizer of these tests: no inner steps (w is where it is), constant
-        steps, Lanczos curvature, exact adjoint and cross term; ``config`` adds to that."""
+        steps, Lanczos curvature, exact adjoint and cross term; ``config`` changes that (a strategy
+        given as None keeps it)."""
         return SIDHyperOptimizer(
             [self.log_lam],
             [self.w],
@@ -124,8 +125,7 @@ class _Quadratic:
                 step_size="constant",
                 curvature=EstimatedCurvature(iters=12),
                 batches=Batches(adjoint="full", d2="full"),
-                **config,
-            ),
+            ).replace(**config),
         )
 
     def inner_loss(self, batch):
@@ -146,21 +146,15 @@ class _Quadratic:
 
 def test_curvature_damping_is_zero_on_a_convex_problem_and_exact():
     p = make_ridge(n=300, d=6, seed=4)
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
+    hopt = sid_on(
+        p,
         full_train_batch=p.train(),
-        config=SIDConfig(
-            inner_steps=200,
-            adjoint_steps=200,
-            step_size="constant",
-            damping=CurvatureDamping(),
-            curvature=EstimatedCurvature(iters=50),
-            batches=Batches(inner="full", adjoint="full", d2="full"),
-        ),
+        inner_steps=200,
+        adjoint_steps=200,
+        step_size="constant",
+        damping=CurvatureDamping(),
+        curvature=EstimatedCurvature(iters=50),
+        batches=Batches(inner="full", adjoint="full", d2="full"),
     )
     g = hopt.hypergradient([p.train()], p.val())
     assert hopt.delta == 0.0 and hopt.last["damping"] == 0.0
@@ -171,46 +165,13 @@ def test_curvature_damping_is_zero_on_a_convex_problem_and_exact():
 def test_damped_hypergradient_on_an_indefinite_quadratic(solver):
     """λ_min(H) = −2: the undamped system diverges, the damped one gives its exact answer."""
     q = _Quadratic(low=-2.0)
-    kwargs = dict(
-        full_train_batch=0,
-        batches=Batches(adjoint="full", d2="full"),
-    )
-    kwargs, settings = split_settings(kwargs)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **kwargs,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=400,
-            step_size="constant",
-            damping=CurvatureDamping(margin=0.5),
-            curvature=EstimatedCurvature(iters=12),
-        ).replace(adjoint_solver=solver, **settings),  # None: the default
-    )
+    hopt = q.hopt(adjoint_steps=400, damping=CurvatureDamping(margin=0.5), adjoint_solver=solver)
     g = hopt.hypergradient([0], None)
     assert hopt.lambda_min < -1.9 and hopt.delta > 2.0
     assert 0 < hopt.q < 1
     torch.testing.assert_close(g[0], q.damped_hypergradient(hopt.delta), rtol=1e-6, atol=1e-9)
     # the undamped paper system is not a contraction here: it must fail loudly, not return garbage
-    plain = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **kwargs,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=400,
-            step_size="constant",
-            damping=NoDamping(),
-            curvature=EstimatedCurvature(iters=12),
-        ).replace(**settings),
-    )
+    plain = q.hopt(adjoint_steps=400, damping=NoDamping())
     with pytest.raises(DivergenceError, match="not a contraction|expansive|diverged"):
         plain.hypergradient([0], None)
 
@@ -226,23 +187,15 @@ def test_fixed_damping_matches_its_closed_form():
 
 
 def test_conjugate_gradient_matches_ridge_closed_form_in_few_steps():
-    p = make_ridge(n=300, d=6, seed=4)
-    with torch.no_grad():
-        p.w.copy_(p.w_star())
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
+    p = _ridge_at_solution()
+    hopt = sid_on(
+        p,
         full_train_batch=p.train(),
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=6,
-            adjoint_solver=ConjugateGradient(batches="full"),
-            alpha=0.1,
-            batches=Batches(d2="full"),
-        ),
+        inner_steps=0,
+        adjoint_steps=6,
+        adjoint_solver=ConjugateGradient(batches="full"),
+        alpha=0.1,
+        batches=Batches(d2="full"),
     )
     g = hopt.hypergradient([p.train()], p.val())
     torch.testing.assert_close(g[0], p.exact_hypergradient(), rtol=1e-8, atol=1e-12)
@@ -265,20 +218,14 @@ def test_conjugate_gradient_refuses_a_non_symmetric_map_and_an_indefinite_system
     with pytest.raises(ConfigurationError, match="symmetric"):
         hopt.hypergradient([p.train()], p.val())
     q = _Quadratic(low=-2.0)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
+    hopt = sid_on(
+        q,
         full_train_batch=0,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=50,
-            adjoint_solver=ConjugateGradient("full"),
-            alpha=0.1,
-            q=0.5,
-        ),
+        inner_steps=0,
+        adjoint_steps=50,
+        adjoint_solver=ConjugateGradient("full"),
+        alpha=0.1,
+        q=0.5,
     )
     with pytest.raises(DivergenceError, match="positive definite"):
         hopt.hypergradient([0], None)
@@ -418,18 +365,12 @@ def test_curvature_margin_below_one_is_refused(bad):
 
 def test_curvature_cost_is_counted():
     p = make_ridge(n=300, d=6, seed=4)
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
-        config=SIDConfig(
-            inner_steps=3,
-            adjoint_steps=3,
-            curvature=EstimatedCurvature(batches=2, iters=5),
-            preconditioner=NoPreconditioner(),
-        ),
+    hopt = sid_on(
+        p,
+        inner_steps=3,
+        adjoint_steps=3,
+        curvature=EstimatedCurvature(batches=2, iters=5),
+        preconditioner=NoPreconditioner(),
     )
     hopt.hypergradient(p.loader(10), p.val())
     c = hopt.cost
@@ -496,23 +437,15 @@ def test_automatic_chooses_cg_only_where_it_is_faster(kwargs, chosen):
 def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_form():
     """The default solver, with full_train_batch given and few large minibatches per epoch, runs
     conjugate gradients with the samples of its k steps, and gives the exact hypergradient."""
-    p = make_ridge(n=300, d=6, seed=4)
-    with torch.no_grad():
-        p.w.copy_(p.w_star())
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
+    p = _ridge_at_solution()
+    hopt = sid_on(
+        p,
         full_train_batch=p.train(),
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=30,
-            preconditioner=NoPreconditioner(),
-            curvature=KnownCurvature(3.0, 0.05),
-            batches=Batches(d2="full"),
-        ),
+        inner_steps=0,
+        adjoint_steps=30,
+        preconditioner=NoPreconditioner(),
+        curvature=KnownCurvature(3.0, 0.05),
+        batches=Batches(d2="full"),
     )
     g = hopt.hypergradient(p.loader(100), p.val())
     assert isinstance(hopt.config.adjoint_solver, Automatic)
@@ -525,22 +458,14 @@ def test_automatic_default_runs_cg_on_the_full_batch_and_matches_ridge_closed_fo
 def test_automatic_reads_an_epoch_of_a_data_loader_and_matches_ridge_closed_form():
     """Minibatches only, from a DataLoader: the default solver runs conjugate gradients on one
     pass of it (every sample once, joined into larger batches), and is exact."""
-    p = make_ridge(n=300, d=6, seed=4)
-    with torch.no_grad():
-        p.w.copy_(p.w_star())
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=300,
-            preconditioner=NoPreconditioner(),
-            curvature=KnownCurvature(3.0, 0.05),
-            batches=Batches(d2=3),
-        ),
+    p = _ridge_at_solution()
+    hopt = sid_on(
+        p,
+        inner_steps=0,
+        adjoint_steps=300,
+        preconditioner=NoPreconditioner(),
+        curvature=KnownCurvature(3.0, 0.05),
+        batches=Batches(d2=3),
     )
     loader = p.loader(10)
     g = hopt.hypergradient(loader, p.val())
@@ -553,18 +478,12 @@ def test_automatic_reads_an_epoch_of_a_data_loader_and_matches_ridge_closed_form
 
 def test_conjugate_gradient_epoch_needs_a_reiterable_source():
     p = make_ridge(n=300, d=6, seed=4)
-    hopt = SIDHyperOptimizer(
-        [p.log_lam],
-        [p.w],
-        p.inner_loss,
-        p.outer_loss,
-        None,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=5,
-            adjoint_solver=ConjugateGradient(batches="epoch"),
-            curvature=KnownCurvature(3.0, 0.05),
-        ),
+    hopt = sid_on(
+        p,
+        inner_steps=0,
+        adjoint_steps=5,
+        adjoint_solver=ConjugateGradient(batches="epoch"),
+        curvature=KnownCurvature(3.0, 0.05),
     )
     with pytest.raises(ConfigurationError, match="one-shot iterator.*re-iterable"):
         hopt.hypergradient(iter(list(p.loader(10)) * 3), p.val())
@@ -622,6 +541,7 @@ def test_automatic_keeps_the_fixed_point_iteration_where_it_was_asked_for(settin
 
 
 def _ridge_at_solution(seed: int = 4):
+    """Ridge (300 × 6) with w at its solution w*."""
     p = make_ridge(n=300, d=6, seed=seed)
     with torch.no_grad():
         p.w.copy_(p.w_star())
@@ -759,16 +679,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
         inner_steps=0, adjoint_steps=50, full_train_batch=0, batches=Batches(adjoint="full", d2="full"),
          step_size="constant", alpha=0.3, q=0.5,
     )  # fmt: skip
-    common, settings = split_settings(common)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **common,
-        config=SIDConfig(damping=NoDamping()).replace(**settings),
-    )
+    hopt = sid_on(q, damping=NoDamping(), **common)
     with pytest.raises(DivergenceError) as undamped:
         hopt.hypergradient([0], None)
     text = str(undamped.value)
@@ -779,9 +690,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert any(entry.path.name == "solvers.py" for entry in undamped.traceback)
 
     q = _Quadratic(low=-2.0)  # CurvatureDamping with α given: nothing estimated, δ = 0
-    hopt = SIDHyperOptimizer(
-        [q.log_lam], [q.w], q.inner_loss, q.outer_loss, None, **common, config=SIDConfig(**settings)
-    )
+    hopt = sid_on(q, **common)
     with pytest.raises(DivergenceError) as not_estimated:
         hopt.hypergradient([0], None)
     text = str(not_estimated.value)
@@ -789,15 +698,7 @@ def test_a_diverged_adjoint_names_the_fix_for_the_configuration_that_ran():
     assert "use damping=CurvatureDamping()" not in text and "FixedDamping(δ)" in text
 
     q = _Quadratic(low=-2.0)  # δ = 0.5 does not cover λ_min = −2 (Recover(1) fixes it: 2.97)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
-        **common,
-        config=SIDConfig(damping=FixedDamping(0.5), on_divergence=Recover(0)).replace(**settings),
-    )
+    hopt = sid_on(q, damping=FixedDamping(0.5), on_divergence=Recover(0), **common)
     with pytest.raises(DivergenceError) as damped:
         hopt.hypergradient([0], None)
     text = str(damped.value)
@@ -811,23 +712,17 @@ def test_a_recovered_divergence_is_logged_as_a_retry_not_as_a_skipped_step(caplo
     """Recover(1) lifts δ = 0.5 past λ_min = −2: the hyper step succeeds, and its log line says
     what was retried and changed — not "λ was not updated", which the final error says."""
     q = _Quadratic(low=-2.0)
-    hopt = SIDHyperOptimizer(
-        [q.log_lam],
-        [q.w],
-        q.inner_loss,
-        q.outer_loss,
-        None,
+    hopt = sid_on(
+        q,
         full_train_batch=0,
-        config=SIDConfig(
-            inner_steps=0,
-            adjoint_steps=50,
-            step_size="constant",
-            alpha=0.3,
-            q=0.5,
-            damping=FixedDamping(0.5),
-            on_divergence=Recover(1),
-            batches=Batches(adjoint="full", d2="full"),
-        ),
+        inner_steps=0,
+        adjoint_steps=50,
+        step_size="constant",
+        alpha=0.3,
+        q=0.5,
+        damping=FixedDamping(0.5),
+        on_divergence=Recover(1),
+        batches=Batches(adjoint="full", d2="full"),
     )
     with caplog.at_level("WARNING", logger="hypertorch_sid"):
         g = hopt.hypergradient([0], None)

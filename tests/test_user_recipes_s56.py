@@ -10,9 +10,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import three_class_sets
 from pytorch_lightning.callbacks import BatchSizeFinder, LearningRateFinder, ModelCheckpoint
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from hypertorch_sid import (
     ConfigurationError,
@@ -30,14 +31,6 @@ def _trainer(callbacks: list, **kw: Any) -> pl.Trainer:
     )  # fmt: skip
 
 
-def _sets() -> tuple[TensorDataset, TensorDataset]:
-    """128 training rows, 64 validation rows, 3 classes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(192, 6, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
-
-
 class Net(pl.LightningModule):
     """An MLP whose learning rate (``self.lr``, LearningRateFinder's) and loaders' batch size
     (``self.batch_size``, BatchSizeFinder's) are its attributes."""
@@ -47,7 +40,7 @@ class Net(pl.LightningModule):
         torch.manual_seed(0)
         self.per_sample, self.lr, self.batch_size = per_sample, 0.1, 16
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-        self.train_set, self.val_set = _sets()
+        self.train_set, self.val_set = three_class_sets()
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch

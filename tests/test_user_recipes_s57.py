@@ -10,6 +10,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import three_class_sets
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, TensorDataset
 
@@ -26,14 +27,6 @@ def _trainer(callbacks: list, **kw: Any) -> pl.Trainer:
         callbacks=callbacks, logger=False, enable_progress_bar=False, enable_checkpointing=False,
         enable_model_summary=False, accelerator="cpu", **kw,
     )  # fmt: skip
-
-
-def _sets() -> tuple[TensorDataset, TensorDataset]:
-    """128 training rows, 64 validation rows, 3 classes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(192, 6, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
 
 
 class Net(pl.LightningModule):
@@ -100,7 +93,7 @@ def test_a_training_probe_listed_before_the_validation_loader_names_the_loader_t
     steps read the first, training rows. The warning said "Hold out validation examples the
     training never reads, e.g. random_split" — data the user had, second in the list; it now
     names that loader and says to list it first (and what data weights do on training rows)."""
-    train, val = _sets()
+    train, val = three_class_sets()
     probe = DataLoader(Subset(train, range(32)), batch_size=32)
     held_out = DataLoader(val, batch_size=32)
     _, _, said = _fit(_callback(kind), _train_loader(kind, train), [probe, held_out],
@@ -116,7 +109,7 @@ def test_a_training_probe_listed_before_the_validation_loader_names_the_loader_t
 
 def test_control_one_overlapping_validation_loader_is_still_told_to_hold_out_data() -> None:
     """One validation loader over training rows: the old advice (hold out data) stands."""
-    train, _ = _sets()
+    train, _ = three_class_sets()
     probe = DataLoader(Subset(train, range(32)), batch_size=32)
     _, _, said = _fit(_callback("decay"), _train_loader("decay", train), probe, max_epochs=1)
     shared = _shared(said)
@@ -125,7 +118,7 @@ def test_control_one_overlapping_validation_loader_is_still_told_to_hold_out_dat
 
 
 def test_control_the_held_out_loader_first_says_nothing() -> None:
-    train, val = _sets()
+    train, val = three_class_sets()
     loaders = [DataLoader(val, batch_size=32), DataLoader(Subset(train, range(32)), batch_size=32)]
     _, _, said = _fit(_callback("decay"), _train_loader("decay", train), loaders, max_epochs=1)
     assert _shared(said) == []
@@ -142,7 +135,7 @@ def test_predicting_or_testing_an_indexed_loader_says_the_step_gets_indexed_batc
     ``flagged()``): ``predict_step`` got ``Indexed(index, data)`` and the user's ``x, y = batch``
     read the index as the input ("IndexError: Dimension out of range" inside the model), with
     no word of ours. Said now, before the step runs; the same for ``test``."""
-    train, val = _sets()
+    train, val = three_class_sets()
     loader = _train_loader("weights", train)
     trainer, model, _ = _fit(_callback("weights"), loader, DataLoader(val, batch_size=32),
                              max_epochs=1)  # fmt: skip
@@ -159,7 +152,7 @@ def test_predicting_or_testing_an_indexed_loader_says_the_step_gets_indexed_batc
 
 
 def test_control_predicting_an_unwrapped_loader_says_nothing() -> None:
-    train, val = _sets()
+    train, val = three_class_sets()
     trainer, model, _ = _fit(_callback("weights"), _train_loader("weights", train),
                              DataLoader(val, batch_size=32), max_epochs=1)  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:
@@ -196,7 +189,7 @@ def test_a_new_part_of_one_data_set_each_epoch_is_what_the_hyper_steps_draw(kind
     steps kept drawing the first epoch's rows (only a new data set counted as a reload), so the
     weights of rows first drawn later never moved (AUC 0.77 against 0.93 on MNIST). They now
     draw the part the training reads this epoch."""
-    train, val = _sets()
+    train, val = three_class_sets()
     cb = _callback(kind)
     model = PartPerEpoch(kind == "weights", train, val)
     trainer = _trainer([cb], max_epochs=3, reload_dataloaders_every_n_epochs=1)
@@ -214,7 +207,7 @@ def test_the_subset_of_an_indexed_dataset_refusal_names_the_sampler_route() -> N
     the advice was to wrap the outermost set, which per epoch gives each part's examples the
     same indices 0..n-1 (refused again at the first reload). It now names the route that works:
     one IndexedDataset, a SubsetRandomSampler for the part."""
-    train, val = _sets()
+    train, val = three_class_sets()
     loader = DataLoader(Subset(IndexedDataset(train), range(64)), batch_size=16, shuffle=True)
     with pytest.raises(ConfigurationError, match=r"sampler=SubsetRandomSampler\(part\)"):
         _fit(_callback("weights"), loader, DataLoader(val, batch_size=32), max_epochs=1)
@@ -229,7 +222,7 @@ def test_fast_dev_run_says_it_is_a_smoke_test_that_learns_nothing(kind: str) -> 
     hyper steps … λ will barely move … Train longer, or pass every_n_steps=1 for 1 hyper
     steps": advice for a short fit, to a smoke test. It now names fast_dev_run and says that
     nothing is learned."""
-    train, val = _sets()
+    train, val = three_class_sets()
     cb = LearnedWeightDecay(1e-3) if kind == "decay" else LearnedDataWeights()
     _, _, said = _fit(cb, _train_loader(kind, train), DataLoader(val, batch_size=32),
                       fast_dev_run=True)  # fmt: skip

@@ -10,9 +10,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import three_class_sets
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from hypertorch_sid import (
     ConfigurationError,
@@ -20,14 +21,6 @@ from hypertorch_sid import (
     LearnedDataWeights,
     LearnedWeightDecay,
 )
-
-
-def _sets() -> tuple[TensorDataset, TensorDataset]:
-    """128 training rows, 64 validation rows, 3 classes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(192, 6, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
 
 
 class SelfCallbacks(pl.LightningModule):
@@ -72,7 +65,7 @@ class SelfCallbacks(pl.LightningModule):
 
 
 def _fit_then_test_best(model: SelfCallbacks, tmp_path: Path) -> pl.Trainer:
-    train, val = _sets()
+    train, val = three_class_sets()
     train = IndexedDataset(train) if model.per_sample else train
     trainer = pl.Trainer(
         max_epochs=4, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -134,7 +127,7 @@ def test_the_named_way_a_drop_in_made_once_reads_the_best_checkpoints_values(
 def test_the_data_weights_short_fit_warning_speaks_of_the_data_weights() -> None:
     """The short-fit warning of ``LearnedDataWeights`` said "λ will barely move" (the decay's
     words) in every data-weights fit too short for its hyper steps: it names the data weights."""
-    train, val = _sets()
+    train, val = three_class_sets()
     model = SelfCallbacks(Path("."), LearnedDataWeights)
     model.configure_callbacks = lambda: []  # type: ignore[method-assign]
     trainer = pl.Trainer(

@@ -10,18 +10,11 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import three_class_sets
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from hypertorch_sid import ConfigurationError, LearnedWeightDecay
-
-
-def _sets() -> tuple[TensorDataset, TensorDataset]:
-    """128 training rows, 64 validation rows, 3 classes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(192, 6, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
 
 
 class Toggled(pl.LightningModule):
@@ -58,7 +51,7 @@ class Toggled(pl.LightningModule):
 
 
 def _fit_toggled(**kw: Any) -> tuple[LearnedWeightDecay, pl.Trainer, list[str]]:
-    train, val = _sets()
+    train, val = three_class_sets()
     loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
     cb = LearnedWeightDecay(1e-3, training_loss=loss, max_overhead=None, **kw)
     trainer = pl.Trainer(
@@ -96,7 +89,7 @@ def test_a_tensor_frozen_for_good_during_the_fit_is_still_refused() -> None:
             if self.trainer.global_step >= 4:
                 self.head.bias.requires_grad_(False)
 
-    train, val = _sets()
+    train, val = three_class_sets()
     loss = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
     cb = LearnedWeightDecay(1e-3, training_loss=loss, max_overhead=None, every_n_steps=4)
     trainer = pl.Trainer(
@@ -152,7 +145,7 @@ def test_a_parametrized_weight_keeps_its_own_slot(norm: Any) -> None:
     (tests/test_zoo_s56.py). Session 59's round of recipes merged the two (one λ per layer, as
     the docs' general rule says); that lost the hold, so the slots stay apart and the docs say
     so. The learned λ reads out under both names."""
-    train, val = _sets()
+    train, val = three_class_sets()
     cb = LearnedWeightDecay(1e-3, every_n_steps=4, max_overhead=None)
     trainer = pl.Trainer(
         max_epochs=2, callbacks=[cb], logger=False, enable_checkpointing=False,

@@ -10,20 +10,13 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import three_class_sets
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from hypertorch_sid import IndexedDataset, LearnedDataWeights, LearnedWeightDecay
 from hypertorch_sid.core.directional import ForwardDifference
 from hypertorch_sid.lightning.cross_term import directional_losses
-
-
-def _sets() -> tuple[TensorDataset, TensorDataset]:
-    """128 training rows, 64 validation rows, 3 classes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(192, 6, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
 
 
 class GradPenalty(pl.LightningModule):
@@ -56,7 +49,7 @@ class GradPenalty(pl.LightningModule):
 
 
 def _fit(cb: Any, per_sample: bool) -> tuple[GradPenalty, list[str]]:
-    train, val = _sets()
+    train, val = three_class_sets()
     model = GradPenalty(per_sample, wd=0.0 if isinstance(cb, LearnedWeightDecay) else 1e-3)
     trainer = pl.Trainer(
         max_epochs=3, callbacks=[cb], logger=False, enable_checkpointing=False,
@@ -97,7 +90,7 @@ def test_a_gradient_penalty_step_trains_with_the_data_weights() -> None:
 def test_the_difference_of_losses_of_a_gradient_penalty_step_is_its_directional_derivative():
     """The cross term's uᵢ = ⟨∇ℓᵢ(w), v⟩ by a difference of losses through the retried step
     (autograd on, the step's dropout replayed) against the per-sample gradients by autograd."""
-    train, _ = _sets()
+    train, _ = three_class_sets()
     model = GradPenalty(per_sample=True).eval()  # no dropout: the oracle's loss is the same
     batch = (train.tensors[0][:8], train.tensors[1][:8])
     params = [p for p in model.parameters()]
@@ -137,7 +130,7 @@ def test_the_autocast_fallback_names_the_drop_in_and_the_setting_to_pass() -> No
     back to dual numbers and says so. Before: "ForwardDifference: ... Pass
     directional=ForwardMode() to silence this." (a class the user never named, a setting of
     no object they know); now the drop-in and its string setting."""
-    train, _ = _sets()
+    train, _ = three_class_sets()
     model = nn.Linear(6, 3)
     batch = (train.tensors[0][:8], train.tensors[1][:8])
     params = list(model.parameters())

@@ -12,6 +12,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import three_class_sets
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, TensorDataset
@@ -24,14 +25,6 @@ from hypertorch_sid import (
     SIDConfig,
     SIDHyperOptimizer,
 )
-
-
-def _sets() -> tuple[TensorDataset, TensorDataset]:
-    """128 training rows, 64 validation rows, 3 classes."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(192, 6, generator=g)
-    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
-    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
 
 
 class Checkpointed(pl.LightningModule):
@@ -79,7 +72,7 @@ def _trainer(cb: Any, **kw: Any) -> pl.Trainer:
 
 
 def _fit(cb: Any, model: pl.LightningModule, per_sample: bool, **kw: Any) -> list[str]:
-    train, val = _sets()
+    train, val = three_class_sets()
     data = IndexedDataset(train) if per_sample else train
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -120,7 +113,7 @@ def _core(mode: str, steps: int = 0) -> tuple[SIDHyperOptimizer, Any, Any]:
     model = Checkpointed(mode)
     params = list(model.parameters())
     log_lam = torch.full((len(params),), -3.0, requires_grad=True)
-    train, val = _sets()
+    train, val = three_class_sets()
 
     def inner_loss(batch: Any) -> Tensor:
         x, y = batch

@@ -16,16 +16,12 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import D, RidgeData
+from lightning_problems import LIGHTNING_NOISE, D, RidgeData
 from torch import Tensor
 
 from hypertorch_sid import Batches, ConfigurationError, LearnedWeightDecay, ProximalGradientMap
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
-]
+pytestmark = [*LIGHTNING_NOISE]
 
 REPO = Path(__file__).resolve().parents[1]
 NEVER = 10**9  # every_n_steps that keeps λ fixed

@@ -15,18 +15,14 @@ import lightning_problems
 import pytest
 import pytorch_lightning as pl
 import torch
-from lightning_problems import D, RidgeData
+from lightning_problems import LIGHTNING_NOISE, D, RidgeData
 from pytorch_lightning.plugins.precision import MixedPrecision
 from torch import Tensor
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from hypertorch_sid import ConfigurationError, LearnedWeightDecay
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*does not have many workers.*"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.*"),
-    pytest.mark.filterwarnings("ignore:.*smaller than the logging interval.*"),
-]
+pytestmark = [*LIGHTNING_NOISE]
 
 HELD = dict(every_n_steps=10**9, start_step=10**9, max_overhead=None)  # λ fixed
 SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)

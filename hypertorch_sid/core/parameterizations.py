@@ -95,6 +95,10 @@ class SigmoidWeights(WeightParameterization):
         index: Tensor | None = None,
         losses: Tensor | None = None,
     ) -> Tensor:
+        return self.sigma(x)
+
+    def sigma(self, x: Tensor) -> Tensor:
+        """ω = σ(x), differentiated as the sigmoid (:class:`NaturalSigmoidWeights` changes how)."""
         return torch.sigmoid(x)
 
     def __repr__(self) -> str:
@@ -131,13 +135,8 @@ class NaturalSigmoidWeights(SigmoidWeights):
     :meth:`SampleWeights.weights`) is therefore ∂Φ/∂ω, not ∂Φ/∂x.
     """
 
-    def rows(
-        self,
-        x: Tensor,
-        family: SampleWeights,
-        index: Tensor | None = None,
-        losses: Tensor | None = None,
-    ) -> Tensor:
+    def sigma(self, x: Tensor) -> Tensor:
+        """ω = σ(x), with ∂Φ/∂ω handed to x unchanged (eq. natsig)."""
         return _SigmoidInWeightCoordinates.apply(x)
 
     def __repr__(self) -> str:
