@@ -191,7 +191,8 @@ def test_optimizer_weight_decay_must_be_removed():
     model = MLP(functools.partial(torch.optim.AdamW, lr=0.01))  # AdamW's default decay is 0.01
     with pytest.raises(ConfigurationError, match="weight_decay=0") as err:
         _fit(model, [LearnedWeightDecay(1e-3, decoupled=True)])
-    assert "apply_to" not in str(err.value)  # one group: nothing to say about groups
+    assert "apply_to='weights'" not in str(err.value)  # one group: nothing to say about groups
+    assert "apply_to='decayed_groups'" in str(err.value)  # the optimizer kept as it is
 
 
 def test_decay_groups_are_pointed_to_apply_to_weights():

@@ -93,6 +93,7 @@ from .problem import MEANING_KEY, check_meaning
 from .training_length import horizon
 from .weight_decay_problem import (
     APPLIED_KEY,
+    DECIDED_KEY,
     GROUPS_KEY,
     NORMS_KEY,
     SLOTS_KEY,
@@ -208,8 +209,17 @@ class LearnedWeightDecay(HyperOptimizationCallback):
     parameterization:
         ``"log"`` (λ = exp(ρ), ρ learned) or ``"projection"`` (λ learned, clamped at 0).
     apply_to:
-        ``"all"`` trainable parameters of the optimizers, or only ``"weights"`` (tensors with
-        ≥ 2 dimensions: no biases, no normalisation scales).
+        ``"all"`` trainable parameters of the optimizers, only ``"weights"`` (tensors with
+        ≥ 2 dimensions: no biases, no normalisation scales), or ``"decayed_groups"``: the
+        tensors of the parameter groups whose ``weight_decay`` is non-zero in the optimizers
+        ``configure_optimizers`` returns, your optimizer code unchanged (the usual Transformer
+        recipe: a decay group of Linear weights, a no-decay group of biases, norms and
+        embeddings, which ``"weights"`` would decay). The callback takes their decay over: it
+        sets those groups' ``weight_decay`` to 0 before the first step (so nothing is decayed
+        twice) and leaves the groups with ``weight_decay=0`` undecayed. λ starts at this
+        callback's ``weight_decay`` (λ₀), not at the groups' values (a warning where one is more
+        than 10× from λ₀); AdamW's decoupled decay still needs ``decoupled=True``. The decided
+        tensors are kept in the checkpoint, so a resumed fit decays the same ones.
     training_loss:
         ``training_loss(module, batch) -> scalar``: ℓ. ``None``: ``module.training_step(batch, 0)``
         (its ``loss``), with logging muted.
@@ -308,7 +318,7 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         ] = "per_layer",
         decoupled: bool = False,
         parameterization: Literal["log", "projection"] = "log",
-        apply_to: Literal["all", "weights"] = "all",
+        apply_to: Literal["all", "weights", "decayed_groups"] = "all",
         training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         proximal: bool = False,
@@ -665,6 +675,8 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             applied = self.problem.applied.state() or self.problem.applied.checkpointed
             if applied:
                 state[APPLIED_KEY] = applied
+            if self.problem.decided is not None:
+                state[DECIDED_KEY] = list(self.problem.decided)
         return state
 
     def _meaning(self) -> dict[str, str]:
@@ -708,6 +720,15 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if isinstance(state_dict, dict) and APPLIED_KEY in state_dict:
             state_dict = dict(state_dict)
             self.problem.applied.load(state_dict.pop(APPLIED_KEY), APPLIED_KEY)
+        if isinstance(state_dict, dict) and DECIDED_KEY in state_dict:
+            state_dict = dict(state_dict)
+            decided = state_dict.pop(DECIDED_KEY)
+            if not isinstance(decided, list) or not all(isinstance(k, str) for k in decided):
+                raise ConfigurationError(
+                    f"LearnedWeightDecay: the checkpoint's {DECIDED_KEY} must be a list of "
+                    "tensor names (truncated or foreign checkpoint?)."
+                )
+            self.problem.decided = list(decided)
         if isinstance(state_dict, dict) and SLOTS_KEY in state_dict:
             state_dict = dict(state_dict)
             slots = state_dict.pop(SLOTS_KEY)

@@ -87,7 +87,7 @@ class WeightDecayProblem:
         granularity: str = "per_layer",
         decoupled: bool = False,
         parameterization: str = "log",
-        apply_to: Literal["all", "weights"] = "all",
+        apply_to: Literal["all", "weights", "decayed_groups"] = "all",
         training_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         validation_loss: Callable[[pl.LightningModule, Any], Tensor] | None = None,
         proximal: bool = False,
@@ -104,9 +104,10 @@ class WeightDecayProblem:
             self.elements = as_element_model(elements)
         except ConfigurationError as err:
             raise ConfigurationError(f"LearnedWeightDecay: {err}") from None
-        if apply_to not in ("all", "weights"):
+        if apply_to not in APPLY_TO:
             raise ConfigurationError(
-                f"LearnedWeightDecay: apply_to must be 'all' or 'weights', got {apply_to!r}."
+                "LearnedWeightDecay: apply_to must be 'all', 'weights' or 'decayed_groups', got "
+                f"{apply_to!r}."
             )
         if (
             not is_real(weight_decay)  # a Python or NumPy number (np.float32 from an array)
@@ -189,6 +190,12 @@ class WeightDecayProblem:
         self.shrink = ShrinkRates(self, decoupled)
         #: the decay applied so far per λ group, for the effective λ (eq. effectivedecay)
         self.applied = AppliedShrink()
+        #: ``apply_to="decayed_groups"``: the names of the tensors decided to be decayed (their
+        #: groups had ``weight_decay`` ≠ 0 in the optimizers ``configure_optimizers`` returned);
+        #: kept in the checkpoint (:data:`DECIDED_KEY`) and reused by a resumed fit, whose
+        #: loaded optimizer state carries the ``weight_decay`` 0 this callback set
+        self.decided: list[str] | None = None
+        self._said_start = False
 
     # ------------------------------------------------------------------ ProblemSource
     def check(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -436,14 +443,22 @@ class WeightDecayProblem:
                         )
                     owner[id(p)] = oi
                     inner[id(p)] = p
+                    name = names.get(id(p), f"optimizer{oi}.param{len(found)}")
                     if self.apply_to == "weights" and p.dim() < 2:
                         continue
-                    if group.get("weight_decay", 0) != 0:
+                    if self.apply_to == "decayed_groups":
+                        if not self._group_decays(group, name):
+                            continue
+                    elif group.get("weight_decay", 0) != 0:
                         groups_hint = (
                             " To keep biases and normalisation weights undecayed, as groups with "
                             "weight_decay=0 do, pass LearnedWeightDecay(..., apply_to='weights')."
                             if len(opt.param_groups) > 1 and self.apply_to == "all"
                             else ""
+                        ) + (
+                            " To keep your optimizer as it is, pass LearnedWeightDecay(..., "
+                            "apply_to='decayed_groups'): the callback then decays exactly the "
+                            "groups with weight_decay ≠ 0 and takes their decay over."
                         )
                         adamw_hint = (
                             f" For {type(opt).__name__}'s decoupled decay pass "
@@ -460,9 +475,15 @@ class WeightDecayProblem:
                         )
                     if decouples(opt, group) and not self.decoupled:
                         coupled_in.add(type(opt).__name__)
-                    name = names.get(id(p), f"optimizer{oi}.param{len(found)}")
                     found.append((name, p, f"optimizer{oi}/group{gi}"))
                     placement.append((opt, gi))
+        if not found and self.apply_to == "decayed_groups" and inner:
+            raise ConfigurationError(
+                "LearnedWeightDecay(apply_to='decayed_groups'): no parameter group of the "
+                "training optimizers has weight_decay ≠ 0, so there is no group to decay. Give "
+                "the groups to decay their weight_decay (e.g. 1e-4) in configure_optimizers, or "
+                "pass apply_to='all' to decay every trained tensor."
+            )
         if not found:
             which = " with ≥ 2 dimensions" if self.apply_to == "weights" else ""
             raise ConfigurationError(
@@ -494,6 +515,8 @@ class WeightDecayProblem:
                 "the optimizer would). Pass decoupled=False (λw added to the gradient: the "
                 "hypergradient is exact whatever the optimizer), or train with AdamW."
             )
+        if self.apply_to == "decayed_groups":
+            self._take_decay_over(found, placement)
         self.placement = placement
         self._optimizer_ids = {id(opt) for opt in trainer.optimizers}
         self._decayed_groups = {}
@@ -517,6 +540,39 @@ class WeightDecayProblem:
             )
             if old is not None:
                 self.decay.carry_from(old)
+
+    def _group_decays(self, group: Mapping[str, Any], name: str) -> bool:
+        """``apply_to="decayed_groups"``: whether the tensor ``name`` of ``group`` is decayed:
+        its group has ``weight_decay`` ≠ 0 (as ``configure_optimizers`` built it), or it was
+        decided so before (:attr:`decided`: this fit's start, or the checkpoint resumed from,
+        whose optimizer state holds the 0 this callback set)."""
+        return group.get("weight_decay", 0) != 0 or name in (self.decided or ())
+
+    def _take_decay_over(
+        self,
+        found: list[tuple[str, Tensor, str]],
+        placement: list[tuple[torch.optim.Optimizer, int]],
+    ) -> None:
+        """``apply_to="decayed_groups"``: record the decided tensors (:attr:`decided`) and set
+        their groups' ``weight_decay`` to 0 before the first step, so the optimizer does not
+        decay them on top of λ; λ starts at the callback's λ₀, not at the groups' values (said
+        once where one differs from λ₀ by more than 10×)."""
+        self.decided = list(dict.fromkeys([*(self.decided or ()), *(n for n, _, _ in found)]))
+        far: list[str] = []
+        for opt, gi in dict.fromkeys(placement):  # each group once, in order
+            group = opt.param_groups[gi]
+            wd = float(group.get("weight_decay", 0) or 0)
+            if wd and not 0.1 <= wd / self.weight_decay <= 10:
+                far.append(f"{type(opt).__name__} group {gi}: weight_decay={wd:g}")
+            group["weight_decay"] = 0.0
+        if far and not self._said_start:
+            self._said_start = True
+            rank_zero_warn(
+                f"LearnedWeightDecay(apply_to='decayed_groups'): λ starts at the callback's "
+                f"weight_decay={self.weight_decay:g}, not at your optimizer's "
+                f"({'; '.join(far)}), more than 10× apart. To start from your value pass "
+                "LearnedWeightDecay(weight_decay=<it>, ...)."
+            )
 
     # ------------------------------------------------------------------ decay in training
     def check_gradients(
@@ -748,6 +804,14 @@ def shared_slots(decay: WeightDecay) -> dict[str, list[str]]:
 #: (:meth:`WeightDecayProblem.check_not_wiped`): a resumed fit compares with them, not with its
 #: own start's, which a wipe before the checkpoint had already brought down (session 53)
 NORMS_KEY = "decay_start_norms"
+
+#: the values ``apply_to`` takes (:class:`~.weight_decay.LearnedWeightDecay`)
+APPLY_TO = ("all", "weights", "decayed_groups")
+
+#: the checkpoint entry naming the tensors ``apply_to="decayed_groups"`` decided to decay
+#: (:attr:`WeightDecayProblem.decided`): the resumed fit's optimizers carry weight_decay 0 once
+#: their state is loaded, and no longer say which groups decayed
+DECIDED_KEY = "decayed_tensors"
 
 #: the checkpoint entry holding the decay applied so far per λ group (Σ lr·λ, Σ lr), from which
 #: a resumed fit's effective λ sums on (:class:`~.shrink.AppliedShrink`)
