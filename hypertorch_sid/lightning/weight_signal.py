@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -107,7 +108,9 @@ class WeightSignal:
         """Add the steps since the last call, ``epochs`` of training ago (the first only
         records where the rows are; a call after no step adds nothing)."""
         x = logits.detach().double()
-        last = self._last
+        last = self._last if self._last is None else self._last.to(x.device)
+        if self._sum is not None and self._squares is not None:  # a checkpoint's: CPU
+            self._sum, self._squares = self._sum.to(x.device), self._squares.to(x.device)
         self._last = x.clone()
         if last is None or last.shape != x.shape:
             self._sum, self._squares, self.steps, self._prefixes = None, None, 0, []
@@ -152,3 +155,25 @@ class WeightSignal:
             return None
         drift, median = max(r[0] for r in read), max(r[1] for r in read)
         return SignalReading(drift, median, self.steps, read[-1][2])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Sᵢ, Qᵢ, the logits last seen and the readings so far (a resumed fit reads on)."""
+        last, total, squares = (
+            None if t is None else t.cpu().clone() for t in (self._last, self._sum, self._squares)
+        )
+        return {
+            "last": last,
+            "sum": total,
+            "squares": squares,
+            "steps": self.steps,
+            "prefixes": list(self._prefixes),
+            "spans": list(self._spans),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint's, on the CPU: moved where ``observe``'s
+        logits are at its next call)."""
+        self._last, self._sum, self._squares = state["last"], state["sum"], state["squares"]
+        self.steps = int(state["steps"])
+        self._prefixes = [tuple(r) for r in state["prefixes"]]  # type: ignore[misc]
+        self._spans = [float(e) for e in state["spans"]]
