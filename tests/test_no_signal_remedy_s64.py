@@ -1,6 +1,6 @@
 """Data weights that find no signal are acted on during the fit (session 64, issue 27).
 
-``LearnedDataWeights(no_signal=ResetWeights())`` reads eq. drift once, after half the fit's
+``LearnedDataWeights(no_signal=ResetWeights())``, the default, reads eq. drift once, after half the fit's
 planned hyper steps (at least four intervals); where the weights moved no more than a random
 walk of their own steps it puts every weight back at its start and learns them no further, so
 the rest of the fit trains plainly. Where they separate (flipped labels, a clean validation
@@ -10,6 +10,10 @@ sums travel in the checkpoint.
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from lightning_problems import digits_split, trainer
+from lightning_problems import digits_split, end_ddp_worker, trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -120,10 +124,11 @@ def drop_in(policy: Any = None, **kwargs: Any) -> LearnedDataWeights:
     return LearnedDataWeights(seed=0, every_n_steps=10, no_signal=policy, **kwargs)
 
 
-def test_reset_acts_on_weights_without_a_signal():
+def test_the_default_resets_weights_without_a_signal():
     """Half the 8 planned intervals: judged at the 5th hyper step (step 90), reset, and no
     hyper step after it; said once, with the numbers and how to switch it off."""
-    cb = drop_in(ResetWeights(), objective="mean_loss")
+    cb = drop_in(objective="mean_loss")
+    assert cb.no_signal == ResetWeights(after=0.5) and cb.no_signal.keep == 0
     said = fit(Regression(), noise(), cb)
     settled = cb.settled()
     assert settled is not None and settled["step"] == 90 and settled["steps"] == 4, settled
@@ -151,9 +156,9 @@ def test_shrink_keeps_a_share_of_each_logits_move():
 
 
 def test_reset_leaves_weights_that_separate_alone():
-    """Flipped labels: eq. drift reads a signal at step 90, nothing is reset and the fit is the
-    default's (``WarnAtEnd``) to the last digit."""
-    cb, default = drop_in(ResetWeights()), drop_in()
+    """Flipped labels: eq. drift reads a signal at step 90, nothing is reset and the fit is
+    session 63's (``WarnAtEnd``) to the last digit."""
+    cb, default = drop_in(), drop_in(WarnAtEnd())
     assert fit(Classifier(), flipped(), cb) == []
     fit(Classifier(), flipped(), default)
     assert cb.settled() is None and cb._judged
@@ -161,11 +166,10 @@ def test_reset_leaves_weights_that_separate_alone():
     assert torch.equal(cb.data_weights(), default.data_weights())
 
 
-def test_the_default_learns_to_the_end_and_warns_there():
-    """The default policy is session 63's: warn at the fit's end, the weights learned to it
-    (ResetWeights measured worse than it on the no-signal recipes, docs/data_weights.md)."""
-    cb = drop_in(objective="mean_loss")
-    assert isinstance(cb.no_signal, WarnAtEnd)
+def test_warn_at_end_learns_to_the_end_and_warns_there():
+    """``WarnAtEnd`` is session 63's default: the weights learned to the fit's end, said
+    there."""
+    cb = drop_in(WarnAtEnd(), objective="mean_loss")
     said = fit(Regression(), noise(), cb)
     assert cb.settled() is None and len(cb.history) == 8
     assert len(said) == 1 and "Train without LearnedDataWeights" in said[0]
@@ -204,3 +208,44 @@ def test_settings_are_checked():
     assert planned_intervals(320, 50, 40) == 7 and planned_intervals(float("inf"), 50, 40) > 99
     assert ResetWeights().judged_at(7) == 4 and ResetWeights().judged_at(10) == 5
     assert WarnAtEnd().judged_at(7) is None
+
+
+# ---------------------------------------------------------------- DDP: every rank settles alike
+def _ddp_worker(out: Path) -> None:
+    """Fit the noise regression on 2 CPU processes (Lightning's DDP), each rank 200 rows, a
+    hyper step every epoch from step 20 (9 intervals: judged after 5, at step 45); each rank
+    saves its decision and ω."""
+    torch.set_num_threads(1)
+    cb = LearnedDataWeights(
+        seed=0, start_step=20, every_n_steps=5, objective="mean_loss", no_signal=ResetWeights()
+    )
+    X, y, Xv, yv = noise()
+    train = DataLoader(IndexedDataset(TensorDataset(X, y)), batch_size=40, shuffle=True)
+    t = trainer([cb], devices=2, strategy="ddp", max_epochs=12)
+    t.fit(Regression(), train, DataLoader(TensorDataset(Xv, yv), batch_size=N_VAL))
+    kept = {"settled": cb.settled(), "hyper": [h["global_step"] for h in cb.history]}
+    torch.save({**kept, "omega": cb.data_weights()}, out / f"rank{t.global_rank}.pt")
+    end_ddp_worker()
+
+
+@pytest.mark.ddp
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+def test_ddp_every_rank_settles_at_the_same_step(tmp_path: Path) -> None:
+    """Both ranks reset at the same hyper step (rank 0's reading, broadcast) and hold the
+    same uniform weights after it; neither takes a hyper step after it."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert ranks[0]["settled"] is not None and ranks[0]["settled"]["step"] == 45
+    assert ranks[0]["settled"] == ranks[1]["settled"]
+    assert ranks[0]["hyper"] == ranks[1]["hyper"] == [20, 25, 30, 35, 40]
+    assert torch.equal(ranks[0]["omega"], ranks[1]["omega"])
+    assert torch.allclose(ranks[0]["omega"], torch.full((N,), 0.5))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker", type=Path, required=True, help="folder for per-rank results")
+    _ddp_worker(parser.parse_args().worker)

@@ -88,7 +88,9 @@ class SignalReading:
             "entropy, a char-CNN on noisy labels) the test loss was worse than plain training's "
             "on 15 of the 17 fits it was said on (by up to 1.5), better on 2 char-CNN fits. "
             "Train without LearnedDataWeights (or compare with such a fit); "
-            "LearnedDataWeights(outer_lr=0.2) gave back most of that loss but not all. "
+            "LearnedDataWeights(outer_lr=0.2) gave back most of that loss but not all; "
+            "no_signal=ResetWeights() (the default) resets such weights half-way through a "
+            "fit long enough to judge them then (session 64). "
             "flagged() is then no list of bad examples (docs/data_weights.md, session 63)."
         )
 
