@@ -177,14 +177,14 @@ def test_warn_at_end_learns_to_the_end_and_warns_there():
 
 def test_rows_moved_in_too_few_intervals_are_not_judged():
     """``cross_term="hyper_step"``: rows move only in the hyper steps' own minibatches (4 of
-    the 10 batches), so by the decision the median row has stepped in fewer than 3 intervals
+    the 10 batches), so by the decision the median row has taken fewer than 1.5 effective steps
     and Sᵢ² = Qᵢ for most rows whatever their drift: nothing is judged, nothing reset (without
     the guard R read about 1 and the fit was reset)."""
     cb = drop_in(objective="mean_loss", cross_term="hyper_step")
     fit(Regression(), noise(), cb)
     assert cb._judged and cb.settled() is None
     assert len(cb.history) == 8  # every hyper step ran
-    assert cb._signal._prefixes[0][3] < 3  # the median row's intervals with a step at k = 4
+    assert cb._signal._prefixes[0][3] < 1.5  # the median row's effective steps at k = 4
 
 
 def test_a_resumed_fit_keeps_the_decision_and_the_sums(tmp_path: Path):

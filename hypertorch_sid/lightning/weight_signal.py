@@ -48,15 +48,14 @@ NO_SIGNAL_DRIFT = 1.25
 NO_SIGNAL_MEDIAN = 1.3
 #: intervals between hyper steps with steps (after the weights first moved) needed to read R
 MIN_STEPS = 4
-#: the fewest intervals with a step of its own the median row (of those that moved) needs for a
-#: reading: a row moved in one interval only has Sᵢ² = Qᵢ whatever its drift, so where rows move
-#: only in the hyper steps' own minibatches (``cross_term="hyper_step"``, a compute budget's
-#: default) R reads about 1 whether or not the weights separate (session 64: such fits of the
-#: tests read R 1.00–1.16, median 1.0, and were reset)
-MIN_VISITS = 3
-#: a row's step counts as its own where it is larger than this share of the interval's largest
-#: (a gauge's common shift, removed with the median, leaves rounding behind)
-VISIT_SHARE = 1e-3
+#: the fewest effective steps nᵢ = Qᵢ² / Σₖ dᵢₖ⁴ the median row (of those that moved) needs for
+#: a reading: a row moved in one interval only (nᵢ ≈ 1, whatever small shifts a gauge adds in
+#: the others) has Sᵢ² ≈ Qᵢ whatever its drift, so where rows move in few of the intervals (only
+#: in the hyper steps' own minibatches, ``cross_term="hyper_step"``; a fit of less than an epoch
+#: with hyper steps every few steps) R reads about 1 whether or not the weights separate
+#: (session 64: such fits of the tests read R 1.00–1.16, median 1.0, nᵢ 1.00–1.02, and were
+#: reset; rows stepping in each of 4 intervals, by steps of varied size, read nᵢ about 2)
+MIN_EFFECTIVE_STEPS = 1.5
 #: the most epochs between hyper steps (median) at which R is read. With v held longer each row
 #: takes several steps the same way under it, overshoots and comes back under the next v: the
 #: rows of the networks test (a hyper step every 4 epochs, AUC 0.76–0.93) read R 0.65–0.91.
@@ -111,7 +110,7 @@ class WeightSignal:
         self._last: Tensor | None = None
         self._sum: Tensor | None = None
         self._squares: Tensor | None = None
-        self._visits: Tensor | None = None  # intervals in which each row stepped
+        self._fourth: Tensor | None = None  # Σₖ dᵢₖ⁴ (each row's effective steps)
         self.steps = 0
         self._prefixes: list[tuple[float, float, int, float]] = []  # (R, median, rows, visits)
         self._spans: list[float] = []  # epochs between the hyper steps summed
@@ -123,46 +122,48 @@ class WeightSignal:
         last = self._last if self._last is None else self._last.to(x.device)
         if self._sum is not None and self._squares is not None:  # a checkpoint's: CPU
             self._sum, self._squares = self._sum.to(x.device), self._squares.to(x.device)
-        if self._visits is not None:
-            self._visits = self._visits.to(x.device)
+        if self._fourth is not None:
+            self._fourth = self._fourth.to(x.device)
         self._last = x.clone()
         if last is None or last.shape != x.shape:
-            self._sum, self._squares, self._visits = None, None, None
+            self._sum, self._squares, self._fourth = None, None, None
             self.steps, self._prefixes, self._spans = 0, [], []
             return
         d = x - last
         d = d - d.median()
         if not bool((d != 0).any()):
             return
-        if self._sum is None or self._squares is None or self._visits is None:
+        if self._sum is None or self._squares is None or self._fourth is None:
             self._sum, self._squares = torch.zeros_like(x), torch.zeros_like(x)
-            self._visits = torch.zeros_like(x)
+            self._fourth = torch.zeros_like(x)
         self._sum += d
         self._squares += d * d
-        self._visits += d.abs() > VISIT_SHARE * d.abs().max()
+        self._fourth += (d * d).square()
         self.steps += 1
         self._spans.append(epochs)
         if self.steps >= MIN_STEPS:
             self._prefixes.append(self._read())
 
     def _read(self) -> tuple[float, float, int, float]:
-        """R, the median zᵢ², the rows that moved and their median count of intervals with a
-        step, of the steps so far."""
-        assert self._sum is not None and self._squares is not None and self._visits is not None
+        """R, the median zᵢ², the rows that moved and their median effective steps
+        (:data:`MIN_EFFECTIVE_STEPS`), of the steps so far."""
+        assert self._sum is not None and self._squares is not None and self._fourth is not None
         moved = self._squares > 0
         z2 = self._sum[moved].square() / self._squares[moved]
         q = float(self._squares.sum())
         drift = float(self._sum.square().sum()) / q if q > 0 else math.nan
         if not len(z2):
             return drift, math.nan, 0, 0.0
-        return drift, float(z2.median()), int(moved.sum()), float(self._visits[moved].median())
+        steps = self._squares[moved].square() / self._fourth[moved]
+        return drift, float(z2.median()), int(moved.sum()), float(steps.median())
 
     def reading(self) -> SignalReading | None:
         """The largest R and the largest median zᵢ² over the fit's first k hyper steps, for
-        every k from :data:`MIN_STEPS` on at which the median row stepped in at least
-        :data:`MIN_VISITS` intervals; None before that many intervals with steps, where the
-        hyper steps were more than :data:`MAX_EPOCHS_PER_STEP` epochs apart (median, or of
-        unknown length), where rows stepped in too few intervals or a reading is not finite.
+        every k from :data:`MIN_STEPS` on at which the median row took at least
+        :data:`MIN_EFFECTIVE_STEPS` effective steps; None before that many intervals with
+        steps, where the hyper steps were more than :data:`MAX_EPOCHS_PER_STEP` epochs apart
+        (median, or of unknown length), where rows stepped in too few intervals or a reading is
+        not finite.
 
         The largest over the first k, not the fit's own: once the rows have drifted apart a long
         fit holds them there, each row's later steps go back and forth about its place (the
@@ -172,7 +173,7 @@ class WeightSignal:
         read = [
             r
             for r in self._prefixes
-            if math.isfinite(r[0]) and math.isfinite(r[1]) and r[3] >= MIN_VISITS
+            if math.isfinite(r[0]) and math.isfinite(r[1]) and r[3] >= MIN_EFFECTIVE_STEPS
         ]
         span = sorted(self._spans)[len(self._spans) // 2] if self._spans else math.nan
         if not read or not span <= MAX_EPOCHS_PER_STEP:
@@ -181,17 +182,17 @@ class WeightSignal:
         return SignalReading(drift, median, self.steps, read[-1][2])
 
     def state_dict(self) -> dict[str, Any]:
-        """Sᵢ, Qᵢ, each row's intervals with a step, the logits last seen and the readings so
-        far (a resumed fit reads on)."""
-        last, total, squares, visits = (
+        """Sᵢ, Qᵢ, Σₖ dᵢₖ⁴, the logits last seen and the readings so far (a resumed fit reads
+        on)."""
+        last, total, squares, fourth = (
             None if t is None else t.cpu().clone()
-            for t in (self._last, self._sum, self._squares, self._visits)
+            for t in (self._last, self._sum, self._squares, self._fourth)
         )
         return {
             "last": last,
             "sum": total,
             "squares": squares,
-            "visits": visits,
+            "fourth": fourth,
             "steps": self.steps,
             "prefixes": list(self._prefixes),
             "spans": list(self._spans),
@@ -201,7 +202,7 @@ class WeightSignal:
         """Restore :meth:`state_dict` (a checkpoint's, on the CPU: moved where ``observe``'s
         logits are at its next call)."""
         self._last, self._sum, self._squares = state["last"], state["sum"], state["squares"]
-        self._visits = state["visits"]
+        self._fourth = state["fourth"]
         self.steps = int(state["steps"])
         self._prefixes = [tuple(r) for r in state["prefixes"]]  # type: ignore[misc]
         self._spans = [float(e) for e in state["spans"]]
