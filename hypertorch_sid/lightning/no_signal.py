@@ -16,8 +16,11 @@ variations here are the callback's ``no_signal=`` objects:
 * :class:`ResetWeights` ``(after)`` — :class:`ShrinkWeights` with ``keep=0``: every weight back
   at its start, so the rest of the fit is plain training.
 
-The decision is taken from the logits, which every DDP rank holds alike (every rank applies
-every row's step), and rank 0's is broadcast, so every rank settles at the same hyper step.
+The decision is taken once, from the logits, which every DDP rank holds alike (every rank
+applies every row's step), and rank 0's is broadcast, so every rank settles at the same hyper
+step. Where eq. drift gives no reading then (hyper steps far apart, rows that stepped in too
+few intervals: :meth:`~.weight_signal.WeightSignal.reading`) nothing is done, and the fit's end
+reads it as :class:`WarnAtEnd` does.
 """
 
 from __future__ import annotations
