@@ -992,7 +992,8 @@ class LearnedDataWeights(HyperOptimizationCallback):
         warning said at the fit's end and by :meth:`flagged`, None where they separate). None
         before a fit's end, per class, or where the fit had fewer than
         :data:`~.weight_signal.MIN_STEPS` hyper steps or had them more than
-        :data:`~.weight_signal.MAX_EPOCHS_PER_STEP` epochs apart (nothing judged)."""
+        :data:`~.weight_signal.MAX_EPOCHS_PER_STEP` epochs apart (nothing judged). Where
+        ``no_signal`` acted during the fit (:meth:`settled`), the reading it acted on."""
         return self._signal_read
 
     @staticmethod
