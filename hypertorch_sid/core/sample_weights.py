@@ -512,6 +512,20 @@ class SampleWeights:
         """ω₀ (what every row started at)."""
         return self._initial
 
+    def shrink(self, keep: float) -> None:
+        """Move every logit toward its start x₀: x ← x₀ + keep·(x − x₀) (``keep=0``: every row
+        back at ω₀, the weights uniform), through :meth:`load_state_dict` (a held shift folded
+        in, the normaliser refreshed)."""
+        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 <= keep < 1:
+            raise ConfigurationError(
+                f"SampleWeights.shrink: keep must be a number in [0, 1) (the share of each "
+                f"logit's move from its start kept; 0 resets it), got {keep!r}."
+            )
+        with torch.no_grad():
+            x = self.logits_of().detach()
+            x0 = torch.full_like(x, self.parameterization.logit(self._initial, self.n))
+            self.load_state_dict({"logits": x0 + keep * (x - x0)})
+
     # ------------------------------------------------------------------ after an outer step
     def projection(self, hyperparameters: Iterable[Tensor] | None = None) -> None:
         """P_Λ for :class:`SIDHyperOptimizer` (``FeasibleSet(project=weights.projection)``): the
