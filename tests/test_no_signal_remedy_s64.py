@@ -1,7 +1,7 @@
 """Data weights that find no signal are acted on during the fit (session 64, issue 27).
 
-``LearnedDataWeights(no_signal=ResetWeights())``, the default, reads eq. drift once, after half the fit's
-planned hyper steps (at least four intervals); where the weights moved no more than a random
+``LearnedDataWeights(no_signal=ResetWeights())`` (an option; the default is ``WarnAtEnd()``)
+reads eq. drift once, after half the fit's planned hyper steps (at least four intervals); where the weights moved no more than a random
 walk of their own steps it puts every weight back at its start and learns them no further, so
 the rest of the fit trains plainly. Where they separate (flipped labels, a clean validation
 set) it does nothing: the fit is the default's to the last digit. The decision and eq. drift's
@@ -124,10 +124,17 @@ def drop_in(policy: Any = None, **kwargs: Any) -> LearnedDataWeights:
     return LearnedDataWeights(seed=0, every_n_steps=10, no_signal=policy, **kwargs)
 
 
-def test_the_default_resets_weights_without_a_signal():
+def test_the_default_learns_to_the_end():
+    """The default is session 63's ``WarnAtEnd``: ``ResetWeights`` reset 5 of 6 fits whose
+    weights separated weakly on session 64's unseen recipes (hinge loss, trusted + untrusted
+    data), so it is an option."""
+    assert isinstance(LearnedDataWeights().no_signal, WarnAtEnd)
+
+
+def test_reset_weights_without_a_signal():
     """Half the 8 planned intervals: judged at the 5th hyper step (step 90), reset, and no
     hyper step after it; said once, with the numbers and how to switch it off."""
-    cb = drop_in(objective="mean_loss")
+    cb = drop_in(ResetWeights(), objective="mean_loss")
     assert cb.no_signal == ResetWeights(after=0.5) and cb.no_signal.keep == 0
     said = fit(Regression(), noise(), cb)
     settled = cb.settled()
@@ -158,7 +165,7 @@ def test_shrink_keeps_a_share_of_each_logits_move():
 def test_reset_leaves_weights_that_separate_alone():
     """Flipped labels: eq. drift reads a signal at step 90, nothing is reset and the fit is
     session 63's (``WarnAtEnd``) to the last digit."""
-    cb, default = drop_in(), drop_in(WarnAtEnd())
+    cb, default = drop_in(ResetWeights()), drop_in(WarnAtEnd())
     assert fit(Classifier(), flipped(), cb) == []
     fit(Classifier(), flipped(), default)
     assert cb.settled() is None and cb._judged
@@ -172,7 +179,7 @@ def test_warn_at_end_learns_to_the_end_and_warns_there():
     cb = drop_in(WarnAtEnd(), objective="mean_loss")
     said = fit(Regression(), noise(), cb)
     assert cb.settled() is None and len(cb.history) == 8
-    assert len(said) == 1 and "Train without LearnedDataWeights" in said[0]
+    assert len(said) == 1 and "Compare with a fit without LearnedDataWeights" in said[0]
 
 
 def test_rows_moved_in_too_few_intervals_are_not_judged():
@@ -180,7 +187,7 @@ def test_rows_moved_in_too_few_intervals_are_not_judged():
     the 10 batches), so by the decision the median row has taken fewer than 1.5 effective steps
     and Sᵢ² = Qᵢ for most rows whatever their drift: nothing is judged, nothing reset (without
     the guard R read about 1 and the fit was reset)."""
-    cb = drop_in(objective="mean_loss", cross_term="hyper_step")
+    cb = drop_in(ResetWeights(), objective="mean_loss", cross_term="hyper_step")
     fit(Regression(), noise(), cb)
     assert cb._judged and cb.settled() is None
     assert len(cb.history) == 8  # every hyper step ran

@@ -96,7 +96,8 @@ def test_weights_without_a_signal_are_said_at_the_fits_end():
     assert reading.drift <= NO_SIGNAL_DRIFT and reading.median <= NO_SIGNAL_MEDIAN
     assert reading.steps >= 4 and reading.rows == N
     assert len(said) == 1 and said[0].startswith("LearnedDataWeights: the learned weights")
-    assert "outer_lr=0.2" in said[0] and "Train without LearnedDataWeights" in said[0]
+    assert "no_signal=ResetWeights()" in said[0]
+    assert "Compare with a fit without LearnedDataWeights" in said[0]
     with pytest.warns(UserWarning, match="random walk"):  # flagged() says it too
         cb.flagged()
 

@@ -94,11 +94,13 @@ class SignalReading:
             f"{NO_SIGNAL_MEDIAN:g}). Such weights only shrink the effective sample: on session "
             "63's recipes where this happened (a VAE's outlier images, the generalized cross "
             "entropy, a char-CNN on noisy labels) the test loss was worse than plain training's "
-            "on 15 of the 17 fits it was said on (by up to 1.5), better on 2 char-CNN fits. "
-            "Train without LearnedDataWeights (or compare with such a fit); "
-            "LearnedDataWeights(outer_lr=0.2) gave back most of that loss but not all; "
-            "no_signal=ResetWeights() (the default) resets such weights half-way through a "
-            "fit long enough to judge them then (session 64). "
+            "on 15 of the 17 fits it was said on (by up to 1.5), better on 2 char-CNN fits; "
+            "on session 64's hinge-loss and trusted + untrusted recipes it was said on fits "
+            "whose weights told rows apart weakly (AUC 0.7–0.8) and beat plain training. "
+            "Compare with a fit without LearnedDataWeights on validation accuracy before "
+            "deploying; LearnedDataWeights(no_signal=ResetWeights()) (hypertorch_sid.lightning."
+            "no_signal) resets such weights half-way through the fit (docs/data_weights.md, "
+            "session 64). "
             "flagged() is then no list of bad examples (docs/data_weights.md, session 63)."
         )
 
