@@ -76,6 +76,34 @@ def test_control_a_clip_that_does_not_move_the_fixed_point_is_not_said(
     assert not _said(fit, "clipped the gradient")
 
 
+class _AdamW(ToyClassifier):
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=0.01, weight_decay=0)
+
+
+class _Adam(ToyClassifier):
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("model, decoupled, said", [
+    (_AdamW, True, False), (_Adam, False, True),
+], ids=["adamw_decoupled", "adam_coupled"])  # fmt: skip
+def test_a_binding_clip_under_adam_is_said_where_it_moves_the_fixed_point(
+    model, decoupled, said
+) -> None:
+    """AdamW's decoupled decay: its fixed point P⁻¹∇ℓ + λw = 0 has P = √v̂ + ε, which scales with
+    the clip's factor c, so c cancels and the clip is not said; Adam's coupled decay enters
+    Adam's input after the clip (c·∇ℓ + λw = 0): said."""
+    decay = LearnedWeightDecay(
+        decoupled=decoupled, every_n_steps=2, start_step=0, max_overhead=None
+    )
+    fit = lambda: trainer([decay], max_epochs=2, gradient_clip_val=0.01).fit(  # noqa: E731
+        model(), toy_train(), toy_val()
+    )
+    assert bool(_said(fit, "clipped the gradient")) is said
+
+
 # ------------------------------------------------------------------ leftover (c): manual steps
 class _Manual(ToyClassifier):
     """Manual optimisation, one optimizer or one per layer; the first layer clamped after its

@@ -7,7 +7,9 @@ decay λ/c, not the λ applied; the hyper steps model ∇ℓ + λw = 0, so λ is
 training (session 64: a clip of 0.1 against gradients of norm 0.7 late in a 1,600-step ridge
 fit drove λ to its floor, and the validation loss ended 13 % above the best fixed decay under
 the same clip). A clip that binds only early (large first gradients) leaves the fixed point
-alone and is not said.
+alone and is not said; nor is a clip under a decoupled decay with an optimizer that divides by
+its gradients' second moment (AdamW): its fixed point P⁻¹∇ℓ + λw = 0 has P = √v̂ + ε, which
+scales with c, so c cancels.
 
 Read every ``every_n_steps`` optimizer steps, before the clip (Lightning's
 ``on_before_optimizer_step``): one fused norm of the optimizer's gradients and one read of the
@@ -26,6 +28,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
+from .optimizer_decay import stepping
 from .training_length import planned_steps
 
 #: a clip factor c below this is a clip that binds (the gradient at most halved)
@@ -37,8 +40,9 @@ READINGS = 6
 class BindingClip:
     """The watch (module docstring) of one fit; ``who`` names the callback in its warning."""
 
-    def __init__(self, who: str, every_n_steps: int) -> None:
+    def __init__(self, who: str, every_n_steps: int, decoupled: bool = False) -> None:
         self.who, self.every = who, max(1, int(every_n_steps))
+        self.decoupled = decoupled
         self._norms: deque[float] = deque(maxlen=READINGS)
         self.said = False
 
@@ -51,6 +55,8 @@ class BindingClip:
             return
         step, planned = trainer.global_step, planned_steps(trainer)
         if step % self.every or not math.isfinite(planned) or step < planned / 2:
+            return
+        if self.decoupled and _divides_by_second_moment(optimizer):
             return
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
@@ -76,3 +82,9 @@ class BindingClip:
             "clip that binds only early in the fit does not matter). Raise gradient_clip_val "
             f"above the gradient's norm late in the fit (above {norm:.2g} here), or drop it."
         )
+
+
+def _divides_by_second_moment(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` (or the base it wraps) keeps a second moment of its gradients
+    (Adam's ``exp_avg_sq``): a clip's factor c then cancels in a decoupled decay's fixed point."""
+    return any("exp_avg_sq" in state for state in stepping(optimizer).state.values())

@@ -412,12 +412,12 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         self._probe_batch: Any = None
         self._probe_planned: Any = None  # the decay whose probe's cost the budget was told
         #: the fit's watch of a binding gradient clip (session 64), made anew at each fit's start
-        self._clip_watch = BindingClip("LearnedWeightDecay", self.every_n_steps)
+        self._clip_watch = BindingClip("LearnedWeightDecay", self.every_n_steps, self.decoupled)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Also: a new watch of a binding gradient clip (:class:`~.gradient_clip.BindingClip`)."""
         super().on_fit_start(trainer, pl_module)
-        self._clip_watch = BindingClip(type(self).__name__, self.every_n_steps)
+        self._clip_watch = BindingClip(type(self).__name__, self.every_n_steps, self.decoupled)
 
     def on_train_batch_end(
         self,
