@@ -199,3 +199,11 @@ def test_several_optimizers_fixed_lambda_bit_for_bit():
     assert [g["weight_decay"] for o in trainer.optimizers for g in o.param_groups] == [0.0] * 4
     for (name, a), b in zip(plain.named_parameters(), ours.parameters()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("key", ["decayed_tensors", "hyperparameter_slots"])
+def test_a_checkpoints_name_list_that_is_none_is_refused_naming_it(key: str) -> None:
+    """A truncated or foreign checkpoint whose list of names is no list of strings is refused
+    naming the key, not loaded half."""
+    with pytest.raises(ConfigurationError, match=f"checkpoint's {key} must be a list of"):
+        LearnedWeightDecay().load_state_dict({key: "fc.weight"})

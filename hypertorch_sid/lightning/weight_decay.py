@@ -722,22 +722,10 @@ class LearnedWeightDecay(HyperOptimizationCallback):
             self.problem.applied.load(state_dict.pop(APPLIED_KEY), APPLIED_KEY)
         if isinstance(state_dict, dict) and DECIDED_KEY in state_dict:
             state_dict = dict(state_dict)
-            decided = state_dict.pop(DECIDED_KEY)
-            if not isinstance(decided, list) or not all(isinstance(k, str) for k in decided):
-                raise ConfigurationError(
-                    f"LearnedWeightDecay: the checkpoint's {DECIDED_KEY} must be a list of "
-                    "tensor names (truncated or foreign checkpoint?)."
-                )
-            self.problem.decided = list(decided)
+            self.problem.decided = _names(state_dict.pop(DECIDED_KEY), DECIDED_KEY, "tensor")
         if isinstance(state_dict, dict) and SLOTS_KEY in state_dict:
             state_dict = dict(state_dict)
-            slots = state_dict.pop(SLOTS_KEY)
-            if not isinstance(slots, list) or not all(isinstance(k, str) for k in slots):
-                raise ConfigurationError(
-                    f"LearnedWeightDecay: the checkpoint's {SLOTS_KEY} must be a list of λ group "
-                    "names (truncated or foreign checkpoint?)."
-                )
-            self._checkpointed_slots = list(slots)
+            self._checkpointed_slots = _names(state_dict.pop(SLOTS_KEY), SLOTS_KEY, "λ group")
         super().load_state_dict(state_dict)
 
     def _restore(self) -> None:
@@ -803,3 +791,13 @@ class LearnedWeightDecay(HyperOptimizationCallback):
         if self.problem.decay is None:
             self._say_unbuilt("decay_values", "{}")
         return self.problem.decay.values() if self.problem.decay is not None else {}
+
+
+def _names(value: Any, key: str, what: str) -> list[str]:
+    """A checkpoint's list of names under ``key``, or a clear error where it is none."""
+    if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+        raise ConfigurationError(
+            f"LearnedWeightDecay: the checkpoint's {key} must be a list of {what} names "
+            "(truncated or foreign checkpoint?)."
+        )
+    return list(value)
