@@ -43,8 +43,9 @@ class NoSignalPolicy:
         return None
 
     def settle(self, weights: SampleWeights) -> str:
-        """Act on ``weights`` that read no signal; what was done, for the warning."""
-        raise NotImplementedError
+        """Act on ``weights`` that read no signal; what was done, for the warning. The base
+        policy (judged only at the fit's end) leaves them as they are."""
+        return "the weights were left as they are"
 
 
 class WarnAtEnd(NoSignalPolicy):
