@@ -284,3 +284,21 @@ def trainer(callbacks: list[Any] | None = None, **kwargs: Any) -> pl.Trainer:
         deterministic=True,
     )
     return pl.Trainer(callbacks=callbacks or [], **{**settings, **kwargs})
+
+
+def blobs(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """Four Gaussian blobs in 2 of 8 features (the rest noise), labels 0–3."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 4, (n,), generator=g)
+    centres = torch.tensor([[2.0, 0.0], [0.0, 2.0], [-2.0, 0.0], [0.0, -2.0]])
+    x = torch.cat(
+        [centres[y] + 0.8 * torch.randn(n, 2, generator=g), torch.randn(n, 6, generator=g)], 1
+    )
+    return x, y
+
+
+def noisy_four_classes(y: Tensor) -> tuple[Tensor, Tensor]:
+    """30 % of the labels moved to another class; the labels and the moved mask."""
+    g = torch.Generator().manual_seed(2)
+    bad = torch.rand(len(y), generator=g) < 0.3
+    return torch.where(bad, (y + torch.randint(1, 4, y.shape, generator=g)) % 4, y), bad

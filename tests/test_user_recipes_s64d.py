@@ -11,6 +11,8 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_problems import blobs as _blobs
+from lightning_problems import noisy_four_classes as _noisy
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -22,24 +24,6 @@ from hypertorch_sid import (
 )
 from hypertorch_sid.core.second_order import multi_margin_loss, multilabel_margin_loss
 from hypertorch_sid.lightning.evidence import RowEvidence
-
-
-def _blobs(n: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Four Gaussian blobs in 2 of 8 features (the rest noise), labels 0–3."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 4, (n,), generator=g)
-    centres = torch.tensor([[2.0, 0.0], [0.0, 2.0], [-2.0, 0.0], [0.0, -2.0]])
-    x = torch.cat(
-        [centres[y] + 0.8 * torch.randn(n, 2, generator=g), torch.randn(n, 6, generator=g)], 1
-    )
-    return x, y
-
-
-def _noisy(y: Tensor) -> tuple[Tensor, Tensor]:
-    """30 % of the labels moved to another class; the labels and the moved mask."""
-    g = torch.Generator().manual_seed(2)
-    bad = torch.rand(len(y), generator=g) < 0.3
-    return torch.where(bad, (y + torch.randint(1, 4, y.shape, generator=g)) % 4, y), bad
 
 
 def _trainer(cb: Any, epochs: int = 6, **kw: Any) -> pl.Trainer:
